@@ -1,0 +1,222 @@
+"""Model properties: Appendix B shift == naive, causality, recurrence, stop-gradient."""
+import itertools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer_xl import attention, models
+
+jax.config.update("jax_enable_x64", False)
+
+
+def small_config(**kw):
+  base = dict(n_token=37, n_layer=3, d_model=16, n_head=2, d_head=6, d_inner=24,
+              dropout=0.0, dropatt=0.0, tgt_len=5, mem_len=7)
+  base.update(kw)
+  return models.ModelConfig(**base)
+
+
+def naive_attention(params, cat_BxKxD, mem_len, mlen_B, same_length, clamp_len, u, v):
+  """Sec. 3.3 computed literally: W_kR R_(i-j) built for every (i, j)."""
+  cat = np.asarray(cat_BxKxD, np.float64)
+  b, klen, d = cat.shape
+  tgt_len = klen - mem_len
+  wqkv = np.asarray(params["qkv_net"]["kernel"], np.float64)  # [D, 3, H, Dh]
+  wr = np.asarray(params["r_net"]["kernel"], np.float64)      # [D, H, Dh]
+  wo = np.asarray(params["o_net"]["kernel"], np.float64)      # [H, Dh, D]
+  n_head, d_head = wr.shape[1:]
+  q = np.einsum("bkd,dhe->bkhe", cat, wqkv[:, 0])[:, mem_len:]
+  k = np.einsum("bkd,dhe->bkhe", cat, wqkv[:, 1])
+  val = np.einsum("bkd,dhe->bkhe", cat, wqkv[:, 2])
+  inv_freq = 1.0 / (10000.0 ** (np.arange(0, d, 2.0) / d))
+  out = np.zeros((b, tgt_len, d))
+  for bb in range(b):
+    for i in range(tgt_len):
+      scores = np.full((n_head, klen), -np.inf)
+      for j in range(klen):
+        dist = i + mem_len - j
+        if dist < 0 or j < mem_len - int(mlen_B[bb]):
+          continue
+        if same_length and dist >= mem_len:
+          continue
+        dd = min(dist, clamp_len) if clamp_len > 0 else dist
+        r_vec = np.concatenate([np.sin(dd * inv_freq), np.cos(dd * inv_freq)])
+        wkr_r = np.einsum("d,dhe->he", r_vec, wr)  # W_kR R_(i-j), one pair at a time
+        for h in range(n_head):
+          scores[h, j] = ((q[bb, i, h] + u[h]) @ k[bb, j, h] + (q[bb, i, h] + v[h]) @ wkr_r[h])
+      scores = scores / np.sqrt(d_head)
+      prob = np.exp(scores - scores.max(-1, keepdims=True))
+      prob /= prob.sum(-1, keepdims=True)
+      vec = np.einsum("hk,khe->he", prob, val[bb])
+      out[bb, i] = np.einsum("he,hed->d", vec, wo)
+  return out
+
+
+@pytest.mark.parametrize("same_length,clamp_len,mlen", list(itertools.product(
+    [False, True], [0, 3], [(7, 7), (0, 4), (2, 7)])))
+def test_rel_shift_attention_equals_naive(same_length, clamp_len, mlen):
+  mem_len, tgt_len, d = 7, 5, 16
+  rng = np.random.default_rng(0)
+  cat = jnp.asarray(rng.normal(size=(2, mem_len + tgt_len, d)), jnp.float32)
+  u = jnp.asarray(rng.normal(size=(2, 6)), jnp.float32)
+  v = jnp.asarray(rng.normal(size=(2, 6)), jnp.float32)
+  mlen_B = jnp.asarray(mlen, jnp.int32)
+  mod = attention.RelPartialLearnableAttention(n_head=2, d_head=6, d_model=d, init_std=0.3)
+  pos = attention.sinusoid_pos_emb(mem_len + tgt_len, d, clamp_len)
+  mask = attention.attention_mask(tgt_len, mem_len, mlen_B, same_length)
+  params = nn.unbox(mod.init(jax.random.PRNGKey(1), cat, pos, mask, u, v))
+  got = mod.apply(params, cat, pos, mask, u, v)
+  want = naive_attention(params["params"], cat, mem_len, np.asarray(mlen_B), same_length,
+                         clamp_len, np.asarray(u), np.asarray(v))
+  np.testing.assert_allclose(np.asarray(got), want, rtol=2e-4, atol=2e-4)
+
+
+def test_same_length_mask_properties():
+  for mem_len, tgt_len in [(7, 5), (3, 5), (5, 5)]:
+    mask = np.asarray(attention.attention_mask(tgt_len, mem_len, jnp.array([mem_len]), True))[0, 0]
+    # every query sees exactly min(mem_len, keys available) keys, the most recent ones
+    for i in range(tgt_len):
+      seen = np.nonzero(mask[i])[0]
+      assert len(seen) == mem_len, (mem_len, tgt_len, i, seen)
+      assert seen[-1] == i + mem_len  # itself
+      assert np.all(np.diff(seen) == 1)  # a contiguous window
+
+
+def init_model(cfg, batch=2, seed=0):
+  model = models.TransformerXL(cfg)
+  tok = jnp.zeros((batch, cfg.tgt_len), jnp.int32)
+  params = nn.unbox(model.init(jax.random.PRNGKey(seed), tok, models.init_memory(cfg, batch), tok))
+  return model, params
+
+
+@pytest.mark.parametrize("pre_lnorm,untie_r", [(False, False), (True, True)])
+def test_causality_by_gradients(pre_lnorm, untie_r):
+  cfg = small_config(pre_lnorm=pre_lnorm, untie_r=untie_r, tgt_len=6, mem_len=4)
+  model, params = init_model(cfg)
+  mem = models.init_memory(cfg, 2).replace(mlen_B=jnp.array([4, 2], jnp.int32))
+  mem = mem.replace(mems_LxBxMxD=jax.random.normal(jax.random.PRNGKey(3), mem.mems_LxBxMxD.shape))
+  emb = jax.random.normal(jax.random.PRNGKey(2), (2, 6, cfg.d_model))
+
+  def out_at(emb_BxTxD, t):
+    h, _ = model.apply(params, emb_BxTxD, mem, method=model.hidden_from_embeddings)
+    return h[:, t].sum()
+
+  for t in range(6):
+    g = jax.grad(out_at)(emb, t)
+    assert np.all(np.asarray(g[:, t + 1:]) == 0.0), f"position {t} sees the future"
+    assert np.any(np.asarray(g[:, : t + 1]) != 0.0)
+  # Empty memory slots (row 1 holds 2 of 4) get no gradient at all.
+  def out_from_mem(m):
+    h, _ = model.apply(params, emb, mem.replace(mems_LxBxMxD=m), method=model.hidden_from_embeddings)
+    return h.sum()
+  g_mem = np.asarray(jax.grad(out_from_mem)(mem.mems_LxBxMxD))
+  # stop_gradient blocks the memory entirely: nothing flows back into it.
+  assert np.all(g_mem == 0.0)
+
+
+@pytest.mark.parametrize("mem_len,clamp_len,pre_lnorm", [(5, 0, False), (9, 0, False), (9, 4, True)])
+def test_recurrence_equals_concatenation(mem_len, clamp_len, pre_lnorm):
+  tgt_len = 5
+  cfg = small_config(tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len, pre_lnorm=pre_lnorm)
+  model, params = init_model(cfg)
+  tokens = jax.random.randint(jax.random.PRNGKey(5), (2, 2 * tgt_len), 0, cfg.n_token)
+  mem0 = models.init_memory(cfg, 2)
+  h1, mem1 = model.apply(params, tokens[:, :tgt_len], mem0, method=model.hidden)
+  h2, mem2 = model.apply(params, tokens[:, tgt_len:], mem1, method=model.hidden)
+  # One pass over the concatenation with no memory at all.
+  h_full, _ = model.apply(params, tokens, models.init_memory(cfg, 2, mem_len=0), method=model.hidden)
+  np.testing.assert_allclose(np.asarray(h1), np.asarray(h_full[:, :tgt_len]), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(h2), np.asarray(h_full[:, tgt_len:]), rtol=1e-5, atol=1e-5)
+  assert np.all(np.asarray(mem1.mlen_B) == min(mem_len, tgt_len))
+  assert np.all(np.asarray(mem2.mlen_B) == min(mem_len, 2 * tgt_len))
+
+
+def test_empty_memory_equals_no_memory():
+  """A fresh stream with M empty slots equals the reference's zero-length memory."""
+  cfg = small_config(same_length=False)
+  model, params = init_model(cfg)
+  tokens = jax.random.randint(jax.random.PRNGKey(7), (2, cfg.tgt_len), 0, cfg.n_token)
+  garbage = models.init_memory(cfg, 2).replace(
+      mems_LxBxMxD=1e3 * jnp.ones((cfg.n_layer, 2, cfg.mem_len, cfg.d_model)))
+  h_empty, _ = model.apply(params, tokens, garbage, method=model.hidden)
+  h_none, _ = model.apply(params, tokens, models.init_memory(cfg, 2, mem_len=0), method=model.hidden)
+  np.testing.assert_allclose(np.asarray(h_empty), np.asarray(h_none), rtol=1e-6, atol=1e-6)
+
+
+def test_memory_holds_layer_inputs():
+  """New memory of layer l == last M inputs of layer l (memory caches inputs, Sec. 3.2)."""
+  cfg = small_config(tgt_len=5, mem_len=3)
+  model, params = init_model(cfg)
+  tokens = jax.random.randint(jax.random.PRNGKey(8), (2, 5), 0, cfg.n_token)
+  _, mem1 = model.apply(params, tokens, models.init_memory(cfg, 2), method=model.hidden)
+  emb = model.apply(params, tokens, method=lambda m, t: m.word_emb(t) * cfg.d_model ** 0.5)
+  np.testing.assert_allclose(np.asarray(mem1.mems_LxBxMxD[0]), np.asarray(emb[:, -3:]), rtol=1e-6)
+  # Layer 1's input is layer 0's output: run a 1-layer model with layer 0's params.
+  cfg1 = small_config(tgt_len=5, mem_len=3, n_layer=1)
+  p1 = jax.tree_util.tree_map(lambda x: x, params)
+  p1["params"]["layers"] = jax.tree_util.tree_map(lambda x: x[:1], params["params"]["layers"])
+  m1 = models.TransformerXL(cfg1)
+  h_l0, _ = m1.apply(p1, tokens, models.init_memory(cfg1, 2), method=m1.hidden)
+  np.testing.assert_allclose(np.asarray(mem1.mems_LxBxMxD[1]), np.asarray(h_l0[:, -3:]), rtol=1e-5, atol=1e-5)
+
+
+def test_loss_of_second_segment_has_no_gradient_through_memory():
+  cfg = small_config()
+  model, params = init_model(cfg)
+  tokens = jax.random.randint(jax.random.PRNGKey(9), (2, 2 * cfg.tgt_len + 1), 0, cfg.n_token)
+  x1, y1 = tokens[:, :cfg.tgt_len], tokens[:, 1:cfg.tgt_len + 1]
+  x2, y2 = tokens[:, cfg.tgt_len:-1], tokens[:, cfg.tgt_len + 1:]
+  mem0 = models.init_memory(cfg, 2)
+
+  def loss2_through(p):
+    _, mem1 = model.apply(p, x1, mem0, y1)
+    nll, _ = model.apply(p, x2, mem1, y2)
+    return nll.mean()
+
+  _, mem1_const = model.apply(params, x1, mem0, y1)
+
+  def loss2_const(p):
+    nll, _ = model.apply(p, x2, mem1_const, y2)
+    return nll.mean()
+
+  g_through = jax.grad(loss2_through)(params)
+  g_const = jax.grad(loss2_const)(params)
+  for a, b in zip(jax.tree_util.tree_leaves(g_through), jax.tree_util.tree_leaves(g_const)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  g_mem = jax.grad(lambda m: model.apply(params, x2, mem1_const.replace(mems_LxBxMxD=m), y2)[0].mean())(
+      mem1_const.mems_LxBxMxD)
+  assert np.all(np.asarray(g_mem) == 0.0)
+  # ... while the memory does change the loss (it is used, not ignored).
+  nll_mem, _ = model.apply(params, x2, mem1_const, y2)
+  nll_nomem, _ = model.apply(params, x2, mem0, y2)
+  assert not np.allclose(np.asarray(nll_mem), np.asarray(nll_nomem))
+
+
+def test_reset_memory_and_log_probs_normalised():
+  cfg = small_config()
+  model, params = init_model(cfg)
+  tokens = jax.random.randint(jax.random.PRNGKey(4), (2, cfg.tgt_len), 0, cfg.n_token)
+  _, mem1 = model.apply(params, tokens, models.init_memory(cfg, 2), tokens)
+  reset = models.reset_memory(mem1, jnp.array([True, False]))
+  assert list(np.asarray(reset.mlen_B)) == [0, min(cfg.mem_len, cfg.tgt_len)]
+  logp, _ = model.apply(params, tokens, reset)
+  np.testing.assert_allclose(np.exp(np.asarray(logp)).sum(-1), 1.0, rtol=1e-5)
+  nll, _ = model.apply(params, tokens, reset, tokens)
+  np.testing.assert_allclose(
+      np.asarray(nll), -np.take_along_axis(np.asarray(logp), np.asarray(tokens)[..., None], -1)[..., 0],
+      rtol=1e-6)
+
+
+def test_bfloat16_compute_keeps_float32_params_and_loss():
+  cfg = small_config(dtype="bfloat16")
+  model, params = init_model(cfg)
+  assert all(x.dtype == jnp.float32 for x in jax.tree_util.tree_leaves(params))
+  tokens = jax.random.randint(jax.random.PRNGKey(4), (2, cfg.tgt_len), 0, cfg.n_token)
+  nll, mem = model.apply(params, tokens, models.init_memory(cfg, 2), tokens)
+  assert nll.dtype == jnp.float32 and mem.mems_LxBxMxD.dtype == jnp.bfloat16
+  cfg32 = small_config()
+  nll32, _ = models.TransformerXL(cfg32).apply(params, tokens, models.init_memory(cfg32, 2), tokens)
+  np.testing.assert_allclose(np.asarray(nll), np.asarray(nll32), rtol=0.05, atol=0.05)
