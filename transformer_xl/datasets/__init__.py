@@ -77,3 +77,65 @@ class Corpus:
   @property
   def vocab_size(self) -> int:
     return len(self.vocab)
+
+
+CORPUS_NAMES = ("enwik8", "text8", "ptb", "ptb_char", "wikitext2", "wikitext103")
+
+
+def load_corpus(
+    name: str,
+    *,
+    data_dir=None,
+    manual_dir=None,
+    download: bool = True,
+    verify_checksums: bool = True,
+    chunk_size: int | None = None,
+) -> Corpus:
+  """Loads a corpus, preparing its tfds dataset first if needed.
+
+  If the dataset (builder ``txl_<name>``, see ``datasets/builders.py``) is
+  not prepared in ``data_dir``, its source files are located, checked and
+  tokenised into array_record chunks (``download_and_prepare``).  The
+  returned splits read only the chunks covering a requested range, via
+  ``builder.as_data_source()`` (no TensorFlow needed).  A prepared dataset
+  loads without its source files.
+
+  Args:
+    name: one of :data:`CORPUS_NAMES`: "enwik8" (bytes, 256 ids), "text8"
+      (27 chars), "ptb" (words), "ptb_char" (chars of PTB), "wikitext2",
+      "wikitext103" (words).
+    data_dir: tfds data dir; default tfds's (``~/tensorflow_datasets`` or
+      ``$TFDS_DATA_DIR``).
+    manual_dir: where the canonical archive or the extracted files are looked
+      for; default ``<data_dir>/downloads/manual``.
+    download: try the canonical URL (a few seconds' timeout) when no local
+      copy exists.
+    verify_checksums: check the published sizes/checksums of the source files
+      (and documented token counts where known).  Must be False for files
+      that are not the canonical ones (tests).
+    chunk_size: tokens per stored record when preparing (default 65536); a
+      prepared dataset keeps the chunk size it was written with.
+
+  Returns:
+    A :class:`Corpus` whose ``splits`` ("train", "valid", "test") are
+    TokenSources of int32 ids; splits of enwik8/text8 are 90M/5M/5M symbols
+    (Dai et al. 2019, Sec. 4).
+
+  Raises:
+    ValueError: unknown ``name``.
+    DataError: source files missing (message: file names, manual dir,
+      canonical URL, expected checksums; raised before any tokenisation and
+      without waiting on the network for more than a few seconds), a
+      checksum mismatch, or an unusable source.
+  """
+  if name not in CORPUS_NAMES:
+    raise ValueError(
+        f"Unknown corpus {name!r}; valid names: {', '.join(CORPUS_NAMES)}.")
+  from transformer_xl.datasets import builders  # imports tfds
+
+  kwargs = {} if chunk_size is None else {"chunk_size": chunk_size}
+  builder = builders.BUILDERS[name](data_dir=data_dir, **kwargs)
+  if not builder.is_prepared():
+    builder.prepare(manual_dir=manual_dir, download=download,
+                    verify_checksums=verify_checksums)
+  return builder.as_corpus()

@@ -1,0 +1,153 @@
+"""Command line: train or evaluate Transformer-XL.
+
+    python -m transformer_xl.main --config=configs/quickstart.py --workdir=/tmp/txl
+    python -m transformer_xl.main --config=configs/quickstart.py --workdir=/tmp/txl --mode=eval
+
+Any config value can be overridden with ``--config.<section>.<key>=value``.
+Everything that can be checked before compiling is checked first (config
+keys and values, mesh against devices and batch, data files), so bad input
+fails in seconds with a message that says what to change.  A restart with the
+same workdir resumes from its latest checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, TensorBoard "
+                               "events and eval_results.json.")
+_MODE = flags.DEFINE_enum("mode", "train", ["train", "eval"],
+                          "train: train (resuming if possible), then nothing else. "
+                          "eval: score valid and test from the latest checkpoint.")
+
+
+class ConfigError(ValueError):
+  """A config value that cannot work; the message says which and how to fix it."""
+
+
+def check_config(config, num_devices: int) -> tuple[int, ...]:
+  """Checks the config against itself and the devices; returns the mesh shape.
+
+  Raises:
+    ConfigError: sizes that do not fit together (n_head vs the ``model``
+      axis, batch vs the ``data`` axis and batch_chunk, same_length without
+      memory, ext_len >= tgt_len, unknown dataset, bad dtype, ...).
+  """
+  from transformer_xl import attention, datasets, sharding
+  m, t, e = config.model, config.train, config.eval
+  try:
+    mesh_shape = sharding.resolve_mesh_shape(config.mesh.shape, num_devices)
+  except ValueError as err:
+    raise ConfigError(str(err)) from None
+  if tuple(config.mesh.axis_names)[:2] != ("data", "model"):
+    raise ConfigError(f"mesh.axis_names={tuple(config.mesh.axis_names)} must start with "
+                      "('data', 'model').")
+  n_data, n_model = mesh_shape[0], mesh_shape[1]
+  problems = []
+  if m.n_head % n_model:
+    problems.append(f"model.n_head={m.n_head} is not divisible by the 'model' mesh axis "
+                    f"({n_model}); set --config.mesh.shape so the model axis divides n_head.")
+  if t.global_batch % n_data:
+    problems.append(f"train.global_batch={t.global_batch} is not divisible by the 'data' mesh "
+                    f"axis ({n_data}); use a multiple of {n_data} or change --config.mesh.shape.")
+  if t.batch_chunk < 1 or t.global_batch % (t.batch_chunk * n_data):
+    problems.append(f"train.global_batch={t.global_batch} must be divisible by "
+                    f"train.batch_chunk * data axis = {t.batch_chunk} * {n_data}.")
+  if e.global_batch % n_data:
+    problems.append(f"eval.global_batch={e.global_batch} is not divisible by the 'data' mesh "
+                    f"axis ({n_data}); use a multiple of {n_data}.")
+  for name, cfg_ in (("model", m), ("eval", e)):
+    if cfg_.same_length and cfg_.mem_len < 1:
+      problems.append(f"{name}.same_length=True needs {name}.mem_len >= 1 (with no memory every "
+                      "key would be masked).")
+    if cfg_.tgt_len < 1 or cfg_.mem_len < 0 or cfg_.clamp_len < 0:
+      problems.append(f"{name}: tgt_len must be >= 1 and mem_len, clamp_len >= 0.")
+  if m.ext_len:
+    problems.append(f"model.ext_len={m.ext_len}: extended context is not supported by the "
+                    "input pipeline; set --config.model.ext_len=0 (all reference scripts do).")
+  if m.d_model % 2:
+    problems.append(f"model.d_model={m.d_model} must be even (sinusoid encoding).")
+  if m.dtype not in ("float32", "bfloat16"):
+    problems.append(f"model.dtype={m.dtype!r}: use 'float32' or 'bfloat16'.")
+  if m.remat not in ("none", "full", "dots"):
+    problems.append(f"model.remat={m.remat!r}: use 'none', 'full' or 'dots'.")
+  if m.attn_type not in attention.ATTENTION_TYPES:
+    problems.append(f"model.attn_type={m.attn_type}: implemented types are "
+                    f"{sorted(attention.ATTENTION_TYPES)}.")
+  if config.data.dataset not in datasets.CORPUS_NAMES:
+    problems.append(f"data.dataset={config.data.dataset!r}: choose one of "
+                    f"{sorted(datasets.CORPUS_NAMES)}.")
+  if t.num_steps < 1 or t.log_every < 1 or config.checkpoint.every_steps < 1:
+    problems.append("train.num_steps, train.log_every and checkpoint.every_steps must be >= 1.")
+  if problems:
+    raise ConfigError("Invalid config:\n  - " + "\n  - ".join(problems))
+  return mesh_shape
+
+
+def run(config, workdir: str, mode: str) -> dict:
+  """Validates, loads the data, then trains or evaluates.  Returns the results."""
+  import jax
+  from transformer_xl import checkpointing, datasets, evaluate, models, sharding, train
+
+  check_config(config, jax.device_count())
+  mesh = sharding.make_mesh(config.mesh.shape, config.mesh.axis_names)
+  corpus = datasets.load_corpus(
+      config.data.dataset, data_dir=config.data.data_dir, manual_dir=config.data.manual_dir,
+      download=config.data.download, verify_checksums=config.data.verify_checksums)
+  os.makedirs(workdir, exist_ok=True)
+  metric = train.metric_name(corpus.unit)
+  print(f"Corpus {corpus.name}: vocab {corpus.vocab_size:,}, "
+        + ", ".join(f"{k} {v.num_tokens:,} tokens" for k, v in corpus.splits.items())
+        + f"; mesh {dict(mesh.shape)}.", flush=True)
+
+  if mode == "train":
+    if jax.process_index() == 0:
+      with open(os.path.join(workdir, "config.json"), "w") as f:
+        f.write(config.to_json_best_effort(indent=2))
+    return train.train_and_evaluate(config, workdir, corpus, mesh)
+
+  mcfg = train.model_config(config, corpus.vocab_size)
+  tx = train.make_optimizer(config.train)
+  abstract_state, _ = train.abstract_train_state(models.TransformerXL(mcfg), tx,
+                                                 config.train.global_batch, mesh)
+  manager = checkpointing.make_manager(workdir, config.checkpoint.max_to_keep)
+  restored = checkpointing.restore_latest(manager, abstract_state)
+  if restored is None:
+    raise FileNotFoundError(f"No checkpoint in {manager.directory}: train first with the same "
+                            "--workdir (--mode=train).")
+  step, state, _ = restored
+  evaluator = evaluate.Evaluator(config, mcfg, corpus, mesh)
+  results = {}
+  for split in ("valid", "test"):
+    results[split] = evaluator.evaluate(state.params, split)
+    r = results[split]
+    print(f"step {step} {split}: loss {r['loss_nats']:.4f} nats, {metric} {r[metric]:.4f} "
+          f"over {r['tokens']:,} tokens", flush=True)
+  results["step"] = int(step)
+  path = evaluate.write_results(workdir, results)
+  print(f"Wrote {path}", flush=True)
+  manager.close()
+  return results
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  if _CONFIG.value is None or _WORKDIR.value is None:
+    raise app.UsageError("--config and --workdir are required.")
+  if not flags.FLAGS["verbosity"].present:  # orbax and tfds log every file at INFO
+    logging.set_verbosity(logging.WARNING)
+  try:
+    run(_CONFIG.value, _WORKDIR.value, _MODE.value)
+  except ConfigError as err:
+    sys.exit(f"error: {err}")
+
+
+if __name__ == "__main__":
+  app.run(main)
