@@ -11,8 +11,8 @@ same workdir resumes from its latest checkpoint.
 """
 from __future__ import annotations
 
-import json
 import os
+import re
 import sys
 
 from absl import app, flags, logging
@@ -56,7 +56,7 @@ def check_config(config, num_devices: int) -> tuple[int, ...]:
   if t.global_batch % n_data:
     problems.append(f"train.global_batch={t.global_batch} is not divisible by the 'data' mesh "
                     f"axis ({n_data}); use a multiple of {n_data} or change --config.mesh.shape.")
-  if t.batch_chunk < 1 or t.global_batch % (t.batch_chunk * n_data):
+  elif t.batch_chunk < 1 or t.global_batch % (t.batch_chunk * n_data):
     problems.append(f"train.global_batch={t.global_batch} must be divisible by "
                     f"train.batch_chunk * data axis = {t.batch_chunk} * {n_data}.")
   if e.global_batch % n_data:
@@ -143,11 +143,22 @@ def main(argv):
     raise app.UsageError("--config and --workdir are required.")
   if not flags.FLAGS["verbosity"].present:  # orbax and tfds log every file at INFO
     logging.set_verbosity(logging.WARNING)
+  from transformer_xl import datasets
   try:
     run(_CONFIG.value, _WORKDIR.value, _MODE.value)
-  except ConfigError as err:
+  except (ConfigError, datasets.DataError) as err:
     sys.exit(f"error: {err}")
 
 
+def _parse_flags(argv):
+  """absl flag parsing; an unknown --config.key becomes a one-line error."""
+  try:
+    return flags.FLAGS(argv)
+  except (AttributeError, KeyError) as err:  # raised by ml_collections for unknown keys
+    msg = re.sub(r"[\\'\"]+", " ", str(err).replace("\\n", " ").replace("\n", " ")).split()
+    sys.exit(f"error: unknown config key in the --config.* overrides: {' '.join(msg)} "
+             "(every key is listed in transformer_xl/default_config.py)")
+
+
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)

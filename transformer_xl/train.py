@@ -188,7 +188,7 @@ def make_train_step(model: models.TransformerXL, tx, mesh: Mesh, state_shardings
                                  mlen_B=_from_chunks(mem_chunks.mlen_B, 0))
     n_tokens = jnp.maximum(jnp.sum(batch["weights"]), 1.0)
     grads = jax.tree_util.tree_map(lambda g: g / n_tokens, grads)
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state,
@@ -212,23 +212,29 @@ def metric_value(loss_nats: float, unit: str) -> float:
 
 
 class _Writer:
-  """TensorBoard event files (tensorboardX) on process 0; no-op elsewhere."""
+  """Metrics to TensorBoard event files (tensorboardX) and to
+  ``<workdir>/metrics.jsonl`` (one JSON object per line: step and scalars),
+  on process 0; a no-op elsewhere."""
 
   def __init__(self, workdir: str):
-    self._writer = None
+    self._writer = self._jsonl = None
     if jax.process_index() == 0:
       from tensorboardX import SummaryWriter
       self._writer = SummaryWriter(logdir=os.path.join(workdir, "tensorboard"))
+      self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a")
 
   def scalars(self, step: int, scalars: Mapping[str, float]):
     if self._writer is not None:
       for k, v in scalars.items():
         self._writer.add_scalar(k, v, step)
       self._writer.flush()
+      self._jsonl.write(json.dumps({"step": step, **scalars}) + "\n")
+      self._jsonl.flush()
 
   def close(self):
     if self._writer is not None:
       self._writer.close()
+      self._jsonl.close()
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: datasets.Corpus,

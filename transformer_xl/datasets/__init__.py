@@ -79,7 +79,9 @@ class Corpus:
     return len(self.vocab)
 
 
-CORPUS_NAMES = ("enwik8", "text8", "ptb", "ptb_char", "wikitext2", "wikitext103")
+# Names accepted by load_corpus.
+CORPUS_NAMES = (
+    "enwik8", "text8", "ptb", "ptb_char", "wikitext2", "wikitext103")
 
 
 def load_corpus(

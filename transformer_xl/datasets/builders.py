@@ -33,6 +33,7 @@ descending count, ties broken by first occurrence in train (what
 """
 from __future__ import annotations
 
+import abc
 import collections
 import dataclasses
 import threading
@@ -83,7 +84,8 @@ class ChunkedSource:
     self._chunk_size = int(chunk_size)
     self._name = name
     self._cache_chunks = int(cache_chunks)
-    self._cache: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
+    self._cache: collections.OrderedDict[int, np.ndarray] = (
+        collections.OrderedDict())
     self._lock = threading.Lock()
     expected = -(-self._num_tokens // self._chunk_size)
     if len(records) != expected:
@@ -131,7 +133,8 @@ class ChunkedSource:
         records = [self._records[k] for k in todo]
       for key, record in zip(todo, records):
         tokens = np.asarray(record["tokens"], dtype=np.int32)
-        expected = min(self._chunk_size, self._num_tokens - key * self._chunk_size)
+        c = self._chunk_size
+        expected = min(c, self._num_tokens - key * c)
         if tokens.shape != (expected,):
           raise DataError(
               f"{self._name}: record {key} holds {tokens.shape[0]} tokens, "
@@ -147,7 +150,7 @@ class ChunkedSource:
     return [cached[k] for k in keys]
 
   def read(self, start: int, stop: int) -> np.ndarray:
-    """Tokens ``[start, stop)`` of the stream, int32 of shape ``[stop - start]``.
+    """Tokens ``[start, stop)`` of the stream: int32, shape ``[stop - start]``.
 
     Returns a new array (the caller may modify it).
 
@@ -184,7 +187,8 @@ class _Plan:
   streams: dict[str, Callable[[], Iterator[np.ndarray]]]
 
 
-def _rechunk(pieces: Iterable[np.ndarray], chunk_size: int) -> Iterator[np.ndarray]:
+def _rechunk(pieces: Iterable[np.ndarray],
+             chunk_size: int) -> Iterator[np.ndarray]:
   """Re-cuts a stream given as arrays of any lengths into chunk_size pieces."""
   pending, n = [], 0
   for piece in pieces:
@@ -202,7 +206,8 @@ def _rechunk(pieces: Iterable[np.ndarray], chunk_size: int) -> Iterator[np.ndarr
     yield np.concatenate(pending)
 
 
-class _TokenStreamBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+class _TokenStreamBuilder(tfds.core.GeneratorBasedBuilder,
+                          skip_registration=True):
   """Base of the corpus builders: one contiguous token stream per split.
 
   Subclasses set ``CORPUS`` (name in ``load_corpus``), ``UNIT``, ``SOURCE``
@@ -278,7 +283,8 @@ class _TokenStreamBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=Tru
     """
     found = sources.locate(
         self.SOURCE,
-        manual_dir=Path(manual_dir) if manual_dir else self.default_manual_dir(),
+        manual_dir=(Path(manual_dir) if manual_dir
+                    else self.default_manual_dir()),
         download_dir=Path(self.data_dir_root) / "downloads",
         download=download,
     )
@@ -317,9 +323,9 @@ class _TokenStreamBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=Tru
 
   # -- writing -----------------------------------------------------------
 
+  @abc.abstractmethod
   def _plan(self, found: Mapping[str, sources.Source], verify: bool) -> _Plan:
     """Reads the sources; returns vocabulary, counts and token streams."""
-    raise NotImplementedError
 
   def _split_generators(self, dl_manager):
     if self._sources is None:  # download_and_prepare called directly
@@ -346,7 +352,8 @@ class _TokenStreamBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=Tru
 
   def _generate_examples(self, split: str):
     n, expected = 0, self.info.metadata["num_tokens"][split]
-    for key, chunk in enumerate(_rechunk(self._streams[split](), self._chunk_size)):
+    chunks = _rechunk(self._streams[split](), self._chunk_size)
+    for key, chunk in enumerate(chunks):
       n += len(chunk)
       yield key, {"tokens": chunk}
     if n != expected:
@@ -395,7 +402,8 @@ def split_bounds(n: int) -> dict[str, tuple[int, int]]:
   (only with ``verify_checksums=False``) valid = test = n // 20.
   """
   k = n // 20
-  return {"train": (0, n - 2 * k), "valid": (n - 2 * k, n - k), "test": (n - k, n)}
+  return {"train": (0, n - 2 * k), "valid": (n - 2 * k, n - k),
+          "test": (n - k, n)}
 
 
 def _lookup_stream(data: np.ndarray, table: np.ndarray | None,
@@ -408,9 +416,9 @@ def _lookup_stream(data: np.ndarray, table: np.ndarray | None,
 class _MahoneyBuilder(_TokenStreamBuilder, skip_registration=True):
   """Shared code of enwik8 and text8: one 10^8-symbol file, 90/5/5 split."""
 
+  @abc.abstractmethod
   def _symbols(self) -> tuple[list[str], np.ndarray | None, int]:
     """(vocab, byte -> id table or None for identity, boundary id)."""
-    raise NotImplementedError
 
   def _plan(self, found, verify):
     (source,) = found.values()
@@ -444,10 +452,12 @@ class TxlEnwik8(_MahoneyBuilder):
   Byte level over all 256 byte values: token id = byte value, vocab[i] =
   ``chr(i)`` (so ``"".join(vocab[t] for t in ids).encode("latin-1")`` gives
   the bytes back); ``boundary_id`` = 10 (newline).  This models the raw
-  bytes; the reference implementation instead maps the 204 byte values that
-  occur in the file to a 204-symbol vocabulary (plus ``<eos>`` at newlines),
-  so ids differ but bits per byte are directly comparable.  Split: first 90M
-  bytes train, next 5M valid, last 5M test (Dai et al. 2019, Sec. 4).
+  bytes, every one of them a token.  The reference implementation instead
+  rewrites the file as lines of decimal byte values, one line per newline
+  (``prep_enwik8.py``), and builds a 204-symbol vocabulary from its train
+  file (``data_utils.py``), so its ids, and its treatment of newline bytes,
+  differ.  Split: first 90M bytes train, next 5M valid, last 5M test (Dai et
+  al. 2019, Sec. 4).
 
   Source: ``enwik8`` from http://mattmahoney.net/dc/enwik8.zip, checked
   against its size (100,000,000 bytes), md5
@@ -645,7 +655,8 @@ class TxlPtb(_LineBuilder):
   EXPECTED = Expected({"train": 929_589, "valid": 73_760, "test": 82_430},
                       10_000)
   MANUAL_DOWNLOAD_INSTRUCTIONS = (
-      "Put simple-examples.tgz or ptb.{train,valid,test}.txt into the manual dir.")
+      "Put simple-examples.tgz or ptb.{train,valid,test}.txt into the manual "
+      "dir.")
 
 
 class TxlPtbChar(_LineBuilder):
@@ -688,7 +699,8 @@ def _wikitext_source(corpus: str, top: str, md5: Mapping[str, str] | None,
                      note: str = "") -> sources.SourceSpec:
   return sources.SourceSpec(
       corpus=corpus, archive=f"{top}-v1.zip",
-      url=f"https://s3.amazonaws.com/research.metamind.io/wikitext/{top}-v1.zip",
+      url=("https://s3.amazonaws.com/research.metamind.io/wikitext/"
+           f"{top}-v1.zip"),
       files=tuple(
           sources.SourceFile(name=f"wiki.{s}.tokens",
                              member=f"{top}/wiki.{s}.tokens",

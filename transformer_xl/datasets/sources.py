@@ -131,7 +131,8 @@ class Source:
         with tarfile.open(self.path, "r:*") as tf:
           f = tf.extractfile(self.member)
           if f is None:
-            raise DataError(f"{self.member} in {self.path} is not a regular file")
+            raise DataError(
+                f"{self.member} in {self.path} is not a regular file")
           with f:
             yield f
     except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError) as e:
@@ -250,7 +251,8 @@ def _download(url: str, dest: Path, timeout_s: float) -> str | None:
 
 
 def _missing_message(
-    spec: SourceSpec, manual_dir: Path, missing: Sequence[str], download_note: str
+    spec: SourceSpec, manual_dir: Path, missing: Sequence[str],
+    download_note: str,
 ) -> str:
   width = max(len(f.name) for f in spec.files)
   listing = "\n".join(

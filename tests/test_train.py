@@ -1,0 +1,246 @@
+"""Training: sharded == single device, accumulation, resume, end to end, errors."""
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from transformer_xl import datasets, default_config, input_pipeline, main, models, sharding, train
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def tiny_config(**train_kw):
+  c = default_config.get_config()
+  c.model.update(n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.1,
+                 dropatt=0.1, tgt_len=6, mem_len=6)
+  c.train.update(global_batch=8, num_steps=100, warmup_steps=2, learning_rate=1e-3)
+  c.train.update(**train_kw)
+  return c
+
+
+def run_steps(config, mesh, tokens, n_steps):
+  mcfg = train.model_config(config, 64)
+  model = models.TransformerXL(mcfg)
+  tx = train.make_optimizer(config.train)
+  _, shardings = train.abstract_train_state(model, tx, config.train.global_batch, mesh)
+  state = train.create_train_state(model, tx, config.train.global_batch, mesh,
+                                   jax.random.PRNGKey(0), shardings)
+  step_fn = train.make_train_step(model, tx, mesh, shardings, config.train.batch_chunk, 7)
+  it = input_pipeline.TrainIterator(datasets.ArraySource(tokens), config.train.global_batch,
+                                    mcfg.tgt_len)
+  losses = []
+  for _ in range(n_steps):
+    batch = input_pipeline.to_global_batch(next(it), sharding.batch_sharding(mesh),
+                                           config.train.global_batch)
+    state, metrics = step_fn(state, batch)
+    losses.append(float(metrics["loss"]))
+  return losses, jax.device_get(state)
+
+
+@pytest.fixture(scope="module")
+def tokens():
+  return np.random.default_rng(0).integers(0, 64, size=8 * 6 * 5 + 8).astype(np.int32)
+
+
+def test_sharded_step_matches_single_device(tokens):
+  assert jax.device_count() == 8
+  config = tiny_config()
+  mesh1 = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
+  mesh8 = sharding.make_mesh((4, 2), ("data", "model"))
+  losses1, state1 = run_steps(config, mesh1, tokens, 3)
+  losses8, state8 = run_steps(config, mesh8, tokens, 3)
+  np.testing.assert_allclose(losses8, losses1, rtol=1e-5)
+  for a, b in zip(jax.tree_util.tree_leaves(state8), jax.tree_util.tree_leaves(state1)):
+    np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64),
+                               rtol=2e-4, atol=2e-6)
+  assert losses1[-1] != losses1[0]
+
+
+def test_parameters_and_memory_are_sharded():
+  config = tiny_config()
+  mesh = sharding.make_mesh((4, 2), ("data", "model"))
+  model = models.TransformerXL(train.model_config(config, 64))
+  tx = train.make_optimizer(config.train)
+  _, shardings = train.abstract_train_state(model, tx, 8, mesh)
+  layers = shardings.params["layers"]
+  assert layers["attn"]["qkv_net"]["kernel"].spec == P(None, None, None, "model", None)
+  assert layers["pos_ff"]["ff_1"]["kernel"].spec == P(None, None, "model")
+  assert shardings.params["word_emb"]["embedding"].spec == P("model", None)
+  assert shardings.memory.mems_LxBxMxD.spec == P(None, "data", None, None)
+  # Adam moments follow their parameters.
+  mu = shardings.opt_state[1][0].mu
+  assert mu["layers"]["attn"]["qkv_net"]["kernel"].spec == P(None, None, None, "model", None)
+
+
+def test_gradient_accumulation_equals_full_batch():
+  tokens = np.random.default_rng(1).integers(0, 64, size=16 * 6 * 4 + 16).astype(np.int32)
+  mesh = sharding.make_mesh((4, 2), ("data", "model"))
+  c1 = tiny_config(global_batch=16, batch_chunk=1)
+  c2 = tiny_config(global_batch=16, batch_chunk=2)
+  for c in (c1, c2):
+    c.model.update(dropout=0.0, dropatt=0.0)
+  losses1, state1 = run_steps(c1, mesh, tokens, 3)
+  losses2, state2 = run_steps(c2, mesh, tokens, 3)
+  np.testing.assert_allclose(losses2, losses1, rtol=1e-5)
+  for a, b in zip(jax.tree_util.tree_leaves(state2), jax.tree_util.tree_leaves(state1)):
+    np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64),
+                               rtol=2e-4, atol=2e-6)
+
+
+def _ptb_config():
+  c = default_config.get_config()
+  c.data.dataset = "ptb"
+  c.train.global_batch = 16
+  c.eval.global_batch = 8
+  return c
+
+
+def test_check_config_errors():
+  assert main.check_config(_ptb_config(), 8) == (8, 1)
+  cases = [
+      (dict(mesh=dict(shape=(3, 1))), "has 3 devices but 8"),
+      (dict(mesh=dict(shape=(1, 8)), model=dict(n_head=12)), "n_head=12 is not divisible"),
+      (dict(mesh=dict(shape=(8, 1)), train=dict(global_batch=20)), "global_batch=20 is not divisible"),
+      (dict(mesh=dict(shape=(2, 4)), model=dict(n_head=6)), "n_head=6"),
+      (dict(eval=dict(mem_len=0, same_length=True)), "same_length=True needs eval.mem_len"),
+      (dict(data=dict(dataset="enwik9")), "data.dataset='enwik9'"),
+      (dict(model=dict(attn_type=2)), "attn_type=2"),
+      (dict(train=dict(batch_chunk=4)), "batch_chunk \\* data axis = 4 \\* 8"),
+  ]
+  for overrides, message in cases:
+    c = _ptb_config()
+    for section, values in overrides.items():
+      c[section].update(values)
+    with pytest.raises(main.ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")
+                       if "\\" not in message else message):
+      main.check_config(c, 8)
+
+
+# --------------------------------------------------------------------------- #
+# Through the command line, in fresh processes.
+
+WORDS = ("the a cat dog sat ran on under mat rug and then N <unk> big small red blue "
+         "quickly slowly house tree saw ate fish bird").split()
+
+
+def write_ptb_sample(directory: Path, n_lines=(1200, 80, 90), seed=0):
+  """PTB-format files (leading/trailing space, one sentence per line) of a
+  low-entropy toy language, so that a model can learn it in a few steps."""
+  rng = np.random.default_rng(seed)
+  directory.mkdir(parents=True, exist_ok=True)
+  for split, n in zip(("train", "valid", "test"), n_lines):
+    lines = []
+    for _ in range(n):
+      start = rng.integers(0, len(WORDS))
+      length = rng.integers(4, 12)
+      words = [WORDS[(start + 3 * k) % len(WORDS)] for k in range(length)]
+      lines.append(" " + " ".join(words) + " \n")
+    (directory / f"ptb.{split}.txt").write_text("".join(lines))
+  return directory
+
+
+def run_main(args, timeout=300):
+  env = dict(os.environ, PYTHONPATH=str(REPO))
+  return subprocess.run([sys.executable, "-m", "transformer_xl.main", *args], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=timeout)
+
+
+def small_args(tmp_path, workdir, manual, *extra):
+  return [f"--config={REPO / 'configs' / 'quickstart.py'}", f"--workdir={workdir}",
+          f"--config.data.manual_dir={manual}", f"--config.data.data_dir={tmp_path / 'tfds'}",
+          "--config.data.verify_checksums=False", *extra]
+
+
+def read_metrics(workdir):
+  rows = [json.loads(l) for l in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
+  return {r["step"]: r for r in rows if "train/loss" in r}
+
+
+def test_resume_in_new_process_equals_straight_run(tmp_path):
+  manual = write_ptb_sample(tmp_path / "ptb")
+  tiny = ["--config.model.n_layer=2", "--config.model.d_model=32", "--config.model.n_head=2",
+          "--config.model.d_head=16", "--config.model.d_inner=64", "--config.model.tgt_len=8",
+          "--config.model.mem_len=8", "--config.train.global_batch=8", "--config.train.log_every=1",
+          "--config.train.eval_every=0", "--config.checkpoint.every_steps=3",
+          "--config.train.warmup_steps=2"]
+  straight = tmp_path / "straight"
+  r = run_main(small_args(tmp_path, straight, manual, *tiny, "--config.train.num_steps=6"))
+  assert r.returncode == 0, r.stderr[-3000:]
+  resumed = tmp_path / "resumed"
+  r = run_main(small_args(tmp_path, resumed, manual, *tiny, "--config.train.num_steps=3"))
+  assert r.returncode == 0, r.stderr[-3000:]
+  r = run_main(small_args(tmp_path, resumed, manual, *tiny, "--config.train.num_steps=6"))
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "Resumed from" in r.stdout + r.stderr and "at step 3" in r.stdout + r.stderr
+
+  m_straight, m_resumed = read_metrics(straight), read_metrics(resumed)
+  assert sorted(m_resumed) == sorted(m_straight) == [1, 2, 3, 4, 5, 6]
+  for step in range(1, 7):
+    assert m_resumed[step]["train/loss"] == pytest.approx(m_straight[step]["train/loss"], rel=1e-6)
+
+  ckpt = ocp.StandardCheckpointer()
+  a = ckpt.restore(straight / "checkpoints" / "6" / "state")
+  b = ckpt.restore(resumed / "checkpoints" / "6" / "state")
+  leaves_a, leaves_b = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
+  assert len(leaves_a) == len(leaves_b) > 10
+  for x, y in zip(leaves_a, leaves_b):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-7)
+  # The saved iterator positions agree too (step 6 of epoch 0).
+  it_a = json.loads((straight / "checkpoints" / "6" / "iterator" / "metadata").read_text())
+  it_b = json.loads((resumed / "checkpoints" / "6" / "iterator" / "metadata").read_text())
+  assert it_a == it_b and (it_a["epoch"], it_a["step"]) == (0, 6)
+
+
+def test_main_trains_quickstart_and_evaluates(tmp_path):
+  manual = write_ptb_sample(tmp_path / "ptb")
+  workdir = tmp_path / "wd"
+  r = run_main(small_args(tmp_path, workdir, manual, "--config.train.num_steps=40",
+                          "--config.train.log_every=10", "--config.train.warmup_steps=5",
+                          "--config.train.eval_every=40", "--config.train.eval_max_steps=2"))
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "parameters" in r.stdout
+  metrics = read_metrics(workdir)
+  assert sorted(metrics) == [10, 20, 30, 40]
+  assert metrics[40]["train/loss"] < metrics[10]["train/loss"] - 0.5, metrics
+  assert any(n.startswith("events.out.tfevents") for n in os.listdir(workdir / "tensorboard"))
+
+  r = run_main(small_args(tmp_path, workdir, manual, "--mode=eval"))
+  assert r.returncode == 0, r.stderr[-3000:]
+  results = json.loads((workdir / "eval_results.json").read_text())
+  corpus = datasets.load_corpus("ptb", data_dir=str(tmp_path / "tfds"), manual_dir=str(manual),
+                                verify_checksums=False)
+  for split in ("valid", "test"):
+    assert results[split]["tokens"] == corpus.splits[split].num_tokens
+    assert results[split]["ppl"] == pytest.approx(np.exp(results[split]["loss_nats"]))
+    # Much better than uniform over the vocabulary: the model learnt something.
+    assert results[split]["ppl"] < 0.5 * corpus.vocab_size
+
+
+def test_missing_enwik8_stops_at_once_with_instructions(tmp_path):
+  t0 = time.time()
+  r = run_main([f"--config={REPO / 'configs' / 'enwik8_24l.py'}", f"--workdir={tmp_path / 'wd'}",
+                f"--config.data.data_dir={tmp_path / 'tfds'}"], timeout=120)
+  assert r.returncode != 0
+  err = r.stderr
+  assert "enwik8.zip" in err and "a1fa5ffddb56f4953e226637dabbb36a" in err
+  assert str(tmp_path / "tfds" / "downloads" / "manual") in err
+  assert "Traceback" not in err
+  assert time.time() - t0 < 60
+  assert not (tmp_path / "wd" / "checkpoints").exists()
+
+
+def test_unknown_config_key_is_a_clear_error(tmp_path):
+  r = run_main([f"--config={REPO / 'configs' / 'quickstart.py'}", f"--workdir={tmp_path}",
+                "--config.model.n_layerz=3"], timeout=120)
+  assert r.returncode != 0
+  assert "unknown config key" in r.stderr and "n_layer" in r.stderr
+  assert "Traceback" not in r.stderr
