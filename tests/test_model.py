@@ -1,4 +1,5 @@
 """Model properties: Appendix B shift == naive, causality, recurrence, stop-gradient."""
+import functools
 import itertools
 
 import flax.linen as nn
@@ -220,3 +221,21 @@ def test_bfloat16_compute_keeps_float32_params_and_loss():
   cfg32 = small_config()
   nll32, _ = models.TransformerXL(cfg32).apply(params, tokens, models.init_memory(cfg32, 2), tokens)
   np.testing.assert_allclose(np.asarray(nll), np.asarray(nll32), rtol=0.05, atol=0.05)
+
+
+@pytest.mark.parametrize("remat", ["full", "dots"])
+def test_remat_does_not_change_loss_or_gradients(remat):
+  cfg = small_config()
+  model, params = init_model(cfg)
+  model_r = models.TransformerXL(small_config(remat=remat))
+  tokens = jax.random.randint(jax.random.PRNGKey(11), (2, cfg.tgt_len + 1), 0, cfg.n_token)
+  mem = models.init_memory(cfg, 2)
+
+  def loss(m, p):
+    return m.apply(p, tokens[:, :-1], mem, tokens[:, 1:])[0].mean()
+
+  l0, g0 = jax.value_and_grad(functools.partial(loss, model))(params)
+  l1, g1 = jax.value_and_grad(functools.partial(loss, model_r))(params)
+  np.testing.assert_allclose(float(l1), float(l0), rtol=1e-6)
+  for a, b in zip(jax.tree_util.tree_leaves(g1), jax.tree_util.tree_leaves(g0)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)

@@ -137,6 +137,7 @@ def run(config, workdir: str, mode: str) -> dict:
 
 
 def main(argv):
+  """absl entry point: checks the flags, then :func:`run`; errors exit with a message."""
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   if _CONFIG.value is None or _WORKDIR.value is None:

@@ -107,4 +107,5 @@ def memory_sharding(mesh: Mesh) -> Any:
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
+  """Scalars and small state: a full copy on every device."""
   return NamedSharding(mesh, P())

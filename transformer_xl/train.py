@@ -224,6 +224,7 @@ class _Writer:
       self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a")
 
   def scalars(self, step: int, scalars: Mapping[str, float]):
+    """Writes {name: value} at ``step``."""
     if self._writer is not None:
       for k, v in scalars.items():
         self._writer.add_scalar(k, v, step)

@@ -44,9 +44,11 @@ class ArraySource:
 
   @property
   def num_tokens(self) -> int:
+    """Length of the array, in tokens."""
     return int(self.tokens.shape[0])
 
   def read(self, start: int, stop: int) -> np.ndarray:
+    """int32 tokens [start, stop); IndexError outside [0, num_tokens]."""
     if not 0 <= start <= stop <= self.num_tokens:
       raise IndexError(f"range [{start}, {stop}) outside [0, {self.num_tokens}]")
     return np.asarray(self.tokens[start:stop], dtype=np.int32)
@@ -76,6 +78,7 @@ class Corpus:
 
   @property
   def vocab_size(self) -> int:
+    """n_token: number of distinct token ids."""
     return len(self.vocab)
 
 
