@@ -25,6 +25,11 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, Tens
 _MODE = flags.DEFINE_enum("mode", "train", ["train", "eval"],
                           "train: train (resuming if possible), then nothing else. "
                           "eval: score valid and test from the latest checkpoint.")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "host:port of process 0 for a multi-process run "
+    "(jax.distributed). Leave unset on a Cloud TPU VM slice: it is detected there.")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in a multi-process run.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index, 0-based.")
 
 
 class ConfigError(ValueError):
@@ -90,6 +95,73 @@ def check_config(config, num_devices: int) -> tuple[int, ...]:
   return mesh_shape
 
 
+def on_tpu_vm() -> bool:
+  """Whether this looks like a Cloud TPU VM (its metadata env or accel devices)."""
+  return bool(os.environ.get("TPU_ACCELERATOR_TYPE") or os.environ.get("TPU_WORKER_HOSTNAMES")
+              or os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0"))
+
+
+def initialize_distributed(coordinator_address=None, num_processes=None, process_id=None):
+  """Starts jax.distributed for a multi-process run; a no-op for one process.
+
+  With ``coordinator_address`` all three values are required (explicit
+  setup, e.g. CPU processes on 127.0.0.1 with gloo collectives, or GPU
+  hosts).  Without it, on a Cloud TPU VM slice, ``jax.distributed.initialize()``
+  discovers everything by itself.  Must run before any other JAX call.
+
+  Raises:
+    ConfigError: an incomplete set of flags.
+  """
+  import jax
+  given = [v is not None for v in (coordinator_address, num_processes, process_id)]
+  if any(given) and not all(given):
+    raise ConfigError("--coordinator_address, --num_processes and --process_id go together: "
+                      "give all three (or none on a Cloud TPU VM).")
+  if coordinator_address:
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address=coordinator_address,
+                               num_processes=num_processes, process_id=process_id)
+  elif on_tpu_vm():
+    jax.distributed.initialize()
+
+
+def load_corpus_once(config):
+  """datasets.load_corpus, prepared by process 0 before the others look.
+
+  With several processes, process 0 prepares the dataset first (so a shared
+  data_dir is written once), then the others load it (preparing their own
+  copy if their data_dir is a local disk).  A failure on process 0 stops
+  every process with an error instead of leaving them waiting.
+
+  Raises:
+    datasets.DataError: the corpus cannot be built (see its message).
+  """
+  import jax
+  import numpy as np
+  from transformer_xl import datasets
+
+  def load():
+    return datasets.load_corpus(
+        config.data.dataset, data_dir=config.data.data_dir, manual_dir=config.data.manual_dir,
+        download=config.data.download, verify_checksums=config.data.verify_checksums)
+
+  if jax.process_count() == 1:
+    return load()
+  from jax.experimental import multihost_utils
+  corpus, error = None, None
+  if jax.process_index() == 0:
+    try:
+      corpus = load()
+    except datasets.DataError as err:
+      error = err
+  ok = multihost_utils.process_allgather(np.asarray([error is None], np.int32))
+  if error is not None:
+    raise error
+  if not bool(np.all(ok)):
+    raise datasets.DataError("Process 0 could not prepare the dataset; see its error message.")
+  return corpus if corpus is not None else load()
+
+
 def run(config, workdir: str, mode: str) -> dict:
   """Validates, loads the data, then trains or evaluates.  Returns the results."""
   import jax
@@ -97,14 +169,12 @@ def run(config, workdir: str, mode: str) -> dict:
 
   check_config(config, jax.device_count())
   mesh = sharding.make_mesh(config.mesh.shape, config.mesh.axis_names)
-  corpus = datasets.load_corpus(
-      config.data.dataset, data_dir=config.data.data_dir, manual_dir=config.data.manual_dir,
-      download=config.data.download, verify_checksums=config.data.verify_checksums)
+  corpus = load_corpus_once(config)
   os.makedirs(workdir, exist_ok=True)
   metric = train.metric_name(corpus.unit)
-  print(f"Corpus {corpus.name}: vocab {corpus.vocab_size:,}, "
+  train.log(f"Corpus {corpus.name}: vocab {corpus.vocab_size:,}, "
         + ", ".join(f"{k} {v.num_tokens:,} tokens" for k, v in corpus.splits.items())
-        + f"; mesh {dict(mesh.shape)}.", flush=True)
+        + f"; mesh {dict(mesh.shape)}; {jax.process_count()} process(es).")
 
   if mode == "train":
     if jax.process_index() == 0:
@@ -127,11 +197,11 @@ def run(config, workdir: str, mode: str) -> dict:
   for split in ("valid", "test"):
     results[split] = evaluator.evaluate(state.params, split)
     r = results[split]
-    print(f"step {step} {split}: loss {r['loss_nats']:.4f} nats, {metric} {r[metric]:.4f} "
-          f"over {r['tokens']:,} tokens", flush=True)
+    train.log(f"step {step} {split}: loss {r['loss_nats']:.4f} nats, {metric} {r[metric]:.4f} "
+        f"over {r['tokens']:,} tokens")
   results["step"] = int(step)
   path = evaluate.write_results(workdir, results)
-  print(f"Wrote {path}", flush=True)
+  train.log(f"Wrote {path}")
   manager.close()
   return results
 
@@ -146,6 +216,7 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
   from transformer_xl import datasets
   try:
+    initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     run(_CONFIG.value, _WORKDIR.value, _MODE.value)
   except (ConfigError, datasets.DataError) as err:
     sys.exit(f"error: {err}")

@@ -13,10 +13,9 @@ devices) is donated.
 """
 from __future__ import annotations
 
-import dataclasses
-import functools
 import json
 import os
+import signal
 import time
 from typing import Any, Callable, Mapping
 
@@ -201,6 +200,45 @@ def make_train_step(model: models.TransformerXL, tx, mesh: Mesh, state_shardings
                  donate_argnums=(0,))
 
 
+def log(msg: str) -> None:
+  """Prints on process 0 only (every process runs the same program)."""
+  if jax.process_index() == 0:
+    print(msg, flush=True)
+
+
+class PreemptionGuard:
+  """Turns SIGTERM (what a preempted Cloud TPU VM receives) into a clean stop.
+
+  While active, SIGTERM only sets a flag; :meth:`should_stop` tells the
+  training loop, at a step boundary, to write a checkpoint and return.  With
+  several processes the flag is agreed on by an all-gather, so that every
+  process stops after the same step (a SIGTERM reaches the workers of a
+  slice at slightly different times).
+  """
+
+  def __init__(self):
+    self._flag = False
+    self._previous = None
+
+  def __enter__(self):
+    self._previous = signal.signal(signal.SIGTERM, self._handler)
+    return self
+
+  def __exit__(self, *exc):
+    signal.signal(signal.SIGTERM, self._previous)
+
+  def _handler(self, signum, frame):
+    self._flag = True
+
+  def should_stop(self) -> bool:
+    """True on every process once any process has received SIGTERM."""
+    if jax.process_count() == 1:
+      return self._flag
+    from jax.experimental import multihost_utils
+    flags = multihost_utils.process_allgather(np.asarray([self._flag], np.int32))
+    return bool(np.any(flags))
+
+
 def metric_name(unit: str) -> str:
   """"bpc" for byte/char-level corpora, "ppl" for word level."""
   return "ppl" if unit == "word" else "bpc"
@@ -271,14 +309,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: 
   else:
     start_step, state, iter_state = restored
     train_iter.set_state(iter_state)
-    print(f"Resumed from {manager.directory} at step {start_step}.", flush=True)
+    log(f"Resumed from {manager.directory} at step {start_step}.")
 
   n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(state.params))
   paper = ""
   if config.paper.n_params:
     paper = (f"; paper: {config.paper.n_params / 1e6:.0f}M "
              f"({100 * (n_params / config.paper.n_params - 1):+.1f}%), {config.paper.result}")
-  print(f"Model: {n_params:,} parameters ({n_params / 1e6:.1f}M{paper}).", flush=True)
+  log(f"Model: {n_params:,} parameters ({n_params / 1e6:.1f}M{paper}).")
   train_step = make_train_step(model, tx, mesh, state_shardings, tcfg.batch_chunk, tcfg.seed)
   evaluator = evaluate.Evaluator(config, mcfg, corpus, mesh) if tcfg.eval_every else None
   writer = _Writer(workdir)
@@ -289,39 +327,46 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: 
   pending, t_last, steps_since = [], time.perf_counter(), 0
   bar = tqdm.tqdm(total=tcfg.num_steps, initial=start_step, disable=jax.process_index() != 0,
                   desc="train", unit="step", dynamic_ncols=True)
+  say = bar.write if jax.process_index() == 0 else (lambda msg: None)
   step = start_step
-  while step < tcfg.num_steps:
-    batch = input_pipeline.to_global_batch(next(train_iter), sharding.batch_sharding(mesh),
-                                           tcfg.global_batch)
-    state, metrics = train_step(state, batch)
-    step += 1
-    steps_since += 1
-    pending.append(metrics)
-    bar.update(1)
-    if step == start_step + 1:  # keep compilation out of tokens/s
-      jax.block_until_ready(metrics)
-      t_last, steps_since = time.perf_counter(), 0
-    if step % tcfg.log_every == 0 or step == tcfg.num_steps:
-      host = jax.device_get(pending)
-      elapsed = time.perf_counter() - t_last
-      loss = float(np.mean([m["loss"] for m in host]))
-      last = {"loss": loss, metric: metric_value(loss, corpus.unit),
-              "grad_norm": float(host[-1]["grad_norm"]),
-              "learning_rate": float(schedule(step - 1))}
-      if steps_since:
-        last["tokens_per_sec"] = steps_since * tokens_per_step / elapsed
-      writer.scalars(step, {f"train/{k}": v for k, v in last.items()})
-      bar.set_postfix(loss=f"{loss:.3f}", **{metric: f"{last[metric]:.3f}"})
-      bar.write(f"step {step}: " + ", ".join(f"{k}={v:.4g}" for k, v in last.items()))
-      pending, t_last, steps_since = [], time.perf_counter(), 0
-    if evaluator is not None and (step % tcfg.eval_every == 0 or step == tcfg.num_steps):
-      res = evaluator.evaluate(state.params, "valid", max_steps=tcfg.eval_max_steps)
-      writer.scalars(step, {f"valid/{k}": v for k, v in res.items()})
-      bar.write(f"step {step}: valid " + ", ".join(f"{k}={v:.4g}" for k, v in res.items()))
-      t_last, steps_since = time.perf_counter(), 0
-    if step % config.checkpoint.every_steps == 0 or step == tcfg.num_steps:
-      checkpointing.save(manager, step, state, train_iter.get_state())
-      t_last, steps_since = time.perf_counter(), 0
+  with PreemptionGuard() as preemption:
+    while step < tcfg.num_steps:
+      batch = input_pipeline.to_global_batch(next(train_iter), sharding.batch_sharding(mesh),
+                                             tcfg.global_batch)
+      state, metrics = train_step(state, batch)
+      step += 1
+      steps_since += 1
+      pending.append(metrics)
+      bar.update(1)
+      if step == start_step + 1:  # keep compilation out of tokens/s
+        jax.block_until_ready(metrics)
+        t_last, steps_since = time.perf_counter(), 0
+      if step % tcfg.log_every == 0 or step == tcfg.num_steps:
+        host = jax.device_get(pending)
+        elapsed = time.perf_counter() - t_last
+        loss = float(np.mean([m["loss"] for m in host]))
+        last = {"loss": loss, metric: metric_value(loss, corpus.unit),
+                "grad_norm": float(host[-1]["grad_norm"]),
+                "learning_rate": float(schedule(step - 1))}
+        if steps_since:
+          last["tokens_per_sec"] = steps_since * tokens_per_step / elapsed
+        writer.scalars(step, {f"train/{k}": v for k, v in last.items()})
+        bar.set_postfix(loss=f"{loss:.3f}", **{metric: f"{last[metric]:.3f}"})
+        say(f"step {step}: " + ", ".join(f"{k}={v:.4g}" for k, v in last.items()))
+        pending, t_last, steps_since = [], time.perf_counter(), 0
+      if evaluator is not None and (step % tcfg.eval_every == 0 or step == tcfg.num_steps):
+        res = evaluator.evaluate(state.params, "valid", max_steps=tcfg.eval_max_steps)
+        writer.scalars(step, {f"valid/{k}": v for k, v in res.items()})
+        say(f"step {step}: valid " + ", ".join(f"{k}={v:.4g}" for k, v in res.items()))
+        t_last, steps_since = time.perf_counter(), 0
+      preempted = preemption.should_stop()
+      if step % config.checkpoint.every_steps == 0 or step == tcfg.num_steps or preempted:
+        checkpointing.save(manager, step, state, train_iter.get_state())
+        t_last, steps_since = time.perf_counter(), 0
+      if preempted:
+        say(f"SIGTERM: saved a checkpoint at step {step}; stopping (a restart resumes here).")
+        last["preempted_at_step"] = step
+        break
   bar.close()
   writer.close()
   manager.close()
