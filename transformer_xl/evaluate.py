@@ -51,7 +51,7 @@ class Evaluator:
     self._batch_sharding = sharding.batch_sharding(mesh)
     mem_sharding = sharding.memory_sharding(mesh)
     batch_shardings = {k: self._batch_sharding for k in ("inputs", "targets", "weights")}
-    batch_shardings["reset"] = NamedSharding(mesh, P("data"))
+    batch_shardings["reset"] = sharding.rows_sharding(mesh)
 
     def eval_step(params, memory, batch):
       memory = models.reset_memory(memory, batch["reset"])

@@ -50,23 +50,27 @@ def check_config(config, num_devices: int) -> tuple[int, ...]:
     mesh_shape = sharding.resolve_mesh_shape(config.mesh.shape, num_devices)
   except ValueError as err:
     raise ConfigError(str(err)) from None
-  if tuple(config.mesh.axis_names)[:2] != ("data", "model"):
-    raise ConfigError(f"mesh.axis_names={tuple(config.mesh.axis_names)} must start with "
-                      "('data', 'model').")
-  n_data, n_model = mesh_shape[0], mesh_shape[1]
+  names = tuple(config.mesh.axis_names)
+  if len(names) != len(mesh_shape) or "data" not in names or "model" not in names or not set(
+      names) <= {"data", "fsdp", "model"}:
+    raise ConfigError(f"mesh.axis_names={names} and mesh.shape={tuple(config.mesh.shape)}: "
+                      "give one size per axis; axes are 'data', 'model' and optionally 'fsdp'.")
+  sizes = dict(zip(names, mesh_shape))
+  n_data, n_model = sizes["data"] * sizes.get("fsdp", 1), sizes["model"]
   problems = []
   if m.n_head % n_model:
     problems.append(f"model.n_head={m.n_head} is not divisible by the 'model' mesh axis "
                     f"({n_model}); set --config.mesh.shape so the model axis divides n_head.")
   if t.global_batch % n_data:
-    problems.append(f"train.global_batch={t.global_batch} is not divisible by the 'data' mesh "
-                    f"axis ({n_data}); use a multiple of {n_data} or change --config.mesh.shape.")
+    problems.append(f"train.global_batch={t.global_batch} is not divisible by the data-parallel "
+                    f"mesh axes (data x fsdp = {n_data}); use a multiple of {n_data} or "
+                    "change --config.mesh.shape.")
   elif t.batch_chunk < 1 or t.global_batch % (t.batch_chunk * n_data):
     problems.append(f"train.global_batch={t.global_batch} must be divisible by "
                     f"train.batch_chunk * data axis = {t.batch_chunk} * {n_data}.")
   if e.global_batch % n_data:
-    problems.append(f"eval.global_batch={e.global_batch} is not divisible by the 'data' mesh "
-                    f"axis ({n_data}); use a multiple of {n_data}.")
+    problems.append(f"eval.global_batch={e.global_batch} is not divisible by the data-parallel "
+                    f"mesh axes (data x fsdp = {n_data}); use a multiple of {n_data}.")
   for name, cfg_ in (("model", m), ("eval", e)):
     if cfg_.same_length and cfg_.mem_len < 1:
       problems.append(f"{name}.same_length=True needs {name}.mem_len >= 1 (with no memory every "

@@ -1,10 +1,15 @@
 """Device mesh and the logical-axis rules that place parameters and data.
 
+Mesh axes: ``data`` (data parallel), ``fsdp`` (data parallel whose
+devices also split the parameters and optimizer state, ZeRO-3 style) and
+``model`` (tensor parallel).  ``fsdp`` may be left out of the mesh.
+
 Parameters carry logical axis names (set where they are created, e.g.
 ``("embed", None, "heads", "kv")`` for qkv_net); :data:`LOGICAL_AXIS_RULES`
 maps them to mesh axes: heads, d_inner ("mlp") and the vocabulary on
-``model``; the batch (and so the memory) on ``data`` (MaxText style).
-A dimension that its mesh axis does not divide is replicated instead.
+``model``, d_model ("embed") on ``fsdp``; the batch (and so the memory)
+on ``data`` x ``fsdp`` (MaxText style).  Mesh axes missing from the mesh,
+and those that do not divide a dimension, are dropped (replicated).
 """
 from __future__ import annotations
 
@@ -15,12 +20,14 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
+BATCH_AXES = ("data", "fsdp")
+
 LOGICAL_AXIS_RULES = (
-    ("batch", "data"),
+    ("batch", BATCH_AXES),
     ("heads", "model"),
     ("mlp", "model"),
     ("vocab", "model"),
-    ("embed", None),
+    ("embed", "fsdp"),
     ("kv", None),
     ("layers", None),
     ("length", None),
@@ -62,8 +69,10 @@ def make_mesh(shape: Sequence[int], axis_names: Sequence[str], devices=None) -> 
   Raises:
     ValueError: bad shape or names.
   """
-  if "data" not in axis_names or "model" not in axis_names:
-    raise ValueError(f"mesh.axis_names={tuple(axis_names)} must include 'data' and 'model'.")
+  if "data" not in axis_names or "model" not in axis_names or not set(axis_names) <= {
+      "data", "fsdp", "model"}:
+    raise ValueError(f"mesh.axis_names={tuple(axis_names)} must include 'data' and 'model' "
+                     "and may include 'fsdp' (nothing else).")
   devices = jax.devices() if devices is None else devices
   shape = resolve_mesh_shape(shape, len(devices))
   device_array = np.asarray(devices).reshape(shape)
@@ -71,13 +80,25 @@ def make_mesh(shape: Sequence[int], axis_names: Sequence[str], devices=None) -> 
 
 
 def _divisible_spec(spec: P, shape: Sequence[int], mesh: Mesh) -> P:
-  """Drops mesh axes from ``spec`` for dimensions they do not divide."""
+  """Drops from ``spec`` the mesh axes that the mesh lacks, or whose size
+  does not divide their dimension."""
   out = []
   for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
-    names = (axes,) if isinstance(axes, str) else tuple(axes or ())
+    names = [a for a in ((axes,) if isinstance(axes, str) else tuple(axes or ()))
+             if a in mesh.shape]
     size = int(np.prod([mesh.shape[a] for a in names])) if names else 1
-    out.append(axes if names and dim % size == 0 else None)
+    out.append(None if not names or dim % size else (names[0] if len(names) == 1 else tuple(names)))
   return P(*out)
+
+
+def batch_axes(mesh: Mesh) -> tuple[str, ...]:
+  """The mesh axes that split batch rows: ``data`` and, if present, ``fsdp``."""
+  return tuple(a for a in BATCH_AXES if a in mesh.shape)
+
+
+def data_parallel_size(mesh: Mesh) -> int:
+  """Number of batch shards (product of the :func:`batch_axes` sizes)."""
+  return int(np.prod([mesh.shape[a] for a in batch_axes(mesh)]))
 
 
 def logical_shardings(abstract_tree: Any, mesh: Mesh, rules=LOGICAL_AXIS_RULES) -> Any:
@@ -95,15 +116,20 @@ def logical_shardings(abstract_tree: Any, mesh: Mesh, rules=LOGICAL_AXIS_RULES) 
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-  """[B, T] arrays: rows over ``data``."""
-  return NamedSharding(mesh, P("data", None))
+  """[B, T] arrays: rows over ``data`` (x ``fsdp``)."""
+  return NamedSharding(mesh, P(batch_axes(mesh), None))
+
+
+def rows_sharding(mesh: Mesh) -> NamedSharding:
+  """[B] arrays (e.g. the ``reset`` flags): rows over ``data`` (x ``fsdp``)."""
+  return NamedSharding(mesh, P(batch_axes(mesh)))
 
 
 def memory_sharding(mesh: Mesh) -> Any:
-  """Shardings of a models.Memory: mems_LxBxMxD and mlen_B rows over ``data``."""
+  """Shardings of a models.Memory: mems_LxBxMxD and mlen_B rows as the batch."""
   from transformer_xl import models  # local import: models does not need sharding
-  return models.Memory(mems_LxBxMxD=NamedSharding(mesh, P(None, "data", None, None)),
-                       mlen_B=NamedSharding(mesh, P("data")))
+  return models.Memory(mems_LxBxMxD=NamedSharding(mesh, P(None, batch_axes(mesh), None, None)),
+                       mlen_B=rows_sharding(mesh))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

@@ -153,7 +153,7 @@ def make_train_step(model: models.TransformerXL, tx, mesh: Mesh, state_shardings
   (before clipping), ``learning_rate``; float32 scalars.
   """
   batch_shardings = {k: sharding.batch_sharding(mesh) for k in ("inputs", "targets", "weights")}
-  batch_shardings["reset"] = NamedSharding(mesh, P("data"))
+  batch_shardings["reset"] = sharding.rows_sharding(mesh)
 
   def loss_fn(params, inputs, targets, weights, memory, rng):
     nll_BxT, new_memory = model.apply({"params": params}, inputs, memory, targets,

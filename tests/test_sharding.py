@@ -1,0 +1,55 @@
+"""The fsdp mesh axis: placement of parameters and rows, and equivalence with one device."""
+import jax
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from transformer_xl import default_config, main, models, sharding, train
+from test_train import run_steps, tiny_config
+
+MESH3 = ((2, 2, 2), ("data", "fsdp", "model"))
+
+
+def test_fsdp_shards_parameters_optimizer_state_and_rows():
+  config = tiny_config()
+  mesh = sharding.make_mesh(*MESH3)
+  model = models.TransformerXL(train.model_config(config, 64))
+  tx = train.make_optimizer(config.train)
+  _, shardings = train.abstract_train_state(model, tx, 8, mesh)
+  layers = shardings.params["layers"]
+  assert layers["attn"]["qkv_net"]["kernel"].spec == P(None, "fsdp", None, "model", None)
+  assert layers["pos_ff"]["ff_2"]["kernel"].spec == P(None, "model", "fsdp")
+  mu = shardings.opt_state[1][0].mu
+  assert mu["layers"]["attn"]["qkv_net"]["kernel"].spec == P(None, "fsdp", None, "model", None)
+  assert shardings.memory.mems_LxBxMxD.spec == P(None, ("data", "fsdp"), None, None)
+  assert sharding.batch_sharding(mesh).spec == P(("data", "fsdp"), None)
+  assert sharding.data_parallel_size(mesh) == 4
+
+
+def test_fsdp_train_step_matches_single_device():
+  tokens = np.random.default_rng(3).integers(0, 64, size=8 * 6 * 5 + 8).astype(np.int32)
+  config = tiny_config()
+  mesh1 = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
+  mesh3 = sharding.make_mesh(*MESH3)
+  losses1, state1 = run_steps(config, mesh1, tokens, 3)
+  losses3, state3 = run_steps(config, mesh3, tokens, 3)
+  np.testing.assert_allclose(losses3, losses1, rtol=1e-5)
+  for a, b in zip(jax.tree_util.tree_leaves(state3), jax.tree_util.tree_leaves(state1)):
+    np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64),
+                               rtol=2e-4, atol=2e-6)
+
+
+def test_check_config_counts_fsdp_as_data_parallel():
+  c = default_config.get_config()
+  c.data.dataset = "ptb"
+  c.mesh.axis_names = ("data", "fsdp", "model")
+  c.mesh.shape = (2, 2, 2)
+  c.train.global_batch = 12
+  c.eval.global_batch = 8
+  assert main.check_config(c, 8) == (2, 2, 2)
+  c.train.global_batch = 10
+  with pytest.raises(main.ConfigError, match="data x fsdp = 4"):
+    main.check_config(c, 8)
+  c.mesh.axis_names = ("data", "model")
+  with pytest.raises(main.ConfigError, match="one size per axis"):
+    main.check_config(c, 8)
