@@ -5,17 +5,22 @@ Dai et al. 2019, Table 2: 0.99 bpc on the enwik8 test set with 277M parameters.
     python -m transformer_xl.main --config=configs/enwik8_24l.py --workdir=$HOME/txl/enwik8_24l
     python -m transformer_xl.main --config=configs/enwik8_24l.py --workdir=$HOME/txl/enwik8_24l --mode=eval
 
-Expected: test 0.99 bpc (paper).  Not yet reproduced with this code (it
-needs a TPU pod slice or many GPUs: 400k steps of batch 64 x 768 tokens;
-set --config.mesh.shape and --config.model.dtype=bfloat16 there).  The
-model has 277,285,120 parameters (start-up prints the count).  Data: enwik8.zip is downloaded from
+Expected: test 0.99 bpc (paper).  Not yet reproduced with this code: it
+needs a TPU pod slice or many GPUs (400k steps of batch 64 x 768 tokens).
+On the reference's 2x16 TPU cores use the slice preset
+
+    --config=configs/enwik8_24l.py:v3-32
+
+(global batch 64 = 2 rows per core, bfloat16 compute, remat; see
+transformer_xl/presets.py).  The model has 277,285,120 parameters
+(start-up prints the count).  Data: enwik8.zip is downloaded from
 http://mattmahoney.net/dc/enwik8.zip, or put it in the tfds manual dir /
 --config.data.manual_dir.
 """
-from transformer_xl import default_config
+from transformer_xl import default_config, presets
 
 
-def get_config():
+def get_config(preset=None):
   c = default_config.get_config()
   c.data.dataset = "enwik8"
   c.model.update(n_layer=24, d_model=1024, n_head=8, d_head=128, d_inner=3072,
@@ -23,4 +28,4 @@ def get_config():
   c.train.update(global_batch=64, num_steps=400_000, warmup_steps=4000, learning_rate=2.5e-4)
   c.eval.update(tgt_len=128, mem_len=3800, clamp_len=1000, same_length=True, global_batch=8)
   c.paper.update(n_params=int(277e6), result="0.99 bpc (test)")
-  return c
+  return presets.apply_slice(c, preset)

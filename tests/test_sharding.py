@@ -53,3 +53,24 @@ def test_check_config_counts_fsdp_as_data_parallel():
   c.mesh.axis_names = ("data", "model")
   with pytest.raises(main.ConfigError, match="one size per axis"):
     main.check_config(c, 8)
+
+
+@pytest.mark.parametrize("name,preset,devices,per_device", [
+    ("enwik8_24l", "v3-32", 32, 2), ("text8_24l", "v4-32", 16, 4)])
+def test_slice_presets_give_valid_pod_configs(name, preset, devices, per_device):
+  import importlib.util
+  from pathlib import Path
+  from transformer_xl import presets
+  path = Path(__file__).resolve().parents[1] / "configs" / f"{name}.py"
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  c = module.get_config(preset)
+  assert main.check_config(c, devices) == (1, devices, 1)
+  assert presets.per_device_batch(c, devices) == per_device
+  assert c.model.dtype == "bfloat16" and c.model.remat == "full"
+  assert c.eval.global_batch % devices == 0
+  with pytest.raises(main.ConfigError):
+    main.check_config(c, devices // 2)  # the wrong slice is caught up front
+  with pytest.raises(ValueError, match="Unknown TPU slice preset"):
+    module.get_config("v9-7")
