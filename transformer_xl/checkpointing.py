@@ -7,10 +7,10 @@ exactly where it stopped.  Checkpoints live in ``<workdir>/checkpoints``.
 """
 from __future__ import annotations
 
-import os
 from typing import Any, Optional
 
 import orbax.checkpoint as ocp
+from etils import epath
 
 
 def make_manager(workdir: str, max_to_keep: int) -> ocp.CheckpointManager:
@@ -21,7 +21,9 @@ def make_manager(workdir: str, max_to_keep: int) -> ocp.CheckpointManager:
   """
   if max_to_keep < 1:
     raise ValueError(f"checkpoint.max_to_keep={max_to_keep} must be >= 1.")
-  directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+  directory = epath.Path(workdir) / "checkpoints"  # a local path or gs://
+  if "://" not in str(workdir):
+    directory = directory.absolute()
   options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True)
   return ocp.CheckpointManager(directory, options=options,
                                item_names=("state", "iterator"))

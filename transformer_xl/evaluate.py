@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping
 
 import jax
+from etils import epath
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh
 
 from transformer_xl import datasets, input_pipeline, models, sharding
 
@@ -98,8 +98,7 @@ class Evaluator:
 
 def write_results(workdir: str, results: Mapping[str, Mapping[str, Any]]) -> str:
   """Writes ``<workdir>/eval_results.json`` (process 0) and returns its path."""
-  path = os.path.join(workdir, "eval_results.json")
+  path = epath.Path(workdir) / "eval_results.json"
   if jax.process_index() == 0:
-    with open(path, "w") as f:
-      json.dump(results, f, indent=2, sort_keys=True)
-  return path
+    path.write_text(json.dumps(results, indent=2, sort_keys=True))
+  return str(path)

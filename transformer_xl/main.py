@@ -169,12 +169,13 @@ def load_corpus_once(config):
 def run(config, workdir: str, mode: str) -> dict:
   """Validates, loads the data, then trains or evaluates.  Returns the results."""
   import jax
-  from transformer_xl import checkpointing, datasets, evaluate, models, sharding, train
+  from etils import epath
+  from transformer_xl import checkpointing, evaluate, models, sharding, train
 
   check_config(config, jax.device_count())
   mesh = sharding.make_mesh(config.mesh.shape, config.mesh.axis_names)
   corpus = load_corpus_once(config)
-  os.makedirs(workdir, exist_ok=True)
+  epath.Path(workdir).mkdir(parents=True, exist_ok=True)  # local path or gs://
   metric = train.metric_name(corpus.unit)
   train.log(f"Corpus {corpus.name}: vocab {corpus.vocab_size:,}, "
         + ", ".join(f"{k} {v.num_tokens:,} tokens" for k, v in corpus.splits.items())
@@ -182,8 +183,7 @@ def run(config, workdir: str, mode: str) -> dict:
 
   if mode == "train":
     if jax.process_index() == 0:
-      with open(os.path.join(workdir, "config.json"), "w") as f:
-        f.write(config.to_json_best_effort(indent=2))
+      (epath.Path(workdir) / "config.json").write_text(config.to_json_best_effort(indent=2))
     return train.train_and_evaluate(config, workdir, corpus, mesh)
 
   mcfg = train.model_config(config, corpus.vocab_size)

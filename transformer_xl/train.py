@@ -14,12 +14,12 @@ devices) is donated.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 from typing import Any, Callable, Mapping
 
 import flax.linen as nn
+from etils import epath
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -27,7 +27,7 @@ import ml_collections
 import numpy as np
 import optax
 import tqdm
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
 
 from transformer_xl import checkpointing, datasets, evaluate, input_pipeline, models, sharding
 
@@ -258,8 +258,8 @@ class _Writer:
     self._writer = self._jsonl = None
     if jax.process_index() == 0:
       from tensorboardX import SummaryWriter
-      self._writer = SummaryWriter(logdir=os.path.join(workdir, "tensorboard"))
-      self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a")
+      self._writer = SummaryWriter(logdir=str(epath.Path(workdir) / "tensorboard"))
+      self._jsonl = (epath.Path(workdir) / "metrics.jsonl").open("a")
 
   def scalars(self, step: int, scalars: Mapping[str, float]):
     """Writes {name: value} at ``step``."""
