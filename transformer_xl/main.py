@@ -2,6 +2,7 @@
 
     python -m transformer_xl.main --config=configs/quickstart.py --workdir=/tmp/txl
     python -m transformer_xl.main --config=configs/quickstart.py --workdir=/tmp/txl --mode=eval
+    python -m transformer_xl.main --workdir=/tmp/txl --mode=score --tokens=x.npy --out=nll.npy
 
 Any config value can be overridden with ``--config.<section>.<key>=value``.
 Everything that can be checked before compiling is checked first (config
@@ -22,9 +23,16 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, TensorBoard "
                                "events and eval_results.json.")
-_MODE = flags.DEFINE_enum("mode", "train", ["train", "eval"],
-                          "train: train (resuming if possible), then nothing else. "
-                          "eval: score valid and test from the latest checkpoint.")
+_MODE = flags.DEFINE_enum("mode", "train", ["train", "eval", "score"],
+                          "train: train (resuming if possible). "
+                          "eval: score valid and test from the latest checkpoint. "
+                          "score: per-token NLL of --tokens, written to --out.")
+_TOKENS = flags.DEFINE_string(
+    "tokens", None, "--mode=score: .npy integer array [B, T+1]; each row one contiguous "
+    "stream of token ids.")
+_OUT = flags.DEFINE_string(
+    "out", None, "--mode=score: output .npy, float32 [B, T]: entry (b, t) is the NLL in nats "
+    "of token t+1 given tokens up to t.")
 _COORDINATOR = flags.DEFINE_string(
     "coordinator_address", None, "host:port of process 0 for a multi-process run "
     "(jax.distributed). Leave unset on a Cloud TPU VM slice: it is detected there.")
@@ -166,11 +174,111 @@ def load_corpus_once(config):
   return corpus if corpus is not None else load()
 
 
+def load_workdir_config(workdir: str):
+  """The config a training run saved in ``<workdir>/config.json``.
+
+  Raises:
+    FileNotFoundError: no config.json (pass --config instead).
+  """
+  import json
+  from etils import epath
+  from transformer_xl import default_config
+  path = epath.Path(workdir) / "config.json"
+  if not path.exists():
+    raise FileNotFoundError(f"{path} does not exist: pass --config=configs/<name>.py, or use the "
+                            "--workdir of a training run (it saves its config there).")
+  config = default_config.get_config()
+  config.update(json.loads(path.read_text()))
+  return config
+
+
+def _model_config_path(workdir: str):
+  from etils import epath
+  return epath.Path(workdir) / "model_config.json"
+
+
+def save_model_config(workdir: str, model_cfg, unit: str, dataset: str) -> None:
+  """Writes the exact architecture (with n_token) and the corpus unit to
+  ``<workdir>/model_config.json`` so checkpoints can be used without the data."""
+  import dataclasses
+  import json
+  import jax
+  if jax.process_index() == 0:
+    _model_config_path(workdir).write_text(json.dumps(
+        {"model": dataclasses.asdict(model_cfg), "unit": unit, "dataset": dataset}, indent=2))
+
+
+def load_model_config(workdir: str):
+  """(ModelConfig, unit) from ``<workdir>/model_config.json``.
+
+  Raises:
+    FileNotFoundError: the workdir has no model_config.json.
+  """
+  import json
+  from transformer_xl import models
+  path = _model_config_path(workdir)
+  if not path.exists():
+    raise FileNotFoundError(f"{path} does not exist: train (or convert) into this --workdir first.")
+  saved = json.loads(path.read_text())
+  return models.ModelConfig(**saved["model"]), saved["unit"]
+
+
+def restore_params(config, workdir: str, model_cfg, mesh):
+  """(step, parameters) of the latest checkpoint in ``workdir``.
+
+  Raises:
+    FileNotFoundError: no checkpoint.
+  """
+  from transformer_xl import checkpointing, models, train
+  tx = train.make_optimizer(config.train)
+  abstract_state, _ = train.abstract_train_state(models.TransformerXL(model_cfg), tx,
+                                                 config.train.global_batch, mesh)
+  manager = checkpointing.make_manager(workdir, config.checkpoint.max_to_keep)
+  restored = checkpointing.restore_latest(manager, abstract_state)
+  manager.close()
+  if restored is None:
+    raise FileNotFoundError(f"No checkpoint in {manager.directory}: train first with the same "
+                            "--workdir (--mode=train).")
+  step, state, _ = restored
+  return step, state.params
+
+
+def score(config, workdir: str, tokens_path: str, out_path: str) -> dict:
+  """``--mode=score``: per-token NLL of an array of token streams.
+
+  Writes float32 [B, T] nats to ``out_path`` and returns (and prints) the
+  mean loss in nats, bpc and ppl over all B*T tokens.
+
+  Raises:
+    ValueError: bad token array (see Evaluator.score); FileNotFoundError:
+      missing file, model_config.json or checkpoint.
+  """
+  import jax
+  import numpy as np
+  from transformer_xl import evaluate, sharding, train
+  if not tokens_path or not out_path:
+    raise ConfigError("--mode=score needs --tokens=FILE.npy and --out=NLL.npy.")
+  tokens = np.load(tokens_path)
+  model_cfg, unit = load_model_config(workdir)
+  check_config(config, jax.device_count())
+  mesh = sharding.make_mesh(config.mesh.shape, config.mesh.axis_names)
+  step, params = restore_params(config, workdir, model_cfg, mesh)
+  nll_BxT = evaluate.Evaluator(config, model_cfg, None, mesh).score(params, tokens)
+  if jax.process_index() == 0:
+    np.save(out_path, nll_BxT)
+  loss = float(np.mean(nll_BxT, dtype=np.float64))
+  result = {"loss_nats": loss, "bpc": loss / float(np.log(2.0)), "ppl": float(np.exp(loss)),
+            "tokens": int(nll_BxT.size), "step": int(step)}
+  train.log(f"step {step}: scored {nll_BxT.size:,} tokens ({unit} level): loss {loss:.4f} nats, "
+            f"bpc {result['bpc']:.4f}, ppl {result['ppl']:.3f}; wrote {out_path}")
+  return result
+
+
 def run(config, workdir: str, mode: str) -> dict:
   """Validates, loads the data, then trains or evaluates.  Returns the results."""
   import jax
   from etils import epath
-  from transformer_xl import checkpointing, evaluate, models, sharding, train
+  from transformer_xl import evaluate, sharding, train
 
   check_config(config, jax.device_count())
   mesh = sharding.make_mesh(config.mesh.shape, config.mesh.axis_names)
@@ -181,32 +289,24 @@ def run(config, workdir: str, mode: str) -> dict:
         + ", ".join(f"{k} {v.num_tokens:,} tokens" for k, v in corpus.splits.items())
         + f"; mesh {dict(mesh.shape)}; {jax.process_count()} process(es).")
 
+  mcfg = train.model_config(config, corpus.vocab_size)
   if mode == "train":
     if jax.process_index() == 0:
       (epath.Path(workdir) / "config.json").write_text(config.to_json_best_effort(indent=2))
+    save_model_config(workdir, mcfg, corpus.unit, corpus.name)
     return train.train_and_evaluate(config, workdir, corpus, mesh)
 
-  mcfg = train.model_config(config, corpus.vocab_size)
-  tx = train.make_optimizer(config.train)
-  abstract_state, _ = train.abstract_train_state(models.TransformerXL(mcfg), tx,
-                                                 config.train.global_batch, mesh)
-  manager = checkpointing.make_manager(workdir, config.checkpoint.max_to_keep)
-  restored = checkpointing.restore_latest(manager, abstract_state)
-  if restored is None:
-    raise FileNotFoundError(f"No checkpoint in {manager.directory}: train first with the same "
-                            "--workdir (--mode=train).")
-  step, state, _ = restored
+  step, params = restore_params(config, workdir, mcfg, mesh)
   evaluator = evaluate.Evaluator(config, mcfg, corpus, mesh)
   results = {}
   for split in ("valid", "test"):
-    results[split] = evaluator.evaluate(state.params, split)
+    results[split] = evaluator.evaluate(params, split)
     r = results[split]
     train.log(f"step {step} {split}: loss {r['loss_nats']:.4f} nats, {metric} {r[metric]:.4f} "
         f"over {r['tokens']:,} tokens")
   results["step"] = int(step)
   path = evaluate.write_results(workdir, results)
   train.log(f"Wrote {path}")
-  manager.close()
   return results
 
 
@@ -214,15 +314,21 @@ def main(argv):
   """absl entry point: checks the flags, then :func:`run`; errors exit with a message."""
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  if _CONFIG.value is None or _WORKDIR.value is None:
-    raise app.UsageError("--config and --workdir are required.")
+  if _WORKDIR.value is None:
+    raise app.UsageError("--workdir is required.")
+  if _CONFIG.value is None and _MODE.value == "train":
+    raise app.UsageError("--config is required to train.")
   if not flags.FLAGS["verbosity"].present:  # orbax and tfds log every file at INFO
     logging.set_verbosity(logging.WARNING)
   from transformer_xl import datasets
   try:
     initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-    run(_CONFIG.value, _WORKDIR.value, _MODE.value)
-  except (ConfigError, datasets.DataError) as err:
+    config = _CONFIG.value if _CONFIG.value is not None else load_workdir_config(_WORKDIR.value)
+    if _MODE.value == "score":
+      score(config, _WORKDIR.value, _TOKENS.value, _OUT.value)
+    else:
+      run(config, _WORKDIR.value, _MODE.value)
+  except (ConfigError, datasets.DataError, FileNotFoundError) as err:
     sys.exit(f"error: {err}")
 
 
