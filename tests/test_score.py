@@ -83,3 +83,19 @@ def test_score_from_the_command_line(tmp_path):
   assert f"loss {nll.astype(np.float64).mean():.4f} nats" in r.stdout
   r = run_main([f"--workdir={tmp_path / 'nothing'}", "--mode=score", "--tokens=x.npy", "--out=y.npy"])
   assert r.returncode != 0 and "config.json" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_eval_batch_that_does_not_divide_the_devices_is_padded(setup):
+  """eval.global_batch 3 on 4 data shards: same result as on one device."""
+  config, mcfg, mesh, params = setup
+  stream = np.random.default_rng(5).integers(0, 64, size=97).astype(np.int32)
+  corpus = datasets.Corpus(name="toy", unit="char", vocab=[str(i) for i in range(64)],
+                           boundary_id=0, splits={"valid": datasets.ArraySource(stream)})
+  config.eval.global_batch = 3
+  res = evaluate.Evaluator(config, mcfg, corpus, mesh).evaluate(params, "valid")
+  mesh1 = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
+  params1 = jax.device_put(params, sharding.replicated(mesh1))
+  res1 = evaluate.Evaluator(config, mcfg, corpus, mesh1).evaluate(params1, "valid")
+  assert res["tokens"] == res1["tokens"] == 97
+  assert res["loss_nats"] == pytest.approx(res1["loss_nats"], rel=1e-5)
+  assert res["bpc"] == pytest.approx(res["loss_nats"] / np.log(2))

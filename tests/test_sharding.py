@@ -69,7 +69,7 @@ def test_slice_presets_give_valid_pod_configs(name, preset, devices, per_device)
   assert main.check_config(c, devices) == (1, devices, 1)
   assert presets.per_device_batch(c, devices) == per_device
   assert c.model.dtype == "bfloat16" and c.model.remat == "full"
-  assert c.eval.global_batch % devices == 0
+  assert c.eval.global_batch == 8  # the paper's eval batch, padded by the evaluator
   with pytest.raises(main.ConfigError):
     main.check_config(c, devices // 2)  # the wrong slice is caught up front
   with pytest.raises(ValueError, match="Unknown TPU slice preset"):

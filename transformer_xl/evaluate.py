@@ -75,18 +75,32 @@ class Evaluator:
        "tokens": number of scored tokens}.
     """
     from transformer_xl import train  # metric helpers
-    it = input_pipeline.EvalIterator(
-        self.corpus.splits[split], self.global_batch, self.cfg.tgt_len,
-        boundary_id=self.corpus.boundary_id,
-        row_ids=input_pipeline.process_row_ids(self._batch_sharding, self.global_batch,
-                                               self.cfg.tgt_len))
-    memory = self._empty_memory(self.global_batch)
+    # The eval batch need not divide the data-parallel size: rows are padded
+    # with dummy rows of weight 0 (the reference's eval batch of 10 works on
+    # any slice).  Each process reads only its own real rows.
+    source, b, seg = self.corpus.splits[split], self.global_batch, self.cfg.tgt_len
+    b_pad = -(-b // sharding.data_parallel_size(self.mesh)) * sharding.data_parallel_size(self.mesh)
+    rows = input_pipeline.process_row_ids(self._batch_sharding, b_pad, seg)
+    real = [r for r in rows if r < b]
+    num_steps = len(input_pipeline.EvalIterator(source, b, seg, self.corpus.boundary_id, row_ids=[0]))
+    it = (input_pipeline.EvalIterator(source, b, seg, self.corpus.boundary_id, row_ids=real)
+          if real else None)
+    n_dummy = len(rows) - len(real)
+    memory = self._empty_memory(b_pad)
     nll_sum, n_tok = 0.0, 0.0
     pending = []  # (nll on device, weights) of steps not yet summed
-    for i, local in enumerate(it):
+    for i in range(num_steps):
       if max_steps and i >= max_steps:
         break
-      batch = input_pipeline.to_global_batch(local, self._batch_sharding, self.global_batch)
+      local = next(it) if it is not None else None
+      if n_dummy:
+        dummy = {"inputs": np.zeros((n_dummy, seg), np.int32),
+                 "targets": np.zeros((n_dummy, seg), np.int32),
+                 "weights": np.zeros((n_dummy, seg), np.float32),
+                 "reset": np.full((n_dummy,), i == 0)}
+        local = dummy if local is None else {k: np.concatenate([local[k], dummy[k]])
+                                             for k in dummy}
+      batch = input_pipeline.to_global_batch(local, self._batch_sharding, b_pad)
       weights = batch.pop("weights")
       nll_BxT, memory = self._nll_step(params, memory, batch)
       pending.append((nll_BxT, weights))

@@ -27,8 +27,8 @@ def apply_slice(config: ml_collections.ConfigDict, preset: str | None) -> ml_col
   """Configures ``config`` for the TPU slice ``preset`` (None or "" = unchanged).
 
   Sets mesh ("data", "fsdp", "model") = (1, devices, 1), model.dtype
-  bfloat16, model.remat "full", and the eval batch to one row per device
-  unless it already divides evenly.
+  bfloat16 and model.remat "full".  The eval batch stays the config's
+  (the evaluator pads it to the device count with empty rows).
 
   Raises:
     ValueError: unknown preset, or a global batch the slice does not divide
@@ -47,8 +47,6 @@ def apply_slice(config: ml_collections.ConfigDict, preset: str | None) -> ml_col
   config.mesh.shape = (1, n, 1)
   config.model.dtype = "bfloat16"
   config.model.remat = "full"
-  if config.eval.global_batch % n:
-    config.eval.global_batch = n
   return config
 
 
