@@ -153,7 +153,8 @@ def test_memory_holds_layer_inputs():
   model, params = init_model(cfg)
   tokens = jax.random.randint(jax.random.PRNGKey(8), (2, 5), 0, cfg.n_token)
   _, mem1 = model.apply(params, tokens, models.init_memory(cfg, 2), method=model.hidden)
-  emb = model.apply(params, tokens, method=lambda m, t: m.word_emb(t) * cfg.d_model ** 0.5)
+  # word_emb returns the embedding already scaled by sqrt(d_model) (reference emb_scale).
+  emb = model.apply(params, tokens, method=lambda m, t: m.word_emb(t))
   np.testing.assert_allclose(np.asarray(mem1.mems_LxBxMxD[0]), np.asarray(emb[:, -3:]), rtol=1e-6)
   # Layer 1's input is layer 0's output: run a 1-layer model with layer 0's params.
   cfg1 = small_config(tgt_len=5, mem_len=3, n_layer=1)

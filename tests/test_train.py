@@ -76,7 +76,7 @@ def test_parameters_and_memory_are_sharded():
   layers = shardings.params["layers"]
   assert layers["attn"]["qkv_net"]["kernel"].spec == P(None, None, None, "model", None)
   assert layers["pos_ff"]["ff_1"]["kernel"].spec == P(None, None, "model")
-  assert shardings.params["word_emb"]["embedding"].spec == P("model", None)
+  assert shardings.params["word_emb"]["emb_layers_0"].spec == P("model", None)
   assert shardings.memory.mems_LxBxMxD.spec == P(None, "data", None, None)
   # Adam moments follow their parameters.
   mu = shardings.opt_state[1][0].mu
@@ -112,6 +112,7 @@ def test_check_config_errors():
       (dict(mesh=dict(shape=(3, 1))), "has 3 devices but 8"),
       (dict(mesh=dict(shape=(1, 8)), model=dict(n_head=12)), "n_head=12 is not divisible"),
       (dict(mesh=dict(shape=(8, 1)), train=dict(global_batch=20)), "global_batch=20 is not divisible"),
+      (dict(eval=dict(global_batch=0)), "eval.global_batch=0 must be >= 1"),
       (dict(mesh=dict(shape=(2, 4)), model=dict(n_head=6)), "n_head=6"),
       (dict(eval=dict(mem_len=0, same_length=True)), "same_length=True needs eval.mem_len"),
       (dict(data=dict(dataset="enwik9")), "data.dataset='enwik9'"),

@@ -20,6 +20,12 @@ def get_config() -> ml_collections.ConfigDict:
       init_std=0.02,
       dtype="float32",   # compute dtype: "float32" or "bfloat16" (params stay float32)
       remat="none",      # "none" | "full" | "dots"
+      # Adaptive input / softmax (Baevski & Auli 2018; Grave et al. 2016), reference names:
+      d_embed=0,         # embedding size of the first cluster; 0 = d_model
+      div_val=1,         # cluster i embeds in d_embed // div_val**i dims
+      cutoffs=(),        # e.g. --config.model.cutoffs="(20000, 40000, 200000)"; () = dense softmax
+      tie_projs=(),      # () or len(cutoffs)+1 bools, e.g. "(False, True, True, True)"
+      proj_init_std=0.01,
   ))
 
   c.data = ml_collections.ConfigDict(dict(

@@ -52,7 +52,7 @@ def check_config(config, num_devices: int) -> tuple[int, ...]:
       axis, batch vs the ``data`` axis and batch_chunk, same_length without
       memory, ext_len >= tgt_len, unknown dataset, bad dtype, ...).
   """
-  from transformer_xl import attention, datasets, sharding
+  from transformer_xl import adaptive, attention, datasets, sharding
   m, t, e = config.model, config.train, config.eval
   try:
     mesh_shape = sharding.resolve_mesh_shape(config.mesh.shape, num_devices)
@@ -93,6 +93,12 @@ def check_config(config, num_devices: int) -> tuple[int, ...]:
     problems.append(f"model.dtype={m.dtype!r}: use 'float32' or 'bfloat16'.")
   if m.remat not in ("none", "full", "dots"):
     problems.append(f"model.remat={m.remat!r}: use 'none', 'full' or 'dots'.")
+  try:  # the vocabulary size is not known yet: check what does not depend on it
+    cutoffs = tuple(m.cutoffs)
+    adaptive.check_adaptive_config(max(cutoffs, default=0) + 1, m.d_embed or m.d_model,
+                                   m.d_model, cutoffs, m.div_val, tuple(m.tie_projs))
+  except ValueError as err:
+    problems.append(str(err))
   if m.attn_type not in attention.ATTENTION_TYPES:
     problems.append(f"model.attn_type={m.attn_type}: implemented types are "
                     f"{sorted(attention.ATTENTION_TYPES)}.")
@@ -288,7 +294,11 @@ def run(config, workdir: str, mode: str) -> dict:
         + ", ".join(f"{k} {v.num_tokens:,} tokens" for k, v in corpus.splits.items())
         + f"; mesh {dict(mesh.shape)}; {jax.process_count()} process(es).")
 
-  mcfg = train.model_config(config, corpus.vocab_size)
+  try:
+    mcfg = train.model_config(config, corpus.vocab_size)
+  except ValueError as err:  # e.g. cutoffs beyond this corpus's vocabulary
+    raise ConfigError(f"Invalid config for {corpus.name} (vocabulary {corpus.vocab_size:,}): "
+                      f"{err}") from None
   if mode == "train":
     if jax.process_index() == 0:
       (epath.Path(workdir) / "config.json").write_text(config.to_json_best_effort(indent=2))

@@ -23,7 +23,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from transformer_xl import attention
+from transformer_xl import adaptive, attention
 
 Array = jax.Array
 
@@ -47,7 +47,20 @@ class ModelConfig:
     pre_lnorm: LayerNorm before each sub-block (default: after, as in the
       paper).
     untie_r: per-layer u, v (``r_w_bias``, ``r_r_bias``) instead of shared.
-    tie_weight: output softmax weights shared with the input embedding.
+    tie_weight: output softmax weights shared with the input embedding
+      (all cluster tables with the adaptive softmax).
+    d_embed: embedding size of the first cluster; 0 or None means d_model.
+      With d_embed != d_model the embedding and softmax are projected
+      (reference ``d_embed``).
+    div_val: cluster i embeds in ``d_embed // div_val**i`` dimensions
+      (Baevski & Auli 2018; reference ``div_val``; 1 = one table).
+    cutoffs: adaptive input/softmax cluster boundaries, strictly increasing
+      and < n_token; () = a plain dense softmax (reference ``cutoffs``).
+    tie_projs: () (nothing tied) or one bool per cluster (len(cutoffs) + 1):
+      the softmax uses the embedding's projection for that cluster
+      (reference ``tie_projs``; wt103 uses (False, True, True, True)).  A
+      no-op where there is no projection (div_val == 1, d_embed == d_model).
+    proj_init_std: std of the embedding/softmax projection init (0.01).
     attn_type: attention variant (0 = the paper's; see attention.py).
     init_std: std of weight, embedding and u/v initialisation (0.02).
     dtype: compute dtype name ("float32" or "bfloat16"); parameters are
@@ -76,9 +89,33 @@ class ModelConfig:
   init_std: float = 0.02
   dtype: str = "float32"
   remat: str = "none"
+  d_embed: Optional[int] = None
+  div_val: int = 1
+  cutoffs: tuple = ()
+  tie_projs: tuple = ()
+  proj_init_std: float = 0.01
+
+  def __post_init__(self):
+    """Normalises cutoffs / tie_projs to tuples and validates the adaptive fields.
+
+    Raises:
+      ValueError: cutoffs not strictly increasing or not < n_token, div_val
+        < 1, len(tie_projs) not in {0, len(cutoffs) + 1} (see
+        :func:`adaptive.check_adaptive_config`).
+    """
+    object.__setattr__(self, "cutoffs", tuple(int(c) for c in (self.cutoffs or ())))
+    object.__setattr__(self, "tie_projs", tuple(bool(t) for t in (self.tie_projs or ())))
+    adaptive.check_adaptive_config(self.n_token, self.embed_dim, self.d_model, self.cutoffs,
+                                   self.div_val, self.tie_projs)
+
+  @property
+  def embed_dim(self) -> int:
+    """``d_embed`` resolved: d_model when d_embed is 0 or None."""
+    return self.d_model if not self.d_embed else int(self.d_embed)
 
   @property
   def compute_dtype(self):
+    """``dtype`` as a numpy dtype."""
     return jnp.dtype(self.dtype)
 
 
@@ -228,10 +265,12 @@ _REMAT_POLICIES = {
 class TransformerXL(nn.Module):
   """Transformer-XL language model (Dai et al. 2019).
 
-  Embedding scaled by sqrt(d_model) -> dropout -> n_layer DecoderLayers
-  (``nn.scan``) -> dropout -> softmax over the vocabulary (weights tied to
-  the embedding with ``tie_weight``, always with a bias as in the
-  reference's ``out_layers``).
+  Adaptive embedding ``word_emb`` (scaled by sqrt(d_model); a plain
+  embedding without cutoffs) -> dropout -> n_layer DecoderLayers
+  (``nn.scan``) -> dropout -> projected adaptive log-softmax ``crit`` (a
+  dense softmax with bias without cutoffs; weights tied to the embedding
+  with ``tie_weight``, projections with ``tie_projs``).  See adaptive.py for
+  the parameters of ``word_emb`` and ``crit``.
 
   Attributes:
     config: :class:`ModelConfig`.
@@ -243,20 +282,18 @@ class TransformerXL(nn.Module):
     cfg = self.config
     if cfg.d_model % 2:
       raise ValueError(f"d_model={cfg.d_model} must be even for the sinusoid encoding.")
-    self.word_emb = nn.Embed(
-        cfg.n_token, cfg.d_model, dtype=cfg.compute_dtype,
-        embedding_init=attention.normal_init(cfg.init_std, "vocab", "embed"))
+    self.word_emb = adaptive.AdaptiveEmbedding(
+        n_token=cfg.n_token, d_embed=cfg.embed_dim, d_proj=cfg.d_model, cutoffs=cfg.cutoffs,
+        div_val=cfg.div_val, init_std=cfg.init_std, proj_init_std=cfg.proj_init_std,
+        dtype=cfg.compute_dtype)
+    self.crit = adaptive.ProjectedAdaptiveLogSoftmax(
+        n_token=cfg.n_token, d_embed=cfg.embed_dim, d_proj=cfg.d_model, cutoffs=cfg.cutoffs,
+        div_val=cfg.div_val, tie_weight=cfg.tie_weight, tie_projs=cfg.tie_projs,
+        init_std=cfg.init_std, proj_init_std=cfg.proj_init_std)
     if not cfg.untie_r:
       bias_init = attention.normal_init(cfg.init_std, "heads", "kv")
       self.r_w_bias = self.param("r_w_bias", bias_init, (cfg.n_head, cfg.d_head))
       self.r_r_bias = self.param("r_r_bias", bias_init, (cfg.n_head, cfg.d_head))
-    if not cfg.tie_weight:
-      self.out_kernel = self.param(
-          "out_kernel", attention.normal_init(cfg.init_std, "embed", "vocab"),
-          (cfg.d_model, cfg.n_token))
-    self.out_bias = self.param(
-        "out_bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
-        (cfg.n_token,))
     self.drop = nn.Dropout(cfg.dropout)
 
     layer_cls = DecoderLayer
@@ -287,12 +324,12 @@ class TransformerXL(nn.Module):
     Returns:
       (hidden_BxTxD in the compute dtype, next Memory).
     """
-    cfg = self.config
-    emb_BxTxD = self.word_emb(tokens_BxT) * jnp.asarray(cfg.d_model ** 0.5, cfg.compute_dtype)
+    emb_BxTxD = self.word_emb(tokens_BxT)
     return self.hidden_from_embeddings(emb_BxTxD, memory, deterministic)
 
   def hidden_from_embeddings(self, emb_BxTxD: Array, memory: Memory, deterministic: bool = True):
-    """As :meth:`hidden`, from the scaled word embeddings [B, T, d_model].
+    """As :meth:`hidden`, from the scaled word embeddings [B, T, d_model]
+    (the output of ``word_emb``).
 
     This is where the memory enters and leaves the model: the scan over
     layers reads ``mems_LxBxMxD[l]`` in layer l and returns its new memory
@@ -319,15 +356,20 @@ class TransformerXL(nn.Module):
     new_memory = Memory(mems_LxBxMxD=new_mems_LxBxMxD, mlen_B=new_mlen_B.astype(jnp.int32))
     return self.drop(h_BxTxD, deterministic=deterministic), new_memory
 
-  def logits(self, hidden_BxTxD: Array) -> Array:
-    """Output logits, float32 [B, T, n_token]."""
-    if self.config.tie_weight:
-      kernel_DxV = self.word_emb.embedding.T
-    else:
-      kernel_DxV = self.out_kernel
-    logits = jnp.einsum("btd,dv->btv", hidden_BxTxD, kernel_DxV.astype(hidden_BxTxD.dtype),
-                        preferred_element_type=jnp.float32)
-    return logits + self.out_bias
+  def _shared(self):
+    """The embedding tables / projections when the softmax ties to them."""
+    cfg = self.config
+    if not (cfg.tie_weight or any(cfg.tie_projs)):
+      return None, None
+    return self.word_emb.shared()
+
+  def log_probs(self, hidden_BxTxD: Array) -> Array:
+    """Log-probabilities over the vocabulary, float32 [B, T, n_token] (nats)."""
+    return self.crit.log_prob(hidden_BxTxD, *self._shared())
+
+  def nll(self, hidden_BxTxD: Array, targets_BxT: Array) -> Array:
+    """Per-token negative log-likelihood of ``targets_BxT``, float32 [B, T] (nats)."""
+    return self.crit.nll(hidden_BxTxD, targets_BxT, *self._shared())
 
   def __call__(self, tokens_BxT: Array, memory: Memory, targets_BxT: Optional[Array] = None,
                deterministic: bool = True):
@@ -345,9 +387,6 @@ class TransformerXL(nn.Module):
       (log_probs_BxTxV float32, next Memory).
     """
     hidden_BxTxD, new_memory = self.hidden(tokens_BxT, memory, deterministic)
-    logits_BxTxV = self.logits(hidden_BxTxD)
-    log_probs_BxTxV = jax.nn.log_softmax(logits_BxTxV, axis=-1)
     if targets_BxT is None:
-      return log_probs_BxTxV, new_memory
-    nll_BxT = -jnp.take_along_axis(log_probs_BxTxV, targets_BxT[..., None], axis=-1)[..., 0]
-    return nll_BxT, new_memory
+      return self.log_probs(hidden_BxTxD), new_memory
+    return self.nll(hidden_BxTxD, targets_BxT), new_memory
