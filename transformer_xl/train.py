@@ -308,7 +308,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: 
     start_step = 0
   else:
     start_step, state, iter_state = restored
-    train_iter.set_state(iter_state)
+    if iter_state:  # {} = a checkpoint made elsewhere (e.g. converted): data from the start
+      train_iter.set_state(iter_state)
     log(f"Resumed from {manager.directory} at step {start_step}.")
 
   n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(state.params))
