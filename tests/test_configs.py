@@ -1,0 +1,59 @@
+"""Every paper config starts, prints its parameter count beside the paper's,
+and trains two steps on a tiny canonical-format sample (shapes overridden down)."""
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+from transformer_xl import datasets
+from test_datasets import _WIKI, _wiki_zip
+from test_train import REPO, run_main
+
+CONFIGS = REPO / "configs"
+
+
+def load_config(name):
+  spec = importlib.util.spec_from_file_location(name, CONFIGS / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+def tiny_overrides(n_token, n_clusters):
+  """Small shapes; cutoffs spread over this sample's vocabulary."""
+  step = n_token // (n_clusters + 2)
+  cutoffs = tuple(step * (i + 1) for i in range(n_clusters))
+  return ["--config.model.n_layer=2", "--config.model.d_model=64", "--config.model.n_head=2",
+          "--config.model.d_head=32", "--config.model.d_inner=64", "--config.model.tgt_len=8",
+          "--config.model.mem_len=8", f"--config.model.cutoffs={cutoffs}",
+          "--config.train.global_batch=8", "--config.train.num_steps=2",
+          "--config.train.log_every=1", "--config.train.eval_every=0",
+          "--config.train.warmup_steps=0", "--config.eval.global_batch=8",
+          "--config.eval.tgt_len=8", "--config.eval.mem_len=16", "--config.eval.clamp_len=4"]
+
+
+def check_start(tmp_path, name, manual, dataset):
+  config = load_config(name)
+  data = [f"--config.data.manual_dir={manual}", f"--config.data.data_dir={tmp_path / 'tfds'}",
+          "--config.data.verify_checksums=False"]
+  corpus = datasets.load_corpus(dataset, data_dir=str(tmp_path / "tfds"), manual_dir=str(manual),
+                                verify_checksums=False)
+  overrides = tiny_overrides(corpus.vocab_size, len(config.model.cutoffs))
+  workdir = tmp_path / name
+  r = run_main([f"--config={CONFIGS / (name + '.py')}", f"--workdir={workdir}", *data, *overrides])
+  assert r.returncode == 0, r.stderr[-3000:]
+  paper = f"paper: {config.paper.n_params / 1e6:.0f}M"
+  line = next(l for l in r.stdout.splitlines() if l.startswith("Model:"))
+  assert paper in line and config.paper.result in line, line
+  assert re.search(r"Model: [\d,]+ parameters", line)
+  metrics = [l for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  assert len(metrics) == 2  # two training steps logged
+  assert (workdir / "checkpoints" / "2").is_dir()
+
+
+@pytest.mark.parametrize("name", ["wt103_base", "wt103_large"])
+def test_wt103_configs_start_and_train_two_steps(tmp_path, name):
+  manual = tmp_path / "manual"
+  _wiki_zip(manual, "wikitext-103", _WIKI)
+  check_start(tmp_path, name, manual, "wikitext103")
