@@ -303,7 +303,7 @@ def test_unknown_name():
   assert set(CORPUS_NAMES) == set(builders.BUILDERS)
   assert {b.name for b in builders.BUILDERS.values()} == {
       "txl_enwik8", "txl_text8", "txl_ptb", "txl_ptb_char", "txl_wikitext2",
-      "txl_wikitext103"}
+      "txl_wikitext103", "txl_lm1b"}
 
 
 @pytest.mark.parametrize("name,files,checksum", [

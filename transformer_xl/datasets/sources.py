@@ -19,6 +19,12 @@ this happens before any tokenisation.  With ``verify_checksums`` every file
 found is checked against its published size and checksums (of the extracted
 file, so a file is checked the same way whether it came extracted or inside
 the archive).
+
+One Billion Word comes as a tarball of 100 shard files without published
+checksums: :func:`locate_sharded` finds its shards (extracted in the manual
+dir, or extracted once from the tarball into ``<data_dir>/downloads/
+extracted/lm1b``), and checks the documented structure (every training
+shard present) instead of checksums.
 """
 from __future__ import annotations
 
@@ -365,3 +371,234 @@ def verify_all(sources: Mapping[str, Source]) -> None:
   """:func:`verify` for each source; raises DataError on the first mismatch."""
   for source in sources.values():
     verify(source)
+
+
+# -- corpora distributed as many shards (One Billion Word) --------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardedSourceSpec:
+  """A corpus distributed as one archive holding many shard files.
+
+  Attributes:
+    corpus: corpus name as given to ``load_corpus`` (e.g. "lm1b").
+    archive: file name of the canonical archive (a tar, any compression).
+    url: canonical URL of the archive.
+    train: the canonical training shards, in stream order (each a
+      :class:`SourceFile` with its path inside the archive).
+    heldout: the held-out shard the evaluation splits are built from.
+    extras: optional files that do not come with the archive (e.g. a
+      vocabulary file), looked for by name in the manual dir only.
+    note: extra text for error messages (how the files are verified).
+  """
+
+  corpus: str
+  archive: str
+  url: str
+  train: tuple[SourceFile, ...]
+  heldout: SourceFile
+  extras: tuple[str, ...] = ()
+  note: str = ""
+
+  @property
+  def shards(self) -> tuple[SourceFile, ...]:
+    """Every shard the corpus can be built from: ``train + (heldout,)``."""
+    return self.train + (self.heldout,)
+
+
+def _sharded_complete(spec: ShardedSourceSpec, found: Mapping[str, Source],
+                      require_all_train: bool) -> bool:
+  train = [f.name in found for f in spec.train]
+  return spec.heldout.name in found and (
+      all(train) if require_all_train else any(train))
+
+
+def _sharded_missing(spec: ShardedSourceSpec, found: Mapping[str, Source],
+                     require_all_train: bool) -> list[str]:
+  """Names of the missing shards (only the first missing training shard
+  when any training shard suffices)."""
+  missing = [f.name for f in spec.train if f.name not in found]
+  if not require_all_train and len(missing) < len(spec.train):
+    missing = []
+  elif not require_all_train:
+    missing = missing[:1]
+  if spec.heldout.name not in found:
+    missing.append(spec.heldout.name)
+  return missing
+
+
+def _summary(names: Sequence[str], limit: int = 4) -> str:
+  if len(names) <= limit:
+    return ", ".join(names)
+  return (f"{', '.join(names[:limit])} and {len(names) - limit} more "
+          f"({len(names)} files)")
+
+
+def _extract_shards(spec: ShardedSourceSpec, archive: Path,
+                    dest: Path) -> dict[str, Source]:
+  """Extracts the shards of ``spec`` found in ``archive`` into ``dest``.
+
+  One sequential pass over the (compressed) archive; stops once every shard
+  is out.  A shard is recognised by its base name.  ``dest`` is replaced
+  as a whole (written as ``dest.part``, then renamed), so it never mixes
+  two archives.  Returns shard name -> :class:`Source` (plain files).
+
+  Raises:
+    DataError: the archive cannot be read.
+  """
+  wanted = {f.name: f for f in spec.shards}
+  partial = dest.with_name(dest.name + ".part")
+  shutil.rmtree(partial, ignore_errors=True)
+  got: dict[str, Source] = {}
+  try:
+    with tarfile.open(archive, "r|*") as tf:
+      for member in tf:
+        file = wanted.get(member.name.rsplit("/", 1)[-1])
+        if file is None or not member.isfile() or file.name in got:
+          continue
+        out = partial / file.member
+        out.parent.mkdir(parents=True, exist_ok=True)
+        reader = tf.extractfile(member)
+        with reader, open(out, "wb") as f:
+          shutil.copyfileobj(reader, f, _READ_BLOCK)
+        got[file.name] = Source(file, dest / file.member)
+        if len(got) == len(wanted):
+          break
+  except (tarfile.TarError, EOFError, OSError) as e:
+    shutil.rmtree(partial, ignore_errors=True)
+    if isinstance(e, DataError):
+      raise
+    raise DataError(
+        f"Cannot read the archive {archive}: {e}. Remove it, or replace it "
+        f"with an intact copy of {spec.archive} ({spec.url})."
+    ) from e
+  shutil.rmtree(dest, ignore_errors=True)
+  partial.mkdir(parents=True, exist_ok=True)
+  os.replace(partial, dest)
+  return got
+
+
+def _sharded_message(spec: ShardedSourceSpec, manual_dir: Path,
+                     missing: Sequence[str], require_all_train: bool,
+                     download_note: str) -> str:
+  first, last = spec.train[0], spec.train[-1]
+  need = (f"all {len(spec.train)} training shards" if require_all_train
+          else "at least one training shard")
+  lines = [
+      f"Cannot build corpus {spec.corpus!r}: source file(s) "
+      f"{_summary(list(missing))} not found.",
+      f"Put one of the following into the manual dir {manual_dir} :",
+      f"  * the canonical archive {spec.archive}, from {spec.url}",
+      "  * or the extracted files, as the directory tree of the archive "
+      "or directly in the manual dir:",
+      f"      {first.member} ... {last.name}  ({len(spec.train)} training "
+      f"shards; {need} needed)",
+      f"      {spec.heldout.member}  (held-out shard)",
+      download_note,
+  ]
+  if spec.note:
+    lines.append(spec.note)
+  return "\n".join(lines)
+
+
+def locate_sharded(
+    spec: ShardedSourceSpec,
+    *,
+    manual_dir: Path,
+    download_dir: Path,
+    download: bool,
+    require_all_train: bool,
+    timeout_s: float | None = None,
+) -> dict[str, Source]:
+  """Finds the shards of a sharded corpus (One Billion Word).
+
+  Search order (local copies first, as :func:`locate`):
+
+  1. extracted shards in the manual dir, each at ``<manual_dir>/<path in the
+     archive>``, ``<manual_dir>/<its directory>/<name>`` or
+     ``<manual_dir>/<name>``;
+  2. the archive in the manual dir, then in ``download_dir``: its shards are
+     extracted once, in one sequential pass, into
+     ``<download_dir>/extracted/<corpus>`` (replacing an earlier extraction;
+     reading members of a compressed tar in shard order would decompress
+     the archive again for every shard);
+  3. if ``download``, ``spec.url`` fetched into ``download_dir`` (the host
+     must answer within ``timeout_s``), then as 2.
+
+  A location is used when it holds the held-out shard and the training
+  shards: all of them if ``require_all_train``, else at least one (then the
+  training shards present are used; tests build from a few).
+
+  Args:
+    spec: the corpus's shards.
+    manual_dir: where the user puts the archive or the extracted files.
+    download_dir: ``<data_dir>/downloads``.
+    download: whether to try ``spec.url`` when no local copy exists.
+    require_all_train: demand every training shard (the documented
+      structure; used with ``verify_checksums``).
+    timeout_s: seconds the host has to answer (default
+      :data:`DOWNLOAD_TIMEOUT_S`).
+
+  Returns:
+    file name -> :class:`Source` (plain files): the training shards found,
+    in ``spec.train`` order, then the held-out shard, then each file of
+    ``spec.extras`` present in the manual dir.
+
+  Raises:
+    DataError: shards missing (message: the missing names, ``manual_dir``,
+      ``spec.url``, that no checksum is published and which structure is
+      checked instead), or an archive that is unreadable or lacks shards.
+      Raised within ``timeout_s`` when nothing is present locally.
+  """
+  if timeout_s is None:
+    timeout_s = DOWNLOAD_TIMEOUT_S
+  manual_dir, download_dir = Path(manual_dir), Path(download_dir)
+
+  def with_extras(found: Mapping[str, Source]) -> dict[str, Source]:
+    out = {f.name: found[f.name] for f in spec.shards if f.name in found}
+    for name in spec.extras:
+      path = manual_dir / name
+      if path.is_file():
+        out[name] = Source(SourceFile(name=name, member=name), path)
+    return out
+
+  found: dict[str, Source] = {}
+  for file in spec.shards:
+    folder = file.member.rsplit("/", 2)[-2] if "/" in file.member else ""
+    for candidate in (manual_dir / file.member, manual_dir / folder / file.name,
+                      manual_dir / file.name):
+      if candidate.is_file():
+        found[file.name] = Source(file, candidate)
+        break
+  if _sharded_complete(spec, found, require_all_train):
+    return with_extras(found)
+
+  def from_archive(archive: Path) -> dict[str, Source]:
+    got = _extract_shards(spec, archive,
+                          download_dir / "extracted" / spec.corpus)
+    if not _sharded_complete(spec, got, require_all_train):
+      missing = _sharded_missing(spec, got, require_all_train)
+      raise DataError(
+          f"The archive {archive} does not contain {_summary(missing)}; it is "
+          f"not the canonical {spec.archive} ({spec.url}). Replace it with the "
+          "canonical archive" + (
+              ", or pass verify_checksums=False to build from the training "
+              "shards it holds." if require_all_train and
+              spec.heldout.name in got and len(got) > 1 else "."))
+    return with_extras(got)
+
+  for archive in (manual_dir / spec.archive, download_dir / spec.archive):
+    if archive.is_file():
+      return from_archive(archive)
+
+  missing = _sharded_missing(spec, found, require_all_train)
+  if download:
+    dest = download_dir / spec.archive
+    reason = _download(spec.url, dest, timeout_s)
+    if reason is None:
+      return from_archive(dest)
+    download_note = f"Downloading {spec.url} failed: {reason}"
+  else:
+    download_note = f"Download of {spec.url} not tried (download=False)."
+  raise DataError(_sharded_message(spec, manual_dir, missing,
+                                   require_all_train, download_note))
