@@ -57,3 +57,16 @@ def test_wt103_configs_start_and_train_two_steps(tmp_path, name):
   manual = tmp_path / "manual"
   _wiki_zip(manual, "wikitext-103", _WIKI)
   check_start(tmp_path, name, manual, "wikitext103")
+
+
+@pytest.mark.parametrize("name", ["lm1b_base", "lm1b_large"])
+def test_lm1b_configs_start_and_train_two_steps(tmp_path, name):
+  from test_lm1b import ARCHIVE, HELDOUT_DIR, TRAIN_DIR, _HELDOUT, _TRAIN, _heldout_name, \
+      _tarball, _train_name
+  manual = tmp_path / "manual"
+  manual.mkdir()
+  members = {f"{TRAIN_DIR}/{_train_name(i)}": (t * 4).encode() for i, t in _TRAIN.items()}
+  members.update({f"{HELDOUT_DIR}/{_heldout_name(i)}": (t * 4).encode()
+                  for i, t in _HELDOUT.items()})
+  _tarball(manual / ARCHIVE, members)
+  check_start(tmp_path, name, manual, "lm1b")

@@ -297,8 +297,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: 
   abstract_state, state_shardings = abstract_train_state(model, tx, tcfg.global_batch, mesh)
 
   manager = checkpointing.make_manager(workdir, config.checkpoint.max_to_keep)
-  train_iter = input_pipeline.TrainIterator(
-      corpus.splits["train"], tcfg.global_batch, mcfg.tgt_len,
+  # Ordered contiguous rows, or (One Billion Word) shuffled-sentence rows.
+  train_iter = input_pipeline.make_train_iterator(
+      corpus, "train", tcfg.global_batch, mcfg.tgt_len, seed=tcfg.seed,
       row_ids=input_pipeline.process_row_ids(sharding.batch_sharding(mesh), tcfg.global_batch,
                                              mcfg.tgt_len))
   restored = checkpointing.restore_latest(manager, abstract_state)
