@@ -99,3 +99,46 @@ def test_eval_batch_that_does_not_divide_the_devices_is_padded(setup):
   assert res["tokens"] == res1["tokens"] == 97
   assert res["loss_nats"] == pytest.approx(res1["loss_nats"], rel=1e-5)
   assert res["bpc"] == pytest.approx(res["loss_nats"] / np.log(2))
+
+
+@pytest.mark.parametrize("name", ["ptb", "ptb_char", "wikitext2", "text8"])
+def test_encode_text_reproduces_the_builders_streams(tmp_path, name):
+  from test_datasets import _PTB, _WIKI, _ptb_tgz, _text8_text, _wiki_zip, _zip
+  manual = tmp_path / "manual"
+  manual.mkdir()
+  if name.startswith("ptb"):
+    _ptb_tgz(manual)
+    texts = {s: _PTB[s] for s in ("valid", "test")}
+  elif name == "wikitext2":
+    _wiki_zip(manual, "wikitext-2", _WIKI)
+    texts = {s: _WIKI[s] for s in ("valid", "test")}
+  else:
+    text = _text8_text()
+    _zip(manual / "text8.zip", {"text8": text.encode()})
+    texts = {"all": text}
+  corpus = datasets.load_corpus(name, data_dir=str(tmp_path / "tfds"), manual_dir=str(manual),
+                                verify_checksums=False)
+  for split, text in texts.items():
+    ids = datasets.encode_text(corpus, text)
+    if split == "all":
+      want = np.concatenate([corpus.splits[s].read(0, corpus.splits[s].num_tokens)
+                             for s in ("train", "valid", "test")])
+    else:
+      want = corpus.splits[split].read(0, corpus.splits[split].num_tokens)
+    np.testing.assert_array_equal(ids, want)
+
+
+def test_score_text_from_the_command_line(tmp_path):
+  manual = write_ptb_sample(tmp_path / "ptb")
+  workdir = tmp_path / "wd"
+  tiny = ["--config.model.n_layer=1", "--config.model.d_model=32", "--config.model.n_head=2",
+          "--config.model.d_head=16", "--config.model.d_inner=64", "--config.train.num_steps=1",
+          "--config.train.eval_every=0", "--config.train.log_every=1"]
+  r = run_main(small_args(tmp_path, workdir, manual, *tiny))
+  assert r.returncode == 0, r.stderr[-3000:]
+  r = run_main([f"--workdir={workdir}", "--mode=score", f"--text={manual / 'ptb.test.txt'}",
+                f"--out={tmp_path / 'nll.npy'}"])
+  assert r.returncode == 0, r.stderr[-3000:]
+  corpus = datasets.load_corpus("ptb", data_dir=str(tmp_path / "tfds"), manual_dir=str(manual),
+                                verify_checksums=False)
+  assert np.load(tmp_path / "nll.npy").shape == (1, corpus.splits["test"].num_tokens)

@@ -30,6 +30,9 @@ _MODE = flags.DEFINE_enum("mode", "train", ["train", "eval", "score"],
 _TOKENS = flags.DEFINE_string(
     "tokens", None, "--mode=score: .npy integer array [B, T+1]; each row one contiguous "
     "stream of token ids.")
+_TEXT = flags.DEFINE_string(
+    "text", None, "--mode=score: a text file, tokenised with the dataset's vocabulary and "
+    "scored as one stream (its first token in the context of the boundary symbol).")
 _OUT = flags.DEFINE_string(
     "out", None, "--mode=score: output .npy, float32 [B, T]: entry (b, t) is the NLL in nats "
     "of token t+1 given tokens up to t.")
@@ -248,11 +251,14 @@ def restore_params(config, workdir: str, model_cfg, mesh):
   return step, state.params
 
 
-def score(config, workdir: str, tokens_path: str, out_path: str) -> dict:
-  """``--mode=score``: per-token NLL of an array of token streams.
+def score(config, workdir: str, tokens_path: str, out_path: str, text_path: str = None) -> dict:
+  """``--mode=score``: per-token NLL of an array of token streams, or of a text.
 
-  Writes float32 [B, T] nats to ``out_path`` and returns (and prints) the
-  mean loss in nats, bpc and ppl over all B*T tokens.
+  ``tokens_path``: .npy integer [B, T+1].  ``text_path`` instead: a text
+  file tokenised with the corpus's vocabulary (loads the dataset) and
+  scored as one row [boundary] + tokens, so every token of the text is
+  scored.  Writes float32 [B, T] nats to ``out_path`` and returns (and
+  prints) the mean loss in nats, bpc and ppl over all B*T tokens.
 
   Raises:
     ValueError: bad token array (see Evaluator.score); FileNotFoundError:
@@ -261,10 +267,18 @@ def score(config, workdir: str, tokens_path: str, out_path: str) -> dict:
   import jax
   import numpy as np
   from transformer_xl import evaluate, sharding, train
-  if not tokens_path or not out_path:
-    raise ConfigError("--mode=score needs --tokens=FILE.npy and --out=NLL.npy.")
-  tokens = np.load(tokens_path)
+  if bool(tokens_path) == bool(text_path) or not out_path:
+    raise ConfigError("--mode=score needs --out=NLL.npy and one of --tokens=FILE.npy or "
+                      "--text=FILE.")
   model_cfg, unit = load_model_config(workdir)
+  if text_path:
+    from etils import epath
+    from transformer_xl import datasets
+    corpus = load_corpus_once(config)
+    ids = datasets.encode_text(corpus, epath.Path(text_path).read_text())
+    tokens = np.concatenate([[corpus.boundary_id], ids])[None, :]
+  else:
+    tokens = np.load(tokens_path)
   check_config(config, jax.device_count())
   mesh = sharding.make_mesh(config.mesh.shape, config.mesh.axis_names)
   step, params = restore_params(config, workdir, model_cfg, mesh)
@@ -334,7 +348,7 @@ def main(argv):
     initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     config = _CONFIG.value if _CONFIG.value is not None else load_workdir_config(_WORKDIR.value)
     if _MODE.value == "score":
-      score(config, _WORKDIR.value, _TOKENS.value, _OUT.value)
+      score(config, _WORKDIR.value, _TOKENS.value, _OUT.value, _TEXT.value)
     else:
       run(config, _WORKDIR.value, _MODE.value)
   except (ConfigError, datasets.DataError, FileNotFoundError) as err:

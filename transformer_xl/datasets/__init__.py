@@ -239,3 +239,9 @@ def load_corpus(
     builder.prepare(manual_dir=manual_dir, download=download,
                     verify_checksums=verify_checksums)
   return builder.as_corpus()
+
+
+def encode_text(corpus: Corpus, text: str) -> np.ndarray:
+  """int32 token ids of ``text`` with ``corpus``'s tokenisation (see builders.encode_text)."""
+  from transformer_xl.datasets import builders  # imports tfds: only when needed
+  return builders.encode_text(corpus, text)

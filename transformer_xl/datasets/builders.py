@@ -1174,3 +1174,47 @@ BUILDERS: dict[str, type[_TokenStreamBuilder]] = {
     for b in (TxlEnwik8, TxlText8, TxlPtb, TxlPtbChar, TxlWikitext2,
               TxlWikitext103, TxlLm1b)
 }
+
+
+def encode_text(corpus: Corpus, text: str) -> np.ndarray:
+  """Token ids of ``text`` under ``corpus``'s tokenisation and vocabulary.
+
+  The same rules as the corpus's builder: word level (ptb, wikitext*) split
+  each line on whitespace and end it with ``<eos>`` (lm1b: ``<S>``); ptb_char
+  spells words with "_" between them and ``<eos>`` per line; text8 maps
+  space and a..z; enwik8 takes the UTF-8 bytes.  Unknown words become
+  ``<unk>`` / ``<UNK>`` where the vocabulary has one.
+
+  Args:
+    corpus: a loaded :class:`Corpus` (its ``name`` picks the rules).
+    text: the text.
+
+  Returns:
+    int32 [N] token ids.
+
+  Raises:
+    DataError: a symbol outside the vocabulary with no unknown-word symbol,
+      or a character text8 does not have.
+  """
+  index = {s: i for i, s in enumerate(corpus.vocab)}
+  if corpus.name == "enwik8":
+    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
+  if corpus.name == "text8":
+    bad = sorted(set(text) - set(TEXT8_VOCAB))
+    if bad:
+      raise DataError(f"text8 has only space and a-z; the text has {bad[:10]}.")
+    return np.asarray([index[c] for c in text], dtype=np.int32)
+  builder = BUILDERS[corpus.name]
+  symbols_of = getattr(builder, "symbols", str.split)
+  end = LM1B_S if corpus.name == "lm1b" else EOS
+  unk = index.get(LM1B_UNK if corpus.name == "lm1b" else UNK, -1)
+  ids = []
+  for lineno, line in enumerate(text.splitlines(), 1):
+    for symbol in symbols_of(line):
+      i = index.get(symbol, unk)
+      if i < 0:
+        raise DataError(f"{corpus.name}: line {lineno}: {symbol!r} is not in the vocabulary, "
+                        "which has no unknown-word symbol to map it to.")
+      ids.append(i)
+    ids.append(index[end])
+  return np.asarray(ids, dtype=np.int32)
