@@ -49,6 +49,7 @@ class Evaluator:
     self.model = models.TransformerXL(self.cfg)
     self._batch_sharding = sharding.batch_sharding(mesh)
     self._mem_sharding = sharding.memory_sharding(mesh)
+    self._init_memory = {}  # batch size -> jitted constructor
     batch_shardings = {k: self._batch_sharding for k in ("inputs", "targets")}
     batch_shardings["reset"] = sharding.rows_sharding(mesh)
 
@@ -64,8 +65,12 @@ class Evaluator:
         out_shardings=(sharding.replicated(mesh), self._mem_sharding), donate_argnums=(1,))
 
   def _empty_memory(self, batch_size: int) -> models.Memory:
-    return jax.jit(lambda: models.init_memory(self.cfg, batch_size),
-                   out_shardings=self._mem_sharding)()
+    """Empty eval memory for ``batch_size`` rows, made on the devices (one
+    compilation per batch size)."""
+    if batch_size not in self._init_memory:
+      self._init_memory[batch_size] = jax.jit(
+          lambda: models.init_memory(self.cfg, batch_size), out_shardings=self._mem_sharding)
+    return self._init_memory[batch_size]()
 
   def evaluate(self, params: Any, split: str, max_steps: int = 0) -> dict:
     """Scores ``split`` of the corpus (all of it unless ``max_steps`` > 0).
