@@ -1,0 +1,500 @@
+"""transformer_xl.convert: round trips, files, validation, TF checkpoints,
+vocabulary mapping, and the end-to-end paths convert -> main --mode=score
+and convert -> main --mode=eval, compared with HuggingFace's model.
+
+The HuggingFace helpers (random models, segment-by-segment NLL with the
+reference's empty initial memory) and the known HF-vs-reference differences
+are in test_parity.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from transformer_xl import convert, main as txl_main  # noqa: E402
+from test_parity import (B, BASE, hf_model, hf_segments, hparams, our_segments,  # noqa: E402
+                         random_tokens, state_dict)
+
+REPO = Path(__file__).resolve().parents[1]
+TF_REASON = ("TensorFlow is not installed: reading the reference TF checkpoints needs the "
+             "convert extra (pip install -e '.[convert]')")
+
+
+def restored(workdir):
+  """(config, ModelConfig, unit, step, numpy params) of a workdir, as main loads it."""
+  config = txl_main.load_workdir_config(str(workdir))
+  cfg, unit = txl_main.load_model_config(str(workdir))
+  step, params = txl_main.restore_params(config, str(workdir), cfg, convert._one_device_mesh())
+  return config, cfg, unit, step, jax.tree_util.tree_map(np.asarray, jax.device_get(params))
+
+
+def flat(tree):
+  return convert._flatten(tree)  # pylint: disable=protected-access
+
+
+def write_json(path, obj):
+  Path(path).write_text(json.dumps(obj))
+  return str(path)
+
+
+# ---------------------------------------------------------------------------
+# Round trips and files
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case,extra", [
+    ("adaptive_div4_tied", {}),                      # shared u, v repeated per layer in HF
+    ("adaptive_div1_untied", {"untie_r": True}),
+    ("plain_projected", {"pre_lnorm": True}),
+])
+def test_round_trip_pytorch_to_ours_and_back_is_identical(case, extra):
+  hp = hparams(case, **extra)
+  cfg = convert.model_config_from_hparams(hp)
+  sd = state_dict(hf_model(hp, seed=11))
+  params = convert.params_from_state_dict(sd, cfg)  # "transformer." prefix: forward order
+  back = convert.state_dict_from_params(params, cfg, layout="hf")
+  assert set(back) == set(sd)
+  for k in sd:
+    assert back[k].dtype == sd[k].dtype and np.array_equal(back[k], sd[k]), k
+  # Reference layout (no prefix, shared u, v once, reference cluster order).
+  ref = convert.state_dict_from_params(params, cfg, layout="reference")
+  assert not any(k.startswith("transformer.") for k in ref)
+  again = convert.params_from_state_dict(ref, cfg)
+  for k, v in flat(params).items():
+    assert np.array_equal(flat(again)[k], v), k
+  ref2 = convert.state_dict_from_params(again, cfg, layout="reference")
+  assert set(ref2) == set(ref) and all(np.array_equal(ref2[k], ref[k]) for k in ref)
+  if cfg.cutoffs:  # the reference order is HF's reversed
+    np.testing.assert_array_equal(ref["crit.cluster_weight"], sd["crit.cluster_weight"][::-1])
+
+
+def test_exported_hf_layout_loads_strictly_into_huggingface(tmp_path):
+  from transformers import TransfoXLLMHeadModel
+  hp = hparams("adaptive_div4_tied")
+  cfg = convert.model_config_from_hparams(hp)
+  source = hf_model(hp, seed=12)
+  params = convert.params_from_state_dict(state_dict(source), cfg)
+  path = str(tmp_path / "export.bin")
+  convert.save_state_dict(convert.state_dict_from_params(params, cfg, layout="hf"), path)
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    fresh = TransfoXLLMHeadModel(source.config).eval()
+  fresh.load_state_dict(torch.load(path, weights_only=True), strict=True)
+  tokens = random_tokens(hp["n_token"], 2 * hp["tgt_len"] + 1, seed=13)
+  np.testing.assert_array_equal(hf_segments(fresh, hp, tokens, hp["tgt_len"])[0],
+                                hf_segments(source, hp, tokens, hp["tgt_len"])[0])
+
+
+def test_state_dict_files(tmp_path):
+  sd = state_dict(hf_model(hparams("plain"), seed=14))
+  for name in ("sd.npz", "sd.pt"):
+    convert.save_state_dict(sd, str(tmp_path / name))
+    got = convert.read_state_dict(str(tmp_path / name))
+    assert set(got) == set(sd) and all(np.array_equal(got[k], sd[k]) for k in sd)
+  torch.save({"state_dict": {k: torch.from_numpy(v) for k, v in sd.items()}},
+             tmp_path / "wrapped.pt")
+  assert set(convert.read_state_dict(str(tmp_path / "wrapped.pt"))) == set(sd)
+  torch.save(torch.nn.Linear(2, 2), tmp_path / "module.pt")  # what the reference train.py saves
+  with pytest.raises(convert.ConvertError, match="state dict"):
+    convert.read_state_dict(str(tmp_path / "module.pt"))
+  with pytest.raises(convert.ConvertError, match="does not exist"):
+    convert.read_state_dict(str(tmp_path / "missing.npz"))
+
+
+# ---------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------
+
+
+def test_hparams_validation(tmp_path):
+  with pytest.raises(convert.ConvertError, match=r"unknown hparams \['n_tokens'\]"):
+    convert.load_hparams({**BASE, "n_tokens": 3})
+  with pytest.raises(convert.ConvertError, match=r"missing required hparams \['d_inner'\]"):
+    convert.load_hparams({k: v for k, v in BASE.items() if k != "d_inner"})
+  with pytest.raises(convert.ConvertError, match="n_layer='2' must be an integer"):
+    convert.load_hparams({**BASE, "n_layer": "2"})
+  with pytest.raises(convert.ConvertError, match="attn_type=2"):
+    convert.load_hparams({**BASE, "attn_type": 2})
+  with pytest.raises(convert.ConvertError, match="more entries than"):
+    convert.load_hparams({**BASE, "cutoffs": [10], "tie_projs": [False, True, True]})
+  with pytest.raises(convert.ConvertError, match="cutoffs"):
+    convert.load_hparams({**BASE, "cutoffs": [50]})  # not < n_token
+  with pytest.raises(convert.ConvertError, match="cannot read"):
+    convert.load_hparams(str(tmp_path / "nope.json"))
+  hp = convert.load_hparams(write_json(tmp_path / "hp.json", {
+      **BASE, "cutoffs": [10, 20], "proj_share_all_but_first": True, "d_embed": None,
+      "clamp_len": -1}))
+  assert hp["tie_projs"] == [False, True, True] and hp["d_embed"] == BASE["d_model"]
+  cfg = convert.model_config_from_hparams(hp)
+  assert cfg.clamp_len == 0 and cfg.tie_projs == (False, True, True) and cfg.d_embed is None
+  assert convert.load_hparams({**BASE, "tie_projs": [True]})["tie_projs"] == [True]
+  # Round trip of the hparams through a ModelConfig.
+  assert convert.model_config_from_hparams(
+      convert.load_hparams(convert.hparams_from_model_config(cfg))) == cfg
+
+
+def test_state_dict_validation_names_tensor_and_shapes():
+  hp = hparams("adaptive_div4_untied")
+  cfg = convert.model_config_from_hparams(hp)
+  sd = state_dict(hf_model(hp, seed=15))
+  bad = dict(sd)
+  bad["transformer.layers.1.dec_attn.qkv_net.weight"] = np.zeros((47, 16), np.float32)
+  with pytest.raises(convert.ConvertError, match=r"layers\.1\.dec_attn\.qkv_net\.weight: expected "
+                     r"shape \(48, 16\) from the hparams, got \(47, 16\)"):
+    convert.params_from_state_dict(bad, cfg)
+  missing = {k: v for k, v in sd.items() if k != "crit.out_projs.2"}
+  with pytest.raises(convert.ConvertError, match=r"lacks 'crit\.out_projs\.2' \(expected shape \(16, 2\)\)"):
+    convert.params_from_state_dict(missing, cfg)
+  with pytest.raises(convert.ConvertError, match="do not account for.*extra.weight"):
+    convert.params_from_state_dict({**sd, "extra.weight": np.zeros(3)}, cfg)
+  # HF's default model unties u, v; hparams that say shared find no r_w_bias.
+  shared = convert.model_config_from_hparams(hparams("plain"))
+  untied_sd = state_dict(hf_model(hparams("plain", untie_r=True), seed=16))
+  with pytest.raises(convert.ConvertError, match="lacks 'r_._bias'.*set untie_r=true"):
+    convert.params_from_state_dict(untied_sd, shared)
+  # The reference's names hold shared u, v once; hparams that untie them find none per layer.
+  reference_names = convert.state_dict_from_params(convert.params_from_state_dict(
+      state_dict(hf_model(hparams("plain"), seed=16)), shared), shared, layout="reference")
+  with pytest.raises(convert.ConvertError, match="lacks 'layers.0.dec_attn.r_._bias'.*set "
+                     "untie_r=false"):
+    convert.params_from_state_dict(reference_names, convert.model_config_from_hparams(
+        hparams("plain", untie_r=True)))
+  # Tied copies must really be tied.
+  tied_cfg = convert.model_config_from_hparams(hparams("adaptive_div4_tied"))
+  tied_sd = state_dict(hf_model(hparams("adaptive_div4_tied"), seed=17))
+  tied_sd["crit.out_projs.1"] = tied_sd["crit.out_projs.1"] + 1.0
+  with pytest.raises(convert.ConvertError, match="crit.out_projs.1 should be tied to "
+                     "word_emb.emb_projs.1"):
+    convert.params_from_state_dict(tied_sd, tied_cfg)
+
+
+# ---------------------------------------------------------------------------
+# TensorFlow checkpoints
+# ---------------------------------------------------------------------------
+
+
+def tf_variables(sd: dict, hp: dict) -> dict:
+  """The reference TF model's variables (tf/model.py names) for an HF state dict.
+
+  Written independently of convert.py; TF order of clusters = HF 4.35's.
+  Adds optimizer slots and global_step, which the converter must skip.
+  """
+  sd = {k[len("transformer."):] if k.startswith("transformer.") else k: v for k, v in sd.items()}
+  L, cut, V = hp["n_layer"], hp["cutoffs"], hp["n_token"]
+  out = {}
+
+  def put(name, value):
+    out["transformer/" + name] = np.asarray(value, np.float32)
+
+  for b in ("r_w_bias", "r_r_bias"):
+    put(b, np.stack([sd[f"layers.{l}.dec_attn.{b}"] for l in range(L)]) if hp["untie_r"]
+        else sd[b])
+  if hp["div_val"] == 1:
+    put("adaptive_embed/lookup_table", sd["word_emb.emb_layers.0.weight"])
+    if "word_emb.emb_projs.0" in sd:
+      put("adaptive_embed/proj_W", sd["word_emb.emb_projs.0"].T)
+  else:
+    for i in range(len(cut) + 1):
+      put(f"adaptive_embed/cutoff_{i}/lookup_table", sd[f"word_emb.emb_layers.{i}.weight"])
+      put(f"adaptive_embed/cutoff_{i}/proj_W", sd[f"word_emb.emb_projs.{i}"].T)
+  for l in range(L):
+    a, f = f"layers.{l}.dec_attn.", f"layers.{l}.pos_ff."
+    put(f"layer_{l}/rel_attn/qkv/kernel", sd[a + "qkv_net.weight"].T)
+    put(f"layer_{l}/rel_attn/r/kernel", sd[a + "r_net.weight"].T)
+    put(f"layer_{l}/rel_attn/o/kernel", sd[a + "o_net.weight"].T)
+    put(f"layer_{l}/rel_attn/LayerNorm/gamma", sd[a + "layer_norm.weight"])
+    put(f"layer_{l}/rel_attn/LayerNorm/beta", sd[a + "layer_norm.bias"])
+    put(f"layer_{l}/ff/layer_1/kernel", sd[f + "CoreNet.0.weight"].T)
+    put(f"layer_{l}/ff/layer_1/bias", sd[f + "CoreNet.0.bias"])
+    put(f"layer_{l}/ff/layer_2/kernel", sd[f + "CoreNet.3.weight"].T)
+    put(f"layer_{l}/ff/layer_2/bias", sd[f + "CoreNet.3.bias"])
+    put(f"layer_{l}/ff/LayerNorm/gamma", sd[f + "layer_norm.weight"])
+    put(f"layer_{l}/ff/LayerNorm/beta", sd[f + "layer_norm.bias"])
+  if not cut:
+    put("adaptive_softmax/bias", sd["crit.out_layers.0.bias"])
+  else:
+    bounds = [0] + cut + [V]
+    for i in range(len(cut) + 1):
+      put(f"adaptive_softmax/cutoff_{i}/b",
+          sd["crit.out_layers.0.bias"][bounds[i]:bounds[i + 1]] if hp["div_val"] == 1
+          else sd[f"crit.out_layers.{i}.bias"])
+      if not hp["tie_projs"][i] and f"crit.out_projs.{i}" in sd:
+        put(f"adaptive_softmax/cutoff_{i}/proj", sd[f"crit.out_projs.{i}"].T)
+    put("adaptive_softmax/cutoff_0/cluster_W", sd["crit.cluster_weight"])
+    put("adaptive_softmax/cutoff_0/cluster_b", sd["crit.cluster_bias"])
+  for name in list(out)[:3]:
+    out[name + "/Adam"] = np.zeros_like(out[name])
+    out[name + "/Adam_1"] = np.zeros_like(out[name])
+  out["global_step"] = np.asarray(1000, np.int64)
+  return out
+
+
+def write_tf_checkpoint(variables: dict, directory: Path) -> str:
+  """A TF1 checkpoint (tf.compat.v1 Saver, as the reference's TF code writes)."""
+  tf = pytest.importorskip("tensorflow", reason=TF_REASON)
+  graph = tf.Graph()
+  with graph.as_default():
+    tf_vars = [tf.compat.v1.Variable(v, name=k) for k, v in variables.items()]
+    saver = tf.compat.v1.train.Saver(tf_vars)
+    with tf.compat.v1.Session(graph=graph) as sess:
+      sess.run(tf.compat.v1.global_variables_initializer())
+      return saver.save(sess, str(directory / "model.ckpt"), global_step=0)
+
+
+TF_CASES = {
+    # The released wt103 model's structure: div_val 4, projections tied but
+    # the first, per-layer u, v.
+    "wt103_like": dict(cutoffs=[10, 25], d_embed=32, div_val=4, tie_projs=[False, True, True],
+                       untie_r=True),
+    # enwik8 / text8: one table, no cutoffs, d_embed = d_model, shared u, v.
+    "enwik8_like": dict(),
+    # div_val 1 with a projection and cutoffs: no cutoff scope in the embedding,
+    # per-cluster softmax biases concatenated, one untied softmax projection.
+    "div1_projected": dict(cutoffs=[10, 25], d_embed=24, div_val=1,
+                           tie_projs=[False, True, True], untie_r=True),
+}
+
+
+@pytest.mark.parametrize("case", list(TF_CASES))
+def test_tf_checkpoint_converts_to_the_same_model(case, tmp_path):
+  pytest.importorskip("tensorflow", reason=TF_REASON)
+  hp = convert.load_hparams({**BASE, **TF_CASES[case]})
+  model = hf_model(hp, seed=21)
+  sd = state_dict(model)
+  prefix = write_tf_checkpoint(tf_variables(sd, hp), tmp_path / "tf")
+  workdir = tmp_path / "wd"
+  report = convert.convert_to_workdir("tf", prefix, hp, str(workdir))
+  assert report["cluster_order"] == "forward"
+  _, cfg, _, _, params = restored(workdir)
+  tokens = random_tokens(hp["n_token"], 3 * hp["tgt_len"] + 1, seed=22)
+  ours, _ = our_segments(params, cfg, tokens, hp["tgt_len"])
+  ref, _ = hf_segments(model, hp, tokens, hp["tgt_len"])  # TF and HF 4.35: forward order
+  np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)
+  if case == "wt103_like":
+    # HuggingFace's own TF loader reads the same names into the same tensors.
+    from transformers import TransfoXLLMHeadModel
+    from transformers.models.transfo_xl.modeling_transfo_xl import load_tf_weights_in_transfo_xl
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore")
+      fresh = TransfoXLLMHeadModel(model.config)
+    load_tf_weights_in_transfo_xl(fresh, model.config, prefix)
+    for k, v in state_dict(fresh).items():
+      np.testing.assert_array_equal(v, sd[k], err_msg=k)
+
+
+def test_tf_checkpoint_validation(tmp_path):
+  pytest.importorskip("tensorflow", reason=TF_REASON)
+  hp = convert.load_hparams({**BASE, **TF_CASES["wt103_like"]})
+  variables = tf_variables(state_dict(hf_model(hp, seed=23)), hp)
+  cfg = convert.model_config_from_hparams(hp)
+  with pytest.raises(convert.ConvertError, match="untie_r=false; set untie_r=true"):
+    convert.state_dict_from_tf(variables, hp, convert.model_config_from_hparams(
+        {**hp, "untie_r": False}))
+  with pytest.raises(convert.ConvertError, match="do not account for.*layer_9"):
+    convert.state_dict_from_tf({**variables, "transformer/layer_9/ff/layer_1/bias":
+                                np.zeros(3)}, hp, cfg)
+  with pytest.raises(convert.ConvertError, match="lacks transformer/layer_1/rel_attn/o/kernel"):
+    convert.state_dict_from_tf({k: v for k, v in variables.items()
+                                if k != "transformer/layer_1/rel_attn/o/kernel"}, hp, cfg)
+  untied = convert.load_hparams({**hp, "tie_projs": [False, False, False]})
+  extra_proj = dict(variables)
+  extra_proj["transformer/adaptive_softmax/cutoff_1/proj"] = np.zeros((8, 16), np.float32)
+  with pytest.raises(convert.ConvertError, match=r"tie_projs\[1\]=true"):
+    convert.state_dict_from_tf(extra_proj, hp, cfg)
+  # Untied in the hparams but tied in the checkpoint: the embedding projection is copied.
+  pt = convert.state_dict_from_tf(variables, untied, convert.model_config_from_hparams(untied))
+  np.testing.assert_array_equal(pt["crit.out_projs.2"], pt["word_emb.emb_projs.2"])
+  with pytest.raises(convert.ConvertError, match="TF checkpoint"):
+    convert.read_tf_checkpoint(str(tmp_path / "nothing"))
+
+
+# ---------------------------------------------------------------------------
+# Vocabularies
+# ---------------------------------------------------------------------------
+
+
+def test_enwik8_reference_vocabulary_maps_onto_bytes(tmp_path, capsys):
+  """The reference enwik8 vocabulary: 204 byte values written as decimals, by
+  frequency, no newline (byte 10).  Mapped onto our 256 byte ids."""
+  rng = np.random.default_rng(31)
+  seen = np.sort(rng.choice(np.setdiff1d(np.arange(256), [10]), size=204, replace=False))
+  ref_symbols = [str(b) for b in rng.permutation(seen)]
+  hp = convert.load_hparams({**BASE, "n_token": 204})
+  model = hf_model(hp, seed=32)
+  np.savez(tmp_path / "sd.npz", **state_dict(model))
+  (tmp_path / "vocab.txt").write_text("".join(f"{s} 123\n" for s in ref_symbols))
+  report = convert.convert_to_workdir(
+      "pytorch", str(tmp_path / "sd.npz"), hp, str(tmp_path / "wd"),
+      vocab=str(tmp_path / "vocab.txt"), dataset="enwik8")
+  out = capsys.readouterr().out
+  assert report["vocab"]["matched"] == 204 and len(report["vocab"]["ours_unseen"]) == 52
+  assert "matched 204 of the model's 204 symbols onto enwik8's 256 ids" in out
+  assert "newline" in out and "byte 10" in out
+  config, cfg, unit, _, params = restored(tmp_path / "wd")
+  assert cfg.n_token == 256 and unit == "byte" and config.data.dataset == "enwik8"
+  unseen = np.setdiff1d(np.arange(256), seen)
+  assert np.all(params["word_emb"]["emb_layers_0"][unseen] == 0)
+  assert np.all(params["crit"]["out_bias_0"][unseen] == convert.UNSEEN_BIAS)
+  # The same model: bytes here, reference ids there.
+  ref_id = {int(s): r for r, s in enumerate(ref_symbols)}
+  stream = rng.choice(seen, size=(B, 2 * hp["tgt_len"] + 1))
+  ours, _ = our_segments(params, cfg, stream, hp["tgt_len"])
+  ref, _ = hf_segments(model, hp, np.vectorize(ref_id.get)(stream), hp["tgt_len"])
+  np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_text8_and_word_vocabulary_symbols():
+  from transformer_xl.datasets import builders
+  ref = ["_"] + list("etaoinshrdlcumwfgypbvkxjqz")
+  ref_of_ours, rep = convert.map_vocab(ref, builders.TEXT8_VOCAB, "text8")
+  assert rep["matched"] == 27 and ref_of_ours[0] == 0  # " " <- "_"
+  assert [ref[r] for r in ref_of_ours[1:]] == list("abcdefghijklmnopqrstuvwxyz")
+  ref_of_ours, rep = convert.map_vocab(["<eos>", "the", "zzz"], ["<eos>", "a", "the"])
+  assert ref_of_ours.tolist() == [0, -1, 1] and rep["ref_unmatched"] == ["zzz"]
+  assert rep["ours_unseen"] == ["a"]
+
+
+def test_vocabulary_remap_keeps_adaptive_clusters(tmp_path):
+  hp = hparams("adaptive_div4_untied")
+  cfg = convert.model_config_from_hparams(hp)
+  params = convert.params_from_state_dict(state_dict(hf_model(hp, seed=33)), cfg, "reference")
+  # Permute inside each cluster and leave one id of the last cluster unseen.
+  rng = np.random.default_rng(34)
+  ref_of_ours = np.concatenate([rng.permutation(np.arange(lo, hi)) for lo, hi in
+                                ((0, 10), (10, 25), (25, 40))])
+  ref_of_ours[30] = -1
+  new, new_cfg = convert.remap_vocab(params, cfg, ref_of_ours)
+  assert new_cfg.n_token == 40
+  j, r = 17, ref_of_ours[17]  # cluster 1: local rows
+  np.testing.assert_array_equal(new["word_emb"]["emb_layers_1"][j - 10],
+                                params["word_emb"]["emb_layers_1"][r - 10])
+  np.testing.assert_array_equal(new["crit"]["out_weight_1"][j - 10],
+                                params["crit"]["out_weight_1"][r - 10])
+  assert new["crit"]["out_bias_2"][30 - 25] == convert.UNSEEN_BIAS
+  assert not new["word_emb"]["emb_layers_2"][30 - 25].any()
+  swapped = np.arange(40)
+  swapped[[3, 30]] = [30, 3]
+  with pytest.raises(convert.ConvertError, match="2 symbols would change adaptive-softmax "
+                     "cluster"):
+    convert.remap_vocab(params, cfg, swapped)
+  # A vocabulary needs a dataset to map onto, and must fit the hparams.
+  np.savez(tmp_path / "sd.npz", **state_dict(hf_model(hparams("plain"), seed=35)))
+  (tmp_path / "v.txt").write_text("a\nb\n")
+  with pytest.raises(convert.ConvertError, match="--vocab needs --dataset"):
+    convert.convert_to_workdir("pytorch", str(tmp_path / "sd.npz"), hparams("plain"),
+                               str(tmp_path / "wd"), vocab=str(tmp_path / "v.txt"))
+  with pytest.raises(convert.ConvertError, match="has 2 symbols but hparams n_token=40"):
+    convert.convert_to_workdir("pytorch", str(tmp_path / "sd.npz"), hparams("plain"),
+                               str(tmp_path / "wd"), vocab=str(tmp_path / "v.txt"),
+                               dataset="enwik8")
+  with pytest.raises(convert.ConvertError, match="enwik8 has a vocabulary of 256"):
+    convert.convert_to_workdir("pytorch", str(tmp_path / "sd.npz"), hparams("plain"),
+                               str(tmp_path / "wd"), dataset="enwik8")
+
+
+# ---------------------------------------------------------------------------
+# End to end: convert (CLI) -> main --mode=score (CLI) -> export
+# ---------------------------------------------------------------------------
+
+
+def run_module(module: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+  env = dict(os.environ, PYTHONPATH=str(REPO))  # keeps the 8 simulated CPU devices
+  return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=timeout)
+
+
+def test_end_to_end_convert_then_score_matches_huggingface(tmp_path):
+  raw = {**BASE, "cutoffs": [10, 25], "d_embed": 24, "tie_projs": [False, True, False],
+         "same_length": True, "clamp_len": 4}
+  hp = convert.load_hparams(raw)
+  model = hf_model(hp, seed=41)
+  sd = state_dict(model)
+  np.savez(tmp_path / "sd.npz", **sd)
+  torch.save(model.state_dict(), tmp_path / "sd.bin")  # HuggingFace's own file
+  hp_path = write_json(tmp_path / "hparams.json", raw)
+  # 1. The command line, from the .npz (8 simulated devices: global batch 8).
+  wd_npz, wd_torch = tmp_path / "wd_npz", tmp_path / "wd_torch"
+  r = run_module("transformer_xl.convert", "--from=pytorch", f"--checkpoint={tmp_path / 'sd.npz'}",
+                 f"--hparams={hp_path}", f"--workdir={wd_npz}", "--global_batch=8")
+  assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+  assert "cluster order: forward" in r.stdout
+  config = json.loads((wd_npz / "config.json").read_text())
+  assert config["eval"]["tgt_len"] == 5 and config["eval"]["mem_len"] == 7
+  assert config["eval"]["clamp_len"] == 4 and config["eval"]["same_length"] is True
+  assert json.loads((wd_npz / "model_config.json").read_text())["model"]["n_token"] == 40
+  # 2. The torch file, in process: the same parameters.
+  convert.convert_to_workdir("pytorch", str(tmp_path / "sd.bin"), hp_path, str(wd_torch))
+  p_npz, p_torch = restored(wd_npz)[-1], restored(wd_torch)[-1]
+  assert all(np.array_equal(flat(p_torch)[k], v) for k, v in flat(p_npz).items())
+  # 3. Score with main in a subprocess: eval segments of 5, memory 7, same_length, clamp 4.
+  tokens = random_tokens(hp["n_token"], 18, seed=42, batch=3)  # T = 17: last segment padded
+  np.save(tmp_path / "tokens.npy", tokens)
+  r = run_module("transformer_xl.main", f"--workdir={wd_npz}", "--mode=score",
+                 f"--tokens={tmp_path / 'tokens.npy'}", f"--out={tmp_path / 'nll.npy'}")
+  assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+  nll = np.load(tmp_path / "nll.npy")
+  ref, _ = hf_segments(model, hp, tokens, hp["tgt_len"])
+  assert nll.shape == ref.shape == (3, 17)
+  np.testing.assert_allclose(nll, ref, rtol=1e-5, atol=1e-5)
+  # 4. Export back (command line), HF names: the file HF was converted from.
+  r = run_module("transformer_xl.convert", "--to=pytorch", f"--workdir={wd_npz}",
+                 f"--checkpoint={tmp_path / 'out.bin'}", "--layout=hf")
+  assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+  back = torch.load(tmp_path / "out.bin", weights_only=True)
+  assert set(back) == set(sd)
+  assert all(np.array_equal(back[k].numpy(), sd[k]) for k in sd)
+  exported_hp = convert.load_hparams(str(tmp_path / "out.hparams.json"))
+  assert convert.model_config_from_hparams(exported_hp) == convert.model_config_from_hparams(hp)
+  # 5. Errors are one line naming the problem; a converted workdir is not overwritten.
+  r = run_module("transformer_xl.convert", "--from=pytorch", f"--checkpoint={tmp_path / 'sd.npz'}",
+                 f"--hparams={hp_path}", f"--workdir={wd_npz}", "--global_batch=8")
+  assert r.returncode != 0 and "already holds checkpoints" in r.stderr
+
+
+def test_converted_word_model_with_a_mapped_vocabulary_runs_main_eval(tmp_path):
+  """--vocab + --dataset on a word corpus (a PTB-format sample), then
+  ``main --mode=eval``: its valid loss is HF's NLL of the valid stream."""
+  from test_train import write_ptb_sample
+  from transformer_xl import datasets
+  manual, data_dir = write_ptb_sample(tmp_path / "ptb"), tmp_path / "tfds"
+  corpus = datasets.load_corpus("ptb", data_dir=str(data_dir), manual_dir=str(manual),
+                                download=False, verify_checksums=False)
+  ours = list(corpus.vocab)
+  # The released model's vocabulary: another order and one symbol we do not have.
+  ref_vocab = ["@not-in-ptb@"] + [ours[i] for i in np.random.default_rng(51).permutation(len(ours))]
+  (tmp_path / "vocab.txt").write_text("\n".join(ref_vocab) + "\n")
+  hp = convert.load_hparams({**BASE, "n_token": len(ref_vocab), "tgt_len": 16, "mem_len": 24,
+                             "same_length": True})
+  model = hf_model(hp, seed=52)
+  np.savez(tmp_path / "sd.npz", **state_dict(model))
+  wd = tmp_path / "wd"
+  report = convert.convert_to_workdir(
+      "pytorch", str(tmp_path / "sd.npz"), hp, str(wd), vocab=str(tmp_path / "vocab.txt"),
+      dataset="ptb", data_dir=str(data_dir), manual_dir=str(manual), download=False,
+      verify_checksums=False, global_batch=8)
+  assert report["vocab"]["matched"] == len(ours)
+  assert report["vocab"]["ref_unmatched"] == ["@not-in-ptb@"]
+  r = run_module("transformer_xl.main", f"--workdir={wd}", "--mode=eval")
+  assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+  results = json.loads((wd / "eval_results.json").read_text())
+  valid = corpus.splits["valid"]
+  stream = np.concatenate([[corpus.boundary_id], valid.read(0, valid.num_tokens)])
+  ref_id = {s: r for r, s in enumerate(ref_vocab)}
+  ref_stream = np.asarray([ref_id[ours[t]] for t in stream])[None, :]
+  with torch.no_grad():  # the dropped symbol's probability mass is renormalised away
+    model.crit.out_layers[0].bias[0] = -1e4
+  ref, _ = hf_segments(model, hp, ref_stream, hp["tgt_len"])
+  assert results["valid"]["tokens"] == valid.num_tokens
+  assert results["valid"]["loss_nats"] == pytest.approx(float(ref.mean()), rel=1e-5)
+  assert results["valid"]["ppl"] == pytest.approx(float(np.exp(ref.mean())), rel=1e-4)
