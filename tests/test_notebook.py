@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import nbformat
+import numpy as np
 import papermill
 import pytest
 
@@ -41,11 +42,24 @@ def test_notebook_runs_end_to_end_on_cpu(tmp_path, monkeypatch):
   # One CPU device is enough here and compiles faster than conftest's eight.
   monkeypatch.setenv("XLA_FLAGS", "")
   monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+  # A "released" checkpoint: a small HuggingFace-layout model over this
+  # sample's vocabulary, converted and evaluated by the notebook's last cell.
+  from test_parity import BASE, hf_model, state_dict
+  from transformer_xl import convert, datasets
+  corpus = datasets.load_corpus("ptb", data_dir=str(tmp_path / "tfds"), manual_dir=str(manual),
+                                download=False, verify_checksums=False)
+  hp = convert.load_hparams({**BASE, "n_token": corpus.vocab_size, "tgt_len": 8, "mem_len": 8})
+  np.savez(tmp_path / "released.npz", **state_dict(hf_model(hp, seed=3)))
+  (tmp_path / "released_hparams.json").write_text(json.dumps(hp))
+  (tmp_path / "released_vocab.txt").write_text("\n".join(corpus.vocab) + "\n")
   parameters = dict(
       CONFIG="configs/quickstart.py", WORKDIR=str(workdir), MANUAL_DIR=str(manual),
       NUM_STEPS=6, FULL_SCHEDULE=False,
       OVERRIDES=[*TINY, "--config.data.verify_checksums=False",
-                 f"--config.data.data_dir={tmp_path / 'tfds'}"])
+                 f"--config.data.data_dir={tmp_path / 'tfds'}"],
+      RELEASED_CHECKPOINT=str(tmp_path / "released.npz"), RELEASED_FROM="pytorch",
+      RELEASED_HPARAMS=str(tmp_path / "released_hparams.json"),
+      RELEASED_VOCAB=str(tmp_path / "released_vocab.txt"))
   out = tmp_path / "executed.ipynb"
   papermill.execute_notebook(str(NOTEBOOK), str(out), parameters=parameters,
                              cwd=str(NOTEBOOK.parent), kernel_name="python3",
@@ -67,6 +81,8 @@ def test_notebook_runs_end_to_end_on_cpu(tmp_path, monkeypatch):
   assert "Using the checkout" in text  # run from the repository: no clone, no pip install
   assert "backend: cpu" in text
   assert "checkpoint at step 6" in text
+  released = json.loads((tmp_path / "workdir_released" / "eval_results.json").read_text())
+  assert released["valid"]["tokens"] == corpus.splits["valid"].num_tokens
   images = [o for c in executed.cells for o in c.get("outputs", [])
             if "image/png" in o.get("data", {})]
   assert images, "the learning curves were not shown inline"
