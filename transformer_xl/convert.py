@@ -20,7 +20,8 @@ Sources of truth: the reference PyTorch code (Dai et al. 2019,
 its TensorFlow code (``tf/model.py``, whose variable names the released
 models use) and HuggingFace's port (``transformers`` 4.35,
 ``TransfoXLLMHeadModel``, the same names under a ``transformer.`` prefix).
-See /work/shared/REFERENCE.md.
+Where HuggingFace and the reference differ, the reference is followed (module
+docstring below and the README).
 
 ``HPARAMS.json`` holds the reference constructor's arguments
 (``MemTransformerLM(n_token, n_layer, n_head, d_model, d_head, d_inner,
