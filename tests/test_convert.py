@@ -19,8 +19,8 @@ import jax
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+import torch  # noqa: E402  (test extra: missing is an error, not a skip)
+import transformers  # noqa: E402,F401
 
 from transformer_xl import convert, main as txl_main  # noqa: E402
 from test_parity import (B, BASE, hf_model, hf_segments, hparams, our_segments,  # noqa: E402

@@ -29,10 +29,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+# torch and transformers are in the test extra: a missing one is an error, not a skip.
+import torch  # noqa: E402
 with warnings.catch_warnings():  # transformers 4.35 uses a deprecated torch pytree API
   warnings.simplefilter("ignore", FutureWarning)
-  transformers = pytest.importorskip("transformers")
+  import transformers  # noqa: E402
 
 from transformer_xl import convert, models  # noqa: E402
 
