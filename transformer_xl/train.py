@@ -211,14 +211,17 @@ class PreemptionGuard:
 
   While active, SIGTERM only sets a flag; :meth:`should_stop` tells the
   training loop, at a step boundary, to write a checkpoint and return.  With
-  several processes the flag is agreed on by an all-gather, so that every
-  process stops after the same step (a SIGTERM reaches the workers of a
-  slice at slightly different times).
+  several processes the flag is agreed on by an all-gather every
+  ``sync_every`` steps (not every step: the all-gather waits for the
+  devices and would stall the pipelined dispatch of steps), so that every
+  process stops after the same step although a SIGTERM reaches the workers
+  of a slice at slightly different times.
   """
 
-  def __init__(self):
+  def __init__(self, sync_every: int = 10):
     self._flag = False
     self._previous = None
+    self._sync_every = sync_every
 
   def __enter__(self):
     self._previous = signal.signal(signal.SIGTERM, self._handler)
@@ -230,10 +233,13 @@ class PreemptionGuard:
   def _handler(self, signum, frame):
     self._flag = True
 
-  def should_stop(self) -> bool:
-    """True on every process once any process has received SIGTERM."""
+  def should_stop(self, step: int) -> bool:
+    """True on every process once any process has received SIGTERM
+    (checked at every step with one process, every ``sync_every`` with several)."""
     if jax.process_count() == 1:
       return self._flag
+    if step % self._sync_every:
+      return False
     from jax.experimental import multihost_utils
     flags = multihost_utils.process_allgather(np.asarray([self._flag], np.int32))
     return bool(np.any(flags))
@@ -361,7 +367,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: 
         writer.scalars(step, {f"valid/{k}": v for k, v in res.items()})
         say(f"step {step}: valid " + ", ".join(f"{k}={v:.4g}" for k, v in res.items()))
         t_last, steps_since = time.perf_counter(), 0
-      preempted = preemption.should_stop()
+      preempted = preemption.should_stop(step)
       if step % config.checkpoint.every_steps == 0 or step == tcfg.num_steps or preempted:
         checkpointing.save(manager, step, state, train_iter.get_state())
         t_last, steps_since = time.perf_counter(), 0
