@@ -46,6 +46,9 @@ Fairness:
   ``--xla_force_host_platform_device_count`` (the test suite's 8 simulated
   devices), plus ``--xla_flags`` if given; by default nothing else, i.e. XLA's
   own CPU defaults.  Ours runs on a 1x1 mesh of one CPU device.
+  ``--malloc_hugepages`` sets ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` for
+  both subprocesses (off by default; see benchmarks/README.md for why it
+  matters to XLA:CPU and not to torch).
 * HF's ``labels`` are shifted inside the model, so its loss covers
   tgt_len - 1 positions per row and ours tgt_len; both count batch * tgt_len
   tokens per step.  HF initialises its memory with mem_len zero states (its
@@ -110,6 +113,9 @@ def parse_args(argv=None) -> argparse.Namespace:
   g.add_argument("--which", default="ours,pytorch", help="comma list of ours, pytorch")
   g.add_argument("--order", default="ours_first", choices=("ours_first", "pytorch_first"))
   g.add_argument("--xla_flags", default="", help="extra XLA_FLAGS for our subprocess")
+  g.add_argument("--malloc_hugepages", action="store_true",
+                 help="GLIBC_TUNABLES=glibc.malloc.hugetlb=1 for both subprocesses: "
+                      "malloc asks for transparent huge pages (see README)")
   g.add_argument("--seed", type=int, default=0)
   g.add_argument("--json", default="", help="write config, machine info and results here")
   # Internal: the subprocess entry point.
@@ -394,6 +400,9 @@ def _worker_env(args, which: str) -> dict:
     flags += args.xla_flags.split()
     env["XLA_FLAGS"] = " ".join(flags)
     env["JAX_PLATFORMS"] = "cpu"
+  if args.malloc_hugepages:
+    tunables = [t for t in env.get("GLIBC_TUNABLES", "").split(":") if t]
+    env["GLIBC_TUNABLES"] = ":".join(tunables + ["glibc.malloc.hugetlb=1"])
   env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
   return env
 
@@ -406,11 +415,13 @@ def run_worker(args, which: str, argv: list[str]) -> dict:
            f"--result_file={result_file}", f"--threads={args.threads}"]
     load_before = [round(x, 2) for x in os.getloadavg()]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=_worker_env(args, which), cwd=REPO)
+    env = _worker_env(args, which)
+    proc = subprocess.run(cmd, env=env, cwd=REPO)
     if proc.returncode != 0:
       raise SystemExit(f"{which} benchmark subprocess failed with exit code {proc.returncode}")
     with open(result_file) as f:
       res = json.load(f)
+  res["env"] = {k: env[k] for k in ("XLA_FLAGS", "GLIBC_TUNABLES", "OMP_NUM_THREADS") if k in env}
   res["wall_seconds"] = round(time.perf_counter() - t0, 1)
   res["loadavg_before"] = load_before
   res["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
@@ -492,6 +503,9 @@ def main(argv=None) -> int:
         f"transformers {v['transformers']}")
   print(f"steps {args.steps} x repeats {args.repeats} (median), warmup {args.warmup}; order: "
         + " then ".join(which) + ", separate subprocesses")
+  for w in results:
+    if results[w]["env"]:
+      print(f"{w} environment: " + ", ".join(f"{k}={v!r}" for k, v in results[w]["env"].items()))
   if args.json:
     with open(args.json, "w") as f:
       json.dump({"args": {k: v for k, v in vars(args).items()
