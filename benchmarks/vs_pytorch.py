@@ -47,8 +47,8 @@ Fairness:
   devices), plus ``--xla_flags`` if given; by default nothing else, i.e. XLA's
   own CPU defaults.  Ours runs on a 1x1 mesh of one CPU device.
   ``--malloc_hugepages`` sets ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` for
-  both subprocesses (off by default; see benchmarks/README.md for why it
-  matters to XLA:CPU and not to torch).
+  both subprocesses (off by default; the README's benchmark section says why
+  it matters to XLA:CPU and not to torch).
 * HF's ``labels`` are shifted inside the model, so its loss covers
   tgt_len - 1 positions per row and ours tgt_len; both count batch * tgt_len
   tokens per step.  HF initialises its memory with mem_len zero states (its
@@ -191,9 +191,8 @@ def run_ours(args) -> dict:
   """Times our jitted train step and eval step; returns the result dict."""
   sys.path.insert(0, REPO)
   import jax
-  import jax.numpy as jnp
   import numpy as np
-  from transformer_xl import default_config, evaluate, models, sharding, train
+  from transformer_xl import default_config, evaluate, models, sharding, train, train_state
 
   config = default_config.get_config()
   config.model.update(n_layer=args.n_layer, d_model=args.d_model, n_head=args.n_head,
@@ -206,13 +205,13 @@ def run_ours(args) -> dict:
                       num_steps=10**9, seed=args.seed)
   config.eval.update(tgt_len=args.eval_tgt_len, mem_len=args.eval_mem_len, clamp_len=0,
                      same_length=bool(args.eval_same_length), global_batch=args.eval_batch)
-  mcfg = train.model_config(config, args.vocab)
+  mcfg = default_config.model_config(config, args.vocab)
   mesh = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
   model = models.TransformerXL(mcfg)
-  tx = train.make_optimizer(config.train)
-  _, state_shardings = train.abstract_train_state(model, tx, args.batch, mesh)
-  state = train.create_train_state(model, tx, args.batch, mesh, jax.random.PRNGKey(args.seed),
-                                   state_shardings)
+  tx = train_state.make_optimizer(config.train)
+  _, state_shardings = train_state.abstract_train_state(model, tx, args.batch, mesh)
+  state = train_state.create_train_state(model, tx, args.batch, mesh,
+                                         jax.random.PRNGKey(args.seed), state_shardings)
   n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(state.params))
   out = {"n_params": n_params, "device": str(jax.devices()[0]),
          "xla_flags": os.environ.get("XLA_FLAGS", "")}
@@ -245,18 +244,14 @@ def run_ours(args) -> dict:
   if "eval" in phases:
     ecfg = evaluate.eval_model_config(config, mcfg)
     emodel = models.TransformerXL(ecfg)
-
-    def nll_step(params, memory, inputs, targets):
-      return emodel.apply({"params": params}, inputs, memory, targets, deterministic=True)
-
-    # As evaluate.Evaluator's step: memory sharded as the rows and donated.
+    eval_step = evaluate.make_eval_step(emodel, mesh)  # the Evaluator's step
     mem_sharding, batch_sharding = sharding.memory_sharding(mesh), sharding.batch_sharding(mesh)
-    eval_step = jax.jit(nll_step, in_shardings=(None, mem_sharding, batch_sharding, batch_sharding),
-                        out_shardings=(sharding.replicated(mesh), mem_sharding),
-                        donate_argnums=(1,))
     params = state.params
-    batches = [jax.device_put(b, batch_sharding)
-               for b in _token_batches(args, args.eval_batch, args.eval_tgt_len)]
+    batches = [jax.device_put(
+        {"inputs": x, "targets": y, "reset": np.zeros((args.eval_batch,), bool)},
+        {"inputs": batch_sharding, "targets": batch_sharding,
+         "reset": sharding.rows_sharding(mesh)})
+        for x, y in _token_batches(args, args.eval_batch, args.eval_tgt_len)]
     memory = jax.jit(lambda: models.init_memory(ecfg, args.eval_batch),
                      out_shardings=mem_sharding)()
     holder = {"memory": memory, "i": 0}
@@ -264,8 +259,7 @@ def run_ours(args) -> dict:
     def run_eval(n):
       mem, nll = holder["memory"], None
       for _ in range(n):
-        x, y = batches[holder["i"] % len(batches)]
-        nll, mem = eval_step(params, mem, x, y)
+        nll, mem = eval_step(params, mem, batches[holder["i"] % len(batches)])
         holder["i"] += 1
       jax.block_until_ready((nll, mem))
       holder["memory"] = mem

@@ -3,7 +3,7 @@ import numpy as np
 import jax
 import pytest
 
-from transformer_xl import datasets, evaluate, models, sharding, train
+from transformer_xl import datasets, default_config, evaluate, models, sharding, train_state
 from test_train import REPO, run_main, small_args, tiny_config, write_ptb_sample
 
 
@@ -11,12 +11,12 @@ from test_train import REPO, run_main, small_args, tiny_config, write_ptb_sample
 def setup():
   config = tiny_config()
   config.eval.update(tgt_len=5, mem_len=7, clamp_len=0, same_length=True, global_batch=8)
-  mcfg = train.model_config(config, 64)
+  mcfg = default_config.model_config(config, 64)
   model = models.TransformerXL(mcfg)
-  tx = train.make_optimizer(config.train)
+  tx = train_state.make_optimizer(config.train)
   mesh = sharding.make_mesh((4, 2), ("data", "model"))
-  _, shardings = train.abstract_train_state(model, tx, 8, mesh)
-  state = train.create_train_state(model, tx, 8, mesh, jax.random.PRNGKey(0), shardings)
+  _, shardings = train_state.abstract_train_state(model, tx, 8, mesh)
+  state = train_state.create_train_state(model, tx, 8, mesh, jax.random.PRNGKey(0), shardings)
   return config, mcfg, mesh, state.params
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from transformer_xl import default_config, main, models, sharding, train
+from transformer_xl import default_config, models, sharding, train_state
 from test_train import run_steps, tiny_config
 
 MESH3 = ((2, 2, 2), ("data", "fsdp", "model"))
@@ -13,9 +13,9 @@ MESH3 = ((2, 2, 2), ("data", "fsdp", "model"))
 def test_fsdp_shards_parameters_optimizer_state_and_rows():
   config = tiny_config()
   mesh = sharding.make_mesh(*MESH3)
-  model = models.TransformerXL(train.model_config(config, 64))
-  tx = train.make_optimizer(config.train)
-  _, shardings = train.abstract_train_state(model, tx, 8, mesh)
+  model = models.TransformerXL(default_config.model_config(config, 64))
+  tx = train_state.make_optimizer(config.train)
+  _, shardings = train_state.abstract_train_state(model, tx, 8, mesh)
   layers = shardings.params["layers"]
   assert layers["attn"]["qkv_net"]["kernel"].spec == P(None, "fsdp", None, "model", None)
   assert layers["pos_ff"]["ff_2"]["kernel"].spec == P(None, "model", "fsdp")
@@ -39,22 +39,6 @@ def test_fsdp_train_step_matches_single_device():
                                rtol=2e-4, atol=2e-6)
 
 
-def test_check_config_counts_fsdp_as_data_parallel():
-  c = default_config.get_config()
-  c.data.dataset = "ptb"
-  c.mesh.axis_names = ("data", "fsdp", "model")
-  c.mesh.shape = (2, 2, 2)
-  c.train.global_batch = 12
-  c.eval.global_batch = 8
-  assert main.check_config(c, 8) == (2, 2, 2)
-  c.train.global_batch = 10
-  with pytest.raises(main.ConfigError, match="data x fsdp = 4"):
-    main.check_config(c, 8)
-  c.mesh.axis_names = ("data", "model")
-  with pytest.raises(main.ConfigError, match="one size per axis"):
-    main.check_config(c, 8)
-
-
 @pytest.mark.parametrize("name,preset,devices,per_device", [
     ("enwik8_24l", "v3-32", 32, 2), ("text8_24l", "v4-32", 16, 4)])
 def test_slice_presets_give_valid_pod_configs(name, preset, devices, per_device):
@@ -66,11 +50,11 @@ def test_slice_presets_give_valid_pod_configs(name, preset, devices, per_device)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   c = module.get_config(preset)
-  assert main.check_config(c, devices) == (1, devices, 1)
+  assert default_config.validate(c, devices) == (1, devices, 1)
   assert presets.per_device_batch(c, devices) == per_device
   assert c.model.dtype == "bfloat16" and c.model.remat == "full"
   assert c.eval.global_batch == 8  # the paper's eval batch, padded by the evaluator
-  with pytest.raises(main.ConfigError):
-    main.check_config(c, devices // 2)  # the wrong slice is caught up front
+  with pytest.raises(default_config.ConfigError):
+    default_config.validate(c, devices // 2)  # the wrong slice is caught up front
   with pytest.raises(ValueError, match="Unknown TPU slice preset"):
     module.get_config("v9-7")

@@ -13,7 +13,7 @@ import orbax.checkpoint as ocp
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from transformer_xl import datasets, default_config, input_pipeline, main, models, sharding, train
+from transformer_xl import datasets, default_config, input_pipeline, models, sharding, train, train_state
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -28,11 +28,11 @@ def tiny_config(**train_kw):
 
 
 def run_steps(config, mesh, tokens, n_steps):
-  mcfg = train.model_config(config, 64)
+  mcfg = default_config.model_config(config, 64)
   model = models.TransformerXL(mcfg)
-  tx = train.make_optimizer(config.train)
-  _, shardings = train.abstract_train_state(model, tx, config.train.global_batch, mesh)
-  state = train.create_train_state(model, tx, config.train.global_batch, mesh,
+  tx = train_state.make_optimizer(config.train)
+  _, shardings = train_state.abstract_train_state(model, tx, config.train.global_batch, mesh)
+  state = train_state.create_train_state(model, tx, config.train.global_batch, mesh,
                                    jax.random.PRNGKey(0), shardings)
   step_fn = train.make_train_step(model, tx, mesh, shardings, config.train.batch_chunk, 7)
   it = input_pipeline.TrainIterator(datasets.ArraySource(tokens), config.train.global_batch,
@@ -70,9 +70,9 @@ def test_sharded_step_matches_single_device(tokens):
 def test_parameters_and_memory_are_sharded():
   config = tiny_config()
   mesh = sharding.make_mesh((4, 2), ("data", "model"))
-  model = models.TransformerXL(train.model_config(config, 64))
-  tx = train.make_optimizer(config.train)
-  _, shardings = train.abstract_train_state(model, tx, 8, mesh)
+  model = models.TransformerXL(default_config.model_config(config, 64))
+  tx = train_state.make_optimizer(config.train)
+  _, shardings = train_state.abstract_train_state(model, tx, 8, mesh)
   layers = shardings.params["layers"]
   assert layers["attn"]["qkv_net"]["kernel"].spec == P(None, None, None, "model", None)
   assert layers["pos_ff"]["ff_1"]["kernel"].spec == P(None, None, "model")
@@ -96,36 +96,6 @@ def test_gradient_accumulation_equals_full_batch():
   for a, b in zip(jax.tree_util.tree_leaves(state2), jax.tree_util.tree_leaves(state1)):
     np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64),
                                rtol=2e-4, atol=2e-6)
-
-
-def _ptb_config():
-  c = default_config.get_config()
-  c.data.dataset = "ptb"
-  c.train.global_batch = 16
-  c.eval.global_batch = 8
-  return c
-
-
-def test_check_config_errors():
-  assert main.check_config(_ptb_config(), 8) == (8, 1)
-  cases = [
-      (dict(mesh=dict(shape=(3, 1))), "has 3 devices but 8"),
-      (dict(mesh=dict(shape=(1, 8)), model=dict(n_head=12)), "n_head=12 is not divisible"),
-      (dict(mesh=dict(shape=(8, 1)), train=dict(global_batch=20)), "global_batch=20 is not divisible"),
-      (dict(eval=dict(global_batch=0)), "eval.global_batch=0 must be >= 1"),
-      (dict(mesh=dict(shape=(2, 4)), model=dict(n_head=6)), "n_head=6"),
-      (dict(eval=dict(mem_len=0, same_length=True)), "same_length=True needs eval.mem_len"),
-      (dict(data=dict(dataset="enwik9")), "data.dataset='enwik9'"),
-      (dict(model=dict(attn_type=2)), "attn_type=2"),
-      (dict(train=dict(batch_chunk=4)), "batch_chunk \\* data axis = 4 \\* 8"),
-  ]
-  for overrides, message in cases:
-    c = _ptb_config()
-    for section, values in overrides.items():
-      c[section].update(values)
-    with pytest.raises(main.ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")
-                       if "\\" not in message else message):
-      main.check_config(c, 8)
 
 
 # --------------------------------------------------------------------------- #

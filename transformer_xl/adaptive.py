@@ -8,8 +8,8 @@ modeling" (the same clustering on the input side, with embedding size
 ``d_embed // div_val**i`` for cluster i); Dai et al. 2019, reference
 ``mem_transformer.py`` (``AdaptiveEmbedding``) and
 ``utils/proj_adaptive_softmax.py`` (``ProjectedAdaptiveLogSoftmax``), whose
-semantics are followed here (see /work/shared/REFERENCE.md, "Adaptive
-softmax").
+semantics are followed here, including the order of the cluster columns
+and which projections are tied.
 
 Clusters.  With ``cutoffs = (c_0, ..., c_{C-1})`` the vocabulary is split
 into C + 1 clusters of contiguous ids: cluster 0 (the head's shortlist) is
@@ -58,46 +58,61 @@ from transformer_xl import attention
 Array = jax.Array
 
 
-def check_adaptive_config(n_token: int, d_embed: int, d_proj: int, cutoffs: Sequence[int],
-                          div_val: int, tie_projs: Sequence[bool] = ()) -> None:
-  """Validates the adaptive embedding / softmax hyperparameters.
+def config_problems(n_token: Optional[int], d_embed: int, d_proj: int, cutoffs: Sequence[int],
+                    div_val: int, tie_projs: Sequence[bool] = ()) -> list[str]:
+  """Every problem of the adaptive embedding / softmax hyperparameters.
 
   Args:
-    n_token: vocabulary size V.
+    n_token: vocabulary size V; None when it is not known yet (before the
+      corpus is loaded): the checks against it are skipped.
     d_embed: embedding size of cluster 0 (already resolved: > 0).
     d_proj: model width (d_model).
     cutoffs: cluster boundaries c_0 < c_1 < ... < c_{C-1} < n_token, all > 0.
     div_val: embedding size divisor per cluster (>= 1).
     tie_projs: () or one bool per cluster (len(cutoffs) + 1).
 
-  Raises:
-    ValueError: naming the offending ``model.*`` field and how to fix it.
+  Returns:
+    One message per problem, naming the ``model.*`` field and the fix; []
+    if none.
   """
-  cutoffs = tuple(cutoffs)
-  if n_token < 1:
-    raise ValueError(f"model.n_token={n_token} must be >= 1.")
+  cutoffs, problems = tuple(cutoffs), []
+  if n_token is not None and n_token < 1:
+    problems.append(f"model.n_token={n_token} must be >= 1.")
   if d_embed < 1 or d_proj < 1:
-    raise ValueError(f"model.d_embed={d_embed} and d_model={d_proj} must be >= 1 "
-                     "(set --config.model.d_embed=0 to use d_model).")
+    problems.append(f"model.d_embed={d_embed} and d_model={d_proj} must be >= 1 "
+                    "(set --config.model.d_embed=0 to use d_model).")
   if div_val < 1:
-    raise ValueError(f"model.div_val={div_val} must be >= 1 (1 = one embedding size for "
-                     "all clusters); set --config.model.div_val=1 or larger.")
+    problems.append(f"model.div_val={div_val} must be >= 1 (1 = one embedding size for "
+                    "all clusters); set --config.model.div_val=1 or larger.")
   if any(c <= 0 for c in cutoffs):
-    raise ValueError(f"model.cutoffs={cutoffs} must be positive token ids; drop the "
-                     "non-positive ones from --config.model.cutoffs.")
+    problems.append(f"model.cutoffs={cutoffs} must be positive token ids; drop the "
+                    "non-positive ones from --config.model.cutoffs.")
   if any(b <= a for a, b in zip(cutoffs, cutoffs[1:])):
-    raise ValueError(f"model.cutoffs={cutoffs} must be strictly increasing; sort them and "
-                     "remove duplicates in --config.model.cutoffs.")
-  if cutoffs and cutoffs[-1] >= n_token:
-    raise ValueError(f"model.cutoffs={cutoffs} must all be < n_token={n_token} (the last "
-                     "cluster ends at n_token implicitly); drop the cutoffs >= n_token.")
+    problems.append(f"model.cutoffs={cutoffs} must be strictly increasing; sort them and "
+                    "remove duplicates in --config.model.cutoffs.")
+  if n_token is not None and cutoffs and cutoffs[-1] >= n_token:
+    problems.append(f"model.cutoffs={cutoffs} must all be < n_token={n_token} (the last "
+                    "cluster ends at n_token implicitly); drop the cutoffs >= n_token.")
   if div_val > 1 and d_embed // div_val ** len(cutoffs) < 1:
-    raise ValueError(f"model.div_val={div_val} with d_embed={d_embed} and {len(cutoffs)} "
-                     f"cutoffs gives the last cluster an embedding size of 0; lower div_val "
-                     "or raise d_embed.")
+    problems.append(f"model.div_val={div_val} with d_embed={d_embed} and {len(cutoffs)} "
+                    f"cutoffs gives the last cluster an embedding size of 0; lower div_val "
+                    "or raise d_embed.")
   if len(tie_projs) not in (0, len(cutoffs) + 1):
-    raise ValueError(f"model.tie_projs={tuple(tie_projs)} must be empty (nothing tied) or "
-                     f"hold one bool per cluster, len(cutoffs) + 1 = {len(cutoffs) + 1}.")
+    problems.append(f"model.tie_projs={tuple(tie_projs)} must be empty (nothing tied) or "
+                    f"hold one bool per cluster, len(cutoffs) + 1 = {len(cutoffs) + 1}.")
+  return problems
+
+
+def check_adaptive_config(n_token: int, d_embed: int, d_proj: int, cutoffs: Sequence[int],
+                          div_val: int, tie_projs: Sequence[bool] = ()) -> None:
+  """Raises the problems of :func:`config_problems` (the modules' own guard).
+
+  Raises:
+    ValueError: naming the offending ``model.*`` fields and how to fix them.
+  """
+  problems = config_problems(n_token, d_embed, d_proj, cutoffs, div_val, tie_projs)
+  if problems:
+    raise ValueError(" ".join(problems))
 
 
 def cluster_bounds(n_token: int, cutoffs: Sequence[int]) -> tuple[int, ...]:

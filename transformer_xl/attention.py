@@ -16,7 +16,10 @@ and then left-shifted row by row (:func:`rel_shift`).
 
 Attention variants are looked up by the reference's ``attn_type`` number in
 :data:`ATTENTION_TYPES`; all share the call signature of
-:class:`RelPartialLearnableAttention`.
+:class:`RelPartialLearnableAttention`.  The projections' outputs are tagged
+with ``checkpoint_name`` ("qkv", "r_head_k", "attn_out") so that a remat
+policy can keep them and recompute the [B, H, T, K] scores
+(``models.REMAT_POLICIES``).
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from typing import Any, Optional
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 Array = jax.Array
 Dtype = Any
@@ -94,8 +98,8 @@ def attention_mask(tgt_len: int, mem_len: int, mlen_B: Array, same_length: bool)
   makes a fresh stream behave exactly like the reference's empty memory),
   followed by the T segment positions.  Query i may attend key j iff
   ``0 <= i + M - j`` (causal) and, with ``same_length``, ``i + M - j < M``
-  so that every query sees at most mem_len keys (reference: triu(1 + mlen) +
-  tril(-mask_shift_len); see shared/REFERENCE.md, "Masks").
+  so that every query sees at most mem_len keys (the reference's
+  ``triu(1 + mlen) + tril(-mask_shift_len)`` in ``MemTransformerLM._forward``).
 
   Args:
     tgt_len: T, queries per segment.
@@ -164,6 +168,7 @@ class RelPartialLearnableAttention(nn.Module):
         param_dtype=self.param_dtype,
         kernel_init=normal_init(self.init_std, "embed", None, "heads", "kv"),
         name="qkv_net")(cat_BxKxD)
+    qkv_BxKx3xHxDh = checkpoint_name(qkv_BxKx3xHxDh, "qkv")
     q_BxTxHxDh = qkv_BxKx3xHxDh[:, -tgt_len:, 0]
     k_BxKxHxDh = qkv_BxKx3xHxDh[:, :, 1]
     v_BxKxHxDh = qkv_BxKx3xHxDh[:, :, 2]
@@ -172,6 +177,7 @@ class RelPartialLearnableAttention(nn.Module):
         param_dtype=self.param_dtype,
         kernel_init=normal_init(self.init_std, "embed", "heads", "kv"),
         name="r_net")(pos_emb_KxD.astype(self.dtype))
+    r_KxHxDh = checkpoint_name(r_KxHxDh, "r_head_k")
 
     u = r_w_bias_HxDh.astype(self.dtype)
     v = r_r_bias_HxDh.astype(self.dtype)
@@ -187,28 +193,15 @@ class RelPartialLearnableAttention(nn.Module):
     prob_BxHxTxK = nn.Dropout(self.dropatt)(prob_BxHxTxK, deterministic=self.deterministic)
 
     vec_BxTxHxDh = jnp.einsum("bhij,bjhd->bihd", prob_BxHxTxK, v_BxKxHxDh)
-    return nn.DenseGeneral(
+    out_BxTxD = nn.DenseGeneral(
         self.d_model, axis=(-2, -1), use_bias=False, dtype=self.dtype,
         param_dtype=self.param_dtype,
         kernel_init=normal_init(self.init_std, "heads", "kv", "embed"),
         name="o_net")(vec_BxTxHxDh)
+    return checkpoint_name(out_BxTxD, "attn_out")
 
 
 # attn_type (reference numbering) -> attention module.  Types 1-3 (Shaw et
 # al., absolute per layer, absolute at the input: the ablations of Table 6)
-# are not implemented yet; get_attention() rejects them with a clear error.
+# are not implemented yet; models.config_problems rejects them up front.
 ATTENTION_TYPES = {0: RelPartialLearnableAttention}
-
-
-def get_attention(attn_type: int):
-  """The attention module class for the reference's ``attn_type`` number.
-
-  Raises:
-    ValueError: attn_type is not one of :data:`ATTENTION_TYPES`.
-  """
-  if attn_type not in ATTENTION_TYPES:
-    raise ValueError(
-        f"attn_type={attn_type} is not available; implemented: "
-        f"{sorted(ATTENTION_TYPES)} (0 = Transformer-XL relative attention, "
-        "Dai et al. 2019 Sec. 3.3). Set --config.model.attn_type=0.")
-  return ATTENTION_TYPES[attn_type]

@@ -1,35 +1,39 @@
-"""The full configuration schema with defaults; configs/*.py start from it.
+"""The configuration schema with defaults, and its validation in one place.
 
 Every key that a config file or a ``--config.key=value`` flag may set is
 defined here, and :func:`get_config` locks the dict so that a misspelt key is
-an error instead of a silently ignored setting.  Model keys use the
-reference implementation's names (Dai et al. 2019, ``train.py`` arguments).
+an error instead of a silently ignored setting.  The ``model`` section is
+derived from :class:`models.ModelConfig` (the one definition of the model's
+hyperparameters, with the reference implementation's names).
+:func:`validate` checks a whole config before anything is compiled and
+raises one :class:`ConfigError` that lists every problem.
 """
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
 import ml_collections
+
+from transformer_xl import datasets, models, sharding
+
+
+class ConfigError(ValueError):
+  """A config value that cannot work; the message says which and how to fix it."""
 
 
 def get_config() -> ml_collections.ConfigDict:
-  """Defaults: the enwik8 12-layer base model (reference ``run_enwik8_base.sh``)."""
-  c = ml_collections.ConfigDict()
+  """Defaults: the enwik8 12-layer base model (reference ``run_enwik8_base.sh``).
 
-  c.model = ml_collections.ConfigDict(dict(
-      n_layer=12, d_model=512, n_head=8, d_head=64, d_inner=2048,
-      dropout=0.1, dropatt=0.0,
-      tgt_len=512, mem_len=512, ext_len=0, clamp_len=0, same_length=False,
-      pre_lnorm=False, untie_r=False, tie_weight=True, attn_type=0,
-      init_std=0.02,
-      dtype="float32",   # compute dtype: "float32" or "bfloat16" (params stay float32)
-      remat="none",      # "none" | "full" | "dots"
-      # Adaptive input / softmax (Baevski & Auli 2018; Grave et al. 2016), reference names:
-      d_embed=0,         # embedding size of the first cluster; 0 = d_model
-      div_val=1,         # cluster i embeds in d_embed // div_val**i dims
-      cutoffs=(),        # e.g. --config.model.cutoffs="(20000, 40000, 200000)"; () = dense softmax
-      tie_projs=(),      # () or len(cutoffs)+1 bools, e.g. "(False, True, True, True)"
-      proj_init_std=0.01,
-  ))
+  Sections: ``model`` (:class:`models.ModelConfig` without n_token),
+  ``data``, ``train``, ``eval``, ``checkpoint``, ``mesh``, ``paper``.
+  """
+  c = ml_collections.ConfigDict()
+  # e.g. --config.model.cutoffs="(20000, 40000, 200000)"; meanings: models.ModelConfig.
+  c.model = ml_collections.ConfigDict(models.ModelConfig.defaults())
 
   c.data = ml_collections.ConfigDict(dict(
-      dataset="enwik8",  # enwik8 | text8 | ptb | ptb_char | wikitext2 | wikitext103
+      dataset="enwik8",  # one of datasets.CORPUS_NAMES
       data_dir=ml_collections.FieldReference(None, field_type=str),    # tfds data dir (default ~/tensorflow_datasets)
       manual_dir=ml_collections.FieldReference(None, field_type=str),  # where source files already on disk are
       download=True,
@@ -73,3 +77,90 @@ def get_config() -> ml_collections.ConfigDict:
   ))
   c.lock()
   return c
+
+
+def validate(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, ...]:
+  """Checks the whole config against itself and the devices.
+
+  Everything that does not need the corpus is checked here, before data
+  are loaded or anything is compiled; the vocabulary-dependent checks
+  (cutoffs < n_token) follow in :func:`model_config`.
+
+  Args:
+    config: a config from :func:`get_config` (or a configs/*.py file).
+    num_devices: devices the mesh must cover (``jax.device_count()``).
+
+  Returns:
+    The mesh shape, with -1 resolved.
+
+  Raises:
+    ConfigError: listing every problem (sizes that do not fit together,
+      values out of range, unknown names), each with its fix.
+  """
+  m, t, e = config.model, config.train, config.eval
+  problems, mesh_shape = [], None
+  try:
+    mesh_shape = sharding.check_mesh(config.mesh.shape, config.mesh.axis_names, num_devices)
+  except ValueError as err:
+    problems.append(str(err))
+  if mesh_shape is not None:
+    sizes = dict(zip(config.mesh.axis_names, mesh_shape))
+    n_data, n_model = sizes["data"] * sizes.get("fsdp", 1), sizes["model"]
+    if m.n_head % n_model:
+      problems.append(f"model.n_head={m.n_head} is not divisible by the 'model' mesh axis "
+                      f"({n_model}); set --config.mesh.shape so the model axis divides n_head.")
+    if t.global_batch % n_data:
+      problems.append(f"train.global_batch={t.global_batch} is not divisible by the "
+                      f"data-parallel mesh axes (data x fsdp = {n_data}); use a multiple of "
+                      f"{n_data} or change --config.mesh.shape.")
+    elif t.batch_chunk < 1 or t.global_batch % (t.batch_chunk * n_data):
+      problems.append(f"train.global_batch={t.global_batch} must be divisible by "
+                      f"train.batch_chunk * data axis = {t.batch_chunk} * {n_data}.")
+  problems += models.config_problems(m.to_dict())
+  if m.ext_len:
+    problems.append(f"model.ext_len={m.ext_len}: extended context is not supported by the "
+                    "input pipeline; set --config.model.ext_len=0 (all reference scripts do).")
+  problems += models.segment_problems(e.tgt_len, e.mem_len, e.clamp_len, e.same_length,
+                                      section="eval")
+  if e.global_batch < 1:
+    problems.append(f"eval.global_batch={e.global_batch} must be >= 1.")
+  if config.data.dataset not in datasets.CORPUS_NAMES:
+    problems.append(f"data.dataset={config.data.dataset!r}: choose one of "
+                    f"{sorted(datasets.CORPUS_NAMES)}.")
+  if t.num_steps < 1 or t.log_every < 1 or config.checkpoint.every_steps < 1:
+    problems.append("train.num_steps, train.log_every and checkpoint.every_steps must be >= 1.")
+  if config.checkpoint.max_to_keep < 1:
+    problems.append(f"checkpoint.max_to_keep={config.checkpoint.max_to_keep} must be >= 1.")
+  if not t.learning_rate > 0 or t.min_lr < 0 or t.warmup_steps < 0:
+    problems.append(f"train.learning_rate={t.learning_rate} must be > 0, train.min_lr="
+                    f"{t.min_lr} and train.warmup_steps={t.warmup_steps} >= 0.")
+  if not t.clip > 0:
+    problems.append(f"train.clip={t.clip} must be > 0 (the gradient-norm clip; reference 0.25).")
+  if t.eval_every < 0 or t.eval_max_steps < 0:
+    problems.append("train.eval_every and train.eval_max_steps must be >= 0 (0 = never / all).")
+  if problems:
+    raise ConfigError("Invalid config:\n  - " + "\n  - ".join(problems))
+  return mesh_shape
+
+
+def model_config(config: ml_collections.ConfigDict, n_token: int) -> models.ModelConfig:
+  """The training :class:`models.ModelConfig` of ``config.model`` for a vocabulary.
+
+  Raises:
+    ConfigError: the model settings do not fit this vocabulary (e.g.
+      cutoffs >= n_token), or are invalid.
+  """
+  try:
+    return models.ModelConfig(n_token=n_token, **config.model.to_dict())
+  except ValueError as err:
+    raise ConfigError(f"Invalid config for a vocabulary of {n_token:,}: {err}") from None
+
+
+def set_model_config(config: ml_collections.ConfigDict, model_cfg: models.ModelConfig) -> None:
+  """Writes every field of ``model_cfg`` but n_token into ``config.model``
+  (the inverse of :func:`model_config`; used by the converter)."""
+  fields = dataclasses.asdict(model_cfg)
+  fields.pop("n_token")
+  fields["d_embed"] = int(fields["d_embed"] or 0)
+  config.model.update({k: tuple(v) if isinstance(v, Sequence) and not isinstance(v, str) else v
+                       for k, v in fields.items()})

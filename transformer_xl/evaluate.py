@@ -1,24 +1,29 @@
-"""Scoring a split with the evaluation settings (Dai et al. 2019, Sec. 3.2, 4).
+"""Scoring with the evaluation settings (Dai et al. 2019, Sec. 3.2, 4).
 
 Evaluation uses its own segment length, memory length, clamp_len and
 same_length (``config.eval``; longer memory than in training, as in the
-paper), the training parameters, and no dropout.  Every token of the split
-is scored exactly once, the tail included (input_pipeline.EvalIterator);
-rows carry their memory from segment to segment, starting empty.
+paper), the training parameters, and no dropout.  Rows carry their memory
+from segment to segment, starting empty.  Three entry points:
+
+  :meth:`Evaluator.evaluate`  a corpus split, every token scored exactly
+                              once, the tail included (``--mode=eval`` and
+                              validation during training);
+  :meth:`Evaluator.score`     per-token NLL of given token streams
+                              (``--mode=score``);
+  :func:`run_eval`, :func:`run_score`  the command-line modes.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Optional
 
 import jax
-from etils import epath
 import ml_collections
 import numpy as np
 from jax.sharding import Mesh
 
-from transformer_xl import datasets, input_pipeline, models, sharding
+from transformer_xl import datasets, default_config, input_pipeline, metrics, models, sharding
+from transformer_xl import workdir as wd
 
 
 def eval_model_config(config: ml_collections.ConfigDict, train_cfg: models.ModelConfig
@@ -30,8 +35,35 @@ def eval_model_config(config: ml_collections.ConfigDict, train_cfg: models.Model
                              dropout=0.0, dropatt=0.0, ext_len=0)
 
 
+def make_eval_step(model: models.TransformerXL, mesh: Mesh) -> Callable:
+  """The jitted eval step: (params, memory, batch) -> (nll_BxT, memory).
+
+  ``batch``: ``inputs``/``targets`` int32 [B, T] and ``reset`` bool [B]
+  (rows whose memory is emptied first), global arrays with the batch
+  shardings.  ``nll_BxT`` is float32, nats, replicated (it is small, so
+  every process can read all of it); the memory stays sharded over the
+  rows and is donated.  No dropout.
+  """
+  batch_shardings = {"inputs": sharding.batch_sharding(mesh),
+                     "targets": sharding.batch_sharding(mesh),
+                     "reset": sharding.rows_sharding(mesh)}
+  mem_sharding = sharding.memory_sharding(mesh)
+
+  def eval_step(params, memory, batch):
+    return model.apply({"params": params}, batch["inputs"], memory, batch["targets"],
+                       deterministic=True, reset_B=batch["reset"])
+
+  return jax.jit(eval_step, in_shardings=(None, mem_sharding, batch_shardings),
+                 out_shardings=(sharding.replicated(mesh), mem_sharding), donate_argnums=(1,))
+
+
 class Evaluator:
   """Scores token streams with the eval settings; one compiled step, reused.
+
+  Any number of rows works on any mesh: rows are padded to a multiple of
+  the data-parallel size with dummy rows of weight 0 (so the reference's
+  eval batch of 10 runs on any slice); each process reads only its own
+  real rows.
 
   Args:
     config: full config (``eval`` section used).
@@ -50,19 +82,13 @@ class Evaluator:
     self._batch_sharding = sharding.batch_sharding(mesh)
     self._mem_sharding = sharding.memory_sharding(mesh)
     self._init_memory = {}  # batch size -> jitted constructor
-    batch_shardings = {k: self._batch_sharding for k in ("inputs", "targets")}
-    batch_shardings["reset"] = sharding.rows_sharding(mesh)
+    self._eval_step = make_eval_step(self.model, mesh)
 
-    def nll_step(params, memory, batch):
-      memory = models.reset_memory(memory, batch["reset"])
-      return self.model.apply({"params": params}, batch["inputs"], memory, batch["targets"],
-                              deterministic=True)
-
-    # Per-token NLL comes back replicated (it is small), so every process
-    # can read all of it; the memory stays sharded and is donated.
-    self._nll_step = jax.jit(
-        nll_step, in_shardings=(None, self._mem_sharding, batch_shardings),
-        out_shardings=(sharding.replicated(mesh), self._mem_sharding), donate_argnums=(1,))
+  def _rows(self, b: int) -> tuple[int, list[int]]:
+    """(b padded to the data-parallel size, the padded rows this process holds)."""
+    n_data = sharding.data_parallel_size(self.mesh)
+    b_pad = -(-b // n_data) * n_data
+    return b_pad, input_pipeline.process_row_ids(self._batch_sharding, b_pad, self.cfg.tgt_len)
 
   def _empty_memory(self, batch_size: int) -> models.Memory:
     """Empty eval memory for ``batch_size`` rows, made on the devices (one
@@ -79,24 +105,19 @@ class Evaluator:
       {"loss_nats": mean NLL per token (nats), "bpc" or "ppl": ...,
        "tokens": number of scored tokens}.
     """
-    from transformer_xl import train  # metric helpers
-    # The eval batch need not divide the data-parallel size: rows are padded
-    # with dummy rows of weight 0 (the reference's eval batch of 10 works on
-    # any slice).  Each process reads only its own real rows.
     source, b, seg = self.corpus.splits[split], self.global_batch, self.cfg.tgt_len
-    b_pad = -(-b // sharding.data_parallel_size(self.mesh)) * sharding.data_parallel_size(self.mesh)
-    rows = input_pipeline.process_row_ids(self._batch_sharding, b_pad, seg)
+    b_pad, rows = self._rows(b)
     real = [r for r in rows if r < b]
-    num_steps = len(input_pipeline.EvalIterator(source, b, seg, self.corpus.boundary_id, row_ids=[0]))
+    num_steps = len(input_pipeline.EvalIterator(source, b, seg, self.corpus.boundary_id,
+                                                row_ids=[0]))
+    if max_steps:
+      num_steps = min(num_steps, max_steps)
     it = (input_pipeline.EvalIterator(source, b, seg, self.corpus.boundary_id, row_ids=real)
           if real else None)
     n_dummy = len(rows) - len(real)
     memory = self._empty_memory(b_pad)
-    nll_sum, n_tok = 0.0, 0.0
     pending = []  # (nll on device, weights) of steps not yet summed
     for i in range(num_steps):
-      if max_steps and i >= max_steps:
-        break
       local = next(it) if it is not None else None
       if n_dummy:
         dummy = {"inputs": np.zeros((n_dummy, seg), np.int32),
@@ -107,15 +128,16 @@ class Evaluator:
                                              for k in dummy}
       batch = input_pipeline.to_global_batch(local, self._batch_sharding, b_pad)
       weights = batch.pop("weights")
-      nll_BxT, memory = self._nll_step(params, memory, batch)
+      nll_BxT, memory = self._eval_step(params, memory, batch)
       pending.append((nll_BxT, weights))
+    nll_sum, n_tok = 0.0, 0.0
     for nll_BxT, w_BxT in pending:  # float64 sums over every scored token
       w = np.asarray(jax.device_get(_fully_replicated(w_BxT)), np.float64)
       nll_sum += float(np.sum(np.asarray(jax.device_get(nll_BxT), np.float64) * w))
       n_tok += float(w.sum())
     loss = nll_sum / max(n_tok, 1.0)
-    metric = train.metric_name(self.corpus.unit)
-    return {"loss_nats": loss, metric: train.metric_value(loss, self.corpus.unit),
+    metric = metrics.metric_name(self.corpus.unit)
+    return {"loss_nats": loss, metric: metrics.metric_value(loss, self.corpus.unit),
             "tokens": int(round(n_tok))}
 
   def score(self, params: Any, tokens_BxT1: np.ndarray) -> np.ndarray:
@@ -123,9 +145,9 @@ class Evaluator:
 
     Row b of ``tokens_BxT1`` is one stream; segments of the eval tgt_len go
     left to right, carrying a memory of the eval mem_len that starts empty.
-    Rows are padded to a multiple of the data-parallel size and the last
-    segment to tgt_len; padding comes after the real tokens of a row, so it
-    cannot change their scores (causality), and is cut off.
+    Padding (rows, and the last segment to tgt_len) comes after the real
+    tokens of a row, so it cannot change their scores (causality), and is
+    cut off.
 
     Args:
       params: model parameters.
@@ -147,19 +169,18 @@ class Evaluator:
                        f"[{tokens.min()}, {tokens.max()}].")
     b, t1 = tokens.shape
     t, seg = t1 - 1, self.cfg.tgt_len
-    n_data = sharding.data_parallel_size(self.mesh)
-    b_pad, n_seg = -(-b // n_data) * n_data, -(-t // seg)
+    b_pad, rows = self._rows(b)
+    n_seg = -(-t // seg)
     padded = np.zeros((b_pad, n_seg * seg + 1), np.int32)
     padded[:b, :t1] = tokens
     memory = self._empty_memory(b_pad)
-    rows = input_pipeline.process_row_ids(self._batch_sharding, b_pad, seg)
     out = []
     for s in range(n_seg):
       local = {"inputs": padded[rows, s * seg:(s + 1) * seg],
                "targets": padded[rows, s * seg + 1:(s + 1) * seg + 1],
                "reset": np.full((len(rows),), s == 0)}
       batch = input_pipeline.to_global_batch(local, self._batch_sharding, b_pad)
-      nll_BxT, memory = self._nll_step(params, memory, batch)
+      nll_BxT, memory = self._eval_step(params, memory, batch)
       out.append(nll_BxT)
     return np.concatenate([np.asarray(jax.device_get(x)) for x in out], axis=1)[:b, :t].astype(
         np.float32)
@@ -173,9 +194,56 @@ def _fully_replicated(x: jax.Array) -> jax.Array:
       x.sharding.mesh, jax.sharding.PartitionSpec()))(x)
 
 
-def write_results(workdir: str, results: Mapping[str, Mapping[str, Any]]) -> str:
-  """Writes ``<workdir>/eval_results.json`` (process 0) and returns its path."""
-  path = epath.Path(workdir) / "eval_results.json"
+def run_eval(config: ml_collections.ConfigDict, workdir: str, corpus: datasets.Corpus,
+             mesh: Mesh) -> dict:
+  """``--mode=eval``: scores valid and test from the latest checkpoint.
+
+  Writes ``<workdir>/eval_results.json``: {"valid": {...}, "test": {...},
+  "step": int}, each split's dict as :meth:`Evaluator.evaluate` returns it.
+
+  Raises:
+    FileNotFoundError: no checkpoint in ``workdir``.
+  """
+  model_cfg = default_config.model_config(config, corpus.vocab_size)
+  step, params = wd.restore_params(config, workdir, model_cfg, mesh)
+  evaluator = Evaluator(config, model_cfg, corpus, mesh)
+  metric = metrics.metric_name(corpus.unit)
+  results = {}
+  for split in ("valid", "test"):
+    r = results[split] = evaluator.evaluate(params, split)
+    metrics.log(f"step {step} {split}: loss {r['loss_nats']:.4f} nats, {metric} "
+                f"{r[metric]:.4f} over {r['tokens']:,} tokens")
+  results["step"] = int(step)
+  metrics.log(f"Wrote {wd.write_eval_results(workdir, results)}")
+  return results
+
+
+def text_tokens(corpus: datasets.Corpus, text: str) -> np.ndarray:
+  """int32 [1, N + 1]: the boundary symbol, then ``text`` tokenised for the
+  corpus (N tokens), so that :meth:`Evaluator.score` scores every token."""
+  ids = datasets.encode_text(corpus, text)
+  return np.concatenate([[corpus.boundary_id], ids]).astype(np.int32)[None, :]
+
+
+def run_score(config: ml_collections.ConfigDict, workdir: str, mesh: Mesh,
+              tokens_BxT1: np.ndarray, out_path: str) -> dict:
+  """``--mode=score``: per-token NLL of token streams with the workdir's model.
+
+  Writes float32 [B, T] nats to ``out_path`` (.npy) and returns (and
+  prints) the mean loss in nats, bpc and ppl over all B*T tokens.
+
+  Raises:
+    ValueError: a bad token array (:meth:`Evaluator.score`);
+    FileNotFoundError: no model_config.json or checkpoint.
+  """
+  model_cfg, unit = wd.load_model_config(workdir)
+  step, params = wd.restore_params(config, workdir, model_cfg, mesh)
+  nll_BxT = Evaluator(config, model_cfg, None, mesh).score(params, tokens_BxT1)
   if jax.process_index() == 0:
-    path.write_text(json.dumps(results, indent=2, sort_keys=True))
-  return str(path)
+    np.save(out_path, nll_BxT)
+  loss = float(np.mean(nll_BxT, dtype=np.float64))
+  result = {"loss_nats": loss, "bpc": loss / float(np.log(2.0)), "ppl": float(np.exp(loss)),
+            "tokens": int(nll_BxT.size), "step": int(step)}
+  metrics.log(f"step {step}: scored {nll_BxT.size:,} tokens ({unit} level): loss {loss:.4f} "
+              f"nats, bpc {result['bpc']:.4f}, ppl {result['ppl']:.3f}; wrote {out_path}")
+  return result

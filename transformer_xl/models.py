@@ -1,36 +1,73 @@
 """The Transformer-XL language model (Dai et al. 2019) as pure Flax modules.
 
-The memory is explicit state, never a mutable collection:
-``Memory(mems_LxBxMxD, mlen_B)`` goes in, the next ``Memory`` comes out.
-``mems_LxBxMxD[l]`` holds the cached *inputs* of layer l for the last M =
-mem_len positions, right-aligned; ``mlen_B[b]`` counts how many of those
-slots hold states (0 at the start of a stream: empty slots are masked, so a
-fresh stream behaves exactly like the reference, which starts with no
-memory, while shapes stay static).
+The memory (Sec. 3.2) is explicit state, never a mutable collection:
+``Memory(mems_LxBxMxD, mlen_B)`` goes into every call and the next
+``Memory`` comes out.  ``mems_LxBxMxD[l]`` caches the *inputs* of layer l for
+the last M = mem_len positions, right-aligned; ``mlen_B[b]`` counts how many
+of those slots hold states (0 at the start of a stream: empty slots are
+masked, so a fresh stream behaves exactly like the reference implementation,
+which starts with no memory, while shapes stay static).
 
-The whole memory path is in :meth:`DecoderLayer.__call__` (read, concat,
-stop-gradient, truncate, return) and :meth:`TransformerXL.__call__` (valid
-counts).  The layer stack is one ``nn.scan`` whose scanned input is the
-memory and whose scanned output is the new memory.
+The whole memory path, in the order a segment meets it:
+
+  reset      :func:`reset_memory`, first thing in :meth:`TransformerXL.hidden`:
+             rows flagged ``reset_B`` get ``mlen_B = 0`` (a new stream).
+  read       ``nn.scan`` over layers hands layer l its slice
+             ``mems_LxBxMxD[l]`` (scanned input) in :meth:`TransformerXL.hidden`.
+  concat     :meth:`DecoderLayer.__call__`: ``[SG(m) o h]`` ...
+  stop-grad  ... with ``jax.lax.stop_gradient`` on the memory (no gradient
+             ever flows into a previous segment);
+  truncate   ... keeping the last M inputs (the reference's ``end - M .. end``
+             window, ``end = M + T - ext_len``) as the layer's new memory;
+  return     the scan stacks the layers' new memories (scanned output) and
+             :func:`advance_mlen` counts the valid slots; both go out as the
+             next :class:`Memory`.
+
+The layer stack is one ``nn.scan`` (parameters stacked on a leading
+``layers`` axis); each layer may be rematerialised with a named policy
+(:data:`REMAT_POLICIES`).
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from transformer_xl import adaptive, attention
 
 Array = jax.Array
 
+DTYPES = ("float32", "bfloat16")
+
+# Names that attention.py and PositionwiseFF tag with checkpoint_name: every
+# projection's output.  The [B, H, T, K] scores and probabilities are not in
+# this list, so the "save_*" policies recompute them in the backward pass.
+PROJ_NAMES = ("qkv", "r_head_k", "attn_out", "ff_1", "ff_2")
+
+# model.remat -> the jax.checkpoint policy of each layer (MaxText's pattern;
+# None = save nothing, recompute the whole layer).
+REMAT_POLICIES = {
+    "none": None,   # no rematerialisation at all
+    "full": None,   # save only the layer's inputs
+    "dots": jax.checkpoint_policies.checkpoint_dots,  # every matmul, scores included
+    "save_qkv_proj": jax.checkpoint_policies.save_only_these_names("qkv", "r_head_k"),
+    "save_proj": jax.checkpoint_policies.save_only_these_names(*PROJ_NAMES),
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Hyperparameters, with the reference implementation's names and meanings.
+  """The model's hyperparameters: the one definition of their names and defaults.
+
+  ``default_config.get_config().model`` is derived from these fields (all
+  but ``n_token``, which comes from the corpus); the names and meanings are
+  the reference implementation's (``train.py`` arguments).  The defaults
+  are the enwik8 12-layer base model.
 
   Attributes:
     n_token: vocabulary size.
@@ -49,7 +86,16 @@ class ModelConfig:
     untie_r: per-layer u, v (``r_w_bias``, ``r_r_bias``) instead of shared.
     tie_weight: output softmax weights shared with the input embedding
       (all cluster tables with the adaptive softmax).
-    d_embed: embedding size of the first cluster; 0 or None means d_model.
+    attn_type: attention variant (0 = the paper's; see attention.py).
+    init_std: std of weight, embedding and u/v initialisation (0.02).
+    dtype: compute dtype name, one of :data:`DTYPES`; parameters are
+      float32; softmax and loss are float32.
+    remat: rematerialisation policy of each layer in the backward pass, a
+      key of :data:`REMAT_POLICIES`: "none", "full" (recompute the layer),
+      "dots" (keep every matmul output), "save_qkv_proj" (keep the q, k, v
+      and W_kR R projections), "save_proj" (keep every projection; the
+      [B, H, T, K] scores are recomputed).
+    d_embed: embedding size of the first cluster; 0 (or None) = d_model.
       With d_embed != d_model the embedding and softmax are projected
       (reference ``d_embed``).
     div_val: cluster i embeds in ``d_embed // div_val**i`` dimensions
@@ -61,12 +107,10 @@ class ModelConfig:
       (reference ``tie_projs``; wt103 uses (False, True, True, True)).  A
       no-op where there is no projection (div_val == 1, d_embed == d_model).
     proj_init_std: std of the embedding/softmax projection init (0.01).
-    attn_type: attention variant (0 = the paper's; see attention.py).
-    init_std: std of weight, embedding and u/v initialisation (0.02).
-    dtype: compute dtype name ("float32" or "bfloat16"); parameters are
-      float32; softmax and loss are float32.
-    remat: rematerialise each layer in the backward pass
-      ("none", "full" or "dots" = keep matmul outputs).
+
+  Raises:
+    ValueError (on construction): every problem :func:`config_problems`
+      finds, in one message.
   """
 
   n_token: int
@@ -89,24 +133,23 @@ class ModelConfig:
   init_std: float = 0.02
   dtype: str = "float32"
   remat: str = "none"
-  d_embed: Optional[int] = None
+  d_embed: Optional[int] = 0
   div_val: int = 1
   cutoffs: tuple = ()
   tie_projs: tuple = ()
   proj_init_std: float = 0.01
 
   def __post_init__(self):
-    """Normalises cutoffs / tie_projs to tuples and validates the adaptive fields.
-
-    Raises:
-      ValueError: cutoffs not strictly increasing or not < n_token, div_val
-        < 1, len(tie_projs) not in {0, len(cutoffs) + 1} (see
-        :func:`adaptive.check_adaptive_config`).
-    """
     object.__setattr__(self, "cutoffs", tuple(int(c) for c in (self.cutoffs or ())))
     object.__setattr__(self, "tie_projs", tuple(bool(t) for t in (self.tie_projs or ())))
-    adaptive.check_adaptive_config(self.n_token, self.embed_dim, self.d_model, self.cutoffs,
-                                   self.div_val, self.tie_projs)
+    problems = config_problems(dataclasses.asdict(self))
+    if problems:
+      raise ValueError("Invalid model config: " + " ".join(problems))
+
+  @classmethod
+  def defaults(cls) -> dict[str, Any]:
+    """{field: default} for every field but n_token (``default_config.model``)."""
+    return {f.name: f.default for f in dataclasses.fields(cls) if f.name != "n_token"}
 
   @property
   def embed_dim(self) -> int:
@@ -117,6 +160,68 @@ class ModelConfig:
   def compute_dtype(self):
     """``dtype`` as a numpy dtype."""
     return jnp.dtype(self.dtype)
+
+
+def segment_problems(tgt_len: int, mem_len: int, clamp_len: int, same_length: bool,
+                     ext_len: int = 0, section: str = "model") -> list[str]:
+  """Problems of a segment layout (training ``model.*`` or ``eval.*``).
+
+  Returns:
+    One message per problem, naming ``<section>.<key>`` and the fix; [] if
+    none.
+  """
+  problems = []
+  if tgt_len < 1 or mem_len < 0 or clamp_len < 0:
+    problems.append(f"{section}: tgt_len must be >= 1 and mem_len, clamp_len >= 0 (got "
+                    f"{tgt_len}, {mem_len}, {clamp_len}).")
+  if same_length and mem_len < 1:
+    problems.append(f"{section}.same_length=True needs {section}.mem_len >= 1 (with no memory "
+                    "every key would be masked).")
+  if not 0 <= ext_len < max(tgt_len, 1):
+    problems.append(f"{section}.ext_len={ext_len} must be in [0, tgt_len={tgt_len}).")
+  return problems
+
+
+def config_problems(fields: Mapping[str, Any]) -> list[str]:
+  """Every problem of a set of model hyperparameters, before anything is built.
+
+  Args:
+    fields: ModelConfig fields by name (e.g. ``config.model.to_dict()``);
+      without ``n_token`` (the vocabulary is not known before the corpus is
+      loaded) the checks that need it are skipped.
+
+  Returns:
+    One message per problem, naming ``model.<key>`` and the fix; [] if none.
+  """
+  f = {**ModelConfig.defaults(), **fields}
+  problems = []
+  for key in ("n_layer", "d_model", "n_head", "d_head", "d_inner"):
+    if f[key] < 1:
+      problems.append(f"model.{key}={f[key]} must be >= 1.")
+  if f["d_model"] % 2:
+    problems.append(f"model.d_model={f['d_model']} must be even (sinusoid encoding).")
+  problems += segment_problems(f["tgt_len"], f["mem_len"], f["clamp_len"], f["same_length"],
+                               f["ext_len"])
+  for key in ("dropout", "dropatt"):
+    if not 0.0 <= f[key] < 1.0:
+      problems.append(f"model.{key}={f[key]} must be in [0, 1).")
+  if f["dtype"] not in DTYPES:
+    problems.append(f"model.dtype={f['dtype']!r}: use one of {DTYPES}.")
+  if f["remat"] not in REMAT_POLICIES:
+    problems.append(f"model.remat={f['remat']!r}: use one of {tuple(REMAT_POLICIES)}.")
+  if f["attn_type"] not in attention.ATTENTION_TYPES:
+    problems.append(f"model.attn_type={f['attn_type']}: implemented types are "
+                    f"{sorted(attention.ATTENTION_TYPES)} (0 = Transformer-XL relative "
+                    "attention, Sec. 3.3).")
+  embed_dim = f["d_model"] if not f["d_embed"] else int(f["d_embed"])
+  problems += adaptive.config_problems(f.get("n_token"), embed_dim, f["d_model"],
+                                       tuple(f["cutoffs"] or ()), f["div_val"],
+                                       tuple(f["tie_projs"] or ()))
+  return problems
+
+
+# ---------------------------------------------------------------------------
+# The memory (Sec. 3.2).
 
 
 @flax.struct.dataclass
@@ -156,34 +261,9 @@ def reset_memory(memory: Memory, reset_B: Array) -> Memory:
   return memory.replace(mlen_B=jnp.where(reset_B, 0, memory.mlen_B))
 
 
-def _layer_norm(name: str) -> nn.LayerNorm:
-  """LayerNorm with the reference init: weight N(1, 0.02), bias 0, eps 1e-5."""
-  scale_init = lambda key, shape, dtype: 1.0 + 0.02 * jax.random.normal(key, shape, dtype)
-  return nn.LayerNorm(
-      epsilon=1e-5, dtype=jnp.float32, name=name,
-      scale_init=nn.with_logical_partitioning(scale_init, ("embed",)),
-      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)))
-
-
-class PositionwiseFF(nn.Module):
-  """Linear -> ReLU -> Dropout -> Linear -> Dropout (reference ``PositionwiseFF``)."""
-
-  config: ModelConfig
-
-  @nn.compact
-  def __call__(self, x_BxTxD: Array, deterministic: bool) -> Array:
-    """[B, T, d_model] -> [B, T, d_model] in the compute dtype."""
-    cfg = self.config
-    h_BxTxF = nn.Dense(
-        cfg.d_inner, dtype=cfg.compute_dtype, name="ff_1",
-        kernel_init=attention.normal_init(cfg.init_std, "embed", "mlp"),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("mlp",)))(x_BxTxD)
-    h_BxTxF = nn.Dropout(cfg.dropout)(nn.relu(h_BxTxF), deterministic=deterministic)
-    out_BxTxD = nn.Dense(
-        cfg.d_model, dtype=cfg.compute_dtype, name="ff_2",
-        kernel_init=attention.normal_init(cfg.init_std, "mlp", "embed"),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)))(h_BxTxF)
-    return nn.Dropout(cfg.dropout)(out_BxTxD, deterministic=deterministic)
+def advance_mlen(mlen_B: Array, mem_len: int, tgt_len: int, ext_len: int) -> Array:
+  """Valid slots after caching a segment: ``min(M, mlen + T - ext_len)``, int32 [B]."""
+  return jnp.minimum(mem_len, mlen_B + tgt_len - ext_len).astype(jnp.int32)
 
 
 class DecoderLayer(nn.Module):
@@ -205,8 +285,7 @@ class DecoderLayer(nn.Module):
 
     Args:
       h_BxTxD: layer input for the segment (the scan carry).
-      mem_BxMxD: this layer's memory (this layer's inputs for the previous
-        M positions).
+      mem_BxMxD: this layer's memory (its inputs at the previous M positions).
       pos_emb_KxD: sinusoid R for distances K-1..0, K = M + T.
       mask_Bx1xTxK: attention mask (attention.attention_mask).
       r_w_bias_HxDh, r_r_bias_HxDh: shared u and v, or None with untie_r
@@ -221,11 +300,11 @@ class DecoderLayer(nn.Module):
     mem_len, tgt_len = mem_BxMxD.shape[1], h_BxTxD.shape[1]
 
     # ---- The memory path (Sec. 3.2): h~ = [SG(m) o h] ----------------------
-    cat_BxKxD = jnp.concatenate(                              # read + concat
-        [jax.lax.stop_gradient(mem_BxMxD), h_BxTxD], axis=1)  # stop-gradient
-    end = mem_len + tgt_len - cfg.ext_len                     # the reference's
-    new_mem_BxMxD = jax.lax.stop_gradient(                    # end/beg window:
-        cat_BxKxD[:, end - mem_len:end])                      # truncate to M
+    cat_BxKxD = jnp.concatenate(                              # concat the memory
+        [jax.lax.stop_gradient(mem_BxMxD), h_BxTxD], axis=1)  # (stop-gradiented)
+    end = mem_len + tgt_len - cfg.ext_len                     # truncate: the last
+    new_mem_BxMxD = jax.lax.stop_gradient(                    # M inputs before the
+        cat_BxKxD[:, end - mem_len:end])                      # ext_len tail
     # --------------------------------------------------------------------------
 
     if cfg.untie_r:
@@ -233,8 +312,7 @@ class DecoderLayer(nn.Module):
       r_w_bias_HxDh = self.param("r_w_bias", bias_init, (cfg.n_head, cfg.d_head))
       r_r_bias_HxDh = self.param("r_r_bias", bias_init, (cfg.n_head, cfg.d_head))
 
-    attn_cls = attention.get_attention(cfg.attn_type)
-    attn = attn_cls(
+    attn = attention.ATTENTION_TYPES[cfg.attn_type](
         n_head=cfg.n_head, d_head=cfg.d_head, d_model=cfg.d_model,
         dropatt=cfg.dropatt, init_std=cfg.init_std, dtype=cfg.compute_dtype,
         deterministic=deterministic, name="attn")
@@ -256,10 +334,40 @@ class DecoderLayer(nn.Module):
     return out_BxTxD.astype(cfg.compute_dtype), new_mem_BxMxD
 
 
-_REMAT_POLICIES = {
-    "full": None,
-    "dots": jax.checkpoint_policies.checkpoint_dots,
-}
+def _layer_norm(name: str) -> nn.LayerNorm:
+  """LayerNorm with the reference init: weight N(1, 0.02), bias 0, eps 1e-5."""
+  scale_init = lambda key, shape, dtype: 1.0 + 0.02 * jax.random.normal(key, shape, dtype)
+  return nn.LayerNorm(
+      epsilon=1e-5, dtype=jnp.float32, name=name,
+      scale_init=nn.with_logical_partitioning(scale_init, ("embed",)),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)))
+
+
+class PositionwiseFF(nn.Module):
+  """Linear -> ReLU -> Dropout -> Linear -> Dropout (reference ``PositionwiseFF``).
+
+  The two linear outputs are tagged ``ff_1`` and ``ff_2`` for the remat
+  policies (:data:`REMAT_POLICIES`).
+  """
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BxTxD: Array, deterministic: bool) -> Array:
+    """[B, T, d_model] -> [B, T, d_model] in the compute dtype."""
+    cfg = self.config
+    h_BxTxF = nn.Dense(
+        cfg.d_inner, dtype=cfg.compute_dtype, name="ff_1",
+        kernel_init=attention.normal_init(cfg.init_std, "embed", "mlp"),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("mlp",)))(x_BxTxD)
+    h_BxTxF = checkpoint_name(h_BxTxF, "ff_1")
+    h_BxTxF = nn.Dropout(cfg.dropout)(nn.relu(h_BxTxF), deterministic=deterministic)
+    out_BxTxD = nn.Dense(
+        cfg.d_model, dtype=cfg.compute_dtype, name="ff_2",
+        kernel_init=attention.normal_init(cfg.init_std, "mlp", "embed"),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)))(h_BxTxF)
+    out_BxTxD = checkpoint_name(out_BxTxD, "ff_2")
+    return nn.Dropout(cfg.dropout)(out_BxTxD, deterministic=deterministic)
 
 
 class TransformerXL(nn.Module):
@@ -273,15 +381,13 @@ class TransformerXL(nn.Module):
   the parameters of ``word_emb`` and ``crit``.
 
   Attributes:
-    config: :class:`ModelConfig`.
+    config: :class:`ModelConfig` (validated when it was constructed).
   """
 
   config: ModelConfig
 
   def setup(self):
     cfg = self.config
-    if cfg.d_model % 2:
-      raise ValueError(f"d_model={cfg.d_model} must be even for the sinusoid encoding.")
     self.word_emb = adaptive.AdaptiveEmbedding(
         n_token=cfg.n_token, d_embed=cfg.embed_dim, d_proj=cfg.d_model, cutoffs=cfg.cutoffs,
         div_val=cfg.div_val, init_std=cfg.init_std, proj_init_std=cfg.proj_init_std,
@@ -300,7 +406,7 @@ class TransformerXL(nn.Module):
     if cfg.remat != "none":
       # static_argnums counts self as 0: `deterministic` is argument 7.
       layer_cls = nn.remat(layer_cls, prevent_cse=False, static_argnums=(7,),
-                           policy=_REMAT_POLICIES[cfg.remat])
+                           policy=REMAT_POLICIES[cfg.remat])
     self.layers = nn.scan(
         layer_cls,
         variable_axes={"params": 0},
@@ -312,7 +418,8 @@ class TransformerXL(nn.Module):
         metadata_params={nn.PARTITION_NAME: "layers"},
     )(cfg)
 
-  def hidden(self, tokens_BxT: Array, memory: Memory, deterministic: bool = True):
+  def hidden(self, tokens_BxT: Array, memory: Memory, deterministic: bool = True,
+             reset_B: Optional[Array] = None):
     """Final hidden states and the next memory.
 
     Args:
@@ -320,26 +427,30 @@ class TransformerXL(nn.Module):
       memory: the previous segments' :class:`Memory`; mem_len is read from
         its shape (so evaluation may use a longer memory than training).
       deterministic: disables dropout (needs a "dropout" rng otherwise).
+      reset_B: optional bool [B]: rows that start a new stream here (their
+        memory is emptied first, :func:`reset_memory`).
 
     Returns:
       (hidden_BxTxD in the compute dtype, next Memory).
     """
     emb_BxTxD = self.word_emb(tokens_BxT)
-    return self.hidden_from_embeddings(emb_BxTxD, memory, deterministic)
+    return self.hidden_from_embeddings(emb_BxTxD, memory, deterministic, reset_B)
 
-  def hidden_from_embeddings(self, emb_BxTxD: Array, memory: Memory, deterministic: bool = True):
+  def hidden_from_embeddings(self, emb_BxTxD: Array, memory: Memory, deterministic: bool = True,
+                             reset_B: Optional[Array] = None):
     """As :meth:`hidden`, from the scaled word embeddings [B, T, d_model]
-    (the output of ``word_emb``).
+    (the output of ``word_emb``): where the memory enters and leaves the model.
 
-    This is where the memory enters and leaves the model: the scan over
-    layers reads ``mems_LxBxMxD[l]`` in layer l and returns its new memory
-    (see :meth:`DecoderLayer.__call__`); the valid-slot counts advance here.
+    Raises:
+      ValueError: the segment is not longer than ext_len.
     """
     cfg = self.config
     _, _, mem_len, _ = memory.mems_LxBxMxD.shape
     tgt_len = emb_BxTxD.shape[1]
     if tgt_len <= cfg.ext_len:
       raise ValueError(f"segment length {tgt_len} must exceed ext_len={cfg.ext_len}.")
+    if reset_B is not None:                                       # reset
+      memory = reset_memory(memory, reset_B)
     h_BxTxD = self.drop(emb_BxTxD.astype(cfg.compute_dtype), deterministic=deterministic)
     pos_emb_KxD = self.drop(
         attention.sinusoid_pos_emb(mem_len + tgt_len, cfg.d_model, cfg.clamp_len),
@@ -348,12 +459,12 @@ class TransformerXL(nn.Module):
     r_w_bias = None if cfg.untie_r else self.r_w_bias
     r_r_bias = None if cfg.untie_r else self.r_r_bias
 
-    h_BxTxD, new_mems_LxBxMxD = self.layers(
-        h_BxTxD, memory.mems_LxBxMxD.astype(cfg.compute_dtype), pos_emb_KxD,
-        mask_Bx1xTxK, r_w_bias, r_r_bias, deterministic)
-    # Valid slots after caching T - ext_len more positions.
-    new_mlen_B = jnp.minimum(mem_len, memory.mlen_B + tgt_len - cfg.ext_len)
-    new_memory = Memory(mems_LxBxMxD=new_mems_LxBxMxD, mlen_B=new_mlen_B.astype(jnp.int32))
+    h_BxTxD, new_mems_LxBxMxD = self.layers(                      # read (scanned in),
+        h_BxTxD, memory.mems_LxBxMxD.astype(cfg.compute_dtype),   # new memory (out)
+        pos_emb_KxD, mask_Bx1xTxK, r_w_bias, r_r_bias, deterministic)
+    new_memory = Memory(                                          # return
+        mems_LxBxMxD=new_mems_LxBxMxD,
+        mlen_B=advance_mlen(memory.mlen_B, mem_len, tgt_len, cfg.ext_len))
     return self.drop(h_BxTxD, deterministic=deterministic), new_memory
 
   def _shared(self):
@@ -372,7 +483,7 @@ class TransformerXL(nn.Module):
     return self.crit.nll(hidden_BxTxD, targets_BxT, *self._shared())
 
   def __call__(self, tokens_BxT: Array, memory: Memory, targets_BxT: Optional[Array] = None,
-               deterministic: bool = True):
+               deterministic: bool = True, reset_B: Optional[Array] = None):
     """Scores one segment.
 
     Args:
@@ -381,12 +492,33 @@ class TransformerXL(nn.Module):
       targets_BxT: int32 next tokens; when given the per-token negative
         log-likelihood is returned, otherwise log-probabilities.
       deterministic: disables dropout.
+      reset_B: optional bool [B], rows whose memory is emptied first.
 
     Returns:
       (nll_BxT float32 in nats, next Memory) with targets, else
       (log_probs_BxTxV float32, next Memory).
     """
-    hidden_BxTxD, new_memory = self.hidden(tokens_BxT, memory, deterministic)
+    hidden_BxTxD, new_memory = self.hidden(tokens_BxT, memory, deterministic, reset_B)
     if targets_BxT is None:
       return self.log_probs(hidden_BxTxD), new_memory
     return self.nll(hidden_BxTxD, targets_BxT), new_memory
+
+
+def init_params(model: TransformerXL, rng: Array) -> Any:
+  """Freshly initialised parameters (reference init), logically boxed.
+
+  The one parameter-init closure of the package: training, the converter
+  and the benchmarks go through it (``jax.eval_shape`` of it gives the
+  parameter shapes and logical axes without allocating).
+
+  Args:
+    model: the model; its config's tgt_len gives the dummy segment length.
+    rng: PRNG key.
+
+  Returns:
+    The ``params`` collection (``nn.Partitioned`` leaves; ``nn.unbox``
+    strips the axis metadata).
+  """
+  cfg = model.config
+  tok_1xT = jnp.zeros((1, cfg.tgt_len), jnp.int32)
+  return model.init(rng, tok_1xT, init_memory(cfg, 1), tok_1xT)["params"]

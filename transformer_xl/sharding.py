@@ -58,6 +58,23 @@ def resolve_mesh_shape(shape: Sequence[int], num_devices: int) -> tuple[int, ...
   return shape
 
 
+def check_mesh(shape: Sequence[int], axis_names: Sequence[str], num_devices: int
+               ) -> tuple[int, ...]:
+  """Checks a mesh's axis names against its shape; returns the resolved shape.
+
+  Raises:
+    ValueError: axis names other than "data", "model" and optionally
+      "fsdp", or not one per size; a shape that does not fill num_devices
+      (:func:`resolve_mesh_shape`).
+  """
+  names, shape = tuple(axis_names), tuple(shape)
+  if (len(names) != len(shape) or len(set(names)) != len(names) or "data" not in names
+      or "model" not in names or not set(names) <= {"data", "fsdp", "model"}):
+    raise ValueError(f"mesh.axis_names={names} and mesh.shape={shape}: give one size per "
+                     "axis; axes are 'data', 'model' and optionally 'fsdp'.")
+  return resolve_mesh_shape(shape, num_devices)
+
+
 def make_mesh(shape: Sequence[int], axis_names: Sequence[str], devices=None) -> Mesh:
   """A Mesh of all devices (Auto axis types, so sharding constraints work).
 
@@ -67,14 +84,10 @@ def make_mesh(shape: Sequence[int], axis_names: Sequence[str], devices=None) -> 
     devices: defaults to ``jax.devices()``.
 
   Raises:
-    ValueError: bad shape or names.
+    ValueError: bad shape or names (:func:`check_mesh`).
   """
-  if "data" not in axis_names or "model" not in axis_names or not set(axis_names) <= {
-      "data", "fsdp", "model"}:
-    raise ValueError(f"mesh.axis_names={tuple(axis_names)} must include 'data' and 'model' "
-                     "and may include 'fsdp' (nothing else).")
   devices = jax.devices() if devices is None else devices
-  shape = resolve_mesh_shape(shape, len(devices))
+  shape = check_mesh(shape, axis_names, len(devices))
   device_array = np.asarray(devices).reshape(shape)
   return Mesh(device_array, tuple(axis_names), axis_types=(AxisType.Auto,) * len(shape))
 

@@ -1,6 +1,5 @@
-"""Model properties: Appendix B shift == naive, causality, recurrence, stop-gradient."""
+"""Model properties: causality, recurrence, stop-gradient, empty memory, remat policies."""
 import functools
-import itertools
 
 import flax.linen as nn
 import jax
@@ -8,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_xl import attention, models
+from transformer_xl import models
 
 jax.config.update("jax_enable_x64", False)
 
@@ -18,72 +17,6 @@ def small_config(**kw):
               dropout=0.0, dropatt=0.0, tgt_len=5, mem_len=7)
   base.update(kw)
   return models.ModelConfig(**base)
-
-
-def naive_attention(params, cat_BxKxD, mem_len, mlen_B, same_length, clamp_len, u, v):
-  """Sec. 3.3 computed literally: W_kR R_(i-j) built for every (i, j)."""
-  cat = np.asarray(cat_BxKxD, np.float64)
-  b, klen, d = cat.shape
-  tgt_len = klen - mem_len
-  wqkv = np.asarray(params["qkv_net"]["kernel"], np.float64)  # [D, 3, H, Dh]
-  wr = np.asarray(params["r_net"]["kernel"], np.float64)      # [D, H, Dh]
-  wo = np.asarray(params["o_net"]["kernel"], np.float64)      # [H, Dh, D]
-  n_head, d_head = wr.shape[1:]
-  q = np.einsum("bkd,dhe->bkhe", cat, wqkv[:, 0])[:, mem_len:]
-  k = np.einsum("bkd,dhe->bkhe", cat, wqkv[:, 1])
-  val = np.einsum("bkd,dhe->bkhe", cat, wqkv[:, 2])
-  inv_freq = 1.0 / (10000.0 ** (np.arange(0, d, 2.0) / d))
-  out = np.zeros((b, tgt_len, d))
-  for bb in range(b):
-    for i in range(tgt_len):
-      scores = np.full((n_head, klen), -np.inf)
-      for j in range(klen):
-        dist = i + mem_len - j
-        if dist < 0 or j < mem_len - int(mlen_B[bb]):
-          continue
-        if same_length and dist >= mem_len:
-          continue
-        dd = min(dist, clamp_len) if clamp_len > 0 else dist
-        r_vec = np.concatenate([np.sin(dd * inv_freq), np.cos(dd * inv_freq)])
-        wkr_r = np.einsum("d,dhe->he", r_vec, wr)  # W_kR R_(i-j), one pair at a time
-        for h in range(n_head):
-          scores[h, j] = ((q[bb, i, h] + u[h]) @ k[bb, j, h] + (q[bb, i, h] + v[h]) @ wkr_r[h])
-      scores = scores / np.sqrt(d_head)
-      prob = np.exp(scores - scores.max(-1, keepdims=True))
-      prob /= prob.sum(-1, keepdims=True)
-      vec = np.einsum("hk,khe->he", prob, val[bb])
-      out[bb, i] = np.einsum("he,hed->d", vec, wo)
-  return out
-
-
-@pytest.mark.parametrize("same_length,clamp_len,mlen", list(itertools.product(
-    [False, True], [0, 3], [(7, 7), (0, 4), (2, 7)])))
-def test_rel_shift_attention_equals_naive(same_length, clamp_len, mlen):
-  mem_len, tgt_len, d = 7, 5, 16
-  rng = np.random.default_rng(0)
-  cat = jnp.asarray(rng.normal(size=(2, mem_len + tgt_len, d)), jnp.float32)
-  u = jnp.asarray(rng.normal(size=(2, 6)), jnp.float32)
-  v = jnp.asarray(rng.normal(size=(2, 6)), jnp.float32)
-  mlen_B = jnp.asarray(mlen, jnp.int32)
-  mod = attention.RelPartialLearnableAttention(n_head=2, d_head=6, d_model=d, init_std=0.3)
-  pos = attention.sinusoid_pos_emb(mem_len + tgt_len, d, clamp_len)
-  mask = attention.attention_mask(tgt_len, mem_len, mlen_B, same_length)
-  params = nn.unbox(mod.init(jax.random.PRNGKey(1), cat, pos, mask, u, v))
-  got = mod.apply(params, cat, pos, mask, u, v)
-  want = naive_attention(params["params"], cat, mem_len, np.asarray(mlen_B), same_length,
-                         clamp_len, np.asarray(u), np.asarray(v))
-  np.testing.assert_allclose(np.asarray(got), want, rtol=2e-4, atol=2e-4)
-
-
-def test_same_length_mask_properties():
-  for mem_len, tgt_len in [(7, 5), (3, 5), (5, 5)]:
-    mask = np.asarray(attention.attention_mask(tgt_len, mem_len, jnp.array([mem_len]), True))[0, 0]
-    # every query sees exactly min(mem_len, keys available) keys, the most recent ones
-    for i in range(tgt_len):
-      seen = np.nonzero(mask[i])[0]
-      assert len(seen) == mem_len, (mem_len, tgt_len, i, seen)
-      assert seen[-1] == i + mem_len  # itself
-      assert np.all(np.diff(seen) == 1)  # a contiguous window
 
 
 def init_model(cfg, batch=2, seed=0):
@@ -224,7 +157,7 @@ def test_bfloat16_compute_keeps_float32_params_and_loss():
   np.testing.assert_allclose(np.asarray(nll), np.asarray(nll32), rtol=0.05, atol=0.05)
 
 
-@pytest.mark.parametrize("remat", ["full", "dots"])
+@pytest.mark.parametrize("remat", ["full", "dots", "save_qkv_proj", "save_proj"])
 def test_remat_does_not_change_loss_or_gradients(remat):
   cfg = small_config()
   model, params = init_model(cfg)
@@ -240,3 +173,28 @@ def test_remat_does_not_change_loss_or_gradients(remat):
   np.testing.assert_allclose(float(l1), float(l0), rtol=1e-6)
   for a, b in zip(jax.tree_util.tree_leaves(g1), jax.tree_util.tree_leaves(g0)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+
+
+def _saved_residuals(remat, capsys):
+  """What the backward pass keeps of a 3-layer model under a remat policy."""
+  cfg = small_config(remat=remat)
+  model = models.TransformerXL(cfg)
+  params = nn.unbox(models.init_params(model, jax.random.PRNGKey(0)))
+  tokens = jnp.zeros((2, cfg.tgt_len + 1), jnp.int32)
+  mem = models.init_memory(cfg, 2)
+  capsys.readouterr()
+  jax.ad_checkpoint.print_saved_residuals(
+      lambda p: model.apply({"params": p}, tokens[:, :-1], mem, tokens[:, 1:])[0].mean(), params)
+  return capsys.readouterr().out
+
+
+def test_named_remat_policies_keep_projections_and_recompute_scores(capsys):
+  # [L, B, H, T, K] scores / probabilities and [L, B, K, 3, H, Dh] qkv of small_config().
+  scores, qkv, ff_1 = "f32[3,2,2,5,12]", "f32[3,2,12,3,2,6]", "f32[3,2,5,24]"
+  saved = {r: _saved_residuals(r, capsys) for r in models.REMAT_POLICIES}
+  assert scores in saved["none"] and scores in saved["dots"]
+  for remat in ("full", "save_qkv_proj", "save_proj"):
+    assert scores not in saved[remat], remat
+  assert qkv in saved["save_qkv_proj"] and qkv in saved["save_proj"]
+  assert qkv not in saved["full"]
+  assert ff_1 in saved["save_proj"] and ff_1 not in saved["save_qkv_proj"]

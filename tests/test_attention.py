@@ -1,0 +1,76 @@
+"""Relative attention: the Appendix B shift equals a naive Sec. 3.3 computation; masks."""
+import itertools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer_xl import attention
+
+
+def naive_attention(params, cat_BxKxD, mem_len, mlen_B, same_length, clamp_len, u, v):
+  """Sec. 3.3 computed literally: W_kR R_(i-j) built for every (i, j)."""
+  cat = np.asarray(cat_BxKxD, np.float64)
+  b, klen, d = cat.shape
+  tgt_len = klen - mem_len
+  wqkv = np.asarray(params["qkv_net"]["kernel"], np.float64)  # [D, 3, H, Dh]
+  wr = np.asarray(params["r_net"]["kernel"], np.float64)      # [D, H, Dh]
+  wo = np.asarray(params["o_net"]["kernel"], np.float64)      # [H, Dh, D]
+  n_head, d_head = wr.shape[1:]
+  q = np.einsum("bkd,dhe->bkhe", cat, wqkv[:, 0])[:, mem_len:]
+  k = np.einsum("bkd,dhe->bkhe", cat, wqkv[:, 1])
+  val = np.einsum("bkd,dhe->bkhe", cat, wqkv[:, 2])
+  inv_freq = 1.0 / (10000.0 ** (np.arange(0, d, 2.0) / d))
+  out = np.zeros((b, tgt_len, d))
+  for bb in range(b):
+    for i in range(tgt_len):
+      scores = np.full((n_head, klen), -np.inf)
+      for j in range(klen):
+        dist = i + mem_len - j
+        if dist < 0 or j < mem_len - int(mlen_B[bb]):
+          continue
+        if same_length and dist >= mem_len:
+          continue
+        dd = min(dist, clamp_len) if clamp_len > 0 else dist
+        r_vec = np.concatenate([np.sin(dd * inv_freq), np.cos(dd * inv_freq)])
+        wkr_r = np.einsum("d,dhe->he", r_vec, wr)  # W_kR R_(i-j), one pair at a time
+        for h in range(n_head):
+          scores[h, j] = ((q[bb, i, h] + u[h]) @ k[bb, j, h] + (q[bb, i, h] + v[h]) @ wkr_r[h])
+      scores = scores / np.sqrt(d_head)
+      prob = np.exp(scores - scores.max(-1, keepdims=True))
+      prob /= prob.sum(-1, keepdims=True)
+      vec = np.einsum("hk,khe->he", prob, val[bb])
+      out[bb, i] = np.einsum("he,hed->d", vec, wo)
+  return out
+
+
+@pytest.mark.parametrize("same_length,clamp_len,mlen", list(itertools.product(
+    [False, True], [0, 3], [(7, 7), (0, 4), (2, 7)])))
+def test_rel_shift_attention_equals_naive(same_length, clamp_len, mlen):
+  mem_len, tgt_len, d = 7, 5, 16
+  rng = np.random.default_rng(0)
+  cat = jnp.asarray(rng.normal(size=(2, mem_len + tgt_len, d)), jnp.float32)
+  u = jnp.asarray(rng.normal(size=(2, 6)), jnp.float32)
+  v = jnp.asarray(rng.normal(size=(2, 6)), jnp.float32)
+  mlen_B = jnp.asarray(mlen, jnp.int32)
+  mod = attention.RelPartialLearnableAttention(n_head=2, d_head=6, d_model=d, init_std=0.3)
+  pos = attention.sinusoid_pos_emb(mem_len + tgt_len, d, clamp_len)
+  mask = attention.attention_mask(tgt_len, mem_len, mlen_B, same_length)
+  params = nn.unbox(mod.init(jax.random.PRNGKey(1), cat, pos, mask, u, v))
+  got = mod.apply(params, cat, pos, mask, u, v)
+  want = naive_attention(params["params"], cat, mem_len, np.asarray(mlen_B), same_length,
+                         clamp_len, np.asarray(u), np.asarray(v))
+  np.testing.assert_allclose(np.asarray(got), want, rtol=2e-4, atol=2e-4)
+
+
+def test_same_length_mask_properties():
+  for mem_len, tgt_len in [(7, 5), (3, 5), (5, 5)]:
+    mask = np.asarray(attention.attention_mask(tgt_len, mem_len, jnp.array([mem_len]), True))[0, 0]
+    # every query sees exactly min(mem_len, keys available) keys, the most recent ones
+    for i in range(tgt_len):
+      seen = np.nonzero(mask[i])[0]
+      assert len(seen) == mem_len, (mem_len, tgt_len, i, seen)
+      assert seen[-1] == i + mem_len  # itself
+      assert np.all(np.diff(seen) == 1)  # a contiguous window
