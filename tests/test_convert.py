@@ -35,12 +35,12 @@ def restored(workdir):
   """(config, ModelConfig, unit, step, numpy params) of a workdir, as main loads it."""
   config = txl_main.load_workdir_config(str(workdir))
   cfg, unit = txl_main.load_model_config(str(workdir))
-  step, params = txl_main.restore_params(config, str(workdir), cfg, convert._one_device_mesh())
+  step, params = txl_main.restore_params(config, str(workdir), cfg, convert.one_device_mesh())
   return config, cfg, unit, step, jax.tree_util.tree_map(np.asarray, jax.device_get(params))
 
 
 def flat(tree):
-  return convert._flatten(tree)  # pylint: disable=protected-access
+  return convert.flatten_params(tree)
 
 
 def write_json(path, obj):
@@ -187,7 +187,7 @@ def test_state_dict_validation_names_tensor_and_shapes():
 def tf_variables(sd: dict, hp: dict) -> dict:
   """The reference TF model's variables (tf/model.py names) for an HF state dict.
 
-  Written independently of convert.py; TF order of clusters = HF 4.35's.
+  Written independently of transformer_xl.convert; TF order of clusters = HF 4.35's.
   Adds optimizer slots and global_step, which the converter must skip.
   """
   sd = {k[len("transformer."):] if k.startswith("transformer.") else k: v for k, v in sd.items()}

@@ -2,7 +2,7 @@
 
 HuggingFace's port has the reference PyTorch implementation's parameter
 names and computations, with three known differences, handled here as the
-reference does (see shared/REFERENCE.md and transformer_xl/convert.py):
+reference does (see shared/REFERENCE.md and transformer_xl/convert/):
 
 1. Initial memory: HF with ``mems=None`` starts from zero-filled memory of
    mem_len slots; the reference starts from EMPTY memory.  HF is given empty
@@ -208,8 +208,8 @@ def test_training_step_loss_and_gradients_match_huggingface(case):
     if k in grad_sd:
       grad_sd[k] = grad_sd[k][::-1].copy()
   ref_grads = convert.params_from_state_dict(grad_sd, cfg, "reference")
-  flat_ours = convert._flatten(jax.device_get(grads))  # pylint: disable=protected-access
-  flat_ref = convert._flatten(ref_grads)  # pylint: disable=protected-access
+  flat_ours = convert.flatten_params(jax.device_get(grads))
+  flat_ref = convert.flatten_params(ref_grads)
   assert set(flat_ours) == set(flat_ref)
   errors = {k: _rel_err(np.asarray(flat_ours[k]), flat_ref[k]) for k in flat_ref}
   assert all(np.linalg.norm(flat_ref[k]) > 0 for k in flat_ref)

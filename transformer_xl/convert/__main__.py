@@ -1,0 +1,133 @@
+"""Command line of the converter: ``python -m transformer_xl.convert --help``.
+
+The flags, and :func:`main`, which parses them and calls
+:func:`transformer_xl.convert.convert_to_workdir` (``--from``) or
+:func:`transformer_xl.convert.export_pytorch` (``--to``).
+"""
+from __future__ import annotations
+
+import sys
+from typing import Sequence
+
+import transformer_xl.convert as package
+from transformer_xl.convert.errors import ConvertError
+from transformer_xl.convert.vocab import UNSEEN_BIAS
+from transformer_xl.convert.workdir import convert_to_workdir, export_pytorch
+
+
+def _define_flags(fv):
+  """Defines the command-line flags in the FlagValues ``fv``; returns name -> FlagHolder.
+
+  A FlagValues of its own, because ``transformer_xl.main`` (imported to write
+  and read workdirs) defines its flags, ``--workdir`` among them, globally.
+  """
+  from absl import flags
+  f = {}
+  f["from"] = flags.DEFINE_enum("from", None, ["pytorch", "tf"],
+                                "Convert a reference checkpoint into --workdir.", flag_values=fv)
+  f["to"] = flags.DEFINE_enum("to", None, ["pytorch"],
+                              "Export --workdir's latest checkpoint to --checkpoint.",
+                              flag_values=fv)
+  f["checkpoint"] = flags.DEFINE_string(
+      "checkpoint", None, "--from=pytorch: state dict (.npz or torch file); --from=tf: TF "
+      "checkpoint prefix or directory; --to=pytorch: output file (.npz or torch).",
+      flag_values=fv)
+  f["hparams"] = flags.DEFINE_string(
+      "hparams", None, "JSON of the reference constructor's arguments (input for --from; "
+      "output for --to, default <checkpoint>.hparams.json).", flag_values=fv)
+  f["workdir"] = flags.DEFINE_string("workdir", None, "Our workdir (output of --from, input of "
+                                     "--to).", flag_values=fv)
+  f["cluster_order"] = flags.DEFINE_enum(
+      "cluster_order", "auto", ["auto", "reference", "forward"],
+      "Adaptive-softmax head column of tail cluster i in the state dict: reference = -i "
+      "(PyTorch reference), forward = cutoffs[0]+i-1 (HuggingFace 4.35, TF); auto = forward "
+      "for names with HuggingFace's 'transformer.' prefix (--from) or --layout=hf (--to).",
+      flag_values=fv)
+  f["layout"] = flags.DEFINE_enum("layout", "reference", ["reference", "hf"],
+                                  "--to: reference (MemTransformerLM) or hf "
+                                  "(TransfoXLLMHeadModel) names.", flag_values=fv)
+  f["vocab"] = flags.DEFINE_string("vocab", None, "The model's vocabulary file (one symbol per "
+                                   "line); mapped onto --dataset's vocabulary.", flag_values=fv)
+  f["dataset"] = flags.DEFINE_string("dataset", None, "Our corpus (data.dataset of the "
+                                     "converted config).", flag_values=fv)
+  f["data_dir"] = flags.DEFINE_string("data_dir", None, "tfds data dir of --dataset.",
+                                      flag_values=fv)
+  f["manual_dir"] = flags.DEFINE_string("manual_dir", None, "Source files of --dataset.",
+                                        flag_values=fv)
+  f["download"] = flags.DEFINE_boolean("download", True, "May download --dataset's sources.",
+                                       flag_values=fv)
+  f["verify_checksums"] = flags.DEFINE_boolean(
+      "verify_checksums", True, "Check --dataset's source files (False for non-canonical "
+      "files).", flag_values=fv)
+  f["unit"] = flags.DEFINE_enum("unit", None, ["byte", "char", "word"],
+                                "Token unit (default: --dataset's, else word).", flag_values=fv)
+  f["unseen_bias"] = flags.DEFINE_float("unseen_bias", UNSEEN_BIAS,
+                                        "Softmax bias of ids missing from --vocab.",
+                                        flag_values=fv)
+  f["eval_tgt_len"] = flags.DEFINE_integer("eval_tgt_len", None, "eval.tgt_len (default: "
+                                           "hparams tgt_len).", flag_values=fv)
+  f["eval_mem_len"] = flags.DEFINE_integer("eval_mem_len", None, "eval.mem_len (default: "
+                                           "hparams mem_len).", flag_values=fv)
+  f["eval_clamp_len"] = flags.DEFINE_integer("eval_clamp_len", None, "eval.clamp_len "
+                                             "(default: hparams clamp_len).", flag_values=fv)
+  f["eval_same_length"] = flags.DEFINE_boolean("eval_same_length", None, "eval.same_length "
+                                               "(default: hparams same_length).",
+                                               flag_values=fv)
+  f["global_batch"] = flags.DEFINE_integer(
+      "global_batch", 1, "train.global_batch of the converted config (the saved training "
+      "memory has this many rows; use a multiple of the data-parallel devices).",
+      flag_values=fv)
+  f["eval_global_batch"] = flags.DEFINE_integer("eval_global_batch", 1, "eval.global_batch.",
+                                                flag_values=fv)
+  return f
+
+
+def main(argv: Sequence[str]) -> None:
+  """Command line: parses ``argv`` (program name first) and converts.
+
+  ``--help`` prints the usage.  Errors (bad flags, ConvertError, missing
+  files, datasets.DataError) exit with a one-line ``error: ...`` message.
+  """
+  from absl import flags, logging
+  fv = flags.FlagValues()
+  holders = _define_flags(fv)
+  if any(a in ("--help", "-h", "--helpfull") for a in argv[1:]):
+    print(package.__doc__)
+    print(fv)
+    return
+  try:
+    rest = fv(list(argv))
+  except flags.Error as err:
+    sys.exit(f"error: {err}")
+  if len(rest) > 1:
+    sys.exit(f"error: unexpected arguments {rest[1:]}")
+  if not flags.FLAGS.is_parsed():  # absl logging in imported modules expects parsed flags
+    flags.FLAGS(list(argv[:1]))
+  logging.set_verbosity(logging.WARNING)  # orbax logs every file at INFO
+  from transformer_xl import datasets
+  f = {k: v.value for k, v in holders.items()}
+  try:
+    if (f["from"] is None) == (f["to"] is None):
+      raise ConvertError("give exactly one of --from=pytorch|tf and --to=pytorch.")
+    if not f["checkpoint"] or not f["workdir"]:
+      raise ConvertError("--checkpoint and --workdir are required.")
+    if f["to"]:
+      export_pytorch(f["workdir"], f["checkpoint"], f["hparams"], f["layout"],
+                     f["cluster_order"])
+      return
+    if not f["hparams"]:
+      raise ConvertError("--hparams=HPARAMS.json is required with --from.")
+    convert_to_workdir(
+        f["from"], f["checkpoint"], f["hparams"], f["workdir"],
+        cluster_order=f["cluster_order"], vocab=f["vocab"], dataset=f["dataset"],
+        data_dir=f["data_dir"], manual_dir=f["manual_dir"], download=f["download"],
+        verify_checksums=f["verify_checksums"], unit=f["unit"], unseen_bias=f["unseen_bias"],
+        eval_tgt_len=f["eval_tgt_len"], eval_mem_len=f["eval_mem_len"],
+        eval_clamp_len=f["eval_clamp_len"], eval_same_length=f["eval_same_length"],
+        global_batch=f["global_batch"], eval_global_batch=f["eval_global_batch"])
+  except (ConvertError, datasets.DataError, FileNotFoundError) as err:
+    sys.exit(f"error: {err}")
+
+
+if __name__ == "__main__":
+  main(sys.argv)

@@ -1,0 +1,234 @@
+"""Our parameters <-> state dicts with the reference PyTorch names, and their files.
+
+A state dict holds the reference ``MemTransformerLM``'s names (reference
+``mem_transformer.py``) or HuggingFace's ``TransfoXLLMHeadModel``'s (the same
+under a ``transformer.`` prefix, except ``crit.*``); the names and layouts are
+those of :data:`transformer_xl.convert.names.NAME_TABLE`.  Files are ``.npz``
+archives or torch files of tensors (torch is imported only to read or write
+the latter).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+import numpy as np
+
+from transformer_xl.convert.errors import ConvertError
+from transformer_xl.convert.hparams import expected_param_shapes
+from transformer_xl.convert.names import (HF_PREFIX, INV_FREQ, aliases, flatten_params,
+                                          pytorch_name, pytorch_shape, resolve_cluster_order,
+                                          row_for, strip_hf_prefix, to_ours, to_pytorch,
+                                          unflatten_params)
+
+
+def inv_freq(d_model: int) -> np.ndarray:
+  """The reference's ``pos_emb.inv_freq`` buffer, float32 [d_model // 2].
+
+  ``1 / 10000 ** (arange(0, d_model, 2) / d_model)``, computed in float32
+  as torch does.
+  """
+  try:
+    import torch
+    return (1 / (10000 ** (torch.arange(0.0, d_model, 2.0) / d_model))).numpy()
+  except ImportError:
+    x = np.arange(0.0, d_model, 2.0, dtype=np.float32) / np.float32(d_model)
+    return (np.float32(1) / (np.float32(10000) ** x)).astype(np.float32)
+
+
+def params_from_state_dict(state: Mapping[str, Any], cfg, cluster_order: str = "auto"
+                           ) -> dict:
+  """Our parameter tree from a state dict with the reference PyTorch names.
+
+  Args:
+    state: name -> array (numpy or anything ``np.asarray`` takes); the
+      reference names of :data:`NAME_TABLE`, optionally with HuggingFace's
+      ``transformer.`` prefix.  Copies of tied tensors (:func:`names.aliases`)
+      and ``pos_emb.inv_freq`` may be present and are checked.
+    cfg: the :class:`models.ModelConfig` the tensors belong to.
+    cluster_order: "reference" (tail cluster i in head column -i), "forward"
+      (column cutoffs[0] + i - 1: TF, HuggingFace 4.35; the rows of
+      cluster_weight/cluster_bias are reversed) or "auto"
+      (:func:`resolve_cluster_order`).
+
+  Returns:
+    Nested dict of float32 numpy arrays, the structure of the model's
+    ``params`` (layer parameters stacked on a leading [n_layer] axis).
+
+  Raises:
+    ConvertError: a missing tensor, an unknown name, a shape that does not
+      match the hparams (naming the tensor, expected and actual shapes), or
+      tied copies that differ.
+  """
+  order = resolve_cluster_order(cluster_order, list(state))
+  state, _ = strip_hf_prefix({k: v for k, v in state.items()})
+  used = set()
+
+  def take(name: str, shape: tuple[int, ...]) -> np.ndarray:
+    if name not in state:
+      hint = "check the hparams (e.g. untie_r, cutoffs, div_val, d_embed, tie_weight)"
+      bias = name.rsplit(".", 1)[-1]
+      if bias in ("r_w_bias", "r_r_bias"):
+        if not cfg.untie_r and f"layers.0.dec_attn.{bias}" in state:
+          hint = "the state dict has per-layer u, v: set untie_r=true"
+        elif cfg.untie_r and bias in state:
+          hint = "the state dict has shared u, v: set untie_r=false"
+      raise ConvertError(f"state dict lacks {name!r} (expected shape {shape}); {hint}.")
+    a = np.asarray(state[name])
+    if tuple(a.shape) != tuple(shape):
+      raise ConvertError(f"{name}: expected shape {tuple(shape)} from the hparams, got "
+                         f"{tuple(a.shape)}.")
+    used.add(name)
+    return a.astype(np.float32)
+
+  flat = {}
+  for path, shape in expected_param_shapes(cfg).items():
+    row, i = row_for(path)
+    if path.startswith("layers/"):
+      per_layer = tuple(shape[1:])
+      flat[path] = np.stack([
+          to_ours(row.kind, take(pytorch_name(row, i, l), pytorch_shape(row.kind, per_layer)),
+                  per_layer)
+          for l in range(shape[0])])
+    else:
+      flat[path] = to_ours(row.kind, take(pytorch_name(row, i), pytorch_shape(row.kind, shape)),
+                           shape)
+    if row.kind == "clusters" and order == "forward":
+      flat[path] = flat[path][::-1].copy()
+  for copy, source in aliases(cfg, "hf"):
+    if copy in state:
+      if source not in state:
+        raise ConvertError(f"state dict has {copy!r} but not {source!r}.")
+      a, b = np.asarray(state[copy]), np.asarray(state[source])
+      if a.shape != b.shape or not np.array_equal(a, b):
+        raise ConvertError(
+            f"{copy} should be tied to {source} (hparams: tie_weight={cfg.tie_weight}, "
+            f"tie_projs={list(cfg.tie_projs)}, untie_r={cfg.untie_r}) but differs "
+            f"(shapes {a.shape} and {b.shape}); fix the hparams.")
+      used.add(copy)
+  if INV_FREQ in state:
+    got = np.asarray(state[INV_FREQ])
+    if got.shape != (cfg.d_model // 2,):
+      raise ConvertError(f"{INV_FREQ}: expected shape ({cfg.d_model // 2},) for d_model="
+                         f"{cfg.d_model}, got {got.shape}.")
+    used.add(INV_FREQ)
+  unknown = sorted(set(state) - used)
+  if unknown:
+    raise ConvertError(f"state dict has tensors the hparams do not account for: {unknown[:20]}"
+                       f"{' ...' if len(unknown) > 20 else ''} (check untie_r, tie_weight, "
+                       "tie_projs, cutoffs, div_val, d_embed, n_layer).")
+  return unflatten_params(flat)
+
+
+def state_dict_from_params(params: Mapping[str, Any], cfg, layout: str = "reference",
+                           cluster_order: str = "auto") -> dict[str, np.ndarray]:
+  """The state dict of our parameters with the reference PyTorch names.
+
+  Args:
+    params: our parameter tree (nested dicts of arrays).
+    cfg: its :class:`models.ModelConfig`.
+    layout: "reference" (the names of the reference's ``MemTransformerLM``:
+      no prefix, shared u, v once) or "hf" (``TransfoXLLMHeadModel``:
+      ``transformer.`` prefix except ``crit.*``, shared u, v repeated under
+      every layer).  Both include the copies of tied tensors and
+      ``pos_emb.inv_freq``, so ``load_state_dict`` (strict) accepts them.
+    cluster_order: "reference", "forward" or "auto" (forward for "hf",
+      which makes HuggingFace 4.35 compute what this model computes).
+
+  Returns:
+    name -> float32 numpy array, PyTorch layouts.
+
+  Raises:
+    ConvertError: unknown layout / cluster_order, or params that do not
+      match cfg.
+  """
+  if layout not in ("reference", "hf"):
+    raise ConvertError(f"layout={layout!r}: use reference or hf.")
+  order = ("forward" if layout == "hf" else "reference") if cluster_order == "auto" else \
+      resolve_cluster_order(cluster_order, [])
+  flat = flatten_params(params)
+  expected = expected_param_shapes(cfg)
+  if set(flat) != set(expected):
+    raise ConvertError(f"params do not match the model config: missing "
+                       f"{sorted(set(expected) - set(flat))}, unexpected "
+                       f"{sorted(set(flat) - set(expected))}.")
+  out = {}
+  for path, shape in expected.items():
+    a = np.asarray(flat[path], np.float32)
+    if tuple(a.shape) != tuple(shape):
+      raise ConvertError(f"params/{path}: expected shape {shape}, got {a.shape}.")
+    row, i = row_for(path)
+    if row.kind == "clusters" and order == "forward":
+      a = a[::-1]
+    if path.startswith("layers/"):
+      for l in range(shape[0]):
+        out[pytorch_name(row, i, l)] = to_pytorch(row.kind, a[l])
+    else:
+      out[pytorch_name(row, i)] = to_pytorch(row.kind, a)
+  for copy, source in aliases(cfg, layout):
+    out[copy] = out[source].copy()
+  out[INV_FREQ] = inv_freq(cfg.d_model)
+  if layout == "hf":
+    out = {(k if k.startswith("crit.") else HF_PREFIX + k): v for k, v in out.items()}
+  return out
+
+
+def read_state_dict(path: str) -> dict[str, np.ndarray]:
+  """Reads a state dict: a ``.npz`` of arrays, or a torch file.
+
+  Torch files are loaded with ``torch.load(..., map_location="cpu",
+  weights_only=True)``: a dict name -> tensor (a ``{"state_dict": {...}}``
+  or ``{"model_state_dict": {...}}`` wrapper is unwrapped).  The reference
+  ``train.py`` saves the whole module (``torch.save(model)``); save its
+  ``model.state_dict()`` instead.
+
+  Returns:
+    name -> numpy array (floating tensors as float32).
+
+  Raises:
+    ConvertError: unreadable file, or not a flat dict of tensors.
+  """
+  if not os.path.exists(path):
+    raise ConvertError(f"checkpoint {path} does not exist.")
+  if path.endswith(".npz"):
+    with np.load(path, allow_pickle=False) as z:
+      return {k: _as_float32(z[k]) for k in z.files}
+  try:
+    import torch
+  except ImportError:
+    raise ConvertError(f"reading the torch file {path} needs torch installed (or pass a .npz "
+                       "of the state dict).") from None
+  try:
+    obj = torch.load(path, map_location="cpu", weights_only=True)
+  except Exception as err:  # torch raises several types for bad files
+    raise ConvertError(f"cannot load {path} with torch.load(weights_only=True): {err}. It must "
+                       "be a state dict (a dict of tensors), not a pickled module.") from None
+  for key in ("state_dict", "model_state_dict"):
+    if isinstance(obj, dict) and set(obj) == {key}:
+      obj = obj[key]
+  if not isinstance(obj, Mapping) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+    raise ConvertError(f"{path} is not a state dict (a flat dict name -> tensor).")
+  return {k: _as_float32(v.detach().cpu().float().numpy() if v.is_floating_point()
+                         else v.detach().cpu().numpy()) for k, v in obj.items()}
+
+
+def _as_float32(a: np.ndarray) -> np.ndarray:
+  a = np.asarray(a)
+  return a.astype(np.float32) if np.issubdtype(a.dtype, np.floating) else a
+
+
+def save_state_dict(state: Mapping[str, np.ndarray], path: str) -> None:
+  """Writes a state dict: ``.npz`` by extension, otherwise a torch file of tensors.
+
+  Raises:
+    ConvertError: a torch file was asked for but torch is not installed.
+  """
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  if path.endswith(".npz"):
+    np.savez(path, **{k: np.asarray(v) for k, v in state.items()})
+    return
+  try:
+    import torch
+  except ImportError:
+    raise ConvertError(f"writing the torch file {path} needs torch; use a .npz path.") from None
+  torch.save({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.items()}, path)

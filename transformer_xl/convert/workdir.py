@@ -1,0 +1,262 @@
+"""Workdirs: a reference checkpoint into a workdir of ours, and a workdir back out.
+
+A converted workdir holds ``config.json``, ``model_config.json`` and an orbax
+checkpoint of a full ``train.TrainState`` at step 0, so that
+``python -m transformer_xl.main --workdir=DIR --mode=eval|score`` (and
+``--mode=train`` with a ``--config`` of the same model, which fine-tunes
+from step 0) load it like a trained run.  This is the only module of the
+converter that calls into the training code (``main``, ``train``,
+``default_config``, ``sharding``, ``checkpointing``).
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping, Optional
+
+import numpy as np
+
+from transformer_xl.convert.errors import ConvertError, log
+from transformer_xl.convert.hparams import (expected_param_shapes, hparams_from_model_config,
+                                            load_hparams, model_config_from_hparams)
+from transformer_xl.convert.names import flatten_params, resolve_cluster_order, unflatten_params
+from transformer_xl.convert.pytorch import (params_from_state_dict, read_state_dict,
+                                            save_state_dict, state_dict_from_params)
+from transformer_xl.convert.tf import read_tf_checkpoint, state_dict_from_tf
+from transformer_xl.convert.vocab import (UNSEEN_BIAS, dataset_vocab, describe_vocab_map,
+                                          map_vocab, read_vocab, remap_vocab)
+
+
+def one_device_mesh():
+  """A (data, model) = (1, 1) mesh on the first device, for writing and reading workdirs."""
+  import jax
+  from transformer_xl import sharding
+  return sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
+
+
+def write_workdir(workdir: str, params: Mapping[str, Any], cfg, *, dataset: Optional[str] = None,
+                  data_dir: Optional[str] = None, manual_dir: Optional[str] = None,
+                  download: bool = True, verify_checksums: bool = True,
+                  unit: str = "word", eval_tgt_len: Optional[int] = None,
+                  eval_mem_len: Optional[int] = None, eval_clamp_len: Optional[int] = None,
+                  eval_same_length: Optional[bool] = None, global_batch: int = 1,
+                  eval_global_batch: int = 1):
+  """Writes a workdir that ``transformer_xl.main`` loads like a trained run.
+
+  Files: ``config.json`` (``default_config`` with ``model.*`` from cfg,
+  ``eval.*`` from the arguments, defaulting to cfg's tgt_len, mem_len,
+  clamp_len and same_length; ``data.*`` from the data arguments; train/eval
+  global_batch), ``model_config.json`` (cfg with n_token, unit, dataset) and
+  an orbax checkpoint at step 0 of a full :class:`train.TrainState`: the
+  parameters, ``tx.init(params)`` for the config's optimizer, and an empty
+  memory for ``global_batch`` rows, on a 1-device mesh.  The iterator state
+  is ``{}`` (training starts the data from the beginning).
+
+  Args:
+    workdir: directory (created); must not hold checkpoints yet.
+    params: parameter tree for cfg (nested dicts of arrays).
+    cfg: :class:`models.ModelConfig`.
+    dataset: our corpus name for ``data.dataset`` (None: keep the default).
+    data_dir, manual_dir, download, verify_checksums: ``data.*`` (where
+      ``--mode=eval`` finds the corpus).
+    unit: "byte", "char" or "word" (decides bpc vs ppl in reports).
+    eval_*: evaluation settings (None: from cfg).
+    global_batch: ``train.global_batch`` (the saved memory has this many
+      rows; keep it a multiple of the data-parallel devices that will load
+      the workdir).
+    eval_global_batch: ``eval.global_batch``.
+
+  Returns:
+    The written ``ml_collections.ConfigDict``.
+
+  Raises:
+    ConvertError: params that do not fit cfg, a workdir that already has
+      checkpoints, or an invalid setting.
+  """
+  import jax
+  import jax.numpy as jnp
+  from transformer_xl import checkpointing, default_config, main as txl_main, models, train
+  if unit not in ("byte", "char", "word"):
+    raise ConvertError(f"unit={unit!r}: use byte, char or word.")
+  config = default_config.get_config()
+  m = config.model
+  m.n_layer, m.d_model, m.n_head, m.d_head, m.d_inner = (
+      cfg.n_layer, cfg.d_model, cfg.n_head, cfg.d_head, cfg.d_inner)
+  m.dropout, m.dropatt = float(cfg.dropout), float(cfg.dropatt)
+  m.tgt_len, m.mem_len, m.ext_len, m.clamp_len = (
+      cfg.tgt_len, cfg.mem_len, cfg.ext_len, cfg.clamp_len)
+  m.same_length, m.pre_lnorm, m.untie_r, m.tie_weight = (
+      cfg.same_length, cfg.pre_lnorm, cfg.untie_r, cfg.tie_weight)
+  m.attn_type, m.d_embed, m.div_val = cfg.attn_type, int(cfg.d_embed or 0), cfg.div_val
+  m.cutoffs, m.tie_projs = tuple(cfg.cutoffs), tuple(cfg.tie_projs)
+  e = config.eval
+  e.tgt_len = cfg.tgt_len if eval_tgt_len is None else int(eval_tgt_len)
+  e.mem_len = cfg.mem_len if eval_mem_len is None else int(eval_mem_len)
+  e.clamp_len = cfg.clamp_len if eval_clamp_len is None else int(eval_clamp_len)
+  e.same_length = cfg.same_length if eval_same_length is None else bool(eval_same_length)
+  e.global_batch = int(eval_global_batch)
+  config.train.global_batch = int(global_batch)
+  if dataset is not None:
+    config.data.dataset = dataset
+  if data_dir is not None:
+    config.data.data_dir = str(data_dir)
+  if manual_dir is not None:
+    config.data.manual_dir = str(manual_dir)
+  config.data.download, config.data.verify_checksums = bool(download), bool(verify_checksums)
+  try:
+    txl_main.check_config(config, 1)
+  except txl_main.ConfigError as err:
+    raise ConvertError(str(err)) from None
+
+  expected = expected_param_shapes(cfg)
+  flat = flatten_params(params)
+  bad = {p: (tuple(np.shape(flat[p])) if p in flat else None, s) for p, s in expected.items()
+         if p not in flat or tuple(np.shape(flat[p])) != s}
+  extra = sorted(set(flat) - set(expected))
+  if bad or extra:
+    raise ConvertError(f"params do not fit the model config: (got, expected) {bad}; "
+                       f"unexpected {extra}.")
+
+  os.makedirs(workdir, exist_ok=True)
+  model = models.TransformerXL(cfg)
+  tx = train.make_optimizer(config.train)
+  mesh = one_device_mesh()
+  _, shardings = train.abstract_train_state(model, tx, config.train.global_batch, mesh)
+  manager = checkpointing.make_manager(workdir, config.checkpoint.max_to_keep)
+  existing = manager.latest_step()
+  if existing is not None:
+    manager.close()
+    raise ConvertError(f"{workdir} already holds checkpoints (step {existing}); convert into "
+                       "an empty --workdir.")
+  params_dev = jax.device_put(
+      unflatten_params({p: np.asarray(a, np.float32) for p, a in flat.items()}), shardings.params)
+  opt_state = jax.jit(tx.init, out_shardings=shardings.opt_state)(params_dev)
+  memory = jax.jit(lambda: models.init_memory(cfg, config.train.global_batch),
+                   out_shardings=shardings.memory)()
+  step = jax.device_put(jnp.zeros((), jnp.int32), shardings.step)
+  state = train.TrainState(step=step, params=params_dev, opt_state=opt_state, memory=memory)
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    f.write(config.to_json_best_effort(indent=2))
+  txl_main.save_model_config(workdir, cfg, unit, dataset or "converted")
+  checkpointing.save(manager, 0, state, {})
+  manager.close()
+  return config
+
+
+def convert_to_workdir(source: str, checkpoint: str, hparams: str | Mapping[str, Any],
+                       workdir: str, *, cluster_order: str = "auto", vocab: Optional[str] = None,
+                       dataset: Optional[str] = None, data_dir: Optional[str] = None,
+                       manual_dir: Optional[str] = None, download: bool = True,
+                       verify_checksums: bool = True, unit: Optional[str] = None,
+                       unseen_bias: float = UNSEEN_BIAS, **workdir_kwargs) -> dict:
+  """``--from=pytorch|tf``: a reference checkpoint into a workdir.
+
+  Args:
+    source: "pytorch" (state dict file, :func:`read_state_dict`) or "tf"
+      (:func:`read_tf_checkpoint`; always forward cluster order).
+    checkpoint: the file / TF checkpoint prefix.
+    hparams: JSON path or dict (:func:`load_hparams`).
+    workdir: output directory (:func:`write_workdir`).
+    cluster_order: for "pytorch" (:func:`params_from_state_dict`).
+    vocab: the released model's vocabulary file (:func:`read_vocab`); its
+      rows are mapped onto ``dataset``'s vocabulary (:func:`map_vocab`,
+      :func:`remap_vocab`).  Without it, the ids are taken as they are (and
+      must number our vocabulary's size when ``dataset`` is given).
+    dataset, data_dir, manual_dir, download, verify_checksums: our corpus
+      (:func:`dataset_vocab`), also written to the config's ``data.*``.
+    unit: "byte", "char" or "word"; default: the dataset's, else "word".
+    unseen_bias: softmax bias of our ids the model never saw.
+    **workdir_kwargs: eval_tgt_len, eval_mem_len, eval_clamp_len,
+      eval_same_length, global_batch, eval_global_batch (:func:`write_workdir`).
+
+  Returns:
+    A report: {"n_token", "params" (count), "vocab" (map_vocab report or None),
+    "cluster_order"}.
+
+  Raises:
+    ConvertError: any invalid input (see the functions it calls).
+  """
+  hp = load_hparams(hparams)
+  cfg = model_config_from_hparams(hp)
+  if source == "pytorch":
+    state = read_state_dict(checkpoint)
+    order = resolve_cluster_order(cluster_order, list(state))
+    log(f"Read {len(state)} tensors from {checkpoint}"
+        + (f"; adaptive-softmax cluster order: {order}." if cfg.cutoffs else "."))
+  elif source == "tf":
+    variables = read_tf_checkpoint(checkpoint)
+    log(f"Read {len(variables)} variables from the TF checkpoint {checkpoint}.")
+    state, order = state_dict_from_tf(variables, hp, cfg), "forward"
+    log("  Note (TF): LayerNorm epsilon 1e-12 there, 1e-5 here; TF's same_length lets each "
+        "query see mem_len + 1 keys (here mem_len, as in the PyTorch reference; with mem_len "
+        ">= tgt_len, --eval_mem_len=<mem_len + 1> gives TF's attention span); TF starts from "
+        "zero-filled memory, here from empty memory.")
+  else:
+    raise ConvertError(f"--from={source!r}: use pytorch or tf.")
+  params = params_from_state_dict(state, cfg, order)
+  report: dict[str, Any] = {"cluster_order": order, "vocab": None}
+  our_unit = unit
+  if dataset is not None:
+    our_vocab, ds_unit = dataset_vocab(dataset, data_dir, manual_dir, download,
+                                       verify_checksums)
+    our_unit = unit or ds_unit
+    if vocab is not None:
+      ref_vocab = read_vocab(vocab)
+      if len(ref_vocab) != cfg.n_token:
+        raise ConvertError(f"{vocab} has {len(ref_vocab)} symbols but hparams n_token="
+                           f"{cfg.n_token}.")
+      ref_of_ours, vrep = map_vocab(ref_vocab, our_vocab, dataset)
+      params, cfg = remap_vocab(params, cfg, ref_of_ours, unseen_bias)
+      report["vocab"] = vrep
+      describe_vocab_map(vrep, len(ref_vocab), len(our_vocab), dataset, unseen_bias)
+    elif len(our_vocab) != cfg.n_token:
+      raise ConvertError(f"hparams n_token={cfg.n_token} but {dataset} has a vocabulary of "
+                         f"{len(our_vocab)}: pass the model's vocabulary file with --vocab.")
+    else:
+      log(f"No --vocab: taking the model's ids as {dataset}'s ids (same size, "
+          f"{cfg.n_token}).")
+  elif vocab is not None:
+    raise ConvertError("--vocab needs --dataset (the vocabulary to map onto).")
+  our_unit = our_unit or "word"
+  write_workdir(workdir, params, cfg, dataset=dataset, data_dir=data_dir, manual_dir=manual_dir,
+                download=download, verify_checksums=verify_checksums, unit=our_unit,
+                **workdir_kwargs)
+  n_params = sum(int(np.prod(np.shape(a))) for a in flatten_params(params).values())
+  log(f"Wrote {workdir}: {n_params:,} parameters, vocabulary {cfg.n_token}, unit {our_unit}.")
+  report.update(n_token=cfg.n_token, params=n_params)
+  return report
+
+
+def export_pytorch(workdir: str, checkpoint: str, hparams_path: Optional[str] = None,
+                   layout: str = "reference", cluster_order: str = "auto") -> dict:
+  """``--to=pytorch``: the latest checkpoint of a workdir as a reference state dict.
+
+  Args:
+    workdir: a training (or converted) workdir with config.json,
+      model_config.json and checkpoints.
+    checkpoint: output file (``.npz``, else a torch file).
+    hparams_path: output JSON of the constructor arguments
+      (:func:`hparams_from_model_config`); default ``<checkpoint without
+      extension>.hparams.json``.
+    layout, cluster_order: see :func:`state_dict_from_params`.
+
+  Returns:
+    {"step", "tensors", "hparams_path"}.
+
+  Raises:
+    ConvertError / FileNotFoundError: missing workdir files or checkpoint.
+  """
+  import jax
+  from transformer_xl import main as txl_main
+  config = txl_main.load_workdir_config(workdir)
+  cfg, _ = txl_main.load_model_config(workdir)
+  step, params = txl_main.restore_params(config, workdir, cfg, one_device_mesh())
+  params = jax.tree_util.tree_map(lambda x: np.asarray(jax.device_get(x)), params)
+  state = state_dict_from_params(params, cfg, layout, cluster_order)
+  save_state_dict(state, checkpoint)
+  hparams_path = hparams_path or os.path.splitext(checkpoint)[0] + ".hparams.json"
+  with open(hparams_path, "w") as f:
+    json.dump(hparams_from_model_config(cfg), f, indent=2)
+  log(f"Wrote {len(state)} tensors of step {step} to {checkpoint} ({layout} names) and the "
+      f"hparams to {hparams_path}.")
+  return {"step": int(step), "tensors": len(state), "hparams_path": hparams_path}
