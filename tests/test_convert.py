@@ -22,7 +22,7 @@ import pytest
 import torch  # noqa: E402  (test extra: missing is an error, not a skip)
 import transformers  # noqa: E402,F401
 
-from transformer_xl import convert, main as txl_main  # noqa: E402
+from transformer_xl import convert, workdir as wd  # noqa: E402
 from test_parity import (B, BASE, hf_model, hf_segments, hparams, our_segments,  # noqa: E402
                          random_tokens, state_dict)
 
@@ -33,9 +33,9 @@ TF_REASON = ("TensorFlow is not installed: reading the reference TF checkpoints 
 
 def restored(workdir):
   """(config, ModelConfig, unit, step, numpy params) of a workdir, as main loads it."""
-  config = txl_main.load_workdir_config(str(workdir))
-  cfg, unit = txl_main.load_model_config(str(workdir))
-  step, params = txl_main.restore_params(config, str(workdir), cfg, convert.one_device_mesh())
+  config = wd.load_config(str(workdir))
+  cfg, unit = wd.load_model_config(str(workdir))
+  step, params = wd.restore_params(config, str(workdir), cfg, convert.one_device_mesh())
   return config, cfg, unit, step, jax.tree_util.tree_map(np.asarray, jax.device_get(params))
 
 

@@ -10,7 +10,7 @@
     python -m transformer_xl.convert --to=pytorch --workdir=/tmp/txl --checkpoint=out.pt
 
 A converted workdir holds ``config.json``, ``model_config.json`` and an orbax
-checkpoint of a full :class:`train.TrainState` at step 0, so that
+checkpoint of a full :class:`train_state.TrainState` at step 0, so that
 ``python -m transformer_xl.main --workdir=DIR --mode=eval|score`` (and
 ``--mode=train`` with a ``--config`` of the same model, which fine-tunes
 from step 0) load it like a trained run.
@@ -73,9 +73,9 @@ each of our ids scores what the model's id of the same symbol scores
 (renormalised over the symbols kept).
 
 Modules, one role each.  The converter is off the training path (nothing
-in training imports it); of the training code, only ``workdir.py`` calls
-``main``, ``train``, ``default_config``, ``sharding`` and ``checkpointing``,
-to write and read workdirs:
+in training imports it); of the package, only ``workdir.py`` calls
+``default_config``, ``train_state``, ``workdir``, ``sharding`` and
+``checkpointing``, to write and read workdirs:
   errors.py    ConvertError, the conversion report printer
   names.py     NAME_TABLE (ours / reference PyTorch and HuggingFace / TF
                names, layout kinds), tied aliases, cluster order,

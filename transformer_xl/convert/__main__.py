@@ -18,8 +18,8 @@ from transformer_xl.convert.workdir import convert_to_workdir, export_pytorch
 def _define_flags(fv):
   """Defines the command-line flags in the FlagValues ``fv``; returns name -> FlagHolder.
 
-  A FlagValues of its own, because ``transformer_xl.main`` (imported to write
-  and read workdirs) defines its flags, ``--workdir`` among them, globally.
+  A FlagValues of its own, so that the converter's flags never collide with
+  absl's global ones (``transformer_xl.main`` defines ``--workdir`` there).
   """
   from absl import flags
   f = {}

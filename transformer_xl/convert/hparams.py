@@ -185,13 +185,11 @@ def hparams_from_model_config(cfg) -> dict:
 
 def expected_param_shapes(cfg) -> dict[str, tuple[int, ...]]:
   """Path under ``params/`` ("/"-joined) -> shape, for a ModelConfig (no compute)."""
+  import functools
   import flax.linen as nn
   import jax
-  import jax.numpy as jnp
   from transformer_xl import models
-  model = models.TransformerXL(cfg)
-  tok = jnp.zeros((1, 1), jnp.int32)
-  boxed = jax.eval_shape(lambda rng: model.init(rng, tok, models.init_memory(cfg, 1), tok),
-                         jax.random.PRNGKey(0))["params"]
+  init = functools.partial(models.init_params, models.TransformerXL(cfg))
+  boxed = jax.eval_shape(init, jax.random.PRNGKey(0))
   flat = jax.tree_util.tree_flatten_with_path(nn.unbox(boxed))[0]
   return {"/".join(str(k.key) for k in path): tuple(x.shape) for path, x in flat}

@@ -1,12 +1,12 @@
 """Workdirs: a reference checkpoint into a workdir of ours, and a workdir back out.
 
 A converted workdir holds ``config.json``, ``model_config.json`` and an orbax
-checkpoint of a full ``train.TrainState`` at step 0, so that
+checkpoint of a full ``train_state.TrainState`` at step 0, so that
 ``python -m transformer_xl.main --workdir=DIR --mode=eval|score`` (and
 ``--mode=train`` with a ``--config`` of the same model, which fine-tunes
 from step 0) load it like a trained run.  This is the only module of the
-converter that calls into the training code (``main``, ``train``,
-``default_config``, ``sharding``, ``checkpointing``).
+converter that calls into the training code (``default_config``,
+``train_state``, ``workdir``, ``sharding``, ``checkpointing``).
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def write_workdir(workdir: str, params: Mapping[str, Any], cfg, *, dataset: Opti
   ``eval.*`` from the arguments, defaulting to cfg's tgt_len, mem_len,
   clamp_len and same_length; ``data.*`` from the data arguments; train/eval
   global_batch), ``model_config.json`` (cfg with n_token, unit, dataset) and
-  an orbax checkpoint at step 0 of a full :class:`train.TrainState`: the
+  an orbax checkpoint at step 0 of a full :class:`train_state.TrainState`: the
   parameters, ``tx.init(params)`` for the config's optimizer, and an empty
   memory for ``global_batch`` rows, on a 1-device mesh.  The iterator state
   is ``{}`` (training starts the data from the beginning).
@@ -73,22 +73,11 @@ def write_workdir(workdir: str, params: Mapping[str, Any], cfg, *, dataset: Opti
     ConvertError: params that do not fit cfg, a workdir that already has
       checkpoints, or an invalid setting.
   """
-  import jax
-  import jax.numpy as jnp
-  from transformer_xl import checkpointing, default_config, main as txl_main, models, train
+  from transformer_xl import default_config
   if unit not in ("byte", "char", "word"):
     raise ConvertError(f"unit={unit!r}: use byte, char or word.")
   config = default_config.get_config()
-  m = config.model
-  m.n_layer, m.d_model, m.n_head, m.d_head, m.d_inner = (
-      cfg.n_layer, cfg.d_model, cfg.n_head, cfg.d_head, cfg.d_inner)
-  m.dropout, m.dropatt = float(cfg.dropout), float(cfg.dropatt)
-  m.tgt_len, m.mem_len, m.ext_len, m.clamp_len = (
-      cfg.tgt_len, cfg.mem_len, cfg.ext_len, cfg.clamp_len)
-  m.same_length, m.pre_lnorm, m.untie_r, m.tie_weight = (
-      cfg.same_length, cfg.pre_lnorm, cfg.untie_r, cfg.tie_weight)
-  m.attn_type, m.d_embed, m.div_val = cfg.attn_type, int(cfg.d_embed or 0), cfg.div_val
-  m.cutoffs, m.tie_projs = tuple(cfg.cutoffs), tuple(cfg.tie_projs)
+  default_config.set_model_config(config, cfg)
   e = config.eval
   e.tgt_len = cfg.tgt_len if eval_tgt_len is None else int(eval_tgt_len)
   e.mem_len = cfg.mem_len if eval_mem_len is None else int(eval_mem_len)
@@ -104,8 +93,8 @@ def write_workdir(workdir: str, params: Mapping[str, Any], cfg, *, dataset: Opti
     config.data.manual_dir = str(manual_dir)
   config.data.download, config.data.verify_checksums = bool(download), bool(verify_checksums)
   try:
-    txl_main.check_config(config, 1)
-  except txl_main.ConfigError as err:
+    default_config.validate(config, 1)
+  except default_config.ConfigError as err:
     raise ConvertError(str(err)) from None
 
   expected = expected_param_shapes(cfg)
@@ -117,27 +106,21 @@ def write_workdir(workdir: str, params: Mapping[str, Any], cfg, *, dataset: Opti
     raise ConvertError(f"params do not fit the model config: (got, expected) {bad}; "
                        f"unexpected {extra}.")
 
+  from transformer_xl import checkpointing, models, train_state
+  from transformer_xl import workdir as wd
   os.makedirs(workdir, exist_ok=True)
-  model = models.TransformerXL(cfg)
-  tx = train.make_optimizer(config.train)
-  mesh = one_device_mesh()
-  _, shardings = train.abstract_train_state(model, tx, config.train.global_batch, mesh)
   manager = checkpointing.make_manager(workdir, config.checkpoint.max_to_keep)
   existing = manager.latest_step()
   if existing is not None:
     manager.close()
     raise ConvertError(f"{workdir} already holds checkpoints (step {existing}); convert into "
                        "an empty --workdir.")
-  params_dev = jax.device_put(
-      unflatten_params({p: np.asarray(a, np.float32) for p, a in flat.items()}), shardings.params)
-  opt_state = jax.jit(tx.init, out_shardings=shardings.opt_state)(params_dev)
-  memory = jax.jit(lambda: models.init_memory(cfg, config.train.global_batch),
-                   out_shardings=shardings.memory)()
-  step = jax.device_put(jnp.zeros((), jnp.int32), shardings.step)
-  state = train.TrainState(step=step, params=params_dev, opt_state=opt_state, memory=memory)
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    f.write(config.to_json_best_effort(indent=2))
-  txl_main.save_model_config(workdir, cfg, unit, dataset or "converted")
+  state = train_state.create_train_state(
+      models.TransformerXL(cfg), train_state.make_optimizer(config.train),
+      config.train.global_batch, one_device_mesh(),
+      params=unflatten_params({p: np.asarray(a, np.float32) for p, a in flat.items()}))
+  wd.save_config(workdir, config)
+  wd.save_model_config(workdir, cfg, unit, dataset or "converted")
   checkpointing.save(manager, 0, state, {})
   manager.close()
   return config
@@ -247,10 +230,10 @@ def export_pytorch(workdir: str, checkpoint: str, hparams_path: Optional[str] = 
     ConvertError / FileNotFoundError: missing workdir files or checkpoint.
   """
   import jax
-  from transformer_xl import main as txl_main
-  config = txl_main.load_workdir_config(workdir)
-  cfg, _ = txl_main.load_model_config(workdir)
-  step, params = txl_main.restore_params(config, workdir, cfg, one_device_mesh())
+  from transformer_xl import workdir as wd
+  config = wd.load_config(workdir)
+  cfg, _ = wd.load_model_config(workdir)
+  step, params = wd.restore_params(config, workdir, cfg, one_device_mesh())
   params = jax.tree_util.tree_map(lambda x: np.asarray(jax.device_get(x)), params)
   state = state_dict_from_params(params, cfg, layout, cluster_order)
   save_state_dict(state, checkpoint)
