@@ -3,7 +3,7 @@
 Evaluation uses its own segment length, memory length, clamp_len and
 same_length (``config.eval``; longer memory than in training, as in the
 paper), the training parameters, and no dropout.  Every token of the split
-is scored exactly once, the tail included (input_pipeline.EvalIterator);
+is scored exactly once, the tail included (data.EvalIterator);
 rows carry their memory from segment to segment, starting empty.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import ml_collections
 import numpy as np
 from jax.sharding import Mesh
 
-from transformer_xl import datasets, input_pipeline, models, sharding
+from transformer_xl import data, models, sharding
 
 
 def eval_model_config(config: ml_collections.ConfigDict, train_cfg: models.ModelConfig
@@ -41,7 +41,7 @@ class Evaluator:
   """
 
   def __init__(self, config: ml_collections.ConfigDict, train_model_cfg: models.ModelConfig,
-               corpus: Optional[datasets.Corpus], mesh: Mesh):
+               corpus: Optional[data.Corpus], mesh: Mesh):
     self.cfg = eval_model_config(config, train_model_cfg)
     self.global_batch = config.eval.global_batch
     self.corpus = corpus
@@ -85,10 +85,10 @@ class Evaluator:
     # any slice).  Each process reads only its own real rows.
     source, b, seg = self.corpus.splits[split], self.global_batch, self.cfg.tgt_len
     b_pad = -(-b // sharding.data_parallel_size(self.mesh)) * sharding.data_parallel_size(self.mesh)
-    rows = input_pipeline.process_row_ids(self._batch_sharding, b_pad, seg)
+    rows = data.process_row_ids(self._batch_sharding, b_pad, seg)
     real = [r for r in rows if r < b]
-    num_steps = len(input_pipeline.EvalIterator(source, b, seg, self.corpus.boundary_id, row_ids=[0]))
-    it = (input_pipeline.EvalIterator(source, b, seg, self.corpus.boundary_id, row_ids=real)
+    num_steps = len(data.EvalIterator(source, b, seg, self.corpus.boundary_id, row_ids=[0]))
+    it = (data.EvalIterator(source, b, seg, self.corpus.boundary_id, row_ids=real)
           if real else None)
     n_dummy = len(rows) - len(real)
     memory = self._empty_memory(b_pad)
@@ -105,7 +105,7 @@ class Evaluator:
                  "reset": np.full((n_dummy,), i == 0)}
         local = dummy if local is None else {k: np.concatenate([local[k], dummy[k]])
                                              for k in dummy}
-      batch = input_pipeline.to_global_batch(local, self._batch_sharding, b_pad)
+      batch = data.to_global_batch(local, self._batch_sharding, b_pad)
       weights = batch.pop("weights")
       nll_BxT, memory = self._nll_step(params, memory, batch)
       pending.append((nll_BxT, weights))
@@ -152,13 +152,13 @@ class Evaluator:
     padded = np.zeros((b_pad, n_seg * seg + 1), np.int32)
     padded[:b, :t1] = tokens
     memory = self._empty_memory(b_pad)
-    rows = input_pipeline.process_row_ids(self._batch_sharding, b_pad, seg)
+    rows = data.process_row_ids(self._batch_sharding, b_pad, seg)
     out = []
     for s in range(n_seg):
       local = {"inputs": padded[rows, s * seg:(s + 1) * seg],
                "targets": padded[rows, s * seg + 1:(s + 1) * seg + 1],
                "reset": np.full((len(rows),), s == 0)}
-      batch = input_pipeline.to_global_batch(local, self._batch_sharding, b_pad)
+      batch = data.to_global_batch(local, self._batch_sharding, b_pad)
       nll_BxT, memory = self._nll_step(params, memory, batch)
       out.append(nll_BxT)
     return np.concatenate([np.asarray(jax.device_get(x)) for x in out], axis=1)[:b, :t].astype(

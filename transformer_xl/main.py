@@ -55,7 +55,7 @@ def check_config(config, num_devices: int) -> tuple[int, ...]:
       axis, batch vs the ``data`` axis and batch_chunk, same_length without
       memory, ext_len >= tgt_len, unknown dataset, bad dtype, ...).
   """
-  from transformer_xl import adaptive, attention, datasets, sharding
+  from transformer_xl import adaptive, attention, data, sharding
   m, t, e = config.model, config.train, config.eval
   try:
     mesh_shape = sharding.resolve_mesh_shape(config.mesh.shape, num_devices)
@@ -105,9 +105,9 @@ def check_config(config, num_devices: int) -> tuple[int, ...]:
   if m.attn_type not in attention.ATTENTION_TYPES:
     problems.append(f"model.attn_type={m.attn_type}: implemented types are "
                     f"{sorted(attention.ATTENTION_TYPES)}.")
-  if config.data.dataset not in datasets.CORPUS_NAMES:
+  if config.data.dataset not in data.CORPUS_NAMES:
     problems.append(f"data.dataset={config.data.dataset!r}: choose one of "
-                    f"{sorted(datasets.CORPUS_NAMES)}.")
+                    f"{sorted(data.CORPUS_NAMES)}.")
   if t.num_steps < 1 or t.log_every < 1 or config.checkpoint.every_steps < 1:
     problems.append("train.num_steps, train.log_every and checkpoint.every_steps must be >= 1.")
   if problems:
@@ -146,7 +146,7 @@ def initialize_distributed(coordinator_address=None, num_processes=None, process
 
 
 def load_corpus_once(config):
-  """datasets.load_corpus, prepared by process 0 before the others look.
+  """data.load_corpus, prepared by process 0 before the others look.
 
   With several processes, process 0 prepares the dataset first (so a shared
   data_dir is written once), then the others load it (preparing their own
@@ -154,14 +154,14 @@ def load_corpus_once(config):
   every process with an error instead of leaving them waiting.
 
   Raises:
-    datasets.DataError: the corpus cannot be built (see its message).
+    data.DataError: the corpus cannot be built (see its message).
   """
   import jax
   import numpy as np
-  from transformer_xl import datasets
+  from transformer_xl import data
 
   def load():
-    return datasets.load_corpus(
+    return data.load_corpus(
         config.data.dataset, data_dir=config.data.data_dir, manual_dir=config.data.manual_dir,
         download=config.data.download, verify_checksums=config.data.verify_checksums)
 
@@ -172,13 +172,13 @@ def load_corpus_once(config):
   if jax.process_index() == 0:
     try:
       corpus = load()
-    except datasets.DataError as err:
+    except data.DataError as err:
       error = err
   ok = multihost_utils.process_allgather(np.asarray([error is None], np.int32))
   if error is not None:
     raise error
   if not bool(np.all(ok)):
-    raise datasets.DataError("Process 0 could not prepare the dataset; see its error message.")
+    raise data.DataError("Process 0 could not prepare the dataset; see its error message.")
   return corpus if corpus is not None else load()
 
 
@@ -273,9 +273,8 @@ def score(config, workdir: str, tokens_path: str, out_path: str, text_path: str 
   model_cfg, unit = load_model_config(workdir)
   if text_path:
     from etils import epath
-    from transformer_xl import datasets
     corpus = load_corpus_once(config)
-    ids = datasets.encode_text(corpus, epath.Path(text_path).read_text())
+    ids = corpus.encode(epath.Path(text_path).read_text())
     tokens = np.concatenate([[corpus.boundary_id], ids])[None, :]
   else:
     tokens = np.load(tokens_path)
@@ -343,7 +342,7 @@ def main(argv):
     raise app.UsageError("--config is required to train.")
   if not flags.FLAGS["verbosity"].present:  # orbax and tfds log every file at INFO
     logging.set_verbosity(logging.WARNING)
-  from transformer_xl import datasets
+  from transformer_xl import data
   try:
     initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     config = _CONFIG.value if _CONFIG.value is not None else load_workdir_config(_WORKDIR.value)
@@ -351,7 +350,7 @@ def main(argv):
       score(config, _WORKDIR.value, _TOKENS.value, _OUT.value, _TEXT.value)
     else:
       run(config, _WORKDIR.value, _MODE.value)
-  except (ConfigError, datasets.DataError, FileNotFoundError) as err:
+  except (ConfigError, data.DataError, FileNotFoundError) as err:
     sys.exit(f"error: {err}")
 
 

@@ -29,7 +29,7 @@ import optax
 import tqdm
 from jax.sharding import Mesh, NamedSharding
 
-from transformer_xl import checkpointing, datasets, evaluate, input_pipeline, models, sharding
+from transformer_xl import checkpointing, data, evaluate, models, sharding
 
 Array = jax.Array
 
@@ -282,7 +282,7 @@ class _Writer:
       self._jsonl.close()
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: datasets.Corpus,
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: data.Corpus,
                        mesh: Mesh) -> dict:
   """Trains until ``config.train.num_steps``, resuming from ``workdir`` if possible.
 
@@ -304,10 +304,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: 
 
   manager = checkpointing.make_manager(workdir, config.checkpoint.max_to_keep)
   # Ordered contiguous rows, or (One Billion Word) shuffled-sentence rows.
-  train_iter = input_pipeline.make_train_iterator(
+  train_iter = data.make_train_iterator(
       corpus, "train", tcfg.global_batch, mcfg.tgt_len, seed=tcfg.seed,
-      row_ids=input_pipeline.process_row_ids(sharding.batch_sharding(mesh), tcfg.global_batch,
-                                             mcfg.tgt_len))
+      row_ids=data.process_row_ids(sharding.batch_sharding(mesh), tcfg.global_batch,
+                                   mcfg.tgt_len))
   restored = checkpointing.restore_latest(manager, abstract_state)
   if restored is None:
     state = create_train_state(model, tx, tcfg.global_batch, mesh,
@@ -339,8 +339,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: 
   step = start_step
   with PreemptionGuard() as preemption:
     while step < tcfg.num_steps:
-      batch = input_pipeline.to_global_batch(next(train_iter), sharding.batch_sharding(mesh),
-                                             tcfg.global_batch)
+      batch = data.to_global_batch(next(train_iter), sharding.batch_sharding(mesh),
+                                   tcfg.global_batch)
       state, metrics = train_step(state, batch)
       step += 1
       steps_since += 1
