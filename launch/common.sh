@@ -164,11 +164,11 @@ tpu_ssh() {
 }
 
 # known_datasets: prints the corpus names that this checkout's
-# transformer_xl.datasets.load_corpus accepts (its CORPUS_NAMES), read from
+# transformer_xl.data.load_corpus accepts (its CORPUS_NAMES), read from
 # the source with Python's ast module (nothing imported); prints nothing if
 # python3 is missing or the source cannot be read.
 known_datasets() {
-  python3 - "$REPO_DIR/transformer_xl/datasets/__init__.py" 2>/dev/null <<'PY' || true
+  python3 - "$REPO_DIR/transformer_xl/data/__init__.py" 2>/dev/null <<'PY' || true
 import ast, sys
 tree = ast.parse(open(sys.argv[1]).read())
 for node in tree.body:

@@ -18,7 +18,7 @@ txl_DATASET in ~/tensorflow_datasets (downloading the canonical source files,
 checksums verified), then copies it to gs://BUCKET/tfds/txl_DATASET with
 `gcloud storage rsync`.
 
-  --dataset DATASET   a name that transformer_xl.datasets.load_corpus knows
+  --dataset DATASET   a name that transformer_xl.data.load_corpus knows
                       (CORPUS_NAMES), e.g. enwik8, text8, wikitext103.
   --bucket GS_DIR     where prepared datasets are kept, e.g. gs://my-bucket/tfds.
   --manual-from GS_DIR  source files already in Cloud Storage (the archive or
@@ -78,8 +78,8 @@ fi
 # Step 2: build the dataset with the package's own loader (it checks the
 # source checksums and the documented token counts) and print the split sizes.
 # (One line of Python, so that a dry run prints one line per command.)
-code="import os; from transformer_xl import datasets; "
-code+="corpus = datasets.load_corpus(\"$DATASET\", data_dir=os.path.expanduser(\"~/tensorflow_datasets\"), manual_dir=$manual_arg); "
+code="import os; from transformer_xl import data; "
+code+="corpus = data.load_corpus(\"$DATASET\", data_dir=os.path.expanduser(\"~/tensorflow_datasets\"), manual_dir=$manual_arg); "
 code+="print({name: split.num_tokens for name, split in corpus.splits.items()}, flush=True)"
 steps+=" && python3 -c $(shell_quote "$code")"
 # Step 3: the prepared dataset to Cloud Storage.

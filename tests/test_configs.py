@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from transformer_xl import datasets
-from test_datasets import _WIKI, _wiki_zip
+from transformer_xl.data import load_corpus
+from data_samples import _WIKI, _wiki_zip
 from test_train import REPO, run_main
 
 CONFIGS = REPO / "configs"
@@ -37,8 +37,8 @@ def check_start(tmp_path, name, manual, dataset):
   config = load_config(name)
   data = [f"--config.data.manual_dir={manual}", f"--config.data.data_dir={tmp_path / 'tfds'}",
           "--config.data.verify_checksums=False"]
-  corpus = datasets.load_corpus(dataset, data_dir=str(tmp_path / "tfds"), manual_dir=str(manual),
-                                verify_checksums=False)
+  corpus = load_corpus(dataset, data_dir=str(tmp_path / "tfds"), manual_dir=str(manual),
+                       verify_checksums=False)
   overrides = tiny_overrides(corpus.vocab_size, len(config.model.cutoffs))
   workdir = tmp_path / name
   r = run_main([f"--config={CONFIGS / (name + '.py')}", f"--workdir={workdir}", *data, *overrides])
@@ -61,7 +61,7 @@ def test_wt103_configs_start_and_train_two_steps(tmp_path, name):
 
 @pytest.mark.parametrize("name", ["lm1b_base", "lm1b_large"])
 def test_lm1b_configs_start_and_train_two_steps(tmp_path, name):
-  from test_lm1b import ARCHIVE, HELDOUT_DIR, TRAIN_DIR, _HELDOUT, _TRAIN, _heldout_name, \
+  from data_samples import ARCHIVE, HELDOUT_DIR, TRAIN_DIR, _HELDOUT, _TRAIN, _heldout_name, \
       _tarball, _train_name
   manual = tmp_path / "manual"
   manual.mkdir()

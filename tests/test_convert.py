@@ -355,9 +355,9 @@ def test_enwik8_reference_vocabulary_maps_onto_bytes(tmp_path, capsys):
 
 
 def test_text8_and_word_vocabulary_symbols():
-  from transformer_xl.datasets import builders
+  from transformer_xl.data import tokenizers
   ref = ["_"] + list("etaoinshrdlcumwfgypbvkxjqz")
-  ref_of_ours, rep = convert.map_vocab(ref, builders.TEXT8_VOCAB, "text8")
+  ref_of_ours, rep = convert.map_vocab(ref, tokenizers.TEXT8_VOCAB, "text8")
   assert rep["matched"] == 27 and ref_of_ours[0] == 0  # " " <- "_"
   assert [ref[r] for r in ref_of_ours[1:]] == list("abcdefghijklmnopqrstuvwxyz")
   ref_of_ours, rep = convert.map_vocab(["<eos>", "the", "zzz"], ["<eos>", "a", "the"])
@@ -466,10 +466,10 @@ def test_converted_word_model_with_a_mapped_vocabulary_runs_main_eval(tmp_path):
   """--vocab + --dataset on a word corpus (a PTB-format sample), then
   ``main --mode=eval``: its valid loss is HF's NLL of the valid stream."""
   from test_train import write_ptb_sample
-  from transformer_xl import datasets
+  from transformer_xl import data
   manual, data_dir = write_ptb_sample(tmp_path / "ptb"), tmp_path / "tfds"
-  corpus = datasets.load_corpus("ptb", data_dir=str(data_dir), manual_dir=str(manual),
-                                download=False, verify_checksums=False)
+  corpus = data.load_corpus("ptb", data_dir=str(data_dir), manual_dir=str(manual),
+                            download=False, verify_checksums=False)
   ours = list(corpus.vocab)
   # The released model's vocabulary: another order and one symbol we do not have.
   ref_vocab = ["@not-in-ptb@"] + [ours[i] for i in np.random.default_rng(51).permutation(len(ours))]

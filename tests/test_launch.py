@@ -166,7 +166,7 @@ def test_prepare_data_on_worker_0_then_to_bucket(cloud):
   assert printed == line(
       *SSH, "--worker=0",
       "--command=set -e; cd ~/transformer_xl && python3 -c 'import os; from transformer_xl import"
-      " datasets; corpus = datasets.load_corpus(\"enwik8\", data_dir=os.path.expanduser("
+      " data; corpus = data.load_corpus(\"enwik8\", data_dir=os.path.expanduser("
       "\"~/tensorflow_datasets\"), manual_dir=None); print({name: split.num_tokens for name, split"
       " in corpus.splits.items()}, flush=True)' && gcloud storage rsync --recursive"
       " ~/tensorflow_datasets/txl_enwik8 gs://my-bucket/tfds/txl_enwik8")
@@ -187,9 +187,9 @@ def test_prepare_data_from_manual_files_in_a_bucket(cloud):
 
 def test_prepare_data_knows_every_corpus_and_its_tfds_name(cloud):
   """The names come from the checkout's CORPUS_NAMES; the tfds dir is the builder's name."""
-  from transformer_xl import datasets
-  from transformer_xl.datasets import builders
-  for name in datasets.CORPUS_NAMES:
+  from transformer_xl import data
+  from transformer_xl.data import builders
+  for name in data.CORPUS_NAMES:
     (printed,) = cloud.dry("prepare_data", *TPU, "--dataset", name, "--bucket", "gs://b/tfds")
     builder = builders.BUILDERS[name].name
     assert remote_command(printed).endswith(

@@ -45,9 +45,9 @@ def test_notebook_runs_end_to_end_on_cpu(tmp_path, monkeypatch):
   # A "released" checkpoint: a small HuggingFace-layout model over this
   # sample's vocabulary, converted and evaluated by the notebook's last cell.
   from test_parity import BASE, hf_model, state_dict
-  from transformer_xl import convert, datasets
-  corpus = datasets.load_corpus("ptb", data_dir=str(tmp_path / "tfds"), manual_dir=str(manual),
-                                download=False, verify_checksums=False)
+  from transformer_xl import convert, data
+  corpus = data.load_corpus("ptb", data_dir=str(tmp_path / "tfds"), manual_dir=str(manual),
+                            download=False, verify_checksums=False)
   hp = convert.load_hparams({**BASE, "n_token": corpus.vocab_size, "tgt_len": 8, "mem_len": 8})
   np.savez(tmp_path / "released.npz", **state_dict(hf_model(hp, seed=3)))
   (tmp_path / "released_hparams.json").write_text(json.dumps(hp))

@@ -3,7 +3,7 @@ import numpy as np
 import jax
 import pytest
 
-from transformer_xl import datasets, default_config, evaluate, models, sharding, train_state
+from transformer_xl import data, default_config, evaluate, models, sharding, train_state
 from test_train import REPO, run_main, small_args, tiny_config, write_ptb_sample
 
 
@@ -24,8 +24,8 @@ def test_score_equals_evaluation_of_a_split(setup):
   config, mcfg, mesh, params = setup
   rng = np.random.default_rng(0)
   stream = rng.integers(0, 64, size=203).astype(np.int32)
-  corpus = datasets.Corpus(name="toy", unit="word", vocab=[str(i) for i in range(64)],
-                           boundary_id=0, splits={"valid": datasets.ArraySource(stream)})
+  corpus = data.Corpus(name="toy", unit="word", vocab=[str(i) for i in range(64)],
+                       boundary_id=0, splits={"valid": data.ArraySource(stream)})
   config.eval.global_batch = 8
   ev = evaluate.Evaluator(config, mcfg, corpus, mesh)
   # The evaluator cuts the stream into 8 rows of ceil(203/8) = 26 targets;
@@ -89,8 +89,8 @@ def test_eval_batch_that_does_not_divide_the_devices_is_padded(setup):
   """eval.global_batch 3 on 4 data shards: same result as on one device."""
   config, mcfg, mesh, params = setup
   stream = np.random.default_rng(5).integers(0, 64, size=97).astype(np.int32)
-  corpus = datasets.Corpus(name="toy", unit="char", vocab=[str(i) for i in range(64)],
-                           boundary_id=0, splits={"valid": datasets.ArraySource(stream)})
+  corpus = data.Corpus(name="toy", unit="char", vocab=[str(i) for i in range(64)],
+                       boundary_id=0, splits={"valid": data.ArraySource(stream)})
   config.eval.global_batch = 3
   res = evaluate.Evaluator(config, mcfg, corpus, mesh).evaluate(params, "valid")
   mesh1 = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
@@ -102,8 +102,8 @@ def test_eval_batch_that_does_not_divide_the_devices_is_padded(setup):
 
 
 @pytest.mark.parametrize("name", ["ptb", "ptb_char", "wikitext2", "text8"])
-def test_encode_text_reproduces_the_builders_streams(tmp_path, name):
-  from test_datasets import _PTB, _WIKI, _ptb_tgz, _text8_text, _wiki_zip, _zip
+def test_corpus_encode_reproduces_the_builders_streams(tmp_path, name):
+  from data_samples import _PTB, _WIKI, _ptb_tgz, _text8_text, _wiki_zip, _zip
   manual = tmp_path / "manual"
   manual.mkdir()
   if name.startswith("ptb"):
@@ -116,10 +116,10 @@ def test_encode_text_reproduces_the_builders_streams(tmp_path, name):
     text = _text8_text()
     _zip(manual / "text8.zip", {"text8": text.encode()})
     texts = {"all": text}
-  corpus = datasets.load_corpus(name, data_dir=str(tmp_path / "tfds"), manual_dir=str(manual),
-                                verify_checksums=False)
+  corpus = data.load_corpus(name, data_dir=str(tmp_path / "tfds"), manual_dir=str(manual),
+                            verify_checksums=False)
   for split, text in texts.items():
-    ids = datasets.encode_text(corpus, text)
+    ids = corpus.encode(text)
     if split == "all":
       want = np.concatenate([corpus.splits[s].read(0, corpus.splits[s].num_tokens)
                              for s in ("train", "valid", "test")])
@@ -139,6 +139,6 @@ def test_score_text_from_the_command_line(tmp_path):
   r = run_main([f"--workdir={workdir}", "--mode=score", f"--text={manual / 'ptb.test.txt'}",
                 f"--out={tmp_path / 'nll.npy'}"])
   assert r.returncode == 0, r.stderr[-3000:]
-  corpus = datasets.load_corpus("ptb", data_dir=str(tmp_path / "tfds"), manual_dir=str(manual),
-                                verify_checksums=False)
+  corpus = data.load_corpus("ptb", data_dir=str(tmp_path / "tfds"), manual_dir=str(manual),
+                            verify_checksums=False)
   assert np.load(tmp_path / "nll.npy").shape == (1, corpus.splits["test"].num_tokens)

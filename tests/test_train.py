@@ -13,7 +13,7 @@ import orbax.checkpoint as ocp
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from transformer_xl import datasets, default_config, input_pipeline, models, sharding, train, train_state
+from transformer_xl import data, default_config, models, sharding, train, train_state
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -35,12 +35,11 @@ def run_steps(config, mesh, tokens, n_steps):
   state = train_state.create_train_state(model, tx, config.train.global_batch, mesh,
                                    jax.random.PRNGKey(0), shardings)
   step_fn = train.make_train_step(model, tx, mesh, shardings, config.train.batch_chunk, 7)
-  it = input_pipeline.TrainIterator(datasets.ArraySource(tokens), config.train.global_batch,
-                                    mcfg.tgt_len)
+  it = data.TrainIterator(data.ArraySource(tokens), config.train.global_batch, mcfg.tgt_len)
   losses = []
   for _ in range(n_steps):
-    batch = input_pipeline.to_global_batch(next(it), sharding.batch_sharding(mesh),
-                                           config.train.global_batch)
+    batch = data.to_global_batch(next(it), sharding.batch_sharding(mesh),
+                                 config.train.global_batch)
     state, metrics = step_fn(state, batch)
     losses.append(float(metrics["loss"]))
   # Static shapes: one compilation while the memory fills up.
@@ -189,8 +188,8 @@ def test_main_trains_quickstart_and_evaluates(tmp_path):
   r = run_main(small_args(tmp_path, workdir, manual, "--mode=eval"))
   assert r.returncode == 0, r.stderr[-3000:]
   results = json.loads((workdir / "eval_results.json").read_text())
-  corpus = datasets.load_corpus("ptb", data_dir=str(tmp_path / "tfds"), manual_dir=str(manual),
-                                verify_checksums=False)
+  corpus = data.load_corpus("ptb", data_dir=str(tmp_path / "tfds"), manual_dir=str(manual),
+                            verify_checksums=False)
   for split in ("valid", "test"):
     assert results[split]["tokens"] == corpus.splits[split].num_tokens
     assert results[split]["ppl"] == pytest.approx(np.exp(results[split]["loss_nats"]))

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import ml_collections
 
-from transformer_xl import datasets, models, sharding
+from transformer_xl import data, models, sharding
 
 
 class ConfigError(ValueError):
@@ -33,7 +33,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict(models.ModelConfig.defaults())
 
   c.data = ml_collections.ConfigDict(dict(
-      dataset="enwik8",  # one of datasets.CORPUS_NAMES
+      dataset="enwik8",  # one of data.CORPUS_NAMES
       data_dir=ml_collections.FieldReference(None, field_type=str),    # tfds data dir (default ~/tensorflow_datasets)
       manual_dir=ml_collections.FieldReference(None, field_type=str),  # where source files already on disk are
       download=True,
@@ -124,9 +124,9 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, 
                                       section="eval")
   if e.global_batch < 1:
     problems.append(f"eval.global_batch={e.global_batch} must be >= 1.")
-  if config.data.dataset not in datasets.CORPUS_NAMES:
+  if config.data.dataset not in data.CORPUS_NAMES:
     problems.append(f"data.dataset={config.data.dataset!r}: choose one of "
-                    f"{sorted(datasets.CORPUS_NAMES)}.")
+                    f"{sorted(data.CORPUS_NAMES)}.")
   if t.num_steps < 1 or t.log_every < 1 or config.checkpoint.every_steps < 1:
     problems.append("train.num_steps, train.log_every and checkpoint.every_steps must be >= 1.")
   if config.checkpoint.max_to_keep < 1:

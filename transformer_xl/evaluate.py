@@ -22,7 +22,7 @@ import ml_collections
 import numpy as np
 from jax.sharding import Mesh
 
-from transformer_xl import datasets, default_config, input_pipeline, metrics, models, sharding
+from transformer_xl import data, default_config, metrics, models, sharding
 from transformer_xl import workdir as wd
 
 
@@ -73,7 +73,7 @@ class Evaluator:
   """
 
   def __init__(self, config: ml_collections.ConfigDict, train_model_cfg: models.ModelConfig,
-               corpus: Optional[datasets.Corpus], mesh: Mesh):
+               corpus: Optional[data.Corpus], mesh: Mesh):
     self.cfg = eval_model_config(config, train_model_cfg)
     self.global_batch = config.eval.global_batch
     self.corpus = corpus
@@ -88,7 +88,7 @@ class Evaluator:
     """(b padded to the data-parallel size, the padded rows this process holds)."""
     n_data = sharding.data_parallel_size(self.mesh)
     b_pad = -(-b // n_data) * n_data
-    return b_pad, input_pipeline.process_row_ids(self._batch_sharding, b_pad, self.cfg.tgt_len)
+    return b_pad, data.process_row_ids(self._batch_sharding, b_pad, self.cfg.tgt_len)
 
   def _empty_memory(self, batch_size: int) -> models.Memory:
     """Empty eval memory for ``batch_size`` rows, made on the devices (one
@@ -108,11 +108,11 @@ class Evaluator:
     source, b, seg = self.corpus.splits[split], self.global_batch, self.cfg.tgt_len
     b_pad, rows = self._rows(b)
     real = [r for r in rows if r < b]
-    num_steps = len(input_pipeline.EvalIterator(source, b, seg, self.corpus.boundary_id,
+    num_steps = len(data.EvalIterator(source, b, seg, self.corpus.boundary_id,
                                                 row_ids=[0]))
     if max_steps:
       num_steps = min(num_steps, max_steps)
-    it = (input_pipeline.EvalIterator(source, b, seg, self.corpus.boundary_id, row_ids=real)
+    it = (data.EvalIterator(source, b, seg, self.corpus.boundary_id, row_ids=real)
           if real else None)
     n_dummy = len(rows) - len(real)
     memory = self._empty_memory(b_pad)
@@ -126,7 +126,7 @@ class Evaluator:
                  "reset": np.full((n_dummy,), i == 0)}
         local = dummy if local is None else {k: np.concatenate([local[k], dummy[k]])
                                              for k in dummy}
-      batch = input_pipeline.to_global_batch(local, self._batch_sharding, b_pad)
+      batch = data.to_global_batch(local, self._batch_sharding, b_pad)
       weights = batch.pop("weights")
       nll_BxT, memory = self._eval_step(params, memory, batch)
       pending.append((nll_BxT, weights))
@@ -179,7 +179,7 @@ class Evaluator:
       local = {"inputs": padded[rows, s * seg:(s + 1) * seg],
                "targets": padded[rows, s * seg + 1:(s + 1) * seg + 1],
                "reset": np.full((len(rows),), s == 0)}
-      batch = input_pipeline.to_global_batch(local, self._batch_sharding, b_pad)
+      batch = data.to_global_batch(local, self._batch_sharding, b_pad)
       nll_BxT, memory = self._eval_step(params, memory, batch)
       out.append(nll_BxT)
     return np.concatenate([np.asarray(jax.device_get(x)) for x in out], axis=1)[:b, :t].astype(
@@ -194,7 +194,7 @@ def _fully_replicated(x: jax.Array) -> jax.Array:
       x.sharding.mesh, jax.sharding.PartitionSpec()))(x)
 
 
-def run_eval(config: ml_collections.ConfigDict, workdir: str, corpus: datasets.Corpus,
+def run_eval(config: ml_collections.ConfigDict, workdir: str, corpus: data.Corpus,
              mesh: Mesh) -> dict:
   """``--mode=eval``: scores valid and test from the latest checkpoint.
 
@@ -218,10 +218,10 @@ def run_eval(config: ml_collections.ConfigDict, workdir: str, corpus: datasets.C
   return results
 
 
-def text_tokens(corpus: datasets.Corpus, text: str) -> np.ndarray:
+def text_tokens(corpus: data.Corpus, text: str) -> np.ndarray:
   """int32 [1, N + 1]: the boundary symbol, then ``text`` tokenised for the
   corpus (N tokens), so that :meth:`Evaluator.score` scores every token."""
-  ids = datasets.encode_text(corpus, text)
+  ids = corpus.encode(text)
   return np.concatenate([[corpus.boundary_id], ids]).astype(np.int32)[None, :]
 
 

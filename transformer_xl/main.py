@@ -22,7 +22,7 @@ from absl import app, flags, logging
 from etils import epath
 from ml_collections import config_flags
 
-from transformer_xl import (datasets, default_config, distributed, evaluate, metrics, sharding,
+from transformer_xl import (data, default_config, distributed, evaluate, metrics, sharding,
                             train, workdir)
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).",
@@ -69,9 +69,9 @@ def main(argv):
     mesh = sharding.make_mesh(config.mesh.shape, config.mesh.axis_names)
     corpus = None
     if _MODE.value != "score" or _TEXT.value:
-      data = config.data.to_dict()
+      data_cfg = config.data.to_dict()
       corpus = distributed.process_0_first(
-          lambda: datasets.load_corpus(data.pop("dataset"), **data), (datasets.DataError,))
+          lambda: data.load_corpus(data_cfg.pop("dataset"), **data_cfg), (data.DataError,))
       metrics.log(f"Corpus {corpus.name}: vocab {corpus.vocab_size:,}, " + ", ".join(
           f"{k} {v.num_tokens:,} tokens" for k, v in corpus.splits.items())
           + f"; mesh {dict(mesh.shape)}; {jax.process_count()} process(es).")
@@ -84,7 +84,7 @@ def main(argv):
       tokens = (np.load(_TOKENS.value) if _TOKENS.value else
                 evaluate.text_tokens(corpus, epath.Path(_TEXT.value).read_text()))
       evaluate.run_score(config, _WORKDIR.value, mesh, tokens, _OUT.value)
-  except (default_config.ConfigError, datasets.DataError, FileNotFoundError) as err:
+  except (default_config.ConfigError, data.DataError, FileNotFoundError) as err:
     sys.exit(f"error: {err}")
 
 

@@ -24,8 +24,8 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from transformer_xl import (checkpointing, datasets, default_config, distributed, evaluate,
-                            input_pipeline, metrics, models, sharding, train_state)
+from transformer_xl import (checkpointing, data, default_config, distributed, evaluate, metrics,
+                            models, sharding, train_state)
 from transformer_xl import workdir as wd
 from transformer_xl.train_state import TrainState
 
@@ -56,7 +56,7 @@ def make_train_step(model: models.TransformerXL, tx, mesh: Mesh, state_shardings
                     batch_chunk: int, dropout_seed: int) -> Callable:
   """The jitted train step: (TrainState, batch) -> (TrainState, metrics).
 
-  batch: the global batch (``input_pipeline``'s batch contract): ``inputs``
+  batch: the global batch (the batch contract of ``transformer_xl.data``): ``inputs``
   / ``targets`` int32 [B, T], ``weights`` float32 [B, T], ``reset`` bool [B]
   (rows whose memory is emptied first).  Loss = sum(weights * nll) /
   sum(weights), in nats per token.  Dropout keys are derived from
@@ -143,7 +143,7 @@ class PreemptionGuard:
     return distributed.any_process(self._flag)
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: datasets.Corpus,
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: data.Corpus,
                        mesh: Mesh) -> dict:
   """Trains until ``config.train.num_steps``, resuming from ``workdir`` if possible.
 
@@ -172,10 +172,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: 
 
   manager = checkpointing.make_manager(workdir, config.checkpoint.max_to_keep)
   # Ordered contiguous rows, or (One Billion Word) shuffled-sentence rows.
-  train_iter = input_pipeline.make_train_iterator(
+  train_iter = data.make_train_iterator(
       corpus, "train", tcfg.global_batch, mcfg.tgt_len, seed=tcfg.seed,
-      row_ids=input_pipeline.process_row_ids(sharding.batch_sharding(mesh), tcfg.global_batch,
-                                             mcfg.tgt_len))
+      row_ids=data.process_row_ids(sharding.batch_sharding(mesh), tcfg.global_batch,
+                                   mcfg.tgt_len))
   restored = checkpointing.restore_latest(manager, abstract_state)
   if restored is None:
     state = train_state.create_train_state(model, tx, tcfg.global_batch, mesh,
@@ -206,7 +206,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: 
   step = start_step
   with PreemptionGuard() as preemption:
     while step < tcfg.num_steps:
-      batch = input_pipeline.to_global_batch(next(train_iter), sharding.batch_sharding(mesh),
+      batch = data.to_global_batch(next(train_iter), sharding.batch_sharding(mesh),
                                              tcfg.global_batch)
       state, step_metrics = train_step(state, batch)
       step += 1

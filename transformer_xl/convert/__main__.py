@@ -86,7 +86,7 @@ def main(argv: Sequence[str]) -> None:
   """Command line: parses ``argv`` (program name first) and converts.
 
   ``--help`` prints the usage.  Errors (bad flags, ConvertError, missing
-  files, datasets.DataError) exit with a one-line ``error: ...`` message.
+  files, data.DataError) exit with a one-line ``error: ...`` message.
   """
   from absl import flags, logging
   fv = flags.FlagValues()
@@ -104,7 +104,7 @@ def main(argv: Sequence[str]) -> None:
   if not flags.FLAGS.is_parsed():  # absl logging in imported modules expects parsed flags
     flags.FLAGS(list(argv[:1]))
   logging.set_verbosity(logging.WARNING)  # orbax logs every file at INFO
-  from transformer_xl import datasets
+  from transformer_xl import data
   f = {k: v.value for k, v in holders.items()}
   try:
     if (f["from"] is None) == (f["to"] is None):
@@ -125,7 +125,7 @@ def main(argv: Sequence[str]) -> None:
         eval_tgt_len=f["eval_tgt_len"], eval_mem_len=f["eval_mem_len"],
         eval_clamp_len=f["eval_clamp_len"], eval_same_length=f["eval_same_length"],
         global_batch=f["global_batch"], eval_global_batch=f["eval_global_batch"])
-  except (ConvertError, datasets.DataError, FileNotFoundError) as err:
+  except (ConvertError, data.DataError, FileNotFoundError) as err:
     sys.exit(f"error: {err}")
 
 

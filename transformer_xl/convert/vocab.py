@@ -53,26 +53,26 @@ def read_vocab(path: str) -> list[str]:
 
 def dataset_vocab(name: str, data_dir: Optional[str] = None, manual_dir: Optional[str] = None,
                   download: bool = True, verify_checksums: bool = True) -> tuple[list[str], str]:
-  """(our vocabulary, unit) of a corpus of ``datasets.CORPUS_NAMES``.
+  """(our vocabulary, unit) of a corpus of ``data.CORPUS_NAMES``.
 
   enwik8 (256 byte values, id = byte) and text8 (space + a..z) are fixed and
   need no data; the others come from the prepared dataset
-  (``datasets.load_corpus`` with these arguments, which prepares it first if
+  (``data.load_corpus`` with these arguments, which prepares it first if
   needed).
 
   Raises:
-    ConvertError: unknown name; datasets.DataError: the corpus cannot be built.
+    ConvertError: unknown name; data.DataError: the corpus cannot be built.
   """
-  from transformer_xl import datasets
-  if name not in datasets.CORPUS_NAMES:
-    raise ConvertError(f"dataset={name!r}: choose one of {list(datasets.CORPUS_NAMES)}.")
+  from transformer_xl import data
+  if name not in data.CORPUS_NAMES:
+    raise ConvertError(f"dataset={name!r}: choose one of {list(data.CORPUS_NAMES)}.")
   if name == "enwik8":
     return [chr(i) for i in range(256)], "byte"
   if name == "text8":
-    from transformer_xl.datasets import builders
-    return list(builders.TEXT8_VOCAB), "char"
-  corpus = datasets.load_corpus(name, data_dir=data_dir, manual_dir=manual_dir,
-                                download=download, verify_checksums=verify_checksums)
+    from transformer_xl.data import tokenizers
+    return list(tokenizers.TEXT8_VOCAB), "char"
+  corpus = data.load_corpus(name, data_dir=data_dir, manual_dir=manual_dir,
+                            download=download, verify_checksums=verify_checksums)
   return list(corpus.vocab), corpus.unit
 
 

@@ -1,52 +1,20 @@
-"""Tests of transformer_xl.input_pipeline (ordered Transformer-XL segments)."""
-import os
+"""Tests of transformer_xl.data.iterators (ordered Transformer-XL segments)."""
+from __future__ import annotations
 
-_FLAG = "--xla_force_host_platform_device_count=8"
-if _FLAG not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
+import json
 
-import json  # noqa: E402
+import numpy as np
+import pytest
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
-
-from transformer_xl import input_pipeline as ip  # noqa: E402
-from transformer_xl.datasets import ArraySource  # noqa: E402
+from data_samples import RecordingSource, _assert_batches_equal, _take
+from transformer_xl import data
+from transformer_xl.data import ArraySource
 
 BOUNDARY = 7
 
 
-class RecordingSource:
-  """A TokenSource that records every read(start, stop) range."""
-
-  def __init__(self, tokens):
-    self._inner = ArraySource(np.asarray(tokens, dtype=np.int32))
-    self.reads = []
-
-  @property
-  def num_tokens(self):
-    return self._inner.num_tokens
-
-  def read(self, start, stop):
-    self.reads.append((start, stop))
-    return self._inner.read(start, stop)
-
-
 def _random_stream(n, seed=0):
   return np.random.default_rng(seed).integers(0, 1000, size=n).astype(np.int32)
-
-
-def _take(it, k):
-  return [next(it) for _ in range(k)]
-
-
-def _assert_batches_equal(a, b):
-  assert a.keys() == b.keys()
-  for key in a:
-    assert a[key].dtype == b[key].dtype, key
-    np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
 
 # ---------------------------------------------------------------------------
@@ -57,7 +25,7 @@ def _assert_batches_equal(a, b):
                                              (41, 3, 3), (12, 1, 11)])
 def test_train_rows_are_contiguous_and_targets_shifted(n, batch, tgt_len):
   tokens = _random_stream(n, seed=n)
-  it = ip.TrainIterator(ArraySource(tokens), batch, tgt_len)
+  it = data.TrainIterator(ArraySource(tokens), batch, tgt_len)
   row_len = n // batch
   spe = (row_len - 1) // tgt_len
   assert it.row_len == row_len and it.steps_per_epoch == spe
@@ -80,7 +48,7 @@ def test_train_rows_are_contiguous_and_targets_shifted(n, batch, tgt_len):
 
 def test_train_with_arange_positions():
   n, batch, tgt_len = 50, 3, 4  # row_len 16, 3 steps, 2 tokens dropped.
-  it = ip.TrainIterator(ArraySource(np.arange(n)), batch, tgt_len)
+  it = data.TrainIterator(ArraySource(np.arange(n)), batch, tgt_len)
   b0, b1 = next(it), next(it)
   np.testing.assert_array_equal(b0["inputs"][1], [16, 17, 18, 19])
   np.testing.assert_array_equal(b0["targets"][1], [17, 18, 19, 20])
@@ -91,7 +59,7 @@ def test_train_with_arange_positions():
 
 def test_train_epoch_wraps_with_reset_only_at_first_step():
   tokens = _random_stream(200)
-  it = ip.TrainIterator(ArraySource(tokens), 4, 6)  # row_len 50 -> 8 steps.
+  it = data.TrainIterator(ArraySource(tokens), 4, 6)  # row_len 50 -> 8 steps.
   spe = it.steps_per_epoch
   assert spe == 8
   epoch0 = _take(it, spe)
@@ -105,7 +73,7 @@ def test_train_epoch_wraps_with_reset_only_at_first_step():
 
 def test_train_reads_only_needed_range_per_step():
   src = RecordingSource(np.arange(1000))
-  it = ip.TrainIterator(src, 4, 10)
+  it = data.TrainIterator(src, 4, 10)
   _take(it, 3)
   # One read of T + 1 tokens per row per step, never the whole row.
   assert len(src.reads) == 12
@@ -115,27 +83,28 @@ def test_train_reads_only_needed_range_per_step():
 def test_train_errors():
   src = ArraySource(np.arange(100))
   with pytest.raises(ValueError, match="global_batch"):
-    ip.TrainIterator(src, 0, 5)
+    data.TrainIterator(src, 0, 5)
   with pytest.raises(ValueError, match="tgt_len"):
-    ip.TrainIterator(src, 4, 0)
+    data.TrainIterator(src, 4, 0)
   # 4 rows of 25 tokens need tgt_len + 1 <= 25.
-  ip.TrainIterator(src, 4, 24)
+  data.TrainIterator(src, 4, 24)
   with pytest.raises(ValueError, match=r"100 tokens.*at least 104"):
-    ip.TrainIterator(src, 4, 25)
+    data.TrainIterator(src, 4, 25)
   with pytest.raises(ValueError, match="outside"):
-    ip.TrainIterator(src, 4, 5, row_ids=[0, 4])
+    data.TrainIterator(src, 4, 5, row_ids=[0, 4])
   with pytest.raises(ValueError, match="outside"):
-    ip.TrainIterator(src, 4, 5, row_ids=[-1, 0])
+    data.TrainIterator(src, 4, 5, row_ids=[-1, 0])
   with pytest.raises(ValueError, match="sorted"):
-    ip.TrainIterator(src, 4, 5, row_ids=[2, 1])
+    data.TrainIterator(src, 4, 5, row_ids=[2, 1])
   with pytest.raises(ValueError, match="duplicates"):
-    ip.TrainIterator(src, 4, 5, row_ids=[1, 1])
+    data.TrainIterator(src, 4, 5, row_ids=[1, 1])
   with pytest.raises(ValueError, match="empty"):
-    ip.TrainIterator(src, 4, 5, row_ids=[])
+    data.TrainIterator(src, 4, 5, row_ids=[])
 
 
 # ---------------------------------------------------------------------------
 # Evaluation.
+
 
 EVAL_SHAPES = [
     (100, 4, 5),   # N divisible by B and by row_len's T.
@@ -153,7 +122,7 @@ EVAL_SHAPES = [
 
 def _full_eval_pass(n, batch, tgt_len, row_ids=None):
   tokens = np.arange(n, dtype=np.int32) + 100  # Distinct from BOUNDARY.
-  it = ip.EvalIterator(ArraySource(tokens), batch, tgt_len, BOUNDARY, row_ids=row_ids)
+  it = data.EvalIterator(ArraySource(tokens), batch, tgt_len, BOUNDARY, row_ids=row_ids)
   batches = list(it)
   return tokens, it, batches
 
@@ -209,7 +178,7 @@ def test_eval_rows_are_contiguous_and_padding_is_at_row_end(n, batch, tgt_len):
 
 
 def test_eval_stops_after_one_pass():
-  it = ip.EvalIterator(ArraySource(np.arange(20)), 2, 4, BOUNDARY)
+  it = data.EvalIterator(ArraySource(np.arange(20)), 2, 4, BOUNDARY)
   assert len(list(it)) == 3
   with pytest.raises(StopIteration):
     next(it)
@@ -218,15 +187,15 @@ def test_eval_stops_after_one_pass():
 def test_eval_errors():
   src = ArraySource(np.arange(20))
   with pytest.raises(ValueError, match="global_batch"):
-    ip.EvalIterator(src, 0, 4, BOUNDARY)
+    data.EvalIterator(src, 0, 4, BOUNDARY)
   with pytest.raises(ValueError, match="tgt_len"):
-    ip.EvalIterator(src, 2, -1, BOUNDARY)
+    data.EvalIterator(src, 2, -1, BOUNDARY)
   with pytest.raises(ValueError, match="boundary_id"):
-    ip.EvalIterator(src, 2, 4, -1)
+    data.EvalIterator(src, 2, 4, -1)
   with pytest.raises(ValueError, match="0 tokens"):
-    ip.EvalIterator(ArraySource(np.zeros((0,), np.int32)), 2, 4, BOUNDARY)
+    data.EvalIterator(ArraySource(np.zeros((0,), np.int32)), 2, 4, BOUNDARY)
   with pytest.raises(ValueError, match="sorted"):
-    ip.EvalIterator(src, 4, 4, BOUNDARY, row_ids=[3, 0])
+    data.EvalIterator(src, 4, 4, BOUNDARY, row_ids=[3, 0])
 
 
 # ---------------------------------------------------------------------------
@@ -239,8 +208,8 @@ def test_process_split_matches_single_iterator(kind):
 
   def make(row_ids=None):
     if kind == "train":
-      return ip.TrainIterator(ArraySource(tokens), 4, 6, row_ids=row_ids)
-    return ip.EvalIterator(ArraySource(tokens), 4, 6, BOUNDARY, row_ids=row_ids)
+      return data.TrainIterator(ArraySource(tokens), 4, 6, row_ids=row_ids)
+    return data.EvalIterator(ArraySource(tokens), 4, 6, BOUNDARY, row_ids=row_ids)
 
   full, p0, p1 = make(), make([0, 1]), make([2, 3])
   steps = 2 * full.steps_per_epoch + 1 if kind == "train" else full.num_steps
@@ -253,8 +222,8 @@ def test_process_split_matches_single_iterator(kind):
 
 def test_process_split_noncontiguous_rows_in_given_order():
   tokens = _random_stream(300, seed=4)
-  full = ip.TrainIterator(ArraySource(tokens), 6, 5)
-  part = ip.TrainIterator(ArraySource(tokens), 6, 5, row_ids=[1, 4, 5])
+  full = data.TrainIterator(ArraySource(tokens), 6, 5)
+  part = data.TrainIterator(ArraySource(tokens), 6, 5, row_ids=[1, 4, 5])
   for _ in range(4):
     a, b = next(full), next(part)
     for key in a:
@@ -266,7 +235,7 @@ def test_process_reads_only_its_rows():
   # Train: row r spans [r*n_step, (r+1)*n_step); the last target of an epoch
   # is still inside the row, so no token beyond row 1 is read.
   src = RecordingSource(np.arange(n))
-  it = ip.TrainIterator(src, batch, tgt_len, row_ids=[0, 1])
+  it = data.TrainIterator(src, batch, tgt_len, row_ids=[0, 1])
   n_step = n // batch
   for _ in range(2 * it.steps_per_epoch):
     next(it)
@@ -276,13 +245,13 @@ def test_process_reads_only_its_rows():
   assert max(stop for _, stop in src.reads) > n_step  # Row 1 was read.
   # Eval: rows [0, 1] hold pairs [0, 2*row_len); inputs need one token before.
   src = RecordingSource(np.arange(n))
-  it = ip.EvalIterator(src, batch, tgt_len, BOUNDARY, row_ids=[0, 1])
+  it = data.EvalIterator(src, batch, tgt_len, BOUNDARY, row_ids=[0, 1])
   list(it)
   for start, stop in src.reads:
     assert 0 <= start < stop <= 2 * it.row_len, (start, stop)
   # Process 1's rows start one token before its first pair.
   src = RecordingSource(np.arange(n))
-  it = ip.EvalIterator(src, batch, tgt_len, BOUNDARY, row_ids=[2, 3])
+  it = data.EvalIterator(src, batch, tgt_len, BOUNDARY, row_ids=[2, 3])
   list(it)
   assert min(start for start, _ in src.reads) == 2 * it.row_len - 1
   assert max(stop for _, stop in src.reads) == n
@@ -295,10 +264,10 @@ def test_process_reads_only_its_rows():
 @pytest.mark.parametrize("k", [0, 1, 5, 8, 13])
 def test_train_state_roundtrip(k):
   tokens = _random_stream(250, seed=k)
-  it = ip.TrainIterator(ArraySource(tokens), 4, 6)  # 10 steps per epoch.
+  it = data.TrainIterator(ArraySource(tokens), 4, 6)  # 10 steps per epoch.
   _take(it, k)
   state = json.loads(json.dumps(it.get_state()))
-  fresh = ip.TrainIterator(ArraySource(tokens), 4, 6, row_ids=None)
+  fresh = data.TrainIterator(ArraySource(tokens), 4, 6, row_ids=None)
   fresh.set_state(state)
   assert fresh.get_state() == it.get_state()
   for _ in range(12):
@@ -308,10 +277,10 @@ def test_train_state_roundtrip(k):
 @pytest.mark.parametrize("k", [0, 1, 3, 5])
 def test_eval_state_roundtrip(k):
   tokens = _random_stream(123, seed=k)
-  it = ip.EvalIterator(ArraySource(tokens), 4, 7, BOUNDARY)  # row_len 31 -> 5 steps.
+  it = data.EvalIterator(ArraySource(tokens), 4, 7, BOUNDARY)  # row_len 31 -> 5 steps.
   _take(it, k)
   state = json.loads(json.dumps(it.get_state()))
-  fresh = ip.EvalIterator(ArraySource(tokens), 4, 7, BOUNDARY)
+  fresh = data.EvalIterator(ArraySource(tokens), 4, 7, BOUNDARY)
   fresh.set_state(state)
   rest_a, rest_b = list(it), list(fresh)
   assert len(rest_a) == len(rest_b) == 5 - k
@@ -321,9 +290,9 @@ def test_eval_state_roundtrip(k):
 
 def test_state_is_independent_of_row_ids():
   tokens = _random_stream(250)
-  full = ip.TrainIterator(ArraySource(tokens), 4, 6)
+  full = data.TrainIterator(ArraySource(tokens), 4, 6)
   _take(full, 3)
-  part = ip.TrainIterator(ArraySource(tokens), 4, 6, row_ids=[2, 3])
+  part = data.TrainIterator(ArraySource(tokens), 4, 6, row_ids=[2, 3])
   part.set_state(full.get_state())
   a, b = next(full), next(part)
   np.testing.assert_array_equal(b["inputs"], a["inputs"][2:])
@@ -331,7 +300,7 @@ def test_state_is_independent_of_row_ids():
 
 def test_set_state_validation():
   tokens = ArraySource(np.arange(250))
-  it = ip.TrainIterator(tokens, 4, 6)
+  it = data.TrainIterator(tokens, 4, 6)
   good = it.get_state()
   with pytest.raises(ValueError, match="keys"):
     it.set_state({"epoch": 0})
@@ -349,7 +318,7 @@ def test_set_state_validation():
     it.set_state({**good, "global_batch": 8})
   with pytest.raises(ValueError, match="dict"):
     it.set_state([0, 0])
-  ev = ip.EvalIterator(tokens, 4, 6, BOUNDARY)
+  ev = data.EvalIterator(tokens, 4, 6, BOUNDARY)
   ev.set_state({**ev.get_state(), "step": ev.num_steps})  # Finished pass is valid.
   assert list(ev) == []
   with pytest.raises(ValueError, match="step"):
@@ -358,94 +327,3 @@ def test_set_state_validation():
     ev.set_state({**ev.get_state(), "tgt_len": 5})
   with pytest.raises(ValueError, match="keys"):
     ev.set_state(it.get_state())
-
-
-# ---------------------------------------------------------------------------
-# Sharding: process_row_ids and to_global_batch on 8 simulated CPU devices.
-
-
-@pytest.fixture
-def mesh():
-  if jax.device_count() < 8:
-    pytest.fail(f"expected 8 simulated CPU devices, got {jax.device_count()}; "
-                f"XLA_FLAGS must be set before jax is imported.")
-  return Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("data", "model"))
-
-
-def test_process_row_ids_single_process_has_all_rows(mesh):
-  sharding = NamedSharding(mesh, P("data", None))
-  assert ip.process_row_ids(sharding, 8) == list(range(8))
-  assert ip.process_row_ids(sharding, 8, tgt_len=16) == list(range(8))
-  both = NamedSharding(mesh, P(("data", "model"), None))
-  assert ip.process_row_ids(both, 16) == list(range(16))
-  time_sharded = NamedSharding(mesh, P("data", "model"))
-  assert ip.process_row_ids(time_sharded, 4) == [0, 1, 2, 3]
-  with pytest.raises(ValueError, match="global_batch"):
-    ip.process_row_ids(sharding, 0)
-
-
-class _SubsetSharding:
-  """Pretends only some devices are addressable (simulates one of several processes)."""
-
-  def __init__(self, sharding, devices):
-    self._sharding, self._devices = sharding, set(devices)
-    self.device_set = sharding.device_set
-
-  def addressable_devices_indices_map(self, shape):
-    full = self._sharding.devices_indices_map(shape)
-    return {d: idx for d, idx in full.items() if d in self._devices}
-
-
-def test_process_row_ids_union_of_addressable_shards(mesh):
-  sharding = NamedSharding(mesh, P("data", None))
-  # "Process" owning the devices of mesh rows 1 and 3 (data shards 1 and 3).
-  devices = list(mesh.devices[1]) + list(mesh.devices[3])
-  assert ip.process_row_ids(_SubsetSharding(sharding, devices), 8) == [2, 3, 6, 7]
-  # Only the first device of each replicated pair: the same rows.
-  devices = [mesh.devices[1, 0], mesh.devices[3, 0]]
-  assert ip.process_row_ids(_SubsetSharding(sharding, devices), 8) == [2, 3, 6, 7]
-
-
-def test_process_row_ids_rejects_incompatible_batch(mesh):
-  sharding = NamedSharding(mesh, P("data", None))
-  with pytest.raises(ValueError, match="cannot shard"):
-    ip.process_row_ids(sharding, 6)
-
-
-@pytest.mark.parametrize("spec", [P("data", None), P(("data", "model"), None), P()])
-def test_to_global_batch_values_and_sharding(mesh, spec):
-  sharding = NamedSharding(mesh, spec)
-  global_batch = 8
-  rows = ip.process_row_ids(sharding, global_batch)
-  it = ip.EvalIterator(ArraySource(_random_stream(150)), global_batch, 6, BOUNDARY,
-                       row_ids=rows)
-  for local in list(it)[:2]:
-    out = ip.to_global_batch(local, sharding, global_batch)
-    assert set(out) == set(local)
-    for key in ("inputs", "targets", "weights"):
-      assert isinstance(out[key], jax.Array)
-      assert out[key].shape == (global_batch, 6)
-      assert out[key].dtype == local[key].dtype
-      assert out[key].sharding == sharding
-      np.testing.assert_array_equal(np.asarray(out[key]), local[key])
-    assert out["reset"].shape == (global_batch,)
-    assert out["reset"].dtype == np.bool_
-    batch_axis = spec[0] if len(spec) else None
-    assert out["reset"].sharding == NamedSharding(mesh, P(batch_axis))
-    np.testing.assert_array_equal(np.asarray(out["reset"]), local["reset"])
-
-
-def test_to_global_batch_shards_rows_across_devices(mesh):
-  sharding = NamedSharding(mesh, P("data", None))
-  local = next(ip.TrainIterator(ArraySource(np.arange(400)), 8, 5))
-  out = ip.to_global_batch(local, sharding, 8)
-  for shard in out["inputs"].addressable_shards:
-    assert shard.data.shape == (2, 5)
-    np.testing.assert_array_equal(np.asarray(shard.data), local["inputs"][shard.index])
-
-
-def test_to_global_batch_needs_named_sharding(mesh):
-  local = next(ip.TrainIterator(ArraySource(np.arange(400)), 8, 5))
-  fake = _SubsetSharding(NamedSharding(mesh, P("data", None)), [])
-  with pytest.raises(TypeError, match="NamedSharding"):
-    ip.to_global_batch(local, fake, 8)

@@ -1,10 +1,10 @@
-"""Corpora as token streams: the interface the rest of the package uses.
+"""The corpus types: token streams, sentence boundaries, Corpus, DataError.
 
-Every corpus is a tfds dataset (array_record, ``disable_shuffling=True``)
-whose records are consecutive chunks of one split's token stream.  The rest
-of the package only sees :class:`Corpus` and :class:`TokenSource` (and, for
-sentence-level corpora such as One Billion Word, :class:`SentenceIndex`);
-which tfds builder backs a name is decided in :func:`load_corpus`.
+Every split of a corpus is one token stream (int32 ids) read by range
+through a :class:`TokenSource`; sentence-level corpora (One Billion Word)
+also have a :class:`SentenceIndex` per split.  The in-memory versions
+(:class:`ArraySource`, :class:`ArraySentenceIndex`) serve tests and small
+corpora; the stored ones are in ``storage.py``.
 """
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ class SentenceIndex(Protocol):
   ``offsets`` is an int64 array of ``num_sentences + 1`` entries with
   ``offsets[0] == 0`` and ``offsets[-1] == num_tokens`` of the split.  For
   One Billion Word a sentence's tokens are its words followed by one ``<S>``
-  (see ``builders.TxlLm1b``), so every sentence holds at least one token.
+  (see ``lm1b.TxlLm1b``), so every sentence holds at least one token.
   """
 
   @property
@@ -141,12 +141,24 @@ class ArraySentenceIndex:
     return self.offsets[start:stop].copy()
 
 
+class Tokenizer(Protocol):
+  """A corpus's tokenisation of text (see ``tokenizers.py``)."""
+
+  def encode(self, text: str, vocab: Sequence[str]) -> np.ndarray:
+    """int32 [N] ids of ``text`` under ``vocab`` (id -> symbol).
+
+    Raises:
+      DataError: the text has a symbol the vocabulary lacks and cannot map
+        to an unknown-word symbol.
+    """
+
+
 @dataclasses.dataclass(frozen=True)
 class Corpus:
   """A tokenised corpus.
 
   Attributes:
-    name: dataset name as given to :func:`load_corpus` (e.g. "ptb").
+    name: dataset name as given to ``load_corpus`` (e.g. "ptb").
     unit: "byte", "char" or "word"; decides the reported metric (bpc for
       byte/char, ppl for word).
     vocab: symbol of each token id (id -> string); len(vocab) is n_token.
@@ -157,9 +169,12 @@ class Corpus:
     splits: "train", "valid", "test" -> TokenSource.
     sentence_offsets: for sentence-level corpora (One Billion Word), "train",
       "valid", "test" -> :class:`SentenceIndex` of that split's stream, so
-      that training can shuffle whole sentences
-      (``input_pipeline.ShuffledSentenceIterator``); None for corpora that
-      are one running text (every other corpus).
+      that training can shuffle whole sentences (``ShuffledSentenceIterator``
+      in ``shuffled.py``); None for corpora that are one running text (every
+      other corpus).
+    tokenizer: the rules that turned the source text into ``splits``, for
+      :meth:`encode`; set on every corpus ``load_corpus`` returns, None on a
+      corpus built by hand (which then cannot encode).
   """
 
   name: str
@@ -168,80 +183,31 @@ class Corpus:
   boundary_id: int
   splits: Mapping[str, TokenSource]
   sentence_offsets: Mapping[str, SentenceIndex] | None = None
+  tokenizer: Tokenizer | None = None
 
   @property
   def vocab_size(self) -> int:
     """n_token: number of distinct token ids."""
     return len(self.vocab)
 
+  def encode(self, text: str) -> np.ndarray:
+    """Token ids of ``text`` under this corpus's tokenisation and vocabulary.
 
-# Names accepted by load_corpus.
-CORPUS_NAMES = (
-    "enwik8", "text8", "ptb", "ptb_char", "wikitext2", "wikitext103", "lm1b")
+    The rules of the corpus's builder (see ``tokenizers.py``): word level
+    splits each line on whitespace and ends it with ``<eos>`` (lm1b:
+    ``<S>``); ptb_char spells words with "_" between them and ``<eos>`` per
+    line; text8 maps space and a..z; enwik8 takes the UTF-8 bytes.  Unknown
+    words become ``<unk>`` / ``<UNK>`` where the vocabulary has one.
 
+    Returns:
+      int32 [N] token ids.
 
-def load_corpus(
-    name: str,
-    *,
-    data_dir=None,
-    manual_dir=None,
-    download: bool = True,
-    verify_checksums: bool = True,
-    chunk_size: int | None = None,
-) -> Corpus:
-  """Loads a corpus, preparing its tfds dataset first if needed.
-
-  If the dataset (builder ``txl_<name>``, see ``datasets/builders.py``) is
-  not prepared in ``data_dir``, its source files are located, checked and
-  tokenised into array_record chunks (``download_and_prepare``).  The
-  returned splits read only the chunks covering a requested range, via
-  ``builder.as_data_source()`` (no TensorFlow needed).  A prepared dataset
-  loads without its source files.
-
-  Args:
-    name: one of :data:`CORPUS_NAMES`: "enwik8" (bytes, 256 ids), "text8"
-      (27 chars), "ptb" (words), "ptb_char" (chars of PTB), "wikitext2",
-      "wikitext103" (words), "lm1b" (One Billion Word: words, sentences
-      ended by ``<S>``, with ``sentence_offsets``; see ``builders.TxlLm1b``).
-    data_dir: tfds data dir; default tfds's (``~/tensorflow_datasets`` or
-      ``$TFDS_DATA_DIR``).
-    manual_dir: where the canonical archive or the extracted files are looked
-      for; default ``<data_dir>/downloads/manual``.
-    download: try the canonical URL (a few seconds' timeout) when no local
-      copy exists.
-    verify_checksums: check the published sizes/checksums of the source files
-      (and documented token counts where known).  Must be False for files
-      that are not the canonical ones (tests).
-    chunk_size: tokens per stored record when preparing (default 65536,
-      8192 for lm1b, whose training reads short random sentences); a
-      prepared dataset keeps the chunk size it was written with.
-
-  Returns:
-    A :class:`Corpus` whose ``splits`` ("train", "valid", "test") are
-    TokenSources of int32 ids; splits of enwik8/text8 are 90M/5M/5M symbols
-    (Dai et al. 2019, Sec. 4).  Only lm1b has ``sentence_offsets``.
-
-  Raises:
-    ValueError: unknown ``name``.
-    DataError: source files missing (message: file names, manual dir,
-      canonical URL, expected checksums; raised before any tokenisation and
-      without waiting on the network for more than a few seconds), a
-      checksum mismatch, or an unusable source.
-  """
-  if name not in CORPUS_NAMES:
-    raise ValueError(
-        f"Unknown corpus {name!r}; valid names: {', '.join(CORPUS_NAMES)}.")
-  from transformer_xl.datasets import builders  # imports tfds
-
-  kwargs = {} if chunk_size is None else {"chunk_size": chunk_size}
-  builder = builders.BUILDERS[name](data_dir=data_dir, **kwargs)
-  if not builder.is_prepared():
-    builder.prepare(manual_dir=manual_dir, download=download,
-                    verify_checksums=verify_checksums)
-  return builder.as_corpus()
-
-
-def encode_text(corpus: Corpus, text: str) -> np.ndarray:
-  """int32 token ids of ``text`` with ``corpus``'s tokenisation (see builders.encode_text)."""
-  from transformer_xl.datasets import builders  # imports tfds: only when needed
-  return builders.encode_text(corpus, text)
+    Raises:
+      DataError: a symbol outside the vocabulary with no unknown-word
+        symbol, or a character text8 does not have.
+      ValueError: the corpus has no ``tokenizer``.
+    """
+    if self.tokenizer is None:
+      raise ValueError(f"corpus {self.name!r} has no tokenizer (only corpora "
+                       "from load_corpus have one), so it cannot encode text.")
+    return self.tokenizer.encode(text, self.vocab)

@@ -41,7 +41,7 @@ import zipfile
 from pathlib import Path
 from typing import BinaryIO, Iterator, Mapping, Sequence, TextIO
 
-from transformer_xl.datasets import DataError
+from transformer_xl.data.corpus import DataError
 
 # Seconds the canonical host has to answer (name lookup and connection
 # included) and the longest pause allowed between two reads of a download.

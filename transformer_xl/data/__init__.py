@@ -1,0 +1,151 @@
+"""Corpora as token streams, and the iterators that cut them into batches.
+
+The rest of the package uses only the names of this module:
+
+* :func:`load_corpus` -> :class:`Corpus`: a split is a :class:`TokenSource`
+  (random access to its int32 token stream); sentence-level corpora (One
+  Billion Word) also have a :class:`SentenceIndex` per split;
+  ``Corpus.encode`` tokenises new text; :class:`DataError`;
+  :data:`CORPUS_NAMES`.
+* training batches: :func:`make_train_iterator` (an ordered
+  :class:`TrainIterator`, or a :class:`ShuffledSentenceIterator` for
+  sentence-level corpora); evaluation batches: :class:`EvalIterator`.
+* several processes: :func:`process_row_ids`, :func:`to_global_batch`.
+
+Modules, one role each::
+
+  corpus.py        Corpus, TokenSource/ArraySource, SentenceIndex, DataError
+  tokenizers.py    tokenisation rules (the builders and Corpus.encode)
+  sources.py       locating, downloading and checksumming source files
+  storage.py       chunked array_record storage: base tfds builder, readers
+  enwik8_text8.py  builders of the byte/char corpora of one file
+  ptb_wikitext.py  builders of the corpora of one text file per split
+  lm1b.py          builder of One Billion Word
+  builders.py      corpus name -> builder
+  checks.py        argument and state checks of the iterators
+  iterators.py     TrainIterator, EvalIterator, make_train_iterator
+  shuffled.py      ShuffledSentenceIterator
+  placement.py     process_row_ids, to_global_batch
+
+Importing this package imports numpy and jax but not tensorflow_datasets:
+tfds is imported by :func:`load_corpus` (``builders.py`` and the builder
+modules import it).
+
+Batch contract
+  Every iterator yields, per ``next()``, a dict of numpy arrays holding only
+  this process's rows of the global batch of ``B = global_batch`` rows:
+  ``b = len(row_ids)`` rows, in the order of ``row_ids`` (all ``B`` when
+  ``row_ids`` is None), of ``T = tgt_len`` positions:
+
+  * ``inputs``  int32   [b, T]  token ids fed to the model;
+  * ``targets`` int32   [b, T]  the next token of each input position;
+  * ``weights`` float32 [b, T]  1 for a real position, 0 for padding (all
+    ones in training; only evaluation pads);
+  * ``reset``   bool    [b]     True where the row's memory must be cleared
+    before this segment.
+
+  Transformer-XL (Dai et al. 2019, Sec. 3.2) carries a memory of hidden
+  states from one segment to the next, so row ``r`` of the batch at step
+  ``t + 1`` continues exactly where row ``r`` stopped at step ``t``, unless
+  ``reset`` says otherwise.
+
+Local rows and the global batch
+  Each process builds its iterators with ``row_ids = process_row_ids(
+  sharding, B, T)``, the global rows its addressable devices hold, and reads
+  from the :class:`TokenSource` only those rows' token ranges;
+  ``to_global_batch(local, sharding, B)`` assembles the global ``jax.Array``
+  batch from every process's local rows: ``inputs``, ``targets`` and
+  ``weights`` [B, T] with ``sharding``, ``reset`` [B] sharded like the batch
+  axis.
+
+Position state
+  ``get_state()`` returns a JSON-serialisable dict and ``set_state()``
+  restores it, so that a restored iterator yields exactly what the original
+  would have yielded next (the checkpoints save it).  The state also
+  records the layout (``global_batch``, ``tgt_len``, ``num_tokens``, ...),
+  so that restoring into an iterator with a different layout raises
+  ValueError instead of silently resuming at a different place of the
+  stream.  It does not depend on ``row_ids``: every process saves and
+  restores the same dict.
+"""
+from __future__ import annotations
+
+from transformer_xl.data.corpus import (ArraySentenceIndex, ArraySource, Corpus, DataError,
+                                        SentenceIndex, TokenSource, Tokenizer, sentence_offsets)
+from transformer_xl.data.iterators import EvalIterator, TrainIterator, make_train_iterator
+from transformer_xl.data.placement import process_row_ids, to_global_batch
+from transformer_xl.data.shuffled import ShuffledSentenceIterator
+
+# Names accepted by load_corpus (launch/common.sh reads this literal).
+CORPUS_NAMES = (
+    "enwik8", "text8", "ptb", "ptb_char", "wikitext2", "wikitext103", "lm1b")
+
+
+def load_corpus(
+    name: str,
+    *,
+    data_dir=None,
+    manual_dir=None,
+    download: bool = True,
+    verify_checksums: bool = True,
+    chunk_size: int | None = None,
+) -> Corpus:
+  """Loads a corpus, preparing its tfds dataset first if needed.
+
+  If the dataset (builder ``txl_<name>``, see ``builders.py``) is not
+  prepared in ``data_dir``, its source files are located, checked and
+  tokenised into array_record chunks (``download_and_prepare``).  The
+  returned splits read only the chunks covering a requested range, via
+  ``builder.as_data_source()`` (no TensorFlow needed).  A prepared dataset
+  loads without its source files.
+
+  Args:
+    name: one of :data:`CORPUS_NAMES`: "enwik8" (bytes, 256 ids), "text8"
+      (27 chars), "ptb" (words), "ptb_char" (chars of PTB), "wikitext2",
+      "wikitext103" (words), "lm1b" (One Billion Word: words, sentences
+      ended by ``<S>``, with ``sentence_offsets``; see ``lm1b.TxlLm1b``).
+    data_dir: tfds data dir; default tfds's (``~/tensorflow_datasets`` or
+      ``$TFDS_DATA_DIR``).
+    manual_dir: where the canonical archive or the extracted files are looked
+      for; default ``<data_dir>/downloads/manual``.
+    download: try the canonical URL (a few seconds' timeout) when no local
+      copy exists.
+    verify_checksums: check the published sizes/checksums of the source files
+      (and documented token counts where known).  Must be False for files
+      that are not the canonical ones (tests).
+    chunk_size: tokens per stored record when preparing (default 65536,
+      8192 for lm1b, whose training reads short random sentences); a
+      prepared dataset keeps the chunk size it was written with.
+
+  Returns:
+    A :class:`Corpus` whose ``splits`` ("train", "valid", "test") are
+    TokenSources of int32 ids; splits of enwik8/text8 are 90M/5M/5M symbols
+    (Dai et al. 2019, Sec. 4).  Only lm1b has ``sentence_offsets``.  Its
+    ``tokenizer`` is set, so ``Corpus.encode`` works.
+
+  Raises:
+    ValueError: unknown ``name``.
+    DataError: source files missing (message: file names, manual dir,
+      canonical URL, expected checksums; raised before any tokenisation and
+      without waiting on the network for more than a few seconds), a
+      checksum mismatch, or an unusable source.
+  """
+  if name not in CORPUS_NAMES:
+    raise ValueError(
+        f"Unknown corpus {name!r}; valid names: {', '.join(CORPUS_NAMES)}.")
+  from transformer_xl.data import builders  # imports tfds: only when a corpus is loaded
+
+  kwargs = {} if chunk_size is None else {"chunk_size": chunk_size}
+  builder = builders.BUILDERS[name](data_dir=data_dir, **kwargs)
+  if not builder.is_prepared():
+    builder.prepare(manual_dir=manual_dir, download=download,
+                    verify_checksums=verify_checksums)
+  return builder.as_corpus()
+
+
+__all__ = [
+    "ArraySentenceIndex", "ArraySource", "CORPUS_NAMES", "Corpus", "DataError",
+    "EvalIterator", "SentenceIndex", "ShuffledSentenceIterator", "TokenSource",
+    "Tokenizer", "TrainIterator", "load_corpus", "make_train_iterator",
+    "process_row_ids", "sentence_offsets", "to_global_batch",
+]

@@ -1,0 +1,327 @@
+"""Ordered segments of a token stream: training and evaluation iterators.
+
+Both reproduce the reference implementation's ``LMOrderedIterator`` (Dai et
+al. 2019 code, ``pytorch/data_utils.py``): the split's stream is cut into
+``B = global_batch`` contiguous rows read ``T = tgt_len`` tokens at a time,
+so that each row's memory is the text right before its segment.  Each class
+docstring states its layout and its one deliberate difference from the
+reference, both made to keep every batch the same shape under ``jax.jit``.
+Batches follow the batch contract of :mod:`transformer_xl.data`.
+
+:func:`make_train_iterator` picks :class:`TrainIterator` or, for corpora
+with sentence boundaries, ``shuffled.ShuffledSentenceIterator``.
+"""
+from __future__ import annotations
+
+from typing import Iterator, Mapping, Sequence
+
+import numpy as np
+
+from transformer_xl.data.checks import (Batch, check_boundary_id, check_positive,
+                                        check_row_ids, check_source, check_state,
+                                        read_checked)
+from transformer_xl.data.corpus import Corpus, TokenSource
+from transformer_xl.data.shuffled import ShuffledSentenceIterator
+
+_TRAIN_STATE_KEYS = ("epoch", "step", "global_batch", "tgt_len", "num_tokens")
+_EVAL_STATE_KEYS = ("step", "global_batch", "tgt_len", "num_tokens")
+
+
+class TrainIterator(Iterator[Batch]):
+  """Endless ordered iterator over training segments (reference LMOrderedIterator).
+
+  The stream of ``N = source.num_tokens`` tokens is cut into ``B`` rows of
+  ``row_len = n_step = N // B`` contiguous tokens: row ``r`` is
+  ``tokens[r * n_step : (r + 1) * n_step]``; the trailing ``N % B`` tokens
+  are dropped, as in the reference.  Step ``t`` (0-based within an epoch)
+  yields, for every row, ``inputs = row[t*T : t*T + T]`` and ``targets =
+  row[t*T + 1 : t*T + T + 1]``; an epoch has ``steps_per_epoch = (n_step -
+  1) // T`` steps.  *Difference from the reference:* it also emits a shorter
+  last batch of ``(n_step - 1) % T`` positions; that batch is dropped here
+  (those tokens are never trained on as targets within an epoch).  Epochs
+  repeat forever, each starting again at ``t = 0`` with ``reset`` True on
+  its first step (the reference: "Memory is reset each epoch"); ``weights``
+  are all ones.
+
+  Per step it reads ``T + 1`` tokens per local row from ``source``, and only
+  from its own rows' ranges (the last target of an epoch is still inside
+  the row).
+
+  Attributes:
+    global_batch: B, number of rows of the global batch.
+    tgt_len: T, segment length in tokens.
+    row_ids: the global rows this iterator materialises (sorted tuple).
+    row_len: n_step, tokens per row.
+    steps_per_epoch: steps per epoch.
+  """
+
+  def __init__(self, source: TokenSource, global_batch: int, tgt_len: int,
+               row_ids: Sequence[int] | None = None):
+    """Builds the iterator at epoch 0, step 0.
+
+    Args:
+      source: the split's TokenSource (e.g. ``corpus.splits["train"]``).
+      global_batch: B, rows of the global batch (over all processes), >= 1.
+      tgt_len: T, tokens per segment, >= 1.
+      row_ids: sorted, duplicate-free global row indices in [0, B) that this
+        process materialises (``process_row_ids``); None for all rows.
+
+    Raises:
+      ValueError: global_batch or tgt_len < 1; source is not a TokenSource;
+        the split has fewer than ``global_batch * (tgt_len + 1)`` tokens (no
+        full training step); row_ids empty, out of range, unsorted or
+        duplicated.
+    """
+    self.global_batch = check_positive("global_batch", global_batch)
+    self.tgt_len = check_positive("tgt_len", tgt_len)
+    self._source = source
+    self.num_tokens = check_source(source)
+    self.row_len = self.num_tokens // self.global_batch
+    self.steps_per_epoch = (self.row_len - 1) // self.tgt_len
+    if self.steps_per_epoch < 1:
+      needed = self.global_batch * (self.tgt_len + 1)
+      raise ValueError(
+          f"the training split has {self.num_tokens} tokens, too few for one "
+          f"training step with global_batch={self.global_batch} and "
+          f"tgt_len={self.tgt_len}: each of the {self.global_batch} rows needs "
+          f"tgt_len + 1 = {self.tgt_len + 1} tokens, i.e. at least {needed} "
+          f"tokens. Lower global_batch or tgt_len, or use a larger split.")
+    self.row_ids = check_row_ids(row_ids, self.global_batch)
+    self._epoch = 0
+    self._step = 0
+
+  def __iter__(self) -> "TrainIterator":
+    return self
+
+  def __next__(self) -> Batch:
+    """Returns the next batch and advances one step."""
+    b, T = len(self.row_ids), self.tgt_len
+    inputs_BxT = np.empty((b, T), dtype=np.int32)
+    targets_BxT = np.empty((b, T), dtype=np.int32)
+    offset = self._step * T
+    for i, r in enumerate(self.row_ids):
+      start = r * self.row_len + offset
+      # T + 1 tokens; stays inside the row since steps_per_epoch*T + 1 <= row_len.
+      tokens = read_checked(self._source, start, start + T + 1)
+      inputs_BxT[i] = tokens[:-1]
+      targets_BxT[i] = tokens[1:]
+    batch = {
+        "inputs": inputs_BxT,
+        "targets": targets_BxT,
+        "weights": np.ones((b, T), dtype=np.float32),
+        "reset": np.full((b,), self._step == 0, dtype=bool),
+    }
+    self._step += 1
+    if self._step == self.steps_per_epoch:
+      self._step = 0
+      self._epoch += 1
+    return batch
+
+  def get_state(self) -> dict[str, int]:
+    """Position of the next batch.
+
+    Returns:
+      {"epoch": completed epochs, "step": step within the epoch of the next
+      batch, in [0, steps_per_epoch), "global_batch", "tgt_len",
+      "num_tokens"}.
+    """
+    return {"epoch": self._epoch, "step": self._step,
+            "global_batch": self.global_batch, "tgt_len": self.tgt_len,
+            "num_tokens": self.num_tokens}
+
+  def set_state(self, state: Mapping[str, int]) -> None:
+    """Moves to a position returned by :meth:`get_state`.
+
+    Raises:
+      ValueError: state is not a dict with exactly the keys of get_state();
+        a value is not an integer; epoch < 0; step outside
+        [0, steps_per_epoch); global_batch, tgt_len or num_tokens differ from
+        this iterator's.
+    """
+    s = check_state(state, _TRAIN_STATE_KEYS,
+                    {"global_batch": self.global_batch, "tgt_len": self.tgt_len,
+                     "num_tokens": self.num_tokens}, "TrainIterator")
+    if s["epoch"] < 0:
+      raise ValueError(f"TrainIterator state epoch must be >= 0, got {s['epoch']}.")
+    if not 0 <= s["step"] < self.steps_per_epoch:
+      raise ValueError(f"TrainIterator state step must be in [0, "
+                       f"{self.steps_per_epoch}) (steps per epoch), got "
+                       f"{s['step']}.")
+    self._epoch, self._step = s["epoch"], s["step"]
+
+
+class EvalIterator(Iterator[Batch]):
+  """One ordered pass over a split that scores every token exactly once.
+
+  ``boundary_id`` (the corpus's ``<eos>``/boundary symbol) is the context of
+  the split's first token: with ``N = source.num_tokens`` and ``s =
+  [boundary_id] + tokens``, pair ``j`` (``0 <= j < N``) is input ``s[j]``,
+  target ``tokens[j]``.  Row ``r`` of the global batch holds pairs ``[r *
+  row_len, (r + 1) * row_len)`` with ``row_len = ceil(N / B)``, emitted in
+  ``num_steps = ceil(row_len / T)`` segments of ``T`` positions; positions
+  past the end of the row or of the stream are padding: weight 0, input and
+  target ``boundary_id``.  Padding always follows every real position of its
+  row, so with causal attention it cannot change any real score.  Over a
+  full pass the weights sum to ``N`` and each target token index appears
+  exactly once with weight 1.  ``reset`` is True on step 0 only; after
+  ``num_steps`` batches the iterator raises ``StopIteration``.
+
+  *Difference from the reference:* it scores ``tokens[1:]`` only, drops the
+  remainder of ``N // B`` and uses a shorter last batch; here the weights
+  make every batch the same shape while scoring all ``N`` tokens, the tail
+  included.
+
+  Per step it reads at most ``T + 1`` tokens per local row, only from its
+  own rows' ranges (one token before a row's first pair, for that pair's
+  input).
+
+  Attributes:
+    global_batch: B, number of rows of the global batch.
+    tgt_len: T, segment length in tokens.
+    boundary_id: token id used as the first token's context and as padding.
+    row_ids: the global rows this iterator materialises (sorted tuple).
+    row_len: ceil(N / B), pairs per row (padding included).
+    num_steps: ceil(row_len / T), batches in the pass.
+  """
+
+  def __init__(self, source: TokenSource, global_batch: int, tgt_len: int,
+               boundary_id: int, row_ids: Sequence[int] | None = None):
+    """Builds the iterator at step 0.
+
+    Args:
+      source: the split's TokenSource (e.g. ``corpus.splits["valid"]``).
+      global_batch: B, rows of the global batch (over all processes), >= 1.
+      tgt_len: T, tokens per segment, >= 1.
+      boundary_id: the corpus's boundary symbol id (``corpus.boundary_id``),
+        >= 0.
+      row_ids: sorted, duplicate-free global row indices in [0, B) that this
+        process materialises (``process_row_ids``); None for all rows.
+
+    Raises:
+      ValueError: global_batch or tgt_len < 1; boundary_id not an integer
+        >= 0; source is not a TokenSource or has no tokens; row_ids empty, out
+        of range, unsorted or duplicated.
+    """
+    self.global_batch = check_positive("global_batch", global_batch)
+    self.tgt_len = check_positive("tgt_len", tgt_len)
+    self.boundary_id = check_boundary_id(boundary_id)
+    self._source = source
+    self.num_tokens = check_source(source)
+    if self.num_tokens < 1:
+      raise ValueError("the evaluation split has 0 tokens; there is nothing to "
+                       "score. Check that the split was built correctly.")
+    self.row_ids = check_row_ids(row_ids, self.global_batch)
+    self.row_len = -(-self.num_tokens // self.global_batch)
+    self.num_steps = -(-self.row_len // self.tgt_len)
+    self._step = 0
+
+  def __len__(self) -> int:
+    """Total number of batches in a pass (``num_steps``), wherever the iterator is."""
+    return self.num_steps
+
+  def __iter__(self) -> "EvalIterator":
+    return self
+
+  def __next__(self) -> Batch:
+    """Returns the next batch and advances one step.
+
+    Raises:
+      StopIteration: after ``num_steps`` batches.
+    """
+    if self._step >= self.num_steps:
+      raise StopIteration
+    b, T = len(self.row_ids), self.tgt_len
+    inputs_BxT = np.full((b, T), self.boundary_id, dtype=np.int32)
+    targets_BxT = np.full((b, T), self.boundary_id, dtype=np.int32)
+    weights_BxT = np.zeros((b, T), dtype=np.float32)
+    seg_start = self._step * T  # Offset of this segment within each row.
+    seg_stop = min(seg_start + T, self.row_len)
+    for i, r in enumerate(self.row_ids):
+      # Real pairs [a, z) of the stream; a >= z means the segment is all padding.
+      a = r * self.row_len + seg_start
+      z = min(r * self.row_len + seg_stop, self.num_tokens)
+      n = z - a
+      if n <= 0:
+        continue
+      if a == 0:
+        tokens = read_checked(self._source, 0, z)
+        inputs_BxT[i, 0] = self.boundary_id
+        inputs_BxT[i, 1:n] = tokens[:-1]
+        targets_BxT[i, :n] = tokens
+      else:
+        tokens = read_checked(self._source, a - 1, z)
+        inputs_BxT[i, :n] = tokens[:-1]
+        targets_BxT[i, :n] = tokens[1:]
+      weights_BxT[i, :n] = 1.0
+    batch = {
+        "inputs": inputs_BxT,
+        "targets": targets_BxT,
+        "weights": weights_BxT,
+        "reset": np.full((b,), self._step == 0, dtype=bool),
+    }
+    self._step += 1
+    return batch
+
+  def get_state(self) -> dict[str, int]:
+    """Position of the next batch.
+
+    Returns:
+      {"step": index of the next batch in [0, num_steps] (num_steps: pass
+      finished), "global_batch", "tgt_len", "num_tokens"}.
+    """
+    return {"step": self._step, "global_batch": self.global_batch,
+            "tgt_len": self.tgt_len, "num_tokens": self.num_tokens}
+
+  def set_state(self, state: Mapping[str, int]) -> None:
+    """Moves to a position returned by :meth:`get_state`.
+
+    Raises:
+      ValueError: state is not a dict with exactly the keys of get_state();
+        a value is not an integer; step outside [0, num_steps];
+        global_batch, tgt_len or num_tokens differ from this iterator's.
+    """
+    s = check_state(state, _EVAL_STATE_KEYS,
+                    {"global_batch": self.global_batch, "tgt_len": self.tgt_len,
+                     "num_tokens": self.num_tokens}, "EvalIterator")
+    if not 0 <= s["step"] <= self.num_steps:
+      raise ValueError(f"EvalIterator state step must be in [0, "
+                       f"{self.num_steps}] (num_steps), got {s['step']}.")
+    self._step = s["step"]
+
+
+def make_train_iterator(corpus: Corpus, split: str, global_batch: int,
+                        tgt_len: int, seed: int,
+                        row_ids: Sequence[int] | None = None
+                        ) -> TrainIterator | ShuffledSentenceIterator:
+  """The training iterator that fits ``corpus``.
+
+  Corpora with sentence boundaries (``corpus.sentence_offsets`` holding
+  ``split``: One Billion Word) get a ``ShuffledSentenceIterator``
+  (reference ``LMMultiFileIterator``/``LMShuffledIterator``) with
+  ``boundary_id = corpus.boundary_id``; all others an ordered
+  :class:`TrainIterator` (reference ``LMOrderedIterator``), which ignores
+  ``seed``.  Both follow the batch contract and have
+  ``get_state``/``set_state``.
+
+  Args:
+    corpus: a :class:`~transformer_xl.data.Corpus`.
+    split: the split to train on, usually "train".
+    global_batch: B, rows of the global batch, >= 1.
+    tgt_len: T, tokens per segment, >= 1.
+    seed: integer >= 0, the sentence-order seed (shuffled iterator only).
+    row_ids: this process's rows (``process_row_ids``); None for all.
+
+  Raises:
+    ValueError: ``split`` is not in ``corpus.splits``, or the iterator's own
+      errors.
+  """
+  if split not in corpus.splits:
+    raise ValueError(f"split {split!r} is not in the corpus {corpus.name!r}; "
+                     f"its splits are {sorted(corpus.splits)}.")
+  index = (corpus.sentence_offsets or {}).get(split)
+  if index is not None:
+    return ShuffledSentenceIterator(
+        corpus.splits[split], index, global_batch, tgt_len, seed,
+        corpus.boundary_id, row_ids=row_ids)
+  return TrainIterator(corpus.splits[split], global_batch, tgt_len,
+                       row_ids=row_ids)

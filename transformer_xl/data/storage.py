@@ -1,0 +1,495 @@
+"""Chunked token-stream storage: the base tfds builder and its readers.
+
+Every corpus is a tfds dataset (array_record, ``disable_shuffling=True``)
+that stores, per split ("train", "valid", "test"), consecutive records
+``{"tokens": int32[<= chunk_size]}`` with integer keys 0, 1, 2, ..., so
+record ``i`` holds tokens ``[i * chunk_size, (i + 1) * chunk_size)`` of the
+split's stream and only the last record may be shorter.  The vocabulary
+(id -> symbol), the unit, the boundary id, the chunk size and the per-split
+token counts are stored in the dataset's ``metadata.json`` (a
+``tfds.core.MetadataDict``), so a prepared dataset loads without its source
+files.  Reading goes through ``builder.as_data_source()`` (no TensorFlow).
+
+:class:`TokenStreamBuilder` is the base of the corpus builders; each family
+module (``enwik8_text8.py``, ``ptb_wikitext.py``, ``lm1b.py``) subclasses it
+with a :class:`CorpusSpec` per corpus and a ``_plan`` that tokenises the
+sources.  :class:`ChunkedSource` and :class:`ChunkedSentenceIndex` read a
+prepared dataset back.
+"""
+from __future__ import annotations
+
+import abc
+import collections
+import dataclasses
+import threading
+from pathlib import Path
+from typing import Callable, ClassVar, Iterable, Iterator, Mapping
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+from transformer_xl.data import sources
+from transformer_xl.data.corpus import Corpus, DataError, Tokenizer, sentence_offsets
+
+CHUNK_SIZE = 65536  # tokens per record
+SPLITS = ("train", "valid", "test")
+BUILDER_PREFIX = "txl_"  # tfds name = prefix + corpus name: no clash with tfds's own
+
+
+# -- reading -----------------------------------------------------------------
+
+
+class ChunkedSource:
+  """A :class:`~transformer_xl.data.TokenSource` over chunk records.
+
+  Reads only the records that cover a requested range.  Record ``i`` must
+  hold tokens ``[i * chunk_size, min((i + 1) * chunk_size, num_tokens))``;
+  every record read is checked for that length.  The last ``cache_chunks``
+  decoded records are kept (LRU), so a reader that walks a few streams
+  forward in short segments decodes each record once.  Thread-safe; pickles
+  without its cache.
+
+  Args:
+    records: a sequence of ``{"tokens": int32[<= chunk_size]}`` (e.g. what
+      ``builder.as_data_source(split)`` returns); supports ``len`` and
+      integer indexing, and ``__getitems__`` (batch read) if present.
+    num_tokens: length of the split's token stream, in tokens.
+    chunk_size: tokens per record.
+    name: for error messages, e.g. "ptb/valid".
+    cache_chunks: how many decoded records to keep (64 x 65536 int32 tokens
+      = 16 MiB); 0 disables the cache.
+
+  Raises:
+    DataError: the number of records does not match ``num_tokens`` and
+      ``chunk_size``.
+  """
+
+  def __init__(self, records, num_tokens: int, chunk_size: int, name: str = "",
+               cache_chunks: int = 64):
+    self._records = records
+    self._num_tokens = int(num_tokens)
+    self._chunk_size = int(chunk_size)
+    self._name = name
+    self._cache_chunks = int(cache_chunks)
+    self._cache: collections.OrderedDict[int, np.ndarray] = (
+        collections.OrderedDict())
+    self._lock = threading.Lock()
+    expected = -(-self._num_tokens // self._chunk_size)
+    if len(records) != expected:
+      raise DataError(
+          f"{name}: {len(records)} records stored, expected {expected} "
+          f"({self._num_tokens} tokens in chunks of {self._chunk_size}); the "
+          "prepared dataset is corrupt, delete its directory to rebuild it."
+      )
+
+  def __getstate__(self):
+    state = self.__dict__.copy()
+    state["_cache"], state["_lock"] = collections.OrderedDict(), None
+    return state
+
+  def __setstate__(self, state):
+    self.__dict__.update(state)
+    self._lock = threading.Lock()
+
+  @property
+  def num_tokens(self) -> int:
+    """Length of the split's token stream, in tokens."""
+    return self._num_tokens
+
+  @property
+  def chunk_size(self) -> int:
+    """Tokens per record (the last record may hold fewer)."""
+    return self._chunk_size
+
+  @property
+  def num_chunks(self) -> int:
+    """Number of records, ``ceil(num_tokens / chunk_size)``."""
+    return len(self._records)
+
+  def _fetch(self, keys: list[int]) -> list[np.ndarray]:
+    """Decoded, length-checked tokens of records ``keys`` (via the cache)."""
+    with self._lock:
+      cached = {k: self._cache[k] for k in keys if k in self._cache}
+      for k in cached:
+        self._cache.move_to_end(k)
+    todo = [k for k in keys if k not in cached]
+    if todo:
+      # A batch read costs a thread-pool start in array_record: only worth it
+      # for several records (one record is the common case for short reads).
+      if len(todo) > 1 and hasattr(self._records, "__getitems__"):
+        records = self._records.__getitems__(todo)
+      else:
+        records = [self._records[k] for k in todo]
+      for key, record in zip(todo, records):
+        tokens = np.asarray(record["tokens"], dtype=np.int32)
+        c = self._chunk_size
+        expected = min(c, self._num_tokens - key * c)
+        if tokens.shape != (expected,):
+          raise DataError(
+              f"{self._name}: record {key} holds {tokens.shape[0]} tokens, "
+              f"expected {expected}; the prepared dataset is corrupt.")
+        tokens.flags.writeable = False
+        cached[key] = tokens
+      if self._cache_chunks > 0:
+        with self._lock:
+          for key in todo:
+            self._cache[key] = cached[key]
+          while len(self._cache) > self._cache_chunks:
+            self._cache.popitem(last=False)
+    return [cached[k] for k in keys]
+
+  def read(self, start: int, stop: int) -> np.ndarray:
+    """Tokens ``[start, stop)`` of the stream: int32, shape ``[stop - start]``.
+
+    Returns a new array (the caller may modify it).
+
+    Raises:
+      IndexError: the range is outside ``[0, num_tokens]`` or reversed.
+      DataError: a record has the wrong length (corrupt dataset).
+    """
+    start, stop = int(start), int(stop)
+    if not 0 <= start <= stop <= self._num_tokens:
+      raise IndexError(
+          f"range [{start}, {stop}) outside [0, {self._num_tokens}]")
+    if start == stop:
+      return np.zeros([0], np.int32)
+    c = self._chunk_size
+    first, last = start // c, (stop - 1) // c
+    pieces = self._fetch(list(range(first, last + 1)))
+    offset = first * c
+    if len(pieces) == 1:
+      return pieces[0][start - offset:stop - offset].copy()
+    return np.concatenate(pieces)[start - offset:stop - offset]
+
+
+class ChunkedSentenceIndex:
+  """A :class:`~transformer_xl.data.SentenceIndex` over stored lengths.
+
+  The lengths (tokens per sentence, int32) are stored like a token stream,
+  in the chunk records of the split ``<split>_sentence_lengths``.  The first
+  :meth:`read_offsets` reads all of them (for lm1b train about 30M
+  sentences: 120 MB read, 240 MB of int64 offsets kept) and keeps the
+  offsets; later calls slice them.  Thread-safe; pickles without the
+  offsets.
+
+  Args:
+    lengths: a :class:`ChunkedSource` (or any TokenSource) whose tokens are
+      the sentence lengths; its ``num_tokens`` is the number of sentences.
+    num_tokens: tokens of the split's token stream (the lengths' sum).
+    name: for error messages, e.g. "lm1b/train".
+  """
+
+  def __init__(self, lengths, num_tokens: int, name: str = ""):
+    self._lengths = lengths
+    self._num_tokens = int(num_tokens)
+    self._name = name
+    self._offsets: np.ndarray | None = None
+    self._lock = threading.Lock()
+
+  def __getstate__(self):
+    state = self.__dict__.copy()
+    state["_offsets"], state["_lock"] = None, None
+    return state
+
+  def __setstate__(self, state):
+    self.__dict__.update(state)
+    self._lock = threading.Lock()
+
+  @property
+  def num_sentences(self) -> int:
+    """Number of sentences of the split."""
+    return int(self._lengths.num_tokens)
+
+  def _all_offsets(self) -> np.ndarray:
+    with self._lock:
+      if self._offsets is None:
+        lengths = self._lengths.read(0, self.num_sentences)
+        if lengths.size and (int(lengths.min()) < 1
+                             or int(lengths.sum(dtype=np.int64))
+                             != self._num_tokens):
+          raise DataError(
+              f"{self._name}: the stored sentence lengths do not add up to "
+              f"the {self._num_tokens} tokens of the split (or one is < 1); "
+              "the prepared dataset is corrupt, delete its directory to "
+              "rebuild it.")
+        offsets = sentence_offsets(lengths)
+        offsets.flags.writeable = False
+        self._offsets = offsets
+      return self._offsets
+
+  def read_offsets(self, start: int, stop: int) -> np.ndarray:
+    """Offsets ``[start, stop)``: int64, shape [stop - start].
+
+    Offset ``i`` is the stream position of sentence ``i``'s first token;
+    offset ``num_sentences`` is the stream length.
+
+    Raises:
+      IndexError: the range is outside ``[0, num_sentences + 1]`` or
+        reversed.
+      DataError: the stored lengths are corrupt.
+    """
+    start, stop = int(start), int(stop)
+    if not 0 <= start <= stop <= self.num_sentences + 1:
+      raise IndexError(f"range [{start}, {stop}) outside "
+                       f"[0, {self.num_sentences + 1}]")
+    return self._all_offsets()[start:stop].copy()
+
+
+# -- writing -----------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CorpusSpec:
+  """What a corpus is: one row of a family module's table of corpora.
+
+  Attributes:
+    name: corpus name as given to ``load_corpus`` (e.g. "ptb"); the tfds
+      builder is :attr:`builder_name`.
+    unit: "byte", "char" or "word".
+    boundary: the symbol whose id is ``Corpus.boundary_id``.
+    tokenizer: the tokenisation (``tokenizers.py``), attached to the Corpus.
+    source: the source files (:class:`sources.SourceSpec`, or
+      :class:`sources.ShardedSourceSpec` for lm1b).
+    homepage: the corpus's web page (tfds ``DatasetInfo.homepage``).
+    manual_instructions: what to put into the manual dir (tfds
+      ``MANUAL_DOWNLOAD_INSTRUCTIONS``).
+  """
+
+  name: str
+  unit: str
+  boundary: str
+  tokenizer: Tokenizer
+  source: sources.SourceSpec | sources.ShardedSourceSpec
+  homepage: str
+  manual_instructions: str
+
+  @property
+  def builder_name(self) -> str:
+    """The tfds builder name, ``txl_<name>`` (the prepared dataset's directory)."""
+    return BUILDER_PREFIX + self.name
+
+
+@dataclasses.dataclass
+class Plan:
+  """What a builder writes: vocabulary, counts and a token stream per split.
+
+  ``streams[split]()`` yields int32 arrays of any lengths whose
+  concatenation is the split's stream of ``num_tokens[split]`` tokens.
+  Every key of ``streams`` becomes a tfds split of chunk records: "train",
+  "valid", "test", plus any extra int32 streams a builder stores (lm1b: the
+  sentence lengths).  ``metadata`` holds extra entries for metadata.json.
+  """
+
+  vocab: list[str]
+  boundary_id: int
+  num_tokens: dict[str, int]
+  streams: dict[str, Callable[[], Iterator[np.ndarray]]]
+  metadata: dict = dataclasses.field(default_factory=dict)
+
+
+def rechunk(pieces: Iterable[np.ndarray], chunk_size: int) -> Iterator[np.ndarray]:
+  """Re-cuts a stream given as arrays of any lengths into chunk_size pieces."""
+  pending, n = [], 0
+  for piece in pieces:
+    if not len(piece):
+      continue
+    pending.append(np.asarray(piece, np.int32))
+    n += len(piece)
+    if n >= chunk_size:
+      flat = np.concatenate(pending) if len(pending) > 1 else pending[0]
+      k = (n // chunk_size) * chunk_size
+      for i in range(0, k, chunk_size):
+        yield flat[i:i + chunk_size]
+      pending, n = [flat[k:]], n - k
+  if n:
+    yield np.concatenate(pending)
+
+
+class TokenStreamBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+  """Base of the corpus builders: one contiguous token stream per split.
+
+  A concrete subclass sets ``SPEC`` (a :class:`CorpusSpec`), which gives it
+  its tfds name (``SPEC.builder_name``) and manual-download instructions;
+  its docstring's first paragraph is the tfds description.  A family base
+  implements :meth:`_plan` (and, for sharded sources, :meth:`locate_sources`).
+
+  Args:
+    chunk_size: tokens per record when preparing.  Reading always uses the
+      chunk size stored with the prepared dataset.
+    data_dir: tfds data dir (default: tfds's, ``~/tensorflow_datasets``).
+    **kwargs: passed to ``tfds.core.GeneratorBasedBuilder``.
+  """
+
+  VERSION = tfds.core.Version("1.0.0")
+  RELEASE_NOTES = {"1.0.0": "Token stream in int32 chunk records."}
+  SPEC: ClassVar[CorpusSpec]
+
+  def __init_subclass__(cls, **kwargs):
+    spec = cls.__dict__.get("SPEC")
+    if spec is not None:  # tfds reads both when it registers the class.
+      cls.name = spec.builder_name
+      cls.MANUAL_DOWNLOAD_INSTRUCTIONS = spec.manual_instructions
+    super().__init_subclass__(**kwargs)
+
+  def __init__(self, *, chunk_size: int = CHUNK_SIZE, data_dir=None, **kwargs):
+    if int(chunk_size) < 1:
+      raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    self._chunk_size = int(chunk_size)
+    self._sources: dict[str, sources.Source] | None = None
+    self._verify_checksums = True
+    kwargs.setdefault("file_format", "array_record")
+    super().__init__(data_dir=data_dir, **kwargs)
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(
+        builder=self,
+        description=(self.__doc__ or "").strip().split("\n\n")[0],
+        features=tfds.features.FeaturesDict({
+            "tokens": tfds.features.Tensor(shape=(None,), dtype=np.int32),
+        }),
+        homepage=self.SPEC.homepage,
+        disable_shuffling=True,
+        metadata=tfds.core.MetadataDict(),
+    )
+
+  def is_prepared(self) -> bool:
+    """Whether the dataset is written in ``data_dir`` (has dataset_info.json).
+
+    tfds writes into a temporary directory and renames it when complete, so
+    the file exists only for a complete dataset.  (tfds's own check logs a
+    warning for every dataset not prepared yet.)
+    """
+    return (Path(self.data_dir) / "dataset_info.json").is_file()
+
+  # -- sources -----------------------------------------------------------
+
+  def default_manual_dir(self) -> Path:
+    """tfds's manual dir for this data dir: ``<data_dir>/downloads/manual``."""
+    return Path(self.data_dir_root) / "downloads" / "manual"
+
+  def locate_sources(
+      self,
+      *,
+      manual_dir=None,
+      download: bool = True,
+      verify_checksums: bool = True,
+  ) -> dict[str, sources.Source]:
+    """Finds (and with ``verify_checksums`` checks) the source files.
+
+    See :func:`sources.locate` for the search order.  Fast: reads no file
+    unless ``verify_checksums`` (then each file is hashed once).
+
+    Returns:
+      source file name -> :class:`sources.Source`.
+
+    Raises:
+      DataError: a file is missing or fails its checksum.
+    """
+    found = sources.locate(
+        self.SPEC.source,
+        manual_dir=(Path(manual_dir) if manual_dir
+                    else self.default_manual_dir()),
+        download_dir=Path(self.data_dir_root) / "downloads",
+        download=download,
+    )
+    if verify_checksums:
+      sources.verify_all(found)
+    return found
+
+  def prepare(
+      self,
+      *,
+      manual_dir=None,
+      download: bool = True,
+      verify_checksums: bool = True,
+  ) -> None:
+    """Locates the sources, then writes the dataset (``download_and_prepare``).
+
+    Args:
+      manual_dir: directory holding the archive or the extracted files
+        (default :meth:`default_manual_dir`).
+      download: try the canonical URL if no local copy exists.
+      verify_checksums: check published sizes/checksums (and, where known,
+        token counts and vocabulary size); tiny test files need False.
+
+    Raises:
+      DataError: missing or bad source files (before any tokenisation), or a
+        source that cannot be tokenised (e.g. a valid/test word outside the
+        vocabulary and no ``<unk>``).
+    """
+    self._sources = self.locate_sources(
+        manual_dir=manual_dir, download=download,
+        verify_checksums=verify_checksums)
+    self._verify_checksums = verify_checksums
+    config = tfds.download.DownloadConfig(
+        manual_dir=str(manual_dir) if manual_dir else None)
+    self.download_and_prepare(download_config=config)
+
+  @abc.abstractmethod
+  def _plan(self, found: Mapping[str, sources.Source], verify: bool) -> Plan:
+    """Reads the sources; returns vocabulary, counts and token streams."""
+
+  def _split_generators(self, dl_manager):
+    if self._sources is None:  # download_and_prepare called directly
+      self._sources = self.locate_sources(
+          manual_dir=getattr(dl_manager, "_manual_dir", None),
+          download=True, verify_checksums=True)
+    plan = self._plan(self._sources, self._verify_checksums)
+    for split in SPLITS:
+      if plan.num_tokens[split] == 0:
+        raise DataError(
+            f"{self.SPEC.name}: split {split!r} would be empty; the source "
+            "files are too short.")
+    self.info.metadata.update({
+        "corpus": self.SPEC.name,
+        "unit": self.SPEC.unit,
+        "vocab": list(plan.vocab),
+        "boundary_id": int(plan.boundary_id),
+        "num_tokens": {s: int(plan.num_tokens[s]) for s in SPLITS},
+        "chunk_size": self._chunk_size,
+        "checksums_verified": bool(self._verify_checksums),
+    })
+    self.info.metadata.update(plan.metadata)
+    self._streams = plan.streams
+    self._counts = {s: int(n) for s, n in plan.num_tokens.items()}
+    return {split: self._generate_examples(split) for split in plan.streams}
+
+  def _generate_examples(self, split: str):
+    n, expected = 0, self._counts[split]
+    chunks = rechunk(self._streams[split](), self._chunk_size)
+    for key, chunk in enumerate(chunks):
+      n += len(chunk)
+      yield key, {"tokens": chunk}
+    if n != expected:
+      raise DataError(
+          f"{self.SPEC.name}/{split}: wrote {n} tokens, counted {expected} "
+          "before; did a source file change during the build?")
+
+  # -- reading -----------------------------------------------------------
+
+  def as_corpus(self) -> Corpus:
+    """The prepared dataset as a :class:`Corpus` of :class:`ChunkedSource`.
+
+    The corpus carries ``SPEC.tokenizer`` (for ``Corpus.encode``).
+
+    Raises:
+      DataError: the dataset is not prepared or its metadata is incomplete.
+    """
+    if not self.is_prepared():
+      raise DataError(f"{self.name} is not prepared in {self.data_dir}.")
+    md = self.info.metadata
+    missing = [k for k in ("unit", "vocab", "boundary_id", "num_tokens",
+                           "chunk_size") if k not in (md or {})]
+    if missing:
+      raise DataError(
+          f"{self.data_dir}: metadata.json lacks {missing}; delete the "
+          "directory to rebuild the dataset.")
+    splits = {
+        split: ChunkedSource(
+            self.as_data_source(split=split), md["num_tokens"][split],
+            md["chunk_size"], name=f"{self.SPEC.name}/{split}")
+        for split in SPLITS
+    }
+    return Corpus(name=self.SPEC.name, unit=md["unit"], vocab=tuple(md["vocab"]),
+                  boundary_id=int(md["boundary_id"]), splits=splits,
+                  tokenizer=self.SPEC.tokenizer)
