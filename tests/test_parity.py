@@ -2,7 +2,7 @@
 
 HuggingFace's port has the reference PyTorch implementation's parameter
 names and computations, with three known differences, handled here as the
-reference does (see shared/REFERENCE.md and transformer_xl/convert/):
+reference does (see the README and transformer_xl/convert/):
 
 1. Initial memory: HF with ``mems=None`` starts from zero-filled memory of
    mem_len slots; the reference starts from EMPTY memory.  HF is given empty

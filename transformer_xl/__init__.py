@@ -1,12 +1,13 @@
 """Transformer-XL (Dai et al., 2019) in JAX/Flax.
 
-Modules, one role each (flax examples/lm1b layout):
-  attention.py       relative multi-head attention (Sec. 3.3, Appendix B)
-  models.py          the model; the whole memory path (Sec. 3.2) is in one place
-  data/              corpora as token streams (tfds builders) and the batch iterators
-  sharding.py        device mesh and logical-axis rules
-  train.py           optimizer, jitted train step, training loop
-  evaluate.py        scoring a split with the eval settings
-  checkpointing.py   orbax checkpoints (state, memory, iterator position)
-  main.py            command line
+Modules, one role each (flax examples/lm1b layout); the README's "Layout"
+section lists them all.  The model: ``models.py`` (ModelConfig, the memory
+path of Sec. 3.2 in one place, the layer stack), ``attention.py`` (the
+attention types, Sec. 3.3 and Appendix B), ``adaptive.py`` (adaptive input
+and softmax).  Around it: ``data/`` (corpora and batch iterators),
+``train_state.py`` and ``train.py`` (training), ``evaluate.py`` (evaluation
+and scoring), ``default_config.py`` (config schema and validation),
+``workdir.py``, ``checkpointing.py``, ``metrics.py``, ``sharding.py``,
+``distributed.py``, ``presets.py``, ``convert/`` (checkpoint converter) and
+``main.py`` (the command line).
 """
