@@ -58,8 +58,9 @@ def test_rel_shift_attention_equals_naive(same_length, clamp_len, mlen):
   mod = attention.RelPartialLearnableAttention(n_head=2, d_head=6, d_model=d, init_std=0.3)
   pos = attention.sinusoid_pos_emb(mem_len + tgt_len, d, clamp_len)
   mask = attention.attention_mask(tgt_len, mem_len, mlen_B, same_length)
-  params = nn.unbox(mod.init(jax.random.PRNGKey(1), cat, pos, mask, u, v))
-  got = mod.apply(params, cat, pos, mask, u, v)
+  h = cat[:, mem_len:]  # the segment (only types 2 and 3 read it)
+  params = nn.unbox(mod.init(jax.random.PRNGKey(1), h, cat, pos, mask, u, v))
+  got = mod.apply(params, h, cat, pos, mask, u, v)
   want = naive_attention(params["params"], cat, mem_len, np.asarray(mlen_B), same_length,
                          clamp_len, np.asarray(u), np.asarray(v))
   np.testing.assert_allclose(np.asarray(got), want, rtol=2e-4, atol=2e-4)

@@ -14,11 +14,25 @@ The (b)+(d) term is computed for all keys as ``(q + v) @ r.T`` against the K
 projected sinusoids r = W_kR R, listed by *descending* distance K-1, ..., 0,
 and then left-shifted row by row (:func:`rel_shift`).
 
-Attention variants are looked up by the reference's ``attn_type`` number in
-:data:`ATTENTION_TYPES`; all share the call signature of
-:class:`RelPartialLearnableAttention`.  The projections' outputs are tagged
-with ``checkpoint_name`` ("qkv", "r_head_k", "attn_out") so that a remat
-policy can keep them and recompute the [B, H, T, K] scores
+The four attention types of the reference implementation (``attn_type``;
+the ablations of Tables 6 and 7) are in :data:`ATTENTION_TYPES`:
+
+  0  :class:`RelPartialLearnableAttention`  Transformer-XL (Sec. 3.3)
+  1  :class:`RelLearnableAttention`         Shaw et al. (2018): learned
+                                            relative embeddings and biases
+  2  :class:`AbsoluteAttention`             Vaswani et al. (2017): standard
+                                            attention; sinusoid absolute
+                                            positions added to the input
+  3  :class:`AbsoluteAttention`             Al-Rfou et al. (2018): standard
+                                            attention; learned absolute
+                                            positions added before every layer
+
+All share one call signature, ``attn(h_BxTxD, cat_BxKxD, pos_emb_KxD,
+mask_Bx1xTxK, r_w_bias_HxDh, r_r_bias_HxDh)``; each uses what its type
+needs.  Types 2 and 3 add their positions outside attention (models.py,
+:func:`absolute_positions`).  The projections' outputs are tagged with
+``checkpoint_name`` ("qkv", "r_head_k", "attn_out") so that a remat policy
+can keep them and recompute the [B, H, T, K] scores
 (``models.REMAT_POLICIES``).
 """
 from __future__ import annotations
@@ -119,13 +133,8 @@ def attention_mask(tgt_len: int, mem_len: int, mlen_B: Array, same_length: bool)
   return allowed_TxK[None, None, :, :] & valid_key_BxK[:, None, None, :]
 
 
-class RelPartialLearnableAttention(nn.Module):
-  """Multi-head attention with the relative encoding of Dai et al. 2019 (attn_type 0).
-
-  Reference: ``RelPartialLearnableMultiHeadAttn``.  One fused ``qkv_net``
-  (W_q, W_kE, W_v; no bias) over concat(memory, segment), a separate
-  ``r_net`` (W_kR; no bias) over the sinusoid R, an ``o_net`` (no bias).
-  Scores are scaled by 1/sqrt(d_head); softmax in float32.
+class _Attention(nn.Module):
+  """The attributes every attention type shares.
 
   Attributes:
     n_head, d_head, d_model: sizes.
@@ -144,14 +153,27 @@ class RelPartialLearnableAttention(nn.Module):
   param_dtype: Dtype = jnp.float32
   deterministic: bool = True
 
+
+class RelPartialLearnableAttention(_Attention):
+  """Multi-head attention with the relative encoding of Dai et al. 2019 (attn_type 0).
+
+  Reference: ``RelPartialLearnableMultiHeadAttn``.  One fused ``qkv_net``
+  (W_q, W_kE, W_v; no bias) over concat(memory, segment), a separate
+  ``r_net`` (W_kR; no bias) over the sinusoid R, an ``o_net`` (no bias).
+  Scores are scaled by 1/sqrt(d_head); softmax in float32.  Attributes as
+  :class:`_Attention`.
+  """
+
   @nn.compact
-  def __call__(self, cat_BxKxD: Array, pos_emb_KxD: Array, mask_Bx1xTxK: Array,
-               r_w_bias_HxDh: Array, r_r_bias_HxDh: Array) -> Array:
+  def __call__(self, h_BxTxD: Array, cat_BxKxD: Array, pos_emb_KxD: Array,
+               mask_Bx1xTxK: Array, r_w_bias_HxDh: Array, r_r_bias_HxDh: Array) -> Array:
     """Attention output for the last T rows of ``cat_BxKxD``.
 
     Args:
-      cat_BxKxD: concat(memory, segment) [B, K, d_model]; queries are the
-        last T rows, T = mask_Bx1xTxK.shape[2].
+      h_BxTxD: the segment's layer input [B, T, d_model] before any
+        LayerNorm (used by type 2 and 3's queries; not here).
+      cat_BxKxD: concat(memory, segment) [B, K, d_model] (LayerNorm-ed with
+        pre_lnorm); queries are its last T rows, T = mask_Bx1xTxK.shape[2].
       pos_emb_KxD: sinusoid R for distances K-1..0 (:func:`sinusoid_pos_emb`).
       mask_Bx1xTxK: bool, True where attention is allowed
         (:func:`attention_mask`).
@@ -162,16 +184,7 @@ class RelPartialLearnableAttention(nn.Module):
       [B, T, d_model] in ``dtype`` (the o_net output, before dropout and the
       residual).
     """
-    tgt_len = mask_Bx1xTxK.shape[2]
-    qkv_BxKx3xHxDh = nn.DenseGeneral(
-        (3, self.n_head, self.d_head), use_bias=False, dtype=self.dtype,
-        param_dtype=self.param_dtype,
-        kernel_init=normal_init(self.init_std, "embed", None, "heads", "kv"),
-        name="qkv_net")(cat_BxKxD)
-    qkv_BxKx3xHxDh = checkpoint_name(qkv_BxKx3xHxDh, "qkv")
-    q_BxTxHxDh = qkv_BxKx3xHxDh[:, -tgt_len:, 0]
-    k_BxKxHxDh = qkv_BxKx3xHxDh[:, :, 1]
-    v_BxKxHxDh = qkv_BxKx3xHxDh[:, :, 2]
+    q_BxTxHxDh, k_BxKxHxDh, v_BxKxHxDh = _qkv(self, cat_BxKxD, mask_Bx1xTxK.shape[2])
     r_KxHxDh = nn.DenseGeneral(
         (self.n_head, self.d_head), use_bias=False, dtype=self.dtype,
         param_dtype=self.param_dtype,
@@ -187,21 +200,180 @@ class RelPartialLearnableAttention(nn.Module):
     # (b) + (d): position terms against every distance K-1..0, then shifted.
     bd_BxHxTxK = rel_shift(jnp.einsum("bihd,jhd->bhij", q_BxTxHxDh + v, r_KxHxDh,
                                       preferred_element_type=jnp.float32))
-    score_BxHxTxK = (ac_BxHxTxK + bd_BxHxTxK) * (1.0 / self.d_head ** 0.5)
-    score_BxHxTxK = jnp.where(mask_Bx1xTxK, score_BxHxTxK, MASK_VALUE)
-    prob_BxHxTxK = jax.nn.softmax(score_BxHxTxK, axis=-1).astype(self.dtype)
-    prob_BxHxTxK = nn.Dropout(self.dropatt)(prob_BxHxTxK, deterministic=self.deterministic)
+    return _attend(self, ac_BxHxTxK + bd_BxHxTxK, mask_Bx1xTxK, v_BxKxHxDh)
 
-    vec_BxTxHxDh = jnp.einsum("bhij,bjhd->bihd", prob_BxHxTxK, v_BxKxHxDh)
-    out_BxTxD = nn.DenseGeneral(
-        self.d_model, axis=(-2, -1), use_bias=False, dtype=self.dtype,
+
+def _attend(mod: nn.Module, score_BxHxTxK: Array, mask_Bx1xTxK: Array,
+            v_BxKxHxDh: Array) -> Array:
+  """Scale, mask, float32 softmax, dropatt, weighted values and ``o_net``.
+
+  The part every attention type shares (reference: ``attn_score.mul_(scale)``
+  ... ``o_net(attn_vec)``); called from inside ``mod``'s compact
+  ``__call__``, whose ``n_head``, ``d_head``, ``d_model``, ``dropatt``,
+  ``init_std``, dtypes and ``deterministic`` it uses.
+
+  Returns:
+    [B, T, d_model] in ``mod.dtype``, tagged "attn_out".
+  """
+  score_BxHxTxK = score_BxHxTxK * (1.0 / mod.d_head ** 0.5)
+  score_BxHxTxK = jnp.where(mask_Bx1xTxK, score_BxHxTxK, MASK_VALUE)
+  prob_BxHxTxK = jax.nn.softmax(score_BxHxTxK, axis=-1).astype(mod.dtype)
+  prob_BxHxTxK = nn.Dropout(mod.dropatt)(prob_BxHxTxK, deterministic=mod.deterministic)
+  vec_BxTxHxDh = jnp.einsum("bhij,bjhd->bihd", prob_BxHxTxK, v_BxKxHxDh)
+  out_BxTxD = nn.DenseGeneral(
+      mod.d_model, axis=(-2, -1), use_bias=False, dtype=mod.dtype,
+      param_dtype=mod.param_dtype,
+      kernel_init=normal_init(mod.init_std, "heads", "kv", "embed"),
+      parent=mod, name="o_net")(vec_BxTxHxDh)
+  return checkpoint_name(out_BxTxD, "attn_out")
+
+
+def _qkv(mod: nn.Module, cat_BxKxD: Array, tgt_len: int):
+  """The fused ``qkv_net`` of the relative types (0, 1) over concat(memory,
+  segment): (q of the last T rows, k, v), each [B, ., H, Dh]."""
+  qkv_BxKx3xHxDh = nn.DenseGeneral(
+      (3, mod.n_head, mod.d_head), use_bias=False, dtype=mod.dtype,
+      param_dtype=mod.param_dtype,
+      kernel_init=normal_init(mod.init_std, "embed", None, "heads", "kv"),
+      parent=mod, name="qkv_net")(cat_BxKxD)
+  qkv_BxKx3xHxDh = checkpoint_name(qkv_BxKx3xHxDh, "qkv")
+  return (qkv_BxKx3xHxDh[:, -tgt_len:, 0], qkv_BxKx3xHxDh[:, :, 1],
+          qkv_BxKx3xHxDh[:, :, 2])
+
+
+def position_table(table_NxX: Array, klen: int, clamp_len: int = 0) -> Array:
+  """The rows of a learned table for distances (or positions from the end)
+  klen-1, ..., 0: [klen, ...].
+
+  Reference semantics (``RelLearnableMultiHeadAttn`` and the attn_type 3
+  branch of ``MemTransformerLM._forward``): the table's last row is
+  distance 0 and row -1-d distance d; with ``clamp_len > 0`` the table is
+  first cut to its last clamp_len rows; when klen exceeds the table it is
+  padded at the front with copies of its first row (so distances beyond
+  the table share that row), otherwise its last klen rows are used.
+  """
+  if clamp_len > 0:
+    table_NxX = table_NxX[-clamp_len:]
+  n = table_NxX.shape[0]
+  if klen > n:
+    pad = jnp.broadcast_to(table_NxX[:1], (klen - n,) + table_NxX.shape[1:])
+    return jnp.concatenate([pad, table_NxX], axis=0)
+  return table_NxX[n - klen:]
+
+
+class RelLearnableAttention(_Attention):
+  """Shaw et al. (2018) learned relative attention (attn_type 1).
+
+  Reference: ``RelLearnableMultiHeadAttn`` with the per-layer tables of
+  ``MemTransformerLM``.  Parameters per layer: ``qkv_net`` and ``o_net`` as
+  type 0, ``r_emb`` [max_klen, H, Dh] (learned relative key embeddings),
+  ``r_w_bias`` [H, Dh] (the content bias) and ``r_bias`` [max_klen, H] (a
+  learned scalar bias per distance and head); no sinusoid, no ``r_net``.
+  The score is ``(q + r_w_bias) . k + shift(q . r_emb + r_bias)``: unlike
+  type 0 the query carries no bias in the position term.  The tables are
+  sized by the training attention length ``max_klen`` and read by
+  :func:`position_table` (clamped, or padded with their first row for a
+  longer attention at evaluation).  ``untie_r`` does not apply: the biases
+  are always per layer, as in the reference.
+
+  Attributes:
+    as :class:`_Attention`, plus
+    max_klen: rows of the learned tables (the training tgt_len + ext_len +
+      mem_len; must be >= 1).
+    clamp_len: cut the tables to their last clamp_len rows (0 = no cut).
+  """
+
+  max_klen: int = 0
+  clamp_len: int = 0
+
+  @nn.compact
+  def __call__(self, h_BxTxD: Array, cat_BxKxD: Array, pos_emb_KxD: Optional[Array],
+               mask_Bx1xTxK: Array, r_w_bias_HxDh: Optional[Array] = None,
+               r_r_bias_HxDh: Optional[Array] = None) -> Array:
+    """As :meth:`RelPartialLearnableAttention.__call__`; ``h_BxTxD``,
+    ``pos_emb_KxD`` and the shared biases are not used."""
+    tgt_len, klen = mask_Bx1xTxK.shape[2], cat_BxKxD.shape[1]
+    q_BxTxHxDh, k_BxKxHxDh, v_BxKxHxDh = _qkv(self, cat_BxKxD, tgt_len)
+    r_emb = self.param("r_emb", normal_init(self.init_std, "length", "heads", "kv"),
+                       (self.max_klen, self.n_head, self.d_head))
+    r_w_bias = self.param("r_w_bias", normal_init(self.init_std, "heads", "kv"),
+                          (self.n_head, self.d_head))
+    r_bias = self.param("r_bias", nn.with_logical_partitioning(
+        nn.initializers.zeros, ("length", "heads")), (self.max_klen, self.n_head))
+    r_emb_KxHxDh = position_table(r_emb, klen, self.clamp_len).astype(self.dtype)
+    r_bias_KxH = position_table(r_bias, klen, self.clamp_len)
+
+    ac_BxHxTxK = jnp.einsum("bihd,bjhd->bhij", q_BxTxHxDh + r_w_bias.astype(self.dtype),
+                            k_BxKxHxDh, preferred_element_type=jnp.float32)
+    b_BxHxTxK = jnp.einsum("bihd,jhd->bhij", q_BxTxHxDh, r_emb_KxHxDh,
+                           preferred_element_type=jnp.float32)
+    bd_BxHxTxK = rel_shift(b_BxHxTxK + r_bias_KxH.T[None, :, None, :])
+    return _attend(self, ac_BxHxTxK + bd_BxHxTxK, mask_Bx1xTxK, v_BxKxHxDh)
+
+
+class AbsoluteAttention(_Attention):
+  """Standard multi-head attention (attn_types 2 and 3; reference ``MultiHeadAttn``).
+
+  ``q_net`` (no bias) over the segment, ``kv_net`` (no bias) over
+  concat(memory, segment), ``o_net`` (no bias); no positional term in the
+  score: types 2 and 3 add absolute positions to the layer inputs instead
+  (:func:`absolute_positions`).  With ``pre_lnorm`` the reference applies
+  the LayerNorm to concat(memory, segment) for the keys and values only and
+  takes the queries from the un-normalised segment; so do we (the caller
+  passes the raw segment as ``h_BxTxD``).
+
+  Attributes as :class:`_Attention`.
+  """
+
+  @nn.compact
+  def __call__(self, h_BxTxD: Array, cat_BxKxD: Array, pos_emb_KxD: Optional[Array],
+               mask_Bx1xTxK: Array, r_w_bias_HxDh: Optional[Array] = None,
+               r_r_bias_HxDh: Optional[Array] = None) -> Array:
+    """As :meth:`RelPartialLearnableAttention.__call__`: queries from
+    ``h_BxTxD`` (the raw segment), keys and values from ``cat_BxKxD``;
+    ``pos_emb_KxD`` and the biases are not used."""
+    q_BxTxHxDh = nn.DenseGeneral(
+        (self.n_head, self.d_head), use_bias=False, dtype=self.dtype,
         param_dtype=self.param_dtype,
-        kernel_init=normal_init(self.init_std, "heads", "kv", "embed"),
-        name="o_net")(vec_BxTxHxDh)
-    return checkpoint_name(out_BxTxD, "attn_out")
+        kernel_init=normal_init(self.init_std, "embed", "heads", "kv"),
+        name="q_net")(h_BxTxD.astype(self.dtype))
+    kv_BxKx2xHxDh = nn.DenseGeneral(
+        (2, self.n_head, self.d_head), use_bias=False, dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        kernel_init=normal_init(self.init_std, "embed", None, "heads", "kv"),
+        name="kv_net")(cat_BxKxD)
+    q_BxTxHxDh = checkpoint_name(q_BxTxHxDh, "qkv")
+    kv_BxKx2xHxDh = checkpoint_name(kv_BxKx2xHxDh, "qkv")
+    score_BxHxTxK = jnp.einsum("bihd,bjhd->bhij", q_BxTxHxDh, kv_BxKx2xHxDh[:, :, 0],
+                               preferred_element_type=jnp.float32)
+    return _attend(self, score_BxHxTxK, mask_Bx1xTxK, kv_BxKx2xHxDh[:, :, 1])
 
 
-# attn_type (reference numbering) -> attention module.  Types 1-3 (Shaw et
-# al., absolute per layer, absolute at the input: the ablations of Table 6)
-# are not implemented yet; models.config_problems rejects them up front.
-ATTENTION_TYPES = {0: RelPartialLearnableAttention}
+def absolute_positions(pos_KxD: Array, mem_BxMxD: Array, h_BxTxD: Array
+                       ) -> tuple[Array, Array]:
+  """Adds absolute positions to a layer's memory and segment (types 2, 3).
+
+  ``pos_KxD`` lists the positions of the K = M + T keys counted from the end
+  of the window (row k is position K-1-k): the memory slots get rows [0, M),
+  the segment rows [M, K).  Because the memory is right-aligned, a valid
+  slot gets exactly the row the reference adds to its (unpadded) memory.
+
+  Reference artefact, kept for parity: the reference adds the memory's rows
+  IN PLACE (``mems_i += ...``) to the memory tensor it then caches from, so
+  a slot that stays in the memory for several segments accumulates one
+  addition per segment (with mem_len == tgt_len the memory is the last
+  segment alone, which already carries its own positions, so it holds two);
+  here the addition is applied to the memory before it is cached again,
+  which gives the same numbers.
+
+  Returns:
+    (mem_BxMxD + pos[:M], h_BxTxD + pos[M:]) in the inputs' dtypes.
+  """
+  m = mem_BxMxD.shape[1]
+  return ((mem_BxMxD + pos_KxD[:m]).astype(mem_BxMxD.dtype),
+          (h_BxTxD + pos_KxD[m:]).astype(h_BxTxD.dtype))
+
+
+# attn_type (reference numbering) -> attention module.
+ATTENTION_TYPES = {0: RelPartialLearnableAttention, 1: RelLearnableAttention,
+                   2: AbsoluteAttention, 3: AbsoluteAttention}

@@ -86,7 +86,14 @@ class ModelConfig:
     untie_r: per-layer u, v (``r_w_bias``, ``r_r_bias``) instead of shared.
     tie_weight: output softmax weights shared with the input embedding
       (all cluster tables with the adaptive softmax).
-    attn_type: attention variant (0 = the paper's; see attention.py).
+    attn_type: attention variant, the reference's numbering (attention.py):
+      0 = Transformer-XL (Sec. 3.3), 1 = Shaw et al. (2018) learned
+      relative, 2 = Vaswani et al. (2017) absolute sinusoid, 3 = Al-Rfou et
+      al. (2018) learned absolute per layer (needs n_head * d_head ==
+      d_model).
+    max_klen: rows of the learned position tables of types 1 and 3; 0 =
+      the training attention length tgt_len + ext_len + mem_len (the
+      reference's ``max_klen``).  The eval config keeps the training value.
     init_std: std of weight, embedding and u/v initialisation (0.02).
     dtype: compute dtype name, one of :data:`DTYPES`; parameters are
       float32; softmax and loss are float32.
@@ -130,6 +137,7 @@ class ModelConfig:
   untie_r: bool = False
   tie_weight: bool = True
   attn_type: int = 0
+  max_klen: int = 0
   init_std: float = 0.02
   dtype: str = "float32"
   remat: str = "none"
@@ -150,6 +158,11 @@ class ModelConfig:
   def defaults(cls) -> dict[str, Any]:
     """{field: default} for every field but n_token (``default_config.model``)."""
     return {f.name: f.default for f in dataclasses.fields(cls) if f.name != "n_token"}
+
+  @property
+  def pos_table_len(self) -> int:
+    """``max_klen`` resolved: tgt_len + ext_len + mem_len when it is 0."""
+    return self.max_klen or self.tgt_len + self.ext_len + self.mem_len
 
   @property
   def embed_dim(self) -> int:
@@ -210,9 +223,16 @@ def config_problems(fields: Mapping[str, Any]) -> list[str]:
   if f["remat"] not in REMAT_POLICIES:
     problems.append(f"model.remat={f['remat']!r}: use one of {tuple(REMAT_POLICIES)}.")
   if f["attn_type"] not in attention.ATTENTION_TYPES:
-    problems.append(f"model.attn_type={f['attn_type']}: implemented types are "
-                    f"{sorted(attention.ATTENTION_TYPES)} (0 = Transformer-XL relative "
-                    "attention, Sec. 3.3).")
+    problems.append(f"model.attn_type={f['attn_type']}: use one of "
+                    f"{sorted(attention.ATTENTION_TYPES)} (0 Transformer-XL, 1 Shaw et al., "
+                    "2 Vaswani et al., 3 Al-Rfou et al.).")
+  if f["attn_type"] == 3 and f["n_head"] * f["d_head"] != f["d_model"]:
+    problems.append(f"model.attn_type=3 adds a [d_model] row of its [max_klen, n_head, d_head] "
+                    f"table: it needs n_head * d_head == d_model (got {f['n_head']} * "
+                    f"{f['d_head']} != {f['d_model']}).")
+  if f["max_klen"] < 0:
+    problems.append(f"model.max_klen={f['max_klen']} must be >= 0 (0 = tgt_len + ext_len + "
+                    "mem_len).")
   embed_dim = f["d_model"] if not f["d_embed"] else int(f["d_embed"])
   problems += adaptive.config_problems(f.get("n_token"), embed_dim, f["d_model"],
                                        tuple(f["cutoffs"] or ()), f["div_val"],
@@ -286,10 +306,11 @@ class DecoderLayer(nn.Module):
     Args:
       h_BxTxD: layer input for the segment (the scan carry).
       mem_BxMxD: this layer's memory (its inputs at the previous M positions).
-      pos_emb_KxD: sinusoid R for distances K-1..0, K = M + T.
+      pos_emb_KxD: sinusoid R for distances K-1..0, K = M + T (attn_type 0;
+        None otherwise).
       mask_Bx1xTxK: attention mask (attention.attention_mask).
-      r_w_bias_HxDh, r_r_bias_HxDh: shared u and v, or None with untie_r
-        (then this layer owns its own).
+      r_w_bias_HxDh, r_r_bias_HxDh: attn_type 0's shared u and v, or None
+        with untie_r (then this layer owns its own) or for the other types.
       deterministic: disables dropout (static).
 
     Returns:
@@ -300,38 +321,55 @@ class DecoderLayer(nn.Module):
     mem_len, tgt_len = mem_BxMxD.shape[1], h_BxTxD.shape[1]
 
     # ---- The memory path (Sec. 3.2): h~ = [SG(m) o h] ----------------------
-    cat_BxKxD = jnp.concatenate(                              # concat the memory
-        [jax.lax.stop_gradient(mem_BxMxD), h_BxTxD], axis=1)  # (stop-gradiented)
+    mem_BxMxD = jax.lax.stop_gradient(mem_BxMxD)              # stop-gradient
+    if cfg.attn_type == 3:  # Al-Rfou et al.: this layer's learned positions,
+      mem_BxMxD, h_BxTxD = attention.absolute_positions(      # cached with the
+          self._position_rows(mem_len + tgt_len), mem_BxMxD, h_BxTxD)  # inputs
+    cat_BxKxD = jnp.concatenate([mem_BxMxD, h_BxTxD], axis=1)  # concat
     end = mem_len + tgt_len - cfg.ext_len                     # truncate: the last
     new_mem_BxMxD = jax.lax.stop_gradient(                    # M inputs before the
         cat_BxKxD[:, end - mem_len:end])                      # ext_len tail
     # --------------------------------------------------------------------------
 
-    if cfg.untie_r:
+    if cfg.untie_r and cfg.attn_type == 0:
       bias_init = attention.normal_init(cfg.init_std, "heads", "kv")
       r_w_bias_HxDh = self.param("r_w_bias", bias_init, (cfg.n_head, cfg.d_head))
       r_r_bias_HxDh = self.param("r_r_bias", bias_init, (cfg.n_head, cfg.d_head))
 
+    kwargs = dict(max_klen=cfg.pos_table_len, clamp_len=cfg.clamp_len) if cfg.attn_type == 1 else {}
     attn = attention.ATTENTION_TYPES[cfg.attn_type](
         n_head=cfg.n_head, d_head=cfg.d_head, d_model=cfg.d_model,
         dropatt=cfg.dropatt, init_std=cfg.init_std, dtype=cfg.compute_dtype,
-        deterministic=deterministic, name="attn")
+        deterministic=deterministic, name="attn", **kwargs)
     drop = nn.Dropout(cfg.dropout)
     ff = PositionwiseFF(cfg, name="pos_ff")
 
     if cfg.pre_lnorm:
       attn_in_BxKxD = _layer_norm("attn_layer_norm")(cat_BxKxD).astype(cfg.compute_dtype)
-      attn_out = attn(attn_in_BxKxD, pos_emb_KxD, mask_Bx1xTxK, r_w_bias_HxDh, r_r_bias_HxDh)
+      attn_out = attn(h_BxTxD, attn_in_BxKxD, pos_emb_KxD, mask_Bx1xTxK, r_w_bias_HxDh,
+                      r_r_bias_HxDh)
       x_BxTxD = h_BxTxD + drop(attn_out, deterministic=deterministic)
       ff_in = _layer_norm("ff_layer_norm")(x_BxTxD).astype(cfg.compute_dtype)
       out_BxTxD = x_BxTxD + ff(ff_in, deterministic)
     else:
-      attn_out = attn(cat_BxKxD, pos_emb_KxD, mask_Bx1xTxK, r_w_bias_HxDh, r_r_bias_HxDh)
+      attn_out = attn(h_BxTxD, cat_BxKxD, pos_emb_KxD, mask_Bx1xTxK, r_w_bias_HxDh,
+                      r_r_bias_HxDh)
       x_BxTxD = _layer_norm("attn_layer_norm")(
           h_BxTxD + drop(attn_out, deterministic=deterministic))
       x_BxTxD = x_BxTxD.astype(cfg.compute_dtype)
       out_BxTxD = _layer_norm("ff_layer_norm")(x_BxTxD + ff(x_BxTxD, deterministic))
     return out_BxTxD.astype(cfg.compute_dtype), new_mem_BxMxD
+
+  def _position_rows(self, klen: int) -> Array:
+    """attn_type 3: this layer's learned absolute positions for the K keys,
+    [K, d_model] (parameter ``r_emb`` [max_klen, n_head, d_head], reference
+    ``MemTransformerLM.r_emb[i]``; padded with its first row when K >
+    max_klen, :func:`attention.position_table`)."""
+    cfg = self.config
+    table = self.param("r_emb", attention.normal_init(cfg.init_std, "length", "heads", "kv"),
+                       (cfg.pos_table_len, cfg.n_head, cfg.d_head))
+    table_NxD = table.reshape(cfg.pos_table_len, cfg.d_model)
+    return attention.position_table(table_NxD, klen).astype(cfg.compute_dtype)
 
 
 def _layer_norm(name: str) -> nn.LayerNorm:
@@ -396,7 +434,7 @@ class TransformerXL(nn.Module):
         n_token=cfg.n_token, d_embed=cfg.embed_dim, d_proj=cfg.d_model, cutoffs=cfg.cutoffs,
         div_val=cfg.div_val, tie_weight=cfg.tie_weight, tie_projs=cfg.tie_projs,
         init_std=cfg.init_std, proj_init_std=cfg.proj_init_std)
-    if not cfg.untie_r:
+    if cfg.attn_type == 0 and not cfg.untie_r:  # u, v shared by all layers
       bias_init = attention.normal_init(cfg.init_std, "heads", "kv")
       self.r_w_bias = self.param("r_w_bias", bias_init, (cfg.n_head, cfg.d_head))
       self.r_r_bias = self.param("r_r_bias", bias_init, (cfg.n_head, cfg.d_head))
@@ -451,17 +489,26 @@ class TransformerXL(nn.Module):
       raise ValueError(f"segment length {tgt_len} must exceed ext_len={cfg.ext_len}.")
     if reset_B is not None:                                       # reset
       memory = reset_memory(memory, reset_B)
-    h_BxTxD = self.drop(emb_BxTxD.astype(cfg.compute_dtype), deterministic=deterministic)
-    pos_emb_KxD = self.drop(
-        attention.sinusoid_pos_emb(mem_len + tgt_len, cfg.d_model, cfg.clamp_len),
-        deterministic=deterministic)
+    emb_BxTxD = emb_BxTxD.astype(cfg.compute_dtype)
+    mems_LxBxMxD = memory.mems_LxBxMxD.astype(cfg.compute_dtype)
+    pos_emb_KxD = r_w_bias = r_r_bias = None
+    if cfg.attn_type == 0:  # R of Sec. 3.3 (with dropout, as in the reference)
+      pos_emb_KxD = self.drop(
+          attention.sinusoid_pos_emb(mem_len + tgt_len, cfg.d_model, cfg.clamp_len),
+          deterministic=deterministic)
+      if not cfg.untie_r:
+        r_w_bias, r_r_bias = self.r_w_bias, self.r_r_bias
+    elif cfg.attn_type == 2:  # Vaswani et al.: sinusoid positions at the input, and
+      mem0_BxMxD, emb_BxTxD = attention.absolute_positions(  # to layer 0's memory
+          attention.sinusoid_pos_emb(mem_len + tgt_len, cfg.d_model, cfg.clamp_len),
+          mems_LxBxMxD[0], emb_BxTxD)
+      mems_LxBxMxD = mems_LxBxMxD.at[0].set(mem0_BxMxD)
+    h_BxTxD = self.drop(emb_BxTxD, deterministic=deterministic)
     mask_Bx1xTxK = attention.attention_mask(tgt_len, mem_len, memory.mlen_B, cfg.same_length)
-    r_w_bias = None if cfg.untie_r else self.r_w_bias
-    r_r_bias = None if cfg.untie_r else self.r_r_bias
 
     h_BxTxD, new_mems_LxBxMxD = self.layers(                      # read (scanned in),
-        h_BxTxD, memory.mems_LxBxMxD.astype(cfg.compute_dtype),   # new memory (out)
-        pos_emb_KxD, mask_Bx1xTxK, r_w_bias, r_r_bias, deterministic)
+        h_BxTxD, mems_LxBxMxD, pos_emb_KxD,                       # new memory (out)
+        mask_Bx1xTxK, r_w_bias, r_r_bias, deterministic)
     new_memory = Memory(                                          # return
         mems_LxBxMxD=new_mems_LxBxMxD,
         mlen_B=advance_mlen(memory.mlen_B, mem_len, tgt_len, cfg.ext_len))
