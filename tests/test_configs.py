@@ -70,3 +70,72 @@ def test_lm1b_configs_start_and_train_two_steps(tmp_path, name):
                   for i, t in _HELDOUT.items()})
   _tarball(manual / ARCHIVE, members)
   check_start(tmp_path, name, manual, "lm1b")
+
+
+# --------------------------------------------------------------------------- #
+# The ablation variants (configs/ablation_wt2.py): start, train two steps and
+# evaluate with both evaluators (in-process, on a small WikiText-format sample).
+
+@pytest.fixture(scope="module")
+def wiki_sample(tmp_path_factory):
+  tmp = tmp_path_factory.mktemp("wiki")
+  _wiki_zip(tmp / "manual", "wikitext-2", _WIKI)
+  corpus = load_corpus("wikitext2", data_dir=str(tmp / "tfds"), manual_dir=str(tmp / "manual"),
+                       verify_checksums=False)
+  return tmp, corpus
+
+
+def _ablation(variant, vocab):
+  spec = importlib.util.spec_from_file_location("ablation_wt2", CONFIGS / "ablation_wt2.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  c = module.get_config(variant)
+  cut = vocab // 3
+  c.model.update(n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=32, tgt_len=8,
+                 mem_len=min(c.model.mem_len, 8), cutoffs=(cut, 2 * cut))
+  c.train.update(global_batch=8, num_steps=2, log_every=1, eval_every=0, warmup_steps=0)
+  c.eval.update(tgt_len=8, mem_len=2 * c.model.mem_len, window=8, global_batch=8)
+  return c
+
+
+@pytest.mark.parametrize("variant", ["xl", "xl_half", "shaw", "no_recurrence", "vaswani_half",
+                                     "alrfou_half", "vanilla"])
+def test_ablation_variants_train_and_evaluate_with_both_methods(variant, wiki_sample, tmp_path):
+  import jax
+  import json
+  from transformer_xl import default_config, evaluate, sharding, train
+  _, corpus = wiki_sample
+  config = _ablation(variant, corpus.vocab_size)
+  mesh = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
+  default_config.validate(config, 1)
+  last = train.train_and_evaluate(config, str(tmp_path), corpus, mesh)
+  assert last["loss"] > 0
+  for method in ("segments", "sliding"):
+    config.eval.method = method
+    res = evaluate.run_eval(config, str(tmp_path), corpus, mesh)
+    saved = json.loads((tmp_path / "eval_results.json").read_text())
+    assert saved["eval"]["method"] == method
+    for split in ("valid", "test"):
+      assert res[split]["tokens"] == corpus.splits[split].num_tokens
+      assert 1.0 < res[split]["ppl"] < 2 * corpus.vocab_size
+
+
+def test_ablation_variant_from_the_command_line(wiki_sample, tmp_path):
+  import json
+  tmp, _ = wiki_sample
+  data = [f"--config.data.manual_dir={tmp / 'manual'}", f"--config.data.data_dir={tmp / 'tfds'}",
+          "--config.data.verify_checksums=False"]
+  tiny = ["--config.model.n_layer=2", "--config.model.d_model=32", "--config.model.d_head=16",
+          "--config.model.n_head=2", "--config.model.d_inner=32", "--config.model.tgt_len=8",
+          "--config.model.cutoffs=(8, 16)", "--config.train.num_steps=2",
+          "--config.train.log_every=1", "--config.train.eval_every=0", "--config.eval.window=8",
+          "--config.eval.global_batch=8", "--config.train.global_batch=8"]
+  args = [f"--config={CONFIGS / 'ablation_wt2.py'}:vanilla", f"--workdir={tmp_path}", *data, *tiny]
+  r = run_main(args)
+  assert r.returncode == 0, r.stderr[-3000:]
+  r = run_main(args + ["--mode=eval"])
+  assert r.returncode == 0, r.stderr[-3000:]
+  saved = json.loads((tmp_path / "eval_results.json").read_text())
+  assert saved["eval"] == {"method": "sliding", "window": 8, "stride": 1, "clamp_len": 0}
+  r = run_main([f"--config={CONFIGS / 'ablation_wt2.py'}:nope", f"--workdir={tmp_path}"])
+  assert r.returncode != 0 and "Unknown ablation variant" in r.stderr

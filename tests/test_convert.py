@@ -15,6 +15,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import flax.linen as nn
 import jax
 import numpy as np
 import pytest
@@ -117,6 +118,43 @@ def test_state_dict_files(tmp_path):
 # ---------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("attn_type", [0, 1, 2, 3])
+def test_every_attention_type_round_trips_with_the_reference_names(attn_type, tmp_path):
+  """Reference names per type (MemTransformerLM): 1 has top-level r_emb
+  [n_layer, max_klen, H, Dh], r_w_bias [n_layer, H, Dh], r_bias [n_layer,
+  max_klen, H]; 2 and 3 have q_net / kv_net; 3 has r_emb; 0 and 2 the
+  sinusoid's inv_freq buffer."""
+  from transformer_xl import models
+  hp = convert.load_hparams({**BASE, "attn_type": attn_type, "d_model": 16, "n_head": 2,
+                             "d_head": 8, "tgt_len": 5, "mem_len": 7})
+  cfg = convert.model_config_from_hparams(hp)
+  assert cfg.attn_type == attn_type and cfg.pos_table_len == 12
+  params = jax.tree_util.tree_map(np.asarray, jax.device_get(nn.unbox(
+      models.init_params(models.TransformerXL(cfg), jax.random.PRNGKey(attn_type)))))
+  sd = convert.state_dict_from_params(params, cfg, layout="reference")
+  L, H, Dh, K = cfg.n_layer, 2, 8, 12
+  want = {0: {"r_w_bias": (H, Dh), "r_r_bias": (H, Dh), "pos_emb.inv_freq": (8,),
+              "layers.0.dec_attn.qkv_net.weight": (3 * H * Dh, 16),
+              "layers.0.dec_attn.r_net.weight": (H * Dh, 16)},
+          1: {"r_emb": (L, K, H, Dh), "r_w_bias": (L, H, Dh), "r_bias": (L, K, H),
+              "layers.0.dec_attn.qkv_net.weight": (3 * H * Dh, 16)},
+          2: {"pos_emb.inv_freq": (8,), "layers.0.dec_attn.q_net.weight": (H * Dh, 16),
+              "layers.0.dec_attn.kv_net.weight": (2 * H * Dh, 16)},
+          3: {"r_emb": (L, K, H, Dh), "layers.0.dec_attn.q_net.weight": (H * Dh, 16),
+              "layers.0.dec_attn.kv_net.weight": (2 * H * Dh, 16)}}[attn_type]
+  for name, shape in want.items():
+    assert sd[name].shape == shape, name
+  assert ("pos_emb.inv_freq" in sd) == (attn_type in (0, 2))
+  assert not any(k.endswith(("r_net.weight", "qkv_net.weight")) for k in sd) or attn_type < 2
+  np.savez(tmp_path / "sd.npz", **sd)
+  again = convert.params_from_state_dict(convert.read_state_dict(str(tmp_path / "sd.npz")), cfg)
+  for k, v in flat(params).items():
+    np.testing.assert_array_equal(flat(again)[k], v, err_msg=k)
+  if attn_type:
+    with pytest.raises(convert.ConvertError, match="attn_type 0 only"):
+      convert.state_dict_from_params(params, cfg, layout="hf")
+
+
 def test_hparams_validation(tmp_path):
   with pytest.raises(convert.ConvertError, match=r"unknown hparams \['n_tokens'\]"):
     convert.load_hparams({**BASE, "n_tokens": 3})
@@ -124,8 +162,8 @@ def test_hparams_validation(tmp_path):
     convert.load_hparams({k: v for k, v in BASE.items() if k != "d_inner"})
   with pytest.raises(convert.ConvertError, match="n_layer='2' must be an integer"):
     convert.load_hparams({**BASE, "n_layer": "2"})
-  with pytest.raises(convert.ConvertError, match="attn_type=2"):
-    convert.load_hparams({**BASE, "attn_type": 2})
+  with pytest.raises(convert.ConvertError, match="attn_type=4"):
+    convert.load_hparams({**BASE, "attn_type": 4})
   with pytest.raises(convert.ConvertError, match="more entries than"):
     convert.load_hparams({**BASE, "cutoffs": [10], "tie_projs": [False, True, True]})
   with pytest.raises(convert.ConvertError, match="cutoffs"):

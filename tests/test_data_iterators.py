@@ -327,3 +327,36 @@ def test_set_state_validation():
     ev.set_state({**ev.get_state(), "tgt_len": 5})
   with pytest.raises(ValueError, match="keys"):
     ev.set_state(it.get_state())
+
+
+@pytest.mark.parametrize("n,batch,window,stride", [(23, 4, 6, 4), (17, 3, 5, 1), (9, 8, 4, 4),
+                                                    (30, 2, 7, 7)])
+def test_sliding_windows_score_every_pair_once_with_its_window_as_context(n, batch, window,
+                                                                          stride):
+  tokens = np.arange(1, n + 1, dtype=np.int32)  # token j is j + 1: positions are readable
+  s = np.concatenate([[0], tokens])
+  it = data.SlidingWindowIterator(data.ArraySource(tokens), batch, window, stride, boundary_id=0)
+  seen = []
+  for step, b in enumerate(it):
+    pairs = it.pairs(step)
+    assert b["inputs"].shape == b["targets"].shape == b["weights"].shape == (batch, window)
+    np.testing.assert_array_equal(b["weights"], (pairs >= 0).astype(np.float32))
+    for r in range(batch):
+      pad = b["front_pad"][r]
+      real = np.arange(window) >= pad
+      # The real positions are consecutive pairs that end at the row's last position.
+      if real.any():
+        j_end = (step * batch + r + 1) * stride
+        j = np.arange(min(j_end, n) - (window - pad), min(j_end, n))
+        np.testing.assert_array_equal(b["inputs"][r, real], s[j])
+        np.testing.assert_array_equal(b["targets"][r, real], s[j + 1])
+        assert j[0] == max(0, (step * batch + r) * stride - (window - stride))
+      seen.extend(pairs[r][pairs[r] >= 0].tolist())
+  assert sorted(seen) == list(range(n))
+  # A process holding some rows gets exactly those rows.
+  part = data.SlidingWindowIterator(data.ArraySource(tokens), batch, window, stride, 0,
+                                    row_ids=[batch - 1])
+  full = data.SlidingWindowIterator(data.ArraySource(tokens), batch, window, stride, 0)
+  for a, b in zip(part, full):
+    for k in a:
+      np.testing.assert_array_equal(a[k], b[k][batch - 1:])

@@ -33,7 +33,7 @@ def run_steps(config, mesh, tokens, n_steps):
   tx = train_state.make_optimizer(config.train)
   _, shardings = train_state.abstract_train_state(model, tx, config.train.global_batch, mesh)
   state = train_state.create_train_state(model, tx, config.train.global_batch, mesh,
-                                   jax.random.PRNGKey(0), shardings)
+                                         jax.random.PRNGKey(0), shardings)
   step_fn = train.make_train_step(model, tx, mesh, shardings, config.train.batch_chunk, 7)
   it = data.TrainIterator(data.ArraySource(tokens), config.train.global_batch, mcfg.tgt_len)
   losses = []
@@ -95,6 +95,40 @@ def test_gradient_accumulation_equals_full_batch():
   for a, b in zip(jax.tree_util.tree_leaves(state2), jax.tree_util.tree_leaves(state1)):
     np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64),
                                rtol=2e-4, atol=2e-6)
+
+
+@pytest.mark.parametrize("attn_type", [0, 2])
+def test_half_loss_is_the_mean_nll_of_the_last_half_only(attn_type):
+  config = tiny_config(global_batch=8, loss_span="half")
+  config.model.update(dropout=0.0, dropatt=0.0, attn_type=attn_type, tgt_len=7)
+  mesh = sharding.make_mesh((4, 2), ("data", "model"))
+  mcfg = default_config.model_config(config, 64)
+  model = models.TransformerXL(mcfg)
+  tx = train_state.make_optimizer(config.train)
+  _, shardings = train_state.abstract_train_state(model, tx, 8, mesh)
+  step_fn = train.make_train_step(model, tx, mesh, shardings, 1, 7, loss_span="half")
+  rng = np.random.default_rng(4)
+  batch = {"inputs": rng.integers(0, 64, (8, 7)).astype(np.int32),
+           "targets": rng.integers(0, 64, (8, 7)).astype(np.int32),
+           "weights": np.ones((8, 7), np.float32), "reset": np.ones((8,), bool)}
+
+  def run(b):
+    state = train_state.create_train_state(model, tx, 8, mesh, jax.random.PRNGKey(0), shardings)
+    params = jax.device_get(state.params)
+    state, metrics = step_fn(state, data.to_global_batch(b, sharding.batch_sharding(mesh), 8))
+    return params, jax.device_get(state), float(metrics["loss"])
+
+  params, after, loss = run(batch)
+  nll, _ = model.apply({"params": params}, batch["inputs"], models.init_memory(mcfg, 8),
+                       batch["targets"])
+  assert loss == pytest.approx(float(np.mean(np.asarray(nll)[:, 3:])), rel=1e-5)  # 7 // 2 = 3
+  # The first half's targets get no gradient: other targets there, the same update.
+  other = dict(batch, targets=batch["targets"].copy())
+  other["targets"][:, :3] = (other["targets"][:, :3] + 1) % 64
+  _, after2, loss2 = run(other)
+  assert loss2 == loss
+  for a, b in zip(jax.tree_util.tree_leaves(after.params), jax.tree_util.tree_leaves(after2.params)):
+    np.testing.assert_array_equal(a, b)
 
 
 # --------------------------------------------------------------------------- #

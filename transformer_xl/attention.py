@@ -118,7 +118,8 @@ def attention_mask(tgt_len: int, mem_len: int, mlen_B: Array, same_length: bool)
   Args:
     tgt_len: T, queries per segment.
     mem_len: M, memory slots.
-    mlen_B: int32 [B], valid memory slots per example, in [0, M].
+    mlen_B: int32 [B], valid memory slots per example, in [0, M]; -p (with
+      M = 0) masks the segment's first p positions as keys (front padding).
     same_length: mask distances >= M as well.
 
   Returns:

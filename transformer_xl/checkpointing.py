@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
@@ -39,7 +41,7 @@ def save(manager: ocp.CheckpointManager, step: int, state: Any, iterator_state: 
   """
   saved = manager.save(
       step,
-      args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+      args=ocp.args.Composite(state=ocp.args.StandardSave(_without_empty(state)),
                               iterator=ocp.args.JsonSave(iterator_state)),
       force=force)
   manager.wait_until_finished()
@@ -62,6 +64,21 @@ def restore_latest(manager: ocp.CheckpointManager, abstract_state: Any
     return None
   restored = manager.restore(
       step,
-      args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
+      args=ocp.args.Composite(state=ocp.args.StandardRestore(_without_empty(abstract_state)),
                               iterator=ocp.args.JsonRestore()))
-  return step, restored["state"], dict(restored["iterator"])
+  return step, _with_empty(restored["state"], abstract_state), dict(restored["iterator"])
+
+
+def _without_empty(tree: Any) -> Any:
+  """``tree`` with its zero-size arrays (the memory of a model without
+  recurrence, mem_len 0) replaced by None: orbax cannot save them."""
+  return jax.tree_util.tree_map(lambda x: None if x.size == 0 else x, tree)
+
+
+def _with_empty(restored: Any, abstract: Any) -> Any:
+  """Puts the zero-size arrays of ``abstract`` back where ``restored`` has None."""
+  leaves, treedef = jax.tree_util.tree_flatten(abstract)
+  got = jax.tree_util.tree_flatten(restored, is_leaf=lambda x: x is None)[0]
+  return treedef.unflatten([
+      r if a.size else jax.device_put(np.zeros(a.shape, a.dtype), a.sharding)
+      for r, a in zip(got, leaves)])

@@ -53,11 +53,18 @@ def get_config() -> ml_collections.ConfigDict:
       log_every=200,         # steps between logged metrics
       eval_every=4000,       # steps between validations (0 = never)
       eval_max_steps=0,      # cap on validation batches during training (0 = the whole split)
+      loss_span="full",      # "full" | "half": cross-entropy on the last half of each segment
+                             # only (Sec. 4.2, Table 6; for absolute position encodings)
   ))
 
   c.eval = ml_collections.ConfigDict(dict(
-      tgt_len=128, mem_len=512, clamp_len=0, same_length=True,
-      global_batch=10,       # reference eval_batch_size
+      method="segments",     # "segments": tgt_len tokens a step with a memory of mem_len
+                             # (Transformer-XL); "sliding": every token scored by a fresh
+                             # pass over a window of its previous tokens (vanilla, Table 9)
+      tgt_len=128, mem_len=512, clamp_len=0, same_length=True,  # "segments"
+      window=0,              # "sliding": window length L (0 = model.tgt_len + model.mem_len)
+      stride=1,              # "sliding": tokens scored per window (1 = Al-Rfou et al.)
+      global_batch=10,       # reference eval_batch_size (rows, or windows per step)
   ))
 
   c.checkpoint = ml_collections.ConfigDict(dict(
@@ -124,6 +131,14 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, 
                                       section="eval")
   if e.global_batch < 1:
     problems.append(f"eval.global_batch={e.global_batch} must be >= 1.")
+  if e.method not in ("segments", "sliding"):
+    problems.append(f"eval.method={e.method!r}: use 'segments' or 'sliding'.")
+  window = e.window or m.tgt_len + m.mem_len
+  if e.window < 0 or not 1 <= e.stride <= window:
+    problems.append(f"eval.window={e.window} must be >= 0 (0 = model.tgt_len + model.mem_len) "
+                    f"and eval.stride={e.stride} in [1, window={window}].")
+  if t.loss_span not in ("full", "half"):
+    problems.append(f"train.loss_span={t.loss_span!r}: use 'full' or 'half'.")
   if config.data.dataset not in data.CORPUS_NAMES:
     problems.append(f"data.dataset={config.data.dataset!r}: choose one of "
                     f"{sorted(data.CORPUS_NAMES)}.")

@@ -15,7 +15,7 @@ from segment to segment, starting empty.  Three entry points:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import jax
 import ml_collections
@@ -28,11 +28,25 @@ from transformer_xl import workdir as wd
 
 def eval_model_config(config: ml_collections.ConfigDict, train_cfg: models.ModelConfig
                       ) -> models.ModelConfig:
-  """The training ModelConfig with the eval tgt_len, mem_len, clamp_len and same_length."""
+  """The model of the segment evaluation: the training ModelConfig with the
+  eval tgt_len, mem_len, clamp_len and same_length, no dropout, and the
+  training tables' length (``max_klen``) kept."""
   e = config.eval
   return dataclasses.replace(train_cfg, tgt_len=e.tgt_len, mem_len=e.mem_len,
                              clamp_len=e.clamp_len, same_length=e.same_length,
-                             dropout=0.0, dropatt=0.0, ext_len=0)
+                             dropout=0.0, dropatt=0.0, ext_len=0,
+                             max_klen=train_cfg.pos_table_len)
+
+
+def window_model_config(config: ml_collections.ConfigDict, train_cfg: models.ModelConfig
+                        ) -> models.ModelConfig:
+  """The model of the sliding-window evaluation: segments of ``eval.window``
+  positions (0 = the training attention length tgt_len + mem_len), no
+  memory, the eval clamp_len, no dropout."""
+  window = config.eval.window or train_cfg.tgt_len + train_cfg.mem_len
+  return dataclasses.replace(train_cfg, tgt_len=window, mem_len=0, same_length=False,
+                             clamp_len=config.eval.clamp_len, dropout=0.0, dropatt=0.0,
+                             ext_len=0, max_klen=train_cfg.pos_table_len)
 
 
 def make_eval_step(model: models.TransformerXL, mesh: Mesh) -> Callable:
@@ -57,13 +71,45 @@ def make_eval_step(model: models.TransformerXL, mesh: Mesh) -> Callable:
                  out_shardings=(sharding.replicated(mesh), mem_sharding), donate_argnums=(1,))
 
 
-class Evaluator:
-  """Scores token streams with the eval settings; one compiled step, reused.
+def make_window_step(model: models.TransformerXL, mesh: Mesh) -> Callable:
+  """The jitted sliding-window step: (params, batch) -> nll_BxL.
 
-  Any number of rows works on any mesh: rows are padded to a multiple of
-  the data-parallel size with dummy rows of weight 0 (so the reference's
-  eval batch of 10 runs on any slice); each process reads only its own
-  real rows.
+  ``batch``: ``inputs``/``targets`` int32 [B, L] and ``front_pad`` int32 [B]
+  (``data.SlidingWindowIterator``).  Every row is a fresh window: no memory
+  (mem_len 0), its first ``front_pad`` positions masked as keys.  ``nll_BxL``
+  float32 nats, replicated.
+  """
+  batch_shardings = {"inputs": sharding.batch_sharding(mesh),
+                     "targets": sharding.batch_sharding(mesh),
+                     "front_pad": sharding.rows_sharding(mesh)}
+
+  def window_step(params, batch):
+    memory = models.init_memory(model.config, batch["inputs"].shape[0], mem_len=0)
+    memory = memory.replace(mlen_B=-batch["front_pad"])
+    return model.apply({"params": params}, batch["inputs"], memory, batch["targets"],
+                       deterministic=True)[0]
+
+  return jax.jit(window_step, in_shardings=(None, batch_shardings),
+                 out_shardings=sharding.replicated(mesh))
+
+
+class Evaluator:
+  """Scores a corpus split or token streams; one compiled step per method, reused.
+
+  ``config.eval.method`` chooses how a split is scored:
+
+  * "segments" (Transformer-XL, Sec. 3.2): ``eval.global_batch`` rows, each
+    a contiguous part of the split, read ``eval.tgt_len`` tokens at a time
+    with a memory of ``eval.mem_len`` (``data.EvalIterator``);
+  * "sliding" (the vanilla Transformer of Al-Rfou et al. 2018; Table 9):
+    every token scored by a fresh forward pass over a window of
+    ``eval.window`` tokens, ``eval.stride`` tokens per window
+    (``data.SlidingWindowIterator``), ``eval.global_batch`` windows a step.
+
+  Either way every token of the split is scored exactly once.  Any number
+  of rows works on any mesh: rows are padded to a multiple of the
+  data-parallel size with dummy rows of weight 0 (so the reference's eval
+  batch of 10 runs on any slice); each process reads only its own real rows.
 
   Args:
     config: full config (``eval`` section used).
@@ -74,7 +120,10 @@ class Evaluator:
 
   def __init__(self, config: ml_collections.ConfigDict, train_model_cfg: models.ModelConfig,
                corpus: Optional[data.Corpus], mesh: Mesh):
+    self.method = config.eval.method
     self.cfg = eval_model_config(config, train_model_cfg)
+    self.window_cfg = window_model_config(config, train_model_cfg)
+    self.stride = config.eval.stride
     self.global_batch = config.eval.global_batch
     self.corpus = corpus
     self.mesh = mesh
@@ -83,6 +132,16 @@ class Evaluator:
     self._mem_sharding = sharding.memory_sharding(mesh)
     self._init_memory = {}  # batch size -> jitted constructor
     self._eval_step = make_eval_step(self.model, mesh)
+    self._window_step = make_window_step(models.TransformerXL(self.window_cfg), mesh)
+
+  @property
+  def lengths(self) -> dict:
+    """The evaluation method and its lengths (recorded in eval_results.json)."""
+    if self.method == "sliding":
+      return {"method": "sliding", "window": self.window_cfg.tgt_len, "stride": self.stride,
+              "clamp_len": self.window_cfg.clamp_len}
+    return {"method": "segments", "tgt_len": self.cfg.tgt_len, "mem_len": self.cfg.mem_len,
+            "clamp_len": self.cfg.clamp_len, "same_length": self.cfg.same_length}
 
   def _rows(self, b: int) -> tuple[int, list[int]]:
     """(b padded to the data-parallel size, the padded rows this process holds)."""
@@ -98,25 +157,26 @@ class Evaluator:
           lambda: models.init_memory(self.cfg, batch_size), out_shardings=self._mem_sharding)
     return self._init_memory[batch_size]()
 
-  def evaluate(self, params: Any, split: str, max_steps: int = 0) -> dict:
-    """Scores ``split`` of the corpus (all of it unless ``max_steps`` > 0).
-
-    Returns:
-      {"loss_nats": mean NLL per token (nats), "bpc" or "ppl": ...,
-       "tokens": number of scored tokens}.
-    """
-    source, b, seg = self.corpus.splits[split], self.global_batch, self.cfg.tgt_len
+  def _scored_batches(self, params: Any, split: str, max_steps: int = 0
+                      ) -> Iterator[tuple[jax.Array, jax.Array, Callable[[], np.ndarray]]]:
+    """Runs the eval method over ``split``; yields per step (nll_BxT on device,
+    weights_BxT on device, pairs() -> int64 [B, T] stream index of every
+    position, -1 where it is not scored), over the padded rows."""
+    source, b, boundary = self.corpus.splits[split], self.global_batch, self.corpus.boundary_id
     b_pad, rows = self._rows(b)
     real = [r for r in rows if r < b]
-    num_steps = len(data.EvalIterator(source, b, seg, self.corpus.boundary_id,
-                                                row_ids=[0]))
-    if max_steps:
-      num_steps = min(num_steps, max_steps)
-    it = (data.EvalIterator(source, b, seg, self.corpus.boundary_id, row_ids=real)
-          if real else None)
-    n_dummy = len(rows) - len(real)
-    memory = self._empty_memory(b_pad)
-    pending = []  # (nll on device, weights) of steps not yet summed
+    sliding = self.method == "sliding"
+    if sliding:
+      make_it = lambda row_ids: data.SlidingWindowIterator(
+          source, b, self.window_cfg.tgt_len, self.stride, boundary, row_ids=row_ids)
+    else:
+      make_it = lambda row_ids: data.EvalIterator(source, b, self.cfg.tgt_len, boundary,
+                                                  row_ids=row_ids)
+    layout = make_it([0])  # every process: the global layout (pairs of all rows)
+    num_steps = min(len(layout), max_steps) if max_steps else len(layout)
+    it = make_it(real) if real else None
+    n_dummy, seg = len(rows) - len(real), (self.window_cfg if sliding else self.cfg).tgt_len
+    memory = None if sliding else self._empty_memory(b_pad)
     for i in range(num_steps):
       local = next(it) if it is not None else None
       if n_dummy:
@@ -124,14 +184,35 @@ class Evaluator:
                  "targets": np.zeros((n_dummy, seg), np.int32),
                  "weights": np.zeros((n_dummy, seg), np.float32),
                  "reset": np.full((n_dummy,), i == 0)}
+        if sliding:
+          dummy["front_pad"] = np.zeros((n_dummy,), np.int32)
         local = dummy if local is None else {k: np.concatenate([local[k], dummy[k]])
                                              for k in dummy}
       batch = data.to_global_batch(local, self._batch_sharding, b_pad)
       weights = batch.pop("weights")
-      nll_BxT, memory = self._eval_step(params, memory, batch)
-      pending.append((nll_BxT, weights))
+      if sliding:
+        batch.pop("reset")
+        nll_BxT = self._window_step(params, batch)
+      else:
+        nll_BxT, memory = self._eval_step(params, memory, batch)
+
+      def pairs(i=i):
+        p = np.full((b_pad, seg), -1, np.int64)
+        p[:b] = layout.pairs(i)
+        return p
+
+      yield nll_BxT, weights, pairs
+
+  def evaluate(self, params: Any, split: str, max_steps: int = 0) -> dict:
+    """Scores ``split`` of the corpus (all of it unless ``max_steps`` > 0).
+
+    Returns:
+      {"loss_nats": mean NLL per token (nats), "bpc" or "ppl": ...,
+       "tokens": number of scored tokens}.
+    """
+    pending = list(self._scored_batches(params, split, max_steps))
     nll_sum, n_tok = 0.0, 0.0
-    for nll_BxT, w_BxT in pending:  # float64 sums over every scored token
+    for nll_BxT, w_BxT, _ in pending:  # float64 sums over every scored token
       w = np.asarray(jax.device_get(_fully_replicated(w_BxT)), np.float64)
       nll_sum += float(np.sum(np.asarray(jax.device_get(nll_BxT), np.float64) * w))
       n_tok += float(w.sum())
@@ -139,6 +220,20 @@ class Evaluator:
     metric = metrics.metric_name(self.corpus.unit)
     return {"loss_nats": loss, metric: metrics.metric_value(loss, self.corpus.unit),
             "tokens": int(round(n_tok))}
+
+  def token_nll(self, params: Any, split: str) -> np.ndarray:
+    """The NLL of every token of ``split`` in stream order: float32 [N], nats.
+
+    Entry j is -log p(token j | its context): the boundary symbol and the
+    tokens before j that the eval method shows the model (for RECL and
+    per-token analyses; :meth:`evaluate` is its mean).
+    """
+    out = np.full((self.corpus.splits[split].num_tokens,), np.nan, np.float32)
+    for nll_BxT, _, pairs in list(self._scored_batches(params, split)):
+      p = pairs()
+      scored = p >= 0
+      out[p[scored]] = np.asarray(jax.device_get(nll_BxT))[scored]
+    return out
 
   def score(self, params: Any, tokens_BxT1: np.ndarray) -> np.ndarray:
     """Per-token NLL of contiguous streams, segment by segment with memory.
@@ -214,6 +309,7 @@ def run_eval(config: ml_collections.ConfigDict, workdir: str, corpus: data.Corpu
     metrics.log(f"step {step} {split}: loss {r['loss_nats']:.4f} nats, {metric} "
                 f"{r[metric]:.4f} over {r['tokens']:,} tokens")
   results["step"] = int(step)
+  results["eval"] = evaluator.lengths
   metrics.log(f"Wrote {wd.write_eval_results(workdir, results)}")
   return results
 

@@ -251,7 +251,10 @@ class Memory:
   Attributes:
     mems_LxBxMxD: cached inputs of each layer, [n_layer, B, mem_len,
       d_model], compute dtype, right-aligned.
-    mlen_B: int32 [B], how many of the last slots hold states.
+    mlen_B: int32 [B], how many of the last slots hold states.  A negative
+      value -p (only with mem_len 0: the sliding-window evaluator) says
+      that the segment's first p positions are padding, masked as keys
+      like empty slots.
   """
 
   mems_LxBxMxD: Array

@@ -53,13 +53,15 @@ def _from_chunks(x: Array, axis: int) -> Array:
 
 
 def make_train_step(model: models.TransformerXL, tx, mesh: Mesh, state_shardings,
-                    batch_chunk: int, dropout_seed: int) -> Callable:
+                    batch_chunk: int, dropout_seed: int, loss_span: str = "full") -> Callable:
   """The jitted train step: (TrainState, batch) -> (TrainState, metrics).
 
   batch: the global batch (the batch contract of ``transformer_xl.data``): ``inputs``
   / ``targets`` int32 [B, T], ``weights`` float32 [B, T], ``reset`` bool [B]
   (rows whose memory is emptied first).  Loss = sum(weights * nll) /
-  sum(weights), in nats per token.  Dropout keys are derived from
+  sum(weights), in nats per scored token; with ``loss_span="half"`` the
+  weights of the first T // 2 positions of every segment are 0 (the "half
+  loss" of Sec. 4.2: no loss on the positions with the shortest context).  Dropout keys are derived from
   (dropout_seed, step), so a resumed run draws the same masks.  metrics:
   ``loss`` (nats), ``grad_norm`` (before clipping); float32 scalars.
   """
@@ -75,7 +77,11 @@ def make_train_step(model: models.TransformerXL, tx, mesh: Mesh, state_shardings
 
   def train_step(state: TrainState, batch: Mapping[str, Array]):
     rng = jax.random.fold_in(jax.random.PRNGKey(dropout_seed), state.step)
-    inputs = (batch["inputs"], batch["targets"], batch["weights"], batch["reset"])
+    weights_BxT = batch["weights"]
+    if loss_span == "half":
+      t = weights_BxT.shape[1]
+      weights_BxT = weights_BxT * (jnp.arange(t) >= t // 2).astype(weights_BxT.dtype)
+    inputs = (batch["inputs"], batch["targets"], weights_BxT, batch["reset"])
     if batch_chunk == 1:
       (loss_sum, new_memory), grads = grad_fn(state.params, *inputs, state.memory, rng)
     else:
@@ -94,7 +100,7 @@ def make_train_step(model: models.TransformerXL, tx, mesh: Mesh, state_shardings
       (grads, loss_sum), mem_chunks = jax.lax.scan(micro_step, (zeros, jnp.zeros(())), xs)
       new_memory = models.Memory(mems_LxBxMxD=_from_chunks(mem_chunks.mems_LxBxMxD, 1),
                                  mlen_B=_from_chunks(mem_chunks.mlen_B, 0))
-    n_tokens = jnp.maximum(jnp.sum(batch["weights"]), 1.0)
+    n_tokens = jnp.maximum(jnp.sum(weights_BxT), 1.0)
     grads = jax.tree_util.tree_map(lambda g: g / n_tokens, grads)
     grad_norm = optax.tree.norm(grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -193,7 +199,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: 
     paper = (f"; paper: {config.paper.n_params / 1e6:.0f}M "
              f"({100 * (n_params / config.paper.n_params - 1):+.1f}%), {config.paper.result}")
   metrics.log(f"Model: {n_params:,} parameters ({n_params / 1e6:.1f}M{paper}).")
-  train_step = make_train_step(model, tx, mesh, state_shardings, tcfg.batch_chunk, tcfg.seed)
+  train_step = make_train_step(model, tx, mesh, state_shardings, tcfg.batch_chunk, tcfg.seed,
+                               tcfg.loss_span)
   evaluator = evaluate.Evaluator(config, mcfg, corpus, mesh) if tcfg.eval_every else None
   writer = metrics.MetricWriter(workdir)
   metric = metrics.metric_name(corpus.unit)

@@ -54,8 +54,9 @@ def load_hparams(source: str | Mapping[str, Any]) -> dict:
 
   Raises:
     ConvertError: unreadable file, unknown keys, missing required keys,
-      wrong types, or values this package cannot represent (attn_type != 0,
-      sample_softmax > 0, ext_len > 0, tie_projs longer than the clusters).
+      wrong types, or values this package cannot represent (sample_softmax >
+      0, ext_len > 0, tie_projs longer than the clusters, an attn_type other
+      than 0-3, attn_type 3 with n_head * d_head != d_model).
   """
   if isinstance(source, (str, os.PathLike)):
     try:
@@ -112,9 +113,6 @@ def load_hparams(source: str | Mapping[str, Any]) -> dict:
     raise ConvertError(f"{where}: tie_projs={list(tie_projs)} has more entries than the "
                        f"{n_clusters} clusters of cutoffs={hp['cutoffs']}.")
   hp["tie_projs"] = list(tie_projs) + [False] * (n_clusters - len(tie_projs))
-  if hp["attn_type"] != 0:
-    raise ConvertError(f"{where}: attn_type={hp['attn_type']}: only 0 (the relative attention "
-                       "of Dai et al. 2019) is implemented.")
   if hp["sample_softmax"] > 0:
     raise ConvertError(f"{where}: sample_softmax={hp['sample_softmax']}: the sampled softmax "
                        "is not implemented; use a checkpoint trained with sample_softmax=-1.")
@@ -155,7 +153,7 @@ def model_config_from_hparams(hp: Mapping[str, Any], n_token: Optional[int] = No
       tgt_len=hp["tgt_len"], mem_len=hp["mem_len"], ext_len=0,
       clamp_len=max(0, int(hp["clamp_len"])), same_length=bool(hp["same_length"]),
       pre_lnorm=bool(hp["pre_lnorm"]), untie_r=bool(hp["untie_r"]),
-      tie_weight=bool(hp["tie_weight"]), attn_type=0,
+      tie_weight=bool(hp["tie_weight"]), attn_type=int(hp["attn_type"]),
       d_embed=None if hp["d_embed"] in (None, 0, hp["d_model"]) else int(hp["d_embed"]),
       div_val=hp["div_val"], cutoffs=tuple(hp["cutoffs"]),
       tie_projs=tie_projs if any(tie_projs) else ())

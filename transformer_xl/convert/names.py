@@ -32,8 +32,10 @@ class Row:
     tf: the reference TF variable under ``transformer/`` (notes below).
     kind: how a PyTorch tensor becomes ours (per layer): "copy"; "T"
       (transpose: nn.Linear weights [out, in] -> kernels [in, out], and the
-      projections [d_proj, d_i] -> [d_i, d_proj]); "qkv" (T, then [D, 3 * H *
-      Dh] -> [D, 3, H, Dh]); "to_heads" (T, then [D, H * Dh] -> [D, H, Dh]);
+      projections [d_proj, d_i] -> [d_i, d_proj]); "qkv" (T, then [D, n * H *
+      Dh] -> [D, n, H, Dh], n = 3 for qkv_net, 2 for kv_net); "to_heads" (T,
+      then [D, H * Dh] -> [D, H, Dh]); "stacked" (copy of one reference
+      tensor that holds every layer, [n_layer, ...]: not per layer);
       "from_heads" (T, then [H * Dh, D] -> [H, Dh, D]); "clusters" (copy, rows
       reversed for forward-order sources).  TF kernels and projections are
       the PyTorch tensors transposed, so TF -> PyTorch is a transpose for
@@ -58,8 +60,16 @@ NAME_TABLE: tuple[Row, ...] = (
     # ... or per layer with untie_r (TF: one [L, H, Dh] variable).
     Row("layers/r_w_bias",              "layers.{l}.dec_attn.r_w_bias",          "r_w_bias[{l}]",                            "copy"),
     Row("layers/r_r_bias",              "layers.{l}.dec_attn.r_r_bias",          "r_r_bias[{l}]",                            "copy"),
+    # attn_type 1 (Shaw et al.): per-layer tables, stacked in one reference tensor each.
+    Row("layers/attn/r_emb",            "r_emb",                                 "(attn_type 0 only)",                       "stacked"),
+    Row("layers/attn/r_w_bias",         "r_w_bias",                              "(attn_type 0 only)",                       "stacked"),
+    Row("layers/attn/r_bias",           "r_bias",                                "(attn_type 0 only)",                       "stacked"),
+    # attn_type 3 (Al-Rfou et al.): learned absolute positions per layer.
+    Row("layers/r_emb",                 "r_emb",                                 "(attn_type 0 only)",                       "stacked"),
     # Layers.
     Row("layers/attn/qkv_net/kernel",   "layers.{l}.dec_attn.qkv_net.weight",    "layer_{l}/rel_attn/qkv/kernel",            "qkv"),
+    Row("layers/attn/q_net/kernel",     "layers.{l}.dec_attn.q_net.weight",      "(attn_type 0 only)",                       "to_heads"),  # types 2, 3
+    Row("layers/attn/kv_net/kernel",    "layers.{l}.dec_attn.kv_net.weight",     "(attn_type 0 only)",                       "qkv"),       # types 2, 3
     Row("layers/attn/r_net/kernel",     "layers.{l}.dec_attn.r_net.weight",      "layer_{l}/rel_attn/r/kernel",              "to_heads"),
     Row("layers/attn/o_net/kernel",     "layers.{l}.dec_attn.o_net.weight",      "layer_{l}/rel_attn/o/kernel",              "from_heads"),
     Row("layers/attn_layer_norm/scale", "layers.{l}.dec_attn.layer_norm.weight", "layer_{l}/rel_attn/LayerNorm/gamma",       "copy"),

@@ -84,7 +84,9 @@ def params_from_state_dict(state: Mapping[str, Any], cfg, cluster_order: str = "
   flat = {}
   for path, shape in expected_param_shapes(cfg).items():
     row, i = row_for(path)
-    if path.startswith("layers/"):
+    if row.kind == "stacked":
+      flat[path] = take(pytorch_name(row, i), tuple(shape))
+    elif path.startswith("layers/"):
       per_layer = tuple(shape[1:])
       flat[path] = np.stack([
           to_ours(row.kind, take(pytorch_name(row, i, l), pytorch_shape(row.kind, per_layer)),
@@ -106,7 +108,7 @@ def params_from_state_dict(state: Mapping[str, Any], cfg, cluster_order: str = "
             f"tie_projs={list(cfg.tie_projs)}, untie_r={cfg.untie_r}) but differs "
             f"(shapes {a.shape} and {b.shape}); fix the hparams.")
       used.add(copy)
-  if INV_FREQ in state:
+  if INV_FREQ in state and cfg.attn_type in (0, 2):  # types 1 and 3 have no sinusoid
     got = np.asarray(state[INV_FREQ])
     if got.shape != (cfg.d_model // 2,):
       raise ConvertError(f"{INV_FREQ}: expected shape ({cfg.d_model // 2},) for d_model="
@@ -130,8 +132,9 @@ def state_dict_from_params(params: Mapping[str, Any], cfg, layout: str = "refere
     layout: "reference" (the names of the reference's ``MemTransformerLM``:
       no prefix, shared u, v once) or "hf" (``TransfoXLLMHeadModel``:
       ``transformer.`` prefix except ``crit.*``, shared u, v repeated under
-      every layer).  Both include the copies of tied tensors and
-      ``pos_emb.inv_freq``, so ``load_state_dict`` (strict) accepts them.
+      every layer; attn_type 0 only).  Both include the copies of tied
+      tensors and (attn_type 0 and 2) ``pos_emb.inv_freq``, so
+      ``load_state_dict`` (strict) accepts them.
     cluster_order: "reference", "forward" or "auto" (forward for "hf",
       which makes HuggingFace 4.35 compute what this model computes).
 
@@ -139,11 +142,14 @@ def state_dict_from_params(params: Mapping[str, Any], cfg, layout: str = "refere
     name -> float32 numpy array, PyTorch layouts.
 
   Raises:
-    ConvertError: unknown layout / cluster_order, or params that do not
-      match cfg.
+    ConvertError: unknown layout / cluster_order, layout "hf" for an
+      attn_type other than 0, or params that do not match cfg.
   """
   if layout not in ("reference", "hf"):
     raise ConvertError(f"layout={layout!r}: use reference or hf.")
+  if layout == "hf" and cfg.attn_type != 0:
+    raise ConvertError(f"layout=hf: HuggingFace's TransfoXLLMHeadModel has attn_type 0 only "
+                       f"(this model has {cfg.attn_type}); use layout=reference.")
   order = ("forward" if layout == "hf" else "reference") if cluster_order == "auto" else \
       resolve_cluster_order(cluster_order, [])
   flat = flatten_params(params)
@@ -160,14 +166,17 @@ def state_dict_from_params(params: Mapping[str, Any], cfg, layout: str = "refere
     row, i = row_for(path)
     if row.kind == "clusters" and order == "forward":
       a = a[::-1]
-    if path.startswith("layers/"):
+    if row.kind == "stacked":
+      out[pytorch_name(row, i)] = np.array(a, copy=True)
+    elif path.startswith("layers/"):
       for l in range(shape[0]):
         out[pytorch_name(row, i, l)] = to_pytorch(row.kind, a[l])
     else:
       out[pytorch_name(row, i)] = to_pytorch(row.kind, a)
   for copy, source in aliases(cfg, layout):
     out[copy] = out[source].copy()
-  out[INV_FREQ] = inv_freq(cfg.d_model)
+  if cfg.attn_type in (0, 2):  # the sinusoid's buffer (reference PositionalEmbedding)
+    out[INV_FREQ] = inv_freq(cfg.d_model)
   if layout == "hf":
     out = {(k if k.startswith("crit.") else HF_PREFIX + k): v for k, v in out.items()}
   return out

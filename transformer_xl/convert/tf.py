@@ -68,9 +68,13 @@ def state_dict_from_tf(variables: Mapping[str, np.ndarray], hp: Mapping[str, Any
 
   Raises:
     ConvertError: missing or unused ``transformer/`` variables, wrong
-      shapes, hparams that contradict the checkpoint (untie_r, tie_projs).
+      shapes, hparams that contradict the checkpoint (untie_r, tie_projs),
+      an attn_type other than 0.
   """
   from transformer_xl import adaptive
+  if cfg.attn_type != 0:
+    raise ConvertError(f"attn_type={cfg.attn_type}: the reference TF code (and its checkpoints) "
+                       "has the relative attention of attn_type 0 only.")
   v = {k[len("transformer/"):]: np.asarray(a, np.float32)
        for k, a in variables.items() if not _is_tf_slot(k)}
   used = set()

@@ -9,7 +9,9 @@ The rest of the package uses only the names of this module:
   :data:`CORPUS_NAMES`.
 * training batches: :func:`make_train_iterator` (an ordered
   :class:`TrainIterator`, or a :class:`ShuffledSentenceIterator` for
-  sentence-level corpora); evaluation batches: :class:`EvalIterator`.
+  sentence-level corpora); evaluation batches: :class:`EvalIterator`
+  (segments carrying memory) or :class:`SlidingWindowIterator` (the vanilla
+  Transformer's sliding window).
 * several processes: :func:`process_row_ids`, :func:`to_global_batch`.
 
 Modules, one role each::
@@ -23,7 +25,8 @@ Modules, one role each::
   lm1b.py          builder of One Billion Word
   builders.py      corpus name -> builder
   checks.py        argument and state checks of the iterators
-  iterators.py     TrainIterator, EvalIterator, make_train_iterator
+  iterators.py     TrainIterator, EvalIterator, SlidingWindowIterator,
+                   make_train_iterator
   shuffled.py      ShuffledSentenceIterator
   placement.py     process_row_ids, to_global_batch
 
@@ -43,6 +46,9 @@ Batch contract
     ones in training; only evaluation pads);
   * ``reset``   bool    [b]     True where the row's memory must be cleared
     before this segment.
+
+  :class:`SlidingWindowIterator` adds ``front_pad`` int32 [b]: how many
+  positions at the front of the row are padding (to be masked as keys).
 
   Transformer-XL (Dai et al. 2019, Sec. 3.2) carries a memory of hidden
   states from one segment to the next, so row ``r`` of the batch at step
@@ -72,7 +78,8 @@ from __future__ import annotations
 
 from transformer_xl.data.corpus import (ArraySentenceIndex, ArraySource, Corpus, DataError,
                                         SentenceIndex, TokenSource, Tokenizer, sentence_offsets)
-from transformer_xl.data.iterators import EvalIterator, TrainIterator, make_train_iterator
+from transformer_xl.data.iterators import (EvalIterator, SlidingWindowIterator, TrainIterator,
+                                           make_train_iterator)
 from transformer_xl.data.placement import process_row_ids, to_global_batch
 from transformer_xl.data.shuffled import ShuffledSentenceIterator
 
@@ -145,7 +152,8 @@ def load_corpus(
 
 __all__ = [
     "ArraySentenceIndex", "ArraySource", "CORPUS_NAMES", "Corpus", "DataError",
-    "EvalIterator", "SentenceIndex", "ShuffledSentenceIterator", "TokenSource",
+    "EvalIterator", "SentenceIndex", "ShuffledSentenceIterator", "SlidingWindowIterator",
+    "TokenSource",
     "Tokenizer", "TrainIterator", "load_corpus", "make_train_iterator",
     "process_row_ids", "sentence_offsets", "to_global_batch",
 ]

@@ -169,7 +169,9 @@ class EvalIterator(Iterator[Batch]):
   *Difference from the reference:* it scores ``tokens[1:]`` only, drops the
   remainder of ``N // B`` and uses a shorter last batch; here the weights
   make every batch the same shape while scoring all ``N`` tokens, the tail
-  included.
+  included.  (For the absolute encodings, attn_type 2 and 3, whose positions
+  count from the end of the window, the padding of a row's last segment
+  also moves the positions of its real tokens.)
 
   Per step it reads at most ``T + 1`` tokens per local row, only from its
   own rows' ranges (one token before a row's first pair, for that pair's
@@ -262,6 +264,14 @@ class EvalIterator(Iterator[Batch]):
     self._step += 1
     return batch
 
+  def pairs(self, step: int) -> np.ndarray:
+    """Stream index j of every position of batch ``step``, for all B global
+    rows: int64 [B, T], -1 where the position is padding."""
+    j_BxT = (np.arange(self.global_batch)[:, None] * self.row_len + step * self.tgt_len
+             + np.arange(self.tgt_len)[None, :])
+    row_end_B = np.minimum((np.arange(self.global_batch) + 1) * self.row_len, self.num_tokens)
+    return np.where(j_BxT < row_end_B[:, None], j_BxT, -1)
+
   def get_state(self) -> dict[str, int]:
     """Position of the next batch.
 
@@ -287,6 +297,125 @@ class EvalIterator(Iterator[Batch]):
       raise ValueError(f"EvalIterator state step must be in [0, "
                        f"{self.num_steps}] (num_steps), got {s['step']}.")
     self._step = s["step"]
+
+
+class SlidingWindowIterator(Iterator[Batch]):
+  """The vanilla Transformer's evaluation: every token scored by a fresh
+  forward pass over a window of its previous tokens (Al-Rfou et al. 2018).
+
+  Pairs ``j`` are as in :class:`EvalIterator` (input ``s[j]``, target
+  ``tokens[j]``, ``s = [boundary_id] + tokens``).  Window ``k`` (``0 <= k <
+  num_windows = ceil(N / stride)``) scores pairs ``[k * stride, end_k)``,
+  ``end_k = min((k + 1) * stride, N)``, and holds as context the ``L -
+  stride`` pairs before them (``L = window``): pairs ``[max(0, k * stride -
+  (L - stride)), end_k)``, as the reference does with ``tgt_len = stride,
+  ext_len = L - stride, mem_len = 0`` (its batches at the start and the end
+  of a split are shorter).  With stride 1 every pair is scored with exactly
+  ``min(j, L - 1)`` earlier pairs as context: the evaluation that Table 9 of
+  Dai et al. 2019 times.  No memory is carried.
+
+  Static shapes: each window's pairs are right-aligned in a row of ``L``
+  positions and the row is padded at the FRONT (``front_pad`` positions);
+  the model masks those as keys (``front_pad`` goes to the model as a
+  negative valid-slot count, models.Memory), so the real tokens get exactly
+  the context and the positions (counted from the window's end, for the
+  absolute encodings) of the reference's shorter window.
+
+  Batches follow the batch contract (``T = L``; ``reset`` all True) plus
+  ``front_pad`` int32 [b].  Batch ``t`` holds windows ``t * B ... t * B + B
+  - 1`` (row r = window t * B + r); windows past the last are all padding.
+
+  Attributes:
+    global_batch, window, stride, boundary_id, row_ids, num_tokens.
+    num_windows: ceil(N / stride).
+    num_steps: ceil(num_windows / B), batches in the pass.
+  """
+
+  def __init__(self, source: TokenSource, global_batch: int, window: int, stride: int,
+               boundary_id: int, row_ids: Sequence[int] | None = None):
+    """Builds the iterator at step 0.
+
+    Raises:
+      ValueError: global_batch, window or stride < 1; stride > window;
+        boundary_id not an integer >= 0; an empty split; bad row_ids.
+    """
+    self.global_batch = check_positive("global_batch", global_batch)
+    self.window = check_positive("window", window)
+    self.stride = check_positive("stride", stride)
+    if self.stride > self.window:
+      raise ValueError(f"stride={stride} must be <= window={window} (each window scores its "
+                       "last stride positions).")
+    self.boundary_id = check_boundary_id(boundary_id)
+    self._source = source
+    self.num_tokens = check_source(source)
+    if self.num_tokens < 1:
+      raise ValueError("the evaluation split has 0 tokens; there is nothing to score.")
+    self.row_ids = check_row_ids(row_ids, self.global_batch)
+    self.num_windows = -(-self.num_tokens // self.stride)
+    self.num_steps = -(-self.num_windows // self.global_batch)
+    self._step = 0
+
+  def __len__(self) -> int:
+    """Total number of batches in a pass (``num_steps``)."""
+    return self.num_steps
+
+  def __iter__(self) -> "SlidingWindowIterator":
+    return self
+
+  def _bounds(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(first scored pair, end, first context pair) of every global row's
+    window at ``step``, int64 [B] each (end = start: a padding row)."""
+    k_B = step * self.global_batch + np.arange(self.global_batch, dtype=np.int64)
+    first_B = k_B * self.stride
+    start_B = np.maximum(first_B - (self.window - self.stride), 0)
+    end_B = np.where(k_B < self.num_windows,
+                     np.minimum(first_B + self.stride, self.num_tokens), start_B)
+    return first_B, end_B, start_B
+
+  def pairs(self, step: int) -> np.ndarray:
+    """Stream index j of every position of batch ``step`` for all B global
+    rows, int64 [B, L]: -1 where the position is padding or context."""
+    first_B, end_B, _ = self._bounds(step)
+    j_BxL = end_B[:, None] - self.window + np.arange(self.window)[None, :]
+    return np.where((j_BxL >= first_B[:, None]) & (j_BxL < end_B[:, None]), j_BxL, -1)
+
+  def __next__(self) -> Batch:
+    """Returns the next batch and advances one step.
+
+    Raises:
+      StopIteration: after ``num_steps`` batches.
+    """
+    if self._step >= self.num_steps:
+      raise StopIteration
+    b, L = len(self.row_ids), self.window
+    inputs_BxL = np.full((b, L), self.boundary_id, dtype=np.int32)
+    targets_BxL = np.full((b, L), self.boundary_id, dtype=np.int32)
+    front_pad_B = np.full((b,), L, dtype=np.int32)
+    _, end_B, start_B = self._bounds(self._step)
+    for i, r in enumerate(self.row_ids):
+      a, z = int(start_B[r]), int(end_B[r])  # real pairs [a, z), right-aligned
+      if z <= a:
+        continue
+      off = L - (z - a)
+      front_pad_B[i] = off
+      if a == 0:
+        tokens = read_checked(self._source, 0, z)
+        inputs_BxL[i, off] = self.boundary_id
+        inputs_BxL[i, off + 1:] = tokens[:-1]
+      else:
+        tokens = read_checked(self._source, a - 1, z)
+        inputs_BxL[i, off:] = tokens[:-1]
+        tokens = tokens[1:]
+      targets_BxL[i, off:] = tokens
+    batch = {
+        "inputs": inputs_BxL,
+        "targets": targets_BxL,
+        "weights": (self.pairs(self._step)[list(self.row_ids)] >= 0).astype(np.float32),
+        "reset": np.ones((b,), dtype=bool),
+        "front_pad": front_pad_B,
+    }
+    self._step += 1
+    return batch
 
 
 def make_train_iterator(corpus: Corpus, split: str, global_batch: int,
