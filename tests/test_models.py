@@ -156,23 +156,26 @@ def test_reset_memory_and_log_probs_normalised():
       rtol=1e-6)
 
 
-def test_bfloat16_compute_keeps_float32_params_and_loss():
-  cfg = small_config(dtype="bfloat16")
+@pytest.mark.parametrize("attn_type", [0, 1, 2, 3])
+def test_bfloat16_compute_keeps_float32_params_and_loss(attn_type):
+  cfg = small_config(dtype="bfloat16", attn_type=attn_type, d_head=8)
   model, params = init_model(cfg)
   assert all(x.dtype == jnp.float32 for x in jax.tree_util.tree_leaves(params))
   tokens = jax.random.randint(jax.random.PRNGKey(4), (2, cfg.tgt_len), 0, cfg.n_token)
   nll, mem = model.apply(params, tokens, models.init_memory(cfg, 2), tokens)
   assert nll.dtype == jnp.float32 and mem.mems_LxBxMxD.dtype == jnp.bfloat16
-  cfg32 = small_config()
+  cfg32 = small_config(attn_type=attn_type, d_head=8)
   nll32, _ = models.TransformerXL(cfg32).apply(params, tokens, models.init_memory(cfg32, 2), tokens)
   np.testing.assert_allclose(np.asarray(nll), np.asarray(nll32), rtol=0.05, atol=0.05)
 
 
-@pytest.mark.parametrize("remat", ["full", "dots", "save_qkv_proj", "save_proj"])
-def test_remat_does_not_change_loss_or_gradients(remat):
-  cfg = small_config()
+@pytest.mark.parametrize("remat,attn_type", [
+    ("full", 0), ("dots", 0), ("save_qkv_proj", 0), ("save_proj", 0), ("save_proj", 1),
+    ("full", 2), ("save_proj", 3)])
+def test_remat_does_not_change_loss_or_gradients(remat, attn_type):
+  cfg = small_config(attn_type=attn_type, d_head=8)
   model, params = init_model(cfg)
-  model_r = models.TransformerXL(small_config(remat=remat))
+  model_r = models.TransformerXL(small_config(remat=remat, attn_type=attn_type, d_head=8))
   tokens = jax.random.randint(jax.random.PRNGKey(11), (2, cfg.tgt_len + 1), 0, cfg.n_token)
   mem = models.init_memory(cfg, 2)
 

@@ -66,6 +66,20 @@ def test_sharded_step_matches_single_device(tokens):
   assert losses1[-1] != losses1[0]
 
 
+@pytest.mark.parametrize("attn_type", [1, 3])
+def test_sharded_step_matches_single_device_for_the_learned_position_types(tokens, attn_type):
+  config = tiny_config()
+  config.model.attn_type = attn_type
+  mesh1 = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
+  mesh8 = sharding.make_mesh((4, 2), ("data", "model"))
+  losses1, state1 = run_steps(config, mesh1, tokens, 2)
+  losses8, state8 = run_steps(config, mesh8, tokens, 2)
+  np.testing.assert_allclose(losses8, losses1, rtol=1e-5)
+  for a, b in zip(jax.tree_util.tree_leaves(state8), jax.tree_util.tree_leaves(state1)):
+    np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64),
+                               rtol=2e-4, atol=2e-6)
+
+
 def test_parameters_and_memory_are_sharded():
   config = tiny_config()
   mesh = sharding.make_mesh((4, 2), ("data", "model"))
