@@ -25,7 +25,8 @@ def test_check_config_errors():
       (dict(mesh=dict(shape=(2, 4)), model=dict(n_head=6)), "n_head=6"),
       (dict(eval=dict(mem_len=0, same_length=True)), "same_length=True needs eval.mem_len"),
       (dict(data=dict(dataset="enwik9")), "data.dataset='enwik9'"),
-      (dict(model=dict(attn_type=2)), "attn_type=2"),
+      (dict(model=dict(attn_type=4)), "attn_type=4"),
+      (dict(model=dict(attn_type=3, d_head=32)), "n_head \\* d_head == d_model"),
       (dict(train=dict(batch_chunk=4)), "batch_chunk \\* data axis = 4 \\* 8"),
   ]
   for overrides, message in cases:
