@@ -143,6 +143,11 @@ class _Attention(nn.Module):
     init_std: std of the N(0, std) weight initialisation (reference 0.02).
     dtype: compute dtype; parameters are kept in ``param_dtype``.
     deterministic: disables dropout.
+    record: sow the attention probabilities (float32 [B, H, T, K], before
+      dropatt) into the "intermediates" collection as "prob" (and, for
+      attn_type 0, the decomposition "prob_a", "prob_b", "prob_d") for the
+      attention maps of ``analysis.attention``; a no-op unless that
+      collection is mutable.
   """
 
   n_head: int
@@ -153,6 +158,7 @@ class _Attention(nn.Module):
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
   deterministic: bool = True
+  record: bool = False
 
 
 class RelPartialLearnableAttention(_Attention):
@@ -201,6 +207,17 @@ class RelPartialLearnableAttention(_Attention):
     # (b) + (d): position terms against every distance K-1..0, then shifted.
     bd_BxHxTxK = rel_shift(jnp.einsum("bihd,jhd->bhij", q_BxTxHxDh + v, r_KxHxDh,
                                       preferred_element_type=jnp.float32))
+    if self.record:  # Appendix D, Fig. 7: terms (a), (b) and (d), each softmax-ed alone
+      terms = {"a": jnp.einsum("bihd,bjhd->bhij", q_BxTxHxDh, k_BxKxHxDh,
+                               preferred_element_type=jnp.float32),
+               "b": rel_shift(jnp.einsum("bihd,jhd->bhij", q_BxTxHxDh, r_KxHxDh,
+                                         preferred_element_type=jnp.float32)),
+               "d": rel_shift(jnp.broadcast_to(
+                   jnp.einsum("hd,jhd->hj", v, r_KxHxDh, preferred_element_type=jnp.float32)
+                   [None, :, None, :], ac_BxHxTxK.shape))}
+      for name, term in terms.items():
+        term = jnp.where(mask_Bx1xTxK, term * (1.0 / self.d_head ** 0.5), MASK_VALUE)
+        self.sow("intermediates", f"prob_{name}", jax.nn.softmax(term, axis=-1))
     return _attend(self, ac_BxHxTxK + bd_BxHxTxK, mask_Bx1xTxK, v_BxKxHxDh)
 
 
@@ -218,7 +235,10 @@ def _attend(mod: nn.Module, score_BxHxTxK: Array, mask_Bx1xTxK: Array,
   """
   score_BxHxTxK = score_BxHxTxK * (1.0 / mod.d_head ** 0.5)
   score_BxHxTxK = jnp.where(mask_Bx1xTxK, score_BxHxTxK, MASK_VALUE)
-  prob_BxHxTxK = jax.nn.softmax(score_BxHxTxK, axis=-1).astype(mod.dtype)
+  prob_BxHxTxK = jax.nn.softmax(score_BxHxTxK, axis=-1)
+  if mod.record:
+    mod.sow("intermediates", "prob", prob_BxHxTxK)
+  prob_BxHxTxK = prob_BxHxTxK.astype(mod.dtype)
   prob_BxHxTxK = nn.Dropout(mod.dropatt)(prob_BxHxTxK, deterministic=mod.deterministic)
   vec_BxTxHxDh = jnp.einsum("bhij,bjhd->bihd", prob_BxHxTxK, v_BxKxHxDh)
   out_BxTxD = nn.DenseGeneral(

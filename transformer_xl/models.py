@@ -299,6 +299,7 @@ class DecoderLayer(nn.Module):
   """
 
   config: ModelConfig
+  record_attention: bool = False
 
   @nn.compact
   def __call__(self, h_BxTxD: Array, mem_BxMxD: Array, pos_emb_KxD: Array,
@@ -343,7 +344,7 @@ class DecoderLayer(nn.Module):
     attn = attention.ATTENTION_TYPES[cfg.attn_type](
         n_head=cfg.n_head, d_head=cfg.d_head, d_model=cfg.d_model,
         dropatt=cfg.dropatt, init_std=cfg.init_std, dtype=cfg.compute_dtype,
-        deterministic=deterministic, name="attn", **kwargs)
+        deterministic=deterministic, record=self.record_attention, name="attn", **kwargs)
     drop = nn.Dropout(cfg.dropout)
     ff = PositionwiseFF(cfg, name="pos_ff")
 
@@ -423,9 +424,13 @@ class TransformerXL(nn.Module):
 
   Attributes:
     config: :class:`ModelConfig` (validated when it was constructed).
+    record_attention: every layer sows its attention probabilities into the
+      "intermediates" collection (``attention._Attention.record``; stacked
+      over layers by the scan), for ``analysis.attention``.
   """
 
   config: ModelConfig
+  record_attention: bool = False
 
   def setup(self):
     cfg = self.config
@@ -450,14 +455,14 @@ class TransformerXL(nn.Module):
                            policy=REMAT_POLICIES[cfg.remat])
     self.layers = nn.scan(
         layer_cls,
-        variable_axes={"params": 0},
+        variable_axes={"params": 0, "intermediates": 0},
         split_rngs={"params": True, "dropout": True},
         # Scanned: the memory.  Broadcast: R, mask, u, v, deterministic.
         in_axes=(0,) + (nn.broadcast,) * 5,
         out_axes=0,
         length=cfg.n_layer,
         metadata_params={nn.PARTITION_NAME: "layers"},
-    )(cfg)
+    )(cfg, record_attention=self.record_attention)
 
   def hidden(self, tokens_BxT: Array, memory: Memory, deterministic: bool = True,
              reset_B: Optional[Array] = None):
