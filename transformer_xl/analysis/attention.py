@@ -170,10 +170,11 @@ def _plot_average(avg_LxHxK: np.ndarray, path: str, title: str) -> None:
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+  from matplotlib.colors import PowerNorm
   n_layer, n_head, k = avg_LxHxK.shape
   fig, ax = plt.subplots(figsize=(min(16, 4 + k / 40), 1 + 0.25 * n_layer * n_head))
   image = ax.imshow(avg_LxHxK.reshape(n_layer * n_head, k), aspect="auto", cmap="viridis",
-                    interpolation="nearest")
+                    interpolation="nearest", norm=PowerNorm(gamma=0.5))  # long range visible
   for layer in range(1, n_layer):
     ax.axhline(layer * n_head - 0.5, color="white", linewidth=0.8)
   ax.set_yticks([l * n_head + (n_head - 1) / 2 for l in range(n_layer)])
@@ -281,7 +282,8 @@ def run(workdir: str, split: str, out: str, max_tokens: int = 0, heads: str = ""
   avg = maps["average"]["prob"]
   np.save(os.path.join(out, "average_attention.npy"), avg)
   _plot_average(avg, os.path.join(out, "average_attention.png"),
-                f"average attention by distance ({workdir}, {split}, {maps['tokens']:,} tokens)")
+                f"average attention by distance ({os.path.basename(os.path.normpath(workdir))}, "
+                f"{split}, {maps['tokens']:,} tokens; colour ~ sqrt)")
   ctx = maps["context"]
   np.save(os.path.join(out, "context_attention.npy"), ctx)
   _plot_context(ctx, chosen, eval_cfg.mem_len, os.path.join(out, "context_attention.png"))
