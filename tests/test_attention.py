@@ -75,3 +75,79 @@ def test_same_length_mask_properties():
       assert len(seen) == mem_len, (mem_len, tgt_len, i, seen)
       assert seen[-1] == i + mem_len  # itself
       assert np.all(np.diff(seen) == 1)  # a contiguous window
+
+
+# --------------------------------------------------------------------------- #
+# Blockwise attention (model.attn_block) equals the full computation.
+
+import dataclasses  # noqa: E402
+
+from transformer_xl import models  # noqa: E402
+
+
+def test_query_blocks_cover_every_query_and_its_keys():
+  assert attention.query_blocks(7, 12, 0) == [(0, 7, 12)]
+  assert attention.query_blocks(7, 12, 7) == [(0, 7, 12)]
+  assert attention.query_blocks(7, 12, 3) == [(0, 3, 8), (3, 6, 11), (6, 7, 12)]
+
+
+BLOCK_CASES = [
+    # (attn_type, options, memory state)
+    (0, dict(), "empty"), (0, dict(), "partial"), (0, dict(same_length=True, clamp_len=3), "full"),
+    (0, dict(pre_lnorm=True, untie_r=True, dropatt=0.3), "partial"),
+    (0, dict(dtype="bfloat16"), "partial"),
+    (1, dict(same_length=True, dropatt=0.3), "partial"), (1, dict(clamp_len=2, max_klen=9), "full"),
+    (2, dict(dropatt=0.3, pre_lnorm=True), "partial"),
+    (3, dict(same_length=True, dtype="bfloat16"), "full"),
+]
+
+
+@pytest.mark.parametrize("attn_type,options,memory", BLOCK_CASES)
+def test_blockwise_attention_equals_the_full_one(attn_type, options, memory):
+  cfg = models.ModelConfig(n_token=37, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=24,
+                           dropout=0.0, tgt_len=7, mem_len=5, attn_type=attn_type, **options)
+  full, blocked = models.TransformerXL(cfg), models.TransformerXL(
+      dataclasses.replace(cfg, attn_block=3))  # blocks of 3, 3, 1 queries
+  params = nn.unbox(models.init_params(full, jax.random.PRNGKey(0)))
+  params = jax.tree_util.tree_map(
+      lambda x: x + 0.3 * jax.random.normal(jax.random.PRNGKey(x.size), x.shape), params)
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 8), 0, 37)
+  mlen = {"empty": [0, 0], "partial": [5, 2], "full": [5, 5]}[memory]
+  mem = models.init_memory(cfg, 2).replace(
+      mlen_B=jnp.asarray(mlen, jnp.int32),
+      mems_LxBxMxD=jax.random.normal(jax.random.PRNGKey(3), (2, 2, 5, 16)).astype(
+          cfg.compute_dtype))
+
+  def loss(p, model):
+    nll, new_mem = model.apply({"params": p}, tokens[:, :-1], mem, tokens[:, 1:],
+                               deterministic=False, rngs={"dropout": jax.random.PRNGKey(5)})
+    return nll.mean(), (nll, new_mem)
+
+  (l_full, (nll_full, mem_full)), g_full = jax.value_and_grad(loss, has_aux=True)(params, full)
+  (l_blk, (nll_blk, mem_blk)), g_blk = jax.value_and_grad(loss, has_aux=True)(params, blocked)
+  tol = dict(rtol=2e-2, atol=2e-2) if options.get("dtype") == "bfloat16" else dict(rtol=1e-5,
+                                                                                     atol=1e-6)
+  np.testing.assert_allclose(np.asarray(nll_blk), np.asarray(nll_full), **tol)
+  np.testing.assert_allclose(np.asarray(mem_blk.mems_LxBxMxD, np.float32),
+                             np.asarray(mem_full.mems_LxBxMxD, np.float32), **tol)
+  for a, b in zip(jax.tree_util.tree_leaves(g_blk), jax.tree_util.tree_leaves(g_full)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=10 * tol["rtol"],
+                               atol=tol["atol"])
+
+
+def test_blockwise_attention_does_not_keep_the_full_scores(capsys):
+  """The point of the blocks: the backward pass keeps no [B, H, T, K] tensor."""
+  cfg = models.ModelConfig(n_token=37, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=24,
+                           dropout=0.0, tgt_len=8, mem_len=5)
+  tokens = jnp.zeros((2, 9), jnp.int32)
+  saved = {}
+  for block in (0, 4):
+    model = models.TransformerXL(dataclasses.replace(cfg, attn_block=block))
+    params = nn.unbox(models.init_params(model, jax.random.PRNGKey(0)))
+    capsys.readouterr()
+    jax.ad_checkpoint.print_saved_residuals(
+        lambda p: model.apply({"params": p}, tokens[:, :-1], models.init_memory(cfg, 2),
+                              tokens[:, 1:])[0].mean(), params)
+    saved[block] = capsys.readouterr().out
+  assert "f32[2,2,2,8,13]" in saved[0]  # [L, B, H, T, K] probabilities
+  assert "2,8,13]" not in saved[4] and "2,4,9]" not in saved[4]

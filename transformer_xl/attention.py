@@ -37,7 +37,8 @@ can keep them and recompute the [B, H, T, K] scores
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+import functools
+from typing import Any, Callable, Optional
 
 import flax.linen as nn
 import jax
@@ -147,7 +148,9 @@ class _Attention(nn.Module):
       dropatt) into the "intermediates" collection as "prob" (and, for
       attn_type 0, the decomposition "prob_a", "prob_b", "prob_d") for the
       attention maps of ``analysis.attention``; a no-op unless that
-      collection is mutable.
+      collection is mutable.  Computes the full attention (one block).
+    block_size: queries per block of the blockwise attention (0 = all T in
+      one block): see :func:`_attend`.
   """
 
   n_head: int
@@ -159,6 +162,7 @@ class _Attention(nn.Module):
   param_dtype: Dtype = jnp.float32
   deterministic: bool = True
   record: bool = False
+  block_size: int = 0
 
 
 class RelPartialLearnableAttention(_Attention):
@@ -201,12 +205,17 @@ class RelPartialLearnableAttention(_Attention):
 
     u = r_w_bias_HxDh.astype(self.dtype)
     v = r_r_bias_HxDh.astype(self.dtype)
-    # (a) + (c): content terms.
-    ac_BxHxTxK = jnp.einsum("bihd,bjhd->bhij", q_BxTxHxDh + u, k_BxKxHxDh,
-                            preferred_element_type=jnp.float32)
-    # (b) + (d): position terms against every distance K-1..0, then shifted.
-    bd_BxHxTxK = rel_shift(jnp.einsum("bihd,jhd->bhij", q_BxTxHxDh + v, r_KxHxDh,
-                                      preferred_element_type=jnp.float32))
+
+    def score(q_BxQxHxDh, k_BxJxHxDh, pos):
+      (r_JxHxDh,) = pos  # distances J-1..0 of this block's keys
+      # (a) + (c): content terms.
+      ac = jnp.einsum("bihd,bjhd->bhij", q_BxQxHxDh + u, k_BxJxHxDh,
+                      preferred_element_type=jnp.float32)
+      # (b) + (d): position terms against every distance J-1..0, then shifted.
+      bd = rel_shift(jnp.einsum("bihd,jhd->bhij", q_BxQxHxDh + v, r_JxHxDh,
+                                preferred_element_type=jnp.float32))
+      return ac + bd
+
     if self.record:  # Appendix D, Fig. 7: terms (a), (b) and (d), each softmax-ed alone
       terms = {"a": jnp.einsum("bihd,bjhd->bhij", q_BxTxHxDh, k_BxKxHxDh,
                                preferred_element_type=jnp.float32),
@@ -214,33 +223,97 @@ class RelPartialLearnableAttention(_Attention):
                                          preferred_element_type=jnp.float32)),
                "d": rel_shift(jnp.broadcast_to(
                    jnp.einsum("hd,jhd->hj", v, r_KxHxDh, preferred_element_type=jnp.float32)
-                   [None, :, None, :], ac_BxHxTxK.shape))}
+                   [None, :, None, :], mask_Bx1xTxK.shape[:1] + (self.n_head,)
+                   + mask_Bx1xTxK.shape[2:]))}
       for name, term in terms.items():
         term = jnp.where(mask_Bx1xTxK, term * (1.0 / self.d_head ** 0.5), MASK_VALUE)
         self.sow("intermediates", f"prob_{name}", jax.nn.softmax(term, axis=-1))
-    return _attend(self, ac_BxHxTxK + bd_BxHxTxK, mask_Bx1xTxK, v_BxKxHxDh)
+    return _attend(self, score, q_BxTxHxDh, k_BxKxHxDh, v_BxKxHxDh, (r_KxHxDh,), mask_Bx1xTxK)
 
 
-def _attend(mod: nn.Module, score_BxHxTxK: Array, mask_Bx1xTxK: Array,
-            v_BxKxHxDh: Array) -> Array:
-  """Scale, mask, float32 softmax, dropatt, weighted values and ``o_net``.
+def query_blocks(tgt_len: int, klen: int, block_size: int) -> list[tuple[int, int, int]]:
+  """The blocks of the blockwise attention: (i0, i1, j1) per block.
+
+  Queries [i0, i1) attend to keys [0, j1) with j1 = i1 + M (M = klen -
+  tgt_len): every key a query of the block can see (query i sees keys j <=
+  i + M), so that each block's scores are a [i1 - i0, j1] slab, and the
+  block's position rows are the last j1 of the full K, for which Appendix
+  B's shift, applied to the block alone, gives the right distances.
+  ``block_size`` 0 (or >= T) is one block, the full computation.
+  """
+  if block_size <= 0 or block_size >= tgt_len:
+    return [(0, tgt_len, klen)]
+  mem_len = klen - tgt_len
+  return [(i0, min(i0 + block_size, tgt_len), min(i0 + block_size, tgt_len) + mem_len)
+          for i0 in range(0, tgt_len, block_size)]
+
+
+def _keep_mask(rng: Array, i0: int, i1: int, j1: int, shape_BxHxK: tuple, keep: float) -> Array:
+  """dropatt's keep mask of query rows [i0, i1) over keys [0, j1): bool [B, H, Q, j1].
+
+  Row i's mask is drawn from ``fold_in(rng, i)`` over all K keys, so the
+  masks do not depend on how the queries are cut into blocks (the blockwise
+  attention equals the full one with dropout too).
+  """
+  rows = jnp.arange(i0, i1)
+  keep_QxBxHxK = jax.vmap(
+      lambda i: jax.random.bernoulli(jax.random.fold_in(rng, i), keep, shape_BxHxK))(rows)
+  return jnp.transpose(keep_QxBxHxK, (1, 2, 0, 3))[..., :j1]
+
+
+def _attend(mod: nn.Module, score_fn: Callable, q_BxTxHxDh: Array, k_BxKxHxDh: Array,
+            v_BxKxHxDh: Array, pos: tuple, mask_Bx1xTxK: Array) -> Array:
+  """Scores, scale, mask, float32 softmax, dropatt, weighted values, ``o_net``.
 
   The part every attention type shares (reference: ``attn_score.mul_(scale)``
   ... ``o_net(attn_vec)``); called from inside ``mod``'s compact
-  ``__call__``, whose ``n_head``, ``d_head``, ``d_model``, ``dropatt``,
-  ``init_std``, dtypes and ``deterministic`` it uses.
+  ``__call__``, whose sizes, ``dropatt``, dtypes, ``deterministic``,
+  ``record`` and ``block_size`` it uses.
+
+  Blockwise: with ``mod.block_size`` > 0 the queries are processed in
+  blocks (:func:`query_blocks`), each under ``jax.checkpoint``, so the
+  [B, H, T, K] scores and probabilities never exist at once, forward or
+  backward: temporaries are O(block x K) and the backward pass recomputes
+  each block's scores (flash-attention style, without the online softmax:
+  a block sees all its keys at once).  The result equals the full
+  computation (same dropout masks, :func:`_keep_mask`).
+
+  Args:
+    score_fn: (q_BxQxHxDh, k_BxJxHxDh, pos) -> float32 [B, H, Q, J], the
+      type's unscaled scores of a block of queries against keys [0, J);
+      ``pos`` holds the type's position rows for those keys.
+    q_BxTxHxDh, k_BxKxHxDh, v_BxKxHxDh: queries, keys, values.
+    pos: tuple of arrays with K leading rows in descending distance order
+      (K-1 .. 0); a block with J keys gets their last J rows.
+    mask_Bx1xTxK: bool, True where attention is allowed.
 
   Returns:
     [B, T, d_model] in ``mod.dtype``, tagged "attn_out".
   """
-  score_BxHxTxK = score_BxHxTxK * (1.0 / mod.d_head ** 0.5)
-  score_BxHxTxK = jnp.where(mask_Bx1xTxK, score_BxHxTxK, MASK_VALUE)
-  prob_BxHxTxK = jax.nn.softmax(score_BxHxTxK, axis=-1)
-  if mod.record:
-    mod.sow("intermediates", "prob", prob_BxHxTxK)
-  prob_BxHxTxK = prob_BxHxTxK.astype(mod.dtype)
-  prob_BxHxTxK = nn.Dropout(mod.dropatt)(prob_BxHxTxK, deterministic=mod.deterministic)
-  vec_BxTxHxDh = jnp.einsum("bhij,bjhd->bihd", prob_BxHxTxK, v_BxKxHxDh)
+  b, _, t, k = mask_Bx1xTxK.shape
+  keep = 1.0 - mod.dropatt
+  rng = mod.make_rng("dropout") if (mod.dropatt > 0 and not mod.deterministic) else None
+  blocks = [(0, t, k)] if mod.record else query_blocks(t, k, mod.block_size)
+
+  def block(i0, i1, j1, q, kk, vv, pos_rows, mask, rng):
+    score = score_fn(q, kk, pos_rows) * (1.0 / mod.d_head ** 0.5)
+    prob = jax.nn.softmax(jnp.where(mask, score, MASK_VALUE), axis=-1)
+    if mod.record:
+      mod.sow("intermediates", "prob", prob)
+    prob = prob.astype(mod.dtype)
+    if rng is not None:
+      prob = jnp.where(_keep_mask(rng, i0, i1, j1, (b, mod.n_head, k), keep),
+                       prob / keep, 0).astype(mod.dtype)
+    return jnp.einsum("bhij,bjhd->bihd", prob, vv)
+
+  vecs = []
+  for i0, i1, j1 in blocks:
+    fn = functools.partial(block, i0, i1, j1)
+    if len(blocks) > 1:
+      fn = jax.checkpoint(fn, prevent_cse=False)
+    vecs.append(fn(q_BxTxHxDh[:, i0:i1], k_BxKxHxDh[:, :j1], v_BxKxHxDh[:, :j1],
+                   tuple(p[k - j1:] for p in pos), mask_Bx1xTxK[:, :, i0:i1, :j1], rng))
+  vec_BxTxHxDh = vecs[0] if len(vecs) == 1 else jnp.concatenate(vecs, axis=1)
   out_BxTxD = nn.DenseGeneral(
       mod.d_model, axis=(-2, -1), use_bias=False, dtype=mod.dtype,
       param_dtype=mod.param_dtype,
@@ -323,13 +396,18 @@ class RelLearnableAttention(_Attention):
         nn.initializers.zeros, ("length", "heads")), (self.max_klen, self.n_head))
     r_emb_KxHxDh = position_table(r_emb, klen, self.clamp_len).astype(self.dtype)
     r_bias_KxH = position_table(r_bias, klen, self.clamp_len)
+    w = r_w_bias.astype(self.dtype)
 
-    ac_BxHxTxK = jnp.einsum("bihd,bjhd->bhij", q_BxTxHxDh + r_w_bias.astype(self.dtype),
-                            k_BxKxHxDh, preferred_element_type=jnp.float32)
-    b_BxHxTxK = jnp.einsum("bihd,jhd->bhij", q_BxTxHxDh, r_emb_KxHxDh,
-                           preferred_element_type=jnp.float32)
-    bd_BxHxTxK = rel_shift(b_BxHxTxK + r_bias_KxH.T[None, :, None, :])
-    return _attend(self, ac_BxHxTxK + bd_BxHxTxK, mask_Bx1xTxK, v_BxKxHxDh)
+    def score(q_BxQxHxDh, k_BxJxHxDh, pos):
+      r_emb_JxHxDh, r_bias_JxH = pos  # distances J-1..0 of this block's keys
+      ac = jnp.einsum("bihd,bjhd->bhij", q_BxQxHxDh + w, k_BxJxHxDh,
+                      preferred_element_type=jnp.float32)
+      b_ = jnp.einsum("bihd,jhd->bhij", q_BxQxHxDh, r_emb_JxHxDh,
+                      preferred_element_type=jnp.float32)
+      return ac + rel_shift(b_ + r_bias_JxH.T[None, :, None, :])
+
+    return _attend(self, score, q_BxTxHxDh, k_BxKxHxDh, v_BxKxHxDh,
+                   (r_emb_KxHxDh, r_bias_KxH), mask_Bx1xTxK)
 
 
 class AbsoluteAttention(_Attention):
@@ -365,9 +443,13 @@ class AbsoluteAttention(_Attention):
         name="kv_net")(cat_BxKxD)
     q_BxTxHxDh = checkpoint_name(q_BxTxHxDh, "qkv")
     kv_BxKx2xHxDh = checkpoint_name(kv_BxKx2xHxDh, "qkv")
-    score_BxHxTxK = jnp.einsum("bihd,bjhd->bhij", q_BxTxHxDh, kv_BxKx2xHxDh[:, :, 0],
-                               preferred_element_type=jnp.float32)
-    return _attend(self, score_BxHxTxK, mask_Bx1xTxK, kv_BxKx2xHxDh[:, :, 1])
+
+    def score(q_BxQxHxDh, k_BxJxHxDh, pos):
+      return jnp.einsum("bihd,bjhd->bhij", q_BxQxHxDh, k_BxJxHxDh,
+                        preferred_element_type=jnp.float32)
+
+    return _attend(self, score, q_BxTxHxDh, kv_BxKx2xHxDh[:, :, 0], kv_BxKx2xHxDh[:, :, 1],
+                   (), mask_Bx1xTxK)
 
 
 def absolute_positions(pos_KxD: Array, mem_BxMxD: Array, h_BxTxD: Array

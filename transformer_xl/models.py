@@ -94,6 +94,9 @@ class ModelConfig:
     max_klen: rows of the learned position tables of types 1 and 3; 0 =
       the training attention length tgt_len + ext_len + mem_len (the
       reference's ``max_klen``).  The eval config keeps the training value.
+    attn_block: queries per block of the blockwise attention (0 = the full
+      [B, H, T, K] computation at once); the result is the same, the
+      temporaries O(attn_block x K) (attention._attend).
     init_std: std of weight, embedding and u/v initialisation (0.02).
     dtype: compute dtype name, one of :data:`DTYPES`; parameters are
       float32; softmax and loss are float32.
@@ -138,6 +141,7 @@ class ModelConfig:
   tie_weight: bool = True
   attn_type: int = 0
   max_klen: int = 0
+  attn_block: int = 0
   init_std: float = 0.02
   dtype: str = "float32"
   remat: str = "none"
@@ -230,6 +234,8 @@ def config_problems(fields: Mapping[str, Any]) -> list[str]:
     problems.append(f"model.attn_type=3 adds a [d_model] row of its [max_klen, n_head, d_head] "
                     f"table: it needs n_head * d_head == d_model (got {f['n_head']} * "
                     f"{f['d_head']} != {f['d_model']}).")
+  if f["attn_block"] < 0:
+    problems.append(f"model.attn_block={f['attn_block']} must be >= 0 (0 = no blocks).")
   if f["max_klen"] < 0:
     problems.append(f"model.max_klen={f['max_klen']} must be >= 0 (0 = tgt_len + ext_len + "
                     "mem_len).")
@@ -344,7 +350,8 @@ class DecoderLayer(nn.Module):
     attn = attention.ATTENTION_TYPES[cfg.attn_type](
         n_head=cfg.n_head, d_head=cfg.d_head, d_model=cfg.d_model,
         dropatt=cfg.dropatt, init_std=cfg.init_std, dtype=cfg.compute_dtype,
-        deterministic=deterministic, record=self.record_attention, name="attn", **kwargs)
+        deterministic=deterministic, record=self.record_attention,
+        block_size=cfg.attn_block, name="attn", **kwargs)
     drop = nn.Dropout(cfg.dropout)
     ff = PositionwiseFF(cfg, name="pos_ff")
 
