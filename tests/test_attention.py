@@ -1,4 +1,5 @@
 """Relative attention: the Appendix B shift equals a naive Sec. 3.3 computation; masks."""
+import dataclasses
 import itertools
 
 import flax.linen as nn
@@ -7,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_xl import attention
+from transformer_xl import attention, models
 
 
 def naive_attention(params, cat_BxKxD, mem_len, mlen_B, same_length, clamp_len, u, v):
@@ -79,11 +80,6 @@ def test_same_length_mask_properties():
 
 # --------------------------------------------------------------------------- #
 # Blockwise attention (model.attn_block) equals the full computation.
-
-import dataclasses  # noqa: E402
-
-from transformer_xl import models  # noqa: E402
-
 
 def test_query_blocks_cover_every_query_and_its_keys():
   assert attention.query_blocks(7, 12, 0) == [(0, 7, 12)]
