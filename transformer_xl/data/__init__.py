@@ -13,6 +13,8 @@ The rest of the package uses only the names of this module:
   (segments carrying memory) or :class:`SlidingWindowIterator` (the vanilla
   Transformer's sliding window).
 * several processes: :func:`process_row_ids`, :func:`to_global_batch`.
+* :class:`Prefetcher`: batches made ready on a background thread, each with
+  the iterator position to checkpoint after it.
 
 Modules, one role each::
 
@@ -29,6 +31,7 @@ Modules, one role each::
                    make_train_iterator
   shuffled.py      ShuffledSentenceIterator
   placement.py     process_row_ids, to_global_batch
+  prefetch.py      Prefetcher (a background thread a few batches ahead)
 
 Importing this package imports numpy and jax but not tensorflow_datasets:
 tfds is imported by :func:`load_corpus` (``builders.py`` and the builder
@@ -81,6 +84,7 @@ from transformer_xl.data.corpus import (ArraySentenceIndex, ArraySource, Corpus,
 from transformer_xl.data.iterators import (EvalIterator, SlidingWindowIterator, TrainIterator,
                                            make_train_iterator)
 from transformer_xl.data.placement import process_row_ids, to_global_batch
+from transformer_xl.data.prefetch import Prefetcher
 from transformer_xl.data.shuffled import ShuffledSentenceIterator
 
 # Names accepted by load_corpus (launch/common.sh reads this literal).
@@ -152,7 +156,7 @@ def load_corpus(
 
 __all__ = [
     "ArraySentenceIndex", "ArraySource", "CORPUS_NAMES", "Corpus", "DataError",
-    "EvalIterator", "SentenceIndex", "ShuffledSentenceIterator", "SlidingWindowIterator",
+    "EvalIterator", "Prefetcher", "SentenceIndex", "ShuffledSentenceIterator", "SlidingWindowIterator",
     "TokenSource",
     "Tokenizer", "TrainIterator", "load_corpus", "make_train_iterator",
     "process_row_ids", "sentence_offsets", "to_global_batch",
