@@ -11,7 +11,7 @@ from transformer_xl import default_config, evaluate, generate, models, sharding
 
 V = 48          # vocabulary
 PROMPT = 23     # prompt tokens: 4 segments of tgt_len 5 and 3 single steps
-NEW = 14        # generated tokens: the rolling memory of 7 wraps twice
+NEW = 10        # generated tokens: more than the memory of 7, which rolls over
 
 
 def tiny(same_length=True, clamp_len=0, attn_type=0):

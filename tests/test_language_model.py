@@ -139,6 +139,8 @@ def test_bad_input_from_the_command_line(trained, tmp_path):
       (gen + ["--prompt=the", "--temperature=0"], "temperature=0.0 must be > 0"),
       (gen + ["--prompt=the", f"--prompt_file={prompt_file}"], "exactly one of --prompt"),
       (gen + [f"--prompt_file={tmp_path / 'missing.txt'}"], "missing.txt does not exist"),
+      (gen, "(got neither)"),
+      (gen + ["--prompt=the", f"--out={tmp_path / 'no' / 'x.json'}"], "does not exist"),
   ]
   for (args, message), (stdout, stderr, rc) in zip(cases, _run_all([a for a, _ in cases])):
     lines = [l for l in stderr.splitlines() if l.startswith("error: ")]

@@ -96,7 +96,9 @@ class TextScore:
 
 
 class LanguageModel:
-  """A trained Transformer-XL with its corpus: text in, text or scores out.
+  """A trained Transformer-XL with its corpus: text in, text or scores out
+  (generation as in Dai et al. 2019, Appendix E; scoring as Sec. 4's
+  evaluation).
 
   Generation and scoring use the evaluation settings of the config
   (``eval.tgt_len``, ``mem_len``, ``clamp_len``, ``same_length``; the
@@ -289,41 +291,49 @@ def encode_prompt(corpus: data.Corpus, prompt: str) -> np.ndarray:
 
 
 def read_prompt(prompt: Optional[str], prompt_file: Optional[str]) -> str:
-  """The prompt of ``--prompt`` or ``--prompt_file`` (exactly one of them).
+  """The prompt of ``--prompt`` or ``--prompt_file`` (exactly one of them; a
+  file is read as UTF-8).
 
   Raises:
-    default_config.ConfigError: both or neither given.
+    default_config.ConfigError: both or neither given, or a file that is
+      not UTF-8 text.
     FileNotFoundError: ``prompt_file`` does not exist.
   """
   if (prompt is None) == (prompt_file is None):
-    raise default_config.ConfigError("--mode=generate needs exactly one of --prompt=TEXT and "
-                                     f"--prompt_file=FILE (got {'both' if prompt else 'neither'}).")
+    raise default_config.ConfigError(
+        "--mode=generate needs exactly one of --prompt=TEXT and --prompt_file=FILE (got "
+        f"{'both' if prompt is not None else 'neither'}).")
   if prompt_file is None:
     return prompt
   path = epath.Path(prompt_file)
   if not path.exists():
     raise FileNotFoundError(f"--prompt_file={prompt_file} does not exist.")
-  return path.read_text()
+  try:
+    return path.read_bytes().decode("utf-8")
+  except UnicodeDecodeError as err:
+    raise default_config.ConfigError(
+        f"--prompt_file={prompt_file} is not UTF-8 text: {err}.") from None
 
 
 def run_generate(config: ml_collections.ConfigDict, workdir: str, mesh: Mesh, *,
                  prompt: Optional[str], prompt_file: Optional[str], num_tokens: int,
                  top_k: int, top_p: float, temperature: float, seed: int, num_samples: int,
                  out: Optional[str]) -> Generation:
-  """``--mode=generate``: continues a prompt with the workdir's latest checkpoint.
+  """``--mode=generate``: continues a prompt with the workdir's latest
+  checkpoint (Dai et al. 2019, Appendix E).
 
-  The settings and the prompt source are checked first, then the corpus
-  loaded and the prompt encoded, then the checkpoint restored: bad input
-  stops before anything is compiled.  The
-  generated text of sample 0 streams to stdout as it is produced; with
-  several samples, each is headed by ``=== sample b ===`` and samples 1..
-  follow when all are done.  What the model read and the settings go to
-  stderr.  ``out`` (a .json path) receives :meth:`Generation.to_json`.
+  The settings, the prompt source and the output directory are checked
+  first, then the corpus loaded and the prompt encoded, then the checkpoint
+  restored: bad input stops before anything is compiled.  The generated
+  text of sample 0 streams to stdout as it is produced; with several
+  samples, each is headed by ``=== sample b ===`` and samples 1.. follow
+  when all are done.  What the model read and the settings go to stderr.
+  ``out`` (a .json path) receives :meth:`Generation.to_json`.
 
   Raises:
     default_config.ConfigError: a bad flag or prompt.
     FileNotFoundError: no prompt file, config, model_config.json or
-      checkpoint.
+      checkpoint, or no directory for ``out``.
     data.DataError: the corpus cannot be loaded or cannot encode the prompt.
   """
   text = read_prompt(prompt, prompt_file)
@@ -331,6 +341,8 @@ def run_generate(config: ml_collections.ConfigDict, workdir: str, mesh: Mesh, *,
   if num_tokens < 1 or num_samples < 1:
     raise default_config.ConfigError(f"--num_tokens={num_tokens} and --num_samples={num_samples} "
                                      "must be >= 1.")
+  if out and not epath.Path(out).parent.exists():
+    raise FileNotFoundError(f"--out={out}: the directory {epath.Path(out).parent} does not exist.")
   model_cfg, _ = wd.load_model_config(workdir)
   corpus = load_corpus(config, model_cfg)
   prompt_ids = encode_prompt(corpus, text)  # before the checkpoint is read
