@@ -30,7 +30,10 @@ positions before it, at that layer:
   before it wherever the segment boundaries fall, so every state, of the
   prompt and of the generated tokens, is the one segment evaluation
   computes (``--mode=score`` gives the generated tokens exactly the
-  distributions they were sampled from);
+  distributions they were sampled from).  This holds for the relative
+  attention types (``attn_type`` 0 and 1, tested); the absolute types 2
+  and 3 number the positions of each pass's window afresh, so their states
+  depend on where the passes start;
 * without it, the M previous positions (M + 1 keys).  Segment evaluation
   gives a query at offset i of its segment M + i + 1 keys: the prompt's
   full segments are computed that way, its remainder and every new token
