@@ -77,3 +77,76 @@ def test_importing_the_package_does_not_import_tfds():
           "assert 'tensorflow_datasets' not in sys.modules, 'tfds imported'")
   r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
   assert r.returncode == 0, r.stderr[-2000:]
+
+
+# -- decoding: Corpus.decode / Corpus.decoder, the inverse of encode ------------
+
+
+def _normalised(text):
+  """What line-based encoding keeps: words of each line, one space apart, a final newline."""
+  return "".join(" ".join(line.split()) + "\n" for line in text.splitlines())
+
+
+@pytest.mark.parametrize("name, vocab, tokenizer, text, expected", [
+    ("ptb", ["<eos>", "the", "cat", "sat", "<unk>"], LineTokenizer("ptb"),
+     " the cat  sat \n\n the zebra", "the cat sat\n\nthe <unk>\n"),
+    ("ptb_char", ["<eos>", "a", "b", "_"], LineTokenizer("ptb_char", chars=True),
+     " ab  b \nba", "ab b\nba\n"),
+    ("lm1b", [LM1B_UNK, LM1B_S, "The", "cat"], LineTokenizer("lm1b", end=LM1B_S, unk=LM1B_UNK),
+     "The cat\nThe aardvark\n", "The cat\nThe <UNK>\n"),
+])
+def test_decode_inverts_encode_for_lines(name, vocab, tokenizer, text, expected):
+  corpus = _corpus(vocab, tokenizer, name=name)
+  assert corpus.decode(corpus.encode(text)) == expected
+  known = text.replace("zebra", "cat").replace("aardvark", "cat")
+  assert corpus.decode(corpus.encode(known)) == _normalised(known)
+
+
+def test_decode_inverts_encode_for_text8_and_bytes():
+  text8 = AlphabetTokenizer("text8", TEXT8_VOCAB, "space and a-z")
+  corpus = _corpus(text8.vocab, text8)
+  assert corpus.decode(corpus.encode(" the cat  sat")) == " the cat  sat"
+  enwik8 = _corpus(ByteTokenizer().vocab, ByteTokenizer())
+  text = "Città <b>\n  naïve 日本 \U0001F600\t"
+  assert enwik8.decode(enwik8.encode(text)) == text
+  with pytest.raises(IndexError, match=r"\[0, 256\)"):
+    enwik8.decode([300])
+  with pytest.raises(IndexError, match=r"\[0, 27\)"):
+    corpus.decode([-1])
+
+
+def test_streaming_decode_holds_back_incomplete_utf8():
+  corpus = _corpus(ByteTokenizer().vocab, ByteTokenizer())
+  ids = corpus.encode("aà日\U0001F600b")
+  decoder = corpus.decoder()
+  pieces = [decoder.decode(ids[i:i + 1]) for i in range(len(ids))] + [decoder.decode([], True)]
+  assert "".join(pieces) == "aà日\U0001F600b"
+  assert pieces[1] == "" and pieces[2] == "à"  # the 2-byte "à" comes out once complete
+  assert corpus.decode(ids[:-2]) == "aà日\ufffd"  # an incomplete final sequence, replaced
+  assert corpus.decode([0xff, 0x61]) == "\ufffda"  # an invalid byte
+
+
+def test_streaming_decode_of_words_continues_lines():
+  corpus = _corpus(["<eos>", "the", "cat"], LineTokenizer("ptb"))
+  ids = corpus.encode("the cat\ncat the\n")
+  decoder = corpus.decoder()
+  pieces = [decoder.decode([t]) for t in ids]
+  assert pieces == ["the", " cat", "\n", "cat", " the", "\n"]
+  assert "".join(pieces) == corpus.decode(ids)
+
+
+def test_encode_can_leave_the_last_line_open():
+  corpus = _corpus(["<eos>", "the", "cat"], LineTokenizer("ptb"))
+  np.testing.assert_array_equal(corpus.encode("the cat\nthe", end_last_line=False), [1, 2, 0, 1])
+  np.testing.assert_array_equal(corpus.encode("the cat\n", end_last_line=False), [1, 2, 0])
+  np.testing.assert_array_equal(corpus.encode("the\r\ncat\r\n", end_last_line=False), [1, 0, 2, 0])
+  np.testing.assert_array_equal(corpus.encode("the cat"), [1, 2, 0])
+  assert corpus.encode("", end_last_line=False).size == 0
+  enwik8 = _corpus(ByteTokenizer().vocab, ByteTokenizer())
+  np.testing.assert_array_equal(enwik8.encode("a\n", end_last_line=False), [97, 10])
+
+
+def test_unk_id():
+  assert _corpus(["<eos>", "the", "<unk>"], LineTokenizer("ptb")).unk_id == 2
+  assert _corpus(["<eos>", "a", "_"], LineTokenizer("ptb_char", chars=True)).unk_id is None
+  assert _corpus(ByteTokenizer().vocab, ByteTokenizer()).unk_id is None

@@ -1,8 +1,9 @@
-"""Command line: train, evaluate or score Transformer-XL.
+"""Command line: train, evaluate, score or sample from Transformer-XL.
 
     python -m transformer_xl.main --config=configs/quickstart.py --workdir=/tmp/txl
     python -m transformer_xl.main --config=configs/quickstart.py --workdir=/tmp/txl --mode=eval
     python -m transformer_xl.main --workdir=/tmp/txl --mode=score --tokens=x.npy --out=nll.npy
+    python -m transformer_xl.main --workdir=/tmp/txl --mode=generate --prompt="the" --num_tokens=50
 
 Any config value can be overridden with ``--config.<section>.<key>=value``.
 Everything that can be checked before compiling is checked first
@@ -22,17 +23,18 @@ from absl import app, flags, logging
 from etils import epath
 from ml_collections import config_flags
 
-from transformer_xl import (data, default_config, distributed, evaluate, metrics, sharding,
-                            train, workdir)
+from transformer_xl import (data, default_config, distributed, evaluate, language_model, metrics,
+                            sharding, train, workdir)
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, TensorBoard "
                                "events and eval_results.json.")
-_MODE = flags.DEFINE_enum("mode", "train", ["train", "eval", "score"],
+_MODE = flags.DEFINE_enum("mode", "train", ["train", "eval", "score", "generate"],
                           "train: train (resuming if possible). "
                           "eval: score valid and test from the latest checkpoint. "
-                          "score: per-token NLL of --tokens or --text, written to --out.")
+                          "score: per-token NLL of --tokens or --text, written to --out. "
+                          "generate: continue --prompt or --prompt_file (language_model.py).")
 _TOKENS = flags.DEFINE_string(
     "tokens", None, "--mode=score: .npy integer array [B, T+1]; each row one contiguous "
     "stream of token ids.")
@@ -41,7 +43,17 @@ _TEXT = flags.DEFINE_string(
     "scored as one stream (its first token in the context of the boundary symbol).")
 _OUT = flags.DEFINE_string(
     "out", None, "--mode=score: output .npy, float32 [B, T]: entry (b, t) is the NLL in nats "
-    "of token t+1 given tokens up to t.")
+    "of token t+1 given tokens up to t. --mode=generate (optional): a .json of the prompt, "
+    "the tokens and text of every sample, and the settings.")
+_PROMPT = flags.DEFINE_string("prompt", None, "--mode=generate: the text to continue.")
+_PROMPT_FILE = flags.DEFINE_string("prompt_file", None, "--mode=generate: a file to continue.")
+_NUM_TOKENS = flags.DEFINE_integer("num_tokens", 100, "--mode=generate: tokens per sample.")
+_TOP_K = flags.DEFINE_integer("top_k", 40, "--mode=generate: sample from the k most probable "
+                              "tokens (0 = all, 1 = greedy; Appendix E: 40).")
+_TOP_P = flags.DEFINE_float("top_p", 1.0, "--mode=generate: nucleus mass in (0, 1].")
+_TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "--mode=generate: softmax temperature.")
+_SEED = flags.DEFINE_integer("seed", 0, "--mode=generate: PRNG seed.")
+_NUM_SAMPLES = flags.DEFINE_integer("num_samples", 1, "--mode=generate: samples, one batch.")
 _COORDINATOR = flags.DEFINE_string(
     "coordinator_address", None, "host:port of process 0 for a multi-process run "
     "(jax.distributed). Leave unset on a Cloud TPU VM slice: it is detected there.")
@@ -50,7 +62,8 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index, 0-
 
 
 def main(argv):
-  """Flags -> config -> train.train_and_evaluate / evaluate.run_eval / evaluate.run_score."""
+  """Flags -> config -> train.train_and_evaluate / evaluate.run_eval / evaluate.run_score /
+  language_model.run_generate."""
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   if _WORKDIR.value is None:
@@ -68,7 +81,7 @@ def main(argv):
     default_config.validate(config, jax.device_count())
     mesh = sharding.make_mesh(config.mesh.shape, config.mesh.axis_names)
     corpus = None
-    if _MODE.value != "score" or _TEXT.value:
+    if _MODE.value in ("train", "eval") or (_MODE.value == "score" and _TEXT.value):
       data_cfg = config.data.to_dict()
       corpus = distributed.process_0_first(
           lambda: data.load_corpus(data_cfg.pop("dataset"), **data_cfg), (data.DataError,))
@@ -80,6 +93,12 @@ def main(argv):
       train.train_and_evaluate(config, _WORKDIR.value, corpus, mesh)
     elif _MODE.value == "eval":
       evaluate.run_eval(config, _WORKDIR.value, corpus, mesh)
+    elif _MODE.value == "generate":
+      language_model.run_generate(
+          config, _WORKDIR.value, mesh, prompt=_PROMPT.value, prompt_file=_PROMPT_FILE.value,
+          num_tokens=_NUM_TOKENS.value, top_k=_TOP_K.value, top_p=_TOP_P.value,
+          temperature=_TEMPERATURE.value, seed=_SEED.value, num_samples=_NUM_SAMPLES.value,
+          out=_OUT.value)
     else:
       tokens = (np.load(_TOKENS.value) if _TOKENS.value else
                 evaluate.text_tokens(corpus, epath.Path(_TEXT.value).read_text()))

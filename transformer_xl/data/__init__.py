@@ -5,7 +5,8 @@ The rest of the package uses only the names of this module:
 * :func:`load_corpus` -> :class:`Corpus`: a split is a :class:`TokenSource`
   (random access to its int32 token stream); sentence-level corpora (One
   Billion Word) also have a :class:`SentenceIndex` per split;
-  ``Corpus.encode`` tokenises new text; :class:`DataError`;
+  ``Corpus.encode`` tokenises new text, ``Corpus.decode`` (and the
+  incremental ``Corpus.decoder``) turns ids back into text; :class:`DataError`;
   :data:`CORPUS_NAMES`.
 * training batches: :func:`make_train_iterator` (an ordered
   :class:`TrainIterator`, or a :class:`ShuffledSentenceIterator` for
@@ -19,7 +20,8 @@ The rest of the package uses only the names of this module:
 Modules, one role each::
 
   corpus.py        Corpus, TokenSource/ArraySource, SentenceIndex, DataError
-  tokenizers.py    tokenisation rules (the builders and Corpus.encode)
+  tokenizers.py    tokenisation rules (the builders and Corpus.encode) and
+                   their inverses (Corpus.decode)
   sources.py       locating, downloading and checksumming source files
   storage.py       chunked array_record storage: base tfds builder, readers
   enwik8_text8.py  builders of the byte/char corpora of one file

@@ -142,15 +142,20 @@ class ArraySentenceIndex:
 
 
 class Tokenizer(Protocol):
-  """A corpus's tokenisation of text (see ``tokenizers.py``)."""
+  """A corpus's tokenisation of text and its inverse (see ``tokenizers.py``)."""
 
-  def encode(self, text: str, vocab: Sequence[str]) -> np.ndarray:
-    """int32 [N] ids of ``text`` under ``vocab`` (id -> symbol).
+  def encode(self, text: str, vocab: Sequence[str], end_last_line: bool = True) -> np.ndarray:
+    """int32 [N] ids of ``text`` under ``vocab`` (id -> symbol); with
+    ``end_last_line=False`` a last line without a line break gets no end
+    symbol.
 
     Raises:
       DataError: the text has a symbol the vocabulary lacks and cannot map
         to an unknown-word symbol.
     """
+
+  def decoder(self, vocab: Sequence[str]):
+    """A fresh incremental ``tokenizers.Decoder`` (ids -> text) for ``vocab``."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,7 +195,21 @@ class Corpus:
     """n_token: number of distinct token ids."""
     return len(self.vocab)
 
-  def encode(self, text: str) -> np.ndarray:
+  @property
+  def unk_id(self) -> int | None:
+    """Id of the unknown-word symbol that :meth:`encode` maps unknown words
+    to (``<unk>``, lm1b ``<UNK>``); None where the vocabulary has none
+    (bytes, characters, a corpus without tokenizer)."""
+    symbol = getattr(self.tokenizer, "unk", None)
+    return list(self.vocab).index(symbol) if symbol in self.vocab else None
+
+  def _tokenizer(self, what: str) -> Tokenizer:
+    if self.tokenizer is None:
+      raise ValueError(f"corpus {self.name!r} has no tokenizer (only corpora "
+                       f"from load_corpus have one), so it cannot {what} text.")
+    return self.tokenizer
+
+  def encode(self, text: str, end_last_line: bool = True) -> np.ndarray:
     """Token ids of ``text`` under this corpus's tokenisation and vocabulary.
 
     The rules of the corpus's builder (see ``tokenizers.py``): word level
@@ -198,6 +217,13 @@ class Corpus:
     ``<S>``); ptb_char spells words with "_" between them and ``<eos>`` per
     line; text8 maps space and a..z; enwik8 takes the UTF-8 bytes.  Unknown
     words become ``<unk>`` / ``<UNK>`` where the vocabulary has one.
+
+    Args:
+      text: the text.
+      end_last_line: True (the builders' rule) ends every line with the end
+        symbol; False leaves a last line without a line break open, to be
+        continued (a generation prompt).  Only line-based corpora have end
+        symbols.
 
     Returns:
       int32 [N] token ids.
@@ -207,7 +233,30 @@ class Corpus:
         symbol, or a character text8 does not have.
       ValueError: the corpus has no ``tokenizer``.
     """
-    if self.tokenizer is None:
-      raise ValueError(f"corpus {self.name!r} has no tokenizer (only corpora "
-                       "from load_corpus have one), so it cannot encode text.")
-    return self.tokenizer.encode(text, self.vocab)
+    return self._tokenizer("encode").encode(text, self.vocab, end_last_line)
+
+  def decoder(self):
+    """A fresh incremental decoder (``tokenizers.Decoder``): ``decode(ids,
+    final=False) -> str`` carries its state between calls, for text that
+    streams out token by token (generation).
+
+    Raises:
+      ValueError: the corpus has no ``tokenizer``.
+    """
+    return self._tokenizer("decode").decoder(self.vocab)
+
+  def decode(self, ids) -> str:
+    """The text of token ids (int [N]), the inverse of :meth:`encode`.
+
+    Bytes (enwik8) as UTF-8 (invalid or incomplete sequences become
+    U+FFFD), characters joined (text8's space; ptb_char's "_" as a space),
+    words separated by one space, the end symbol (``<eos>``, lm1b ``<S>``)
+    as a newline.  ``decode(encode(text)) == text`` for bytes and text8;
+    for line-based corpora up to the whitespace within lines, a final
+    newline, and unknown words (which come back as ``<unk>``).
+
+    Raises:
+      ValueError: the corpus has no ``tokenizer``.
+      IndexError: an id outside the vocabulary.
+    """
+    return self.decoder().decode(ids, final=True)

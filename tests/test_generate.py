@@ -1,0 +1,204 @@
+"""Generation with the cached memory: exactness against re-scoring, sampling, compilation."""
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer_xl import default_config, evaluate, generate, models, sharding
+
+V = 48          # vocabulary
+PROMPT = 23     # prompt tokens: 4 segments of tgt_len 5 and 3 single steps
+NEW = 10        # generated tokens: more than the memory of 7, which rolls over
+
+
+def tiny(same_length=True, clamp_len=0, attn_type=0):
+  """(config, training ModelConfig, eval ModelConfig, params) of a random tiny model whose
+  distributions are peaked enough (init_std 0.5) for greedy decoding to vary with the context."""
+  c = default_config.get_config()
+  c.model.update(n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0,
+                 tgt_len=6, mem_len=6, init_std=0.5, attn_type=attn_type)
+  c.eval.update(tgt_len=5, mem_len=7, clamp_len=clamp_len, same_length=same_length,
+                global_batch=V)
+  mcfg = default_config.model_config(c, V)
+  params = nn.unbox(models.init_params(models.TransformerXL(mcfg), jax.random.PRNGKey(0)))
+  return c, mcfg, evaluate.eval_model_config(c, mcfg), params
+
+
+@pytest.fixture(scope="module")
+def mesh():
+  return sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
+
+
+@pytest.fixture(scope="module")
+def model(mesh):
+  c, mcfg, ecfg, params = tiny()
+  return c, mcfg, params, generate.Generator(ecfg, mesh)
+
+
+def prompt(b=1, n=PROMPT, seed=0):
+  return np.random.default_rng(seed).integers(0, V, size=(b, n)).astype(np.int32)
+
+
+def greedy(gen, params, prompt_1xN, num_tokens=NEW):
+  steps = list(gen.stream(params, prompt_1xN, num_tokens, generate.SamplingSettings(top_k=1),
+                          log_probs=True))
+  return np.array([t[0] for t, _ in steps]), np.stack([lp[0] for _, lp in steps])
+
+
+def test_greedy_equals_rescoring_the_growing_context_with_the_evaluator(model, mesh):
+  """same_length: each step's token is the argmax of the next-token distribution that
+  Evaluator.score gives the whole growing context, re-scored from scratch in segments of
+  the eval tgt_len (every candidate next token as one row: argmin of its NLL)."""
+  c, mcfg, params, gen = model
+  p = prompt()
+  tokens, logp_NxV = greedy(gen, params, p)
+  assert len(set(tokens.tolist())) > 2  # not a constant sequence
+  ev = evaluate.Evaluator(c, mcfg, None, mesh)
+  for k in range(NEW):
+    context = np.concatenate([p[0], tokens[:k]])
+    rows_VxT1 = np.concatenate([np.tile(context, (V, 1)), np.arange(V)[:, None]], axis=1)
+    nll_V = ev.score(params, rows_VxT1)[:, -1]
+    assert int(np.argmin(nll_V)) == tokens[k], k
+    np.testing.assert_allclose(-nll_V, logp_NxV[k], atol=2e-5)
+
+
+@pytest.mark.parametrize("same_length, clamp_len, attn_type, n_prompt", [
+    (True, 3, 1, PROMPT),   # Shaw et al.'s learned relative positions, clamped
+    (False, 0, 0, 4),       # no same_length: every position of the context sees M + 1 keys
+])
+def test_greedy_equals_one_pass_over_the_growing_context(mesh, same_length, clamp_len,
+                                                         attn_type, n_prompt):
+  """Each step re-runs the whole growing context from scratch in one segment, with no
+  memory and the same attention window: the last M keys with same_length (M - 1 before
+  the query and itself), the last M + 1 without (as a same_length model with M + 1 slots;
+  the prompt is shorter than tgt_len, so it is read one token at a time too)."""
+  c, mcfg, ecfg, params = tiny(same_length, clamp_len, attn_type)
+  gen = generate.Generator(ecfg, mesh)
+  p = prompt(n=n_prompt)
+  tokens, logp_NxV = greedy(gen, params, p)
+  assert len(set(tokens.tolist())) > 2
+  window = ecfg.mem_len if same_length else ecfg.mem_len + 1
+  ref_cfg = dataclasses.replace(ecfg, mem_len=window, same_length=True)
+  ref = models.TransformerXL(ref_cfg)
+  length = n_prompt + NEW  # padded on the right: causality keeps earlier positions exact
+  one_pass = jax.jit(lambda x: ref.apply({"params": params}, x, models.init_memory(
+      ref_cfg, 1))[0][0])
+  for k in range(NEW):
+    context = np.concatenate([p[0], tokens[:k]])
+    padded = np.zeros((1, length), np.int32)
+    padded[0, :len(context)] = context
+    logp_V = np.asarray(one_pass(padded))[len(context) - 1]
+    assert int(np.argmax(logp_V)) == tokens[k], k
+    np.testing.assert_allclose(logp_V, logp_NxV[k], atol=2e-5)
+
+
+def test_greedy_without_same_length_equals_segments_then_single_tokens(mesh):
+  """No same_length, a prompt of full segments and a remainder: re-computed from scratch at
+  every step with plain model calls, the prompt's full segments in segments of tgt_len
+  (as Evaluator.score reads them) and every later token alone against the memory."""
+  c, mcfg, ecfg, params = tiny(same_length=False)
+  gen = generate.Generator(ecfg, mesh)
+  p = prompt()
+  tokens, logp_NxV = greedy(gen, params, p)
+  model = models.TransformerXL(ecfg)
+  apply = jax.jit(lambda x, m: model.apply({"params": params}, x, m))
+  t = ecfg.tgt_len
+  for k in range(NEW):
+    context = np.concatenate([p[0], tokens[:k]])[None, :]
+    memory = models.init_memory(ecfg, 1)
+    for s in range(PROMPT // t):
+      logp, memory = apply(context[:, s * t:(s + 1) * t], memory)
+    for j in range(PROMPT // t * t, context.shape[1]):
+      logp, memory = apply(context[:, j:j + 1], memory)
+    logp_V = np.asarray(logp)[0, -1]
+    assert int(np.argmax(logp_V)) == tokens[k], k
+    np.testing.assert_allclose(logp_V, logp_NxV[k], atol=2e-5)
+
+
+def test_sampling_is_reproducible_with_a_seed(model):
+  _, _, params, gen = model
+  s = generate.SamplingSettings(top_k=0, temperature=1.5)
+  p = prompt(b=3)
+  a = gen.generate(params, p, 12, s, seed=1)
+  assert a.shape == (3, 12) and a.dtype == np.int32
+  np.testing.assert_array_equal(gen.generate(params, p, 12, s, seed=1), a)
+  assert not np.array_equal(gen.generate(params, p, 12, s, seed=2), a)
+  assert not np.array_equal(a[0], a[1])  # the rows of a batch are different draws
+
+
+def test_the_per_token_step_compiles_once(mesh):
+  """One compilation per batch size, whatever the prompt length, settings, seed or
+  number of tokens."""
+  _, _, ecfg, params = tiny()
+  gen = generate.Generator(ecfg, mesh)
+  for n, settings, seed, num in [(PROMPT, generate.SamplingSettings(), 0, 9),
+                                 (7, generate.SamplingSettings(top_k=1), 1, 3),
+                                 (15, generate.SamplingSettings(0, 0.7, 0.5), 2, 20),
+                                 (2, generate.SamplingSettings(5, 1.0, 2.0), 3, 1)]:
+    gen.generate(params, prompt(b=2, n=n), num, settings, seed)
+  assert gen.token_step._cache_size() == 1
+  assert gen.segment_step._cache_size() == 1
+
+
+# -- the sampling rule on constructed distributions ------------------------------------------
+
+PROBS = np.array([0.3, 0.2, 0.15, 0.12, 0.1, 0.08, 0.03, 0.02])
+ORDER = np.array([5, 2, 7, 0, 3, 6, 1, 4])  # token ORDER[r] has the r-th largest probability
+N_DRAWS = 20000
+
+
+def draws(top_k, top_p, temperature, seed=0):
+  logp_V = np.zeros(len(PROBS), np.float32)
+  logp_V[ORDER] = np.log(PROBS)
+  logits = jnp.asarray(np.tile(logp_V, (N_DRAWS, 1)))
+  fn = jax.jit(generate.sample_tokens)
+  out = np.asarray(fn(jax.random.PRNGKey(seed), logits, np.int32(top_k), np.float32(top_p),
+                      np.float32(temperature)))
+  return np.bincount(out, minlength=len(PROBS)) / N_DRAWS
+
+
+@pytest.mark.parametrize("top_k, top_p, temperature, support", [
+    (3, 1.0, 1.0, 3),     # top-k
+    (0, 0.55, 1.0, 3),    # 0.3 + 0.2 < 0.55 <= 0.3 + 0.2 + 0.15
+    (0, 0.25, 1.0, 1),    # the most probable token alone reaches 0.25
+    (4, 0.8, 1.0, 3),     # top-p over the renormalised top-4: 0.65 / 0.77 = 0.84 >= 0.8
+    (0, 1.0, 0.5, 8),     # temperature: p^2, renormalised
+    (1, 1.0, 3.0, 1),     # greedy whatever the temperature
+])
+def test_top_k_and_top_p_restrict_the_support_and_cover_it(top_k, top_p, temperature, support):
+  freq = draws(top_k, top_p, temperature)
+  inside = ORDER[:support]
+  assert freq[ORDER[support:]].sum() == 0  # never outside the set
+  assert np.all(freq[inside] > 0)          # every member drawn
+  want = PROBS[:support] ** (1.0 / temperature)
+  np.testing.assert_allclose(freq[inside], want / want.sum(), atol=0.015)
+
+
+def test_filter_logits_marks_the_support():
+  logits = jnp.asarray([[0.0, 3.0, 1.0, 2.0], [4.0, 3.0, 2.0, 1.0]])
+  out = np.asarray(generate.filter_logits(logits, 2, 1.0, 2.0))
+  np.testing.assert_array_equal(np.isfinite(out), [[0, 1, 0, 1], [1, 1, 0, 0]])
+  np.testing.assert_allclose(out[0, 1], 1.5)  # divided by the temperature
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(top_k=-1), "top_k=-1"), (dict(top_p=0.0), r"top_p=0.0 must be in \(0, 1\]"),
+    (dict(top_p=1.5), "top_p=1.5"), (dict(temperature=0.0), "temperature=0.0 must be > 0")])
+def test_bad_settings_are_config_errors(kwargs, match):
+  with pytest.raises(default_config.ConfigError, match=match):
+    generate.SamplingSettings(**kwargs)
+
+
+def test_bad_prompts_fail_before_compiling(model):
+  _, _, params, gen = model
+  before = gen.token_step._cache_size()
+  with pytest.raises(ValueError, match=r"\[B, N\] with B, N >= 1"):
+    next(gen.stream(params, np.zeros((1, 0), np.int32), 3))
+  with pytest.raises(ValueError, match=rf"\[0, {V}\)"):
+    next(gen.stream(params, np.full((1, 3), V), 3))
+  with pytest.raises(default_config.ConfigError, match="num_tokens=0"):
+    next(gen.stream(params, prompt(), 0))
+  assert gen.token_step._cache_size() == before

@@ -1,0 +1,154 @@
+"""LanguageModel and --mode=generate end to end, on a tiny model trained on a PTB sample."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from transformer_xl import default_config, generate
+from transformer_xl.language_model import LanguageModel
+from test_train import REPO, run_main, small_args, write_ptb_sample
+
+PROMPT = "the company said"
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """A workdir trained for 2 steps; eval segments of 4 tokens, memory 6, same_length."""
+  tmp = tmp_path_factory.mktemp("lm")
+  manual = write_ptb_sample(tmp / "ptb")
+  workdir = tmp / "wd"
+  tiny = ["--config.model.n_layer=2", "--config.model.d_model=32", "--config.model.n_head=2",
+          "--config.model.d_head=16", "--config.model.d_inner=64", "--config.model.tgt_len=8",
+          "--config.model.mem_len=8", "--config.train.num_steps=2", "--config.train.eval_every=0",
+          "--config.train.log_every=1", "--config.eval.tgt_len=4", "--config.eval.mem_len=6"]
+  r = run_main(small_args(tmp, workdir, manual, *tiny))
+  assert r.returncode == 0, r.stderr[-3000:]
+  return tmp, workdir
+
+
+@pytest.fixture(scope="module")
+def lm(trained):
+  return LanguageModel.from_workdir(str(trained[1]))
+
+
+def words(lm):
+  """A prompt of words the sample corpus has."""
+  return " ".join(lm.corpus.vocab[i] for i in (5, 9, 2))
+
+
+def test_generate_and_score_text_agree(lm):
+  """The generated text re-read by score_text (Evaluator.score) gets, token for token, the
+  log-probabilities it was sampled from (same_length: the same context)."""
+  prompt = words(lm)
+  out = lm.generate(prompt, 9, top_k=0, seed=4, num_samples=2)
+  assert out.tokens.shape == (2, 9) and out.tokens.dtype == np.int32
+  ids = lm.encode_prompt(prompt)
+  np.testing.assert_array_equal(out.prompt_tokens, ids)
+  assert ids[0] == lm.corpus.boundary_id and ids[-1] != lm.corpus.boundary_id  # line left open
+  for b in range(2):
+    assert lm.corpus.decode(np.concatenate([ids, out.tokens[b]])) == (
+        lm.corpus.decode(ids) + out.texts[b])
+  steps = list(lm.generator.stream(lm.params, np.tile(ids, (2, 1)), 9,
+                                   generate.SamplingSettings(top_k=0), seed=4, log_probs=True))
+  np.testing.assert_array_equal(np.stack([t for t, _ in steps], 1), out.tokens)
+  logp = np.stack([lp[0][t[0]] for t, lp in steps])
+  score = lm.score_text(lm.corpus.decode(ids[1:]) + out.texts[0])
+  n = len(ids) - 1
+  np.testing.assert_array_equal(score.tokens[n:n + 9], out.tokens[0])
+  np.testing.assert_allclose(-score.nll[n:n + 9], logp, atol=2e-5)
+  assert score.ppl == pytest.approx(np.exp(score.nll.mean()), rel=1e-6)
+
+
+def test_text_streams_step_by_step(lm):
+  seen = []
+  out = lm.generate(words(lm), 6, top_k=1, num_samples=2, on_text=seen.append)
+  assert len(seen) == 6 and all(len(p) == 2 for p in seen)
+  assert "".join(p[0] for p in seen) == out.texts[0] == out.texts[1]  # greedy: identical rows
+
+
+@pytest.mark.parametrize("prompt, kwargs, match", [
+    ("", {}, "is empty"),
+    ("   ", {}, "is empty"),
+    ("zzqx qqzx", {}, "has no known token: every word would be <unk>"),
+    ("the", dict(num_tokens=0), "num_tokens=0"),
+    ("the", dict(top_p=1.5), "top_p=1.5"),
+    ("the", dict(temperature=-1.0), "temperature=-1.0"),
+])
+def test_bad_generation_input_is_a_config_error(lm, prompt, kwargs, match):
+  args = {"num_tokens": 3, **kwargs}
+  with pytest.raises(default_config.ConfigError, match=match):
+    lm.generate(prompt, **args)
+  assert lm.generator.token_step._cache_size() <= 1  # nothing new compiled
+
+
+def test_generate_from_the_command_line(trained, lm):
+  tmp, workdir = trained
+  out = tmp / "gen.json"
+  r = run_main([f"--workdir={workdir}", "--mode=generate", f"--prompt={words(lm)}",
+                "--num_tokens=7", "--num_samples=2", "--top_k=5", "--top_p=0.9",
+                "--temperature=0.8", "--seed=3", f"--out={out}"])
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "Traceback" not in r.stderr
+  got = json.loads(out.read_text())
+  assert got["prompt"] == words(lm)
+  assert (got["seed"], got["top_k"], got["top_p"], got["temperature"], got["num_tokens"],
+          got["num_samples"], got["step"]) == (3, 5, 0.9, 0.8, 7, 2, 2)
+  assert got["context"] == {"tgt_len": 4, "mem_len": 6, "same_length": True, "clamp_len": 0}
+  assert len(got["samples"]) == 2
+  assert got["tokens"] == got["samples"][0]["tokens"] and got["text"] == got["samples"][0]["text"]
+  # The same call through the API gives the same samples (the seed fixes them).
+  api = lm.generate(words(lm), 7, top_k=5, top_p=0.9, temperature=0.8, seed=3, num_samples=2)
+  assert [s["tokens"] for s in got["samples"]] == api.tokens.tolist()
+  assert [s["text"] for s in got["samples"]] == list(api.texts)
+  assert got["prompt_tokens"] == lm.encode_prompt(words(lm)).tolist()
+  # stdout: sample 0 streamed, then sample 1; the settings go to stderr.
+  assert r.stdout == (f"=== sample 0 ===\n{api.texts[0]}\n=== sample 1 ===\n{api.texts[1]}\n")
+  assert "the prompt as read" in r.stderr
+
+
+def _run_all(arg_lists):
+  """Runs the command lines at once (each a separate process) and waits for all."""
+  env = dict(os.environ, PYTHONPATH=str(REPO), JAX_LOG_COMPILES="1")
+  procs = [subprocess.Popen([sys.executable, "-m", "transformer_xl.main", *args], cwd=REPO,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for args in arg_lists]
+  return [p.communicate(timeout=300) + (p.returncode,) for p in procs]
+
+
+def test_bad_input_from_the_command_line(trained, tmp_path):
+  _, workdir = trained
+  bare = tmp_path / "no_checkpoint"  # the run's files but no checkpoint
+  bare.mkdir()
+  for name in ("config.json", "model_config.json"):
+    shutil.copy(workdir / name, bare / name)
+  prompt_file = tmp_path / "prompt.txt"
+  prompt_file.write_text("the\n")
+  gen = ["--mode=generate", f"--workdir={workdir}"]
+  cases = [
+      (["--mode=generate", f"--workdir={bare}", "--prompt=the"], "No checkpoint in"),
+      (["--mode=generate", f"--workdir={tmp_path / 'nothing'}", "--prompt=the"],
+       "config.json does not exist"),
+      (gen + ["--prompt="], "is empty"),
+      (gen + ["--prompt=zzqx qqzx"], "has no known token"),
+      (gen + ["--prompt=the", "--num_tokens=0"], "--num_tokens=0"),
+      (gen + ["--prompt=the", "--top_p=0"], r"top_p=0.0 must be in (0, 1]"),
+      (gen + ["--prompt=the", "--temperature=0"], "temperature=0.0 must be > 0"),
+      (gen + ["--prompt=the", f"--prompt_file={prompt_file}"], "exactly one of --prompt"),
+      (gen + [f"--prompt_file={tmp_path / 'missing.txt'}"], "missing.txt does not exist"),
+      (gen, "(got neither)"),
+      (gen + ["--prompt=the", f"--out={tmp_path / 'no' / 'x.json'}"], "does not exist"),
+  ]
+  for (args, message), (stdout, stderr, rc) in zip(cases, _run_all([a for a, _ in cases])):
+    lines = [l for l in stderr.splitlines() if l.startswith("error: ")]
+    assert rc != 0 and len(lines) == 1 and message in lines[0], (args, stderr[-2000:])
+    assert "Traceback" not in stderr, stderr[-2000:]
+    compiled = [l for l in stderr.splitlines() if "Compiling" in l]
+    if "No checkpoint" in message:  # restore_params makes a PRNG key (scalar ops), no more
+      assert all("types (ShapedArray(int32[]),)" in l for l in compiled), compiled
+    else:
+      assert not compiled, (args, compiled)  # stopped before anything was compiled
+    assert stdout == ""

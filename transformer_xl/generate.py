@@ -1,0 +1,269 @@
+"""Sampling with the cached memory (Dai et al. 2019, Sec. 3.2 and Appendix E).
+
+:class:`Generator` continues token-id prompts; :func:`sample_tokens` and
+:func:`filter_logits` are the sampling rule (temperature, top-k, top-p),
+computed on the device inside the jitted steps.  Text in and out, and the
+workdir, are ``language_model.py``'s.
+
+How a prompt of N tokens is read, with the evaluation model (``eval``
+tgt_len T, mem_len M, clamp_len, same_length; no dropout):
+
+* the first ``(N // T) * T`` tokens in segments of T (one compiled segment
+  step), which fill the memory as evaluation does (``Evaluator.score``);
+* the remaining ``N % T`` tokens one at a time with the per-token step.
+
+Then every new token is one forward pass of length 1 against the cached
+memory: O(M) attention per layer, nothing of the context recomputed.  The
+memory keeps its M slots per layer and each pass caches the last M of
+[memory; segment], so with one token per pass it is a rolling window.  The
+shapes never change, so the per-token step compiles once per batch size
+(temperature, top_k, top_p, the seed and the step index are traced
+arguments, not static ones).
+
+The context of each new token (the model's memory semantics): at every
+layer the token attends to itself and to the cached states of the
+positions before it, at that layer:
+
+* with ``same_length`` (the reference's mask: every query sees at most M
+  keys) the M - 1 previous positions; the oldest slot is masked.  Each
+  query at every layer then sees exactly itself and the M - 1 positions
+  before it wherever the segment boundaries fall, so every state, of the
+  prompt and of the generated tokens, is the one segment evaluation
+  computes (``--mode=score`` gives the generated tokens exactly the
+  distributions they were sampled from).  This holds for the relative
+  attention types (``attn_type`` 0 and 1, tested); the absolute types 2
+  and 3 number the positions of each pass's window afresh, so their states
+  depend on where the passes start;
+* without it, the M previous positions (M + 1 keys).  Segment evaluation
+  gives a query at offset i of its segment M + i + 1 keys: the prompt's
+  full segments are computed that way, its remainder and every new token
+  with offset 0.
+
+Relative distances go up to M (clamped at clamp_len when > 0).  As each
+cached state was computed from the positions before it at the layer
+below, information reaches back up to n_layer * M tokens (Sec. 3.2: the
+longest dependency grows with the number of layers times the segment
+length).
+
+The reference implementation ships no sampling script; Appendix E samples
+from the top 40 tokens, renormalised (``top_k=40``).  Top-p is the nucleus
+sampling of Holtzman et al. (2020).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+from transformer_xl import default_config, models, sharding
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingSettings:
+  """How the next token is drawn from the model's distribution.
+
+  Attributes:
+    top_k: keep only the k most probable tokens (0 = all; 1 = greedy, the
+      argmax); Appendix E uses 40.
+    top_p: keep the smallest set of most probable tokens whose probability
+      (after top_k, renormalised) reaches top_p; in (0, 1], 1 = all.
+    temperature: logits are divided by it before top_p and the draw; > 0.
+
+  Raises:
+    default_config.ConfigError (on construction): a value out of range.
+  """
+
+  top_k: int = 40
+  top_p: float = 1.0
+  temperature: float = 1.0
+
+  def __post_init__(self):
+    problems = []
+    if not isinstance(self.top_k, (int, np.integer)) or self.top_k < 0:
+      problems.append(f"top_k={self.top_k} must be an integer >= 0 (0 = no top-k cut, "
+                      "1 = greedy).")
+    if not 0.0 < self.top_p <= 1.0:
+      problems.append(f"top_p={self.top_p} must be in (0, 1] (1 = no nucleus cut).")
+    if not self.temperature > 0.0:
+      problems.append(f"temperature={self.temperature} must be > 0 (for greedy decoding use "
+                      "top_k=1).")
+    if problems:
+      raise default_config.ConfigError("Invalid sampling settings: " + " ".join(problems))
+
+
+def filter_logits(logits_BxV: Array, top_k: Array, top_p: Array, temperature: Array) -> Array:
+  """Tempered logits restricted to the top-k / nucleus support.
+
+  The logits are divided by ``temperature``; then only the ``top_k`` largest
+  are kept (all when top_k is 0), then, of those, the smallest prefix (by
+  decreasing probability, renormalised over the top-k set) whose
+  probability reaches ``top_p`` (all when top_p is 1).  A token tied with
+  the last one kept is kept too.  Works under jit with traced settings.
+
+  Args:
+    logits_BxV: float [B, V] logits or log-probabilities.
+    top_k: int32 scalar >= 0.
+    top_p: float32 scalar in (0, 1].
+    temperature: float32 scalar > 0.
+
+  Returns:
+    float32 [B, V]: ``logits / temperature`` on the support, -inf elsewhere
+    (at least one entry per row, the largest, is finite).
+  """
+  x_BxV = logits_BxV.astype(jnp.float32) / temperature
+  v = x_BxV.shape[-1]
+  sorted_BxV = jnp.flip(jnp.sort(x_BxV, axis=-1), axis=-1)          # decreasing
+  k = jnp.where(top_k > 0, jnp.minimum(top_k, v), v)
+  in_k_BxV = (jnp.arange(v) < k)[None, :]
+  p_BxV = jax.nn.softmax(jnp.where(in_k_BxV, sorted_BxV, -jnp.inf), axis=-1)
+  mass_before_BxV = jnp.cumsum(p_BxV, axis=-1) - p_BxV
+  keep_BxV = in_k_BxV & ((mass_before_BxV < top_p) | (top_p >= 1.0))  # a prefix
+  n_keep_B = jnp.maximum(jnp.sum(keep_BxV, axis=-1), 1)
+  threshold_Bx1 = jnp.take_along_axis(sorted_BxV, (n_keep_B - 1)[:, None], axis=-1)
+  return jnp.where(x_BxV >= threshold_Bx1, x_BxV, -jnp.inf)
+
+
+def sample_tokens(key: Array, logits_BxV: Array, top_k: Array, top_p: Array,
+                  temperature: Array) -> Array:
+  """One token per row: the argmax when ``top_k == 1`` (greedy), otherwise a
+  draw (``jax.random.categorical``) from :func:`filter_logits`.
+
+  Args:
+    key: PRNG key.
+    logits_BxV: float [B, V] logits or log-probabilities.
+    top_k, top_p, temperature: as in :class:`SamplingSettings` (scalars,
+      may be traced).
+
+  Returns:
+    int32 [B] token ids.
+  """
+  greedy_B = jnp.argmax(logits_BxV, axis=-1)
+  drawn_B = jax.random.categorical(key, filter_logits(logits_BxV, top_k, top_p, temperature),
+                                   axis=-1)
+  return jnp.where(top_k == 1, greedy_B, drawn_B).astype(jnp.int32)
+
+
+class Generator:
+  """Continues token-id prompts with a model and its cached memory.
+
+  See the module docstring for how the prompt is read and what context each
+  new token has.  Two jitted steps (each compiled once per batch size):
+  ``segment_step`` (the prompt's segments of tgt_len) and ``token_step``
+  (one token).  Rows are replicated over the mesh (every device holds all
+  B samples); parameters keep their shardings.
+
+  Args:
+    model_cfg: the evaluation ModelConfig (``evaluate.eval_model_config``):
+      tgt_len is the prompt's segment length, mem_len M the memory,
+      clamp_len and same_length as in evaluation.
+    mesh: the device mesh the parameters live on.
+
+  Raises:
+    default_config.ConfigError: mem_len < 1 (no memory: each token would
+      see only itself).
+  """
+
+  def __init__(self, model_cfg: models.ModelConfig, mesh: Mesh):
+    if model_cfg.mem_len < 1:
+      raise default_config.ConfigError(
+          f"generation needs a memory: eval.mem_len={model_cfg.mem_len} must be >= 1.")
+    self.cfg = model_cfg
+    self.model = models.TransformerXL(model_cfg)
+    self._replicated = sharding.replicated(mesh)
+    rep = self._replicated
+    jit = lambda fn: jax.jit(fn, in_shardings=(None,) + (rep,) * 7,
+                             out_shardings=(rep, rep, rep), donate_argnums=(1,))
+    self.segment_step = jit(self._step)  # tokens [B, tgt_len]
+    self.token_step = jit(lambda params, memory, tokens_B, *rest: self._step(
+        params, memory, tokens_B[:, None], *rest))  # tokens [B]
+
+  def _step(self, params: Any, memory: models.Memory, tokens_BxT: Array, key: Array,
+            index: Array, top_k: Array, top_p: Array, temperature: Array):
+    """One pass over a segment; samples the token after its last position.
+
+    Returns:
+      (next_B int32, log_probs_BxV float32 of the last position (nats),
+      the next Memory).
+    """
+    variables = {"params": params}
+    hidden_BxTxD, memory = self.model.apply(variables, tokens_BxT, memory, True,
+                                            method=models.TransformerXL.hidden)
+    logp_BxV = self.model.apply(variables, hidden_BxTxD[:, -1:],
+                                method=models.TransformerXL.log_probs)[:, 0]
+    next_B = sample_tokens(jax.random.fold_in(key, index), logp_BxV, top_k, top_p, temperature)
+    return next_B, logp_BxV, memory
+
+  def stream(self, params: Any, prompt_BxN: np.ndarray, num_tokens: int,
+             settings: SamplingSettings = SamplingSettings(), seed: int = 0,
+             log_probs: bool = False) -> Iterator[Any]:
+    """Generates ``num_tokens`` tokens after each row's prompt, one step at a time.
+
+    Each step's token is yielded as soon as it is on the host; the next
+    step is already dispatched by then.  Token i of every row is drawn with
+    the key ``fold_in(PRNGKey(seed), i)``, so a seed gives the same tokens
+    on every run (on the same devices and batch size).
+
+    Args:
+      params: model parameters.
+      prompt_BxN: integer [B, N] token ids, N >= 1; row b is sample b's
+        prompt (rows are independent; generation runs them as one batch).
+      num_tokens: tokens to generate, >= 1.
+      settings: temperature, top_k, top_p.
+      seed: the PRNG seed.
+      log_probs: also yield the distribution each token was drawn from.
+
+    Yields:
+      int32 [B] (token i of every row), or with ``log_probs`` a pair (that,
+      float32 [B, V] log-probabilities in nats before temperature and cut).
+
+    Raises:
+      ValueError: a prompt that is not an integer array [B, N] with N >= 1
+        and ids in [0, n_token) (before anything is compiled).
+      default_config.ConfigError: num_tokens < 1.
+    """
+    prompt = np.asarray(prompt_BxN)
+    if prompt.ndim != 2 or prompt.shape[0] < 1 or prompt.shape[1] < 1 or not np.issubdtype(
+        prompt.dtype, np.integer):
+      raise ValueError(f"the prompt must be an integer array [B, N] with B, N >= 1; got "
+                       f"{prompt.dtype} {prompt.shape}.")
+    if prompt.min() < 0 or prompt.max() >= self.cfg.n_token:
+      raise ValueError(f"prompt ids must be in [0, {self.cfg.n_token}); got "
+                       f"[{prompt.min()}, {prompt.max()}].")
+    if num_tokens < 1:
+      raise default_config.ConfigError(f"num_tokens={num_tokens} must be >= 1.")
+    prompt = prompt.astype(np.int32)
+    b, n = prompt.shape
+    t = self.cfg.tgt_len
+    key = jax.random.PRNGKey(seed)
+    knobs = (np.int32(settings.top_k), np.float32(settings.top_p),
+             np.float32(settings.temperature))
+    memory = jax.device_put(models.init_memory(self.cfg, b), self._replicated)
+    first = np.int32(0)  # the key index of generated token 0
+    for s in range(n // t):
+      next_B, logp_BxV, memory = self.segment_step(params, memory, prompt[:, s * t:(s + 1) * t],
+                                                   key, first, *knobs)
+    for j in range(n // t * t, n):  # on the devices like the generated tokens: one compile
+      tokens_B = jax.device_put(prompt[:, j], self._replicated)
+      next_B, logp_BxV, memory = self.token_step(params, memory, tokens_B, key, first, *knobs)
+    for i in range(num_tokens):
+      token_B, token_logp_BxV = next_B, logp_BxV
+      if i + 1 < num_tokens:  # dispatched before token i is read back
+        next_B, logp_BxV, memory = self.token_step(params, memory, token_B, key,
+                                                   np.int32(i + 1), *knobs)
+      token_B = np.asarray(token_B)
+      yield (token_B, np.asarray(token_logp_BxV)) if log_probs else token_B
+
+  def generate(self, params: Any, prompt_BxN: np.ndarray, num_tokens: int,
+               settings: SamplingSettings = SamplingSettings(), seed: int = 0) -> np.ndarray:
+    """All of :meth:`stream` at once: int32 [B, num_tokens] token ids.
+
+    Raises:
+      As :meth:`stream`.
+    """
+    return np.stack(list(self.stream(params, prompt_BxN, num_tokens, settings, seed)), axis=1)

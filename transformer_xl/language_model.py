@@ -1,0 +1,375 @@
+"""A trained model with its vocabulary as one Python object: generate and score text.
+
+    from transformer_xl.language_model import LanguageModel
+    lm = LanguageModel.from_workdir("workdirs/quickstart")
+    out = lm.generate("the company said", num_tokens=50, top_k=40, seed=0)
+    print(out.texts[0])
+    print(lm.score_text("the company said it would sell the unit\\n").ppl)
+
+:class:`LanguageModel` holds the config, the corpus (vocabulary and
+tokenisation), the restored parameters and the mesh; generation is
+``generate.Generator``'s (the memory, the sampling rule), scoring is
+``evaluate.Evaluator.score``'s.  :func:`run_generate` is ``--mode=generate``
+of the command line.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from typing import Any, Callable, Mapping, Optional
+
+import jax
+import ml_collections
+import numpy as np
+from etils import epath
+from jax.sharding import Mesh
+
+from transformer_xl import (data, default_config, distributed, evaluate, generate, models,
+                            sharding)
+from transformer_xl import workdir as wd
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+  """What :meth:`LanguageModel.generate` produced.
+
+  Attributes:
+    prompt: the prompt text as given.
+    prompt_tokens: int32 [N + 1], what the model read before generating:
+      the corpus's boundary symbol, then the prompt's ids.
+    tokens: int32 [B, num_tokens], the generated ids of each sample.
+    texts: B strings, each sample's generated text as it continues the
+      decoded prompt: ``corpus.decode(prompt_tokens + tokens[b]) ==
+      corpus.decode(prompt_tokens) + texts[b]``.
+    settings: seed, top_k, top_p, temperature, num_tokens, num_samples,
+      step (of the checkpoint), dataset, and ``context``: the prompt's
+      segment length tgt_len, mem_len, same_length and clamp_len.
+  """
+
+  prompt: str
+  prompt_tokens: np.ndarray
+  tokens: np.ndarray
+  texts: tuple[str, ...]
+  settings: Mapping[str, Any]
+
+  def to_json(self) -> dict:
+    """The ``--out`` file's object: ``prompt``, ``prompt_tokens``, ``tokens``
+    and ``text`` (sample 0, the issue's format), ``samples`` (every sample's
+    ``{"tokens", "text"}``, sample 0 first), and the settings' keys."""
+    samples = [{"tokens": [int(t) for t in row], "text": text}
+               for row, text in zip(self.tokens, self.texts)]
+    return {"prompt": self.prompt, "prompt_tokens": [int(t) for t in self.prompt_tokens],
+            "tokens": samples[0]["tokens"], "text": samples[0]["text"], "samples": samples,
+            **self.settings}
+
+
+@dataclasses.dataclass(frozen=True)
+class TextScore:
+  """Per-token scores of a text (:meth:`LanguageModel.score_text`).
+
+  Attributes:
+    tokens: int32 [N], the text's ids (the boundary symbol before them is
+      their first context, not scored).
+    nll: float32 [N], -log p(token | everything before it), nats.
+    unit: "byte", "char" or "word".
+  """
+
+  tokens: np.ndarray
+  nll: np.ndarray
+  unit: str
+
+  @property
+  def loss_nats(self) -> float:
+    """Mean NLL per token, nats."""
+    return float(np.mean(self.nll, dtype=np.float64))
+
+  @property
+  def bpc(self) -> float:
+    """Mean NLL per token in bits (bits per character for byte/char units)."""
+    return self.loss_nats / float(np.log(2.0))
+
+  @property
+  def ppl(self) -> float:
+    """Perplexity, exp(mean NLL)."""
+    return float(np.exp(self.loss_nats))
+
+
+class LanguageModel:
+  """A trained Transformer-XL with its corpus: text in, text or scores out
+  (generation as in Dai et al. 2019, Appendix E; scoring as Sec. 4's
+  evaluation).
+
+  Generation and scoring use the evaluation settings of the config
+  (``eval.tgt_len``, ``mem_len``, ``clamp_len``, ``same_length``; the
+  context each generated token has is described in ``generate.py``).
+
+  Args:
+    config: the full config (``eval`` section used).
+    model_cfg: the training ModelConfig (parameters are shared).
+    corpus: the corpus whose vocabulary the model was trained on (its
+      tokenizer encodes and decodes).
+    params: the parameters, on ``mesh``.
+    step: the checkpoint's training step.
+    mesh: the device mesh.
+  """
+
+  def __init__(self, config: ml_collections.ConfigDict, model_cfg: models.ModelConfig,
+               corpus: data.Corpus, params: Any, step: int, mesh: Mesh):
+    self.config, self.model_cfg, self.corpus = config, model_cfg, corpus
+    self.params, self.step, self.mesh = params, int(step), mesh
+    self.eval_cfg = evaluate.eval_model_config(config, model_cfg)
+    self._generator: Optional[generate.Generator] = None
+    self._evaluator: Optional[evaluate.Evaluator] = None
+
+  @classmethod
+  def from_workdir(cls, workdir: str, config: Optional[ml_collections.ConfigDict] = None,
+                   mesh: Optional[Mesh] = None, corpus: Optional[data.Corpus] = None
+                   ) -> "LanguageModel":
+    """Loads a training (or converted) run's directory: its config (or
+    ``config``), architecture, corpus and latest checkpoint.
+
+    Args:
+      workdir: the run's ``--workdir``.
+      config: overrides the saved ``config.json`` (e.g. other eval settings).
+      mesh: defaults to the config's mesh over all devices.
+      corpus: the corpus if already loaded (:func:`load_corpus`).
+
+    Raises:
+      FileNotFoundError: no config.json, model_config.json or checkpoint.
+      data.DataError: the corpus cannot be loaded, or its vocabulary is not
+        the model's.
+      default_config.ConfigError: the config does not fit the devices.
+    """
+    config = wd.load_config(workdir) if config is None else config
+    model_cfg, _ = wd.load_model_config(workdir)
+    if mesh is None:
+      default_config.validate(config, jax.device_count())
+      mesh = sharding.make_mesh(config.mesh.shape, config.mesh.axis_names)
+    corpus = load_corpus(config, model_cfg) if corpus is None else corpus
+    step, params = wd.restore_params(config, workdir, model_cfg, mesh)
+    return cls(config, model_cfg, corpus, params, step, mesh)
+
+  @property
+  def generator(self) -> generate.Generator:
+    """The sampler (``generate.Generator``) of the eval model, made on first use."""
+    if self._generator is None:
+      self._generator = generate.Generator(self.eval_cfg, self.mesh)
+    return self._generator
+
+  @property
+  def evaluator(self) -> evaluate.Evaluator:
+    """The scorer (``evaluate.Evaluator``), made on first use."""
+    if self._evaluator is None:
+      self._evaluator = evaluate.Evaluator(self.config, self.model_cfg, self.corpus, self.mesh)
+    return self._evaluator
+
+  def encode_prompt(self, prompt: str) -> np.ndarray:
+    """int32 [N + 1]: the boundary symbol, then the prompt's ids (:func:`encode_prompt`)."""
+    return encode_prompt(self.corpus, prompt)
+
+  def generate(self, prompt: str, num_tokens: int, *, top_k: int = 40, top_p: float = 1.0,
+               temperature: float = 1.0, seed: int = 0, num_samples: int = 1,
+               on_text: Optional[Callable[[list[str]], None]] = None) -> Generation:
+    """Continues ``prompt`` with ``num_tokens`` tokens, ``num_samples`` times in one batch.
+
+    The prompt (after the boundary symbol, :meth:`encode_prompt`) fills the
+    memory in segments of the eval tgt_len; every new token is one pass of
+    length 1 against the cached memory (``generate.py``).  The defaults are
+    Appendix E's: top-40 sampling at temperature 1.
+
+    Args:
+      prompt: text in the corpus's format (e.g. PTB: lower-case words).
+      num_tokens: tokens per sample, >= 1.
+      top_k, top_p, temperature: ``generate.SamplingSettings`` (top_k=1 is
+        greedy).
+      seed: PRNG seed; the same seed gives the same samples.
+      num_samples: B, samples drawn together (rows of one batch), >= 1.
+      on_text: called after every step with the B new pieces of text
+        (detokenised incrementally: a UTF-8 sequence split over tokens
+        comes out whole), and once more at the end if a held-back piece is
+        flushed.
+
+    Returns:
+      A :class:`Generation`.
+
+    Raises:
+      default_config.ConfigError: a setting out of range (before anything
+        is compiled), or a bad prompt (:meth:`encode_prompt`).
+      data.DataError: the prompt has a character the corpus lacks.
+    """
+    settings = generate.SamplingSettings(top_k=top_k, top_p=top_p, temperature=temperature)
+    if num_tokens < 1 or num_samples < 1:
+      raise default_config.ConfigError(f"num_tokens={num_tokens} and num_samples={num_samples} "
+                                       "must be >= 1.")
+    prompt_ids = self.encode_prompt(prompt)
+    decoders = [self.corpus.decoder() for _ in range(num_samples)]
+    for d in decoders:  # so that the text continues the prompt (spaces, UTF-8 state)
+      d.decode(prompt_ids)
+    prompt_BxN = np.tile(prompt_ids[None, :], (num_samples, 1))
+    rows, pieces = [], [[] for _ in range(num_samples)]
+    for token_B in self.generator.stream(self.params, prompt_BxN, num_tokens, settings, seed):
+      rows.append(token_B)
+      new = [d.decode(token_B[b:b + 1]) for b, d in enumerate(decoders)]
+      for b, piece in enumerate(new):
+        pieces[b].append(piece)
+      if on_text is not None:
+        on_text(new)
+    tail = [d.decode([], final=True) for d in decoders]
+    if any(tail):
+      for b, piece in enumerate(tail):
+        pieces[b].append(piece)
+      if on_text is not None:
+        on_text(tail)
+    c = self.eval_cfg
+    return Generation(
+        prompt=prompt, prompt_tokens=prompt_ids, tokens=np.stack(rows, axis=1),
+        texts=tuple("".join(p) for p in pieces),
+        settings={"seed": int(seed), "top_k": int(top_k), "top_p": float(top_p),
+                  "temperature": float(temperature), "num_tokens": int(num_tokens),
+                  "num_samples": int(num_samples), "step": self.step,
+                  "dataset": self.corpus.name,
+                  "context": {"tgt_len": c.tgt_len, "mem_len": c.mem_len,
+                              "same_length": c.same_length, "clamp_len": c.clamp_len}})
+
+  def score_text(self, text: str) -> TextScore:
+    """Per-token NLL of ``text`` with the evaluation settings
+    (``evaluate.Evaluator.score``; the first token in the context of the
+    boundary symbol, as ``--mode=score --text``).
+
+    Raises:
+      data.DataError: a symbol the corpus cannot encode.
+      ValueError: the text has no token.
+    """
+    tokens_1xT1 = evaluate.text_tokens(self.corpus, text)
+    nll_1xT = self.evaluator.score(self.params, tokens_1xT1)
+    return TextScore(tokens=tokens_1xT1[0, 1:], nll=nll_1xT[0], unit=self.corpus.unit)
+
+
+def load_corpus(config: ml_collections.ConfigDict, model_cfg: models.ModelConfig
+                ) -> data.Corpus:
+  """The corpus of ``config.data`` (prepared first if needed), checked against the model.
+
+  Raises:
+    data.DataError: the corpus cannot be loaded, or its vocabulary size is
+      not the model's n_token.
+  """
+  data_cfg = config.data.to_dict()
+  corpus = distributed.process_0_first(
+      lambda: data.load_corpus(data_cfg.pop("dataset"), **data_cfg), (data.DataError,))
+  if corpus.vocab_size != model_cfg.n_token:
+    raise data.DataError(f"the model has {model_cfg.n_token:,} tokens but corpus {corpus.name} "
+                         f"has {corpus.vocab_size:,}: is data.dataset right?")
+  return corpus
+
+
+def encode_prompt(corpus: data.Corpus, prompt: str) -> np.ndarray:
+  """int32 [N + 1]: the boundary symbol, then the prompt's ids.
+
+  The model reads the boundary symbol first, as ``--mode=score --text``
+  does, so the prompt's first token has a context.  A last line without a
+  line break stays open (no end symbol after it), so generation continues
+  it; a prompt ending in a newline ends its line and generation starts a
+  new one.
+
+  Raises:
+    default_config.ConfigError: an empty prompt, or one whose every token
+      is the unknown-word symbol.
+    data.DataError: a character the corpus does not have (text8, ptb_char).
+  """
+  ids = corpus.encode(prompt, end_last_line=False)
+  if not ids.size:
+    raise default_config.ConfigError(
+        f"the prompt {prompt!r} is empty: it has no {corpus.unit} of the {corpus.name} "
+        "vocabulary (give text with --prompt=TEXT or --prompt_file=FILE).")
+  if corpus.unk_id is not None and np.all(ids == corpus.unk_id):
+    raise default_config.ConfigError(
+        f"the prompt {prompt!r} has no known token: every {corpus.unit} would be "
+        f"{corpus.vocab[corpus.unk_id]} in the {corpus.name} vocabulary of "
+        f"{corpus.vocab_size:,}.")
+  return np.concatenate([[corpus.boundary_id], ids]).astype(np.int32)
+
+
+def read_prompt(prompt: Optional[str], prompt_file: Optional[str]) -> str:
+  """The prompt of ``--prompt`` or ``--prompt_file`` (exactly one of them; a
+  file is read as UTF-8).
+
+  Raises:
+    default_config.ConfigError: both or neither given, or a file that is
+      not UTF-8 text.
+    FileNotFoundError: ``prompt_file`` does not exist.
+  """
+  if (prompt is None) == (prompt_file is None):
+    raise default_config.ConfigError(
+        "--mode=generate needs exactly one of --prompt=TEXT and --prompt_file=FILE (got "
+        f"{'both' if prompt is not None else 'neither'}).")
+  if prompt_file is None:
+    return prompt
+  path = epath.Path(prompt_file)
+  if not path.exists():
+    raise FileNotFoundError(f"--prompt_file={prompt_file} does not exist.")
+  try:
+    return path.read_bytes().decode("utf-8")
+  except UnicodeDecodeError as err:
+    raise default_config.ConfigError(
+        f"--prompt_file={prompt_file} is not UTF-8 text: {err}.") from None
+
+
+def run_generate(config: ml_collections.ConfigDict, workdir: str, mesh: Mesh, *,
+                 prompt: Optional[str], prompt_file: Optional[str], num_tokens: int,
+                 top_k: int, top_p: float, temperature: float, seed: int, num_samples: int,
+                 out: Optional[str]) -> Generation:
+  """``--mode=generate``: continues a prompt with the workdir's latest
+  checkpoint (Dai et al. 2019, Appendix E).
+
+  The settings, the prompt source and the output directory are checked
+  first, then the corpus loaded and the prompt encoded, then the checkpoint
+  restored: bad input stops before anything is compiled.  The generated
+  text of sample 0 streams to stdout as it is produced; with several
+  samples, each is headed by ``=== sample b ===`` and samples 1.. follow
+  when all are done.  What the model read and the settings go to stderr.
+  ``out`` (a .json path) receives :meth:`Generation.to_json`.
+
+  Raises:
+    default_config.ConfigError: a bad flag or prompt.
+    FileNotFoundError: no prompt file, config, model_config.json or
+      checkpoint, or no directory for ``out``.
+    data.DataError: the corpus cannot be loaded or cannot encode the prompt.
+  """
+  text = read_prompt(prompt, prompt_file)
+  generate.SamplingSettings(top_k=top_k, top_p=top_p, temperature=temperature)
+  if num_tokens < 1 or num_samples < 1:
+    raise default_config.ConfigError(f"--num_tokens={num_tokens} and --num_samples={num_samples} "
+                                     "must be >= 1.")
+  if out and not epath.Path(out).parent.exists():
+    raise FileNotFoundError(f"--out={out}: the directory {epath.Path(out).parent} does not exist.")
+  model_cfg, _ = wd.load_model_config(workdir)
+  corpus = load_corpus(config, model_cfg)
+  prompt_ids = encode_prompt(corpus, text)  # before the checkpoint is read
+  lm = LanguageModel.from_workdir(workdir, config, mesh, corpus)
+  c, main = lm.eval_cfg, jax.process_index() == 0
+  if main:
+    print(f"Step {lm.step} of {workdir} ({lm.corpus.name}); the prompt as read ({len(prompt_ids)} "
+          f"tokens): {lm.corpus.decode(prompt_ids)!r}; {num_samples} x {num_tokens} tokens, "
+          f"top_k={top_k} top_p={top_p} temperature={temperature} seed={seed}; prompt segments "
+          f"of {c.tgt_len}, memory {c.mem_len}, same_length={c.same_length}, clamp_len="
+          f"{c.clamp_len}.", file=sys.stderr, flush=True)
+    if num_samples > 1:
+      sys.stdout.write("=== sample 0 ===\n")
+
+  def on_text(pieces: list[str]) -> None:
+    if main:
+      sys.stdout.write(pieces[0])
+      sys.stdout.flush()
+
+  result = lm.generate(text, num_tokens, top_k=top_k, top_p=top_p, temperature=temperature,
+                       seed=seed, num_samples=num_samples, on_text=on_text)
+  if main:
+    for b in range(1, num_samples):
+      sys.stdout.write(f"\n=== sample {b} ===\n{result.texts[b]}")
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+  if out and main:
+    epath.Path(out).write_text(json.dumps(result.to_json(), ensure_ascii=False) + "\n")
+    print(f"Wrote {out}", file=sys.stderr, flush=True)
+  return result
