@@ -1,44 +1,271 @@
-"""Smoke test of benchmarks/vs_pytorch.py: tiny sizes, both implementations, the table.
+"""Smoke tests of the benchmark tools: benchmarks/vs_pytorch.py and benchmarks/fit.py.
 
-Runs the script in a subprocess (it starts one subprocess per
-implementation itself) and checks that it exits 0, prints the markdown table
-with both columns and a ratio, equal parameter counts, and writes --json.
-It does not check speed.  Needs torch and transformers (in the ``test``
-extra; required, not skipped).
+vs_pytorch.py runs in a subprocess (it starts one subprocess per
+implementation and phase itself) at --smoke sizes; the test checks that it
+exits 0, prints the markdown table with tokens/s, ratio, % of the matmul
+limit and peak RSS of both implementations, equal parameter counts, writes
+its JSON and compares against an earlier one.  fit.py compiles a tiny
+config on 4 simulated devices.  Neither test checks speed.  Needs torch and
+transformers (in the ``test`` extra; required, not skipped).
 """
+import importlib.util
 import json
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "vs_pytorch.py"
+FIT = REPO / "benchmarks" / "fit.py"
+NUMBER = r"[\d,]+(\.\d+)?"
 
-TINY = ["--n_layer=1", "--d_model=32", "--n_head=2", "--d_head=16", "--d_inner=64",
-        "--vocab=32", "--batch=2", "--tgt_len=8", "--mem_len=8", "--eval_tgt_len=8",
-        "--eval_mem_len=16", "--steps=2", "--repeats=1", "--warmup=1"]
+
+def _load(path: Path, name: str):
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[name] = module  # dataclasses look their module up while the class is built
+  spec.loader.exec_module(module)
+  return module
+
+
+vs_pytorch = _load(SCRIPT, "benchmark_vs_pytorch")
+fit = _load(FIT, "benchmark_fit")
+
+
+def _cells(out: str, start: str) -> list[str]:
+  row = next((line for line in out.splitlines() if line.startswith(start)), None)
+  assert row is not None, (start, out)
+  return [c.strip() for c in row.strip("|").split("|")]
+
+
+# ---------------------------------------------------------------------------
+# vs_pytorch.py
+# ---------------------------------------------------------------------------
+
+def _saved_run(tokens_per_sec: float, rss: float, eval_mem_len: int = 16) -> dict:
+  """A minimal saved run in the JSON layout of vs_pytorch.py."""
+  return {"args": {"eval_mem_len": eval_mem_len, "steps": 2},
+          "machine": {"date": "2026-01-01T00:00:00", "cpu": "test CPU", "loadavg_start": [0.1]},
+          "matmul": {"limit_gflops": 100.0},
+          "results": {"ours": {"n_params": 10, "train": {"median_tokens_per_sec": tokens_per_sec,
+                                                         "peak_rss_mib": rss, "steps": 2}},
+                      "pytorch": {"n_params": 10, "train": {"median_tokens_per_sec": 1000.0,
+                                                            "peak_rss_mib": 500.0}}}}
 
 
 def test_benchmark_runs_and_prints_table(tmp_path):
-  out_json = tmp_path / "bench.json"
-  proc = subprocess.run([sys.executable, str(SCRIPT), *TINY, f"--json={out_json}"],
-                        cwd=REPO, capture_output=True, text=True, timeout=120)
+  out_json, old_json = tmp_path / "bench.json", tmp_path / "old.json"
+  old_json.write_text(json.dumps(_saved_run(tokens_per_sec=1e12, rss=1.0)))
+  proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--phases=train,eval_long",
+                         f"--json={out_json}", f"--compare={old_json}"],
+                        cwd=REPO, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout + proc.stderr
   out = proc.stdout
-  assert "| phase | ours tokens/s | PyTorch tokens/s | ratio ours/PyTorch |" in out, out
-  for phase in ("train", "eval"):
-    row = next((line for line in out.splitlines() if line.startswith(f"| {phase} (")), None)
-    assert row is not None, out
-    cells = [c.strip() for c in row.strip("|").split("|")]
-    assert re.fullmatch(r"[\d,]+", cells[1]) and re.fullmatch(r"[\d,]+", cells[2]), row
-    assert re.fullmatch(r"\d+\.\d\dx", cells[3]), row
+  assert ("| phase | ours tokens/s | PyTorch tokens/s | ratio ours/PyTorch "
+          "| ours % of matmul limit | PyTorch % of matmul limit "
+          "| ours peak RSS MiB | PyTorch peak RSS MiB |") in out, out
+  for phase in ("train", "eval_long"):
+    cells = _cells(out, f"| {phase} (")
+    assert all(re.fullmatch(NUMBER, c) for c in cells[1:3] + cells[4:8]), cells
+    assert re.fullmatch(r"\d+\.\d\dx", cells[3]), cells
+  assert "| eval_long (B=2, tgt_len=8, mem_len=32) |" in out, out
   assert re.search(r"parameters: ours [\d,]+, pytorch [\d,]+ \(equal\)", out), out
-  assert "load average" in out
+  assert re.search(r"matmul limit \(float32, N=256, best of every worker\): numpy [\d,]+, "
+                   r"jax [\d,]+, torch [\d,]+ GFLOP/s; limit [\d,]+ GFLOP/s", out), out
+  assert "ours: model.attn_block=" in out and "load average" in out
 
   res = json.loads(out_json.read_text())
   assert set(res["results"]) == {"ours", "pytorch"}
+  assert res["matmul"]["limit_gflops"] > 0 and res["machine"]["cpu"]
   for w in ("ours", "pytorch"):
-    for phase in ("train", "eval"):
-      assert res["results"][w][phase]["median_tokens_per_sec"] > 0
+    for phase in ("train", "eval_long"):
+      r = res["results"][w][phase]
+      assert r["matmul"]["numpy_gflops"] <= res["matmul"]["limit_gflops"]
+      assert r["median_tokens_per_sec"] > 0 and r["peak_rss_mib"] >= r["rss_after_imports_mib"] > 0
+      batch, tgt_len, mem_len = vs_pytorch.phase_lengths(vs_pytorch.parse_args(["--smoke"]), phase)
+      assert r["flops_per_token"] == vs_pytorch.model_flops_per_token(
+          1, 32, 2, 16, 64, 32, batch, tgt_len, mem_len, train=phase == "train")
+      assert r["pct_of_matmul_limit"] == pytest.approx(
+          100 * r["flops_per_token"] * r["median_tokens_per_sec"]
+          / (res["matmul"]["limit_gflops"] * 1e9))
   assert res["machine"]["versions"]["transformers"] == "4.35.2"
+  # --compare: the old run was "faster" and "smaller", so both are regressions.
+  assert re.search(r"results\.ours\.train\.median_tokens_per_sec .* REGRESSION", out), out
+  assert re.search(r"results\.ours\.train\.peak_rss_mib .* REGRESSION", out), out
+  assert "settings that differ: " in out and "eval_mem_len" not in out.split("settings")[1][:80]
+
+
+def test_compare_two_saved_runs(tmp_path):
+  old, new = tmp_path / "old.json", tmp_path / "new.json"
+  old.write_text(json.dumps(_saved_run(tokens_per_sec=2000.0, rss=800.0)))
+  new.write_text(json.dumps(_saved_run(tokens_per_sec=1000.0, rss=600.0, eval_mem_len=2048)))
+  proc = subprocess.run([sys.executable, str(SCRIPT), f"--compare={old}", f"--new={new}"],
+                        cwd=REPO, capture_output=True, text=True, timeout=60)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  lines = {line.split()[0]: line for line in proc.stdout.splitlines() if line.strip()}
+  assert re.search(r"2,000\s+1,000\s+-50\.0%\s+REGRESSION$",
+                   lines["results.ours.train.median_tokens_per_sec"])
+  assert re.search(r"800\s+600\s+-25\.0%\s+better$", lines["results.ours.train.peak_rss_mib"])
+  assert re.search(r"2\s+1\s+-50\.0%\s+REGRESSION$", lines["ratio.train"])
+  assert lines["results.pytorch.train.median_tokens_per_sec"].endswith("+0.0%")
+  assert lines["results.ours.train.steps"].endswith("+0.0%")  # neutral: no verdict
+  assert "settings that differ: eval_mem_len: 16 -> 2048" in proc.stdout
+  assert "2 regression(s) beyond 5%" in proc.stdout
+
+
+def test_compare_bad_file_is_one_error_line(tmp_path):
+  proc = subprocess.run([sys.executable, str(SCRIPT), f"--compare={tmp_path / 'no.json'}",
+                         f"--new={tmp_path / 'no.json'}"],
+                        cwd=REPO, capture_output=True, text=True, timeout=60)
+  assert proc.returncode != 0
+  assert proc.stderr.strip().startswith("error: cannot read") and proc.stderr.count("\n") == 1
+
+
+def test_model_flops_per_token_by_hand():
+  # One layer, d_model 4, one head of 4, d_inner 8, vocab 10, B=1, T=2, M=2 (K=4).
+  # Multiply-adds per segment: q 2x4x4=32, k and v 4x4x8=128, r_net 4x4x4=64,
+  # (a)+(c) 2x4x4=32, (b)+(d) 32, prob x v 32, o_net 2x4x4=32, feed-forward
+  # 2x(2x4x8)=128, softmax 2x4x10=80: 560 over 2 tokens = 280 -> 560 FLOPs.
+  assert vs_pytorch.model_flops_per_token(1, 4, 1, 4, 8, 10, 1, 2, 2, train=False) == 560
+  assert vs_pytorch.model_flops_per_token(1, 4, 1, 4, 8, 10, 1, 2, 2, train=True) == 3 * 560
+  # The default benchmark model: ~41 MFLOP per training token (the issue's ~40).
+  flops = vs_pytorch.model_flops_per_token(6, 256, 8, 32, 1024, 256, 8, 128, 128, train=True)
+  assert 40e6 < flops < 42e6
+
+
+# ---------------------------------------------------------------------------
+# fit.py
+# ---------------------------------------------------------------------------
+
+TINY_FIT = ["--config=configs/quickstart.py", "--devices=4", "--config.mesh.shape=(4, 1)",
+            "--config.model.n_layer=1", "--config.model.d_model=32", "--config.model.n_head=2",
+            "--config.model.d_head=16", "--config.model.d_inner=64",
+            "--config.eval.global_batch=4"]
+
+
+def test_fit_smoke_fits_and_does_not_fit(tmp_path):
+  """A tiny config on 4 simulated devices with 0.008 GiB each: the eval step
+  (parameters and a few rows) fits, the train step (Adam moments, gradients
+  and the [16/4, 32, 10000] logits) does not, nor does its most frugal
+  setting, remat "full" (the logits are outside the layers; tgt_len 32
+  leaves no smaller attention block to try)."""
+  out_json = tmp_path / "fit.json"
+  proc = subprocess.run([sys.executable, str(FIT), *TINY_FIT, "--device_memory=0.008",
+                         f"--json={out_json}"],
+                        cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  out = proc.stdout
+  assert "| config | slice | mesh | step | remat | attn_block |" in out, out
+  train, ev = _cells(out, "| `configs/quickstart.py` | 4 x h100 | (data 4, model 1) | train"), \
+      _cells(out, "| `configs/quickstart.py` | 4 x h100 | (data 4, model 1) | eval")
+  assert train[13] == "DOES NOT FIT" and ev[13] == "FITS", out
+  assert train[14].startswith("no remat / attn_block setting gets below 90% (remat=full"), out
+  assert "not measured on the accelerator" in out
+  res = json.loads(out_json.read_text())["results"][0]
+  assert res["mesh"] == {"data": 4, "model": 1} and res["n_params"] > 0
+  for step in ("train", "eval"):
+    rep = res["steps"][step]["as_configured"]
+    assert rep["total_bytes"] == (rep["argument_bytes"] + rep["output_bytes"]
+                                  - rep["alias_bytes"] + rep["temp_bytes"]
+                                  + rep["generated_code_bytes"]) > 0
+    assert res["steps"][step]["verdict"] == fit.classify(rep["total_bytes"], 0.008 * 2**30, 0.1)
+  assert res["steps"]["train"]["as_configured"]["alias_bytes"] > 0  # the state is donated
+  assert [(t["remat"], t["attn_block"]) for t in res["steps"]["train"]["search"]["tried"]] \
+      == [("full", 0)]
+
+
+@pytest.mark.parametrize("spec, overrides, devices, kind, message", [
+    ("configs/nope.py", [], None, None, "config file not found: configs/nope.py"),
+    ("configs/enwik8_24l.py:v9-32", [], None, None, "Unknown TPU slice preset 'v9-32'"),
+    ("configs/enwik8_12l.py:v3-8", [], None, None, "configs/enwik8_12l.py takes no argument"),
+    ("configs/enwik8_24l.py:v3-32", [("model.bogus", "1")], None, None,
+     "unknown config key --config.model.bogus"),
+    ("configs/enwik8_24l.py:v3-32", [("model.n_layer", "x")], None, None,
+     "--config.model.n_layer='x': expected a value of type int"),
+    ("configs/enwik8_12l.py", [], None, "tpu", "--device_kind='tpu'"),
+    ("configs/enwik8_12l.py", [], 8, None, "configs/enwik8_12l.py on 8 device(s): Invalid config"),
+])
+def test_fit_bad_input(spec, overrides, devices, kind, message):
+  with pytest.raises(fit.FitError) as err:
+    fit.make_job(spec, overrides, devices, kind, None, None, True, 8)
+  assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def test_fit_bad_input_is_one_error_line():
+  proc = subprocess.run([sys.executable, str(FIT), "--config=configs/enwik8_24l.py:v9-32"],
+                        cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 1
+  assert proc.stderr.startswith("error: Unknown TPU slice preset 'v9-32'")
+  assert proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_fit_overrides_and_jobs():
+  rest, overrides = fit.split_overrides(["--all", "--config.model.remat=full",
+                                         "--config.mesh.shape", "(2, 4)"])
+  assert rest == ["--all"] and overrides == [("model.remat", "full"), ("mesh.shape", "(2, 4)")]
+  job = fit.make_job("configs/enwik8_24l.py:v3-32", [("model.attn_block", "128")], None, None,
+                     None, None, True, 8)
+  assert (job.devices, job.device_kind, job.device_memory_gib, job.vocab) == (32, "v3", 16, 256)
+  job = fit.make_job("configs/lm1b_base.py", [], None, None, 40.0, None, True, 8)
+  assert (job.devices, job.device_kind, job.device_memory_gib, job.vocab) == (1, "h100", 40.0,
+                                                                               793_471)
+  config = fit.load_config("configs/wt103_large.py:v3-64")
+  fit.apply_overrides(config, [("model.remat", "save_proj"), ("model.cutoffs", "(10, 20)"),
+                               ("model.untie_r", "true"), ("train.clip", "0.5")])
+  assert (config.model.remat, config.model.cutoffs, config.model.untie_r, config.train.clip) \
+      == ("save_proj", (10, 20), True, 0.5)
+  assert {spec.partition(":")[0] for spec, _ in fit.ALL_CONFIGS} == {
+      f"configs/{n}.py" for n in ("enwik8_12l", "enwik8_24l", "text8_24l", "wt103_base",
+                                  "wt103_large", "lm1b_base", "lm1b_large", "ptb")}
+
+
+def test_fit_search_order_and_verdicts():
+  cands = fit.candidates("train", "none", 0, 128)
+  # The most frugal first, then from the least recomputation up (blocks 64, 32 < 128).
+  assert cands[:5] == [("full", 32), ("none", 64), ("none", 32), ("dots", 0), ("dots", 64)]
+  assert len(cands) == 5 * 3 - 1 and ("none", 0) not in cands and cands[-1] == ("full", 64)
+  assert fit.candidates("eval", "none", 0, 80) == [("none", 32), ("none", 64)]
+  assert fit.candidates("eval", "none", 0, 32) == []  # no block below tgt_len, no remat
+  assert fit.candidates("train", "full", 0, 32) == []  # the most frugal already
+  assert fit.candidates("train", "full", 0, 64) == [("full", 32)] + [
+      (r, b) for r in fit.REMAT_ORDER[:-1] for b in (0, 32)]
+
+  sizes = {("full", 32): 5, ("none", 64): 12, ("none", 32): 8, ("dots", 0): 7}
+  calls = []
+
+  def try_setting(remat, block):
+    calls.append((remat, block))
+    return {"remat": remat, "attn_block": block, "total_bytes": sizes.get((remat, block), 6)}
+
+  quiet = lambda _: None
+  # Nothing fits when the most frugal does not: one compilation.
+  s = fit.search_fit(try_setting, "train", "none", 0, 128, 4, 8, quiet)
+  assert s["fix"] is None and calls == [("full", 32)]
+  # The first that fits in the order, after the frugal one.
+  calls.clear()
+  s = fit.search_fit(try_setting, "train", "none", 0, 128, 8.5, 8, quiet)
+  assert (s["fix"]["remat"], s["fix"]["attn_block"], s["cheapest"]) == ("none", 32, True)
+  assert calls == [("full", 32), ("none", 64), ("none", 32)]
+  # max_tries cuts the search short: the frugal setting, marked as maybe not the cheapest.
+  calls.clear()
+  s = fit.search_fit(try_setting, "train", "none", 0, 128, 8.5, 2, quiet)
+  assert (s["fix"]["remat"], s["fix"]["attn_block"], s["cheapest"]) == ("full", 32, False)
+
+  assert [fit.classify(x, 100, 0.1) for x in (50, 90, 90.5, 100, 101)] == [
+      "FITS", "FITS", "TIGHT", "TIGHT", "DOES NOT FIT"]
+  configured = {"remat": "none", "attn_block": 0, "total_bytes": 20 * 2**30}
+  fix = {"remat": "none", "attn_block": 16, "total_bytes": 3 * 2**30}
+  assert fit.verdict_text({"verdict": "FITS", "as_configured": configured}, 0.1) == ("FITS", "")
+  assert fit.verdict_text({"verdict": "TIGHT", "as_configured": configured,
+                           "search": {"fix": fix, "cheapest": True, "tried": [fix]}}, 0.1) == (
+      "TIGHT", "`--config.model.attn_block=16` (3.00 GiB)")
+  frugal = {"remat": "full", "attn_block": 16, "total_bytes": 17 * 2**30}
+  verdict, text = fit.verdict_text({"verdict": "DOES NOT FIT", "as_configured": configured,
+                                    "search": {"fix": None, "cheapest": True, "tried": [frugal]}},
+                                   0.1)
+  assert verdict == "DOES NOT FIT" and "remat=full, attn_block=16: 17.00 GiB" in text
+  assert fit.verdict_text({"verdict": "DOES NOT FIT", "as_configured": configured}, 0.1)[1] \
+      .startswith("not searched")
