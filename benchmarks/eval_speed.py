@@ -29,7 +29,10 @@ the same device, in one run:
   row a fresh window of L tokens, no memory; one scored token per row, i.e.
   batch per step.  (The step computes the softmax at all L positions and the
   Evaluator keeps the last; the reference computes only the last: at the
-  default vocabulary of 256 that is a few percent of the step.)
+  default vocabulary of 256 that is a few percent of the step.)  The reference
+  implementation (kimiyoung/transformer-xl) evaluates the vanilla model
+  with tgt_len = 1, ext_len = L - 1, mem_len = 0: the same windows
+  (``data.SlidingWindowIterator``).
 
 Timing: inputs are random token ids placed on the device before timing (no
 input pipeline is timed); each step is compiled and run ``--warmup`` times
@@ -125,9 +128,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 
 def make_config(args: argparse.Namespace, attn_len: int):
-  """The config of one attention length L: the model of ``args``, eval
-  segments of tgt_len with a memory of L - tgt_len (no same_length), and a
-  sliding window of L with stride 1, batch ``args.batch`` for both."""
+  """The config of one attention length L (tokens): the model of ``args``
+  (attn_type 0, a dense softmax, no dropout), eval segments of tgt_len with a
+  memory of L - tgt_len (no same_length), and a sliding window of L with
+  stride 1, ``args.batch`` rows / windows for both (Sec. 4.5, Table 9).
+
+  Returns:
+    ml_collections.ConfigDict (``default_config.get_config()`` updated).
+  """
   from transformer_xl import default_config
   c = default_config.get_config()
   c.model.update(n_layer=args.n_layer, d_model=args.d_model, n_head=args.n_head,
@@ -168,7 +176,20 @@ def _summary(times: list, steps: int, tokens_per_step: int) -> dict:
 
 
 def measure(args: argparse.Namespace, attn_len: int) -> dict:
-  """Times both evaluations at one attention length L; returns their summaries."""
+  """Times both evaluations at one attention length L (tokens) on the first
+  device, with the same random parameters (float32).
+
+  Returns:
+    {"attn_len", "tgt_len", "mem_len", "same_length", "window", "n_params",
+     "xl" and "vanilla": {"median_s_per_token" (seconds per scored token),
+     "tokens_per_sec", "steps_per_repeat", "tokens_per_step",
+     "repeat_seconds", "s_per_token"}, "slowdown" (vanilla seconds per
+     token / Transformer-XL's), "paper_slowdown" (Table 9, or None)}.
+
+  Raises:
+    default_config.ConfigError: model sizes or lengths that the config
+      validation rejects.
+  """
   import flax.linen as nn
   import jax
   import numpy as np
@@ -263,7 +284,8 @@ def machine_info() -> dict:
 
 
 def format_table(rows: list) -> str:
-  """Markdown: one row per L, tokens/s of both, our slowdown and Table 9's."""
+  """The slowdown table (markdown): one row per L (``measure``'s dicts),
+  scored tokens/s of both, our slowdown and Table 9's (Dai et al. 2019)."""
   out = ["| attn len L | Transformer-XL tokens/s (tgt_len, mem L - tgt_len) | vanilla tokens/s "
          "(window L, stride 1) | slowdown (ours) | slowdown (paper, Table 9) |",
          "|---:|---:|---:|---:|---:|"]

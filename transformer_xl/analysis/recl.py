@@ -305,18 +305,31 @@ def recl(losses_NxCxT: Any, context_lengths: Sequence[int], r: float,
 
 
 def mean_losses(losses_NxCxT: Any) -> np.ndarray:
-  """mean_t l_i(c, t): float64 [N, C], nats per token (Figure 4 after exp)."""
+  """mean_t l_i(c, t): the ordinary loss of each model at each length.
+
+  Args:
+    losses_NxCxT: l_i(c, t), float [N, C, n], nats.
+
+  Returns:
+    float64 [N, C], nats per token (Figure 4 plots its exp, or bpc).
+
+  Raises:
+    ValueError: bad losses (see :func:`baseline`).
+  """
   return _losses(losses_NxCxT).mean(axis=2)
 
 
 def format_table(names: Sequence[str], rs: Sequence[float], results: dict) -> str:
-  """Table 8 as markdown: one row per model, RECL at each r (">=c" for a
-  lower bound).
+  """Table 8 of the paper as markdown: one row per model, RECL (tokens) at
+  each r (">=c" for a lower bound).
 
   Args:
     names: the N model names.
     rs: the ratios, in the column order.
     results: r -> the dict of :func:`recl` at that r (keys as in ``rs``).
+
+  Returns:
+    The table, lines joined by newlines.
   """
   rows = ["| model | " + " | ".join(f"r={r}" for r in rs) + " |",
           "|---|" + "---:|" * len(rs)]
@@ -329,7 +342,17 @@ def format_table(names: Sequence[str], rs: Sequence[float], results: dict) -> st
 
 def format_curves(names: Sequence[str], methods: Sequence[str], lengths: Sequence[int],
                   values_NxC: np.ndarray, metric: str) -> str:
-  """Figure 4 as a markdown table: ``metric`` (ppl or bpc) per model and c."""
+  """Figure 4 as a markdown table.
+
+  Args:
+    names, methods: per model, its name and eval method.
+    lengths: the C context lengths (tokens).
+    values_NxC: ``metric`` per model and length, float [N, C].
+    metric: "ppl" or "bpc" (the column label).
+
+  Returns:
+    The table, lines joined by newlines.
+  """
   rows = [f"| model ({metric}) | method | " + " | ".join(f"c={c}" for c in lengths) + " |",
           "|---|---|" + "---:|" * len(lengths)]
   for name, method, v in zip(names, methods, values_NxC):
@@ -362,8 +385,20 @@ def _png_bytes(fig) -> bytes:
 
 
 def plot_gains(names: Sequence[str], rs: Sequence[float], results: dict, title: str = "") -> bytes:
-  """Figure 3: exp f_i(c, c) - exp f_i(c, c') over the steps (c, c') of the
-  walk, one line per model, one panel per r.  Returns the PNG bytes."""
+  """Figure 3 of the paper (Appendix C): exp f_i(c, c) - exp f_i(c, c') over
+  the steps (c, c') of the walk, one line per model, one panel per r.
+
+  Args:
+    names: the N model names; rs: the ratios (one panel each).
+    results: r -> the dict of :func:`recl`.
+    title: the figure title (default: the paper's caption).
+
+  Returns:
+    PNG bytes.
+
+  Raises:
+    ImportError: no matplotlib.
+  """
   plt = _pyplot()
   fig, axes = plt.subplots(1, len(rs), figsize=(4.2 * len(rs), 3.6), squeeze=False)
   for ax, r in zip(axes[0], rs):
@@ -385,8 +420,20 @@ def plot_gains(names: Sequence[str], rs: Sequence[float], results: dict, title: 
 
 def plot_perplexity(names: Sequence[str], lengths: Sequence[int], values_NxC: np.ndarray,
                     metric: str, title: str = "") -> bytes:
-  """Figure 4: ppl (or bpc) exp(mean_t l_i(c, t)) against c, one line per
-  model.  Returns the PNG bytes."""
+  """Figure 4 of the paper (Appendix C): ppl exp(mean_t l_i(c, t)) (or bpc)
+  against c, one line per model.
+
+  Args:
+    names: the N model names; lengths: the C context lengths (tokens).
+    values_NxC: ppl or bpc, float [N, C]; metric: its name (y label).
+    title: the figure title (default: the paper's caption).
+
+  Returns:
+    PNG bytes.
+
+  Raises:
+    ImportError: no matplotlib.
+  """
   plt = _pyplot()
   fig, ax = plt.subplots(figsize=(5.0, 3.6))
   for name, v in zip(names, values_NxC):
@@ -422,7 +469,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     UsageError: an unknown or malformed flag.
   """
   p = _Parser(prog="python -m transformer_xl.analysis.recl",
-              description="Relative effective context length (Dai et al. 2019, App. C).")
+              description="Relative effective context length (Dai et al. 2019, App. C).",
+              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   p.add_argument("--workdirs", required=True,
                  help="comma list of the model group's workdirs (trained or converted)")
   p.add_argument("--names", default="", help="comma list of model names (default: the "
