@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from transformer_xl.analysis import recl
+from transformer_xl.analysis import relative_gain as rg
 from data_samples import _wiki_zip
 from test_configs import _ablation
 from test_train import REPO
@@ -40,7 +41,7 @@ HAND = np.array([
 
 def test_baseline_is_the_groups_minimum():
   # b(20, t) = min(X, Y) = [2, .5, .5, .5, .5]
-  np.testing.assert_array_equal(recl.baseline(HAND)[1], [2, .5, .5, .5, .5])
+  np.testing.assert_array_equal(rg.baseline(HAND)[1], [2, .5, .5, .5, .5])
 
 
 def test_hand_computed_group_at_r_one_fifth():
@@ -49,11 +50,11 @@ def test_hand_computed_group_at_r_one_fifth():
   #   -> g_X(10, 20) = (e^4 - e^2) / e^4 = 1 - e^-2 >= 0.01: go on to (20, 30):
   #   T(20) = {0} (b = 2); f_X(20, 20) = 2, f_X(20, 30) = min(2, 2) = 2 -> g = 0: RECL_X = 20.
   # f_Y(10, 20) = min(4, 4) = 4 -> g_Y(10, 20) = 0 < 0.01: RECL_Y = 10.
-  np.testing.assert_array_equal(recl.top_r_positions(recl.baseline(HAND)[0], 0.2), [0])
-  np.testing.assert_allclose(recl.relative_loss(HAND, 0, 0, 0.2), [4, 4])
-  np.testing.assert_allclose(recl.relative_loss(HAND, 0, 1, 0.2), [2, 4])
-  np.testing.assert_allclose(recl.relative_gain(HAND, 0, 1, 0.2), [1 - math.exp(-2), 0])
-  res = recl.recl(HAND, LENGTHS, 0.2)
+  np.testing.assert_array_equal(rg.top_r_positions(rg.baseline(HAND)[0], 0.2), [0])
+  np.testing.assert_allclose(rg.relative_loss(HAND, 0, 0, 0.2), [4, 4])
+  np.testing.assert_allclose(rg.relative_loss(HAND, 0, 1, 0.2), [2, 4])
+  np.testing.assert_allclose(rg.relative_gain(HAND, 0, 1, 0.2), [1 - math.exp(-2), 0])
+  res = rg.recl(HAND, LENGTHS, 0.2)
   assert res["recl"] == [20, 10] and res["lower_bound"] == [False, False]
   assert res["walk"] == LENGTHS and res["top_r_count"] == [1, 1]
   np.testing.assert_allclose(res["f_self"], [[4, 2], [4, 2]])
@@ -70,13 +71,13 @@ def test_hand_computed_group_at_r_one():
   #   -> both g = 1 - e^-0.4 = 0.3297 >= 0.01: on to (20, 30):
   # f(20, 20) = mean b(20) = 4/5 = 0.8; f_X(20, 30) = mean min(b(20), X(30)) = 0.8, and Y
   #   the same -> g = 0: RECL_X = RECL_Y = 20.
-  np.testing.assert_allclose(recl.relative_loss(HAND, 0, 0, 1.0), [1.6, 1.6])
-  np.testing.assert_allclose(recl.relative_loss(HAND, 0, 1, 1.0), [1.2, 1.2])
-  np.testing.assert_allclose(recl.relative_gain(HAND, 0, 1, 1.0), [1 - math.exp(-0.4)] * 2)
-  np.testing.assert_allclose(recl.relative_loss(HAND, 1, 2, 1.0), [0.8, 0.8])
-  res = recl.recl(HAND, LENGTHS, 1.0)
+  np.testing.assert_allclose(rg.relative_loss(HAND, 0, 0, 1.0), [1.6, 1.6])
+  np.testing.assert_allclose(rg.relative_loss(HAND, 0, 1, 1.0), [1.2, 1.2])
+  np.testing.assert_allclose(rg.relative_gain(HAND, 0, 1, 1.0), [1 - math.exp(-0.4)] * 2)
+  np.testing.assert_allclose(rg.relative_loss(HAND, 1, 2, 1.0), [0.8, 0.8])
+  res = rg.recl(HAND, LENGTHS, 1.0)
   assert res["recl"] == [20, 20] and res["top_r_count"] == [5, 5]
-  table = recl.format_table(["X", "Y"], [0.2, 1.0], {0.2: recl.recl(HAND, LENGTHS, 0.2),
+  table = recl.format_table(["X", "Y"], [0.2, 1.0], {0.2: rg.recl(HAND, LENGTHS, 0.2),
                                                      1.0: res})
   assert table.splitlines() == ["| model | r=0.2 | r=1.0 |", "|---|---:|---:|",
                                 "| X | 20 | 20 |", "| Y | 10 | 20 |"]
@@ -86,9 +87,9 @@ def test_threshold_is_strict_and_configurable():
   # One model: l(c0) = 1, l(c1) = 1 + ln(0.995): g = 1 - 0.995 = 0.005 < 0.01 -> RECL = c0;
   # with a threshold of 0.004 it goes on, and the walk ends at c1: a lower bound.
   losses = np.array([[[1.0, 1.0], [1 + math.log(0.995)] * 2]])
-  np.testing.assert_allclose(recl.relative_gain(losses, 0, 1, 1.0), [0.005])
-  assert recl.recl(losses, [4, 8], 1.0)["recl"] == [4]
-  res = recl.recl(losses, [4, 8], 1.0, threshold=0.004)
+  np.testing.assert_allclose(rg.relative_gain(losses, 0, 1, 1.0), [0.005])
+  assert rg.recl(losses, [4, 8], 1.0)["recl"] == [4]
+  res = rg.recl(losses, [4, 8], 1.0, threshold=0.004)
   assert res["recl"] == [8] and res["lower_bound"] == [True]
   assert "| m | >=8 |" in recl.format_table(["m"], [1.0], {1.0: res})
 
@@ -97,25 +98,25 @@ def test_delta_walks_over_evaluated_lengths_only():
   # Length 15 is evaluated but off the walk 10, 20, 30 of delta = 10: X's losses at 15 would
   # stop its walk at 10 (no gain 10 -> 15), but delta = 10 never visits 15.
   x15 = np.concatenate([HAND[:, :1], HAND[:, :1], HAND[:, 1:]], axis=1)  # c = 10, 15, 20, 30
-  assert recl.recl(x15, [10, 15, 20, 30], 0.2)["recl"] == [10, 10]
-  res = recl.recl(x15, [10, 15, 20, 30], 0.2, delta=10)
+  assert rg.recl(x15, [10, 15, 20, 30], 0.2)["recl"] == [10, 10]
+  res = rg.recl(x15, [10, 15, 20, 30], 0.2, delta=10)
   assert res["walk"] == [10, 20, 30] and res["recl"] == [20, 10]
-  assert recl.walk_indices([10, 15, 20, 30], 10) == [0, 2, 3]
+  assert rg.walk_indices([10, 15, 20, 30], 10) == [0, 2, 3]
   with pytest.raises(ValueError, match="not in --context_lengths"):
-    recl.walk_indices([10, 25, 30], 10)  # the walk 10, 20, 30 needs 20
+    rg.walk_indices([10, 25, 30], 10)  # the walk 10, 20, 30 needs 20
   for bad in ([10], [10, 10], [20, 10], [0, 5]):
     with pytest.raises(ValueError):
-      recl.walk_indices(bad)
+      rg.walk_indices(bad)
 
 
 def test_top_r_count_and_ties():
-  assert [recl.top_r_count(10, r) for r in (0.1, 0.3, 0.25, 1.0)] == [1, 3, 3, 10]
-  assert recl.top_r_count(3, 0.01) == 1
+  assert [rg.top_r_count(10, r) for r in (0.1, 0.3, 0.25, 1.0)] == [1, 3, 3, 10]
+  assert rg.top_r_count(3, 0.01) == 1
   # ties in b: the earlier position first
-  np.testing.assert_array_equal(recl.top_r_positions([1, 5, 2, 5, 5], 0.4), [1, 3])
+  np.testing.assert_array_equal(rg.top_r_positions([1, 5, 2, 5, 5], 0.4), [1, 3])
   for r in (0.0, -0.1, 1.01):
     with pytest.raises(ValueError, match=r"\(0, 1\]"):
-      recl.top_r_count(10, r)
+      rg.top_r_count(10, r)
 
 
 def _literal_f(l, c, cp, r):
@@ -138,22 +139,22 @@ def test_f_g_and_top_r_follow_appendix_c_literally(seed):
       b = [min(lst[i][c][t] for i in range(3)) for t in range(57)]
       k = max(1, math.ceil(round(r * 57, 9)))
       want_t = sorted(sorted(range(57), key=lambda t: (-b[t], t))[:k])
-      np.testing.assert_array_equal(recl.top_r_positions(recl.baseline(x)[c], r), want_t)
+      np.testing.assert_array_equal(rg.top_r_positions(rg.baseline(x)[c], r), want_t)
       for cp in range(c, 4):
         f = _literal_f(lst, c, cp, r)
-        np.testing.assert_allclose(recl.relative_loss(x, c, cp, r), f, rtol=1e-12)
+        np.testing.assert_allclose(rg.relative_loss(x, c, cp, r), f, rtol=1e-12)
         f0 = _literal_f(lst, c, c, r)
         g = [(math.exp(a) - math.exp(z)) / math.exp(a) for a, z in zip(f0, f)]
-        np.testing.assert_allclose(recl.relative_gain(x, c, cp, r), g, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(rg.relative_gain(x, c, cp, r), g, rtol=1e-9, atol=1e-12)
 
 
 def test_bad_losses_are_rejected():
   with pytest.raises(ValueError, match="N models"):
-    recl.baseline(np.zeros((2, 3)))
+    rg.baseline(np.zeros((2, 3)))
   with pytest.raises(ValueError, match="finite"):
-    recl.baseline(np.full((1, 1, 2), np.nan))
+    rg.baseline(np.full((1, 1, 2), np.nan))
   with pytest.raises(ValueError, match="context lengths"):
-    recl.recl(HAND, [10, 20], 0.5)
+    rg.recl(HAND, [10, 20], 0.5)
 
 
 # --------------------------------------------------------------------------- #
@@ -245,7 +246,7 @@ def test_recl_command_end_to_end(group, tmp_path):
   for i, m in enumerate(res["models"]):  # Figure 4's curve is exp of the mean loss
     np.testing.assert_allclose(m["ppl"], np.exp(losses[i].astype(np.float64).mean(1)), rtol=1e-5)
   for key, rr in (("0.1", 0.1), ("0.5", 0.5), ("1.0", 1.0)):  # RECL recomputed from the losses
-    want = recl.recl(losses, [2, 4, 8], rr)
+    want = rg.recl(losses, [2, 4, 8], rr)
     got = res["results"][key]
     assert got["recl"] == want["recl"] and got["lower_bound"] == want["lower_bound"]
     assert all(c in (2, 4, 8) for c in got["recl"])
