@@ -1,0 +1,560 @@
+r"""Relative effective context length, RECL (Dai et al. 2019, Sec. 4.3, Appendix C).
+
+    python -m transformer_xl.analysis.recl --workdirs=W1,W2,... --split=valid \
+        --context_lengths=16,32,48,64,80 --r=0.1,0.5,1.0 --out=DIR \
+        [--delta=16] [--threshold=0.01] [--names=a,b,...] [--max_tokens=N]
+
+RECL is defined on a *model group* M = {m_1, ..., m_N} (Table 8 compares the
+models of one group, which share a parameter budget), not on one model.  The
+definitions, exactly as Appendix C writes them (losses in nats):
+
+  (C.1)  l_i(c, t) = -log P_{m_i}(x_t | x_{t-1}, ..., x_{t-c})
+         the loss of model m_i on the t-th token of the corpus with a context
+         length c;
+  (C.2)  b(c, t) = min_{i=1..N} l_i(c, t)
+         the baseline: the best short-context loss of the group at t;
+  (C.3)  T = top-r positions t with the largest b(c, t)
+         (r in (0, 1]: "the comparison constrained to the top-r hard
+         examples");
+  (C.4)  f_i(c, c') = 1/|T| * sum_{t in T} min(b(c, t), l_i(c', t))
+         the relative loss of m_i w.r.t. the group, for c' >= c: only losses
+         below the common baseline count;
+  (C.5)  g_i(c, c') = (exp f_i(c, c) - exp f_i(c, c')) / exp f_i(c, c)
+         the relative gain (relative perplexity reduction);
+  (C.6)  RECL of m_i, with a step size Delta: (1) set the initial short
+         length c and c' = c + Delta; (2) if g_i(c, c') < 0.01 return
+         RECL = c; otherwise set c = c', c' = c + Delta and go to (2).
+
+Figure 3 shows the unnormalised relative perplexity gains
+exp f_i(c, c) - exp f_i(c, c') for the pairs (c, c') of the walk at r = 0.1
+(here: one panel per r given); Figure 4 the ordinary perplexity
+exp(mean_t l_i(c, t)) against c (bpc for byte and character corpora).
+
+Where Appendix C leaves a detail open, this module decides (and says so):
+
+* |T| = ceil(r * n) of the n scored tokens (at least 1; r = 1 takes every
+  token); ties in b(c, t) are broken by stream order, earlier first.
+* The walk (C.6) starts at the first of ``--context_lengths``.  With
+  ``--delta`` it visits c_0, c_0 + Delta, c_0 + 2 Delta, ... (each must be
+  evaluated); without it, every evaluated length in order (the same walk for
+  evenly spaced lengths, where Delta is their spacing).  ``--threshold`` is
+  the 0.01 of (C.6).
+* If the gain stays >= the threshold up to the last evaluated length c_K,
+  the walk cannot continue: RECL is reported as c_K and marked a lower bound
+  (">=c_K" in the table, ``"lower_bound": true`` in the JSON).
+
+How l_i(c, t) is measured (token t's context is the c inputs before it;
+the split's first token sees the corpus's boundary symbol, and a token near
+the start of the split sees all of the fewer tokens before it, for every
+model alike):
+
+* a segment model (``eval.method="segments"``, Transformer-XL and the other
+  recurrent or memory-using variants): its attention length c, as the paper
+  evaluates, i.e. ``same_length=True`` with ``eval.mem_len = c``: every
+  query attends to exactly c keys, its own input x_{t-1} and the c - 1
+  before it (``attention.attention_mask``).  The cached states of the lower
+  layers were computed with their own context, so information can flow from
+  further back through the layers (up to n_layer * c tokens): that is the
+  point of the recurrence.  One row (``--segment_rows=1``, the default), so
+  that no token but the split's first c has a truncated context (more rows
+  would start each row with an empty memory); the eval tgt_len and clamp_len
+  of the workdir's config are kept (``--tgt_len`` overrides the former).
+* a sliding-window model (the workdir's config says ``eval.method=
+  "sliding"``, the vanilla Transformer of Al-Rfou et al. 2018): a fresh
+  pass over a window of c inputs that ends with x_{t-1}, one token scored per
+  window (``eval.window = c``, ``eval.stride = 1``), ``--window_batch``
+  windows a step (default: the config's ``eval.global_batch``).
+
+For a one-layer model with relative attention both give the same l(c, t)
+(tested).  The per-token NLLs come from ``evaluate.Evaluator.token_nll``.
+
+Outputs in ``--out``: ``recl.json`` (every curve: per model and c the mean
+loss and ppl/bpc; per r the walk, f_i(c, c), f_i(c, c'), g_i(c, c'), the
+unnormalised gains, |T| and RECL), ``losses.npz`` (l_i(c, t) as float32
+[N, C, n], the names and lengths, to recompute anything),
+``fig3_relative_gains.png``, ``fig4_perplexity.png``; the Table 8 style
+table is printed (and stored in the JSON).  Bad input (a missing workdir,
+an empty group, r outside (0, 1], lengths not strictly increasing, a walk
+off the evaluated lengths, workdirs of different corpora) is one
+``error: ...`` line and exit status 2, before anything is compiled.
+
+The paper gives no code for RECL; the reference implementation
+(kimiyoung/transformer-xl) has none either.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import io
+import json
+import sys
+import time
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+# The definitions of Appendix C (pure numpy arithmetic) live in relative_gain.py.
+from transformer_xl.analysis.relative_gain import DEFAULT_THRESHOLD, mean_losses, recl, walk_indices
+
+FIGURE_3 = "fig3_relative_gains.png"
+FIGURE_4 = "fig4_perplexity.png"
+
+
+def format_table(names: Sequence[str], rs: Sequence[float], results: dict) -> str:
+  """Table 8 of the paper as markdown: one row per model, RECL (tokens) at
+  each r (">=c" for a lower bound).
+
+  Args:
+    names: the N model names.
+    rs: the ratios, in the column order.
+    results: r -> the dict of :func:`recl` at that r (keys as in ``rs``).
+
+  Returns:
+    The table, lines joined by newlines.
+  """
+  rows = ["| model | " + " | ".join(f"r={r}" for r in rs) + " |",
+          "|---|" + "---:|" * len(rs)]
+  for i, name in enumerate(names):
+    cells = [(">=" if results[r]["lower_bound"][i] else "") + str(results[r]["recl"][i])
+             for r in rs]
+    rows.append(f"| {name} | " + " | ".join(cells) + " |")
+  return "\n".join(rows)
+
+
+def format_curves(names: Sequence[str], methods: Sequence[str], lengths: Sequence[int],
+                  values_NxC: np.ndarray, metric: str) -> str:
+  """Figure 4 as a markdown table.
+
+  Args:
+    names, methods: per model, its name and eval method.
+    lengths: the C context lengths (tokens).
+    values_NxC: ``metric`` per model and length, float [N, C].
+    metric: "ppl" or "bpc" (the column label).
+
+  Returns:
+    The table, lines joined by newlines.
+  """
+  rows = [f"| model ({metric}) | method | " + " | ".join(f"c={c}" for c in lengths) + " |",
+          "|---|---|" + "---:|" * len(lengths)]
+  for name, method, v in zip(names, methods, values_NxC):
+    rows.append(f"| {name} | {method} | " + " | ".join(f"{x:.2f}" for x in v) + " |")
+  return "\n".join(rows)
+
+
+# --------------------------------------------------------------------------- #
+# The figures (matplotlib, Agg backend).
+
+def _pyplot():
+  """matplotlib.pyplot with the Agg backend.
+
+  Raises:
+    ImportError: matplotlib is not installed (``pip install -e ".[analysis]"``).
+  """
+  try:
+    import matplotlib
+  except ImportError as err:
+    raise ImportError("the RECL plots need matplotlib: pip install -e \".[analysis]\"") from err
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  return plt
+
+
+def _png_bytes(fig) -> bytes:
+  buf = io.BytesIO()
+  fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+  return buf.getvalue()
+
+
+def plot_gains(names: Sequence[str], rs: Sequence[float], results: dict, title: str = "") -> bytes:
+  """Figure 3 of the paper (Appendix C): exp f_i(c, c) - exp f_i(c, c') over
+  the steps (c, c') of the walk, one line per model, one panel per r.
+
+  Args:
+    names: the N model names; rs: the ratios (one panel each).
+    results: r -> the dict of :func:`recl`.
+    title: the figure title (default: the paper's caption).
+
+  Returns:
+    PNG bytes.
+
+  Raises:
+    ImportError: no matplotlib.
+  """
+  plt = _pyplot()
+  fig, axes = plt.subplots(1, len(rs), figsize=(4.2 * len(rs), 3.6), squeeze=False)
+  for ax, r in zip(axes[0], rs):
+    res = results[r]
+    steps = [f"{a}→{b}" for a, b in zip(res["walk"], res["walk"][1:])]
+    for i, name in enumerate(names):
+      ax.plot(range(len(steps)), res["unnormalized_gain"][i], marker="o", label=name)
+    ax.axhline(0.0, color="gray", lw=0.6)
+    ax.set_xticks(range(len(steps)), steps, rotation=45, ha="right", fontsize=8)
+    ax.set_title(f"r = {r}")
+    ax.set_xlabel("context length c → c'")
+  axes[0][0].set_ylabel("exp f(c, c) - exp f(c, c')")
+  axes[0][-1].legend(fontsize=8)
+  fig.suptitle(title or "Relative perplexity gains (Dai et al. 2019, Fig. 3)", fontsize=10)
+  png = _png_bytes(fig)
+  plt.close(fig)
+  return png
+
+
+def plot_perplexity(names: Sequence[str], lengths: Sequence[int], values_NxC: np.ndarray,
+                    metric: str, title: str = "") -> bytes:
+  """Figure 4 of the paper (Appendix C): ppl exp(mean_t l_i(c, t)) (or bpc)
+  against c, one line per model.
+
+  Args:
+    names: the N model names; lengths: the C context lengths (tokens).
+    values_NxC: ppl or bpc, float [N, C]; metric: its name (y label).
+    title: the figure title (default: the paper's caption).
+
+  Returns:
+    PNG bytes.
+
+  Raises:
+    ImportError: no matplotlib.
+  """
+  plt = _pyplot()
+  fig, ax = plt.subplots(figsize=(5.0, 3.6))
+  for name, v in zip(names, values_NxC):
+    ax.plot(lengths, v, marker="o", label=name)
+  ax.set_xscale("log", base=2)
+  ax.set_xticks(lengths, [str(c) for c in lengths])
+  ax.minorticks_off()
+  ax.set_xlabel("context length c")
+  ax.set_ylabel(metric)
+  ax.legend(fontsize=8)
+  ax.set_title(title or "Perplexity vs context length (Dai et al. 2019, Fig. 4)", fontsize=10)
+  png = _png_bytes(fig)
+  plt.close(fig)
+  return png
+
+
+# --------------------------------------------------------------------------- #
+# The command line: arguments, the group's workdirs, per-token losses.
+
+class UsageError(ValueError):
+  """Bad command-line input; printed as one ``error: ...`` line."""
+
+
+class _Parser(argparse.ArgumentParser):
+  def error(self, message):  # one line, not argparse's usage + error
+    raise UsageError(message)
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+  """The flags (see the module docstring).
+
+  Raises:
+    UsageError: an unknown or malformed flag.
+  """
+  p = _Parser(prog="python -m transformer_xl.analysis.recl",
+              description="Relative effective context length (Dai et al. 2019, App. C).",
+              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  p.add_argument("--workdirs", required=True,
+                 help="comma list of the model group's workdirs (trained or converted)")
+  p.add_argument("--names", default="", help="comma list of model names (default: the "
+                 "workdirs' last path components)")
+  p.add_argument("--split", default="valid", choices=("train", "valid", "test"))
+  p.add_argument("--context_lengths", required=True,
+                 help="comma list of context lengths c, strictly increasing")
+  p.add_argument("--r", default="0.1,0.5,1.0", help="comma list of ratios r in (0, 1]")
+  p.add_argument("--delta", type=int, default=None,
+                 help="the step Delta of Appendix C in tokens (default: each evaluated length "
+                      "to the next)")
+  p.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
+                 help="the relative-gain threshold of Appendix C")
+  p.add_argument("--out", required=True, help="output directory")
+  p.add_argument("--max_tokens", type=int, default=0,
+                 help="score only the first N tokens of the split (0 = all)")
+  p.add_argument("--segment_rows", type=int, default=1,
+                 help="rows of segment models (1: every token but the split's first c sees c "
+                      "tokens; each further row starts with an empty memory)")
+  p.add_argument("--window_batch", type=int, default=0,
+                 help="windows per step of sliding-window models (0 = the config's "
+                      "eval.global_batch); any number gives the same losses")
+  p.add_argument("--tgt_len", type=int, default=0,
+                 help="segment length of segment models (0 = the config's eval.tgt_len)")
+  p.add_argument("--data_dir", default=None, help="override the workdirs' data.data_dir")
+  p.add_argument("--manual_dir", default=None, help="override the workdirs' data.manual_dir")
+  return p.parse_args(argv)
+
+
+def _csv(text: str, kind: Callable, what: str) -> list:
+  items = [s.strip() for s in text.split(",") if s.strip()]
+  try:
+    return [kind(s) for s in items]
+  except ValueError:
+    raise UsageError(f"--{what}={text!r}: expected a comma list of {kind.__name__}s.") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+  """The checked command-line input (no file read yet, nothing compiled)."""
+  workdirs: list
+  names: list
+  rs: list
+  lengths: list
+  walk: list
+  args: argparse.Namespace
+
+
+def check_args(args: argparse.Namespace) -> Request:
+  """Checks every flag that can be checked without reading a file.
+
+  Raises:
+    UsageError: an empty group, names not matching the workdirs or repeated,
+      r outside (0, 1], lengths not strictly increasing (or < 2 of them, or
+      < 1), a --delta walk off the lengths, a threshold < 0, max_tokens /
+      window_batch / tgt_len < 0, segment_rows < 1.
+  """
+  workdirs = _csv(args.workdirs, str, "workdirs")
+  if not workdirs:
+    raise UsageError("--workdirs is empty: RECL is defined on a group of models (Appendix C); "
+                     "give one or more workdirs, comma-separated.")
+  names = _csv(args.names, str, "names") or [w.rstrip("/").split("/")[-1] for w in workdirs]
+  if len(names) != len(workdirs):
+    raise UsageError(f"--names has {len(names)} names for {len(workdirs)} workdirs.")
+  if len(set(names)) != len(names):
+    raise UsageError(f"model names must differ: {names}; pass --names=a,b,...")
+  rs = _csv(args.r, float, "r")
+  if not rs or any(not 0.0 < r <= 1.0 for r in rs):
+    raise UsageError(f"--r={args.r!r}: every r must be in (0, 1] (the top-r ratio of "
+                     "Appendix C).")
+  lengths = _csv(args.context_lengths, int, "context_lengths")
+  try:
+    walk = walk_indices(lengths, args.delta)
+  except ValueError as err:
+    raise UsageError(f"--context_lengths/--delta: {err}") from None
+  if not args.threshold >= 0.0:
+    raise UsageError(f"--threshold={args.threshold} must be >= 0 (the paper's is 0.01).")
+  for flag in ("max_tokens", "window_batch", "tgt_len"):
+    if getattr(args, flag) < 0:
+      raise UsageError(f"--{flag}={getattr(args, flag)} must be >= 0.")
+  if args.segment_rows < 1:
+    raise UsageError(f"--segment_rows={args.segment_rows} must be >= 1.")
+  return Request(workdirs, names, rs, lengths, walk, args)
+
+
+@dataclasses.dataclass
+class Member:
+  """One model of the group: its workdir, saved config and architecture."""
+  name: str
+  workdir: str
+  config: Any        # ml_collections.ConfigDict, the training run's config.json
+  model_cfg: Any     # models.ModelConfig
+  unit: str
+
+  @property
+  def method(self) -> str:
+    """"segments" or "sliding": how the workdir's config evaluates."""
+    return self.config.eval.method
+
+
+def context_config(config, method: str, c: int, segment_rows: int = 1, window_batch: int = 0,
+                   tgt_len: int = 0):
+  """A copy of ``config`` whose ``eval`` section gives every token a context
+  of c tokens (see the module docstring).
+
+  Args:
+    config: the workdir's config (not modified).
+    method: "segments" (same_length, mem_len = c) or "sliding" (window c,
+      stride 1).
+    c: the context length, >= 1.
+    segment_rows: rows of the segment evaluation (``eval.global_batch``).
+    window_batch: windows per step of the sliding evaluation; 0 = the
+      config's ``eval.global_batch``.
+    tgt_len: segment length for "segments"; 0 = the config's eval.tgt_len.
+
+  Returns:
+    ml_collections.ConfigDict.
+  """
+  cfg = config.copy_and_resolve_references()
+  if method == "sliding":
+    cfg.eval.update(method="sliding", window=int(c), stride=1,
+                    global_batch=window_batch or cfg.eval.global_batch)
+  else:
+    cfg.eval.update(method="segments", mem_len=int(c), same_length=True,
+                    tgt_len=tgt_len or cfg.eval.tgt_len, global_batch=segment_rows)
+  return cfg
+
+
+def load_members(request: Request) -> list:
+  """Reads each workdir's config.json and model_config.json and checks the
+  group (one corpus, valid eval configs at every length).  Nothing is
+  compiled.
+
+  Raises:
+    UsageError: a workdir or its files missing; workdirs of different
+      corpora or vocabularies; a config that does not validate at some c.
+  """
+  import jax
+  from transformer_xl import default_config
+  from transformer_xl import workdir as wd
+  from etils import epath
+  members = []
+  for name, w in zip(request.names, request.workdirs):
+    if not epath.Path(w).is_dir():
+      raise UsageError(f"workdir {w} does not exist.")
+    for f in ("config.json", "model_config.json"):
+      if not (epath.Path(w) / f).exists():
+        raise UsageError(f"{epath.Path(w) / f} does not exist: --workdirs takes the workdirs of "
+                         "training runs (or of converted checkpoints).")
+    try:
+      config = wd.load_config(w)
+      model_cfg, unit = wd.load_model_config(w)
+    except FileNotFoundError as err:
+      raise UsageError(str(err)) from None
+    ckpt = epath.Path(w) / "checkpoints"
+    if not ckpt.is_dir() or not any(p.name.isdigit() for p in ckpt.iterdir()):
+      raise UsageError(f"workdir {w} has no checkpoint in {ckpt}: train (or convert) into it "
+                       "first.")
+    members.append(Member(name, w, config, model_cfg, unit))
+  datasets = {m.name: (m.config.data.dataset, m.model_cfg.n_token) for m in members}
+  if len(set(datasets.values())) > 1:
+    raise UsageError(f"the group's models must share a corpus and vocabulary (RECL compares "
+                     f"losses token by token); got {datasets}.")
+  for m in members:
+    for c in request.lengths:
+      cfg = context_config(m.config, m.method, c, request.args.segment_rows,
+                           request.args.window_batch, request.args.tgt_len)
+      try:
+        default_config.validate(cfg, jax.device_count())
+      except default_config.ConfigError as err:
+        raise UsageError(f"{m.workdir} at c={c}: " + " ".join(str(err).split())) from None
+  return members
+
+
+def load_group_corpus(member: Member, request: Request):
+  """The group's corpus (from the first member's data config, with the
+  --data_dir / --manual_dir overrides), the split cut to --max_tokens.
+
+  Raises:
+    data.DataError: the corpus cannot be found or built.
+  """
+  from transformer_xl import data
+  data_cfg = member.config.data.to_dict()
+  if request.args.data_dir is not None:
+    data_cfg["data_dir"] = request.args.data_dir
+  if request.args.manual_dir is not None:
+    data_cfg["manual_dir"] = request.args.manual_dir
+  corpus = data.load_corpus(data_cfg.pop("dataset"), **data_cfg)
+  n = request.args.max_tokens
+  source = corpus.splits[request.args.split]
+  if n and n < source.num_tokens:
+    splits = dict(corpus.splits)
+    splits[request.args.split] = data.ArraySource(source.read(0, n))
+    corpus = dataclasses.replace(corpus, splits=splits)
+  return corpus
+
+
+def member_losses(member: Member, corpus, split: str, lengths: Sequence[int],
+                  segment_rows: int = 1, window_batch: int = 0, tgt_len: int = 0,
+                  log: Callable[[str], None] = print) -> np.ndarray:
+  """l(c, t) of one model: float32 [C, n], nats, at each of ``lengths``.
+
+  Restores the workdir's latest parameters once, on the mesh of its config,
+  and runs ``evaluate.Evaluator.token_nll`` with :func:`context_config` at
+  every c (one compilation per c).
+
+  Raises:
+    FileNotFoundError: no checkpoint.
+  """
+  from transformer_xl import evaluate, sharding
+  from transformer_xl import workdir as wd
+  mesh = sharding.make_mesh(member.config.mesh.shape, member.config.mesh.axis_names)
+  step, params = wd.restore_params(member.config, member.workdir, member.model_cfg, mesh)
+  out_CxT = np.zeros((len(lengths), corpus.splits[split].num_tokens), np.float32)
+  for k, c in enumerate(lengths):
+    t0 = time.perf_counter()
+    cfg = context_config(member.config, member.method, c, segment_rows, window_batch, tgt_len)
+    nll_T = evaluate.Evaluator(cfg, member.model_cfg, corpus, mesh).token_nll(params, split)
+    if np.any(np.isnan(nll_T)):
+      raise RuntimeError(f"{member.name} c={c}: some tokens were not scored.")
+    out_CxT[k] = nll_T
+    log(f"{member.name} (step {step}, {member.method}) c={c}: loss "
+        f"{float(np.mean(nll_T, dtype=np.float64)):.4f} nats over {nll_T.size:,} tokens, "
+        f"{time.perf_counter() - t0:.1f} s")
+  return out_CxT
+
+
+def run(request: Request, log: Callable[[str], None] = print) -> dict:
+  """Loads the group, scores the split at every length, computes RECL at
+  every r, writes the outputs into ``--out`` and returns the JSON dict.
+
+  Raises:
+    UsageError: see :func:`load_members`; ImportError: no matplotlib.
+  """
+  _pyplot()  # fail before any compilation if the plots cannot be made
+  from etils import epath
+  from transformer_xl import data, metrics
+  members = load_members(request)
+  args = request.args
+  try:
+    corpus = load_group_corpus(members[0], request)
+  except data.DataError as err:
+    raise UsageError(" ".join(str(err).split())) from None
+  n_tokens = corpus.splits[args.split].num_tokens
+  log(f"RECL: {len(members)} models, {args.split} split of {corpus.name}, {n_tokens:,} tokens, "
+      f"context lengths {request.lengths}, r {request.rs}")
+  losses_NxCxT = np.stack([member_losses(m, corpus, args.split, request.lengths,
+                                         args.segment_rows, args.window_batch, args.tgt_len,
+                                         log) for m in members])
+  delta = args.delta
+  results = {r: recl(losses_NxCxT, request.lengths, r, args.threshold, delta)
+             for r in request.rs}
+  names = request.names
+  methods = [m.method for m in members]
+  unit = members[0].unit
+  metric = metrics.metric_name(unit)
+  loss_NxC = mean_losses(losses_NxCxT)
+  value_NxC = np.vectorize(lambda x: metrics.metric_value(float(x), unit))(loss_NxC)
+  table = format_table(names, request.rs, results)
+  curves = format_curves(names, methods, request.lengths, value_NxC, metric)
+  out = {
+      "paper": "Dai et al. 2019, Sec. 4.3, Table 8, Appendix C",
+      "split": args.split, "dataset": corpus.name, "tokens": n_tokens,
+      "max_tokens": args.max_tokens, "context_lengths": request.lengths,
+      "delta": delta, "threshold": args.threshold, "r": request.rs, "metric": metric,
+      "models": [{"name": m.name, "workdir": m.workdir, "method": m.method,
+                  "n_layer": m.model_cfg.n_layer, "attn_type": m.model_cfg.attn_type,
+                  "loss_nats": loss_NxC[i].tolist(), metric: value_NxC[i].tolist()}
+                 for i, m in enumerate(members)],
+      "results": {str(r): results[r] for r in request.rs},
+      "table": table, "curves": curves,
+  }
+  out_dir = epath.Path(args.out)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  (out_dir / "recl.json").write_text(json.dumps(out, indent=2))
+  buf = io.BytesIO()
+  np.savez_compressed(buf, losses_NxCxT=losses_NxCxT.astype(np.float32), names=np.array(names),
+                      context_lengths=np.array(request.lengths))
+  (out_dir / "losses.npz").write_bytes(buf.getvalue())
+  (out_dir / FIGURE_3).write_bytes(plot_gains(names, request.rs, results))
+  (out_dir / FIGURE_4).write_bytes(plot_perplexity(names, request.lengths, value_NxC, metric))
+  log("")
+  log(f"RECL (Table 8 of Dai et al. 2019; threshold {args.threshold:g}, walk "
+      f"{results[request.rs[0]]['walk']}):")
+  log(table)
+  log("")
+  log(f"{metric} by context length (Figure 4):")
+  log(curves)
+  log(f"wrote {out_dir / 'recl.json'}, losses.npz, {FIGURE_3}, {FIGURE_4}")
+  return out
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  """The command line; returns the exit status (2 with one ``error:`` line on
+  bad input)."""
+  try:
+    request = check_args(parse_args(argv))
+    run(request, log=lambda s: print(s, flush=True))
+  except (UsageError, ImportError, FileNotFoundError) as err:
+    print(f"error: {err}", file=sys.stderr)
+    return 2
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
