@@ -29,8 +29,11 @@ import contextlib
 import dataclasses
 import errno
 import functools
+import gc
+import inspect
 import json
 import logging as std_logging
+import os
 import shutil
 import sys
 from typing import Any, Callable, Mapping, Optional
@@ -67,7 +70,11 @@ def make_manager(workdir: str, max_to_keep: int) -> ocp.CheckpointManager:
   """
   if max_to_keep < 1:
     raise ValueError(f"checkpoint.max_to_keep={max_to_keep} must be >= 1.")
-  options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True)
+  # Synchronous: save() waits for the write anyway (so a crash right after
+  # cannot leave a half-written latest checkpoint), and errors then surface
+  # in the calling thread.
+  options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
+                                         enable_async_checkpointing=False)
   return ocp.CheckpointManager(checkpoint_dir(workdir), options=options,
                                item_names=("state", "iterator", "integrity"))
 
@@ -168,18 +175,41 @@ def _short(names: list[str], n: int = 3) -> str:
 # Saving.
 
 
+# Whether orbax may log the errors it raises (main sets it with --debug).
+LOG_ORBAX_ERRORS = False
+
+
 @contextlib.contextmanager
 def _orbax_errors_not_logged():
   """Keeps orbax from logging the exceptions it raises (full tracebacks at
   ERROR level) while we handle them: the exception itself reaches the
-  caller, and ``--debug`` shows its traceback."""
+  caller, and ``--debug`` shows its traceback (and these logs)."""
   logger = std_logging.getLogger("absl")
   level = logger.level
-  logger.setLevel(std_logging.CRITICAL)
+  if not LOG_ORBAX_ERRORS:
+    logger.setLevel(std_logging.CRITICAL)
   try:
     yield
   finally:
     logger.setLevel(level)
+
+
+def _silence_failed_write() -> None:
+  """After a failed write, for the rest of the process: orbax's worker
+  threads and their abandoned asyncio tasks go on reporting the same
+  failure (one traceback per array); the run is about to stop with one
+  message instead."""
+  if not LOG_ORBAX_ERRORS:
+    for name in ("absl", "asyncio"):
+      std_logging.getLogger(name).setLevel(std_logging.CRITICAL)
+    previous = sys.unraisablehook
+
+    def hook(unraisable):  # abandoned write coroutines, closed at exit
+      if not inspect.iscoroutine(unraisable.object):
+        previous(unraisable)
+
+    sys.unraisablehook = hook
+    gc.collect()  # finalise what can be finalised now, quietly
 
 
 def _ignore_cancelled_reads() -> None:
@@ -251,11 +281,13 @@ def _checkpoint_bytes(manager: ocp.CheckpointManager, previous: Optional[int],
   twice the state's (orbax keeps a per-process copy of the data beside the
   merged one)."""
   if previous is not None and "://" not in str(manager.directory):
-    root = _step_path(manager, previous)
-    try:
-      return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
-    except OSError:
-      pass
+    total = 0
+    for root, _, files in os.walk(str(_step_path(manager, previous))):
+      for name in files:
+        with contextlib.suppress(OSError):
+          total += os.path.getsize(os.path.join(root, name))
+    if total:
+      return total
   return 2 * _nbytes(state)
 
 
@@ -329,6 +361,7 @@ def save(manager: ocp.CheckpointManager, step: int, state: Any, iterator_state: 
     kind = _write_error_kind(err)
     if kind is None:
       raise
+    _silence_failed_write()
     leftovers = [p for p in partial_writes(manager.directory)
                  if p.name.startswith(f"{step}.")]
     if jax.process_index() == 0:
@@ -338,10 +371,11 @@ def save(manager: ocp.CheckpointManager, step: int, state: Any, iterator_state: 
     free = _free_bytes(manager.directory)
     space = (f" A checkpoint needs about {need / 2**20:,.1f} MiB"
              + (f"; {free / 2**20:,.1f} MiB are free there." if free is not None else "."))
-    intact = (f" The previous checkpoint {_step_path(manager, previous)} is intact: free some "
-              "space (or fix the permissions) and run the same command again to resume from "
-              "it." if previous is not None else
-              " There is no previous checkpoint; fix the file system and start again.")
+    fix = ("free some space" if "space" in kind else
+           "make the directory writable (or copy the workdir to a writable place)")
+    intact = (f" The previous checkpoint {_step_path(manager, previous)} is intact: {fix} and "
+              "run the same command again to resume from it." if previous is not None else
+              f" There is no previous checkpoint: {fix} and start again.")
     raise CheckpointError(f"Could not write checkpoint {_step_path(manager, step)}: {kind}."
                           + (space if "space" in kind else "") + intact) from err
   return saved

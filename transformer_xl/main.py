@@ -128,6 +128,7 @@ def main(argv):
                          "--text=FILE.")
   if not flags.FLAGS["verbosity"].present:  # orbax and tfds log every file at INFO
     logging.set_verbosity(logging.WARNING)
+  checkpointing.LOG_ORBAX_ERRORS = _DEBUG.value
   try:
     _run()
   except USER_ERRORS as err:

@@ -13,6 +13,7 @@ devices) is donated.
 """
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
 from typing import Any, Callable, Mapping
@@ -347,6 +348,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: 
       guard.check(rows)
 
   step = start_step
+  finished = False
   try:
     with PreemptionGuard() as preemption:
       while step < tcfg.num_steps:
@@ -391,8 +393,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: 
           say(f"SIGTERM: saved a checkpoint at step {step}; stopping (a restart resumes here).")
           last["preempted_at_step"] = step
           break
+    finished = True
   finally:
     bar.close()
-    writer.close()
-    manager.close()
+    if finished:
+      writer.close()
+      manager.close()
+    else:  # the error that stops the run is the one to report, not a second one here
+      for close in (writer.close, manager.close):
+        with contextlib.suppress(Exception):
+          close()
   return last
