@@ -397,6 +397,8 @@ class Restored:
       without an integrity record).
     path: the checkpoint's directory.
     rejected: [(path, reason)] of newer checkpoints that were not usable.
+    verified: whether fingerprints were checked (False for a checkpoint
+      without an integrity record: finiteness only).
   """
 
   step: int
@@ -405,6 +407,7 @@ class Restored:
   meta: dict
   path: str
   rejected: list
+  verified: bool = True
 
 
 def read_record(manager: ocp.CheckpointManager, step: int) -> Optional[dict]:
@@ -456,6 +459,47 @@ def _first_line(err: BaseException) -> str:
   return f"{type(err).__name__}: {line}" if line else type(err).__name__
 
 
+def restore(manager: ocp.CheckpointManager, step: int,
+            abstract_state: Any | Callable[[dict], Any],
+            check_meta: Optional[Callable[[str, dict], None]] = None) -> Restored:
+  """Restores checkpoint ``step`` and verifies it (fingerprints, finiteness).
+
+  Args:
+    manager, abstract_state, check_meta: as :func:`restore_latest`.
+    step: the checkpoint's step.
+
+  Returns:
+    A :class:`Restored` (``rejected`` empty).
+
+  Raises:
+    CheckpointError: the checkpoint is not usable on this process; the
+      message is the reason (unreadable record, a file that cannot be read
+      or is missing, a changed fingerprint, a non-finite value).
+    Whatever ``check_meta`` raises.
+  """
+  _ignore_cancelled_reads()
+  path = str(_step_path(manager, step))
+  record = read_record(manager, step)
+  meta = (record or {}).get("meta", {})
+  if check_meta is not None:
+    check_meta(path, meta)
+  abstract = abstract_state(meta) if callable(abstract_state) else abstract_state
+  try:
+    with _orbax_errors_not_logged():
+      restored = manager.restore(
+          step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
+                                        iterator=ocp.args.JsonRestore()))
+  except Exception as err:  # pylint: disable=broad-except
+    # Whatever orbax or tensorstore raise for a damaged checkpoint.
+    raise CheckpointError(f"it cannot be read: {_first_line(err)}") from None
+  reason = _verify(restored["state"], record)
+  if reason is not None:
+    raise CheckpointError(reason)
+  return Restored(step=step, state=restored["state"],
+                  iterator_state=dict(restored["iterator"] or {}), meta=meta, path=path,
+                  rejected=[], verified=record is not None)
+
+
 def restore_latest(manager: ocp.CheckpointManager,
                    abstract_state: Any | Callable[[dict], Any],
                    check_meta: Optional[Callable[[str, dict], None]] = None,
@@ -495,37 +539,22 @@ def restore_latest(manager: ocp.CheckpointManager,
   rejected = []
   for step in steps:
     path = str(_step_path(manager, step))
-    reason, restored, record = None, None, None
+    reason, restored = None, None
     try:
-      record = read_record(manager, step)
+      restored = restore(manager, step, abstract_state, check_meta)
     except CheckpointError as err:
       reason = str(err)
-    if reason is None and check_meta is not None:
-      check_meta(path, (record or {}).get("meta", {}))
-    if reason is None:
-      meta = (record or {}).get("meta", {})
-      abstract = abstract_state(meta) if callable(abstract_state) else abstract_state
-      try:
-        with _orbax_errors_not_logged():
-          restored = manager.restore(
-              step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
-                                            iterator=ocp.args.JsonRestore()))
-        reason = _verify(restored["state"], record)
-      except Exception as err:  # pylint: disable=broad-except
-        # Whatever orbax or tensorstore raise for a damaged checkpoint.
-        reason = f"it cannot be read: {_first_line(err)}"
     if distributed.any_process(reason is not None):
       reason = reason or "it failed to restore on another process"
       rejected.append((path, reason))
       log(f"Checkpoint {path} is not usable: {reason}."
           + (" Trying the previous one." if step != steps[-1] else ""))
       continue
-    if record is None:
+    if not restored.verified:
       log(f"Checkpoint {path} has no integrity record (written by an older version): "
           "checked for finite values only.")
-    return Restored(step=step, state=restored["state"],
-                    iterator_state=dict(restored["iterator"] or {}),
-                    meta=(record or {}).get("meta", {}), path=path, rejected=rejected)
+    restored.rejected = rejected
+    return restored
   if rejected:
     raise CheckpointError(
         f"No usable checkpoint in {manager.directory}: "

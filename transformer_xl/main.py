@@ -148,9 +148,10 @@ def _run():
   distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   if _MODE.value == "score":
     evaluate.check_output_path(_OUT.value)
-    tokens = _load_tokens(_TOKENS.value) if _TOKENS.value else None
   workdir.require_dir(_WORKDIR.value)
   config = _CONFIG.value if _CONFIG.value is not None else workdir.load_config(_WORKDIR.value)
+  if _MODE.value == "score" and _TOKENS.value:
+    tokens = _load_tokens(_TOKENS.value)
   default_config.validate(config, jax.device_count())
   if _MODE.value == "train":
     workdir.check_writable(_WORKDIR.value)
