@@ -141,8 +141,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, 
   if not t.learning_rate > 0 or t.min_lr < 0 or t.warmup_steps < 0:
     problems.append(f"train.learning_rate={t.learning_rate} must be > 0, train.min_lr="
                     f"{t.min_lr} and train.warmup_steps={t.warmup_steps} >= 0.")
-  else:
-    problems += _schedule_problems(t)
+  problems += _schedule_problems(t)
   if not t.clip > 0:
     problems.append(f"train.clip={t.clip} must be > 0 (the gradient-norm clip; reference 0.25).")
   if t.eval_every < 0 or t.eval_max_steps < 0:
@@ -154,11 +153,11 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, 
 
 
 def _schedule_problems(t: ml_collections.ConfigDict) -> list[str]:
-  """The learning-rate schedule's ranges (given learning_rate > 0, min_lr and warmup >= 0)."""
+  """The learning-rate schedule's ranges beyond the signs checked in :func:`validate`."""
   problems = []
-  if not t.learning_rate < float("inf"):
+  if t.learning_rate > 0 and not t.learning_rate < float("inf"):
     problems.append(f"train.learning_rate={t.learning_rate} must be finite.")
-  elif t.min_lr > t.learning_rate:
+  elif 0 <= t.min_lr and 0 < t.learning_rate < t.min_lr:
     problems.append(f"train.min_lr={t.min_lr} must be <= train.learning_rate="
                     f"{t.learning_rate} (the cosine decays from learning_rate to min_lr).")
   if t.num_steps >= 1 and t.warmup_steps > t.num_steps:

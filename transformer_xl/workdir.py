@@ -217,6 +217,10 @@ def restore_params(config: ml_collections.ConfigDict, workdir: str,
     checkpointing.CheckpointError: checkpoints exist but none is usable.
   """
   require_dir(workdir)
+  directory = checkpointing.checkpoint_dir(workdir)
+  if not directory.exists():
+    raise FileNotFoundError(f"No checkpoint in {directory}: train first with the same "
+                            "--workdir (--mode=train).")
   model = models.TransformerXL(model_cfg)
   tx = train_state.make_optimizer(config.train)
   abstract = {}
