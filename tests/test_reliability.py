@@ -602,3 +602,21 @@ def test_a_full_disk_stops_with_the_previous_checkpoint_intact(cli, tmp_path):
                + ["--config.train.num_steps=8"])
   assert r.returncode == 0, r.stderr[-3000:]
   assert f"Resumed from {moved / 'checkpoints' / '4'} at step 4" in r.stdout
+
+
+def test_a_checkpoint_with_non_finite_values_is_not_used(tmp_path, mesh, clean):
+  """A checkpoint written without a record (an older version) that holds a
+  NaN: rejected for it, the previous one is used."""
+  workdir = copy_upto(clean, tmp_path / "wd", 4)
+  manager = checkpointing.make_manager(str(workdir), 10)
+  state = checkpointing.restore(manager, 4, abstract_state(toy_config(), mesh)).state
+  params = jax.tree_util.tree_map(lambda x: x.at[(0,) * x.ndim].set(jnp.nan), state.params)
+  manager.save(6, args=checkpointing.ocp.args.Composite(
+      state=checkpointing.ocp.args.StandardSave(state.replace(params=params)),
+      iterator=checkpointing.ocp.args.JsonSave({})))
+  manager.wait_until_finished()
+  logged = []
+  restored = checkpointing.restore_latest(manager, abstract_state(toy_config(), mesh),
+                                          log=logged.append)
+  assert restored.step == 4 and restored.verified
+  assert "non-finite values in .params[" in logged[0] and "/checkpoints/6" in logged[0]
