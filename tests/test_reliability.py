@@ -21,7 +21,6 @@ import pytest
 
 from transformer_xl import (checkpointing, data, default_config, metrics, models, sharding, train,
                             train_state)
-from transformer_xl import workdir as wd
 from test_train import REPO, read_metrics, run_main, small_args, tiny_config, write_ptb_sample
 
 VOCAB = 32
