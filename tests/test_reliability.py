@@ -619,3 +619,22 @@ def test_a_checkpoint_with_non_finite_values_is_not_used(tmp_path, mesh, clean):
                                           log=logged.append)
   assert restored.step == 4 and restored.verified
   assert "non-finite values in .params[" in logged[0] and "/checkpoints/6" in logged[0]
+
+
+def test_run_differences_lists_what_a_checkpoint_cannot_take():
+  from transformer_xl import workdir as wd
+  cfg = models.ModelConfig(n_token=32, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32)
+  saved = wd.checkpoint_meta(cfg, "word", "ptb", 8)
+  same = wd.checkpoint_meta(models.ModelConfig(**{**cfg.__dict__, "remat": "full"}), "word",
+                            "ptb", 8)
+  assert wd.run_differences(saved, same) == []  # remat only changes how it is computed
+  other = wd.checkpoint_meta(models.ModelConfig(**{**cfg.__dict__, "d_model": 64,
+                                                   "cutoffs": (10,)}), "word", "wikitext2", 16)
+  assert wd.run_differences(saved, other) == [
+      "the workdir was trained with model.cutoffs=[]; this run asks for [10]",
+      "the workdir was trained with model.d_model=16; this run asks for 64",
+      "the workdir was trained with data.dataset='ptb'; this run asks for 'wikitext2'",
+      "the workdir was trained with train.global_batch=8; this run asks for 16"]
+  converted = wd.checkpoint_meta(cfg, "word", "converted", 8)
+  assert wd.run_differences(converted, saved) == []
+  assert wd.run_differences(saved, {"model": saved["model"]}) == []  # eval: the model only

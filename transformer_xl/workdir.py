@@ -151,7 +151,8 @@ def run_differences(saved: Mapping[str, Any], wanted: Mapping[str, Any]) -> list
   """How a run's :func:`checkpoint_meta` differs from a checkpoint's.
 
   Compared: every model field but :data:`FREE_MODEL_KEYS`, and, where both
-  have them, the dataset and ``train.global_batch``.  Eval settings, the
+  have them, the dataset (unless one is "converted", the converter's name
+  for no particular corpus) and ``train.global_batch``.  Eval settings, the
   number of steps, the learning-rate schedule, the mesh may all differ.
 
   Returns:
@@ -169,6 +170,8 @@ def run_differences(saved: Mapping[str, Any], wanted: Mapping[str, Any]) -> list
       name = "model.n_token (the vocabulary size)" if key == "n_token" else f"model.{key}"
       lines.append(f"the workdir was trained with {name}={a!r}; this run asks for {b!r}")
   for key, name in (("dataset", "data.dataset"), ("global_batch", "train.global_batch")):
+    if key == "dataset" and "converted" in (saved.get(key), wanted.get(key)):
+      continue  # a converted checkpoint of no particular corpus (convert/workdir.py)
     if key in saved and key in wanted and saved[key] != wanted[key]:
       lines.append(f"the workdir was trained with {name}={saved[key]!r}; this run asks for "
                    f"{wanted[key]!r}")
