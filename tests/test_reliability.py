@@ -315,7 +315,7 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous(tmp_path, mesh, 
   assert (workdir / "checkpoints_rejected" / "6").is_dir() and "Moved the unusable" in out
   # The same losses and final state as a run resumed from checkpoint 4 directly.
   got, want = read_metrics(workdir), read_metrics(resumed_from_4)
-  steps = [json.loads(line)["step"] for line in (workdir / "metrics.jsonl").read_text().split()]
+  steps = [json.loads(line)["step"] for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   assert steps == list(range(1, N_STEPS + 1))  # the redone steps 5 and 6 are not repeated
   for step in range(5, N_STEPS + 1):
     assert got[step]["train/loss"] == pytest.approx(want[step]["train/loss"], rel=1e-6), step
@@ -638,3 +638,7 @@ def test_run_differences_lists_what_a_checkpoint_cannot_take():
   converted = wd.checkpoint_meta(cfg, "word", "converted", 8)
   assert wd.run_differences(converted, saved) == []
   assert wd.run_differences(saved, {"model": saved["model"]}) == []  # eval: the model only
+  # Equivalent spellings of the same model (a converted checkpoint's d_embed=None).
+  spelled = dict(saved, model=dict(saved["model"], d_embed=None))
+  assert wd.run_differences(spelled, saved) == []
+  assert wd.run_differences(dict(saved, model=dict(saved["model"], d_embed=16)), saved) == []

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 import jax
 import ml_collections
@@ -147,6 +147,15 @@ def checkpoint_meta(model_cfg: models.ModelConfig, unit: str, dataset: str,
                                 "dataset": dataset, "global_batch": int(global_batch)}))
 
 
+def _same_meaning(model: Optional[Mapping[str, Any]]) -> dict:
+  """Model fields with equivalent spellings made equal: d_embed None, 0 and
+  d_model all mean "no projection" (models.ModelConfig.embed_dim)."""
+  model = dict(model or {})
+  if "d_embed" in model and model["d_embed"] in (None, 0, model.get("d_model")):
+    model["d_embed"] = 0
+  return model
+
+
 def run_differences(saved: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[str]:
   """How a run's :func:`checkpoint_meta` differs from a checkpoint's.
 
@@ -160,7 +169,7 @@ def run_differences(saved: Mapping[str, Any], wanted: Mapping[str, Any]) -> list
     model.d_model=128; this run asks for 64"; [] if none.
   """
   lines = []
-  saved_model, wanted_model = saved.get("model") or {}, wanted.get("model") or {}
+  saved_model, wanted_model = map(_same_meaning, (saved.get("model"), wanted.get("model")))
   for key in sorted(set(saved_model) | set(wanted_model)):
     if key in FREE_MODEL_KEYS or key not in saved_model or key not in wanted_model:
       continue
