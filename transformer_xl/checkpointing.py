@@ -194,30 +194,31 @@ def _orbax_errors_not_logged():
     logger.setLevel(level)
 
 
-def _silence_failed_write() -> None:
-  """After a failed write, for the rest of the process: orbax's worker
-  threads and their abandoned asyncio tasks go on reporting the same
-  failure (one traceback per array); the run is about to stop with one
-  message instead."""
+_ABANDONED_IO = False  # set once a write or read failed in this process
+
+
+def _silence_abandoned_io(write: bool) -> None:
+  """After a failed write or read, for the rest of the process: orbax's
+  worker threads (write) and the asyncio tasks it abandoned (both) go on
+  reporting the same failure, one traceback per array, when they finish or
+  are garbage collected; the failure was reported once already (a failed
+  write stops the run with one message; a failed read is the "not usable"
+  line)."""
+  global _ABANDONED_IO
   if not LOG_ORBAX_ERRORS:
-    for name in ("absl", "asyncio"):
+    for name in ("absl", "asyncio") if write else ("asyncio",):
       std_logging.getLogger(name).setLevel(std_logging.CRITICAL)
-    previous = sys.unraisablehook
-
-    def hook(unraisable):  # abandoned write coroutines, closed at exit
-      if not inspect.iscoroutine(unraisable.object):
-        previous(unraisable)
-
-    sys.unraisablehook = hook
+    _ABANDONED_IO = True
+    _ignore_cancelled_reads()
     gc.collect()  # finalise what can be finalised now, quietly
 
 
 def _ignore_cancelled_reads() -> None:
-  """Silences the "Event loop is closed" reports of reads that were still
-  pending when orbax gave up on a damaged checkpoint (tensorstore completes
-  them after orbax's event loop is gone and Python prints each as an
-  unraisable exception); every other unraisable exception is reported as
-  before.  Installed once."""
+  """Silences the unraisable-exception reports of orbax's abandoned I/O: the
+  "Event loop is closed" of reads that were still pending when orbax gave
+  up on a damaged checkpoint (tensorstore completes them after orbax's event
+  loop is gone), and, after a failure, the coroutines closed at exit.  Every
+  other unraisable exception is reported as before.  Installed once."""
   previous = sys.unraisablehook
   if getattr(previous, "_txl_filter", False):
     return
@@ -225,6 +226,8 @@ def _ignore_cancelled_reads() -> None:
   def hook(unraisable):
     if (isinstance(unraisable.exc_value, RuntimeError)
         and str(unraisable.exc_value) == "Event loop is closed"):
+      return
+    if _ABANDONED_IO and inspect.iscoroutine(unraisable.object):
       return
     previous(unraisable)
 
@@ -361,7 +364,7 @@ def save(manager: ocp.CheckpointManager, step: int, state: Any, iterator_state: 
     kind = _write_error_kind(err)
     if kind is None:
       raise
-    _silence_failed_write()
+    _silence_abandoned_io(write=True)
     leftovers = [p for p in partial_writes(manager.directory)
                  if p.name.startswith(f"{step}.")]
     if jax.process_index() == 0:
@@ -491,6 +494,7 @@ def restore(manager: ocp.CheckpointManager, step: int,
                                         iterator=ocp.args.JsonRestore()))
   except Exception as err:  # pylint: disable=broad-except
     # Whatever orbax or tensorstore raise for a damaged checkpoint.
+    _silence_abandoned_io(write=False)
     raise CheckpointError(f"it cannot be read: {_first_line(err)}") from None
   reason = _verify(restored["state"], record)
   if reason is not None:
