@@ -315,7 +315,8 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous(tmp_path, mesh, 
   assert (workdir / "checkpoints_rejected" / "6").is_dir() and "Moved the unusable" in out
   # The same losses and final state as a run resumed from checkpoint 4 directly.
   got, want = read_metrics(workdir), read_metrics(resumed_from_4)
-  steps = [json.loads(line)["step"] for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  lines = (workdir / "metrics.jsonl").read_text().splitlines()
+  steps = [json.loads(line)["step"] for line in lines]
   assert steps == list(range(1, N_STEPS + 1))  # the redone steps 5 and 6 are not repeated
   for step in range(5, N_STEPS + 1):
     assert got[step]["train/loss"] == pytest.approx(want[step]["train/loss"], rel=1e-6), step

@@ -57,7 +57,7 @@ def get_config() -> ml_collections.ConfigDict:
       eval_every=4000,       # steps between validations (0 = never)
       eval_max_steps=0,      # cap on validation batches during training (0 = the whole split)
   ))
-  # A step whose loss or gradient norm is not finite is never applied (train.py):
+  # A step whose loss, gradient norm or update is not finite is never applied (train.py):
   # "stop" ends the run there (exit status 1, checkpoints kept); "skip" goes on
   # without it and stops after max_skipped_steps such steps in a row.
   c.train.update(dict(nonfinite="stop", max_skipped_steps=10))
