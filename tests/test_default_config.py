@@ -94,3 +94,29 @@ def test_set_model_config_is_the_inverse_of_model_config():
   c = default_config.get_config()
   default_config.set_model_config(c, cfg)
   assert default_config.model_config(c, 100) == cfg
+
+
+def test_ranges_a_user_could_get_wrong_are_each_named_once():
+  c = _ptb_config()
+  c.model.update(dropatt=1.0, init_std=0.0)
+  c.train.update(warmup_steps=10, num_steps=5, adam_b1=1.0, adam_b2=-0.1, adam_eps=0.0,
+                 min_lr=1.0, nonfinite="ignore", max_skipped_steps=0, global_batch=0)
+  c.eval.update(tgt_len=0)
+  with pytest.raises(default_config.ConfigError) as err:
+    default_config.validate(c, 8)
+  message = str(err.value)
+  for needle in ("model.dropatt=1.0 must be in [0, 1)", "model.init_std=0.0 must be > 0",
+                 "train.warmup_steps=10 must be <= train.num_steps=5",
+                 "train.adam_b1=1.0 must be in [0, 1)", "train.adam_b2=-0.1 must be in [0, 1)",
+                 "train.adam_eps=0.0 must be > 0",
+                 "train.min_lr=1.0 must be <= train.learning_rate=0.00025",
+                 "train.nonfinite='ignore': use one of ('stop', 'skip')",
+                 "train.max_skipped_steps=0 must be >= 1", "train.global_batch=0 must be >= 1",
+                 "eval: tgt_len must be >= 1"):
+    assert message.count(needle) == 1, (needle, message)
+  assert message.count("\n  - ") == 11, message
+  # Infinite rates are caught too.
+  c = _ptb_config()
+  c.train.learning_rate = float("inf")
+  with pytest.raises(default_config.ConfigError, match="must be finite"):
+    default_config.validate(c, 8)

@@ -175,3 +175,25 @@ def test_kill_9_at_random_moments_resumes_from_last_complete_checkpoint(tmp_path
     assert r["train/loss"] == pytest.approx(want[r["step"]]["train/loss"], rel=1e-6), r["step"]
   for a, b in zip(final_state(reference, n_steps), final_state(workdir, n_steps)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+
+
+def test_two_processes_agree_on_falling_back_from_a_damaged_checkpoint(tmp_path):
+  """Two processes resume over a damaged latest checkpoint and a partial
+  write: both reject it, move it aside, remove the partial write and resume
+  from the previous checkpoint together; each step is logged once."""
+  manual = write_ptb_sample(tmp_path / "ptb")
+  workdir = tmp_path / "wd"
+  run_two_processes(tmp_path, workdir, manual, "--config.train.num_steps=4",
+                    "--config.checkpoint.every_steps=2")
+  (workdir / "checkpoints" / "4" / "state" / "_METADATA").unlink()
+  (workdir / "checkpoints" / "6.orbax-checkpoint-tmp-99").mkdir()
+  outs = run_two_processes(tmp_path, workdir, manual, "--config.train.num_steps=6",
+                           "--config.checkpoint.every_steps=2")
+  log = outs[0][0] + outs[0][1]
+  assert f"Checkpoint {workdir / 'checkpoints' / '4'} is not usable" in log
+  assert f"Resumed from {workdir / 'checkpoints' / '2'} at step 2" in log
+  assert "Removed" in log and not (workdir / "checkpoints" / "6.orbax-checkpoint-tmp-99").exists()
+  assert (workdir / "checkpoints_rejected" / "4").is_dir()
+  steps = [json.loads(l)["step"] for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  assert steps == [1, 2, 3, 4, 5, 6]
+  assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir())[-2:] == [4, 6]

@@ -70,7 +70,8 @@ def test_score_from_the_command_line(tmp_path):
   workdir = tmp_path / "wd"
   tiny = ["--config.model.n_layer=2", "--config.model.d_model=32", "--config.model.n_head=2",
           "--config.model.d_head=16", "--config.model.d_inner=64", "--config.train.num_steps=2",
-          "--config.train.eval_every=0", "--config.train.log_every=1"]
+          "--config.train.warmup_steps=0", "--config.train.eval_every=0",
+          "--config.train.log_every=1"]
   r = run_main(small_args(tmp_path, workdir, manual, *tiny))
   assert r.returncode == 0, r.stderr[-3000:]
   tokens = np.random.default_rng(2).integers(0, 20, size=(2, 41))
@@ -133,7 +134,8 @@ def test_score_text_from_the_command_line(tmp_path):
   workdir = tmp_path / "wd"
   tiny = ["--config.model.n_layer=1", "--config.model.d_model=32", "--config.model.n_head=2",
           "--config.model.d_head=16", "--config.model.d_inner=64", "--config.train.num_steps=1",
-          "--config.train.eval_every=0", "--config.train.log_every=1"]
+          "--config.train.warmup_steps=0", "--config.train.eval_every=0",
+          "--config.train.log_every=1"]
   r = run_main(small_args(tmp_path, workdir, manual, *tiny))
   assert r.returncode == 0, r.stderr[-3000:]
   r = run_main([f"--workdir={workdir}", "--mode=score", f"--text={manual / 'ptb.test.txt'}",

@@ -18,6 +18,9 @@ import ml_collections
 from transformer_xl import data, models, sharding
 
 
+NONFINITE_POLICIES = ("stop", "skip")  # train.nonfinite
+
+
 class ConfigError(ValueError):
   """A config value that cannot work; the message says which and how to fix it."""
 
@@ -56,6 +59,10 @@ def get_config() -> ml_collections.ConfigDict:
       loss_span="full",      # "full" | "half": cross-entropy on the last half of each segment
                              # only (Sec. 4.2, Table 6; for absolute position encodings)
   ))
+  # A step whose loss, gradient norm or update is not finite is never applied (train.py):
+  # "stop" ends the run there (exit status 1, checkpoints kept); "skip" goes on
+  # without it and stops after max_skipped_steps such steps in a row.
+  c.train.update(dict(nonfinite="stop", max_skipped_steps=10))
 
   c.eval = ml_collections.ConfigDict(dict(
       method="segments",     # "segments": tgt_len tokens a step with a memory of mem_len
@@ -149,13 +156,46 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, 
   if not t.learning_rate > 0 or t.min_lr < 0 or t.warmup_steps < 0:
     problems.append(f"train.learning_rate={t.learning_rate} must be > 0, train.min_lr="
                     f"{t.min_lr} and train.warmup_steps={t.warmup_steps} >= 0.")
+  problems += _schedule_problems(t)
   if not t.clip > 0:
     problems.append(f"train.clip={t.clip} must be > 0 (the gradient-norm clip; reference 0.25).")
   if t.eval_every < 0 or t.eval_max_steps < 0:
     problems.append("train.eval_every and train.eval_max_steps must be >= 0 (0 = never / all).")
+  problems += _optimizer_problems(t)
   if problems:
     raise ConfigError("Invalid config:\n  - " + "\n  - ".join(problems))
   return mesh_shape
+
+
+def _schedule_problems(t: ml_collections.ConfigDict) -> list[str]:
+  """The learning-rate schedule's ranges beyond the signs checked in :func:`validate`."""
+  problems = []
+  if t.learning_rate > 0 and not t.learning_rate < float("inf"):
+    problems.append(f"train.learning_rate={t.learning_rate} must be finite.")
+  elif 0 <= t.min_lr and 0 < t.learning_rate < t.min_lr:
+    problems.append(f"train.min_lr={t.min_lr} must be <= train.learning_rate="
+                    f"{t.learning_rate} (the cosine decays from learning_rate to min_lr).")
+  if t.num_steps >= 1 and t.warmup_steps > t.num_steps:
+    problems.append(f"train.warmup_steps={t.warmup_steps} must be <= train.num_steps="
+                    f"{t.num_steps}; lower --config.train.warmup_steps.")
+  return problems
+
+
+def _optimizer_problems(t: ml_collections.ConfigDict) -> list[str]:
+  """Adam's hyperparameters, the batch and the non-finite policy."""
+  problems = []
+  for key in ("adam_b1", "adam_b2"):
+    if not 0.0 <= t[key] < 1.0:
+      problems.append(f"train.{key}={t[key]} must be in [0, 1) (Adam's decay rate).")
+  if not 0.0 < t.adam_eps < float("inf"):
+    problems.append(f"train.adam_eps={t.adam_eps} must be > 0.")
+  if t.global_batch < 1:
+    problems.append(f"train.global_batch={t.global_batch} must be >= 1.")
+  if t.nonfinite not in NONFINITE_POLICIES:
+    problems.append(f"train.nonfinite={t.nonfinite!r}: use one of {NONFINITE_POLICIES}.")
+  if t.max_skipped_steps < 1:
+    problems.append(f"train.max_skipped_steps={t.max_skipped_steps} must be >= 1.")
+  return problems
 
 
 def model_config(config: ml_collections.ConfigDict, n_token: int) -> models.ModelConfig:

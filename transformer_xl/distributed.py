@@ -58,6 +58,13 @@ def any_process(flag: bool) -> bool:
   return bool(np.any(flags))
 
 
+def barrier(name: str) -> None:
+  """Waits until every process has reached the barrier ``name``; a no-op for one process."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices(name)
+
+
 def process_0_first(fn: Callable[[], T], errors: tuple[type[Exception], ...],
                     what: str = "prepare the dataset") -> T:
   """Runs ``fn`` on process 0, then on the others (e.g. preparing a dataset).

@@ -20,10 +20,41 @@ from typing import Any, Callable, Iterator, Optional
 import jax
 import ml_collections
 import numpy as np
+from etils import epath
 from jax.sharding import Mesh
 
 from transformer_xl import data, default_config, metrics, models, sharding
 from transformer_xl import workdir as wd
+
+
+class ScoreInputError(ValueError):
+  """Bad ``--mode=score`` input (the token array, the text, or the --out
+  path); the message says what is wrong and what is expected."""
+
+
+def check_tokens(tokens: np.ndarray, n_token: Optional[int] = None) -> np.ndarray:
+  """Checks a token array for :meth:`Evaluator.score`.
+
+  Args:
+    tokens: the array, expected integer [B, T+1] with B >= 1, T >= 1.
+    n_token: the vocabulary size, or None to skip the range check.
+
+  Returns:
+    ``tokens`` as a numpy array.
+
+  Raises:
+    ScoreInputError: not an integer array, not 2-D, empty, T < 1, or ids
+      outside [0, n_token).
+  """
+  tokens = np.asarray(tokens)
+  if (tokens.ndim != 2 or tokens.shape[0] < 1 or tokens.shape[1] < 2
+      or not np.issubdtype(tokens.dtype, np.integer)):
+    raise ScoreInputError(f"tokens must be an integer array [B, T+1] with B >= 1 and T >= 1; "
+                          f"got {tokens.dtype} {tokens.shape}.")
+  if n_token is not None and (tokens.min() < 0 or tokens.max() >= n_token):
+    raise ScoreInputError(f"token ids must be in [0, {n_token}) (the model's vocabulary); got "
+                          f"[{tokens.min()}, {tokens.max()}].")
+  return tokens
 
 
 def eval_model_config(config: ml_collections.ConfigDict, train_cfg: models.ModelConfig
@@ -253,15 +284,10 @@ class Evaluator:
       float32 [B, T]: entry (b, t) is -log p(token t+1 | tokens <= t), nats.
 
     Raises:
-      ValueError: not a 2-D array with T >= 1, or ids outside [0, n_token).
+      ScoreInputError (a ValueError): not a 2-D integer array with B, T >= 1,
+        or ids outside [0, n_token) (:func:`check_tokens`).
     """
-    tokens = np.asarray(tokens_BxT1)
-    if tokens.ndim != 2 or tokens.shape[1] < 2 or not np.issubdtype(tokens.dtype, np.integer):
-      raise ValueError(f"tokens must be an integer array [B, T+1] with T >= 1; got "
-                       f"{tokens.dtype} {tokens.shape}.")
-    if tokens.size and (tokens.min() < 0 or tokens.max() >= self.cfg.n_token):
-      raise ValueError(f"token ids must be in [0, {self.cfg.n_token}); got "
-                       f"[{tokens.min()}, {tokens.max()}].")
+    tokens = check_tokens(tokens_BxT1, self.cfg.n_token)
     b, t1 = tokens.shape
     t, seg = t1 - 1, self.cfg.tgt_len
     b_pad, rows = self._rows(b)
@@ -310,8 +336,57 @@ def run_eval(config: ml_collections.ConfigDict, workdir: str, corpus: data.Corpu
                 f"{r[metric]:.4f} over {r['tokens']:,} tokens")
   results["step"] = int(step)
   results["eval"] = evaluator.lengths
-  metrics.log(f"Wrote {wd.write_eval_results(workdir, results)}")
+  path = wd.write_eval_results(workdir, results)
+  metrics.log(f"Wrote {path}")
+  bad = [s for s in ("valid", "test") if not np.isfinite(results[s]["loss_nats"])]
+  if bad:
+    raise metrics.NonFiniteError(
+        f"the {' and '.join(bad)} loss of checkpoint step {step} is not finite (written as null "
+        f"in {path}), although its parameters are finite: the computation overflowed; with "
+        "--config.model.dtype=bfloat16 try float32.")
   return results
+
+
+def unknown_words(corpus: data.Corpus, text: str) -> int:
+  """How many symbols of ``text`` the corpus's vocabulary lacks (they are
+  encoded as its unknown-word symbol, e.g. ``<unk>``); 0 for byte- and
+  character-level corpora, whose tokenisers take every symbol or raise."""
+  symbols = getattr(corpus.tokenizer, "symbols", None)
+  if symbols is None:
+    return 0
+  vocab = set(corpus.vocab)
+  return sum(s not in vocab for line in text.splitlines() for s in symbols(line))
+
+
+def check_output_path(out_path: str) -> None:
+  """Checks, before any scoring, that ``out_path`` can be written.
+
+  Raises:
+    ScoreInputError: it is a directory, its directory does not exist, or
+      it cannot be written there.
+  """
+  path = epath.Path(out_path)
+  if path.is_dir():
+    raise ScoreInputError(f"--out={out_path} is a directory; give a file name (e.g. nll.npy).")
+  if not path.parent.is_dir():
+    raise ScoreInputError(f"--out={out_path}: the directory {path.parent} does not exist; "
+                          "create it first.")
+  probe = path.parent / f".{path.name}.probe.{jax.process_index()}"
+  try:
+    probe.write_bytes(b"")
+    probe.unlink()
+  except OSError as err:
+    raise ScoreInputError(f"--out={out_path} cannot be written ({err.strerror or err}); "
+                          "choose a writable location.") from None
+
+
+def _save_npy(out_path: str, array: np.ndarray) -> None:
+  """``array`` as .npy at exactly ``out_path``, through a temporary file and a rename."""
+  path = epath.Path(out_path)
+  tmp = path.parent / f".{path.name}.tmp"
+  with tmp.open("wb") as f:
+    np.save(f, array)
+  tmp.replace(path)
 
 
 def text_tokens(corpus: data.Corpus, text: str) -> np.ndarray:
@@ -325,18 +400,29 @@ def run_score(config: ml_collections.ConfigDict, workdir: str, mesh: Mesh,
               tokens_BxT1: np.ndarray, out_path: str) -> dict:
   """``--mode=score``: per-token NLL of token streams with the workdir's model.
 
-  Writes float32 [B, T] nats to ``out_path`` (.npy) and returns (and
-  prints) the mean loss in nats, bpc and ppl over all B*T tokens.
+  Writes float32 [B, T] nats to ``out_path`` (.npy, exactly that path) and
+  returns (and prints) the mean loss in nats, bpc and ppl over all B*T
+  tokens.  The token ids and ``out_path`` are checked before the model is
+  loaded.
 
   Raises:
-    ValueError: a bad token array (:meth:`Evaluator.score`);
-    FileNotFoundError: no model_config.json or checkpoint.
+    ScoreInputError: a bad token array or ``out_path``;
+    FileNotFoundError: no model_config.json or checkpoint;
+    metrics.NonFiniteError: a score is not finite (nothing is written).
   """
+  check_output_path(out_path)
   model_cfg, unit = wd.load_model_config(workdir)
+  check_tokens(tokens_BxT1, model_cfg.n_token)
   step, params = wd.restore_params(config, workdir, model_cfg, mesh)
   nll_BxT = Evaluator(config, model_cfg, None, mesh).score(params, tokens_BxT1)
+  if not np.all(np.isfinite(nll_BxT)):
+    b, t = np.argwhere(~np.isfinite(nll_BxT))[0]
+    raise metrics.NonFiniteError(
+        f"{int(np.sum(~np.isfinite(nll_BxT))):,} of the scores are not finite (the first at row "
+        f"{b}, position {t}) although the parameters of checkpoint step {step} are finite: the "
+        f"computation overflowed; nothing was written to {out_path}.")
   if jax.process_index() == 0:
-    np.save(out_path, nll_BxT)
+    _save_npy(out_path, nll_BxT)
   loss = float(np.mean(nll_BxT, dtype=np.float64))
   result = {"loss_nats": loss, "bpc": loss / float(np.log(2.0)), "ppl": float(np.exp(loss)),
             "tokens": int(nll_BxT.size), "step": int(step)}

@@ -8,23 +8,21 @@
 Any config value can be overridden with ``--config.<section>.<key>=value``.
 Everything that can be checked before compiling is checked first
 (``default_config.validate``: config keys and values, mesh against devices
-and batch; then the data files), so bad input fails in seconds with a
-message that says what to change.  A restart with the same workdir resumes
-from its latest checkpoint.
+and batch; the workdir and output paths; then the data files; then the
+checkpoint's model against the config), so bad input fails in seconds with
+a message that says what to change.  A restart with the same workdir
+resumes from its newest usable checkpoint.  Errors a user can cause are one
+``error: ...`` line and exit status 1 (``user_errors.py``; ``--debug``
+shows their traceback).
 """
 from __future__ import annotations
 
-import re
-import sys
-
 import jax
-import numpy as np
 from absl import app, flags, logging
-from etils import epath
 from ml_collections import config_flags
 
-from transformer_xl import (data, default_config, distributed, evaluate, language_model, metrics,
-                            sharding, train, workdir)
+from transformer_xl import (checkpointing, data, default_config, distributed, evaluate,
+                            language_model, metrics, sharding, train, user_errors, workdir)
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).",
                                           lock_config=True)
@@ -59,6 +57,10 @@ _COORDINATOR = flags.DEFINE_string(
     "(jax.distributed). Leave unset on a Cloud TPU VM slice: it is detected there.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in a multi-process run.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index, 0-based.")
+_DEBUG = flags.DEFINE_bool(
+    "debug", False, "Show the Python traceback of user errors (bad config, data, workdir, "
+    "checkpoints, non-finite training, score or generation input) as well as their one-line "
+    "message.")
 
 
 def main(argv):
@@ -75,47 +77,53 @@ def main(argv):
                          "--text=FILE.")
   if not flags.FLAGS["verbosity"].present:  # orbax and tfds log every file at INFO
     logging.set_verbosity(logging.WARNING)
-  try:
-    distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-    config = _CONFIG.value if _CONFIG.value is not None else workdir.load_config(_WORKDIR.value)
-    default_config.validate(config, jax.device_count())
-    mesh = sharding.make_mesh(config.mesh.shape, config.mesh.axis_names)
-    corpus = None
-    if _MODE.value in ("train", "eval") or (_MODE.value == "score" and _TEXT.value):
-      data_cfg = config.data.to_dict()
-      corpus = distributed.process_0_first(
-          lambda: data.load_corpus(data_cfg.pop("dataset"), **data_cfg), (data.DataError,))
-      metrics.log(f"Corpus {corpus.name}: vocab {corpus.vocab_size:,}, " + ", ".join(
-          f"{k} {v.num_tokens:,} tokens" for k, v in corpus.splits.items())
-          + f"; mesh {dict(mesh.shape)}; {jax.process_count()} process(es).")
-    if _MODE.value == "train":
-      epath.Path(_WORKDIR.value).mkdir(parents=True, exist_ok=True)  # local path or gs://
-      train.train_and_evaluate(config, _WORKDIR.value, corpus, mesh)
-    elif _MODE.value == "eval":
-      evaluate.run_eval(config, _WORKDIR.value, corpus, mesh)
-    elif _MODE.value == "generate":
-      language_model.run_generate(
-          config, _WORKDIR.value, mesh, prompt=_PROMPT.value, prompt_file=_PROMPT_FILE.value,
-          num_tokens=_NUM_TOKENS.value, top_k=_TOP_K.value, top_p=_TOP_P.value,
-          temperature=_TEMPERATURE.value, seed=_SEED.value, num_samples=_NUM_SAMPLES.value,
-          out=_OUT.value)
-    else:
-      tokens = (np.load(_TOKENS.value) if _TOKENS.value else
-                evaluate.text_tokens(corpus, epath.Path(_TEXT.value).read_text()))
-      evaluate.run_score(config, _WORKDIR.value, mesh, tokens, _OUT.value)
-  except (default_config.ConfigError, data.DataError, FileNotFoundError) as err:
-    sys.exit(f"error: {err}")
+  checkpointing.LOG_ORBAX_ERRORS = _DEBUG.value
+  with user_errors.report(_DEBUG.value):
+    _run()
 
 
-def _parse_flags(argv):
-  """absl flag parsing; an unknown --config.key becomes a one-line error."""
-  try:
-    return flags.FLAGS(argv)
-  except (AttributeError, KeyError) as err:  # raised by ml_collections for unknown keys
-    msg = re.sub(r"[\\'\"]+", " ", str(err).replace("\\n", " ").replace("\n", " ")).split()
-    sys.exit(f"error: unknown config key in the --config.* overrides: {' '.join(msg)} "
-             "(every key is listed in transformer_xl/default_config.py)")
+def _run():
+  """main's work, in the order of its checks (paths, config, workdir, data, then the mode)."""
+  tokens = None
+  distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+  if _MODE.value == "score":
+    evaluate.check_output_path(_OUT.value)
+  workdir.require_dir(_WORKDIR.value)
+  config = _CONFIG.value if _CONFIG.value is not None else workdir.load_config(_WORKDIR.value)
+  if _MODE.value == "score" and _TOKENS.value:
+    tokens = user_errors.load_tokens(_TOKENS.value)
+  default_config.validate(config, jax.device_count())
+  if _MODE.value == "train":
+    workdir.check_writable(_WORKDIR.value)
+  mesh = sharding.make_mesh(config.mesh.shape, config.mesh.axis_names)
+  corpus = None
+  if _MODE.value in ("train", "eval") or (_MODE.value == "score" and _TEXT.value):
+    data_cfg = config.data.to_dict()
+    corpus = distributed.process_0_first(
+        lambda: data.load_corpus(data_cfg.pop("dataset"), **data_cfg), (data.DataError,))
+    metrics.log(f"Corpus {corpus.name}: vocab {corpus.vocab_size:,}, " + ", ".join(
+        f"{k} {v.num_tokens:,} tokens" for k, v in corpus.splits.items())
+        + f"; mesh {dict(mesh.shape)}; {jax.process_count()} process(es).")
+  if _MODE.value == "train":
+    train.train_and_evaluate(config, _WORKDIR.value, corpus, mesh)
+  elif _MODE.value == "eval":
+    evaluate.run_eval(config, _WORKDIR.value, corpus, mesh)
+  elif _MODE.value == "generate":
+    language_model.run_generate(
+        config, _WORKDIR.value, mesh, prompt=_PROMPT.value, prompt_file=_PROMPT_FILE.value,
+        num_tokens=_NUM_TOKENS.value, top_k=_TOP_K.value, top_p=_TOP_P.value,
+        temperature=_TEMPERATURE.value, seed=_SEED.value, num_samples=_NUM_SAMPLES.value,
+        out=_OUT.value)
+  else:
+    if tokens is None:
+      text = user_errors.read_text(_TEXT.value)
+      tokens = evaluate.text_tokens(corpus, text)
+      unknown = evaluate.unknown_words(corpus, text)
+      metrics.log(f"--text={_TEXT.value}: {tokens.shape[1] - 1:,} tokens; {unknown:,} "
+                  f"unknown word(s) ({100 * unknown / max(tokens.shape[1] - 1, 1):.2f}%) are "
+                  "scored as the vocabulary's unknown-word symbol.")
+    evaluate.run_score(config, _WORKDIR.value, mesh, tokens, _OUT.value)
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=_parse_flags)
+  app.run(main, flags_parser=user_errors.parse_flags)

@@ -222,6 +222,9 @@ def config_problems(fields: Mapping[str, Any]) -> list[str]:
   for key in ("dropout", "dropatt"):
     if not 0.0 <= f[key] < 1.0:
       problems.append(f"model.{key}={f[key]} must be in [0, 1).")
+  for key in ("init_std", "proj_init_std"):
+    if not 0.0 < f[key] < float("inf"):
+      problems.append(f"model.{key}={f[key]} must be > 0 (the std of a normal initialiser).")
   if f["dtype"] not in DTYPES:
     problems.append(f"model.dtype={f['dtype']!r}: use one of {DTYPES}.")
   if f["remat"] not in REMAT_POLICIES:

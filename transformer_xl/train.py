@@ -13,9 +13,10 @@ devices) is donated.
 """
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -52,6 +53,11 @@ def _from_chunks(x: Array, axis: int) -> Array:
   return x.reshape(shape[:axis] + (shape[axis] * n_chunk,) + shape[axis + 2:])
 
 
+def _all_finite(tree) -> Array:
+  """bool scalar: every element of every array of ``tree`` is finite."""
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(tree)]))
+
+
 def make_train_step(model: models.TransformerXL, tx, mesh: Mesh, state_shardings,
                     batch_chunk: int, dropout_seed: int, loss_span: str = "full") -> Callable:
   """The jitted train step: (TrainState, batch) -> (TrainState, metrics).
@@ -63,7 +69,13 @@ def make_train_step(model: models.TransformerXL, tx, mesh: Mesh, state_shardings
   weights of the first T // 2 positions of every segment are 0 (the "half
   loss" of Sec. 4.2: no loss on the positions with the shortest context).  Dropout keys are derived from
   (dropout_seed, step), so a resumed run draws the same masks.  metrics:
-  ``loss`` (nats), ``grad_norm`` (before clipping); float32 scalars.
+  ``loss`` (nats), ``grad_norm`` (before clipping); float32 scalars; and
+  ``finite`` (bool scalar): whether the loss, the gradient norm and the
+  updated parameters are all finite.  A step that is not finite is not
+  applied: parameters, optimizer state and memory stay as they were (only
+  ``step`` advances); the host decides what to do (:class:`NonFiniteGuard`).
+  Everything is computed on the devices; the metrics are replicated, so
+  every process reads the same values.
   """
   batch_shardings = {k: sharding.batch_sharding(mesh) for k in ("inputs", "targets", "weights")}
   batch_shardings["reset"] = sharding.rows_sharding(mesh)
@@ -105,9 +117,16 @@ def make_train_step(model: models.TransformerXL, tx, mesh: Mesh, state_shardings
     grad_norm = optax.tree.norm(grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state,
-                           memory=new_memory)
-    return new_state, {"loss": loss_sum / n_tokens, "grad_norm": grad_norm}
+    loss = loss_sum / n_tokens
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & _all_finite(params)
+    # The non-finite guard: such a step keeps the old state (a select on the
+    # devices, no host sync).
+    keep = lambda new, old: jnp.where(finite, new, old)
+    new_state = TrainState(
+        step=state.step + 1, params=jax.tree_util.tree_map(keep, params, state.params),
+        opt_state=jax.tree_util.tree_map(keep, opt_state, state.opt_state),
+        memory=jax.tree_util.tree_map(keep, new_memory, state.memory))
+    return new_state, {"loss": loss, "grad_norm": grad_norm, "finite": finite}
 
   return jax.jit(train_step, in_shardings=(state_shardings, batch_shardings),
                  out_shardings=(state_shardings, sharding.replicated(mesh)),
@@ -149,32 +168,125 @@ class PreemptionGuard:
     return distributed.any_process(self._flag)
 
 
+class NonFiniteGuard:
+  """The host side of the non-finite policy (``train.nonfinite``).
+
+  The train step never applies a step whose loss, gradient norm or updated
+  parameters are not finite (:func:`make_train_step`); the host learns of it
+  when it reads the metrics anyway: at log steps, and before every
+  checkpoint (so that a checkpoint is only written once every step since
+  the last check is known).  Every process reads the same replicated flags
+  and so takes the same decision.
+
+  Policies: "stop" raises at the first non-finite step; "skip" reports it,
+  counts it (``skipped``), and raises once ``max_skipped`` steps in a row
+  were skipped.
+
+  Args:
+    policy: "stop" or "skip".
+    max_skipped: the run stops when this many steps in a row were skipped.
+    train_cfg: ``config.train`` (quoted in the advice of the message).
+    last_checkpoint: returns a description of the newest checkpoint.
+    say: where "skip" reports each skipped step.
+  """
+
+  def __init__(self, policy: str, max_skipped: int, train_cfg: ml_collections.ConfigDict,
+               last_checkpoint: Callable[[], str], say: Callable[[str], None]):
+    self.policy, self.max_skipped = policy, max_skipped
+    self.skipped = 0
+    self._in_a_row = []
+    self._cfg = train_cfg
+    self._last_checkpoint = last_checkpoint
+    self._say = say
+
+  @staticmethod
+  def _what(row: Mapping[str, float]) -> str:
+    bad = [f"the {name} is {row[key]}" for key, name in (("loss", "loss"),
+                                                         ("grad_norm", "gradient norm"))
+           if not np.isfinite(row[key])]
+    return " and ".join(bad) or "the update made parameters non-finite"
+
+  def _advice(self) -> str:
+    t = self._cfg
+    return (f"The last good checkpoint is {self._last_checkpoint()}; nothing non-finite was "
+            f"saved. Try a lower --config.train.learning_rate (now {t.learning_rate}), a "
+            f"smaller --config.train.clip (now {t.clip}) or a longer "
+            f"--config.train.warmup_steps (now {t.warmup_steps}): the same command with such "
+            "a change resumes from that checkpoint.")
+
+  def check(self, rows: list[Mapping[str, Any]]) -> int:
+    """Applies the policy to the metrics of consecutive steps, in order.
+
+    Args:
+      rows: host metrics of steps, each with ``step``, ``loss``,
+        ``grad_norm`` and ``finite``.
+
+    Returns:
+      How many of ``rows`` were skipped.
+
+    Raises:
+      metrics.NonFiniteError: "stop" and a non-finite step, or "skip" and
+        ``max_skipped`` skipped steps in a row.
+    """
+    skipped = 0
+    for row in rows:
+      if row["finite"]:
+        self._in_a_row = []
+        continue
+      if self.policy == "stop":
+        raise metrics.NonFiniteError(
+            f"step {row['step']}: {self._what(row)} (train.nonfinite=stop): the run stopped "
+            f"before applying that step. {self._advice()} "
+            "(--config.train.nonfinite=skip skips such steps instead.)")
+      skipped += 1
+      self.skipped += 1
+      self._in_a_row.append(row["step"])
+      self._say(f"step {row['step']}: {self._what(row)}; the update was skipped "
+                f"({len(self._in_a_row)} in a row, at most {self.max_skipped}).")
+      if len(self._in_a_row) >= self.max_skipped:
+        raise metrics.NonFiniteError(
+            f"steps {self._in_a_row[0]} to {self._in_a_row[-1]}: {len(self._in_a_row)} steps in "
+            f"a row had a non-finite loss or gradient (train.max_skipped_steps="
+            f"{self.max_skipped}); the run stopped. {self._advice()}")
+    return skipped
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: data.Corpus,
                        mesh: Mesh) -> dict:
   """Trains until ``config.train.num_steps``, resuming from ``workdir`` if possible.
 
-  Saves the run's config.json and model_config.json (workdir.py); logs loss
-  (nats), bpc or ppl, learning rate, gradient norm and tokens/s (tokens =
-  global_batch * tgt_len per step) every ``log_every`` steps to TensorBoard,
-  metrics.jsonl and a console progress bar (metrics.py); validates every
-  ``eval_every`` steps with the eval settings; checkpoints every
-  ``checkpoint.every_steps``, at the end and on SIGTERM.
+  Resumes from the newest usable checkpoint (damaged ones are reported,
+  skipped and moved to ``checkpoints_rejected/``; checkpointing.py), after
+  checking that it was made with the same model, data and batch (before
+  anything is compiled; a difference stops the run and leaves the workdir
+  unchanged).  Then saves the run's config.json and model_config.json
+  (workdir.py); logs loss (nats), bpc or ppl, learning rate, gradient norm
+  and tokens/s (tokens = global_batch * tgt_len per step) every
+  ``log_every`` steps to TensorBoard, metrics.jsonl and a console progress
+  bar (metrics.py); validates every ``eval_every`` steps with the eval
+  settings; checkpoints every ``checkpoint.every_steps``, at the end and on
+  SIGTERM.  Non-finite steps are handled by ``train.nonfinite``
+  (:class:`NonFiniteGuard`); a checkpoint is never written with a
+  non-finite value.
 
   Returns:
     The last logged training metrics (dict of floats).
 
   Raises:
-    default_config.ConfigError: the model does not fit the corpus's vocabulary.
+    default_config.ConfigError: the model does not fit the corpus's
+      vocabulary, or differs from the workdir's checkpoints.
+    checkpointing.CheckpointError: checkpoints exist but none is usable, or
+      one cannot be written (full disk, read-only).
+    metrics.NonFiniteError: training diverged (``train.nonfinite``).
   """
   tcfg = config.train
   mcfg = default_config.model_config(config, corpus.vocab_size)
-  wd.save_config(workdir, config)
-  wd.save_model_config(workdir, mcfg, corpus.unit, corpus.name)
   model = models.TransformerXL(mcfg)
   tx = train_state.make_optimizer(tcfg)
   schedule = train_state.learning_rate_schedule(tcfg)
   abstract_state, state_shardings = train_state.abstract_train_state(
       model, tx, tcfg.global_batch, mesh)
+  meta = wd.checkpoint_meta(mcfg, corpus.unit, corpus.name, tcfg.global_batch)
 
   manager = checkpointing.make_manager(workdir, config.checkpoint.max_to_keep)
   # Ordered contiguous rows, or (One Billion Word) shuffled-sentence rows.
@@ -182,16 +294,28 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: 
       corpus, "train", tcfg.global_batch, mcfg.tgt_len, seed=tcfg.seed,
       row_ids=data.process_row_ids(sharding.batch_sharding(mesh), tcfg.global_batch,
                                    mcfg.tgt_len))
-  restored = checkpointing.restore_latest(manager, abstract_state)
+  restored = checkpointing.restore_latest(
+      manager, abstract_state, log=metrics.log,
+      check_meta=lambda path, saved: wd.check_same_run(workdir, path, saved, meta))
   if restored is None:
     state = train_state.create_train_state(model, tx, tcfg.global_batch, mesh,
                                            jax.random.PRNGKey(tcfg.seed), state_shardings)
     start_step = 0
   else:
-    start_step, state, iter_state = restored
-    if iter_state:  # {} = a checkpoint made elsewhere (e.g. converted): data from the start
-      train_iter.set_state(iter_state)
-    metrics.log(f"Resumed from {manager.directory} at step {start_step}.")
+    start_step, state = restored.step, restored.state
+    if restored.iterator_state:  # {} = a checkpoint made elsewhere (e.g. converted)
+      try:
+        train_iter.set_state(restored.iterator_state)
+      except ValueError as err:
+        raise default_config.ConfigError(
+            f"The data position saved in {restored.path} does not fit this run's data: {err} "
+            "Resume with the workdir's data settings, or use a new --workdir.") from None
+    checkpointing.set_aside(manager, workdir, [p for p, _ in restored.rejected], log=metrics.log)
+    metrics.log(f"Resumed from {restored.path} at step {start_step}.")
+  for path in checkpointing.remove_partial_writes(workdir):
+    metrics.log(f"Removed {path}, a checkpoint write that an interrupted run left unfinished.")
+  wd.save_config(workdir, config)
+  wd.save_model_config(workdir, mcfg, corpus.unit, corpus.name)
 
   n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(state.params))
   paper = ""
@@ -202,54 +326,88 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: 
   train_step = make_train_step(model, tx, mesh, state_shardings, tcfg.batch_chunk, tcfg.seed,
                                tcfg.loss_span)
   evaluator = evaluate.Evaluator(config, mcfg, corpus, mesh) if tcfg.eval_every else None
-  writer = metrics.MetricWriter(workdir)
+  writer = metrics.MetricWriter(workdir, start_step)
   metric = metrics.metric_name(corpus.unit)
   tokens_per_step = tcfg.global_batch * mcfg.tgt_len
 
   last = {}
   pending, t_last, steps_since = [], time.perf_counter(), 0
+  interval = []  # host metrics of the steps since the last log
   bar = metrics.progress_bar(tcfg.num_steps, start_step)
   say = bar.write if jax.process_index() == 0 else (lambda msg: None)
+
+  def last_checkpoint() -> str:
+    latest = manager.latest_step()
+    return ("none yet (no checkpoint was saved)" if latest is None
+            else f"{manager.directory / str(latest)} (step {latest})")
+
+  guard = NonFiniteGuard(tcfg.nonfinite, tcfg.max_skipped_steps, tcfg, last_checkpoint, say)
+
+  def drain():
+    """Reads the metrics of the steps run since the last read; applies the guard."""
+    nonlocal pending
+    if pending:
+      host = jax.device_get([m for _, m in pending])
+      rows = [{"step": s, **{k: (bool(v) if k == "finite" else float(v)) for k, v in m.items()}}
+              for (s, _), m in zip(pending, host)]
+      pending = []
+      interval.extend(rows)
+      guard.check(rows)
+
   step = start_step
-  with PreemptionGuard() as preemption:
-    while step < tcfg.num_steps:
-      batch = data.to_global_batch(next(train_iter), sharding.batch_sharding(mesh),
-                                             tcfg.global_batch)
-      state, step_metrics = train_step(state, batch)
-      step += 1
-      steps_since += 1
-      pending.append(step_metrics)
-      bar.update(1)
-      if step == start_step + 1:  # keep compilation out of tokens/s
-        jax.block_until_ready(step_metrics)
-        t_last, steps_since = time.perf_counter(), 0
-      if step % tcfg.log_every == 0 or step == tcfg.num_steps:
-        host = jax.device_get(pending)
-        elapsed = time.perf_counter() - t_last
-        loss = float(np.mean([m["loss"] for m in host]))
-        last = {"loss": loss, metric: metrics.metric_value(loss, corpus.unit),
-                "grad_norm": float(host[-1]["grad_norm"]),
-                "learning_rate": float(schedule(step - 1))}
-        if steps_since:
-          last["tokens_per_sec"] = steps_since * tokens_per_step / elapsed
-        writer.write_scalars(step, {f"train/{k}": v for k, v in last.items()})
-        bar.set_postfix(loss=f"{loss:.3f}", **{metric: f"{last[metric]:.3f}"})
-        say(f"step {step}: " + ", ".join(f"{k}={v:.4g}" for k, v in last.items()))
-        pending, t_last, steps_since = [], time.perf_counter(), 0
-      if evaluator is not None and (step % tcfg.eval_every == 0 or step == tcfg.num_steps):
-        res = evaluator.evaluate(state.params, "valid", max_steps=tcfg.eval_max_steps)
-        writer.write_scalars(step, {f"valid/{k}": v for k, v in res.items()})
-        say(f"step {step}: valid " + ", ".join(f"{k}={v:.4g}" for k, v in res.items()))
-        t_last, steps_since = time.perf_counter(), 0
-      preempted = preemption.should_stop(step)
-      if step % config.checkpoint.every_steps == 0 or step == tcfg.num_steps or preempted:
-        checkpointing.save(manager, step, state, train_iter.get_state())
-        t_last, steps_since = time.perf_counter(), 0
-      if preempted:
-        say(f"SIGTERM: saved a checkpoint at step {step}; stopping (a restart resumes here).")
-        last["preempted_at_step"] = step
-        break
-  bar.close()
-  writer.close()
-  manager.close()
+  finished = False
+  try:
+    with PreemptionGuard() as preemption:
+      while step < tcfg.num_steps:
+        batch = data.to_global_batch(next(train_iter), sharding.batch_sharding(mesh),
+                                     tcfg.global_batch)
+        state, step_metrics = train_step(state, batch)
+        step += 1
+        steps_since += 1
+        pending.append((step, step_metrics))
+        bar.update(1)
+        if step == start_step + 1:  # keep compilation out of tokens/s
+          jax.block_until_ready(step_metrics)
+          t_last, steps_since = time.perf_counter(), 0
+        if step % tcfg.log_every == 0 or step == tcfg.num_steps:
+          drain()
+          elapsed = time.perf_counter() - t_last
+          good = [m for m in interval if m["finite"]]
+          loss = float(np.mean([m["loss"] for m in good])) if good else float("nan")
+          last = {"loss": loss, metric: metrics.metric_value(loss, corpus.unit),
+                  "grad_norm": good[-1]["grad_norm"] if good else float("nan"),
+                  "learning_rate": float(schedule(step - 1))}
+          if tcfg.nonfinite == "skip":
+            last["skipped_steps"] = len(interval) - len(good)
+          if steps_since:
+            last["tokens_per_sec"] = steps_since * tokens_per_step / elapsed
+          writer.write_scalars(step, {f"train/{k}": v for k, v in last.items()})
+          bar.set_postfix(loss=f"{loss:.3f}", **{metric: f"{last[metric]:.3f}"})
+          say(f"step {step}: " + ", ".join(f"{k}={v:.4g}" for k, v in last.items()))
+          interval.clear()
+          t_last, steps_since = time.perf_counter(), 0
+        if evaluator is not None and (step % tcfg.eval_every == 0 or step == tcfg.num_steps):
+          res = evaluator.evaluate(state.params, "valid", max_steps=tcfg.eval_max_steps)
+          writer.write_scalars(step, {f"valid/{k}": v for k, v in res.items()})
+          say(f"step {step}: valid " + ", ".join(f"{k}={v:.4g}" for k, v in res.items()))
+          t_last, steps_since = time.perf_counter(), 0
+        preempted = preemption.should_stop(step)
+        if step % config.checkpoint.every_steps == 0 or step == tcfg.num_steps or preempted:
+          drain()  # never save before every step since the last check is known to be finite
+          checkpointing.save(manager, step, state, train_iter.get_state(), meta=meta)
+          t_last, steps_since = time.perf_counter(), 0
+        if preempted:
+          say(f"SIGTERM: saved a checkpoint at step {step}; stopping (a restart resumes here).")
+          last["preempted_at_step"] = step
+          break
+    finished = True
+  finally:
+    bar.close()
+    if finished:
+      writer.close()
+      manager.close()
+    else:  # the error that stops the run is the one to report, not a second one here
+      for close in (writer.close, manager.close):
+        with contextlib.suppress(Exception):
+          close()
   return last

@@ -7,30 +7,89 @@ A workdir (a local path or gs://) holds:
   model_config.json   the exact architecture (:class:`models.ModelConfig`
                       with n_token) and the corpus's unit and name, so that a
                       checkpoint can be used without the data;
-  checkpoints/        orbax checkpoints (checkpointing.py);
+  checkpoints/        orbax checkpoints (checkpointing.py), each with the
+                      same information as model_config.json in its record
+                      (:func:`checkpoint_meta`);
+  checkpoints_rejected/  checkpoints found damaged when a run resumed;
   eval_results.json   the last ``--mode=eval`` results;
   metrics.jsonl, tensorboard/   training metrics (metrics.py).
 
-Only process 0 writes.
+config.json and model_config.json are written only once a run has
+restored its checkpoint or initialised a fresh state (a run that stops
+before, e.g. because its model differs from the checkpoint's, leaves the
+workdir as it was).  Only process 0 writes these files.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Mapping
+import os
+from typing import Any, Mapping, Optional
 
 import jax
 import ml_collections
 from etils import epath
 from jax.sharding import Mesh
 
-from transformer_xl import checkpointing, default_config, models, train_state
+from transformer_xl import checkpointing, default_config, metrics, models, train_state
+
+# Model fields that may differ between a checkpoint and the run that loads
+# it: the same parameters and results, computed with a different memory
+# trade-off.
+FREE_MODEL_KEYS = ("remat",)
+
+
+class WorkdirError(RuntimeError):
+  """A --workdir (or output path) that cannot be used; the message says why and what to do."""
+
+
+def _atomic_write(path: epath.Path, text: str) -> None:
+  """Writes ``text`` to ``path`` through a temporary file and a rename, so a
+  killed run never leaves a half-written file."""
+  tmp = path.parent / f".{path.name}.tmp"
+  tmp.write_text(text)
+  tmp.replace(path)
+
+
+def require_dir(workdir: str) -> epath.Path:
+  """``workdir`` as a path, which must not be a file.
+
+  Raises:
+    WorkdirError: it is an existing file.
+  """
+  path = epath.Path(workdir)
+  if path.exists() and not path.is_dir():
+    raise WorkdirError(f"--workdir={workdir} is a file, not a directory: pass a directory "
+                       "(it is created if it does not exist).")
+  return path
+
+
+def check_writable(workdir: str) -> None:
+  """Makes sure ``workdir`` is (or can be made) a directory this process can write.
+
+  Creates it if needed, then writes and deletes a small probe file (every
+  process: each writes its own checkpoint shards).
+
+  Raises:
+    WorkdirError: a file, a read-only file system, no permission.
+  """
+  path = require_dir(workdir)
+  probe = path / f".txl_write_test.{jax.process_index()}.{os.getpid()}"
+  try:
+    path.mkdir(parents=True, exist_ok=True)
+    probe.write_text("")
+    probe.unlink()
+  except OSError as err:
+    reason = err.strerror or str(err)
+    raise WorkdirError(f"--workdir={workdir} cannot be written ({reason}): pass a directory "
+                       "on a writable file system that you have permission to write to."
+                       ) from err
 
 
 def save_config(workdir: str, config: ml_collections.ConfigDict) -> None:
   """Writes ``<workdir>/config.json`` (process 0)."""
   if jax.process_index() == 0:
-    (epath.Path(workdir) / "config.json").write_text(config.to_json_best_effort(indent=2))
+    _atomic_write(epath.Path(workdir) / "config.json", config.to_json_best_effort(indent=2))
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
@@ -38,13 +97,18 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
 
   Raises:
     FileNotFoundError: no config.json (pass --config instead).
+    WorkdirError: the workdir is a file, or config.json is damaged.
   """
-  path = epath.Path(workdir) / "config.json"
+  path = require_dir(workdir) / "config.json"
   if not path.exists():
     raise FileNotFoundError(f"{path} does not exist: pass --config=configs/<name>.py, or use the "
                             "--workdir of a training run (it saves its config there).")
   config = default_config.get_config()
-  config.update(json.loads(path.read_text()))
+  try:
+    config.update(json.loads(path.read_text()))
+  except (ValueError, KeyError, TypeError, AttributeError) as err:
+    raise WorkdirError(f"{path} is damaged ({err}): pass --config=configs/<name>.py with the "
+                       "run's settings instead.") from None
   return config
 
 
@@ -53,7 +117,7 @@ def save_model_config(workdir: str, model_cfg: models.ModelConfig, unit: str,
   """Writes ``<workdir>/model_config.json``: the architecture (with n_token),
   the corpus unit ("byte", "char" or "word") and the dataset name (process 0)."""
   if jax.process_index() == 0:
-    (epath.Path(workdir) / "model_config.json").write_text(json.dumps(
+    _atomic_write(epath.Path(workdir) / "model_config.json", json.dumps(
         {"model": dataclasses.asdict(model_cfg), "unit": unit, "dataset": dataset}, indent=2))
 
 
@@ -62,37 +126,143 @@ def load_model_config(workdir: str) -> tuple[models.ModelConfig, str]:
 
   Raises:
     FileNotFoundError: the workdir has no model_config.json.
+    WorkdirError: the workdir is a file, or model_config.json is damaged.
   """
-  path = epath.Path(workdir) / "model_config.json"
+  path = require_dir(workdir) / "model_config.json"
   if not path.exists():
     raise FileNotFoundError(f"{path} does not exist: train (or convert) into this --workdir first.")
-  saved = json.loads(path.read_text())
-  return models.ModelConfig(**saved["model"]), saved["unit"]
+  try:
+    saved = json.loads(path.read_text())
+    return models.ModelConfig(**saved["model"]), saved["unit"]
+  except (ValueError, KeyError, TypeError) as err:
+    raise WorkdirError(f"{path} is damaged ({err}).") from None
+
+
+def checkpoint_meta(model_cfg: models.ModelConfig, unit: str, dataset: str,
+                    global_batch: int) -> dict:
+  """What a checkpoint records about the run that made it (JSON-serialisable):
+  the model config (with n_token), the corpus's unit and name, and the
+  training batch (the rows of the saved memory)."""
+  return json.loads(json.dumps({"model": dataclasses.asdict(model_cfg), "unit": unit,
+                                "dataset": dataset, "global_batch": int(global_batch)}))
+
+
+def _same_meaning(model: Optional[Mapping[str, Any]]) -> dict:
+  """Model fields with equivalent spellings made equal: d_embed None, 0 and
+  d_model all mean "no projection" (models.ModelConfig.embed_dim)."""
+  model = dict(model or {})
+  if "d_embed" in model and model["d_embed"] in (None, 0, model.get("d_model")):
+    model["d_embed"] = 0
+  return model
+
+
+def run_differences(saved: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[str]:
+  """How a run's :func:`checkpoint_meta` differs from a checkpoint's.
+
+  Compared: every model field but :data:`FREE_MODEL_KEYS`, and, where both
+  have them, the dataset (unless one is "converted", the converter's name
+  for no particular corpus) and ``train.global_batch``.  Eval settings, the
+  number of steps, the learning-rate schedule, the mesh may all differ.
+
+  Returns:
+    One line per differing key, e.g. "the workdir was trained with
+    model.d_model=128; this run asks for 64"; [] if none.
+  """
+  lines = []
+  saved_model, wanted_model = map(_same_meaning, (saved.get("model"), wanted.get("model")))
+  for key in sorted(set(saved_model) | set(wanted_model)):
+    if key in FREE_MODEL_KEYS or key not in saved_model or key not in wanted_model:
+      continue
+    a, b = saved_model[key], wanted_model[key]
+    if (list(a) if isinstance(a, (list, tuple)) else a) != (
+        list(b) if isinstance(b, (list, tuple)) else b):
+      name = "model.n_token (the vocabulary size)" if key == "n_token" else f"model.{key}"
+      lines.append(f"the workdir was trained with {name}={a!r}; this run asks for {b!r}")
+  for key, name in (("dataset", "data.dataset"), ("global_batch", "train.global_batch")):
+    if key == "dataset" and "converted" in (saved.get(key), wanted.get(key)):
+      continue  # a converted checkpoint of no particular corpus (convert/workdir.py)
+    if key in saved and key in wanted and saved[key] != wanted[key]:
+      lines.append(f"the workdir was trained with {name}={saved[key]!r}; this run asks for "
+                   f"{wanted[key]!r}")
+  return lines
+
+
+def check_same_run(workdir: str, checkpoint: str, saved: Mapping[str, Any],
+                   wanted: Mapping[str, Any]) -> None:
+  """Stops a run whose model (or data, or batch) differs from a checkpoint's.
+
+  Args:
+    workdir: the --workdir.
+    checkpoint: the checkpoint's path (for the message).
+    saved: the checkpoint's :func:`checkpoint_meta`; {} for a checkpoint
+      without one (then ``<workdir>/model_config.json`` is compared, if any).
+    wanted: this run's :func:`checkpoint_meta` (keys it lacks are not compared).
+
+  Raises:
+    default_config.ConfigError: listing every differing key with both values.
+  """
+  if not saved:
+    path = epath.Path(workdir) / "model_config.json"
+    try:
+      saved = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, ValueError):
+      saved = {}
+  lines = run_differences(saved, wanted)
+  if lines:
+    raise default_config.ConfigError(
+        f"--workdir={workdir} holds checkpoints of a different model ({checkpoint}):\n  - "
+        + "\n  - ".join(lines)
+        + f"\nRun with the workdir's settings (they are in {epath.Path(workdir) / 'config.json'}),"
+          " or use a new --workdir for the new model. Nothing in the workdir was changed.")
 
 
 def restore_params(config: ml_collections.ConfigDict, workdir: str,
                    model_cfg: models.ModelConfig, mesh: Mesh) -> tuple[int, Any]:
-  """(step, parameters) of the latest checkpoint in ``workdir``, on ``mesh``.
+  """(step, parameters) of the newest usable checkpoint in ``workdir``, on ``mesh``.
+
+  Damaged checkpoints are reported and skipped
+  (:func:`checkpointing.restore_latest`); nothing in the workdir is changed.
 
   Raises:
     FileNotFoundError: no checkpoint.
+    default_config.ConfigError: ``model_cfg`` differs from the checkpoint's model.
+    checkpointing.CheckpointError: checkpoints exist but none is usable.
   """
+  require_dir(workdir)
+  directory = checkpointing.checkpoint_dir(workdir)
+  if not directory.exists():
+    raise FileNotFoundError(f"No checkpoint in {directory}: train first with the same "
+                            "--workdir (--mode=train).")
+  model = models.TransformerXL(model_cfg)
   tx = train_state.make_optimizer(config.train)
-  abstract_state, _ = train_state.abstract_train_state(
-      models.TransformerXL(model_cfg), tx, config.train.global_batch, mesh)
+  abstract = {}
+
+  def abstract_for(meta):  # the saved memory has the training run's batch rows
+    batch = int(meta.get("global_batch") or config.train.global_batch)
+    if batch not in abstract:
+      abstract[batch] = train_state.abstract_train_state(model, tx, batch, mesh)[0]
+    return abstract[batch]
+
+  wanted = {"model": checkpoint_meta(model_cfg, "", "", 0)["model"]}
   manager = checkpointing.make_manager(workdir, config.checkpoint.max_to_keep)
-  restored = checkpointing.restore_latest(manager, abstract_state)
-  manager.close()
+  try:
+    restored = checkpointing.restore_latest(
+        manager, abstract_for, log=metrics.log,
+        check_meta=lambda path, meta: check_same_run(workdir, path, meta, wanted))
+  finally:
+    manager.close()
   if restored is None:
     raise FileNotFoundError(f"No checkpoint in {manager.directory}: train first with the same "
                             "--workdir (--mode=train).")
-  step, state, _ = restored
-  return step, state.params
+  if restored.rejected:
+    metrics.log(f"Using {restored.path} (step {restored.step}), the newest usable checkpoint.")
+  return restored.step, restored.state.params
 
 
 def write_eval_results(workdir: str, results: Mapping[str, Any]) -> str:
-  """Writes ``<workdir>/eval_results.json`` (process 0) and returns its path."""
+  """Writes ``<workdir>/eval_results.json`` (process 0; strict JSON, non-finite
+  values as null listed under "nonfinite") and returns its path."""
   path = epath.Path(workdir) / "eval_results.json"
   if jax.process_index() == 0:
-    path.write_text(json.dumps(results, indent=2, sort_keys=True))
+    _atomic_write(path, metrics.dumps(results, indent=2, sort_keys=True))
   return str(path)

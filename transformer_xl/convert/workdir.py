@@ -121,7 +121,8 @@ def write_workdir(workdir: str, params: Mapping[str, Any], cfg, *, dataset: Opti
       params=unflatten_params({p: np.asarray(a, np.float32) for p, a in flat.items()}))
   wd.save_config(workdir, config)
   wd.save_model_config(workdir, cfg, unit, dataset or "converted")
-  checkpointing.save(manager, 0, state, {})
+  checkpointing.save(manager, 0, state, {}, meta=wd.checkpoint_meta(
+      cfg, unit, dataset or "converted", config.train.global_batch))
   manager.close()
   return config
 

@@ -73,7 +73,8 @@ class _MahoneyBuilder(TokenStreamBuilder, skip_registration=True):
     data = np.frombuffer(source.read_bytes(), dtype=np.uint8)
     if verify and len(data) != _MAHONEY_SIZE:
       raise DataError(f"{source}: {len(data):,} bytes, expected "
-                      f"{_MAHONEY_SIZE:,}.")
+                      f"{_MAHONEY_SIZE:,}; use the canonical file, or pass "
+                      "--config.data.verify_checksums=false to use this one on purpose.")
     tokenizer = self.SPEC.tokenizer
     vocab, table = list(tokenizer.vocab), tokenizer.byte_table()
     if table is not None:

@@ -267,7 +267,7 @@ class TxlLm1b(TokenStreamBuilder):
         raise DataError(
             f"{vocab_file} has {len(vocab):,} entries, the reference's "
             f"{LM1B_VOCAB_FILE} has {LM1B_VOCAB_SIZE:,}; replace it with the "
-            "reference file, or pass verify_checksums=False to use it on "
+            "reference file, or pass --config.data.verify_checksums=false to use it on "
             "purpose.")
       vocab_source = f"file {LM1B_VOCAB_FILE}"
     else:
@@ -320,10 +320,10 @@ class TxlLm1b(TokenStreamBuilder):
     index = {
         split: ChunkedSentenceIndex(
             ChunkedSource(
-                self.as_data_source(split=split + SENTENCE_LENGTHS),
+                self.data_source(split + SENTENCE_LENGTHS),
                 md["num_sentences"][split], md["chunk_size"],
                 name=f"{self.SPEC.name}/{split}{SENTENCE_LENGTHS}",
-                cache_chunks=0),
+                cache_chunks=0, path=str(self.data_dir)),
             num_tokens=corpus.splits[split].num_tokens,
             name=f"{self.SPEC.name}/{split}")
         for split in SPLITS

@@ -193,7 +193,8 @@ class _LineBuilder(TokenStreamBuilder, skip_registration=True):
         raise DataError(
             f"{spec.name}: token counts {got[0]} and vocabulary size "
             f"{got[1]} differ from the documented {want[0]} and {want[1]}; "
-            "the source files are not the canonical ones.")
+            "the source files are not the canonical ones: replace them, or pass "
+            "--config.data.verify_checksums=false to use them on purpose.")
     streams = {
         s: (lambda src=src: self._encode(src, index, step))
         for s, src in by_split.items()

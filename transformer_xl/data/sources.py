@@ -152,13 +152,32 @@ class Source:
 
     Lines are split exactly as the reference implementation's
     ``for line in open(path, "r", encoding="utf-8")`` splits them.
+
+    Raises:
+      DataError: the file is not UTF-8 (the message names it, the line and
+        the byte), raised where the reading fails.
     """
     with self.open() as f:
       text = io.TextIOWrapper(f, encoding="utf-8")
       try:
         yield text
+      except UnicodeDecodeError:
+        raise DataError(self._not_utf8()) from None
       finally:
         text.detach()
+
+  def _not_utf8(self) -> str:
+    """The message for a file that is not UTF-8: where its first bad byte is."""
+    data = self.read_bytes()
+    try:
+      data.decode("utf-8")
+      where = ""
+    except UnicodeDecodeError as err:
+      line = data.count(b"\n", 0, err.start) + 1
+      where = f" (line {line}: byte {data[err.start]:#04x} at offset {err.start:,})"
+    return (f"{self} is not UTF-8 text{where}. Use the canonical file (with "
+            "--config.data.verify_checksums=true its checksum is checked), or convert it to "
+            "UTF-8.")
 
   def read_bytes(self) -> bytes:
     """The whole file as bytes."""
@@ -363,7 +382,8 @@ def verify(source: Source) -> None:
           f"Checksum mismatch for {file.name} ({source}): expected {key} "
           f"{expected}, got {actual[key]} (expected: {file.expected()}). "
           "Replace it with the canonical file, or pass "
-          "verify_checksums=False to use a modified copy on purpose."
+          "--config.data.verify_checksums=false (load_corpus(verify_checksums=False)) to use "
+          "a modified copy on purpose."
       )
 
 
@@ -582,7 +602,7 @@ def locate_sharded(
           f"The archive {archive} does not contain {_summary(missing)}; it is "
           f"not the canonical {spec.archive} ({spec.url}). Replace it with the "
           "canonical archive" + (
-              ", or pass verify_checksums=False to build from the training "
+              ", or pass --config.data.verify_checksums=false to build from the training "
               "shards it holds." if require_all_train and
               spec.heldout.name in got and len(got) > 1 else "."))
     return with_extras(got)

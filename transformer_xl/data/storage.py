@@ -39,6 +39,12 @@ BUILDER_PREFIX = "txl_"  # tfds name = prefix + corpus name: no clash with tfds'
 # -- reading -----------------------------------------------------------------
 
 
+def damaged_message(path: str, what: str) -> str:
+  """The message for a damaged prepared dataset: what failed, and how to rebuild."""
+  return (f"The prepared dataset in {path} is damaged: {what}. Delete it to rebuild it "
+          f"(rm -r {path}); the next run prepares it again from the source files.")
+
+
 class ChunkedSource:
   """A :class:`~transformer_xl.data.TokenSource` over chunk records.
 
@@ -58,6 +64,7 @@ class ChunkedSource:
     name: for error messages, e.g. "ptb/valid".
     cache_chunks: how many decoded records to keep (64 x 65536 int32 tokens
       = 16 MiB); 0 disables the cache.
+    path: the prepared dataset's directory, for error messages.
 
   Raises:
     DataError: the number of records does not match ``num_tokens`` and
@@ -65,7 +72,8 @@ class ChunkedSource:
   """
 
   def __init__(self, records, num_tokens: int, chunk_size: int, name: str = "",
-               cache_chunks: int = 64):
+               cache_chunks: int = 64, path: str = ""):
+    self._path = str(path)
     self._records = records
     self._num_tokens = int(num_tokens)
     self._chunk_size = int(chunk_size)
@@ -116,18 +124,28 @@ class ChunkedSource:
     if todo:
       # A batch read costs a thread-pool start in array_record: only worth it
       # for several records (one record is the common case for short reads).
-      if len(todo) > 1 and hasattr(self._records, "__getitems__"):
-        records = self._records.__getitems__(todo)
-      else:
-        records = [self._records[k] for k in todo]
+      try:
+        if len(todo) > 1 and hasattr(self._records, "__getitems__"):
+          records = self._records.__getitems__(todo)
+        else:
+          records = [self._records[k] for k in todo]
+      except (RuntimeError, ValueError, OSError, KeyError) as err:
+        # array_record / riegeli report a damaged file as RuntimeError or ValueError.
+        raise DataError(damaged_message(self._path or self._name, f"{self._name}: records "
+                                        f"{todo[0]}..{todo[-1]} cannot be read ({err})")
+                        ) from None
       for key, record in zip(todo, records):
-        tokens = np.asarray(record["tokens"], dtype=np.int32)
+        try:
+          tokens = np.asarray(record["tokens"], dtype=np.int32)
+        except (TypeError, ValueError, KeyError) as err:
+          raise DataError(damaged_message(self._path or self._name, f"{self._name}: record "
+                                          f"{key} does not decode ({err})")) from None
         c = self._chunk_size
         expected = min(c, self._num_tokens - key * c)
         if tokens.shape != (expected,):
-          raise DataError(
-              f"{self._name}: record {key} holds {tokens.shape[0]} tokens, "
-              f"expected {expected}; the prepared dataset is corrupt.")
+          raise DataError(damaged_message(
+              self._path or self._name, f"{self._name}: record {key} holds "
+              f"{tokens.size} tokens, expected {expected}"))
         tokens.flags.writeable = False
         cached[key] = tokens
       if self._cache_chunks > 0:
@@ -467,6 +485,19 @@ class TokenStreamBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True
 
   # -- reading -----------------------------------------------------------
 
+  def data_source(self, split: str):
+    """``as_data_source(split)``, with a damaged file reported as DataError.
+
+    Raises:
+      DataError: the split's files cannot be opened (the message names the
+        directory and says to delete it to rebuild).
+    """
+    try:
+      return self.as_data_source(split=split)
+    except (RuntimeError, ValueError, OSError) as err:
+      raise DataError(damaged_message(str(self.data_dir), f"split {split!r} cannot be "
+                                      f"opened ({err})")) from None
+
   def as_corpus(self) -> Corpus:
     """The prepared dataset as a :class:`Corpus` of :class:`ChunkedSource`.
 
@@ -486,8 +517,8 @@ class TokenStreamBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True
           "directory to rebuild the dataset.")
     splits = {
         split: ChunkedSource(
-            self.as_data_source(split=split), md["num_tokens"][split],
-            md["chunk_size"], name=f"{self.SPEC.name}/{split}")
+            self.data_source(split), md["num_tokens"][split],
+            md["chunk_size"], name=f"{self.SPEC.name}/{split}", path=str(self.data_dir))
         for split in SPLITS
     }
     return Corpus(name=self.SPEC.name, unit=md["unit"], vocab=tuple(md["vocab"]),

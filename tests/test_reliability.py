@@ -1,0 +1,645 @@
+"""A run never loses good state, and bad input never gets a traceback.
+
+In-process runs of ``train.train_and_evaluate`` on a toy corpus (one
+device, a tiny model, one clean run shared by the module) cover the
+non-finite policies, checkpoint verification and fallback; command-line
+runs (``python -m transformer_xl.main`` over a small PTB sample, one trained
+workdir shared by the module) cover the messages a user sees.
+"""
+import errno
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer_xl import (checkpointing, data, default_config, metrics, models, sharding, train,
+                            train_state)
+from test_train import REPO, read_metrics, run_main, small_args, tiny_config, write_ptb_sample
+
+VOCAB = 32
+N_STEPS = 12
+
+
+def toy_corpus():
+  rng = np.random.default_rng(0)
+  stream = lambda n: data.ArraySource(rng.integers(0, VOCAB, size=n).astype(np.int32))
+  return data.Corpus(name="toy", unit="word", vocab=[f"w{i}" for i in range(VOCAB)],
+                     boundary_id=0, splits={"train": stream(8 * 6 * 40 + 8), "valid": stream(300),
+                                            "test": stream(300)})
+
+
+def toy_config(**train_kw):
+  c = tiny_config(**{**dict(num_steps=N_STEPS, warmup_steps=2, log_every=1, eval_every=0),
+                     **train_kw})
+  c.checkpoint.update(every_steps=2, max_to_keep=10)
+  return c
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compilation_cache(tmp_path_factory):
+  """JAX's persistent compilation cache for this module's runs, in-process and
+  in subprocesses: the same tiny train step is compiled by many runs here."""
+  directory = str(tmp_path_factory.mktemp("jax_cache"))
+  options = {"jax_compilation_cache_dir": directory,
+             "jax_persistent_cache_min_compile_time_secs": 0,
+             "jax_persistent_cache_min_entry_size_bytes": 0}
+  saved = {k: getattr(jax.config, k) for k in options}
+  saved_env = {k.upper(): os.environ.get(k.upper()) for k in options}
+  for k, v in options.items():
+    jax.config.update(k, v)
+    os.environ[k.upper()] = str(v)
+  yield
+  for k, v in saved.items():
+    jax.config.update(k, v)
+  for k, v in saved_env.items():
+    if v is None:
+      os.environ.pop(k, None)
+    else:
+      os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def mesh():
+  return sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
+
+
+class Poisoned:
+  """A training iterator whose batches of the given (1-based) steps have NaN
+  weights: their loss and gradients are NaN."""
+
+  def __init__(self, it, steps):
+    self._it, self._steps = it, set(steps)
+
+  def __next__(self):
+    s = self._it.get_state()
+    step = s["epoch"] * self._it.steps_per_epoch + s["step"] + 1
+    batch = next(self._it)
+    if step in self._steps:
+      batch = dict(batch, weights=np.full_like(batch["weights"], np.nan))
+    return batch
+
+  def get_state(self):
+    return self._it.get_state()
+
+  def set_state(self, state):
+    self._it.set_state(state)
+
+
+def poison(monkeypatch, steps):
+  make = data.make_train_iterator
+  monkeypatch.setattr(data, "make_train_iterator",
+                      lambda *a, **k: Poisoned(make(*a, **k), steps))
+
+
+def train_toy(workdir, mesh, config=None):
+  return train.train_and_evaluate(config or toy_config(), str(workdir), toy_corpus(), mesh)
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory, mesh):
+  """A clean run of N_STEPS steps with a checkpoint every 2 steps (all kept)."""
+  workdir = tmp_path_factory.mktemp("clean")
+  train_toy(workdir, mesh)
+  return workdir
+
+
+def records(workdir):
+  """{step: fingerprints} of every checkpoint in a workdir."""
+  out = {}
+  for path in (Path(workdir) / "checkpoints").iterdir():
+    if path.name.isdigit():
+      rec = json.loads((path / "integrity" / "metadata").read_text())
+      out[int(path.name)] = {k: v["fingerprint"] for k, v in rec["leaves"].items()}
+  return out
+
+
+def copy_upto(src, dst, last_step):
+  """A copy of a workdir without its checkpoints after last_step."""
+  shutil.copytree(src, dst)
+  for path in (Path(dst) / "checkpoints").iterdir():
+    if path.name.isdigit() and int(path.name) > last_step:
+      shutil.rmtree(path)
+  return dst
+
+
+def abstract_state(config, mesh):
+  mcfg = default_config.model_config(config, VOCAB)
+  return train_state.abstract_train_state(
+      models.TransformerXL(mcfg), train_state.make_optimizer(config.train),
+      config.train.global_batch, mesh)[0]
+
+
+# --------------------------------------------------------------------------- #
+# Fingerprints and strict JSON.
+
+
+def test_fingerprint_sees_one_and_two_bit_flips_and_ignores_placement():
+  x = np.random.default_rng(0).normal(size=(64, 48)).astype(np.float32)
+  base = checkpointing.fingerprint({"x": jnp.asarray(x)})[0]["['x']"]
+  bits = x.view(np.uint32).copy()
+  bits[3, 5] ^= 1 << 7
+  one = checkpointing.fingerprint({"x": jnp.asarray(bits.view(np.float32))})[0]["['x']"]
+  # The same bit in a second element: an xor of the bit patterns cancels
+  # (equal bits), or a sum does (opposite bits).
+  bits[40, 1] ^= 1 << 7
+  two = checkpointing.fingerprint({"x": jnp.asarray(bits.view(np.float32))})[0]["['x']"]
+  assert len({base, one, two}) == 3
+  # Moving two elements (the same bits, other places) changes it too.
+  swapped = x.copy()
+  swapped[[0, 1]] = swapped[[1, 0]]
+  assert checkpointing.fingerprint({"x": jnp.asarray(swapped)})[0]["['x']"] != base
+  # The same values sharded over 8 devices give the same fingerprint.
+  mesh8 = sharding.make_mesh((4, 2), ("data", "model"))
+  spread = jax.device_put(x, jax.sharding.NamedSharding(
+      mesh8, jax.sharding.PartitionSpec("data", "model")))
+  assert checkpointing.fingerprint({"x": spread})[0]["['x']"] == base
+  fps, finite = checkpointing.fingerprint({"x": jnp.asarray(x), "y": jnp.asarray([1.0, np.inf]),
+                                           "n": jnp.asarray([1, 2], jnp.int32),
+                                           "h": jnp.asarray(x, jnp.bfloat16)})
+  assert finite == {"['h']": True, "['n']": True, "['x']": True, "['y']": False}
+
+
+def test_strict_json_replaces_non_finite_values_and_says_so():
+  out = metrics.strict_json({"a": 1.0, "b": float("nan"), "c": {"d": float("inf"), "e": 2},
+                             "f": np.float32(3.5)})
+  assert out == {"a": 1.0, "b": None, "c": {"d": None, "e": 2}, "f": 3.5,
+                 "nonfinite": ["b", "c.d"]}
+  text = metrics.dumps({"loss": float("-inf")})
+  assert json.loads(text) == {"loss": None, "nonfinite": ["loss"]}
+  assert "Infinity" not in text and "NaN" not in text
+
+
+# --------------------------------------------------------------------------- #
+# The non-finite guard.
+
+
+def test_a_non_finite_step_changes_nothing(mesh):
+  """NaN weights in one batch: its loss and gradients are NaN; parameters,
+  optimizer state and memory after that step equal those before it; the
+  next good step trains again."""
+  config = toy_config()
+  mcfg = default_config.model_config(config, VOCAB)
+  model = models.TransformerXL(mcfg)
+  tx = train_state.make_optimizer(config.train)
+  _, shardings = train_state.abstract_train_state(model, tx, 8, mesh)
+  state = train_state.create_train_state(model, tx, 8, mesh, jax.random.PRNGKey(0), shardings)
+  step_fn = train.make_train_step(model, tx, mesh, shardings, 1, 7)
+  it = Poisoned(data.make_train_iterator(toy_corpus(), "train", 8, mcfg.tgt_len, seed=0), {3})
+  snapshots, flags = [], []
+  for _ in range(4):
+    batch = data.to_global_batch(next(it), sharding.batch_sharding(mesh), 8)
+    snapshots.append(jax.device_get(state))
+    state, m = step_fn(state, batch)
+    flags.append(bool(m["finite"]))
+  after = jax.device_get(state)
+  assert flags == [True, True, False, True]
+  before_3, after_3 = snapshots[2], snapshots[3]
+  assert int(after_3.step) == int(before_3.step) + 1
+  for name in ("params", "opt_state", "memory"):
+    for a, b in zip(jax.tree_util.tree_leaves(getattr(before_3, name)),
+                    jax.tree_util.tree_leaves(getattr(after_3, name))):
+      np.testing.assert_array_equal(a, b, err_msg=name)
+  assert all(np.all(np.isfinite(x)) for x in jax.tree_util.tree_leaves(after.params))
+  assert not np.allclose(jax.tree_util.tree_leaves(after.params)[0],
+                         jax.tree_util.tree_leaves(after_3.params)[0])
+
+
+def test_stop_at_a_non_finite_step_keeps_every_good_checkpoint(tmp_path, mesh, monkeypatch,
+                                                              clean):
+  """train.nonfinite=stop, step 7 diverges, checkpoints every 2 steps, two
+  kept: the run raises naming step 7 and checkpoint 6; checkpoints 4 and 6
+  remain, equal to the clean run's, and each restores and verifies."""
+  poison(monkeypatch, {7})
+  config = toy_config(log_every=5)  # step 7 is found by the check before saving step 8
+  config.checkpoint.max_to_keep = 2
+  with pytest.raises(metrics.NonFiniteError) as err:
+    train_toy(tmp_path, mesh, config)
+  message = str(err.value)
+  assert "step 7:" in message and "loss is nan" in message
+  assert str(tmp_path / "checkpoints" / "6") in message and "learning_rate" in message
+  assert records(tmp_path) == {s: records(clean)[s] for s in (4, 6)}
+  manager = checkpointing.make_manager(str(tmp_path), 2)
+  for step in (4, 6):
+    restored = checkpointing.restore(manager, step, abstract_state(config, mesh))
+    assert restored.verified and int(restored.state.step) == step
+  rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows] == [5]  # the interval with step 7 was never logged
+
+
+def test_skip_goes_on_and_stops_after_max_skipped_in_a_row(tmp_path, mesh, monkeypatch, clean):
+  poison(monkeypatch, {5, 9})
+  config = toy_config(nonfinite="skip", max_skipped_steps=2)
+  last = train_toy(tmp_path / "two", mesh, config)
+  assert np.isfinite(last["loss"])
+  rows = read_metrics(tmp_path / "two")
+  assert sorted(rows) == list(range(1, N_STEPS + 1))
+  assert [s for s, r in rows.items() if r["train/skipped_steps"]] == [5, 9]
+  assert rows[5]["train/loss"] is None and rows[5]["nonfinite"] == ["train/loss", "train/ppl",
+                                                                    "train/grad_norm"]
+  # Before the first skipped step the run equals the clean one.
+  assert records(tmp_path / "two")[4] == records(clean)[4]
+  assert set(records(tmp_path / "two")) == set(range(2, N_STEPS + 1, 2))
+
+  monkeypatch.undo()
+  poison(monkeypatch, {5, 6})
+  with pytest.raises(metrics.NonFiniteError, match="steps 5 to 6: 2 steps in a row"):
+    train_toy(tmp_path / "row", mesh, config)
+  assert set(records(tmp_path / "row")) == {2, 4}
+
+
+# --------------------------------------------------------------------------- #
+# Damaged checkpoints.
+
+
+def _data_files(step_dir):
+  return sorted((p for p in (step_dir / "state" / "d").iterdir() if p.is_file()),
+                key=lambda p: -p.stat().st_size)
+
+
+def _damage(step_dir, kind, previous_dir):
+  if kind == "xor_400_bytes":
+    f = _data_files(step_dir)[0]
+    b = bytearray(f.read_bytes())
+    for i in range(100, 500):
+      b[i] ^= 0x5A
+    f.write_bytes(bytes(b))
+  elif kind == "two_bit_flips":
+    f = _data_files(step_dir)[0]
+    b = bytearray(f.read_bytes())
+    b[len(b) // 3] ^= 0x04
+    b[2 * len(b) // 3] ^= 0x04
+    f.write_bytes(bytes(b))
+  elif kind == "truncated":
+    f = _data_files(step_dir)[0]
+    f.write_bytes(f.read_bytes()[:f.stat().st_size // 2])
+  elif kind == "data_file_deleted":
+    _data_files(step_dir)[0].unlink()
+  elif kind == "metadata_deleted":
+    (step_dir / "state" / "_METADATA").unlink()
+  elif kind == "other_arrays":  # readable files that are not the recorded ones
+    shutil.rmtree(step_dir / "state")
+    shutil.copytree(previous_dir / "state", step_dir / "state")
+  elif kind == "record_damaged":
+    (step_dir / "integrity" / "metadata").write_text('{"format": 1, "leaves": {')
+  else:
+    raise ValueError(kind)
+
+
+@pytest.fixture(scope="module")
+def resumed_from_4(tmp_path_factory, mesh, clean):
+  """The reference: a run resumed from checkpoint 4 directly."""
+  workdir = copy_upto(clean, tmp_path_factory.mktemp("from4") / "wd", 4)
+  train_toy(workdir, mesh)
+  return workdir
+
+
+@pytest.mark.parametrize("kind", ["xor_400_bytes", "two_bit_flips", "truncated",
+                                  "data_file_deleted", "metadata_deleted", "other_arrays",
+                                  "record_damaged"])
+def test_a_damaged_latest_checkpoint_falls_back_to_the_previous(tmp_path, mesh, clean,
+                                                                resumed_from_4, kind, capsys):
+  workdir = copy_upto(clean, tmp_path / "wd", 6)
+  step6 = workdir / "checkpoints" / "6"
+  _damage(step6, kind, workdir / "checkpoints" / "4")
+  train_toy(workdir, mesh)
+  out = capsys.readouterr().out
+  assert f"Checkpoint {step6} is not usable" in out, out
+  assert f"Resumed from {workdir / 'checkpoints' / '4'} at step 4." in out
+  assert (workdir / "checkpoints_rejected" / "6").is_dir() and "Moved the unusable" in out
+  # The same losses and final state as a run resumed from checkpoint 4 directly.
+  got, want = read_metrics(workdir), read_metrics(resumed_from_4)
+  lines = (workdir / "metrics.jsonl").read_text().splitlines()
+  steps = [json.loads(line)["step"] for line in lines]
+  assert steps == list(range(1, N_STEPS + 1))  # the redone steps 5 and 6 are not repeated
+  for step in range(5, N_STEPS + 1):
+    assert got[step]["train/loss"] == pytest.approx(want[step]["train/loss"], rel=1e-6), step
+  assert records(workdir)[N_STEPS] == records(resumed_from_4)[N_STEPS]
+
+
+def test_reasons_are_named_and_no_usable_checkpoint_is_an_error(tmp_path, mesh, clean):
+  workdir = copy_upto(clean, tmp_path / "wd", 4)
+  _damage(workdir / "checkpoints" / "4", "other_arrays", workdir / "checkpoints" / "2")
+  _damage(workdir / "checkpoints" / "2", "data_file_deleted", None)
+  manager = checkpointing.make_manager(str(workdir), 10)
+  logged = []
+  with pytest.raises(checkpointing.CheckpointError) as err:
+    checkpointing.restore_latest(manager, abstract_state(toy_config(), mesh), log=logged.append)
+  message = str(err.value)
+  for step in (2, 4):
+    assert str(workdir / "checkpoints" / str(step)) in message
+  assert "fingerprint mismatch in" in message and "cannot be read" in message
+  assert len(logged) == 2 and "Trying the previous one" in logged[0]
+
+
+def test_partial_writes_are_removed_at_start(tmp_path, mesh, clean, capsys):
+  workdir = copy_upto(clean, tmp_path / "wd", 10)
+  leftover = workdir / "checkpoints" / "12.orbax-checkpoint-tmp-1234"
+  shutil.copytree(clean / "checkpoints" / "12", leftover)
+  train_toy(workdir, mesh)
+  out = capsys.readouterr().out
+  assert f"Removed {leftover}" in out and not leftover.exists()
+  assert records(workdir)[12] == records(clean)[12]
+
+
+def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path, mesh, clean, monkeypatch):
+  """The writer raising ENOSPC (as on a full disk): one message with the path,
+  the space needed and the intact previous checkpoint, which then resumes."""
+  workdir = copy_upto(clean, tmp_path / "wd", 4)
+  real_save = checkpointing.ocp.CheckpointManager.save
+
+  def full_disk(self, step, *args, **kwargs):
+    if step >= 6:
+      (self.directory / f"{step}.orbax-checkpoint-tmp-1").mkdir()  # a partial write
+      raise OSError(errno.ENOSPC, "No space left on device")
+    return real_save(self, step, *args, **kwargs)
+
+  monkeypatch.setattr(checkpointing.ocp.CheckpointManager, "save", full_disk)
+  with pytest.raises(checkpointing.CheckpointError) as err:
+    train_toy(workdir, mesh)
+  message = str(err.value)
+  assert f"Could not write checkpoint {workdir / 'checkpoints' / '6'}" in message
+  assert "no space left" in message and "MiB" in message
+  assert f"previous checkpoint {workdir / 'checkpoints' / '4'} is intact" in message
+  assert not list((workdir / "checkpoints").glob("*tmp*"))
+  monkeypatch.undo()
+  assert records(workdir) == {s: records(clean)[s] for s in (2, 4)}
+  manager = checkpointing.make_manager(str(workdir), 10)
+  assert checkpointing.restore_latest(manager, abstract_state(toy_config(), mesh)).step == 4
+
+
+# --------------------------------------------------------------------------- #
+# Through the command line.
+
+TINY = ["--config.model.n_layer=2", "--config.model.d_model=32", "--config.model.n_head=2",
+        "--config.model.d_head=16", "--config.model.d_inner=64", "--config.model.tgt_len=8",
+        "--config.model.mem_len=8", "--config.train.global_batch=8", "--config.train.log_every=1",
+        "--config.train.eval_every=0", "--config.train.warmup_steps=2",
+        "--config.checkpoint.every_steps=2", "--config.eval.global_batch=8"]
+
+
+@pytest.fixture(scope="module")
+def cli(tmp_path_factory):
+  """A workdir trained for 4 steps by the command line (checkpoints 2, 4)."""
+  root = tmp_path_factory.mktemp("cli")
+  manual = write_ptb_sample(root / "ptb")
+  workdir = root / "wd"
+  args = small_args(root, workdir, manual, *TINY, "--config.train.num_steps=4")
+  r = run_main(args)
+  assert r.returncode == 0, r.stderr[-3000:]
+  return root, manual, workdir, args
+
+
+def file_hashes(directory):
+  return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+          for p in Path(directory).rglob("*") if p.is_file()}
+
+
+def test_a_different_model_over_a_trained_workdir_changes_nothing(cli, tmp_path):
+  root, manual, workdir, args = cli
+  copy = tmp_path / "wd"
+  shutil.copytree(workdir, copy)
+  before = file_hashes(copy)
+  r = run_main([a.replace(str(workdir), str(copy)) for a in args]
+               + ["--config.model.d_model=64", "--config.model.n_head=4",
+                  "--config.train.num_steps=6"])
+  assert r.returncode == 1
+  assert "Traceback" not in r.stderr
+  assert "the workdir was trained with model.d_model=32; this run asks for 64" in r.stderr
+  assert "the workdir was trained with model.n_head=2; this run asks for 4" in r.stderr
+  assert "model.d_head" not in r.stderr  # only the differing keys
+  assert "Nothing in the workdir was changed" in r.stderr
+  assert file_hashes(copy) == before
+
+
+def _ro_workdir(tmp_path):
+  """A read-only directory: a read-only tmpfs as root, chmod otherwise (None: neither)."""
+  path = tmp_path / "ro"
+  path.mkdir()
+  if os.geteuid() == 0:
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(path)],
+                       capture_output=True)
+    return path if r.returncode == 0 else None
+  path.chmod(0o555)
+  return path
+
+
+def _cases(root, manual, workdir, tmp):
+  """(name, argv, expected substrings of stderr) of each bad input."""
+  np.save(tmp / "ids_out_of_range.npy", np.array([[1, 2, 10 ** 6]]))
+  np.save(tmp / "floats.npy", np.ones((2, 5), np.float32))
+  np.save(tmp / "one_d.npy", np.arange(5))
+  np.save(tmp / "empty.npy", np.zeros((0, 5), np.int64))
+  (tmp / "not_npy.npy").write_text("1 2 3\n")
+  good = tmp / "good.npy"
+  np.save(good, np.ones((1, 5), np.int64))
+  score = [f"--workdir={workdir}", "--mode=score", f"--out={tmp / 'nll.npy'}"]
+  bad_source = tmp / "bad_ptb"
+  shutil.copytree(manual, bad_source)
+  text = (bad_source / "ptb.train.txt").read_bytes()
+  (bad_source / "ptb.train.txt").write_bytes(text[:300] + b"\xff\xfe" + text[300:])
+  damaged = tmp / "tfds_damaged"
+  shutil.copytree(root / "tfds", damaged)
+  (valid,) = damaged.rglob("*valid.array_record*")
+  valid.write_bytes(valid.read_bytes()[:valid.stat().st_size // 2])
+  (tmp / "a_file").write_text("")
+  (tmp / "syntax.py").write_text("def get_config(:\n  pass\n")
+  (tmp / "raises.py").write_text("def get_config():\n  return 1 / 0\n")
+  ro = _ro_workdir(tmp)
+  quick = f"--config={REPO / 'configs' / 'quickstart.py'}"
+  data_flags = [f"--config.data.manual_dir={manual}", f"--config.data.data_dir={root / 'tfds'}",
+                "--config.data.verify_checksums=false"]
+  train = [quick, *data_flags, *TINY, "--config.train.num_steps=4"]
+  cases = [
+      ("score ids out of range", score + [f"--tokens={tmp / 'ids_out_of_range.npy'}"],
+       ["token ids must be in [0, "]),
+      ("score float array", score + [f"--tokens={tmp / 'floats.npy'}"],
+       ["floats.npy", "integer array [B, T+1]", "float32 (2, 5)"]),
+      ("score 1-D array", score + [f"--tokens={tmp / 'one_d.npy'}"], ["int64 (5,)"]),
+      ("score empty array", score + [f"--tokens={tmp / 'empty.npy'}"], ["B >= 1", "(0, 5)"]),
+      ("score not .npy", score + [f"--tokens={tmp / 'not_npy.npy'}"], ["is not a .npy array"]),
+      ("score --out checked first",
+       [f"--workdir={workdir}", "--mode=score", f"--tokens={good}",
+        f"--out={tmp / 'missing_dir' / 'nll.npy'}"], ["missing_dir does not exist"]),
+      ("non-UTF-8 source, checksums off",
+       [quick, f"--workdir={tmp / 'w1'}", f"--config.data.manual_dir={bad_source}",
+        f"--config.data.data_dir={tmp / 'tfds1'}", "--config.data.verify_checksums=false",
+        *TINY], [f"{bad_source / 'ptb.train.txt'} is not UTF-8 text (line ", "byte 0xff"]),
+      ("checksum error names the flag",
+       [quick, f"--workdir={tmp / 'w2'}", f"--config.data.manual_dir={bad_source}",
+        f"--config.data.data_dir={tmp / 'tfds2'}", *TINY],
+       ["Checksum mismatch for ptb.train.txt", "--config.data.verify_checksums=false"]),
+      ("damaged prepared dataset",
+       [quick, f"--workdir={workdir}", "--mode=eval", f"--config.data.manual_dir={manual}",
+        f"--config.data.data_dir={damaged}", "--config.data.verify_checksums=false", *TINY],
+       ["is damaged", "Delete it to rebuild it", str(damaged / "txl_ptb" / "1.0.0")]),
+      ("workdir is a file", [f"--workdir={tmp / 'a_file'}", *train],
+       [f"--workdir={tmp / 'a_file'} is a file"]),
+      ("missing config file", [f"--config={tmp / 'nope.py'}", f"--workdir={tmp / 'w3'}"],
+       [f"{tmp / 'nope.py'} is not a file", "configs/quickstart.py"]),
+      ("config syntax error", [f"--config={tmp / 'syntax.py'}", f"--workdir={tmp / 'w3'}"],
+       [f"syntax error in {tmp / 'syntax.py'}, line 1"]),
+      ("config that raises", [f"--config={tmp / 'raises.py'}", f"--workdir={tmp / 'w3'}"],
+       ["failed to build the config: ZeroDivisionError"]),
+      ("bad flag value", [f"--workdir={tmp / 'w3'}", *train, "--config.train.num_steps=abc"],
+       ["--config.train.num_steps=abc"]),
+      ("values that cannot work",
+       [f"--workdir={tmp / 'w3'}", *train, "--config.model.dropout=1.5",
+        "--config.train.learning_rate=-1", "--config.train.warmup_steps=9"],
+       ["model.dropout=1.5 must be in [0, 1)", "train.learning_rate=-1.0 must be > 0",
+        "train.warmup_steps=9 must be <= train.num_steps=4"]),
+      ("eval without a checkpoint", [f"--workdir={tmp / 'w3'}", "--mode=eval", *train],
+       ["No checkpoint in"]),
+  ]
+  if ro is not None:
+    cases.append(("read-only workdir", [f"--workdir={ro}", *train],
+                  [f"--workdir={ro} cannot be written"]))
+  return cases, ro
+
+
+def test_bad_inputs_get_one_message_and_exit_status_1(cli, tmp_path):
+  root, manual, workdir, _ = cli
+  before = file_hashes(workdir)
+  cases, ro = _cases(root, manual, workdir, tmp_path)
+  failures = []
+  try:
+    for name, argv, expected in cases:
+      r = run_main(argv, timeout=240)
+      err = r.stderr
+      problems = [f"missing {e!r}" for e in expected if e not in err]
+      if r.returncode != 1:
+        problems.append(f"exit status {r.returncode}")
+      if "Traceback" in err:
+        problems.append("a traceback")
+      if "error: " not in err:
+        problems.append("no 'error: ' line")
+      if problems:
+        failures.append(f"{name}: {', '.join(problems)}\n{err[-1500:]}")
+  finally:
+    if ro is not None and os.geteuid() == 0:
+      subprocess.run(["umount", str(ro)], check=False)
+  assert not failures, "\n\n".join(failures)
+  assert file_hashes(workdir) == before  # eval and score read the workdir, never write it
+
+
+def test_debug_shows_the_traceback(tmp_path):
+  (tmp_path / "raises.py").write_text("def get_config():\n  return 1 / 0\n")
+  r = run_main([f"--config={tmp_path / 'raises.py'}", f"--workdir={tmp_path / 'w'}",
+                "--debug"], timeout=120)
+  assert r.returncode == 1 and "Traceback" in r.stderr and "ZeroDivisionError" in r.stderr
+
+
+def test_divergence_from_the_command_line(cli, tmp_path):
+  """learning rate 1e30 over a trained workdir: the run stops at the first
+  non-finite step, exit status 1, every checkpoint kept, eval still works."""
+  root, manual, workdir, args = cli
+  copy = tmp_path / "wd"
+  shutil.copytree(workdir, copy)
+  before = {p: h for p, h in file_hashes(copy).items() if p.startswith("checkpoints/")}
+  args = [a.replace(str(workdir), str(copy)) for a in args]
+  r = run_main(args + ["--config.train.learning_rate=1e30", "--config.train.num_steps=10"])
+  assert r.returncode == 1 and "Traceback" not in r.stderr
+  assert "error: step 6: the loss is nan" in r.stderr
+  assert f"The last good checkpoint is {copy / 'checkpoints' / '4'} (step 4)" in r.stderr
+  assert {p: h for p, h in file_hashes(copy).items() if p.startswith("checkpoints/")} == before
+  for line in (copy / "metrics.jsonl").read_text().splitlines():
+    json.loads(line, parse_constant=lambda c: pytest.fail(f"not strict JSON: {c}"))
+  r = run_main([f"--workdir={copy}", "--mode=eval"])
+  assert r.returncode == 0, r.stderr[-2000:]
+  results = (copy / "eval_results.json").read_text()
+  assert json.loads(results)["step"] == 4 and "NaN" not in results
+
+
+def test_score_text_reports_unknown_words(cli, tmp_path):
+  _, manual, workdir, _ = cli
+  text = tmp_path / "text.txt"
+  text.write_text(" the cat sat on the zebra \n the giraffe ran \n")
+  r = run_main([f"--workdir={workdir}", "--mode=score", f"--text={text}",
+                f"--out={tmp_path / 'nll.npy'}"])
+  assert r.returncode == 0, r.stderr[-2000:]
+  # the cat sat on the zebra <eos> the giraffe ran <eos>: 11 tokens, 2 unknown.
+  assert "11 tokens; 2 unknown word(s) (18.18%)" in r.stdout
+  assert np.load(tmp_path / "nll.npy").shape == (1, 11)
+
+
+def test_a_full_disk_stops_with_the_previous_checkpoint_intact(cli, tmp_path):
+  """A tmpfs as small as the workdir plus half a checkpoint (root only; the
+  patched writer of test_a_failed_write_keeps_the_previous_checkpoint covers
+  the rest)."""
+  root, manual, workdir, args = cli
+  pages = lambda d: sum(-(-p.stat().st_size // 4096) * 4096 for p in d.rglob("*")
+                        if p.is_file())  # tmpfs holds whole pages
+  size, step_size = pages(workdir), pages(workdir / "checkpoints" / "4")
+  disk = tmp_path / "disk"
+  disk.mkdir()
+  if os.geteuid() != 0 or subprocess.run(
+      ["mount", "-t", "tmpfs", "-o", f"size={(size + step_size // 2) // 1024 + 8}k", "tmpfs",
+       str(disk)], capture_output=True).returncode:
+    pytest.skip("needs root and mount -t tmpfs")
+  try:
+    full = disk / "wd"
+    shutil.copytree(workdir, full)
+    before = file_hashes(full / "checkpoints" / "4")
+    run_args = [a.replace(str(workdir), str(full)) for a in args]
+    r = run_main(run_args + ["--config.train.num_steps=8"])
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert f"Could not write checkpoint {full / 'checkpoints' / '6'}: no space left" in r.stderr
+    assert f"The previous checkpoint {full / 'checkpoints' / '4'} is intact" in r.stderr
+    assert "MiB" in r.stderr
+    assert file_hashes(full / "checkpoints" / "4") == before
+    assert not [p for p in (full / "checkpoints").iterdir() if "tmp" in p.name]
+    moved = tmp_path / "moved"
+    shutil.copytree(full, moved)
+  finally:
+    subprocess.run(["umount", str(disk)], check=False)
+  r = run_main([a.replace(str(workdir), str(moved)) for a in args]
+               + ["--config.train.num_steps=8"])
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert f"Resumed from {moved / 'checkpoints' / '4'} at step 4" in r.stdout
+
+
+def test_a_checkpoint_with_non_finite_values_is_not_used(tmp_path, mesh, clean):
+  """A checkpoint written without a record (an older version) that holds a
+  NaN: rejected for it, the previous one is used."""
+  workdir = copy_upto(clean, tmp_path / "wd", 4)
+  manager = checkpointing.make_manager(str(workdir), 10)
+  state = checkpointing.restore(manager, 4, abstract_state(toy_config(), mesh)).state
+  params = jax.tree_util.tree_map(lambda x: x.at[(0,) * x.ndim].set(jnp.nan), state.params)
+  manager.save(6, args=checkpointing.ocp.args.Composite(
+      state=checkpointing.ocp.args.StandardSave(state.replace(params=params)),
+      iterator=checkpointing.ocp.args.JsonSave({})))
+  manager.wait_until_finished()
+  logged = []
+  restored = checkpointing.restore_latest(manager, abstract_state(toy_config(), mesh),
+                                          log=logged.append)
+  assert restored.step == 4 and restored.verified
+  assert "non-finite values in .params[" in logged[0] and "/checkpoints/6" in logged[0]
+
+
+def test_run_differences_lists_what_a_checkpoint_cannot_take():
+  from transformer_xl import workdir as wd
+  cfg = models.ModelConfig(n_token=32, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32)
+  saved = wd.checkpoint_meta(cfg, "word", "ptb", 8)
+  same = wd.checkpoint_meta(models.ModelConfig(**{**cfg.__dict__, "remat": "full"}), "word",
+                            "ptb", 8)
+  assert wd.run_differences(saved, same) == []  # remat only changes how it is computed
+  other = wd.checkpoint_meta(models.ModelConfig(**{**cfg.__dict__, "d_model": 64,
+                                                   "cutoffs": (10,)}), "word", "wikitext2", 16)
+  assert wd.run_differences(saved, other) == [
+      "the workdir was trained with model.cutoffs=[]; this run asks for [10]",
+      "the workdir was trained with model.d_model=16; this run asks for 64",
+      "the workdir was trained with data.dataset='ptb'; this run asks for 'wikitext2'",
+      "the workdir was trained with train.global_batch=8; this run asks for 16"]
+  converted = wd.checkpoint_meta(cfg, "word", "converted", 8)
+  assert wd.run_differences(converted, saved) == []
+  assert wd.run_differences(saved, {"model": saved["model"]}) == []  # eval: the model only
+  # Equivalent spellings of the same model (a converted checkpoint's d_embed=None).
+  spelled = dict(saved, model=dict(saved["model"], d_embed=None))
+  assert wd.run_differences(spelled, saved) == []
+  assert wd.run_differences(dict(saved, model=dict(saved["model"], d_embed=16)), saved) == []
