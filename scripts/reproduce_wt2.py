@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # this checkout's transformer_xl, also when run as a script
 CONFIG = REPO / "configs" / "ablation_wt2.py"
 TRAINED = ("xl", "xl_half", "shaw", "no_recurrence", "vaswani_half", "alrfou_half")
 TABLE6_ORDER = ("xl", "shaw", "xl_half", "no_recurrence", "vaswani_half", "alrfou_half",
@@ -70,15 +71,15 @@ FULL = dict(overrides=[], attn_lens=[32, 64, 96, 128, 192, 256], recl_lens=[8, 1
             96, 128, 160], recl_delta=16, recl_tokens=20_000, vanilla_windows=[32],
             speed=["--attn_lens=64,128,256,512", "--n_layer=4", "--d_model=128", "--n_head=4",
                    "--d_head=32", "--d_inner=512", "--vocab=33278", "--tgt_len=32"],
-            map_tokens=20_000, sample_tokens=200)
+            map_tokens=20_000, map_segment=-1, sample_tokens=200)
 QUICK = dict(overrides=[
     "--config.model.n_layer=2", "--config.model.d_model=32", "--config.model.n_head=2",
     "--config.model.d_head=16", "--config.model.d_inner=32", "--config.model.tgt_len=8",
-    "--config.model.cutoffs=(8, 16)", "--config.train.num_steps=3", "--config.train.log_every=1",
+    "--config.model.cutoffs=(8, 16)", "--config.train.num_steps=3", "--config.train.warmup_steps=1", "--config.train.log_every=1",
     "--config.train.eval_every=0", "--config.train.global_batch=8", "--config.eval.tgt_len=8",
     "--config.eval.window=8", "--config.eval.global_batch=8"],
     attn_lens=[8, 16], recl_lens=[4, 8, 12], recl_delta=4, recl_tokens=200,
-    vanilla_windows=[8], speed=["--smoke"], map_tokens=100, sample_tokens=10)
+    vanilla_windows=[8], speed=["--smoke"], map_tokens=100, map_segment=1, sample_tokens=10)
 
 
 def _now() -> float:
@@ -101,6 +102,12 @@ def machine() -> dict:
           "python": platform.python_version(), "jax": jax.__version__,
           "flax": flax.__version__, "devices": [str(d) for d in jax.devices()],
           "load_average_at_start": list(os.getloadavg())}
+
+
+def _shown(cmd: Sequence[str]) -> str:
+  """``cmd`` as a user would type it from the repository root."""
+  return " ".join(["python"] + [os.path.relpath(a, REPO) if a.startswith(str(REPO) + os.sep)
+                                else a for a in cmd[1:]])
 
 
 def _run(cmd: Sequence[str], log_path: Path) -> float:
@@ -133,7 +140,7 @@ def train_group(workdirs: Path, data_flags: list, sizes: dict, logs: Path) -> di
     cmd = [sys.executable, "-m", "transformer_xl.main", f"--config={CONFIG}:{v}",
            f"--workdir={workdirs / v}", *data_flags, *sizes["overrides"]]
     print(f"[train] {v}", flush=True)
-    out[v] = {"command": " ".join(cmd[1:]), "wall_s": _run(cmd, logs / f"train_{v}.log")}
+    out[v] = {"command": _shown(cmd), "wall_s": _run(cmd, logs / f"train_{v}.log")}
   # vanilla = alrfou_half's training with the sliding-window evaluation.
   src, dst = workdirs / "alrfou_half", workdirs / "vanilla"
   if dst.exists():
@@ -145,7 +152,7 @@ def train_group(workdirs: Path, data_flags: list, sizes: dict, logs: Path) -> di
   config = json.loads((src / "config.json").read_text())
   config["eval"]["method"] = "sliding"
   (dst / "config.json").write_text(json.dumps(config, indent=2))
-  out["vanilla"] = {"command": f"copy of alrfou_half with eval.method=sliding", "wall_s": 0.0}
+  out["vanilla"] = {"command": "copy of alrfou_half with eval.method=sliding", "wall_s": 0.0}
   return out
 
 
@@ -172,7 +179,7 @@ def table6(workdirs: Path, corpus, sizes: dict, data_dir, manual_dir) -> dict:
   windows of c.  "best" is the lowest valid perplexity of init and the
   sweep; test is evaluated at init and at best.
   """
-  from transformer_xl import evaluate, metrics
+  from transformer_xl import evaluate
   rows = {}
   for v in TABLE6_ORDER:
     t0 = _now()
@@ -186,7 +193,11 @@ def table6(workdirs: Path, corpus, sizes: dict, data_dir, manual_dir) -> dict:
                  config.eval.tgt_len + config.eval.mem_len))
     curve = {}
     lengths = sizes["vanilla_windows"] if v == "vanilla" else sizes["attn_lens"]
+    init_valid = ppl(config, "valid")
     for c in lengths:
+      if c == init_len:  # the workdir's own evaluation: already measured
+        curve[c] = init_valid
+        continue
       cfg = config.copy_and_resolve_references()
       if v == "vanilla":
         cfg.eval.update(window=c, stride=1)
@@ -194,7 +205,6 @@ def table6(workdirs: Path, corpus, sizes: dict, data_dir, manual_dir) -> dict:
         cfg.eval.update(mem_len=c, same_length=True)
       curve[c] = ppl(cfg, "valid")
       print(f"[table 6] {v} attention {c}: valid ppl {curve[c]:.2f}", flush=True)
-    init_valid = ppl(config, "valid")
     init_test = ppl(config, "test")
     candidates = [(init_valid, init_len, None)] + [(p, c, c) for c, p in sorted(curve.items())]
     best_valid, best_len, best_c = min(candidates, key=lambda x: (round(x[0], 2), x[1]))
@@ -271,7 +281,7 @@ def recl_part(workdirs: Path, out: Path, sizes: dict, data_flags: list, logs: Pa
   print("[recl]", flush=True)
   wall = _run(cmd, logs / "recl.log")
   res = json.loads((out / "recl" / "recl.json").read_text())
-  return {"command": " ".join(cmd[1:]), "wall_s": wall, "table": res["table"],
+  return {"command": _shown(cmd), "wall_s": wall, "table": res["table"],
           "curves": res["curves"], "results": res["results"], "tokens": res["tokens"],
           "context_lengths": res["context_lengths"]}
 
@@ -283,16 +293,17 @@ def speed_part(out: Path, sizes: dict, logs: Path) -> dict:
   print("[speed]", flush=True)
   wall = _run(cmd, logs / "eval_speed.log")
   res = json.loads((out / "eval_speed.json").read_text())
-  return {"command": " ".join(cmd[1:]), "wall_s": wall, "results": res}
+  return {"command": _shown(cmd), "wall_s": wall, "results": res}
 
 
 def attention_part(workdir: Path, out: Path, sizes: dict, logs: Path) -> dict:
   """App. D: the attention maps of the best model."""
   cmd = [sys.executable, "-m", "transformer_xl.analysis.attention", f"--workdir={workdir}",
-         "--split=valid", f"--out={out / 'attention'}", f"--max_tokens={sizes['map_tokens']}"]
+         "--split=valid", f"--out={out / 'attention'}", f"--max_tokens={sizes['map_tokens']}",
+         f"--segment={sizes['map_segment']}"]
   print("[attention]", flush=True)
   wall = _run(cmd, logs / "attention.log")
-  return {"command": " ".join(cmd[1:]), "wall_s": wall,
+  return {"command": _shown(cmd), "wall_s": wall,
           "summary": json.loads((out / "attention" / "summary.json").read_text())}
 
 
@@ -336,14 +347,11 @@ def report(results: dict, prefix: str = "") -> str:
             "", "```", rc["table"], "```", "",
             f"![Fig. 3]({prefix}recl/fig3_relative_gains.png) "
             f"![Fig. 4]({prefix}recl/fig4_perplexity.png)", ""]
-  sp = results["speed"]["results"]
-  rows = sp.get("rows") or sp.get("results") or []
-  lines += ["**Table 9 on this machine** (`" + results["speed"]["command"] + "`):", ""]
-  if rows:
-    keys = list(rows[0])
-    lines += ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    lines += ["| " + " | ".join(f"{r[k]:.4g}" if isinstance(r[k], float) else str(r[k])
-                                for k in keys) + " |" for r in rows]
+  sp = results["speed"]
+  lines += [f"**Table 9 on this machine** (`{sp['command']}`, load average "
+            f"{sp['results']['machine']['loadavg_start'][0]:.2f} at its start; the study's "
+            "first part, on an otherwise idle machine):", "", "```", sp["results"]["table"],
+            "```"]
   lines += ["", f"**Appendix D**: `{results['attention']['command']}`", "",
             f"![average attention]({prefix}attention/average_attention.png)",
             f"![decomposition]({prefix}attention/decomposition.png)", ""]
@@ -395,6 +403,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       "command": "python scripts/reproduce_wt2.py " + " ".join(argv or sys.argv[1:]),
       "date": datetime.date.today().isoformat(), "quick": args.quick, "machine": machine(),
       "paper": "Dai et al. 2019, Tables 6, 8, 9 and Appendices D, E"}
+  # Timed first, while nothing else of the study runs.
+  results["speed"] = speed_part(out, sizes, logs)
   results["train"] = train_group(workdirs, data_flags, sizes, logs)
   from transformer_xl import data
   corpus = data.load_corpus("wikitext2", data_dir=args.data_dir, manual_dir=args.manual_dir,
@@ -402,7 +412,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   results["table6"] = table6(workdirs, corpus, sizes, args.data_dir, args.manual_dir)
   results["learning_curves"] = learning_curves(workdirs)
   results["recl"] = recl_part(workdirs, out, sizes, data_flags, logs)
-  results["speed"] = speed_part(out, sizes, logs)
   best = min(("xl", "xl_half", "shaw"), key=lambda v: results["table6"][v]["ppl_best"]["valid"])
   results["best_model"] = best
   results["attention"] = attention_part(workdirs / best, out, sizes, logs)
@@ -419,4 +428,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  try:
+    sys.exit(main())
+  except RuntimeError as err:  # a part failed: its command and the end of its log
+    sys.exit(f"error: {err}")

@@ -2,7 +2,10 @@
 
 Must run before jax is imported anywhere, which is why it lives in conftest.
 """
+import gc
 import os
+
+import pytest
 
 _FLAG = "--xla_force_host_platform_device_count=8"
 if _FLAG not in os.environ.get("XLA_FLAGS", ""):
@@ -12,3 +15,30 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 def pytest_configure(config):
   config.addinivalue_line("markers", "slow: takes more than ~30 s on 2 cores")
+
+
+_MAPS_LIMIT = 20_000  # of the kernel's default vm.max_map_count of 65,530
+
+
+def _mapped_regions() -> int:
+  try:
+    with open("/proc/self/maps", "rb") as f:
+      return sum(1 for _ in f)
+  except OSError:  # not Linux
+    return 0
+
+
+@pytest.fixture(autouse=True)
+def _release_compiled_code():
+  """Frees jax's cached executables once the process maps many regions.
+
+  Every executable (the thousands of small ones that eager, un-jitted code
+  compiles too) keeps a few memory mappings for as long as jax caches it; a
+  single-process run of the whole suite used to pass the kernel's limit on
+  mappings and die with a segmentation fault inside XLA's compiler.
+  """
+  yield
+  if _mapped_regions() > _MAPS_LIMIT:
+    import jax  # after the XLA_FLAGS above are set
+    jax.clear_caches()
+    gc.collect()

@@ -133,7 +133,8 @@ def attention_maps(params: Any, model_cfg: models.ModelConfig, corpus: data.Corp
                          row_ids=rows)
   if segment >= len(it):
     raise ValueError(f"segment {segment} is past the {len(it)} segments of {split} with "
-                     f"{global_batch} rows; choose a smaller --segment or --global_batch.")
+                     f"{global_batch} rows; choose a smaller --segment (its default is the first "
+                     "segment with a full memory).")
   memory = jax.jit(lambda: models.init_memory(model_cfg, global_batch),
                    out_shardings=sharding.memory_sharding(mesh))()
   totals, n_tok, context = None, 0.0, None
