@@ -3,7 +3,8 @@
 papermill injects the parameters (the papermill convention: the cell tagged
 "parameters"): the quickstart config shrunk to a tiny model, a few steps, and
 a small PTB-format sample written here as the manual dir.  The notebook must
-finish, write the learning-curve PNG and eval_results.json.
+finish, write the learning-curve PNG and eval_results.json, and run the
+analyses (a sample, the attention maps, the RECL curve).
 """
 import json
 from pathlib import Path
@@ -54,7 +55,8 @@ def test_notebook_runs_end_to_end_on_cpu(tmp_path, monkeypatch):
   (tmp_path / "released_vocab.txt").write_text("\n".join(corpus.vocab) + "\n")
   parameters = dict(
       CONFIG="configs/quickstart.py", WORKDIR=str(workdir), MANUAL_DIR=str(manual),
-      NUM_STEPS=6, FULL_SCHEDULE=False,
+      NUM_STEPS=6, FULL_SCHEDULE=False, SAMPLE_TOKENS=12, RECL_LENGTHS="4,8,16",
+      ANALYSIS_TOKENS=400,
       OVERRIDES=[*TINY, "--config.data.verify_checksums=False",
                  f"--config.data.data_dir={tmp_path / 'tfds'}"],
       RELEASED_CHECKPOINT=str(tmp_path / "released.npz"), RELEASED_FROM="pytorch",
@@ -81,8 +83,13 @@ def test_notebook_runs_end_to_end_on_cpu(tmp_path, monkeypatch):
   assert "Using the checkout" in text  # run from the repository: no clone, no pip install
   assert "backend: cpu" in text
   assert "checkpoint at step 6" in text
+  sample = json.loads((workdir / "sample.json").read_text())  # Appendix E
+  assert len(sample["tokens"]) == 12 and sample["text"]
+  assert (workdir / "attention" / "average_attention.png").read_bytes()[:4] == b"\x89PNG"
+  recl = json.loads((workdir / "recl" / "recl.json").read_text())  # Appendix C
+  assert recl["context_lengths"] == [4, 8, 16] and set(recl["results"]) == {"0.1", "0.5", "1.0"}
   released = json.loads((tmp_path / "workdir_released" / "eval_results.json").read_text())
   assert released["valid"]["tokens"] == corpus.splits["valid"].num_tokens
   images = [o for c in executed.cells for o in c.get("outputs", [])
             if "image/png" in o.get("data", {})]
-  assert images, "the learning curves were not shown inline"
+  assert len(images) >= 4, "the learning curves, attention maps and RECL plots are shown inline"

@@ -39,9 +39,12 @@ def test_fsdp_train_step_matches_single_device():
                                rtol=2e-4, atol=2e-6)
 
 
-@pytest.mark.parametrize("name,preset,devices,per_device", [
-    ("enwik8_24l", "v3-32", 32, 2), ("text8_24l", "v4-32", 16, 4)])
-def test_slice_presets_give_valid_pod_configs(name, preset, devices, per_device):
+@pytest.mark.parametrize("name,preset,devices,per_device,mesh,eval_batch", [
+    ("enwik8_24l", "v3-32", 32, 2, (1, 32, 1), 8), ("text8_24l", "v4-32", 16, 4, (1, 16, 1), 8),
+    # 512 does not divide d_model 1280: a model axis of 2, so that fsdp (256) shards it.
+    ("lm1b_large", "v3-512", 512, 2, (1, 256, 2), 16)])
+def test_slice_presets_give_valid_pod_configs(name, preset, devices, per_device, mesh,
+                                              eval_batch):
   import importlib.util
   from pathlib import Path
   from transformer_xl import presets
@@ -50,10 +53,10 @@ def test_slice_presets_give_valid_pod_configs(name, preset, devices, per_device)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   c = module.get_config(preset)
-  assert default_config.validate(c, devices) == (1, devices, 1)
+  assert default_config.validate(c, devices) == mesh
   assert presets.per_device_batch(c, devices) == per_device
   assert c.model.dtype == "bfloat16" and c.model.remat == "full"
-  assert c.eval.global_batch == 8  # the paper's eval batch, padded by the evaluator
+  assert c.eval.global_batch == eval_batch  # the paper's eval batch, padded by the evaluator
   with pytest.raises(default_config.ConfigError):
     default_config.validate(c, devices // 2)  # the wrong slice is caught up front
   with pytest.raises(ValueError, match="Unknown TPU slice preset"):

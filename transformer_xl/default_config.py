@@ -58,6 +58,8 @@ def get_config() -> ml_collections.ConfigDict:
       eval_max_steps=0,      # cap on validation batches during training (0 = the whole split)
       loss_span="full",      # "full" | "half": cross-entropy on the last half of each segment
                              # only (Sec. 4.2, Table 6; for absolute position encodings)
+      prefetch=2,            # batches read and placed on the devices ahead, on a background
+                             # thread (data.Prefetcher); 0 = read in the training loop
   ))
   # A step whose loss, gradient norm or update is not finite is never applied (train.py):
   # "stop" ends the run there (exit status 1, checkpoints kept); "skip" goes on
@@ -193,6 +195,8 @@ def _optimizer_problems(t: ml_collections.ConfigDict) -> list[str]:
     problems.append(f"train.global_batch={t.global_batch} must be >= 1.")
   if t.nonfinite not in NONFINITE_POLICIES:
     problems.append(f"train.nonfinite={t.nonfinite!r}: use one of {NONFINITE_POLICIES}.")
+  if t.prefetch < 0:
+    problems.append(f"train.prefetch={t.prefetch} must be >= 0 (0 = no background thread).")
   if t.max_skipped_steps < 1:
     problems.append(f"train.max_skipped_steps={t.max_skipped_steps} must be >= 1.")
   return problems

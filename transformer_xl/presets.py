@@ -7,7 +7,8 @@ and text8 (v3-32), 4x16 for WikiText-103 (v3-64), 32x16 for One Billion
 Word (v3-512); v4 equivalents have half as many JAX devices (one per chip).
 
 A preset puts every device on the ``fsdp`` axis (data parallel, with the
-parameters and Adam moments sharded over the same devices), computes in
+parameters and Adam moments sharded over the same devices; when the device
+count does not divide d_model, all but a small ``model`` axis), computes in
 bfloat16 with float32 parameters, and rematerialises each layer so the 24
 layers of activations of the large models fit in HBM.
 """
@@ -26,13 +27,18 @@ SLICE_DEVICES = {
 def apply_slice(config: ml_collections.ConfigDict, preset: str | None) -> ml_collections.ConfigDict:
   """Configures ``config`` for the TPU slice ``preset`` (None or "" = unchanged).
 
-  Sets mesh ("data", "fsdp", "model") = (1, devices, 1), model.dtype
-  bfloat16 and model.remat "full".  The eval batch stays the config's
-  (the evaluator pads it to the device count with empty rows).
+  Sets mesh ("data", "fsdp", "model") = (1, devices / m, m), model.dtype
+  bfloat16 and model.remat "full".  m is 1 when the device count divides
+  d_model (so the ``fsdp`` axis shards every parameter's d_model dimension);
+  otherwise the smallest m that divides both the device count and n_head
+  and leaves an ``fsdp`` size that divides d_model (lm1b_large on a v3-512:
+  d_model 1280, 512 devices -> (1, 256, 2)), since a mesh axis that does not
+  divide a dimension leaves it replicated.  The eval batch stays the
+  config's (the evaluator pads it to the device count with empty rows).
 
   Raises:
-    ValueError: unknown preset, or a global batch the slice does not divide
-      (the message gives the per-device batch options).
+    ValueError: unknown preset, or a global batch the data-parallel devices
+      do not divide, or no such m.
   """
   if not preset:
     return config
@@ -40,16 +46,26 @@ def apply_slice(config: ml_collections.ConfigDict, preset: str | None) -> ml_col
     raise ValueError(f"Unknown TPU slice preset {preset!r}; choose one of "
                      f"{sorted(SLICE_DEVICES)} (e.g. --config=configs/enwik8_24l.py:v3-32).")
   n = SLICE_DEVICES[preset]
-  if config.train.global_batch % n:
+  d_model, n_head = config.model.d_model, config.model.n_head
+  model_axis = next((m for m in range(1, n + 1) if n % m == 0 and n_head % m == 0
+                     and d_model % (n // m) == 0), None)
+  if model_axis is None:
+    raise ValueError(f"no mesh of the {n} devices of a {preset} shards d_model={d_model} "
+                     f"with n_head={n_head}; set --config.mesh.shape yourself.")
+  n_fsdp = n // model_axis
+  if config.train.global_batch % n_fsdp:
     raise ValueError(f"train.global_batch={config.train.global_batch} cannot be split over the "
-                     f"{n} devices of a {preset}; pick a slice whose device count divides it.")
+                     f"{n_fsdp} data-parallel devices of a {preset}; pick a slice whose device "
+                     "count divides it.")
   config.mesh.axis_names = ("data", "fsdp", "model")
-  config.mesh.shape = (1, n, 1)
+  config.mesh.shape = (1, n_fsdp, model_axis)
   config.model.dtype = "bfloat16"
   config.model.remat = "full"
   return config
 
 
 def per_device_batch(config: ml_collections.ConfigDict, n_devices: int) -> int:
-  """Training rows per device: global_batch / data-parallel devices."""
-  return config.train.global_batch // n_devices
+  """Training rows per data-parallel device: global_batch / (n_devices / the
+  size of the ``model`` axis, which splits heads rather than rows)."""
+  shape = dict(zip(config.mesh.axis_names, config.mesh.shape))
+  return config.train.global_batch * shape.get("model", 1) // n_devices

@@ -354,13 +354,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: 
       interval.extend(rows)
       guard.check(rows)
 
+  def place(rows):
+    return data.to_global_batch(rows, sharding.batch_sharding(mesh), tcfg.global_batch)
+
+  # Each batch comes with the iterator's position after it: what a checkpoint saves.
+  batches = (data.Prefetcher(train_iter, place, tcfg.prefetch) if tcfg.prefetch else
+             ((place(rows), train_iter.get_state()) for rows in train_iter))
   step = start_step
   finished = False
   try:
     with PreemptionGuard() as preemption:
       while step < tcfg.num_steps:
-        batch = data.to_global_batch(next(train_iter), sharding.batch_sharding(mesh),
-                                     tcfg.global_batch)
+        batch, iter_state = next(batches)
         state, step_metrics = train_step(state, batch)
         step += 1
         steps_since += 1
@@ -394,7 +399,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: 
         preempted = preemption.should_stop(step)
         if step % config.checkpoint.every_steps == 0 or step == tcfg.num_steps or preempted:
           drain()  # never save before every step since the last check is known to be finite
-          checkpointing.save(manager, step, state, train_iter.get_state(), meta=meta)
+          checkpointing.save(manager, step, state, iter_state, meta=meta)
           t_last, steps_since = time.perf_counter(), 0
         if preempted:
           say(f"SIGTERM: saved a checkpoint at step {step}; stopping (a restart resumes here).")
@@ -403,6 +408,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: 
     finished = True
   finally:
     bar.close()
+    if isinstance(batches, data.Prefetcher):
+      batches.close()
     if finished:
       writer.close()
       manager.close()
