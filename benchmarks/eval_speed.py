@@ -61,6 +61,8 @@ from typing import Callable, Optional, Sequence
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
   sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import vs_pytorch  # noqa: E402  (its cpu_model; nothing heavy at import)
 
 # Table 9 of Dai et al. 2019: attention length -> how much slower Al-Rfou et al. is.
 PAPER_SLOWDOWN = {3800: 1874, 2800: 1409, 1800: 773, 800: 363}
@@ -254,17 +256,6 @@ def measure(args: argparse.Namespace, attn_len: int) -> dict:
           "paper_slowdown": PAPER_SLOWDOWN.get(attn_len)}
 
 
-def _cpu_model() -> str:
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or "unknown"
-
-
 def machine_info() -> dict:
   """The machine and versions (recorded with the results)."""
   import importlib.metadata
@@ -276,7 +267,7 @@ def machine_info() -> dict:
     except importlib.metadata.PackageNotFoundError:
       versions[pkg] = "not installed"
   return {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-          "cpu": _cpu_model(), "cpu_count": os.cpu_count(),
+          "cpu": vs_pytorch.cpu_model(), "cpu_count": os.cpu_count(),
           "cpus_available": len(os.sched_getaffinity(0)),
           "device": str(jax.devices()[0].device_kind), "platform": jax.devices()[0].platform,
           "loadavg_start": [round(x, 2) for x in os.getloadavg()],

@@ -538,7 +538,8 @@ def run_pytorch(args, phase: str) -> dict:
 # The parent: machine info, subprocesses, table, JSON, comparison.
 # ---------------------------------------------------------------------------
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+  """The CPU's model name (/proc/cpuinfo), or platform.processor()."""
   try:
     with open("/proc/cpuinfo") as f:
       for line in f:
@@ -572,7 +573,7 @@ def machine_info() -> dict:
   """Date, host, CPU model, CPU count, memory (GiB), load average, versions."""
   return {
       "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-      "host": platform.node(), "cpu": _cpu_model(), "cpu_count": os.cpu_count(),
+      "host": platform.node(), "cpu": cpu_model(), "cpu_count": os.cpu_count(),
       "cpus_available": len(os.sched_getaffinity(0)), "memory_gib": _memory_gib(),
       "loadavg_start": [round(x, 2) for x in os.getloadavg()],
       "platform": platform.platform(), "python": platform.python_version(),
