@@ -95,7 +95,7 @@ def test_attention_command_end_to_end(tmp_path):
   workdir = tmp_path / "wd"
   tiny = ["--config.model.n_layer=2", "--config.model.d_model=32", "--config.model.n_head=2",
           "--config.model.d_head=16", "--config.model.d_inner=64", "--config.train.num_steps=2",
-          "--config.train.eval_every=0", "--config.train.log_every=1",
+          "--config.train.warmup_steps=1", "--config.train.eval_every=0", "--config.train.log_every=1",
           "--config.eval.tgt_len=8", "--config.eval.mem_len=16"]
   r = run_main(small_args(tmp_path, workdir, manual, *tiny))
   assert r.returncode == 0, r.stderr[-3000:]

@@ -128,7 +128,7 @@ def test_ablation_variant_from_the_command_line(wiki_sample, tmp_path):
   tiny = ["--config.model.n_layer=2", "--config.model.d_model=32", "--config.model.d_head=16",
           "--config.model.n_head=2", "--config.model.d_inner=32", "--config.model.tgt_len=8",
           "--config.model.cutoffs=(8, 16)", "--config.train.num_steps=2",
-          "--config.train.log_every=1", "--config.train.eval_every=0", "--config.eval.window=8",
+          "--config.train.warmup_steps=1", "--config.train.log_every=1", "--config.train.eval_every=0", "--config.eval.window=8",
           "--config.eval.global_batch=8", "--config.train.global_batch=8"]
   args = [f"--config={CONFIGS / 'ablation_wt2.py'}:vanilla", f"--workdir={tmp_path}", *data, *tiny]
   r = run_main(args)

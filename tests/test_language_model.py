@@ -23,7 +23,8 @@ def trained(tmp_path_factory):
   workdir = tmp / "wd"
   tiny = ["--config.model.n_layer=2", "--config.model.d_model=32", "--config.model.n_head=2",
           "--config.model.d_head=16", "--config.model.d_inner=64", "--config.model.tgt_len=8",
-          "--config.model.mem_len=8", "--config.train.num_steps=2", "--config.train.eval_every=0",
+          "--config.model.mem_len=8", "--config.train.num_steps=2", "--config.train.warmup_steps=1",
+          "--config.train.eval_every=0",
           "--config.train.log_every=1", "--config.eval.tgt_len=4", "--config.eval.mem_len=6"]
   r = run_main(small_args(tmp, workdir, manual, *tiny))
   assert r.returncode == 0, r.stderr[-3000:]
