@@ -230,7 +230,7 @@ def measure(args: argparse.Namespace, attn_len: int) -> dict:
   # Vanilla: a fresh window of L tokens per scored token.
   wcfg = evaluate.window_model_config(config, train_cfg)
   assert wcfg.tgt_len == attn_len and wcfg.mem_len == 0
-  window_step = evaluate.make_window_step(models.TransformerXL(wcfg), mesh)
+  window_step = evaluate.make_window_step(models.TransformerXL(wcfg), mesh, config.eval.stride)
   win_batches = [jax.device_put(
       {"inputs": rng.integers(0, args.vocab, (b, attn_len), dtype=np.int32),
        "targets": rng.integers(0, args.vocab, (b, attn_len), dtype=np.int32),

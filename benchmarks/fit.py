@@ -370,7 +370,7 @@ class StepCompiler:
       b = -(-c.eval.global_batch // n_data) * n_data  # the Evaluator's padding
       if c.eval.method == "sliding":
         wcfg = evaluate.window_model_config(c, mcfg)
-        fn = evaluate.make_window_step(models.TransformerXL(wcfg), mesh)
+        fn = evaluate.make_window_step(models.TransformerXL(wcfg), mesh, c.eval.stride)
         t = wcfg.tgt_len
         batch = {"inputs": spec((b, t), jnp.int32, rows),
                  "targets": spec((b, t), jnp.int32, rows),

@@ -18,6 +18,7 @@ import dataclasses
 from typing import Any, Callable, Iterator, Optional
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from etils import epath
@@ -102,13 +103,16 @@ def make_eval_step(model: models.TransformerXL, mesh: Mesh) -> Callable:
                  out_shardings=(sharding.replicated(mesh), mem_sharding), donate_argnums=(1,))
 
 
-def make_window_step(model: models.TransformerXL, mesh: Mesh) -> Callable:
+def make_window_step(model: models.TransformerXL, mesh: Mesh, stride: int) -> Callable:
   """The jitted sliding-window step: (params, batch) -> nll_BxL.
 
   ``batch``: ``inputs``/``targets`` int32 [B, L] and ``front_pad`` int32 [B]
   (``data.SlidingWindowIterator``).  Every row is a fresh window: no memory
-  (mem_len 0), its first ``front_pad`` positions masked as keys.  ``nll_BxL``
-  float32 nats, replicated.
+  (mem_len 0), its first ``front_pad`` positions masked as keys.  Only the
+  last ``stride`` positions of a window are ever scored, so the softmax runs
+  on those alone (as the reference, whose window is ``tgt_len = stride``
+  plus ``ext_len = L - stride`` of context); ``nll_BxL`` float32 nats,
+  replicated, 0 at the other positions.
   """
   batch_shardings = {"inputs": sharding.batch_sharding(mesh),
                      "targets": sharding.batch_sharding(mesh),
@@ -117,8 +121,13 @@ def make_window_step(model: models.TransformerXL, mesh: Mesh) -> Callable:
   def window_step(params, batch):
     memory = models.init_memory(model.config, batch["inputs"].shape[0], mem_len=0)
     memory = memory.replace(mlen_B=-batch["front_pad"])
-    return model.apply({"params": params}, batch["inputs"], memory, batch["targets"],
-                       deterministic=True)[0]
+    variables = {"params": params}
+    hidden_BxLxD, _ = model.apply(variables, batch["inputs"], memory, deterministic=True,
+                                  method=models.TransformerXL.hidden)
+    nll_BxS = model.apply(variables, hidden_BxLxD[:, -stride:],
+                          batch["targets"][:, -stride:], method=models.TransformerXL.nll)
+    window = batch["inputs"].shape[1]
+    return jnp.pad(nll_BxS, ((0, 0), (window - stride, 0)))
 
   return jax.jit(window_step, in_shardings=(None, batch_shardings),
                  out_shardings=sharding.replicated(mesh))
@@ -163,7 +172,8 @@ class Evaluator:
     self._mem_sharding = sharding.memory_sharding(mesh)
     self._init_memory = {}  # batch size -> jitted constructor
     self._eval_step = make_eval_step(self.model, mesh)
-    self._window_step = make_window_step(models.TransformerXL(self.window_cfg), mesh)
+    self._window_step = make_window_step(models.TransformerXL(self.window_cfg), mesh,
+                                         self.stride)
 
   @property
   def lengths(self) -> dict:
