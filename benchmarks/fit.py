@@ -332,6 +332,8 @@ class StepCompiler:
     self.mesh = sharding.make_mesh(config.mesh.shape, config.mesh.axis_names,
                                    devices=jax.devices())
     self.model_cfg = default_config.model_config(config, vocab)
+    if self.model_cfg.attn_block < 0:  # "per backend": an accelerator's choice, not
+      self.model_cfg = dataclasses.replace(self.model_cfg, attn_block=0)  # these CPUs'
 
   def n_params(self) -> int:
     import jax

@@ -33,8 +33,10 @@ sequence lengths, one phase at a time:
   temporaries dominate.
 
 Ours uses ``model.attn_block`` = ``--block`` (queries per block of the
-blockwise attention, 0 = the full computation); without ``--block``, the
-value ``default_config`` gives (printed and saved with the results).
+blockwise attention, 0 = the full computation); without ``--block``,
+``default_config``'s -1, which ``models.attn_block_size`` resolves per
+backend and phase (on CPU: 64 in training, 0 in evaluation); the resolved
+value is printed and saved with the results.
 
 Numbers per phase and implementation:
 
@@ -74,9 +76,11 @@ Fairness:
   ``--xla_force_host_platform_device_count`` (the test suite's 8 simulated
   devices), plus ``--xla_flags`` if given; by default nothing else, i.e. XLA's
   own CPU defaults.  Ours runs on a 1x1 mesh of one CPU device.
-  ``--malloc_hugepages`` sets ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` for
-  both subprocesses (off by default; the README's benchmark section says why
-  it matters to XLA:CPU and not to torch).
+  ``--malloc_hugepages=1`` (the default) adds ``glibc.malloc.hugetlb=1`` to
+  ``GLIBC_TUNABLES`` for both subprocesses, as ``python -m
+  transformer_xl.main`` does for itself (``transformer_xl.host_memory``:
+  malloc asks for transparent huge pages; it matters to XLA:CPU's per-step
+  buffers, hardly to torch's); ``--malloc_hugepages=0`` runs both without.
 * HF's ``labels`` are shifted inside the model, so its loss covers
   tgt_len - 1 positions per row and ours tgt_len; both count batch * tgt_len
   tokens per step.  HF initialises its memory with mem_len zero states (its
@@ -138,7 +142,8 @@ def parse_args(argv=None) -> argparse.Namespace:
   g.add_argument("--dropatt", type=float, default=0.0)
   g.add_argument("--block", type=int, default=None,
                  help="our model.attn_block: queries per attention block (0 = the full "
-                      "[B, H, T, K] computation); default: default_config's value")
+                      "[B, H, T, K] computation); default: default_config's -1, per "
+                      "backend and phase")
   g = p.add_argument_group("training")
   g.add_argument("--batch", type=int, default=8)
   g.add_argument("--tgt_len", type=int, default=128)
@@ -168,9 +173,9 @@ def parse_args(argv=None) -> argparse.Namespace:
   g.add_argument("--matmul_repeats", type=int, default=5,
                  help="timed matmuls per library (the fastest counts)")
   g.add_argument("--xla_flags", default="", help="extra XLA_FLAGS for our subprocess")
-  g.add_argument("--malloc_hugepages", action="store_true",
-                 help="GLIBC_TUNABLES=glibc.malloc.hugetlb=1 for both subprocesses: "
-                      "malloc asks for transparent huge pages (see README)")
+  g.add_argument("--malloc_hugepages", type=int, default=1, choices=(0, 1),
+                 help="1: glibc.malloc.hugetlb=1 in GLIBC_TUNABLES for both subprocesses, "
+                      "as our command line sets it (transformer_xl.host_memory)")
   g.add_argument("--seed", type=int, default=0)
   g.add_argument("--smoke", action="store_true",
                  help="tiny model, 1 repeat of 2 steps, small matmul: checks the tool in "
@@ -385,7 +390,8 @@ def run_ours(args, phase: str) -> dict:
   rng = jax.random.PRNGKey(args.seed)
   _, state_shardings = train_state.abstract_train_state(model, tx, args.batch, mesh)
   out = {"device": str(jax.devices()[0]), "xla_flags": os.environ.get("XLA_FLAGS", ""),
-         "attn_block": mcfg.attn_block, "rss_after_imports_mib": rss_imports}
+         "attn_block": models.attn_block_size(mcfg.attn_block, deterministic=phase != "train"),
+         "rss_after_imports_mib": rss_imports}
 
   if phase == "train":
     state = train_state.create_train_state(model, tx, args.batch, mesh, rng, state_shardings)
@@ -591,8 +597,11 @@ def _worker_env(args, which: str) -> dict:
     env["XLA_FLAGS"] = " ".join(flags)
     env["JAX_PLATFORMS"] = "cpu"
   if args.malloc_hugepages:
-    tunables = [t for t in env.get("GLIBC_TUNABLES", "").split(":") if t]
-    env["GLIBC_TUNABLES"] = ":".join(tunables + ["glibc.malloc.hugetlb=1"])
+    if REPO not in sys.path:  # this checkout's transformer_xl (host_memory: stdlib only)
+      sys.path.insert(0, REPO)
+    from transformer_xl import host_memory
+    env = host_memory.hugepages_environ(env, platform.libc_ver()[0],
+                                        host_memory._thp_mode()) or env
   env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
   return env
 
@@ -839,8 +848,9 @@ def main(argv=None) -> int:
   print("parameters: " + ", ".join(f"{w} {n:,}" for w, n in counts.items())
         + ("" if len(counts) < 2 else (" (equal)" if same else " (DIFFERENT)")))
   if "ours" in results:
-    print(f"ours: model.attn_block={results['ours'][phases[0]]['attn_block']}"
-          + (" (--block)" if args.block is not None else " (default_config)"))
+    print("ours: model.attn_block " + ", ".join(
+        f"{ph} {results['ours'][ph]['attn_block']}" for ph in phases if ph in results["ours"])
+          + (" (--block)" if args.block is not None else " (default_config's -1, per backend)"))
   print(f"matmul limit (float32, N={args.matmul_n}, best of every worker): "
         + ", ".join(f"{k} {v:,.0f}" for k, v in best.items())
         + f" GFLOP/s; limit {limit:,.0f} GFLOP/s")

@@ -334,28 +334,44 @@ def report(results: dict, prefix: str = "") -> str:
   lines += ["**Table 6 at small scale** (WikiText-2; valid / test perplexity; attention "
             "length = keys per query):", "",
             "| variant | recurrence | encoding | loss | PPL init (valid / test) | "
-            "PPL best (valid / test) | Attn Len | train wall |", "|---|---|---|---|---|---|---|---|"]
+            "PPL best (valid / test) | Attn Len | steps | train wall | eval wall |",
+            "|---|---|---|---|---|---|---|---:|---:|---:|"]
   for v, r in results["table6"].items():
-    train_s = results["train"].get(v, {}).get("wall_s", 0.0)
+    train = results["train"].get(v, {})
+    train_wall = (f"{train['wall_s'] / 60:.1f} min" if train.get("wall_s") else
+                  "alrfou_half's")  # vanilla: alrfou_half's parameters
     lines.append(f"| {v} | {r['recurrence']} | {r['encoding']} | {r['loss']} | "
                  f"{r['ppl_init']['valid']:.2f} / {r['ppl_init']['test']:.2f} "
                  f"(at {r['init_attn_len']}) | {r['ppl_best']['valid']:.2f} / "
-                 f"{r['ppl_best']['test']:.2f} | {r['attn_len']} | "
-                 f"{train_s / 60:.1f} min |")
+                 f"{r['ppl_best']['test']:.2f} | {r['attn_len']} | {r['step']:,} | "
+                 f"{train_wall} | {r['wall_s'] / 60:.1f} min |")
+  lens = sorted({int(c) for r in results["table6"].values() for c in r["curve_valid"]})
+  lines += ["", "Valid perplexity against the evaluation attention length L (the curve; "
+            "segment models: a memory of L with same_length, every query sees L keys; "
+            "vanilla: windows of L):", "",
+            "| variant | " + " | ".join(f"L = {c}" for c in lens) + " |",
+            "|---|" + "---:|" * len(lens)]
+  for v, r in results["table6"].items():
+    cells = [f"{r['curve_valid'][str(c)]:.2f}" if str(c) in r["curve_valid"] else "-"
+             for c in lens]
+    lines.append(f"| {v} | " + " | ".join(cells) + " |")
   lines += ["", f"![ppl vs attention length]({prefix}table6_attention_length.png) "
             f"![learning curves]({prefix}learning_curves.png)", ""]
   rc = results["recl"]
   lines += [f"**Table 8 at small scale**: RECL of the group {', '.join(RECL_GROUP)} on the "
-            f"first {rc['tokens']:,} valid tokens, context lengths {rc['context_lengths']}:",
+            f"first {rc['tokens']:,} valid tokens, context lengths {rc['context_lengths']} "
+            f"(`{rc['command']}`, {rc['wall_s'] / 60:.1f} min):",
             "", "```", rc["table"], "```", "",
             f"![Fig. 3]({prefix}recl/fig3_relative_gains.png) "
             f"![Fig. 4]({prefix}recl/fig4_perplexity.png)", ""]
   sp = results["speed"]
-  lines += [f"**Table 9 on this machine** (`{sp['command']}`, load average "
+  lines += [f"**Table 9 on this machine** (`{sp['command']}`, {sp['wall_s'] / 60:.1f} min, "
+            "load average "
             f"{sp['results']['machine']['loadavg_start'][0]:.2f} at its start; the study's "
             "first part, on an otherwise idle machine):", "", "```", sp["results"]["table"],
             "```"]
-  lines += ["", f"**Appendix D**: `{results['attention']['command']}`", "",
+  lines += ["", f"**Appendix D**: `{results['attention']['command']}` "
+            f"({results['attention']['wall_s'] / 60:.1f} min)", "",
             f"![average attention]({prefix}attention/average_attention.png)",
             f"![decomposition]({prefix}attention/decomposition.png)", ""]
   sm = results["samples"]
@@ -391,9 +407,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   p.add_argument("--quick", action="store_true", help="a smoke run in minutes")
   p.add_argument("--readme", type=int, default=None, choices=(0, 1),
                  help="write REPORT.md into README.md (default: yes unless --quick)")
+  p.add_argument("--report_only", action="store_true",
+                 help="run nothing: rewrite the plots, REPORT.md (and the README section) "
+                      "from --out's results.json")
   args = p.parse_args(argv)
   sizes = QUICK if args.quick else FULL
   out, workdirs = Path(args.out).resolve(), Path(args.workdirs).resolve()
+  if args.report_only:
+    if not (out / "results.json").is_file():
+      sys.exit(f"error: --report_only needs {out / 'results.json'} (a finished run's "
+               "--out); run the study first.")
+    results = json.loads((out / "results.json").read_text())
+    return _write_report(out, results, args.readme if args.readme is not None
+                         else not results["quick"])
   logs = out / "logs"
   logs.mkdir(parents=True, exist_ok=True)
   workdirs.mkdir(parents=True, exist_ok=True)
@@ -421,10 +447,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   results["samples"] = samples_part(workdirs / best, corpus, sizes)
   results["wall_s"] = _now() - t_start
   (out / "results.json").write_text(json.dumps(results, indent=2))
+  return _write_report(out, results, args.readme if args.readme is not None else not args.quick)
+
+
+def _write_report(out: Path, results: dict, readme: bool) -> int:
+  """The plots and REPORT.md in ``out`` (and the README section); prints the report."""
   _plots(out, results)
   text = report(results)
   (out / "REPORT.md").write_text(text)
-  if args.readme if args.readme is not None else not args.quick:
+  if readme:
     write_readme_section(report(results, prefix=os.path.relpath(out, REPO) + "/"))
   print(text)
   return 0

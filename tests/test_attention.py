@@ -148,3 +148,25 @@ def test_blockwise_attention_does_not_keep_the_full_scores(capsys):
     saved[block] = capsys.readouterr().out
   assert "f32[2,2,2,8,13]" in saved[0]  # [L, B, H, T, K] probabilities
   assert "2,8,13]" not in saved[4] and "2,4,9]" not in saved[4]
+
+
+def test_attn_block_minus_one_is_chosen_per_backend_and_use(capsys):
+  """-1 (the default): blocks of 64 queries when training on CPU, the full
+  computation in evaluation; explicit values are kept."""
+  on_cpu = jax.default_backend() == "cpu"
+  assert models.ModelConfig(n_token=5).attn_block == -1
+  assert models.attn_block_size(-1, deterministic=False) == (64 if on_cpu else 0)
+  assert models.attn_block_size(-1, deterministic=True) == 0
+  assert [models.attn_block_size(b, d) for b in (0, 16) for d in (False, True)] == [0, 0, 16, 16]
+  # The default model trains blockwise on CPU: no [B, H, T, K] scores kept.
+  cfg = models.ModelConfig(n_token=11, n_layer=1, d_model=8, n_head=1, d_head=8, d_inner=8,
+                           dropout=0.1, tgt_len=80, mem_len=0)
+  model = models.TransformerXL(cfg)
+  params = nn.unbox(models.init_params(model, jax.random.PRNGKey(0)))
+  tokens = jnp.zeros((1, 81), jnp.int32)
+  jax.ad_checkpoint.print_saved_residuals(
+      lambda p: model.apply({"params": p}, tokens[:, :-1], models.init_memory(cfg, 1),
+                            tokens[:, 1:], deterministic=False,
+                            rngs={"dropout": jax.random.PRNGKey(1)})[0].mean(), params)
+  saved = capsys.readouterr().out
+  assert ("1,1,80,80]" not in saved) == on_cpu, saved

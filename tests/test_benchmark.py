@@ -75,7 +75,7 @@ def test_benchmark_runs_and_prints_table(tmp_path):
   assert re.search(r"parameters: ours [\d,]+, pytorch [\d,]+ \(equal\)", out), out
   assert re.search(r"matmul limit \(float32, N=256, best of every worker\): numpy [\d,]+, "
                    r"jax [\d,]+, torch [\d,]+ GFLOP/s; limit [\d,]+ GFLOP/s", out), out
-  assert "ours: model.attn_block=" in out and "load average" in out
+  assert "ours: model.attn_block train " in out and "load average" in out
 
   res = json.loads(out_json.read_text())
   assert set(res["results"]) == {"ours", "pytorch"}

@@ -55,3 +55,18 @@ def test_quick_study_writes_every_part(tmp_path):
   report = (out / "REPORT.md").read_text()
   assert "Table 6" in report and "Table 8" in report and "Table 9" in report
   assert "Appendix E" in report
+  # --report_only rewrites the report from results.json alone, the same text.
+  (out / "REPORT.md").unlink()
+  r = subprocess.run([sys.executable, "scripts/reproduce_wt2.py", "--report_only",
+                      f"--out={out}", "--readme=0"], cwd=REPO, env=env, capture_output=True,
+                     text=True, timeout=300)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert (out / "REPORT.md").read_text() == report
+
+
+def test_report_only_without_a_finished_run_says_so(tmp_path):
+  r = subprocess.run([sys.executable, "scripts/reproduce_wt2.py", "--report_only",
+                      f"--out={tmp_path}"], cwd=REPO, capture_output=True, text=True,
+                     timeout=300)
+  assert r.returncode == 1
+  assert "--report_only needs" in r.stderr and "Traceback" not in r.stderr

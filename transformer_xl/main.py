@@ -17,6 +17,10 @@ shows their traceback).
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # first, before the imports below: restart once with
+  from transformer_xl import host_memory  # glibc's huge pages for XLA:CPU's buffers
+  host_memory.reexec_with_hugepages()
+
 import jax
 from absl import app, flags, logging
 from ml_collections import config_flags

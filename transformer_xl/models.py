@@ -59,6 +59,27 @@ REMAT_POLICIES = {
     "save_proj": jax.checkpoint_policies.save_only_these_names(*PROJ_NAMES),
 }
 
+# attn_block -1 on CPU when training, measured with benchmarks/vs_pytorch.py on
+# the 2-core CPU of the README (B 8, tgt_len = mem_len 128, d_model 256):
+# blocks of 64 queries 1,503 tokens/s, 32: 1,446, none: 1,291; evaluation was
+# faster without blocks (2,481 against 2,061 tokens/s with 64).
+CPU_TRAIN_ATTN_BLOCK = 64
+
+
+def attn_block_size(attn_block: int, deterministic: bool) -> int:
+  """``model.attn_block`` with -1 ("per backend") resolved: queries per block.
+
+  -1 gives :data:`CPU_TRAIN_ATTN_BLOCK` (64) when training on the CPU
+  backend (``deterministic`` False: the blocks are rematerialised, so the
+  backward pass keeps no [B, H, T, K] scores) and 0, the full computation,
+  otherwise: in evaluation, and on GPU and TPU, where nothing has been
+  measured yet.  Other values are returned as they are.  The result is the
+  same either way (:func:`attention.query_blocks`), to fp32 rounding.
+  """
+  if attn_block >= 0:
+    return attn_block
+  return CPU_TRAIN_ATTN_BLOCK if (not deterministic and jax.default_backend() == "cpu") else 0
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
@@ -96,7 +117,8 @@ class ModelConfig:
       reference's ``max_klen``).  The eval config keeps the training value.
     attn_block: queries per block of the blockwise attention (0 = the full
       [B, H, T, K] computation at once); the result is the same, the
-      temporaries O(attn_block x K) (attention._attend).
+      temporaries O(attn_block x K) (attention._attend).  -1 (the default)
+      = chosen per backend and use by :func:`attn_block_size`.
     init_std: std of weight, embedding and u/v initialisation (0.02).
     dtype: compute dtype name, one of :data:`DTYPES`; parameters are
       float32; softmax and loss are float32.
@@ -141,7 +163,7 @@ class ModelConfig:
   tie_weight: bool = True
   attn_type: int = 0
   max_klen: int = 0
-  attn_block: int = 0
+  attn_block: int = -1
   init_std: float = 0.02
   dtype: str = "float32"
   remat: str = "none"
@@ -237,8 +259,9 @@ def config_problems(fields: Mapping[str, Any]) -> list[str]:
     problems.append(f"model.attn_type=3 adds a [d_model] row of its [max_klen, n_head, d_head] "
                     f"table: it needs n_head * d_head == d_model (got {f['n_head']} * "
                     f"{f['d_head']} != {f['d_model']}).")
-  if f["attn_block"] < 0:
-    problems.append(f"model.attn_block={f['attn_block']} must be >= 0 (0 = no blocks).")
+  if f["attn_block"] < -1:
+    problems.append(f"model.attn_block={f['attn_block']} must be >= -1 (-1 = chosen per "
+                    "backend, 0 = no blocks, N = queries per block).")
   if f["max_klen"] < 0:
     problems.append(f"model.max_klen={f['max_klen']} must be >= 0 (0 = tgt_len + ext_len + "
                     "mem_len).")
@@ -354,7 +377,7 @@ class DecoderLayer(nn.Module):
         n_head=cfg.n_head, d_head=cfg.d_head, d_model=cfg.d_model,
         dropatt=cfg.dropatt, init_std=cfg.init_std, dtype=cfg.compute_dtype,
         deterministic=deterministic, record=self.record_attention,
-        block_size=cfg.attn_block, name="attn", **kwargs)
+        block_size=attn_block_size(cfg.attn_block, deterministic), name="attn", **kwargs)
     drop = nn.Dropout(cfg.dropout)
     ff = PositionwiseFF(cfg, name="pos_ff")
 
