@@ -59,7 +59,7 @@ REMAT_POLICIES = {
     "save_proj": jax.checkpoint_policies.save_only_these_names(*PROJ_NAMES),
 }
 
-# attn_block -1 on CPU when training, measured with benchmarks/vs_pytorch.py on
+# What attn_block -1 means when training on CPU; measured with benchmarks/vs_pytorch.py on
 # the 2-core CPU of the README (B 8, tgt_len = mem_len 128, d_model 256):
 # blocks of 64 queries 1,503 tokens/s, 32: 1,446, none: 1,291; evaluation was
 # faster without blocks (2,481 against 2,061 tokens/s with 64).
