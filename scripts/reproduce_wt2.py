@@ -19,7 +19,8 @@ backpropagation length and steps), then evaluates and analyses it:
   App. D    the average attention map and the term decomposition of the
             best model (``python -m transformer_xl.analysis.attention``);
   App. E    samples of the best model (``--mode=generate``'s sampler);
-  and the learning curves of every variant.
+  and the learning curves of every variant, and the run-to-run noise:
+  Transformer-XL trained a second time with another seed.
 
 Everything goes into ``--out``: ``results.json`` (every number, with the
 command, hardware, steps and wall time of each part), PNG plots and
@@ -74,7 +75,7 @@ FULL = dict(overrides=[], attn_lens=[32, 64, 128, 256],
             # the slowdown of the network itself, the paper's enwik8-like setting.
             speed=["--attn_lens=64,128,256,512", "--n_layer=4", "--d_model=128", "--n_head=4",
                    "--d_head=32", "--d_inner=512", "--tgt_len=32"],
-            map_tokens=20_000, map_segment=-1, sample_tokens=200)
+            map_tokens=20_000, map_segment=-1, sample_tokens=200, noise_seed=1)
 QUICK = dict(overrides=[
     "--config.model.n_layer=2", "--config.model.d_model=32", "--config.model.n_head=2",
     "--config.model.d_head=16", "--config.model.d_inner=32", "--config.model.tgt_len=8",
@@ -82,7 +83,9 @@ QUICK = dict(overrides=[
     "--config.train.eval_every=0", "--config.train.global_batch=8", "--config.eval.tgt_len=8",
     "--config.eval.window=8", "--config.eval.global_batch=8"],
     attn_lens=[8, 16], recl_lens=[4, 8, 12], recl_delta=4, recl_tokens=200,
-    vanilla_windows=[8], speed=["--smoke"], map_tokens=100, map_segment=1, sample_tokens=10)
+    vanilla_windows=[8], speed=["--smoke"], map_tokens=100, map_segment=1, sample_tokens=10,
+    noise_seed=1)
+NOISE_VARIANT = "xl"  # trained a second time with train.seed = sizes["noise_seed"]
 
 
 def _now() -> float:
@@ -244,6 +247,37 @@ def learning_curves(workdirs: Path) -> dict:
   return out
 
 
+def noise_part(workdirs: Path, corpus, sizes: dict, data_flags: list, logs: Path,
+               table6_rows: dict, data_dir, manual_dir) -> dict:
+  """Run-to-run noise: :data:`NOISE_VARIANT` trained again with another
+  ``train.seed`` (initialisation, dropout and data order all change) and
+  evaluated as Table 6's "PPL init".  On one machine the same seed gives the
+  same run to the last bit (XLA:CPU is deterministic): the seed is what
+  varies between runs.
+
+  Returns:
+    {"variant", "seeds": [config's, other], "ppl_init": {split: [a, b]},
+     "rel_diff": {split: |b - a| / a}, "command", "wall_s"}.
+  """
+  from transformer_xl import evaluate
+  v, seed = NOISE_VARIANT, sizes["noise_seed"]
+  workdir = workdirs / f"{v}_seed{seed}"
+  cmd = [sys.executable, "-m", "transformer_xl.main", f"--config={CONFIG}:{v}",
+         f"--workdir={workdir}", *data_flags, *sizes["overrides"], f"--config.train.seed={seed}"]
+  print(f"[noise] {v} with seed {seed}", flush=True)
+  t0 = _now()
+  train_wall = _run(cmd, logs / f"train_{v}_seed{seed}.log")
+  config, model_cfg, _, _, params, mesh = _load(workdir, data_dir, manual_dir)
+  evaluator = evaluate.Evaluator(config, model_cfg, corpus, mesh)
+  base = table6_rows[v]["ppl_init"]
+  ppl = {split: [base[split], evaluator.evaluate(params, split)["ppl"]]
+         for split in ("valid", "test")}
+  base_seed = json.loads((workdirs / v / "config.json").read_text())["train"]["seed"]
+  return {"variant": v, "seeds": [base_seed, seed], "ppl_init": ppl,
+          "rel_diff": {k: abs(b - a) / a for k, (a, b) in ppl.items()},
+          "command": _shown(cmd), "train_wall_s": train_wall, "wall_s": _now() - t0}
+
+
 def _plots(out: Path, results: dict) -> None:
   import matplotlib
   matplotlib.use("Agg")
@@ -345,6 +379,14 @@ def report(results: dict, prefix: str = "") -> str:
                  f"(at {r['init_attn_len']}) | {r['ppl_best']['valid']:.2f} / "
                  f"{r['ppl_best']['test']:.2f} | {r['attn_len']} | {r['step']:,} | "
                  f"{train_wall} | {r['wall_s'] / 60:.1f} min |")
+  if "noise" in results:
+    nz = results["noise"]
+    lines += ["", f"Run-to-run noise: `{nz['variant']}` trained again with train.seed="
+              f"{nz['seeds'][1]} instead of {nz['seeds'][0]} (`{nz['command']}`, "
+              f"{nz['train_wall_s'] / 60:.1f} min): PPL init valid "
+              f"{nz['ppl_init']['valid'][0]:.2f} against {nz['ppl_init']['valid'][1]:.2f} "
+              f"({100 * nz['rel_diff']['valid']:.1f}%), test {nz['ppl_init']['test'][0]:.2f} "
+              f"against {nz['ppl_init']['test'][1]:.2f} ({100 * nz['rel_diff']['test']:.1f}%)."]
   lens = sorted({int(c) for r in results["table6"].values() for c in r["curve_valid"]})
   lines += ["", "Valid perplexity against the evaluation attention length L (the curve; "
             "segment models: a memory of L with same_length, every query sees L keys; "
@@ -376,7 +418,8 @@ def report(results: dict, prefix: str = "") -> str:
             f"![decomposition]({prefix}attention/decomposition.png)", ""]
   sm = results["samples"]
   lines += [f"**Appendix E**: samples of `{Path(sm['workdir']).name}` (top_k {sm['top_k']}, "
-            f"temperature {sm['temperature']}, seed {sm['seed']}, {sm['num_tokens']} tokens), "
+            f"temperature {sm['temperature']}, seed {sm['seed']}, {sm['num_tokens']} tokens, "
+            f"{sm['wall_s']:.0f} s), "
             "prompted with the first 60 tokens of the test set:", "", "```",
             "PROMPT: " + sm["prompt"].strip()]
   for i, s in enumerate(sm["samples"]):
@@ -439,6 +482,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   corpus = data.load_corpus("wikitext2", data_dir=args.data_dir, manual_dir=args.manual_dir,
                             verify_checksums=bool(args.verify_checksums))
   results["table6"] = table6(workdirs, corpus, sizes, args.data_dir, args.manual_dir)
+  results["noise"] = noise_part(workdirs, corpus, sizes, data_flags, logs, results["table6"],
+                                args.data_dir, args.manual_dir)
   results["learning_curves"] = learning_curves(workdirs)
   results["recl"] = recl_part(workdirs, out, sizes, data_flags, logs)
   best = min(("xl", "xl_half", "shaw"), key=lambda v: results["table6"][v]["ppl_best"]["valid"])

@@ -39,6 +39,11 @@ def test_quick_study_writes_every_part(tmp_path):
     assert row["ppl_best"]["valid"] <= min([row["ppl_init"]["valid"],
                                             *row["curve_valid"].values()]) + 5e-3
   assert res["table6"]["vanilla"]["eval_method"] == "sliding"
+  # Run-to-run noise: xl again with another seed, its PPL init beside the first run's.
+  noise = res["noise"]
+  assert noise["variant"] == "xl" and noise["seeds"][0] != noise["seeds"][1]
+  assert noise["ppl_init"]["valid"][0] == res["table6"]["xl"]["ppl_init"]["valid"]
+  assert all(math.isfinite(p) and p > 1 for p in noise["ppl_init"]["test"])
   # vanilla is alrfou_half's parameters evaluated with the sliding window.
   assert res["table6"]["alrfou_half"]["eval_method"] == "segments"
   assert set(res["recl"]["results"]) == {"0.1", "0.5", "1.0"}
@@ -54,7 +59,7 @@ def test_quick_study_writes_every_part(tmp_path):
     assert (out / png).read_bytes()[:4] == b"\x89PNG", png
   report = (out / "REPORT.md").read_text()
   assert "Table 6" in report and "Table 8" in report and "Table 9" in report
-  assert "Appendix E" in report
+  assert "Appendix E" in report and "Run-to-run noise" in report
   # --report_only rewrites the report from results.json alone, the same text.
   (out / "REPORT.md").unlink()
   r = subprocess.run([sys.executable, "scripts/reproduce_wt2.py", "--report_only",
