@@ -111,9 +111,15 @@ def machine() -> dict:
 
 
 def _shown(cmd: Sequence[str]) -> str:
-  """``cmd`` as a user would type it from the repository root."""
-  return " ".join(["python"] + [os.path.relpath(a, REPO) if a.startswith(str(REPO) + os.sep)
-                                else a for a in cmd[1:]])
+  """``cmd`` as a user would type it from the repository root (paths inside
+  the checkout, bare or as a ``--flag=`` value, relative to it)."""
+  inside = str(REPO) + os.sep
+
+  def rel(arg: str) -> str:
+    flag, eq, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
+    return flag + eq + (os.path.relpath(value, REPO) if value.startswith(inside) else value)
+
+  return " ".join(["python"] + [rel(a) for a in cmd[1:]])
 
 
 def _run(cmd: Sequence[str], log_path: Path) -> float:
