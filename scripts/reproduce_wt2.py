@@ -256,14 +256,15 @@ def learning_curves(workdirs: Path) -> dict:
 def noise_part(workdirs: Path, corpus, sizes: dict, data_flags: list, logs: Path,
                table6_rows: dict, data_dir, manual_dir) -> dict:
   """Run-to-run noise: :data:`NOISE_VARIANT` trained again with another
-  ``train.seed`` (initialisation, dropout and data order all change) and
-  evaluated as Table 6's "PPL init".  On one machine the same seed gives the
-  same run to the last bit (XLA:CPU is deterministic): the seed is what
-  varies between runs.
+  ``train.seed`` (the initialisation and the dropout masks change; the data
+  are read in the same order) and evaluated as Table 6's "PPL init".  On one
+  machine the same seed gives the same run to the last bit (XLA:CPU is
+  deterministic): the seed is what varies between runs.
 
   Returns:
     {"variant", "seeds": [config's, other], "ppl_init": {split: [a, b]},
-     "rel_diff": {split: |b - a| / a}, "command", "wall_s"}.
+     "rel_diff": {split: |b - a| / a}, "command", "train_wall_s" (the
+     training), "wall_s" (training and evaluation)}.
   """
   from transformer_xl import evaluate
   v, seed = NOISE_VARIANT, sizes["noise_seed"]
