@@ -600,8 +600,7 @@ def _worker_env(args, which: str) -> dict:
     if REPO not in sys.path:  # this checkout's transformer_xl (host_memory: stdlib only)
       sys.path.insert(0, REPO)
     from transformer_xl import host_memory
-    env = host_memory.hugepages_environ(env, platform.libc_ver()[0],
-                                        host_memory._thp_mode()) or env
+    env = host_memory.hugepages_environ(env) or env
   env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
   return env
 

@@ -10,7 +10,7 @@ from transformer_xl import host_memory
 from test_train import REPO
 
 GLIBC = platform.libc_ver()[0] == "glibc"
-THP = host_memory._thp_mode() in ("always", "madvise")
+THP = host_memory.thp_mode() in ("always", "madvise")
 
 
 def test_hugepages_environ_adds_the_tunable_once():

@@ -26,7 +26,7 @@ OPT_OUT = "TRANSFORMER_XL_HUGEPAGES"
 _THP = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 
-def _thp_mode() -> str:
+def thp_mode() -> str:
   """The kernel's transparent huge page mode ("always", "madvise", "never"),
   "" where it cannot be read."""
   try:
@@ -37,14 +37,16 @@ def _thp_mode() -> str:
   return text[text.find("[") + 1:text.find("]")] if "[" in text else ""
 
 
-def hugepages_environ(environ: Mapping[str, str], libc: str, thp_mode: str
-                      ) -> Optional[dict]:
+def hugepages_environ(environ: Mapping[str, str], libc: Optional[str] = None,
+                      thp: Optional[str] = None) -> Optional[dict]:
   """The environment to restart with, or None where a restart would not help.
 
   Args:
     environ: the current environment.
-    libc: ``platform.libc_ver()[0]`` ("glibc" on glibc systems).
-    thp_mode: the kernel's transparent huge page mode.
+    libc: the C library's name, "glibc" on glibc systems (None: this
+      machine's, ``platform.libc_ver()[0]``).
+    thp: the kernel's transparent huge page mode (None: this machine's,
+      :func:`thp_mode`).
 
   Returns:
     ``environ`` with :data:`TUNABLE` appended to ``GLIBC_TUNABLES``; None
@@ -53,8 +55,10 @@ def hugepages_environ(environ: Mapping[str, str], libc: str, thp_mode: str
     restarted process never restarts again) or ``TRANSFORMER_XL_HUGEPAGES``
     is "0".
   """
+  libc = platform.libc_ver()[0] if libc is None else libc
+  thp = thp_mode() if thp is None else thp
   tunables = [t for t in environ.get("GLIBC_TUNABLES", "").split(":") if t]
-  if (libc != "glibc" or thp_mode not in ("always", "madvise")
+  if (libc != "glibc" or thp not in ("always", "madvise")
       or environ.get(OPT_OUT, "1") == "0"
       or any(t.startswith("glibc.malloc.hugetlb=") for t in tunables)):
     return None
@@ -70,7 +74,7 @@ def reexec_with_hugepages() -> None:
   and the process goes on as it is.  Call it before any output or work."""
   if not sys.platform.startswith("linux"):
     return
-  env = hugepages_environ(os.environ, platform.libc_ver()[0], _thp_mode())
+  env = hugepages_environ(os.environ)
   argv = list(getattr(sys, "orig_argv", []))
   if env is None or len(argv) < 2:
     return
