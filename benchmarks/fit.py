@@ -334,6 +334,8 @@ class StepCompiler:
     self.model_cfg = default_config.model_config(config, vocab)
     if self.model_cfg.attn_block < 0:  # "per backend": an accelerator's choice, not
       self.model_cfg = dataclasses.replace(self.model_cfg, attn_block=0)  # these CPUs'
+    if self.model_cfg.scan_unroll < 0:  # likewise: one layer per scan iteration
+      self.model_cfg = dataclasses.replace(self.model_cfg, scan_unroll=1)
 
   def n_params(self) -> int:
     import jax

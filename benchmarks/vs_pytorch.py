@@ -77,10 +77,18 @@ Fairness:
   devices), plus ``--xla_flags`` if given; by default nothing else, i.e. XLA's
   own CPU defaults.  Ours runs on a 1x1 mesh of one CPU device.
   ``--malloc_hugepages=1`` (the default) adds ``glibc.malloc.hugetlb=1`` to
-  ``GLIBC_TUNABLES`` for both subprocesses, as ``python -m
+  ``GLIBC_TUNABLES`` for our subprocess, as ``python -m
   transformer_xl.main`` does for itself (``transformer_xl.host_memory``:
-  malloc asks for transparent huge pages; it matters to XLA:CPU's per-step
-  buffers, hardly to torch's); ``--malloc_hugepages=0`` runs both without.
+  malloc asks for transparent huge pages for XLA:CPU's per-step buffers);
+  ``--malloc_hugepages=0`` runs ours without.  PyTorch runs in the caller's
+  environment, its own default: with the tunable its training ran at half
+  speed on the README's CPU (634 against 1,192 tokens/s);
+  ``--pytorch_malloc_hugepages=1`` gives it the tunable too.
+* Both workers hand the memory that glibc holds free back to the kernel
+  (``host_memory.release_free_memory``, ``malloc_trim``): ours after every
+  XLA compilation (``host_memory.release_after_compiles``), as our command
+  line and training loop do; PyTorch once, after creating the model and
+  its optimizer (it compiles nothing).
 * HF's ``labels`` are shifted inside the model, so its loss covers
   tgt_len - 1 positions per row and ours tgt_len; both count batch * tgt_len
   tokens per step.  HF initialises its memory with mem_len zero states (its
@@ -174,8 +182,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                  help="timed matmuls per library (the fastest counts)")
   g.add_argument("--xla_flags", default="", help="extra XLA_FLAGS for our subprocess")
   g.add_argument("--malloc_hugepages", type=int, default=1, choices=(0, 1),
-                 help="1: glibc.malloc.hugetlb=1 in GLIBC_TUNABLES for both subprocesses, "
+                 help="1: glibc.malloc.hugetlb=1 in GLIBC_TUNABLES for our subprocess, "
                       "as our command line sets it (transformer_xl.host_memory)")
+  g.add_argument("--pytorch_malloc_hugepages", type=int, default=0, choices=(0, 1),
+                 help="1: the same for the PyTorch subprocess (it slowed torch's training "
+                      "down 2x on the README's CPU)")
   g.add_argument("--seed", type=int, default=0)
   g.add_argument("--smoke", action="store_true",
                  help="tiny model, 1 repeat of 2 steps, small matmul: checks the tool in "
@@ -366,8 +377,10 @@ def run_ours(args, phase: str) -> dict:
   import flax.linen as nn
   import jax
   import numpy as np
-  from transformer_xl import default_config, evaluate, models, sharding, train, train_state
+  from transformer_xl import (default_config, evaluate, host_memory, models, sharding, train,
+                              train_state)
   rss_imports = rss_mib("VmRSS")
+  host_memory.release_after_compiles()  # as our command line and training loop do
 
   config = default_config.get_config()
   config.model.update(n_layer=args.n_layer, d_model=args.d_model, n_head=args.n_head,
@@ -396,13 +409,13 @@ def run_ours(args, phase: str) -> dict:
   if phase == "train":
     state = train_state.create_train_state(model, tx, args.batch, mesh, rng, state_shardings)
     out["n_params"] = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(state.params))
-    train_step = train.make_train_step(model, tx, mesh, state_shardings, 1, args.seed)
     batches = [jax.device_put(
         {"inputs": x, "targets": y, "weights": np.ones(x.shape, np.float32),
          "reset": np.zeros((batch,), bool)},
         {"inputs": sharding.batch_sharding(mesh), "targets": sharding.batch_sharding(mesh),
          "weights": sharding.batch_sharding(mesh), "reset": sharding.rows_sharding(mesh)})
         for x, y in _token_batches(args, batch, tgt_len)]
+    train_step = train.make_train_step(model, tx, mesh, state_shardings, 1, args.seed)
     holder = {"state": state, "i": 0}
     del state  # donated by the first step
 
@@ -481,6 +494,8 @@ def run_pytorch(args, phase: str) -> dict:
   from transformers import TransfoXLLMHeadModel
   from transformers.utils import logging as hf_logging
   hf_logging.set_verbosity_error()
+  sys.path.insert(0, REPO)
+  from transformer_xl import host_memory  # stdlib only: no jax in this process
   rss_imports = rss_mib("VmRSS")
 
   torch.set_num_threads(args.threads)
@@ -494,6 +509,7 @@ def run_pytorch(args, phase: str) -> dict:
   # HF shifts labels inside (hidden t predicts labels t+1): pass the inputs.
   batches = [torch.from_numpy(x).long() for x, _ in _token_batches(args, batch, tgt_len)]
   holder = {"mems": None, "i": 0}
+  host_memory.release_free_memory()  # once its setup is done (ours: after each compilation)
 
   if phase == "train":
     model.train()
@@ -596,7 +612,7 @@ def _worker_env(args, which: str) -> dict:
     flags += args.xla_flags.split()
     env["XLA_FLAGS"] = " ".join(flags)
     env["JAX_PLATFORMS"] = "cpu"
-  if args.malloc_hugepages:
+  if args.malloc_hugepages if which == "ours" else args.pytorch_malloc_hugepages:
     if REPO not in sys.path:  # this checkout's transformer_xl (host_memory: stdlib only)
       sys.path.insert(0, REPO)
     from transformer_xl import host_memory

@@ -60,8 +60,9 @@ def test_rel_shift_attention_equals_naive(same_length, clamp_len, mlen):
   pos = attention.sinusoid_pos_emb(mem_len + tgt_len, d, clamp_len)
   mask = attention.attention_mask(tgt_len, mem_len, mlen_B, same_length)
   h = cat[:, mem_len:]  # the segment (only types 2 and 3 read it)
-  params = nn.unbox(mod.init(jax.random.PRNGKey(1), h, cat, pos, mask, u, v))
-  got = mod.apply(params, h, cat, pos, mask, u, v)
+  mem = cat[:, :mem_len]
+  params = nn.unbox(mod.init(jax.random.PRNGKey(1), h, mem, h, pos, mask, u, v))
+  got = mod.apply(params, h, mem, h, pos, mask, u, v)
   want = naive_attention(params["params"], cat, mem_len, np.asarray(mlen_B), same_length,
                          clamp_len, np.asarray(u), np.asarray(v))
   np.testing.assert_allclose(np.asarray(got), want, rtol=2e-4, atol=2e-4)

@@ -180,8 +180,8 @@ def test_bf16_attention_scores_are_float32_and_masked_keys_get_no_weight():
   params = _exact_attention_params(d_head)
   module = attention.RelPartialLearnableAttention(n_head=1, d_head=d_head, d_model=2,
                                                   dtype=jnp.bfloat16)
-  out = np.asarray(module.apply({"params": params}, x_BxKxD[:, -t:], x_BxKxD, pos, mask, zeros,
-                                zeros), np.float64)[0, :, 0]
+  out = np.asarray(module.apply({"params": params}, x_BxKxD[:, -t:], x_BxKxD[:, :m],
+                                x_BxKxD[:, -t:], pos, mask, zeros, zeros), np.float64)[0, :, 0]
   # Exact: softmax over the allowed keys of score_j = (-161280 + 4 delta_j) / 8.
   score = (63 * 64 * -40.0 + 4.0 * delta) / 8.0
   allowed = np.asarray(mask)[0, 0]

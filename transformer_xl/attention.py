@@ -27,12 +27,14 @@ the ablations of Tables 6 and 7) are in :data:`ATTENTION_TYPES`:
                                             attention; learned absolute
                                             positions added before every layer
 
-All share one call signature, ``attn(h_BxTxD, cat_BxKxD, pos_emb_KxD,
-mask_Bx1xTxK, r_w_bias_HxDh, r_r_bias_HxDh)``; each uses what its type
-needs.  Types 2 and 3 add their positions outside attention (models.py,
+All share one call signature, ``attn(h_BxTxD, mem_in_BxMxD, seg_in_BxTxD,
+pos_emb_KxD, mask_Bx1xTxK, r_w_bias_HxDh, r_r_bias_HxDh)``; each uses what
+its type needs.  Keys and values come from concat(mem_in, seg_in), passed
+as its two parts so that no gradient is formed for the memory rows where
+none can flow (:func:`_kv_rows`).  Types 2 and 3 add their positions outside attention (models.py,
 :func:`absolute_positions`).  The projections' outputs are tagged with
 ``checkpoint_name`` ("qkv", "r_head_k", "attn_out") so that a remat policy
-can keep them and recompute the [B, H, T, K] scores
+can keep them and recompute the [H, B, T, K] scores
 (``models.REMAT_POLICIES``).
 """
 from __future__ import annotations
@@ -83,7 +85,7 @@ def sinusoid_pos_emb(klen: int, d_model: int, clamp_len: int = 0) -> Array:
   return jnp.concatenate([jnp.sin(sinusoid_KxD2), jnp.cos(sinusoid_KxD2)], axis=-1)
 
 
-def rel_shift(x_BxHxTxK: Array) -> Array:
+def rel_shift(x_XxTxK: Array) -> Array:
   """The left-shift of Dai et al. 2019, Appendix B (reference ``_rel_shift``).
 
   Input entry (i, k) is a score against the encoding of distance K-1-k.
@@ -93,16 +95,17 @@ def rel_shift(x_BxHxTxK: Array) -> Array:
   reshapes: O(T K) memory, no gather.
 
   Args:
-    x_BxHxTxK: scores [batch, heads, T, K], any dtype.
+    x_XxTxK: scores [..., T, K] (any leading dims, e.g. [heads, batch]),
+      any dtype.
 
   Returns:
     Array of the same shape and dtype.
   """
-  b, h, t, k = x_BxHxTxK.shape
-  zero_pad = jnp.zeros((b, h, t, 1), x_BxHxTxK.dtype)
-  x_padded = jnp.concatenate([zero_pad, x_BxHxTxK], axis=-1)  # [B, H, T, K+1]
-  x_padded = x_padded.reshape(b, h, k + 1, t)
-  return x_padded[:, :, 1:, :].reshape(b, h, t, k)
+  *lead, t, k = x_XxTxK.shape
+  zero_pad = jnp.zeros((*lead, t, 1), x_XxTxK.dtype)
+  x_padded = jnp.concatenate([zero_pad, x_XxTxK], axis=-1)  # [..., T, K+1]
+  x_padded = x_padded.reshape(*lead, k + 1, t)
+  return x_padded[..., 1:, :].reshape(*lead, t, k)
 
 
 def attention_mask(tgt_len: int, mem_len: int, mlen_B: Array, same_length: bool) -> Array:
@@ -176,15 +179,17 @@ class RelPartialLearnableAttention(_Attention):
   """
 
   @nn.compact
-  def __call__(self, h_BxTxD: Array, cat_BxKxD: Array, pos_emb_KxD: Array,
-               mask_Bx1xTxK: Array, r_w_bias_HxDh: Array, r_r_bias_HxDh: Array) -> Array:
-    """Attention output for the last T rows of ``cat_BxKxD``.
+  def __call__(self, h_BxTxD: Array, mem_in_BxMxD: Array, seg_in_BxTxD: Array,
+               pos_emb_KxD: Array, mask_Bx1xTxK: Array, r_w_bias_HxDh: Array,
+               r_r_bias_HxDh: Array) -> Array:
+    """Attention output for the T segment positions.
 
     Args:
       h_BxTxD: the segment's layer input [B, T, d_model] before any
         LayerNorm (used by type 2 and 3's queries; not here).
-      cat_BxKxD: concat(memory, segment) [B, K, d_model] (LayerNorm-ed with
-        pre_lnorm); queries are its last T rows, T = mask_Bx1xTxK.shape[2].
+      mem_in_BxMxD, seg_in_BxTxD: the attention input, concat(memory,
+        segment) = [B, K, d_model] in two parts (LayerNorm-ed with
+        pre_lnorm); queries come from the segment part.
       pos_emb_KxD: sinusoid R for distances K-1..0 (:func:`sinusoid_pos_emb`).
       mask_Bx1xTxK: bool, True where attention is allowed
         (:func:`attention_mask`).
@@ -195,7 +200,7 @@ class RelPartialLearnableAttention(_Attention):
       [B, T, d_model] in ``dtype`` (the o_net output, before dropout and the
       residual).
     """
-    q_BxTxHxDh, k_BxKxHxDh, v_BxKxHxDh = _qkv(self, cat_BxKxD, mask_Bx1xTxK.shape[2])
+    q_BxTxHxDh, k_BxKxHxDh, v_BxKxHxDh = _qkv(self, mem_in_BxMxD, seg_in_BxTxD)
     r_KxHxDh = nn.DenseGeneral(
         (self.n_head, self.d_head), use_bias=False, dtype=self.dtype,
         param_dtype=self.param_dtype,
@@ -209,12 +214,10 @@ class RelPartialLearnableAttention(_Attention):
     def score(q_BxQxHxDh, k_BxJxHxDh, pos):
       (r_JxHxDh,) = pos  # distances J-1..0 of this block's keys
       # (a) + (c): content terms.
-      ac = jnp.einsum("bihd,bjhd->bhij", q_BxQxHxDh + u, k_BxJxHxDh,
-                      preferred_element_type=jnp.float32)
+      ac_HxBxQxJ = content_scores(q_BxQxHxDh + u, k_BxJxHxDh)
       # (b) + (d): position terms against every distance J-1..0, then shifted.
-      bd = rel_shift(jnp.einsum("bihd,jhd->bhij", q_BxQxHxDh + v, r_JxHxDh,
-                                preferred_element_type=jnp.float32))
-      return ac + bd
+      bd_HxBxQxJ = rel_shift(position_scores(q_BxQxHxDh + v, r_JxHxDh))
+      return ac_HxBxQxJ + bd_HxBxQxJ
 
     if self.record:  # Appendix D, Fig. 7: terms (a), (b) and (d), each softmax-ed alone
       terms = {"a": jnp.einsum("bihd,bjhd->bhij", q_BxTxHxDh, k_BxKxHxDh,
@@ -261,6 +264,30 @@ def _keep_mask(rng: Array, i0: int, i1: int, j1: int, shape_BxHxK: tuple, keep: 
   return jnp.transpose(keep_QxBxHxK, (1, 2, 0, 3))[..., :j1]
 
 
+def content_scores(q_BxQxHxDh: Array, k_BxJxHxDh: Array) -> Array:
+  """q . k for every head, query and key: float32 [H, B, Q, J].
+
+  Heads lead the batch so that every [Q, J] slab is one row-major matrix
+  product's output and the softmax, the shift and the mask run over
+  contiguous rows (XLA lays out a dot's output as batch dims, then the
+  lhs's and the rhs's free dims).
+  """
+  return jax.lax.dot_general(q_BxQxHxDh, k_BxJxHxDh, (((3,), (3,)), ((2, 0), (2, 0))),
+                             preferred_element_type=jnp.float32)
+
+
+def position_scores(q_BxQxHxDh: Array, r_JxHxDh: Array) -> Array:
+  """q . r against position rows shared by the batch: float32 [H, B, Q, J]
+  (one [B*Q, Dh] x [Dh, J] product per head)."""
+  return jax.lax.dot_general(q_BxQxHxDh, r_JxHxDh, (((3,), (2,)), ((2,), (1,))),
+                             preferred_element_type=jnp.float32)
+
+
+def weighted_values(prob_HxBxQxJ: Array, v_BxJxHxDh: Array) -> Array:
+  """The attention vectors sum_j prob_ij v_j: [H, B, Q, Dh] in the inputs' dtype."""
+  return jax.lax.dot_general(prob_HxBxQxJ, v_BxJxHxDh, (((3,), (1,)), ((0, 1), (2, 0))))
+
+
 def _attend(mod: nn.Module, score_fn: Callable, q_BxTxHxDh: Array, k_BxKxHxDh: Array,
             v_BxKxHxDh: Array, pos: tuple, mask_Bx1xTxK: Array) -> Array:
   """Scores, scale, mask, float32 softmax, dropatt, weighted values, ``o_net``.
@@ -268,18 +295,23 @@ def _attend(mod: nn.Module, score_fn: Callable, q_BxTxHxDh: Array, k_BxKxHxDh: A
   The part every attention type shares (reference: ``attn_score.mul_(scale)``
   ... ``o_net(attn_vec)``); called from inside ``mod``'s compact
   ``__call__``, whose sizes, ``dropatt``, dtypes, ``deterministic``,
-  ``record`` and ``block_size`` it uses.
+  ``record`` and ``block_size`` it uses.  Scores and probabilities are laid
+  out [H, B, Q, J] (:func:`content_scores`); what is recorded is [B, H, T, K].
 
   Blockwise: with ``mod.block_size`` > 0 the queries are processed in
   blocks (:func:`query_blocks`), each under ``jax.checkpoint``, so the
-  [B, H, T, K] scores and probabilities never exist at once, forward or
+  [H, B, T, K] scores and probabilities never exist at once, forward or
   backward: temporaries are O(block x K) and the backward pass recomputes
   each block's scores (flash-attention style, without the online softmax:
-  a block sees all its keys at once).  The result equals the full
-  computation (same dropout masks, :func:`_keep_mask`).
+  a block sees all its keys at once).  The checkpoint lets XLA merge the
+  recomputation with the forward pass (``prevent_cse=False``), which it
+  does where both are in one program (the unrolled loop over layers,
+  ``models.scan_unroll_layers``): faster, but the blocks' values are then
+  kept.  The result equals the full computation (same dropout masks,
+  :func:`_keep_mask`).
 
   Args:
-    score_fn: (q_BxQxHxDh, k_BxJxHxDh, pos) -> float32 [B, H, Q, J], the
+    score_fn: (q_BxQxHxDh, k_BxJxHxDh, pos) -> float32 [H, B, Q, J], the
       type's unscaled scores of a block of queries against keys [0, J);
       ``pos`` holds the type's position rows for those keys.
     q_BxTxHxDh, k_BxKxHxDh, v_BxKxHxDh: queries, keys, values.
@@ -291,20 +323,21 @@ def _attend(mod: nn.Module, score_fn: Callable, q_BxTxHxDh: Array, k_BxKxHxDh: A
     [B, T, d_model] in ``mod.dtype``, tagged "attn_out".
   """
   b, _, t, k = mask_Bx1xTxK.shape
+  mask_1xBxTxK = jnp.swapaxes(mask_Bx1xTxK, 0, 1)
   keep = 1.0 - mod.dropatt
   rng = mod.make_rng("dropout") if (mod.dropatt > 0 and not mod.deterministic) else None
   blocks = [(0, t, k)] if mod.record else query_blocks(t, k, mod.block_size)
 
   def block(i0, i1, j1, q, kk, vv, pos_rows, mask, rng):
-    score = score_fn(q, kk, pos_rows) * (1.0 / mod.d_head ** 0.5)
-    prob = jax.nn.softmax(jnp.where(mask, score, MASK_VALUE), axis=-1)
+    score_HxBxQxJ = score_fn(q, kk, pos_rows) * (1.0 / mod.d_head ** 0.5)
+    prob_HxBxQxJ = jax.nn.softmax(jnp.where(mask, score_HxBxQxJ, MASK_VALUE), axis=-1)
     if mod.record:
-      mod.sow("intermediates", "prob", prob)
-    prob = prob.astype(mod.dtype)
+      mod.sow("intermediates", "prob", jnp.swapaxes(prob_HxBxQxJ, 0, 1))
+    prob_HxBxQxJ = prob_HxBxQxJ.astype(mod.dtype)
     if rng is not None:
-      prob = jnp.where(_keep_mask(rng, i0, i1, j1, (b, mod.n_head, k), keep),
-                       prob / keep, 0).astype(mod.dtype)
-    return jnp.einsum("bhij,bjhd->bihd", prob, vv)
+      keep_HxBxQxJ = jnp.swapaxes(_keep_mask(rng, i0, i1, j1, (b, mod.n_head, k), keep), 0, 1)
+      prob_HxBxQxJ = jnp.where(keep_HxBxQxJ, prob_HxBxQxJ / keep, 0).astype(mod.dtype)
+    return weighted_values(prob_HxBxQxJ, vv)
 
   vecs = []
   for i0, i1, j1 in blocks:
@@ -312,27 +345,79 @@ def _attend(mod: nn.Module, score_fn: Callable, q_BxTxHxDh: Array, k_BxKxHxDh: A
     if len(blocks) > 1:
       fn = jax.checkpoint(fn, prevent_cse=False)
     vecs.append(fn(q_BxTxHxDh[:, i0:i1], k_BxKxHxDh[:, :j1], v_BxKxHxDh[:, :j1],
-                   tuple(p[k - j1:] for p in pos), mask_Bx1xTxK[:, :, i0:i1, :j1], rng))
-  vec_BxTxHxDh = vecs[0] if len(vecs) == 1 else jnp.concatenate(vecs, axis=1)
+                   tuple(p[k - j1:] for p in pos), mask_1xBxTxK[:, :, i0:i1, :j1], rng))
+  vec_HxBxTxDh = vecs[0] if len(vecs) == 1 else jnp.concatenate(vecs, axis=2)
   out_BxTxD = nn.DenseGeneral(
       mod.d_model, axis=(-2, -1), use_bias=False, dtype=mod.dtype,
       param_dtype=mod.param_dtype,
       kernel_init=normal_init(mod.init_std, "heads", "kv", "embed"),
-      parent=mod, name="o_net")(vec_BxTxHxDh)
+      parent=mod, name="o_net")(jnp.transpose(vec_HxBxTxDh, (1, 2, 0, 3)))
   return checkpoint_name(out_BxTxD, "attn_out")
 
 
-def _qkv(mod: nn.Module, cat_BxKxD: Array, tgt_len: int):
+class _Kernel(nn.Module):
+  """A projection's weight alone, param ``kernel`` (the name, shape and
+  logical axes ``nn.DenseGeneral`` gives it), for a projection that is
+  applied in pieces (:func:`_project_rows`)."""
+
+  shape: tuple
+  logical_axes: tuple
+  init_std: float
+  param_dtype: Dtype
+
+  @nn.compact
+  def __call__(self) -> Array:
+    return self.param("kernel", normal_init(self.init_std, *self.logical_axes), self.shape,
+                      self.param_dtype)
+
+
+def _project_rows(x_BxNxD: Array, kernel_DxF: Array, dtype: Dtype) -> Array:
+  """x @ kernel over the last input axis: [B, N, *F] in ``dtype`` (as
+  ``nn.DenseGeneral`` with ``dtype``: both operands cast first)."""
+  return jax.lax.dot_general(x_BxNxD.astype(dtype), kernel_DxF.astype(dtype),
+                             (((2,), (0,)), ((), ())))
+
+
+def _kv_rows(mod: nn.Module, mem_in_BxMxD: Array, seg_in_BxTxD: Array,
+             kernel_Dx2xHxDh: Array) -> Array:
+  """Keys and values of concat(memory, segment): [B, K, 2, H, Dh] (types 2, 3).
+
+  The memory rows and the segment rows are projected separately: the same
+  numbers as one product over the K rows, but where the memory rows are
+  constants (stop-gradiented and not LayerNorm-ed, models.DecoderLayer)
+  the backward pass forms the input gradient of the T segment rows only,
+  not of all K (a slice of one K-row product would still form all K).
+  """
+  seg = checkpoint_name(_project_rows(seg_in_BxTxD, kernel_Dx2xHxDh, mod.dtype), "qkv")
+  if mem_in_BxMxD.shape[1] == 0:
+    return seg
+  mem = checkpoint_name(_project_rows(mem_in_BxMxD, kernel_Dx2xHxDh, mod.dtype), "qkv")
+  return jnp.concatenate([mem, seg], axis=1)
+
+
+def _qkv(mod: nn.Module, mem_in_BxMxD: Array, seg_in_BxTxD: Array):
   """The fused ``qkv_net`` of the relative types (0, 1) over concat(memory,
-  segment): (q of the last T rows, k, v), each [B, ., H, Dh]."""
-  qkv_BxKx3xHxDh = nn.DenseGeneral(
-      (3, mod.n_head, mod.d_head), use_bias=False, dtype=mod.dtype,
-      param_dtype=mod.param_dtype,
-      kernel_init=normal_init(mod.init_std, "embed", None, "heads", "kv"),
-      parent=mod, name="qkv_net")(cat_BxKxD)
-  qkv_BxKx3xHxDh = checkpoint_name(qkv_BxKx3xHxDh, "qkv")
-  return (qkv_BxKx3xHxDh[:, -tgt_len:, 0], qkv_BxKx3xHxDh[:, :, 1],
-          qkv_BxKx3xHxDh[:, :, 2])
+  segment): (q of the T segment rows, k, v), each [B, ., H, Dh].
+
+  One kernel [d_model, 3, H, Dh] as the reference's ``qkv_net``, applied to
+  the T segment rows (q, k, v) and to the M memory rows with its k and v
+  columns only: the reference projects q for the memory rows too and drops
+  it (the same numbers; a sixth of the projection's work saved, and the
+  input gradient of the memory rows, as :func:`_kv_rows`).  Both products
+  are tagged "qkv" for the remat policies.
+  """
+  kernel_Dx3xHxDh = _Kernel((seg_in_BxTxD.shape[-1], 3, mod.n_head, mod.d_head),
+                            ("embed", None, "heads", "kv"), mod.init_std, mod.param_dtype,
+                            parent=mod, name="qkv_net")()
+  qkv_BxTx3xHxDh = checkpoint_name(
+      _project_rows(seg_in_BxTxD, kernel_Dx3xHxDh, mod.dtype), "qkv")
+  q_BxTxHxDh = qkv_BxTx3xHxDh[:, :, 0]
+  if mem_in_BxMxD.shape[1] == 0:
+    return q_BxTxHxDh, qkv_BxTx3xHxDh[:, :, 1], qkv_BxTx3xHxDh[:, :, 2]
+  kv_BxMx2xHxDh = checkpoint_name(
+      _project_rows(mem_in_BxMxD, kernel_Dx3xHxDh[:, 1:], mod.dtype), "qkv")
+  kv_BxKx2xHxDh = jnp.concatenate([kv_BxMx2xHxDh, qkv_BxTx3xHxDh[:, :, 1:]], axis=1)
+  return q_BxTxHxDh, kv_BxKx2xHxDh[:, :, 0], kv_BxKx2xHxDh[:, :, 1]
 
 
 def position_table(table_NxX: Array, klen: int, clamp_len: int = 0) -> Array:
@@ -381,13 +466,14 @@ class RelLearnableAttention(_Attention):
   clamp_len: int = 0
 
   @nn.compact
-  def __call__(self, h_BxTxD: Array, cat_BxKxD: Array, pos_emb_KxD: Optional[Array],
-               mask_Bx1xTxK: Array, r_w_bias_HxDh: Optional[Array] = None,
+  def __call__(self, h_BxTxD: Array, mem_in_BxMxD: Array, seg_in_BxTxD: Array,
+               pos_emb_KxD: Optional[Array], mask_Bx1xTxK: Array,
+               r_w_bias_HxDh: Optional[Array] = None,
                r_r_bias_HxDh: Optional[Array] = None) -> Array:
     """As :meth:`RelPartialLearnableAttention.__call__`; ``h_BxTxD``,
     ``pos_emb_KxD`` and the shared biases are not used."""
-    tgt_len, klen = mask_Bx1xTxK.shape[2], cat_BxKxD.shape[1]
-    q_BxTxHxDh, k_BxKxHxDh, v_BxKxHxDh = _qkv(self, cat_BxKxD, tgt_len)
+    klen = mask_Bx1xTxK.shape[3]
+    q_BxTxHxDh, k_BxKxHxDh, v_BxKxHxDh = _qkv(self, mem_in_BxMxD, seg_in_BxTxD)
     r_emb = self.param("r_emb", normal_init(self.init_std, "length", "heads", "kv"),
                        (self.max_klen, self.n_head, self.d_head))
     r_w_bias = self.param("r_w_bias", normal_init(self.init_std, "heads", "kv"),
@@ -400,11 +486,9 @@ class RelLearnableAttention(_Attention):
 
     def score(q_BxQxHxDh, k_BxJxHxDh, pos):
       r_emb_JxHxDh, r_bias_JxH = pos  # distances J-1..0 of this block's keys
-      ac = jnp.einsum("bihd,bjhd->bhij", q_BxQxHxDh + w, k_BxJxHxDh,
-                      preferred_element_type=jnp.float32)
-      b_ = jnp.einsum("bihd,jhd->bhij", q_BxQxHxDh, r_emb_JxHxDh,
-                      preferred_element_type=jnp.float32)
-      return ac + rel_shift(b_ + r_bias_JxH.T[None, :, None, :])
+      ac_HxBxQxJ = content_scores(q_BxQxHxDh + w, k_BxJxHxDh)
+      b_HxBxQxJ = position_scores(q_BxQxHxDh, r_emb_JxHxDh)
+      return ac_HxBxQxJ + rel_shift(b_HxBxQxJ + r_bias_JxH.T[:, None, None, :])
 
     return _attend(self, score, q_BxTxHxDh, k_BxKxHxDh, v_BxKxHxDh,
                    (r_emb_KxHxDh, r_bias_KxH), mask_Bx1xTxK)
@@ -425,28 +509,26 @@ class AbsoluteAttention(_Attention):
   """
 
   @nn.compact
-  def __call__(self, h_BxTxD: Array, cat_BxKxD: Array, pos_emb_KxD: Optional[Array],
-               mask_Bx1xTxK: Array, r_w_bias_HxDh: Optional[Array] = None,
+  def __call__(self, h_BxTxD: Array, mem_in_BxMxD: Array, seg_in_BxTxD: Array,
+               pos_emb_KxD: Optional[Array], mask_Bx1xTxK: Array,
+               r_w_bias_HxDh: Optional[Array] = None,
                r_r_bias_HxDh: Optional[Array] = None) -> Array:
     """As :meth:`RelPartialLearnableAttention.__call__`: queries from
-    ``h_BxTxD`` (the raw segment), keys and values from ``cat_BxKxD``;
-    ``pos_emb_KxD`` and the biases are not used."""
+    ``h_BxTxD`` (the raw segment), keys and values from concat(mem_in,
+    seg_in); ``pos_emb_KxD`` and the biases are not used."""
     q_BxTxHxDh = nn.DenseGeneral(
         (self.n_head, self.d_head), use_bias=False, dtype=self.dtype,
         param_dtype=self.param_dtype,
         kernel_init=normal_init(self.init_std, "embed", "heads", "kv"),
         name="q_net")(h_BxTxD.astype(self.dtype))
-    kv_BxKx2xHxDh = nn.DenseGeneral(
-        (2, self.n_head, self.d_head), use_bias=False, dtype=self.dtype,
-        param_dtype=self.param_dtype,
-        kernel_init=normal_init(self.init_std, "embed", None, "heads", "kv"),
-        name="kv_net")(cat_BxKxD)
+    kernel_Dx2xHxDh = _Kernel((seg_in_BxTxD.shape[-1], 2, self.n_head, self.d_head),
+                              ("embed", None, "heads", "kv"), self.init_std, self.param_dtype,
+                              name="kv_net")()
     q_BxTxHxDh = checkpoint_name(q_BxTxHxDh, "qkv")
-    kv_BxKx2xHxDh = checkpoint_name(kv_BxKx2xHxDh, "qkv")
+    kv_BxKx2xHxDh = _kv_rows(self, mem_in_BxMxD, seg_in_BxTxD, kernel_Dx2xHxDh)
 
     def score(q_BxQxHxDh, k_BxJxHxDh, pos):
-      return jnp.einsum("bihd,bjhd->bhij", q_BxQxHxDh, k_BxJxHxDh,
-                        preferred_element_type=jnp.float32)
+      return content_scores(q_BxQxHxDh, k_BxJxHxDh)
 
     return _attend(self, score, q_BxTxHxDh, kv_BxKx2xHxDh[:, :, 0], kv_BxKx2xHxDh[:, :, 1],
                    (), mask_Bx1xTxK)

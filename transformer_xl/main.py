@@ -26,7 +26,8 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from transformer_xl import (checkpointing, data, default_config, distributed, evaluate,
-                            language_model, metrics, sharding, train, user_errors, workdir)
+                            host_memory, language_model, metrics, sharding, train, user_errors,
+                            workdir)
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).",
                                           lock_config=True)
@@ -82,6 +83,7 @@ def main(argv):
   if not flags.FLAGS["verbosity"].present:  # orbax and tfds log every file at INFO
     logging.set_verbosity(logging.WARNING)
   checkpointing.LOG_ORBAX_ERRORS = _DEBUG.value
+  host_memory.release_after_compiles()  # compilers' freed memory back to the kernel
   with user_errors.report(_DEBUG.value):
     _run()
 

@@ -66,6 +66,24 @@ REMAT_POLICIES = {
 CPU_TRAIN_ATTN_BLOCK = 64
 
 
+def scan_unroll_layers(scan_unroll: int, n_layer: int) -> int:
+  """``model.scan_unroll`` with -1 ("per backend") resolved: layers per
+  iteration of the loop over layers (``nn.scan``'s ``unroll``), in [1, n_layer].
+
+  -1 gives n_layer, a fully unrolled loop, on the CPU backend (measured with
+  benchmarks/vs_pytorch.py on the 2-core CPU of the README, 6 layers: training
+  1,905 against 1,704 tokens/s scanned; the scanned loop stacks every
+  layer's backward-pass residuals into [L, ...] buffers and runs one layer at
+  a time) and 1 on GPU and TPU, where nothing has been measured yet and an
+  unrolled loop multiplies the compile time (on CPU, 24 layers: 17 s
+  against 5 s).  The parameters ([L, ...] stacked) and the results are the
+  same either way.
+  """
+  if scan_unroll < 0:
+    return n_layer if jax.default_backend() == "cpu" else 1
+  return max(1, min(scan_unroll, n_layer))
+
+
 def attn_block_size(attn_block: int, deterministic: bool) -> int:
   """``model.attn_block`` with -1 ("per backend") resolved: queries per block.
 
@@ -119,6 +137,10 @@ class ModelConfig:
       [B, H, T, K] computation at once); the result is the same, the
       temporaries O(attn_block x K) (attention._attend).  -1 (the default)
       = chosen per backend and use by :func:`attn_block_size`.
+    scan_unroll: layers per iteration of the ``nn.scan`` loop over layers
+      (1 = one layer per iteration; n_layer or more = fully unrolled); the
+      parameters and results are the same.  -1 (the default) = chosen per
+      backend by :func:`scan_unroll_layers`.
     init_std: std of weight, embedding and u/v initialisation (0.02).
     dtype: compute dtype name, one of :data:`DTYPES`; parameters are
       float32; softmax and loss are float32.
@@ -164,6 +186,7 @@ class ModelConfig:
   attn_type: int = 0
   max_klen: int = 0
   attn_block: int = -1
+  scan_unroll: int = -1
   init_std: float = 0.02
   dtype: str = "float32"
   remat: str = "none"
@@ -262,6 +285,9 @@ def config_problems(fields: Mapping[str, Any]) -> list[str]:
   if f["attn_block"] < -1:
     problems.append(f"model.attn_block={f['attn_block']} must be >= -1 (-1 = chosen per "
                     "backend, 0 = no blocks, N = queries per block).")
+  if f["scan_unroll"] < -1 or f["scan_unroll"] == 0:
+    problems.append(f"model.scan_unroll={f['scan_unroll']} must be -1 (chosen per backend) or "
+                    ">= 1 (layers per iteration of the loop over layers).")
   if f["max_klen"] < 0:
     problems.append(f"model.max_klen={f['max_klen']} must be >= 0 (0 = tgt_len + ext_len + "
                     "mem_len).")
@@ -381,15 +407,17 @@ class DecoderLayer(nn.Module):
     drop = nn.Dropout(cfg.dropout)
     ff = PositionwiseFF(cfg, name="pos_ff")
 
-    if cfg.pre_lnorm:
-      attn_in_BxKxD = _layer_norm("attn_layer_norm")(cat_BxKxD).astype(cfg.compute_dtype)
-      attn_out = attn(h_BxTxD, attn_in_BxKxD, pos_emb_KxD, mask_Bx1xTxK, r_w_bias_HxDh,
-                      r_r_bias_HxDh)
+    # The attention reads concat(memory, segment) as its two parts (attention._kv_rows).
+    if cfg.pre_lnorm:  # the LayerNorm of cat_BxKxD, row by row
+      attn_norm = _layer_norm("attn_layer_norm")
+      attn_out = attn(h_BxTxD, attn_norm(mem_BxMxD).astype(cfg.compute_dtype),
+                      attn_norm(h_BxTxD).astype(cfg.compute_dtype), pos_emb_KxD, mask_Bx1xTxK,
+                      r_w_bias_HxDh, r_r_bias_HxDh)
       x_BxTxD = h_BxTxD + drop(attn_out, deterministic=deterministic)
       ff_in = _layer_norm("ff_layer_norm")(x_BxTxD).astype(cfg.compute_dtype)
       out_BxTxD = x_BxTxD + ff(ff_in, deterministic)
     else:
-      attn_out = attn(h_BxTxD, cat_BxKxD, pos_emb_KxD, mask_Bx1xTxK, r_w_bias_HxDh,
+      attn_out = attn(h_BxTxD, mem_BxMxD, h_BxTxD, pos_emb_KxD, mask_Bx1xTxK, r_w_bias_HxDh,
                       r_r_bias_HxDh)
       x_BxTxD = _layer_norm("attn_layer_norm")(
           h_BxTxD + drop(attn_out, deterministic=deterministic))
@@ -493,7 +521,7 @@ class TransformerXL(nn.Module):
         # Scanned: the memory.  Broadcast: R, mask, u, v, deterministic.
         in_axes=(0,) + (nn.broadcast,) * 5,
         out_axes=0,
-        length=cfg.n_layer,
+        length=cfg.n_layer, unroll=scan_unroll_layers(cfg.scan_unroll, cfg.n_layer),
         metadata_params={nn.PARTITION_NAME: "layers"},
     )(cfg, record_attention=self.record_attention)
 

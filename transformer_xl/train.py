@@ -25,8 +25,8 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from transformer_xl import (checkpointing, data, default_config, distributed, evaluate, metrics,
-                            models, sharding, train_state)
+from transformer_xl import (checkpointing, data, default_config, distributed, evaluate,
+                            host_memory, metrics, models, sharding, train_state)
 from transformer_xl import workdir as wd
 from transformer_xl.train_state import TrainState
 
@@ -267,7 +267,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: 
   settings; checkpoints every ``checkpoint.every_steps``, at the end and on
   SIGTERM.  Non-finite steps are handled by ``train.nonfinite``
   (:class:`NonFiniteGuard`); a checkpoint is never written with a
-  non-finite value.
+  non-finite value.  The memory that each XLA compilation frees goes back
+  to the kernel (``host_memory.release_after_compiles``).
 
   Returns:
     The last logged training metrics (dict of floats).
@@ -279,6 +280,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: 
       one cannot be written (full disk, read-only).
     metrics.NonFiniteError: training diverged (``train.nonfinite``).
   """
+  host_memory.release_after_compiles()
   tcfg = config.train
   mcfg = default_config.model_config(config, corpus.vocab_size)
   model = models.TransformerXL(mcfg)

@@ -36,7 +36,7 @@ from transformer_xl import checkpointing, default_config, metrics, models, train
 # Model fields that may differ between a checkpoint and the run that loads
 # it: the same parameters and results, computed with a different memory
 # trade-off.
-FREE_MODEL_KEYS = ("remat", "attn_block")
+FREE_MODEL_KEYS = ("remat", "attn_block", "scan_unroll")
 
 
 class WorkdirError(RuntimeError):
