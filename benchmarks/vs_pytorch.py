@@ -35,8 +35,10 @@ sequence lengths, one phase at a time:
 Ours uses ``model.attn_block`` = ``--block`` (queries per block of the
 blockwise attention, 0 = the full computation); without ``--block``,
 ``default_config``'s -1, which ``models.attn_block_size`` resolves per
-backend and phase (on CPU: 64 in training, 0 in evaluation); the resolved
-value is printed and saved with the results.
+backend and phase (on CPU: 64 in training, 0 in evaluation); likewise
+``model.scan_unroll`` = ``--scan_unroll`` (layers per iteration of the loop
+over layers; default -1, ``models.scan_unroll_layers``: all 6 on CPU).  The
+resolved values are printed and saved with the results.
 
 Numbers per phase and implementation:
 
@@ -152,6 +154,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                  help="our model.attn_block: queries per attention block (0 = the full "
                       "[B, H, T, K] computation); default: default_config's -1, per "
                       "backend and phase")
+  g.add_argument("--scan_unroll", type=int, default=None,
+                 help="our model.scan_unroll: layers per iteration of the loop over layers; "
+                      "default: default_config's -1, per backend")
   g = p.add_argument_group("training")
   g.add_argument("--batch", type=int, default=8)
   g.add_argument("--tgt_len", type=int, default=128)
@@ -390,6 +395,8 @@ def run_ours(args, phase: str) -> dict:
                       dtype="float32", remat="none", cutoffs=(), div_val=1)
   if args.block is not None:
     config.model.attn_block = args.block
+  if args.scan_unroll is not None:
+    config.model.scan_unroll = args.scan_unroll
   config.train.update(global_batch=args.batch, batch_chunk=1, warmup_steps=0,
                       learning_rate=args.lr, min_lr=args.lr, clip=args.clip,
                       num_steps=10**9, seed=args.seed)
@@ -404,6 +411,7 @@ def run_ours(args, phase: str) -> dict:
   _, state_shardings = train_state.abstract_train_state(model, tx, args.batch, mesh)
   out = {"device": str(jax.devices()[0]), "xla_flags": os.environ.get("XLA_FLAGS", ""),
          "attn_block": models.attn_block_size(mcfg.attn_block, deterministic=phase != "train"),
+         "scan_unroll": models.scan_unroll_layers(mcfg.scan_unroll, mcfg.n_layer),
          "rss_after_imports_mib": rss_imports}
 
   if phase == "train":
@@ -866,6 +874,11 @@ def main(argv=None) -> int:
     print("ours: model.attn_block " + ", ".join(
         f"{ph} {results['ours'][ph]['attn_block']}" for ph in phases if ph in results["ours"])
           + (" (--block)" if args.block is not None else " (default_config's -1, per backend)"))
+    print("ours: model.scan_unroll " + ", ".join(
+        f"{ph} {results['ours'][ph].get('scan_unroll', '-')}" for ph in phases
+        if ph in results["ours"])
+          + (" (--scan_unroll)" if args.scan_unroll is not None
+             else " (default_config's -1, per backend)"))
   print(f"matmul limit (float32, N={args.matmul_n}, best of every worker): "
         + ", ".join(f"{k} {v:,.0f}" for k, v in best.items())
         + f" GFLOP/s; limit {limit:,.0f} GFLOP/s")
