@@ -31,10 +31,11 @@ All share one call signature, ``attn(h_BxTxD, mem_in_BxMxD, seg_in_BxTxD,
 pos_emb_KxD, mask_Bx1xTxK, r_w_bias_HxDh, r_r_bias_HxDh)``; each uses what
 its type needs.  Keys and values come from concat(mem_in, seg_in), passed
 as its two parts so that no gradient is formed for the memory rows where
-none can flow (:func:`_kv_rows`).  Types 2 and 3 add their positions outside attention (models.py,
-:func:`absolute_positions`).  The projections' outputs are tagged with
-``checkpoint_name`` ("qkv", "r_head_k", "attn_out") so that a remat policy
-can keep them and recompute the [H, B, T, K] scores
+none can flow (:func:`_kv_rows`).  Types 2 and 3 add their positions
+outside attention (models.py, :func:`absolute_positions`).  Scores are laid
+out [H, B, T, K] (:func:`content_scores`).  The projections' outputs are
+tagged with ``checkpoint_name`` ("qkv", "r_head_k", "attn_out") so that a
+remat policy can keep them and recompute the scores
 (``models.REMAT_POLICIES``).
 """
 from __future__ import annotations

@@ -61,8 +61,9 @@ REMAT_POLICIES = {
 
 # What attn_block -1 means when training on CPU; measured with benchmarks/vs_pytorch.py on
 # the 2-core CPU of the README (B 8, tgt_len = mem_len 128, d_model 256):
-# blocks of 64 queries 1,503 tokens/s, 32: 1,446, none: 1,291; evaluation was
-# faster without blocks (2,481 against 2,061 tokens/s with 64).
+# blocks of 64 queries 1,503 tokens/s, 32: 1,446, none: 1,291 (scanned loop over
+# layers); with the unrolled loop 1,817 against 1,588 without blocks.  Evaluation
+# was faster without blocks (2,481 against 2,061 tokens/s with 64).
 CPU_TRAIN_ATTN_BLOCK = 64
 
 
@@ -71,13 +72,13 @@ def scan_unroll_layers(scan_unroll: int, n_layer: int) -> int:
   iteration of the loop over layers (``nn.scan``'s ``unroll``), in [1, n_layer].
 
   -1 gives n_layer, a fully unrolled loop, on the CPU backend (measured with
-  benchmarks/vs_pytorch.py on the 2-core CPU of the README, 6 layers: training
-  1,905 against 1,704 tokens/s scanned; the scanned loop stacks every
-  layer's backward-pass residuals into [L, ...] buffers and runs one layer at
-  a time) and 1 on GPU and TPU, where nothing has been measured yet and an
-  unrolled loop multiplies the compile time (on CPU, 24 layers: 17 s
-  against 5 s).  The parameters ([L, ...] stacked) and the results are the
-  same either way.
+  benchmarks/vs_pytorch.py on the 2-core CPU of the README, 6 layers:
+  training 1,817 against 1,632 tokens/s scanned, peak RSS 907 against 733
+  MiB; the scanned loop stacks every layer's backward-pass residuals into
+  [L, ...] buffers and runs one layer at a time) and 1 on GPU and TPU, where
+  nothing has been measured yet and an unrolled loop multiplies the compile
+  time (on CPU, 24 layers: 17 s against 5 s).  The parameters ([L, ...]
+  stacked) and the results are the same either way, to float32 rounding.
   """
   if scan_unroll < 0:
     return n_layer if jax.default_backend() == "cpu" else 1
