@@ -1,0 +1,71 @@
+"""The test harness's own policy (setup.cfg, [tool:pytest]): a test whose
+pytest-xdist worker crashes in native code runs once more; a Python failure
+never does.
+
+Runs pytest in a subprocess on three throw-away tests under the project's real
+[tool:pytest] settings: one that aborts its worker on the first run only, one
+that fails an assertion on the first run only, one that always aborts.
+"""
+import configparser
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+_ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+_TESTS = '''
+import os, pathlib
+MARKS = pathlib.Path(os.environ["HARNESS_MARKS"])
+
+def _first_time(name):
+  mark = MARKS / name
+  if mark.exists():
+    return False
+  mark.touch()
+  return True
+
+def test_worker_crashes_on_the_first_run():
+  if _first_time("crash"):
+    os.abort()
+
+def test_assertion_fails_on_the_first_run():
+  if _first_time("fail"):
+    assert False, "a Python failure"
+
+def test_worker_crashes_every_time():
+  os.abort()
+'''
+
+
+def _project_pytest_settings() -> str:
+  """[tool:pytest] of the project's setup.cfg, minus testpaths."""
+  cfg = configparser.ConfigParser()
+  cfg.read(_ROOT / "setup.cfg")
+  lines = [f"{key} = {value}" for key, value in cfg["tool:pytest"].items()
+           if key != "testpaths"]
+  return "[tool:pytest]\n" + "\n".join(lines) + "\n"
+
+
+def test_a_crashed_worker_s_test_reruns_once_and_a_python_failure_never(tmp_path):
+  run_dir = tmp_path / "run"
+  marks = tmp_path / "marks"
+  run_dir.mkdir()
+  marks.mkdir()
+  (run_dir / "setup.cfg").write_text(_project_pytest_settings())
+  (run_dir / "test_policy.py").write_text(_TESTS)
+  env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+  env["HARNESS_MARKS"] = str(marks)
+  out = subprocess.run(
+      [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", "-rA"],
+      cwd=run_dir, env=env, capture_output=True, text=True, timeout=300)
+  text = out.stdout + out.stderr
+  assert out.returncode == 1, text
+  summary = out.stdout.strip().splitlines()[-1]
+  # The crash-once test passes on its rerun; the always-crashing one is rerun
+  # once and then fails; the assertion fails once and is not rerun.
+  assert re.search(r"\b2 failed, 1 passed, 2 rerun\b", summary), text
+  assert re.search(r"PASSED test_policy.py::test_worker_crashes_on_the_first_run", text), text
+  assert re.search(r"FAILED test_policy.py::test_assertion_fails_on_the_first_run", text), text
+  assert re.search(r"FAILED test_policy.py::test_worker_crashes_every_time", text), text
