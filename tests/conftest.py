@@ -7,6 +7,8 @@ import os
 
 import pytest
 
+pytest_plugins = ("crash_report",)  # a crashed xdist worker's dump, at the end of the output
+
 _FLAG = "--xla_force_host_platform_device_count=8"
 if _FLAG not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()

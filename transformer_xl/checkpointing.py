@@ -183,15 +183,25 @@ LOG_ORBAX_ERRORS = False
 def _orbax_errors_not_logged():
   """Keeps orbax from logging the exceptions it raises (full tracebacks at
   ERROR level) while we handle them: the exception itself reaches the
-  caller, and ``--debug`` shows its traceback (and these logs)."""
-  logger = std_logging.getLogger("absl")
-  level = logger.level
+  caller, and ``--debug`` shows its traceback (and these logs).  Both
+  orbax's own logs (absl) and asyncio's "Task exception was never
+  retrieved" for the tasks orbax abandons when one write fails: they are
+  logged whenever they are garbage collected, from inside orbax's call to
+  the end of the process, so after an exception asyncio stays silenced for
+  the rest of the process (see :func:`_silence_abandoned_io`)."""
+  absl, asyncio_logger = std_logging.getLogger("absl"), std_logging.getLogger("asyncio")
+  levels = absl.level, asyncio_logger.level
   if not LOG_ORBAX_ERRORS:
-    logger.setLevel(std_logging.CRITICAL)
+    absl.setLevel(std_logging.CRITICAL)
+    asyncio_logger.setLevel(std_logging.CRITICAL)
+  failed = True
   try:
     yield
+    failed = False
   finally:
-    logger.setLevel(level)
+    absl.setLevel(levels[0])
+    if not failed:
+      asyncio_logger.setLevel(levels[1])
 
 
 _ABANDONED_IO = False  # set once a write or read failed in this process
