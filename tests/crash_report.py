@@ -84,12 +84,16 @@ def _summary(dump: str, root: Path) -> str:
           + (f"; innermost of ours: {ours}" if ours and ours != frames[0] else ""))
 
 
+def _test(crash: dict) -> str:
+  return crash.get("test") or "no test (it died between tests)"
+
+
 def pytest_terminal_summary(terminalreporter):
   if not _crashes:
     return
   terminalreporter.section("worker crashes")
   for worker, crash in sorted(_crashes.items()):
-    terminalreporter.line(f"[{worker}] running {crash.get('test')}:")
+    terminalreporter.line(f"[{worker}] running {_test(crash)}:")
     terminalreporter.line(crash.get("dump") or "(no faulthandler dump)")
 
 
@@ -101,7 +105,7 @@ def pytest_unconfigure(config):
     return
   for worker, crash in sorted(_crashes.items()):
     config.get_terminal_writer().line(
-        f"worker crash: [{worker}] running {crash.get('test')}: "
+        f"worker crash: [{worker}] running {_test(crash)}: "
         + _summary(crash.get("dump") or "", config.rootpath))
   directory = os.environ.pop(_ENV, None)
   if directory:

@@ -16,8 +16,13 @@ import sys
 
 _ROOT = pathlib.Path(__file__).resolve().parents[1]
 
+# The crashing tests wait a second before they abort, as a real crash comes
+# well into a test: pytest-rerunfailures learns a test's rerun count from a
+# message the worker sends without waiting when the test starts, and a
+# worker that dies within microseconds of it can beat the message to the
+# controller (the test is then not rerun: two of eight runs here).
 _TESTS = '''
-import os, pathlib
+import os, pathlib, time
 MARKS = pathlib.Path(os.environ["HARNESS_MARKS"])
 
 def _first_time(name):
@@ -29,6 +34,7 @@ def _first_time(name):
 
 def test_worker_crashes_on_the_first_run():
   if _first_time("crash"):
+    time.sleep(1)
     os.abort()
 
 def test_assertion_fails_on_the_first_run():
@@ -36,6 +42,7 @@ def test_assertion_fails_on_the_first_run():
     assert False, "a Python failure"
 
 def test_worker_crashes_every_time():
+  time.sleep(1)
   os.abort()
 '''
 
