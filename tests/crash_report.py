@@ -8,8 +8,8 @@ run, where a CI log that keeps only its head and tail drops it.  Here each
 worker writes its dump to a file of its own instead, and the controller
 prints, for each crash: a section "worker crashes" with the whole dump
 (before the short test summary), and after the final line of counts one
-line with the worker, the test, the signal and the innermost frame of the
-crashing thread.
+line with the worker, the test, the signal and the crashing thread's
+innermost frame (and its innermost frame in the project's own files).
 
 Loaded by ``conftest.py``; ``tests/test_harness.py`` checks it.
 """
@@ -77,8 +77,11 @@ def _summary(dump: str, root: Path) -> str:
   start = next((i for i, l in enumerate(lines) if l.startswith("Current thread")), None)
   if start is None:
     return signal
-  frames = [l.strip() for l in lines[start + 1:] if l.startswith("  File ")]
-  frames = frames[:next((i for i, f in enumerate(frames) if not f), len(frames))]
+  frames = []  # the crashing thread's frames, innermost first, up to the next thread
+  for line in lines[start + 1:]:
+    if not line.startswith("  File "):
+      break
+    frames.append(line.strip())
   ours = next((f for f in frames if f'"{root}' in f and "site-packages" not in f), None)
   return (signal + (f"; innermost frame: {frames[0]}" if frames else "")
           + (f"; innermost of ours: {ours}" if ours and ours != frames[0] else ""))
