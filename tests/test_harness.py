@@ -79,7 +79,7 @@ def test_a_crashed_worker_s_test_reruns_once_and_a_python_failure_never(tmp_path
   assert re.search(r"\b2 failed, 1 passed, 2 rerun\b", lines[-1 - len(crashes)]), text
   # Three crashes, each summed up after the counts with its test, its signal
   # and the line of the test that crashed.
-  assert lines[-len(crashes):] == crashes and len(crashes) == 3, text
+  assert len(crashes) == 3 and lines[-3:] == crashes, text
   for test, n in (("test_worker_crashes_on_the_first_run", 1),
                   ("test_worker_crashes_every_time", 2)):
     mine = [l for l in crashes if f"running test_policy.py::{test}: " in l]

@@ -188,20 +188,17 @@ def _orbax_errors_not_logged():
   retrieved" for the tasks orbax abandons when one write fails: they are
   logged whenever they are garbage collected, from inside orbax's call to
   the end of the process, so after an exception asyncio stays silenced for
-  the rest of the process (see :func:`_silence_abandoned_io`)."""
+  the rest of the process."""
   absl, asyncio_logger = std_logging.getLogger("absl"), std_logging.getLogger("asyncio")
-  levels = absl.level, asyncio_logger.level
+  absl_level, asyncio_level = absl.level, asyncio_logger.level
   if not LOG_ORBAX_ERRORS:
     absl.setLevel(std_logging.CRITICAL)
     asyncio_logger.setLevel(std_logging.CRITICAL)
-  failed = True
   try:
     yield
-    failed = False
   finally:
-    absl.setLevel(levels[0])
-    if not failed:
-      asyncio_logger.setLevel(levels[1])
+    absl.setLevel(absl_level)
+  asyncio_logger.setLevel(asyncio_level)  # reached only without an exception
 
 
 _ABANDONED_IO = False  # set once a write or read failed in this process
@@ -209,15 +206,15 @@ _ABANDONED_IO = False  # set once a write or read failed in this process
 
 def _silence_abandoned_io(write: bool) -> None:
   """After a failed write or read, for the rest of the process: orbax's
-  worker threads (write) and the asyncio tasks it abandoned (both) go on
-  reporting the same failure, one traceback per array, when they finish or
-  are garbage collected; the failure was reported once already (a failed
-  write stops the run with one message; a failed read is the "not usable"
-  line)."""
+  worker threads (write) go on reporting the same failure, one traceback
+  per array, when they finish (the asyncio tasks it abandoned are silenced
+  by :func:`_orbax_errors_not_logged` already); the failure was reported
+  once already (a failed write stops the run with one message; a failed
+  read is the "not usable" line)."""
   global _ABANDONED_IO
   if not LOG_ORBAX_ERRORS:
-    for name in ("absl", "asyncio") if write else ("asyncio",):
-      std_logging.getLogger(name).setLevel(std_logging.CRITICAL)
+    if write:
+      std_logging.getLogger("absl").setLevel(std_logging.CRITICAL)
     _ABANDONED_IO = True
     _ignore_cancelled_reads()
     gc.collect()  # finalise what can be finalised now, quietly
