@@ -48,21 +48,22 @@ with the machine (CPU or device, load average, versions).
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import math
 import os
-import platform
 import statistics
 import sys
 import time
 from typing import Callable, Optional, Sequence
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCHMARKS = os.path.dirname(os.path.abspath(__file__))
+if BENCHMARKS not in sys.path:  # common.py, also when loaded from the file
+  sys.path.insert(0, BENCHMARKS)
+import common  # noqa: E402
+
+REPO = common.REPO
 if REPO not in sys.path:
   sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import vs_pytorch  # noqa: E402  (its cpu_model; nothing heavy at import)
+PACKAGES = ("jax", "jaxlib", "flax", "numpy")  # versions saved with the results
 
 # Table 9 of Dai et al. 2019: attention length -> how much slower Al-Rfou et al. is.
 PAPER_SLOWDOWN = {3800: 1874, 2800: 1409, 1800: 773, 800: 363}
@@ -195,7 +196,7 @@ def measure(args: argparse.Namespace, attn_len: int) -> dict:
   import flax.linen as nn
   import jax
   import numpy as np
-  from transformer_xl import default_config, evaluate, models, sharding
+  from transformer_xl import default_config, evaluate, models, sharding, train_state
   config = make_config(args, attn_len)
   default_config.validate(config, 1)
   mesh = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
@@ -216,16 +217,9 @@ def measure(args: argparse.Namespace, attn_len: int) -> dict:
        "targets": rng.integers(0, args.vocab, (b, t), dtype=np.int32),
        "reset": np.zeros((b,), bool)}, {"inputs": bs, "targets": bs, "reset": rows})
       for _ in range(4)]
-  state = {"memory": jax.jit(lambda: models.init_memory(ecfg, b),
-                             out_shardings=sharding.memory_sharding(mesh))(), "i": 0}
-
-  def run_xl(n):
-    mem, nll = state["memory"], None
-    for _ in range(n):
-      nll, mem = xl_step(params, mem, xl_batches[state["i"] % len(xl_batches)])
-      state["i"] += 1
-    jax.block_until_ready((nll, mem))
-    state["memory"] = mem
+  init_memory = jax.jit(lambda: models.init_memory(ecfg, b),
+                        out_shardings=train_state.memory_sharding(mesh))
+  run_xl = common.eval_loop(xl_step, params, init_memory(), xl_batches)
 
   # Vanilla: a fresh window of L tokens per scored token.
   wcfg = evaluate.window_model_config(config, train_cfg)
@@ -257,21 +251,12 @@ def measure(args: argparse.Namespace, attn_len: int) -> dict:
 
 
 def machine_info() -> dict:
-  """The machine and versions (recorded with the results)."""
-  import importlib.metadata
+  """The machine (``common.machine_info``), its first JAX device and the JAX
+  platform ("cpu", "gpu", "tpu"), recorded with the results."""
   import jax
-  versions = {}
-  for pkg in ("jax", "jaxlib", "flax", "numpy"):
-    try:
-      versions[pkg] = importlib.metadata.version(pkg)
-    except importlib.metadata.PackageNotFoundError:
-      versions[pkg] = "not installed"
-  return {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-          "cpu": vs_pytorch.cpu_model(), "cpu_count": os.cpu_count(),
-          "cpus_available": len(os.sched_getaffinity(0)),
-          "device": str(jax.devices()[0].device_kind), "platform": jax.devices()[0].platform,
-          "loadavg_start": [round(x, 2) for x in os.getloadavg()],
-          "python": platform.python_version(), "versions": versions}
+  info = common.machine_info(PACKAGES)
+  info.update(device=str(jax.devices()[0].device_kind), platform=jax.devices()[0].platform)
+  return info
 
 
 def format_table(rows: list) -> str:
@@ -311,7 +296,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"({r['xl']['steps_per_repeat']} steps/repeat), vanilla "
           f"{r['vanilla']['median_s_per_token'] * 1e3:.3f} ms/token "
           f"({r['vanilla']['steps_per_repeat']} steps/repeat): {r['slowdown']:,.1f}x", flush=True)
-  info["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+  info["loadavg_end"] = common.loadavg()
   table = format_table(rows)
   print()
   print(table)
@@ -322,9 +307,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         f"{args.min_repeat_s} s each) after compilation and {args.warmup} warm-up steps; load "
         f"average {info['loadavg_start'][0]} -> {info['loadavg_end'][0]} (1 min)")
   if args.json:
-    with open(args.json, "w") as f:
-      json.dump({"args": vars(args), "machine": info, "rows": rows, "table": table}, f, indent=2)
-    print(f"wrote {args.json}")
+    common.write_json(args.json, {"args": vars(args), "machine": info, "rows": rows,
+                                  "table": table})
   return 0
 
 

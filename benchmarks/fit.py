@@ -9,7 +9,7 @@ against the memory of one device of the slice::
   python benchmarks/fit.py --config=configs/enwik8_12l.py --devices=8 --device_kind=v3 \
       --config.mesh.shape='(2, 4)'
   python benchmarks/fit.py --config=configs/wt103_base.py     # no preset: one H100
-  python benchmarks/fit.py --all                              # every paper config (README table)
+  python benchmarks/fit.py --all                              # every paper config on its slice
 
 What is compiled, exactly as training and evaluation build it:
 
@@ -48,7 +48,7 @@ setting that FITS: first the most frugal candidate (``model.remat="full"``
 and the smallest block of the blockwise attention); if even that does not
 fit, no remat or block size will and it says so; otherwise it tries the
 candidates from the least recomputation up (remat policies "none", "dots",
-"save_proj", "save_qkv_proj", "full" of ``models.REMAT_POLICIES``, each with
+"save_proj", "save_qkv_proj", "full" of ``tuning.REMAT_POLICIES``, each with
 the config's ``model.attn_block`` and then smaller blocks; eval: blocks
 only) and prints the first that fits as ``--config.model.remat=...
 --config.model.attn_block=...``.
@@ -65,35 +65,34 @@ Every run writes a JSON (``--json``, default
 ``benchmarks/results/fit_<date>_<time>_<host>.json``) with the machine,
 versions and every number.  Bad input (unknown config file, preset, key or
 device kind) stops with one ``error: ...`` line and exit status 1.
+
+This file turns the command line into jobs, runs each in a subprocess and
+prints the table; ``fit_config.py`` loads a config with its overrides into
+a job, ``fit_worker.py`` compiles and searches (in the subprocess), and
+``common.py`` holds what all benchmark tools share (machine, versions,
+result files, subprocesses).
 """
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
-import datetime
-import importlib.metadata
-import importlib.util
 import json
-import math
 import os
-import platform
-import re
-import subprocess
 import sys
-import tempfile
-import time
-from typing import Any, Optional
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS_DIR = os.path.join(REPO, "benchmarks", "results")
-GIB = 2**30
+BENCHMARKS = os.path.dirname(os.path.abspath(__file__))
+if BENCHMARKS not in sys.path:  # common.py and the parts below, also when loaded from the file
+  sys.path.insert(0, BENCHMARKS)
+import common  # noqa: E402
+# fit.py's API, for the tests too: bad input, configs and jobs (fit_config.py), the
+# compilation, verdicts and search for a setting that fits (fit_worker.py).
+from fit_config import (DEVICE_MEMORY_GIB, GIB, FitError, Job, apply_overrides,  # noqa: E402,F401
+                        load_config, make_job, split_overrides, vocab_sizes)
+from fit_worker import (REMAT_ORDER, analyse, candidates, classify,  # noqa: E402,F401
+                        search_fit)
 
-# Memory of one JAX device, GiB: a TPU v2/v3 TensorCore, a v4/v5p chip (Cloud
-# TPU system architecture pages: v2 8 GiB and v3 16 GiB of HBM per core, v4
-# 32 GiB and v5p 95 GB per chip), an NVIDIA H100 (80 GB of HBM3; a CUDA
-# process gets somewhat less, which --margin covers).
-DEVICE_MEMORY_GIB = {"v2": 8, "v3": 16, "v4": 32, "v5p": 95, "h100": 80}
+REPO = common.REPO
+PACKAGES = ("jax", "jaxlib", "flax", "optax")  # versions saved with the results
 
 # Every paper config on the slice the README recommends (``--all``): the
 # large ones with their preset; enwik8_12l (batch 22, no preset divides it)
@@ -113,410 +112,10 @@ ALL_CONFIGS = (
     ("configs/ptb.py", ()),
 )
 
-# Candidate settings when a step does not fit, from the least recomputation up.
-REMAT_ORDER = ("none", "dots", "save_proj", "save_qkv_proj", "full")
-BLOCK_SIZES = (256, 128, 64, 32)  # queries per block; those < tgt_len, at most 3
-
-
-class FitError(Exception):
-  """Bad input: the message is printed as one ``error: ...`` line."""
-
-
-def vocab_sizes() -> dict[str, int]:
-  """Vocabulary size of each corpus (``data.CORPUS_NAMES``) whose size is
-  fixed: enwik8 (all 256 byte values), text8 (27 characters), and the
-  documented sizes of PTB (10,000), WikiText-2 (33,278), WikiText-103
-  (267,735) and One Billion Word (793,471; the reference's vocabulary
-  file), taken from ``transformer_xl.data``."""
-  from transformer_xl.data import lm1b, ptb_wikitext
-  return {"enwik8": 256, "text8": 27,
-          "ptb": ptb_wikitext.PTB.expected.vocab_size,
-          "wikitext2": ptb_wikitext.WIKITEXT2.expected.vocab_size,
-          "wikitext103": ptb_wikitext.WIKITEXT103.expected.vocab_size,
-          "lm1b": lm1b.LM1B_VOCAB_SIZE}
-
 
 # ---------------------------------------------------------------------------
-# Configs: loading (as ml_collections' config_flags does), overrides, devices.
+# Jobs in subprocesses, the table, the JSON.
 # ---------------------------------------------------------------------------
-
-def load_config(spec: str):
-  """``path[:arg]`` -> the ConfigDict of ``get_config(arg)`` (``get_config()``
-  without an arg), as ``--config`` of ``transformer_xl.main`` reads it.
-
-  Raises:
-    FitError: no such file, no get_config, an argument the config does not
-      take, or the config's own error (e.g. an unknown preset).
-  """
-  path, _, arg = spec.partition(":")
-  full = path if os.path.isabs(path) else os.path.join(REPO, path)
-  if not os.path.isfile(full):
-    raise FitError(f"config file not found: {path} (e.g. --config=configs/enwik8_24l.py:v3-32)")
-  module_spec = importlib.util.spec_from_file_location(
-      "fit_config_" + re.sub(r"\W", "_", os.path.basename(path)), full)
-  module = importlib.util.module_from_spec(module_spec)
-  try:
-    module_spec.loader.exec_module(module)
-  except Exception as err:  # a broken config file: say which
-    raise FitError(f"cannot load {path}: {type(err).__name__}: {err}") from None
-  if not hasattr(module, "get_config"):
-    raise FitError(f"{path} has no get_config()")
-  try:
-    return module.get_config(arg) if arg else module.get_config()
-  except TypeError as err:
-    if arg and "argument" in str(err):
-      raise FitError(f"{path} takes no argument (no slice preset), got {arg!r}: use "
-                     f"--config={path} with --devices=N --device_kind=KIND (and "
-                     "--config.mesh.* overrides)") from None
-    raise FitError(f"{spec}: {err}") from None
-  except ValueError as err:  # e.g. presets.apply_slice: unknown preset, batch not divisible
-    raise FitError(str(err)) from None
-
-
-def _parse_value(text: str, current: Any, key: str) -> Any:
-  """``text`` as the type of the key's current value (bool, int, float,
-  tuple, str)."""
-  try:
-    if isinstance(current, bool):
-      if text.lower() not in ("true", "false", "1", "0"):
-        raise ValueError(text)
-      return text.lower() in ("true", "1")
-    if isinstance(current, int):
-      return int(text)
-    if isinstance(current, float):
-      return float(text)
-    if isinstance(current, (tuple, list)):
-      value = ast.literal_eval(text)
-      if not isinstance(value, (tuple, list)):
-        raise ValueError(text)
-      return tuple(value)
-  except (ValueError, SyntaxError):
-    raise FitError(f"--config.{key}={text!r}: expected a value of type {type(current).__name__} "
-                   f"like the current value {current!r}") from None
-  return text
-
-
-def apply_overrides(config, overrides: list[tuple[str, str]]) -> None:
-  """Sets ``--config.<key>=<value>`` overrides on a locked ConfigDict.
-
-  Raises:
-    FitError: an unknown key, or a value of the wrong type.
-  """
-  for key, text in overrides:
-    *parents, last = key.split(".")
-    node = config
-    try:
-      for part in parents:
-        node = node[part]
-      current = node[last]
-    except (KeyError, AttributeError, TypeError):
-      raise FitError(f"unknown config key --config.{key} (every key is listed in "
-                     "transformer_xl/default_config.py)") from None
-    try:
-      node[last] = _parse_value(text, current, key)
-    except (TypeError, ValueError) as err:
-      raise FitError(f"--config.{key}={text!r}: {err}") from None
-
-
-def split_overrides(argv: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
-  """Separates ``--config.<key>=<value>`` (or ``--config.<key> <value>``)
-  from the other arguments."""
-  rest, overrides, i = [], [], 0
-  while i < len(argv):
-    arg = argv[i]
-    m = re.fullmatch(r"--config\.([\w.]+)(?:=(.*))?", arg, re.S)
-    if m and m.group(2) is None and i + 1 < len(argv):
-      overrides.append((m.group(1), argv[i + 1]))
-      i += 2
-      continue
-    if m and m.group(2) is not None:
-      overrides.append((m.group(1), m.group(2)))
-    else:
-      rest.append(arg)
-    i += 1
-  return rest, overrides
-
-
-@dataclasses.dataclass
-class Job:
-  """One config to analyse: where it comes from and on which devices."""
-
-  spec: str                      # path[:preset]
-  overrides: list                # [(key, value text)]
-  devices: int
-  device_kind: str
-  device_memory_gib: float
-  vocab: int
-  search: bool = True
-  max_tries: int = 12
-  margin: float = 0.1            # FITS below (1 - margin) x device memory
-
-  @property
-  def slice_name(self) -> str:
-    preset = self.spec.partition(":")[2]
-    return preset or (f"{self.devices} x {self.device_kind}" if self.devices > 1
-                      else self.device_kind)
-
-
-def make_job(spec: str, overrides: list[tuple[str, str]], devices: Optional[int],
-             device_kind: Optional[str], device_memory: Optional[float],
-             vocab: Optional[int], search: bool, max_tries: int, margin: float = 0.1) -> Job:
-  """Checks a config on its devices in this process (no compilation) and
-  returns its Job.
-
-  Raises:
-    FitError: bad config, preset, override, device kind or count, or an
-      invalid config for the device count (default_config.validate's message).
-  """
-  from transformer_xl import default_config, presets
-  config = load_config(spec)
-  apply_overrides(config, overrides)
-  preset = spec.partition(":")[2]
-  if preset and preset in presets.SLICE_DEVICES:
-    kind = device_kind or preset.split("-")[0]
-    n = devices or presets.SLICE_DEVICES[preset]
-  else:
-    kind, n = device_kind or "h100", devices or 1
-  if kind not in DEVICE_MEMORY_GIB and device_memory is None:
-    raise FitError(f"--device_kind={kind!r}: choose one of {sorted(DEVICE_MEMORY_GIB)} "
-                   "or give --device_memory=GiB")
-  if n < 1:
-    raise FitError(f"--devices={n} must be >= 1")
-  if not 0 <= margin < 1:
-    raise FitError(f"--margin={100 * margin:g} must be in [0, 100) percent")
-  try:
-    default_config.validate(config, n)
-  except default_config.ConfigError as err:
-    raise FitError(f"{spec} on {n} device(s): " + str(err).replace("\n", " ")) from None
-  sizes = vocab_sizes()
-  if vocab is None and config.data.dataset not in sizes:
-    raise FitError(f"no fixed vocabulary size is known for data.dataset="
-                   f"{config.data.dataset!r}; pass --vocab=N")
-  return Job(spec=spec, overrides=list(overrides), devices=n, device_kind=kind,
-             device_memory_gib=(device_memory if device_memory is not None
-                                else DEVICE_MEMORY_GIB[kind]),
-             vocab=vocab or sizes[config.data.dataset], search=search, max_tries=max_tries,
-             margin=margin)
-
-
-# ---------------------------------------------------------------------------
-# The worker: compile and analyse (runs with N simulated devices).
-# ---------------------------------------------------------------------------
-
-def memory_report(compiled) -> dict:
-  """Per-device bytes of a compiled step (``compiled.memory_analysis()``)
-  and their total = arguments + outputs - aliased + temporaries + code.
-
-  Raises:
-    RuntimeError: the backend gives no memory analysis.
-  """
-  ma = compiled.memory_analysis()
-  if ma is None:
-    raise RuntimeError("this backend gives no memory analysis")
-  rep = {"argument_bytes": ma.argument_size_in_bytes, "output_bytes": ma.output_size_in_bytes,
-         "alias_bytes": ma.alias_size_in_bytes, "temp_bytes": ma.temp_size_in_bytes,
-         "generated_code_bytes": ma.generated_code_size_in_bytes}
-  rep["total_bytes"] = (rep["argument_bytes"] + rep["output_bytes"] - rep["alias_bytes"]
-                        + rep["temp_bytes"] + rep["generated_code_bytes"])
-  return rep
-
-
-class StepCompiler:
-  """Compiles a config's train or eval step on the devices of this process
-  for given (remat, attn_block), and returns its memory report."""
-
-  def __init__(self, config, vocab: int):
-    import jax
-    from transformer_xl import default_config, sharding
-    self.config = config
-    self.mesh = sharding.make_mesh(config.mesh.shape, config.mesh.axis_names,
-                                   devices=jax.devices())
-    self.model_cfg = default_config.model_config(config, vocab)
-    if self.model_cfg.attn_block < 0:  # "per backend": an accelerator's choice, not
-      self.model_cfg = dataclasses.replace(self.model_cfg, attn_block=0)  # these CPUs'
-    if self.model_cfg.scan_unroll < 0:  # likewise: one layer per scan iteration
-      self.model_cfg = dataclasses.replace(self.model_cfg, scan_unroll=1)
-
-  def n_params(self) -> int:
-    import jax
-    import numpy as np
-    from transformer_xl import models
-    shapes = jax.eval_shape(lambda r: models.init_params(models.TransformerXL(self.model_cfg), r),
-                            jax.random.PRNGKey(0))
-    return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(shapes)))
-
-  def compile(self, step: str, remat: str, attn_block: int) -> dict:
-    """Lower + compile ``step`` ("train" or "eval") with model.remat and
-    model.attn_block replaced; returns memory_report plus compile seconds."""
-    import jax
-    import jax.numpy as jnp
-    from transformer_xl import evaluate, models, sharding, train, train_state
-    c, mesh = self.config, self.mesh
-    mcfg = dataclasses.replace(self.model_cfg, remat=remat, attn_block=attn_block)
-    model = models.TransformerXL(mcfg)
-    tx = train_state.make_optimizer(c.train)
-    abstract, shardings = train_state.abstract_train_state(model, tx, c.train.global_batch, mesh)
-    rows, row_sh = sharding.batch_sharding(mesh), sharding.rows_sharding(mesh)
-
-    def spec(shape, dtype, sh):
-      return jax.ShapeDtypeStruct(shape, dtype, sharding=sh)
-
-    t0 = time.perf_counter()
-    if step == "train":
-      fn = train.make_train_step(model, tx, mesh, shardings, c.train.batch_chunk,
-                                 c.train.seed, c.train.loss_span)
-      b, t = c.train.global_batch, mcfg.tgt_len
-      batch = {"inputs": spec((b, t), jnp.int32, rows), "targets": spec((b, t), jnp.int32, rows),
-               "weights": spec((b, t), jnp.float32, rows), "reset": spec((b,), jnp.bool_, row_sh)}
-      lowered = fn.lower(abstract, batch)
-    else:
-      n_data = sharding.data_parallel_size(mesh)
-      b = -(-c.eval.global_batch // n_data) * n_data  # the Evaluator's padding
-      if c.eval.method == "sliding":
-        wcfg = evaluate.window_model_config(c, mcfg)
-        fn = evaluate.make_window_step(models.TransformerXL(wcfg), mesh, c.eval.stride)
-        t = wcfg.tgt_len
-        batch = {"inputs": spec((b, t), jnp.int32, rows),
-                 "targets": spec((b, t), jnp.int32, rows),
-                 "front_pad": spec((b,), jnp.int32, row_sh)}
-        lowered = fn.lower(abstract.params, batch)
-      else:
-        ecfg = evaluate.eval_model_config(c, mcfg)
-        fn = evaluate.make_eval_step(models.TransformerXL(ecfg), mesh)
-        t = ecfg.tgt_len
-        mem_shapes = jax.eval_shape(lambda: models.init_memory(ecfg, b))
-        memory = jax.tree_util.tree_map(lambda x, sh: spec(x.shape, x.dtype, sh), mem_shapes,
-                                        sharding.memory_sharding(mesh))
-        batch = {"inputs": spec((b, t), jnp.int32, rows),
-                 "targets": spec((b, t), jnp.int32, rows), "reset": spec((b,), jnp.bool_, row_sh)}
-        lowered = fn.lower(abstract.params, memory, batch)
-    rep = memory_report(lowered.compile())
-    rep.update(remat=remat, attn_block=attn_block, batch=b, tgt_len=t,
-               compile_seconds=round(time.perf_counter() - t0, 1))
-    return rep
-
-
-def candidates(step: str, remat: str, attn_block: int, tgt_len: int) -> list[tuple[str, int]]:
-  """(remat, attn_block) settings to try when ``step`` does not fit as
-  configured, from the least recomputation up; the first is the most
-  frugal one (remat "full", the smallest block), tried first to learn
-  whether anything fits at all.  Empty when the configured setting is the
-  most frugal one.  eval: block sizes only (no backward pass, remat changes
-  nothing)."""
-  blocks = [b for b in BLOCK_SIZES if b < tgt_len and b != attn_block][:3]
-  block_options = [attn_block] + blocks
-  remats = REMAT_ORDER if step == "train" else (remat,)
-  ordered = [(r, b) for r in remats for b in block_options if (r, b) != (remat, attn_block)]
-  if not ordered:
-    return []
-  frugal = (remats[-1], min(block_options, key=lambda b: b if b > 0 else math.inf))
-  if frugal == (remat, attn_block):  # the configured setting is the most frugal already
-    return []
-  return [frugal] + [o for o in ordered if o != frugal]
-
-
-def search_fit(try_setting, step: str, remat: str, attn_block: int, tgt_len: int,
-               target: float, max_tries: int, log=print) -> dict:
-  """Finds the first (remat, attn_block) of :func:`candidates` whose total
-  is at most ``target`` bytes.
-
-  ``try_setting(remat, attn_block)`` returns a memory report (a dict with
-  "total_bytes").  The most frugal candidate goes first: if it does not
-  fit, nothing will and the search stops there; if it does, the others
-  follow from the least recomputation up, and the first that fits is the
-  answer (the frugal one if none of them fits, or if ``max_tries``
-  compilations are used up first).
-
-  Returns:
-    {"fix": the report of the setting that makes it fit, or None;
-     "cheapest": False when ``max_tries`` cut the search short (a setting
-     with less recomputation may fit too); "tried": every report}.
-  """
-  tried = []
-  cands = candidates(step, remat, attn_block, tgt_len)
-  if not cands:
-    return {"fix": None, "cheapest": True, "tried": tried}
-
-  def attempt(r, b, note=""):
-    rep = try_setting(r, b)
-    tried.append(rep)
-    log(f"    {step}: remat={r}, attn_block={b}{note}: {rep['total_bytes'] / GIB:.2f} GiB")
-    return rep
-
-  frugal = attempt(*cands[0], note=" (the most frugal)")
-  if frugal["total_bytes"] > target:
-    return {"fix": None, "cheapest": True, "tried": tried}
-  for r, b in cands[1:]:
-    if len(tried) >= max_tries:
-      return {"fix": frugal, "cheapest": False, "tried": tried}
-    rep = attempt(r, b)
-    if rep["total_bytes"] <= target:
-      return {"fix": rep, "cheapest": True, "tried": tried}
-  return {"fix": frugal, "cheapest": True, "tried": tried}
-
-
-def classify(total: float, capacity: float, margin: float) -> str:
-  """FITS (total <= (1 - margin) x capacity), TIGHT (<= capacity) or DOES NOT FIT."""
-  if total <= capacity * (1 - margin):
-    return "FITS"
-  return "TIGHT" if total <= capacity else "DOES NOT FIT"
-
-
-def analyse(job: Job, log=print) -> dict:
-  """Compiles the job's train and eval steps (and, when one does not fit,
-  the candidates of :func:`search_fit`) on this process's devices."""
-  import jax
-  config = load_config(job.spec)
-  apply_overrides(config, job.overrides)
-  if jax.device_count() != job.devices:
-    raise RuntimeError(f"expected {job.devices} devices, jax has {jax.device_count()} "
-                       "(XLA_FLAGS must be set before jax is imported)")
-  comp = StepCompiler(config, job.vocab)
-  capacity = job.device_memory_gib * GIB
-  target = capacity * (1 - job.margin)
-  out = {"job": dataclasses.asdict(job), "mesh": dict(comp.mesh.shape),
-         "dtype": comp.model_cfg.dtype, "n_params": comp.n_params(), "steps": {}}
-  for step in ("train", "eval"):
-    m = comp.model_cfg
-    t0 = time.perf_counter()
-    rep = comp.compile(step, m.remat, m.attn_block)
-    verdict = classify(rep["total_bytes"], capacity, job.margin)
-    log(f"  {job.spec} {step}: {rep['total_bytes'] / GIB:.2f} GiB of "
-        f"{job.device_memory_gib:g} GiB per device, {verdict} "
-        f"(compiled in {time.perf_counter() - t0:.0f} s)")
-    res = {"as_configured": rep, "verdict": verdict}
-    if verdict != "FITS" and job.search:
-      res["search"] = search_fit(lambda r, b, s=step: comp.compile(s, r, b), step, m.remat,
-                                 m.attn_block, rep["tgt_len"], target, job.max_tries, log)
-    out["steps"][step] = res
-  return out
-
-
-# ---------------------------------------------------------------------------
-# The parent: jobs in subprocesses, the table, the JSON.
-# ---------------------------------------------------------------------------
-
-def _version(pkg: str) -> str:
-  try:
-    return importlib.metadata.version(pkg)
-  except importlib.metadata.PackageNotFoundError:
-    return "not installed"
-
-
-def machine_info() -> dict:
-  cpu = platform.processor() or "unknown"
-  try:
-    with open("/proc/cpuinfo") as f:
-      cpu = next((line.split(":", 1)[1].strip() for line in f
-                  if line.startswith("model name")), cpu)
-  except OSError:
-    pass
-  return {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-          "host": platform.node(), "cpu": cpu, "cpu_count": os.cpu_count(),
-          "loadavg": [round(x, 2) for x in os.getloadavg()],
-          "python": platform.python_version(),
-          "versions": {p: _version(p) for p in ("jax", "jaxlib", "flax", "optax")}}
-
 
 def run_job(job: Job) -> dict:
   """Runs :func:`analyse` for ``job`` in a subprocess with job.devices
@@ -525,23 +124,12 @@ def run_job(job: Job) -> dict:
   Raises:
     FitError: the subprocess failed (its output is above the message).
   """
-  env = dict(os.environ)
-  flags = [f for f in env.get("XLA_FLAGS", "").split()
-           if not f.startswith("--xla_force_host_platform_device_count")]
-  env["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={job.devices}"])
-  env["JAX_PLATFORMS"] = "cpu"
-  env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-  with tempfile.TemporaryDirectory() as tmp:
-    job_file, result_file = os.path.join(tmp, "job.json"), os.path.join(tmp, "result.json")
-    with open(job_file, "w") as f:
-      json.dump(dataclasses.asdict(job), f)
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), f"--worker={job_file}",
-                           f"--result_file={result_file}"], env=env, cwd=REPO)
-    if proc.returncode != 0:
-      raise FitError(f"compiling {job.spec} failed (exit code {proc.returncode}; its output "
-                     "is above)")
-    with open(result_file) as f:
-      return json.load(f)
+  env = common.worker_env([f"--xla_force_host_platform_device_count={job.devices}"])
+  code, res = common.run_script(__file__, [f"--worker={json.dumps(dataclasses.asdict(job))}"],
+                                env)
+  if code != 0:
+    raise FitError(f"compiling {job.spec} failed (exit code {code}; its output is above)")
+  return res
 
 
 def _gib(x: float) -> str:
@@ -606,6 +194,7 @@ def format_table(results: list[dict]) -> str:
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str, str]]]:
+  """The flags and the ``--config.<key>=<value>`` overrides, as (key, value text)."""
   rest, overrides = split_overrides(argv)
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -631,7 +220,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str, str
   p.add_argument("--json", default="",
                  help="write the results here (default: "
                       "benchmarks/results/fit_<date>_<time>_<host>.json)")
-  p.add_argument("--worker", default="", help=argparse.SUPPRESS)
+  p.add_argument("--worker", default="", help=argparse.SUPPRESS)  # the Job as JSON
   p.add_argument("--result_file", default="", help=argparse.SUPPRESS)
   args = p.parse_args(rest)
   if not args.worker and bool(args.config) == bool(args.all):
@@ -642,12 +231,13 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str, str
 
 
 def main(argv=None) -> int:
+  """Analyses every job (``--worker``: one job, in this process); prints the
+  table of per-device GiB and writes the JSON.  Returns the exit status."""
   argv = list(sys.argv[1:] if argv is None else argv)
   args, overrides = parse_args(argv)
   sys.path.insert(0, REPO)
   if args.worker:  # the subprocess: jax sees the simulated devices
-    with open(args.worker) as f:
-      job = Job(**json.load(f))
+    job = Job(**json.loads(args.worker))
     job.overrides = [tuple(o) for o in job.overrides]
     res = analyse(job, log=lambda s: print(s, flush=True))
     with open(args.result_file, "w") as f:
@@ -666,7 +256,8 @@ def main(argv=None) -> int:
                            opts.get("device_kind", args.device_kind), args.device_memory,
                            args.vocab, not args.no_search, args.max_tries,
                            args.margin / 100))
-    info = machine_info()
+    info = common.machine_info(PACKAGES)
+    info["loadavg"] = info.pop("loadavg_start")  # fit's JSON calls it so
     print(f"{info['date']}  {info['cpu']}, {info['cpu_count']} CPUs, load average "
           f"{' '.join(map(str, info['loadavg']))}; jax {info['versions']['jax']}", flush=True)
     results = []
@@ -685,18 +276,11 @@ def main(argv=None) -> int:
         "devices, not measured on the accelerator; total = arguments + outputs - aliased + "
         f"temporaries + generated code; FITS below {100 - args.margin:g}% of the device, TIGHT "
         "up to 100%.")
-  path = args.json
-  if not path:
-    host = re.sub(r"[^A-Za-z0-9_.-]+", "-", info["host"] or "host")
-    stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H%M%S")
-    path = os.path.join(RESULTS_DIR, f"fit_{stamp}_{host}.json")
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with open(path, "w") as f:
-    json.dump({"args": {k: v for k, v in vars(args).items()
-                        if k not in ("worker", "result_file")},
-               "overrides": overrides, "machine": info, "results": results, "table": table},
-              f, indent=2)
-  print(f"wrote {path}")
+  common.write_json(args.json or common.default_json_path(info["host"], prefix="fit_"),
+                    {"args": {k: v for k, v in vars(args).items()
+                              if k not in ("worker", "result_file")},
+                     "overrides": overrides, "machine": info, "results": results,
+                     "table": table})
   return 0
 
 

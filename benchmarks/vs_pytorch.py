@@ -34,10 +34,10 @@ sequence lengths, one phase at a time:
 
 Ours uses ``model.attn_block`` = ``--block`` (queries per block of the
 blockwise attention, 0 = the full computation); without ``--block``,
-``default_config``'s -1, which ``models.attn_block_size`` resolves per
+``default_config``'s -1, which ``tuning.attn_block_size`` resolves per
 backend and phase (on CPU: 64 in training, 0 in evaluation); likewise
 ``model.scan_unroll`` = ``--scan_unroll`` (layers per iteration of the loop
-over layers; default -1, ``models.scan_unroll_layers``: all 6 on CPU).  The
+over layers; default -1, ``tuning.scan_unroll_layers``: all 6 on CPU).  The
 resolved values are printed and saved with the results.
 
 Numbers per phase and implementation:
@@ -80,17 +80,18 @@ Fairness:
   own CPU defaults.  Ours runs on a 1x1 mesh of one CPU device.
   ``--malloc_hugepages=1`` (the default) adds ``glibc.malloc.hugetlb=1`` to
   ``GLIBC_TUNABLES`` for our subprocess, as ``python -m
-  transformer_xl.main`` does for itself (``transformer_xl.host_memory``:
+  transformer_xl.main`` does for itself (``transformer_xl.process_settings``:
   malloc asks for transparent huge pages for XLA:CPU's per-step buffers);
   ``--malloc_hugepages=0`` runs ours without.  PyTorch runs in the caller's
   environment, its own default: with the tunable its training ran at half
-  speed on the README's CPU (634 against 1,192 tokens/s);
-  ``--pytorch_malloc_hugepages=1`` gives it the tunable too.
+  speed on a 2-core CPU VM (634 against 1,192 tokens/s; measured runs in
+  ``benchmarks/results/REPORT.md``); ``--pytorch_malloc_hugepages=1`` gives
+  it the tunable too.
 * Both workers hand the memory that glibc holds free back to the kernel
-  (``host_memory.release_free_memory``, ``malloc_trim``): ours after every
-  XLA compilation (``host_memory.release_after_compiles``), as our command
-  line and training loop do; PyTorch once, after creating the model and
-  its optimizer (it compiles nothing).
+  (``process_settings.release_free_memory``, ``malloc_trim``): ours after
+  every XLA compilation (``process_settings.release_after_compiles``), as
+  our command line and training loop do; PyTorch once, after creating the
+  model and its optimizer (it compiles nothing).
 * HF's ``labels`` are shifted inside the model, so its loss covers
   tgt_len - 1 positions per row and ours tgt_len; both count batch * tgt_len
   tokens per step.  HF initialises its memory with mem_len zero states (its
@@ -108,28 +109,32 @@ beside the one in OLD.json with its change, and flags as REGRESSION each
 throughput that fell, or time or memory that rose, by more than
 ``--tolerance`` percent; with ``--new=NEW.json`` it compares two saved runs
 without running anything.
+
+This file parses the flags, runs the workers and prints the results; the
+workers are in ``vs_pytorch_workers.py``, ``--compare`` in
+``vs_pytorch_compare.py``, and what all benchmark tools share (machine,
+versions, result files) in ``common.py``.
 """
 from __future__ import annotations
 
 import argparse
-import datetime
-import importlib.metadata
 import json
 import os
-import platform
-import re
-import resource
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS_DIR = os.path.join(REPO, "benchmarks", "results")
+BENCHMARKS = os.path.dirname(os.path.abspath(__file__))
+if BENCHMARKS not in sys.path:  # common.py and the parts below, also when loaded from the file
+  sys.path.insert(0, BENCHMARKS)
+import common  # noqa: E402
+import vs_pytorch_workers as workers  # noqa: E402  (workers: nothing heavy at import)
+from vs_pytorch_compare import compare_runs, load_json  # noqa: E402
+
+REPO = common.REPO
 PHASES = ("train", "eval", "eval_long")
 IMPLEMENTATIONS = ("ours", "pytorch")
+PACKAGES = ("jax", "jaxlib", "flax", "optax", "torch", "transformers", "numpy")  # versions saved
 
 # --smoke: tiny sizes (explicit flags still win), so the whole tool runs in seconds.
 SMOKE = dict(n_layer=1, d_model=32, n_head=2, d_head=16, d_inner=64, vocab=32, batch=2,
@@ -138,6 +143,7 @@ SMOKE = dict(n_layer=1, d_model=32, n_head=2, d_head=16, d_inner=64, vocab=32, b
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+  """The flags; ``--smoke`` changes the defaults to :data:`SMOKE`'s tiny sizes."""
   argv = sys.argv[1:] if argv is None else argv
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -188,10 +194,10 @@ def parse_args(argv=None) -> argparse.Namespace:
   g.add_argument("--xla_flags", default="", help="extra XLA_FLAGS for our subprocess")
   g.add_argument("--malloc_hugepages", type=int, default=1, choices=(0, 1),
                  help="1: glibc.malloc.hugetlb=1 in GLIBC_TUNABLES for our subprocess, "
-                      "as our command line sets it (transformer_xl.host_memory)")
+                      "as our command line sets it (transformer_xl.process_settings)")
   g.add_argument("--pytorch_malloc_hugepages", type=int, default=0, choices=(0, 1),
                  help="1: the same for the PyTorch subprocess (it slowed torch's training "
-                      "down 2x on the README's CPU)")
+                      "down 2x on a 2-core CPU VM, benchmarks/results/REPORT.md)")
   g.add_argument("--seed", type=int, default=0)
   g.add_argument("--smoke", action="store_true",
                  help="tiny model, 1 repeat of 2 steps, small matmul: checks the tool in "
@@ -230,7 +236,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def phase_lengths(args, phase: str) -> tuple[int, int, int]:
-  """(batch, tgt_len, mem_len) of a phase."""
+  """(batch: rows, tgt_len: tokens per segment, mem_len: tokens of memory) of a phase."""
   if phase == "train":
     return args.batch, args.tgt_len, args.mem_len
   mem_len = args.eval_long_mem_len if phase == "eval_long" else args.eval_mem_len
@@ -267,365 +273,15 @@ def model_flops_per_token(n_layer: int, d_model: int, n_head: int, d_head: int, 
   return 3 * forward if train else forward
 
 
-# ---------------------------------------------------------------------------
-# Shared helpers (no jax / torch imports here).
-# ---------------------------------------------------------------------------
-
-def _token_batches(args, batch: int, tgt_len: int, n: int = 4):
-  """n distinct (inputs, targets) int32 numpy pairs [batch, tgt_len], from one
-  random stream per row (targets = inputs shifted by one)."""
-  import numpy as np
-  rng = np.random.default_rng(args.seed)
-  stream = rng.integers(0, args.vocab, size=(batch, n * tgt_len + 1), dtype=np.int64)
-  return [(stream[:, i * tgt_len:(i + 1) * tgt_len].astype(np.int32),
-           stream[:, i * tgt_len + 1:(i + 1) * tgt_len + 1].astype(np.int32)) for i in range(n)]
-
-
-def _time_repeats(run_steps, args) -> dict:
-  """Times ``args.repeats`` calls of ``run_steps(args.steps)``, after one
-  untimed ``run_steps(args.warmup)``.
-
-  Returns {"seconds": wall seconds per repeat, "cpu_seconds": process CPU
-  seconds (all threads, user + system) per repeat, "sys_seconds": system
-  time over all repeats, "minor_faults": page faults over all repeats}.
-  """
-  if args.warmup:
-    run_steps(args.warmup)
-  times, cpu = [], []
-  ru0 = resource.getrusage(resource.RUSAGE_SELF)
-  for _ in range(args.repeats):
-    c0, t0 = time.process_time(), time.perf_counter()
-    run_steps(args.steps)
-    times.append(time.perf_counter() - t0)
-    cpu.append(time.process_time() - c0)
-  ru1 = resource.getrusage(resource.RUSAGE_SELF)
-  return {"seconds": times, "cpu_seconds": cpu, "sys_seconds": ru1.ru_stime - ru0.ru_stime,
-          "minor_faults": ru1.ru_minflt - ru0.ru_minflt}
-
-
-def _summary(timing: dict, tokens_per_step: int, steps: int) -> dict:
-  """tokens/s per repeat and their median, plus diagnostics per step.
-
-  ``cpu_per_wall`` (process CPU seconds per wall second, all threads) shows
-  how many cores the run got: well below --threads means other processes
-  took CPU time (or the run could not use all threads).  ``sys_ms_per_step``
-  and ``minor_faults_per_step`` show time in the kernel, mostly first
-  touches of freshly mapped buffers.
-  """
-  times, n = timing["seconds"], steps * len(timing["seconds"])
-  tps = [tokens_per_step * steps / t for t in times]
-  return {"tokens_per_step": tokens_per_step, "steps": steps, "seconds": times,
-          "tokens_per_sec": tps, "median_tokens_per_sec": statistics.median(tps),
-          "min_tokens_per_sec": min(tps), "max_tokens_per_sec": max(tps),
-          "median_ms_per_step": 1e3 * statistics.median(times) / steps,
-          "cpu_per_wall": [c / t for c, t in zip(timing["cpu_seconds"], times)],
-          "sys_ms_per_step": 1e3 * timing["sys_seconds"] / n,
-          "minor_faults_per_step": timing["minor_faults"] / n}
-
-
-def rss_mib(field: str = "VmHWM") -> float:
-  """This process's resident set in MiB: ``field`` of /proc/self/status
-  ("VmHWM" = the peak so far, "VmRSS" = now).  Where /proc is missing, the
-  peak from ``getrusage`` (ru_maxrss: KiB on Linux, bytes on macOS)."""
-  try:
-    with open("/proc/self/status") as f:
-      for line in f:
-        if line.startswith(field + ":"):
-          return int(line.split()[1]) / 1024  # kB
-  except OSError:
-    pass
-  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-  return peak / 2**20 if sys.platform == "darwin" else peak / 1024
-
-
-def measure_matmul(args, products: dict) -> dict:
-  """float32 GFLOP/s of an N x N by N x N product (2 N^3 FLOPs), N =
-  ``--matmul_n``, by each library: the fastest of ``--matmul_repeats``
-  timed calls after one untimed call.
-
-  Args:
-    products: {library name: make(a, b) -> a function computing a @ b to
-      completion}, for numpy float32 arrays a, b.
-
-  Returns:
-    {"n": N, "<name>_gflops": GFLOP/s for each library}.
-  """
-  import numpy as np
-  n = args.matmul_n
-  rng = np.random.default_rng(args.seed)
-  a, b = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
-  out = {"n": n}
-  for name, make in products.items():
-    fn = make(a, b)
-    fn()
-    times = []
-    for _ in range(args.matmul_repeats):
-      t0 = time.perf_counter()
-      fn()
-      times.append(time.perf_counter() - t0)
-    out[f"{name}_gflops"] = 2 * n**3 / min(times) / 1e9
-  return out
-
-
-def _numpy_dot(a, b):
-  import numpy as np
-  return lambda: np.dot(a, b)
-
-
-# ---------------------------------------------------------------------------
-# Ours (JAX / Flax).
-# ---------------------------------------------------------------------------
-
-def run_ours(args, phase: str) -> dict:
-  """Times our jitted train step or eval step for one phase; returns its result dict."""
-  sys.path.insert(0, REPO)
-  import flax.linen as nn
-  import jax
-  import numpy as np
-  from transformer_xl import (default_config, evaluate, host_memory, models, sharding, train,
-                              train_state)
-  rss_imports = rss_mib("VmRSS")
-  host_memory.release_after_compiles()  # as our command line and training loop do
-
-  config = default_config.get_config()
-  config.model.update(n_layer=args.n_layer, d_model=args.d_model, n_head=args.n_head,
-                      d_head=args.d_head, d_inner=args.d_inner, dropout=args.dropout,
-                      dropatt=args.dropatt, tgt_len=args.tgt_len, mem_len=args.mem_len,
-                      clamp_len=0, same_length=False, untie_r=False, tie_weight=True,
-                      dtype="float32", remat="none", cutoffs=(), div_val=1)
-  if args.block is not None:
-    config.model.attn_block = args.block
-  if args.scan_unroll is not None:
-    config.model.scan_unroll = args.scan_unroll
-  config.train.update(global_batch=args.batch, batch_chunk=1, warmup_steps=0,
-                      learning_rate=args.lr, min_lr=args.lr, clip=args.clip,
-                      num_steps=10**9, seed=args.seed)
-  batch, tgt_len, mem_len = phase_lengths(args, phase)
-  config.eval.update(tgt_len=tgt_len, mem_len=mem_len, clamp_len=0,
-                     same_length=bool(args.eval_same_length), global_batch=args.eval_batch)
-  mcfg = default_config.model_config(config, args.vocab)
-  mesh = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
-  model = models.TransformerXL(mcfg)
-  tx = train_state.make_optimizer(config.train)
-  rng = jax.random.PRNGKey(args.seed)
-  _, state_shardings = train_state.abstract_train_state(model, tx, args.batch, mesh)
-  out = {"device": str(jax.devices()[0]), "xla_flags": os.environ.get("XLA_FLAGS", ""),
-         "attn_block": models.attn_block_size(mcfg.attn_block, deterministic=phase != "train"),
-         "scan_unroll": models.scan_unroll_layers(mcfg.scan_unroll, mcfg.n_layer),
-         "rss_after_imports_mib": rss_imports}
-
-  if phase == "train":
-    state = train_state.create_train_state(model, tx, args.batch, mesh, rng, state_shardings)
-    out["n_params"] = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(state.params))
-    batches = [jax.device_put(
-        {"inputs": x, "targets": y, "weights": np.ones(x.shape, np.float32),
-         "reset": np.zeros((batch,), bool)},
-        {"inputs": sharding.batch_sharding(mesh), "targets": sharding.batch_sharding(mesh),
-         "weights": sharding.batch_sharding(mesh), "reset": sharding.rows_sharding(mesh)})
-        for x, y in _token_batches(args, batch, tgt_len)]
-    train_step = train.make_train_step(model, tx, mesh, state_shardings, 1, args.seed)
-    holder = {"state": state, "i": 0}
-    del state  # donated by the first step
-
-    def run_train(n):
-      s, m = holder["state"], None
-      for _ in range(n):
-        s, m = train_step(s, batches[holder["i"] % len(batches)])
-        holder["i"] += 1
-      jax.block_until_ready((s, m))
-      holder["state"] = s
-      holder["loss"] = float(m["loss"])
-
-    out.update(_summary(_time_repeats(run_train, args), batch * tgt_len, args.steps))
-    out["last_loss"] = holder["loss"]
-  else:
-    # Parameters only (no optimizer state): what an evaluation holds.
-    params = jax.jit(lambda r: nn.unbox(models.init_params(model, r)),
-                     out_shardings=state_shardings.params)(rng)
-    out["n_params"] = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
-    ecfg = evaluate.eval_model_config(config, mcfg)
-    eval_step = evaluate.make_eval_step(models.TransformerXL(ecfg), mesh)  # the Evaluator's
-    batch_sharding = sharding.batch_sharding(mesh)
-    batches = [jax.device_put(
-        {"inputs": x, "targets": y, "reset": np.zeros((batch,), bool)},
-        {"inputs": batch_sharding, "targets": batch_sharding,
-         "reset": sharding.rows_sharding(mesh)})
-        for x, y in _token_batches(args, batch, tgt_len)]
-    memory = jax.jit(lambda: models.init_memory(ecfg, batch),
-                     out_shardings=sharding.memory_sharding(mesh))()
-    holder = {"memory": memory, "i": 0}
-    del memory  # donated by the first step
-
-    def run_eval(n):
-      mem, nll = holder["memory"], None
-      for _ in range(n):
-        nll, mem = eval_step(params, mem, batches[holder["i"] % len(batches)])
-        holder["i"] += 1
-      jax.block_until_ready((nll, mem))
-      holder["memory"] = mem
-
-    out.update(_summary(_time_repeats(run_eval, args), batch * tgt_len, args.steps))
-  out["peak_rss_mib"] = rss_mib("VmHWM")
-
-  def jax_dot(a, b):
-    import jax.numpy as jnp
-    dot, xa, xb = jax.jit(jnp.dot), jax.device_put(a), jax.device_put(b)
-    return lambda: dot(xa, xb).block_until_ready()
-
-  out["matmul"] = measure_matmul(args, {"numpy": _numpy_dot, "jax": jax_dot})
-  return out
-
-
-# ---------------------------------------------------------------------------
-# PyTorch (HuggingFace transformers).
-# ---------------------------------------------------------------------------
-
-def hf_config(args, mem_len: int, same_length: bool):
-  """The TransfoXLConfig equal to our model: dense softmax (no cutoffs,
-  div_val 1, d_embed = d_model), tied output weights with a bias, shared
-  u/v (untie_r=False), no clamp."""
-  from transformers import TransfoXLConfig
-  return TransfoXLConfig(
-      vocab_size=args.vocab, cutoffs=[], div_val=1, adaptive=True, d_model=args.d_model,
-      d_embed=args.d_model, n_head=args.n_head, d_head=args.d_head, d_inner=args.d_inner,
-      n_layer=args.n_layer, mem_len=mem_len, clamp_len=0, same_length=same_length,
-      untie_r=False, pre_lnorm=False, attn_type=0, dropout=args.dropout, dropatt=args.dropatt,
-      tie_word_embeddings=True, proj_share_all_but_first=False, sample_softmax=-1)
-
-
-def run_pytorch(args, phase: str) -> dict:
-  """Times HF TransfoXLLMHeadModel training or evaluation for one phase;
-  returns its result dict."""
-  import warnings
-  warnings.filterwarnings("ignore")
-  import torch
-  from transformers import TransfoXLLMHeadModel
-  from transformers.utils import logging as hf_logging
-  hf_logging.set_verbosity_error()
-  sys.path.insert(0, REPO)
-  from transformer_xl import host_memory  # stdlib only: no jax in this process
-  rss_imports = rss_mib("VmRSS")
-
-  torch.set_num_threads(args.threads)
-  torch.manual_seed(args.seed)
-  batch, tgt_len, mem_len = phase_lengths(args, phase)
-  model = TransfoXLLMHeadModel(hf_config(args, args.mem_len, same_length=False))
-  out = {"n_params": sum(p.numel() for p in model.parameters()),  # tied weights counted once
-         "torch_threads": torch.get_num_threads(),
-         "torch_config": torch.__config__.parallel_info(),
-         "rss_after_imports_mib": rss_imports}
-  # HF shifts labels inside (hidden t predicts labels t+1): pass the inputs.
-  batches = [torch.from_numpy(x).long() for x, _ in _token_batches(args, batch, tgt_len)]
-  holder = {"mems": None, "i": 0}
-  host_memory.release_free_memory()  # once its setup is done (ours: after each compilation)
-
-  if phase == "train":
-    model.train()
-    opt = torch.optim.Adam(model.parameters(), lr=args.lr, betas=(0.9, 0.999), eps=1e-8)
-
-    def run_train(n):
-      mems = holder["mems"]
-      for _ in range(n):
-        x = batches[holder["i"] % len(batches)]
-        holder["i"] += 1
-        res = model(input_ids=x, mems=mems, labels=x)
-        res.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        mems = res.mems  # detached by HF (_update_mems runs under no_grad)
-      holder["mems"] = mems
-      holder["loss"] = float(res.loss)
-
-    out.update(_summary(_time_repeats(run_train, args), batch * tgt_len, args.steps))
-    out["last_loss"] = holder["loss"]
-  else:
-    model.eval()
-    model.reset_memory_length(mem_len)
-    model.transformer.same_length = bool(args.eval_same_length)
-
-    def run_eval(n):
-      mems = holder["mems"]
-      with torch.no_grad():
-        for _ in range(n):
-          x = batches[holder["i"] % len(batches)]
-          holder["i"] += 1
-          mems = model(input_ids=x, mems=mems, labels=x).mems
-      holder["mems"] = mems
-
-    out.update(_summary(_time_repeats(run_eval, args), batch * tgt_len, args.steps))
-  out["peak_rss_mib"] = rss_mib("VmHWM")
-
-  def torch_mm(a, b):
-    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
-    return lambda: torch.mm(ta, tb)
-
-  out["matmul"] = measure_matmul(args, {"numpy": _numpy_dot, "torch": torch_mm})
-  return out
-
-
-# ---------------------------------------------------------------------------
-# The parent: machine info, subprocesses, table, JSON, comparison.
-# ---------------------------------------------------------------------------
-
-def cpu_model() -> str:
-  """The CPU's model name (/proc/cpuinfo), or platform.processor()."""
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or "unknown"
-
-
-def _memory_gib() -> float | None:
-  """Physical memory (MemTotal of /proc/meminfo) in GiB; None where unknown."""
-  try:
-    with open("/proc/meminfo") as f:
-      for line in f:
-        if line.startswith("MemTotal:"):
-          return round(int(line.split()[1]) / 2**20, 1)
-  except OSError:
-    pass
-  return None
-
-
-def _version(pkg: str) -> str:
-  try:
-    return importlib.metadata.version(pkg)
-  except importlib.metadata.PackageNotFoundError:
-    return "not installed"
-
-
-def machine_info() -> dict:
-  """Date, host, CPU model, CPU count, memory (GiB), load average, versions."""
-  return {
-      "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-      "host": platform.node(), "cpu": cpu_model(), "cpu_count": os.cpu_count(),
-      "cpus_available": len(os.sched_getaffinity(0)), "memory_gib": _memory_gib(),
-      "loadavg_start": [round(x, 2) for x in os.getloadavg()],
-      "platform": platform.platform(), "python": platform.python_version(),
-      "versions": {p: _version(p) for p in ("jax", "jaxlib", "flax", "optax", "torch",
-                                            "transformers", "numpy")},
-  }
-
-
 def _worker_env(args, which: str) -> dict:
-  env = dict(os.environ)
-  if which == "ours":
-    flags = [f for f in env.get("XLA_FLAGS", "").split()
-             if not f.startswith("--xla_force_host_platform_device_count")]
-    flags += args.xla_flags.split()
-    env["XLA_FLAGS"] = " ".join(flags)
-    env["JAX_PLATFORMS"] = "cpu"
+  """The environment of the ``which`` worker: ours a JAX one on the CPU
+  (``--xla_flags`` added), and glibc's huge pages where asked for."""
+  env = common.worker_env(args.xla_flags.split() if which == "ours" else None)
   if args.malloc_hugepages if which == "ours" else args.pytorch_malloc_hugepages:
-    if REPO not in sys.path:  # this checkout's transformer_xl (host_memory: stdlib only)
+    if REPO not in sys.path:  # this checkout's transformer_xl (process_settings: stdlib only)
       sys.path.insert(0, REPO)
-    from transformer_xl import host_memory
-    env = host_memory.hugepages_environ(env) or env
-  env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    from transformer_xl import process_settings
+    env = process_settings.hugepages_environ(env) or env
   return env
 
 
@@ -636,25 +292,20 @@ def run_worker(args, which: str, argv: list[str], phase: str = "") -> dict:
   Raises:
     SystemExit: the subprocess failed (its output is above the message).
   """
-  with tempfile.TemporaryDirectory() as tmp:
-    result_file = os.path.join(tmp, "result.json")
-    cmd = [sys.executable, os.path.abspath(__file__), *argv, f"--worker={which}",
-           f"--result_file={result_file}", f"--threads={args.threads}"]
-    if phase:
-      cmd.append(f"--phase={phase}")
-    load_before = [round(x, 2) for x in os.getloadavg()]
-    t0 = time.perf_counter()
-    env = _worker_env(args, which)
-    proc = subprocess.run(cmd, env=env, cwd=REPO)
-    if proc.returncode != 0:
-      raise SystemExit(f"error: the {which} {phase} benchmark subprocess failed with exit code "
-                       f"{proc.returncode} (its output is above)")
-    with open(result_file) as f:
-      res = json.load(f)
+  worker_argv = [*argv, f"--worker={which}", f"--threads={args.threads}"]
+  if phase:
+    worker_argv.append(f"--phase={phase}")
+  load_before = common.loadavg()
+  t0 = time.perf_counter()
+  env = _worker_env(args, which)
+  code, res = common.run_script(__file__, worker_argv, env)
+  if code != 0:
+    raise SystemExit(f"error: the {which} {phase} benchmark subprocess failed with exit code "
+                     f"{code} (its output is above)")
   res["env"] = {k: env[k] for k in ("XLA_FLAGS", "GLIBC_TUNABLES", "OMP_NUM_THREADS") if k in env}
   res["wall_seconds"] = round(time.perf_counter() - t0, 1)
   res["loadavg_before"] = load_before
-  res["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+  res["loadavg_after"] = common.loadavg()
   return res
 
 
@@ -663,6 +314,7 @@ def _fmt(x: float | None, digits: int = 0) -> str:
 
 
 def phase_label(args, phase: str) -> str:
+  """The table's name of a phase: "train (B=8, tgt_len=128, mem_len=128)"."""
   batch, tgt_len, mem_len = phase_lengths(args, phase)
   return f"{phase} (B={batch}, tgt_len={tgt_len}, mem_len={mem_len})"
 
@@ -685,123 +337,14 @@ def format_table(args, results: dict) -> str:
   return "\n".join(rows)
 
 
-# Which way is better, by the last part of a number's name (--compare).
-_HIGHER_IS_BETTER = ("tokens_per_sec", "pct_of_matmul_limit", "ratio")
-_LOWER_IS_BETTER = ("ms_per_step", "rss", "faults", "wall_seconds")
-
-
-def _direction(name: str) -> int:
-  """+1 if a larger value of the number ``name`` is better, -1 if a smaller
-  one is, 0 if neither (counts, losses, the machine's matmul limit)."""
-  if name.startswith("matmul."):
-    return 0
-  last = "ratio" if name.startswith("ratio.") else name.rsplit(".", 1)[-1]
-  if any(s in last for s in _HIGHER_IS_BETTER):
-    return 1
-  return -1 if any(s in last for s in _LOWER_IS_BETTER) else 0
-
-
-def flatten_numbers(tree: Any, prefix: str = "") -> dict[str, float]:
-  """{dotted.name: value} of every int/float leaf of nested dicts (lists,
-  strings and booleans are left out)."""
-  out = {}
-  if isinstance(tree, dict):
-    for k, v in tree.items():
-      out.update(flatten_numbers(v, f"{prefix}.{k}" if prefix else str(k)))
-  elif isinstance(tree, (int, float)) and not isinstance(tree, bool):
-    out[prefix] = float(tree)
-  return out
-
-
-def comparable_numbers(run: dict) -> dict[str, float]:
-  """The numbers of a saved run that --compare lists: every number of its
-  results and matmul limit, plus ratio.<phase> = ours/PyTorch tokens/s."""
-  nums = flatten_numbers({"results": run.get("results", {}), "matmul": run.get("matmul", {})})
-  res = run.get("results", {})
-  for phase in PHASES:
-    o = res.get("ours", {}).get(phase, {}).get("median_tokens_per_sec")
-    t = res.get("pytorch", {}).get(phase, {}).get("median_tokens_per_sec")
-    if o and t:
-      nums[f"ratio.{phase}"] = o / t
-  return nums
-
-
-def _num(x: float) -> str:
-  return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
-
-
-def compare_runs(old: dict, new: dict, tolerance: float) -> tuple[list[str], int]:
-  """Every number of ``new`` beside ``old``'s, with the change in percent.
-
-  A number whose name ends in one of :data:`_HIGHER_IS_BETTER` (tokens/s,
-  % of the matmul limit, the ratio) that fell by more than ``tolerance``
-  percent, or one of :data:`_LOWER_IS_BETTER` (ms per step, RSS, page
-  faults, wall seconds) that rose by more, is marked REGRESSION; the
-  opposite moves are marked "better".  Settings and machines that differ
-  are listed first, since they explain changes.
-
-  Returns:
-    (lines to print, number of regressions).
-  """
-  lines = []
-  o_args, n_args = old.get("args", {}), new.get("args", {})
-  skip = ("json", "compare", "new", "tolerance")
-  diff = [f"{k}: {o_args.get(k)!r} -> {n_args.get(k)!r}"
-          for k in sorted(set(o_args) | set(n_args))
-          if k not in skip and o_args.get(k) != n_args.get(k)]
-  om, nm = old.get("machine", {}), new.get("machine", {})
-  lines.append(f"compare: old {om.get('date', '?')} ({om.get('cpu', '?')}, load "
-               f"{om.get('loadavg_start', '?')}) -> new {nm.get('date', '?')} "
-               f"({nm.get('cpu', '?')}, load {nm.get('loadavg_start', '?')})")
-  lines.append("settings that differ: " + ("; ".join(diff) if diff else "none"))
-  o_num, n_num = comparable_numbers(old), comparable_numbers(new)
-  names = sorted(set(o_num) | set(n_num))
-  width = max([len(n) for n in names] + [6])
-  lines.append(f"{'number':<{width}}  {'old':>12}  {'new':>12}  {'change':>8}")
-  regressions = 0
-  for name in names:
-    if name not in o_num or name not in n_num:
-      where = "old" if name in o_num else "new"
-      value = o_num.get(name, n_num.get(name))
-      lines.append(f"{name:<{width}}  {'':>12}  {'':>12}  {'':>8}  only in {where}: "
-                   f"{_num(value)}")
-      continue
-    a, b = o_num[name], n_num[name]
-    change = (b - a) / abs(a) * 100 if a else None
-    verdict, sign = "", _direction(name)
-    if change is not None:
-      if sign and sign * change < -tolerance:
-        verdict, regressions = "REGRESSION", regressions + 1
-      elif sign and sign * change > tolerance:
-        verdict = "better"
-    ch = "n/a" if change is None else f"{change:+.1f}%"
-    lines.append(f"{name:<{width}}  {_num(a):>12}  {_num(b):>12}  {ch:>8}  {verdict}".rstrip())
-  lines.append(f"{regressions} regression(s) beyond {tolerance:g}% "
-               "(throughput down, or time / memory up)")
-  return lines, regressions
-
-
-def _load_json(path: str) -> dict:
-  try:
-    with open(path) as f:
-      return json.load(f)
-  except (OSError, json.JSONDecodeError) as err:
-    raise SystemExit(f"error: cannot read {path}: {err}") from None
-
-
-def default_json_path(args, info: dict) -> str:
-  """benchmarks/results/<date>_<time>_<host>.json (--smoke: a temp dir)."""
-  host = re.sub(r"[^A-Za-z0-9_.-]+", "-", info["host"] or "host")
-  stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H%M%S")
-  folder = tempfile.mkdtemp(prefix="vs_pytorch_smoke_") if args.smoke else RESULTS_DIR
-  return os.path.join(folder, f"{stamp}_{host}.json")
-
-
 def main(argv=None) -> int:
+  """Runs every (phase, implementation) in a worker subprocess (``--worker``:
+  this process is one), prints the table and writes the JSON; or, with
+  ``--compare`` and ``--new``, compares two saved runs.  Returns the exit status."""
   argv = list(sys.argv[1:] if argv is None else argv)
   args = parse_args(argv)
   if args.compare and args.new:  # compare two saved runs; run nothing
-    lines, _ = compare_runs(_load_json(args.compare), _load_json(args.new), args.tolerance)
+    lines, _ = compare_runs(load_json(args.compare), load_json(args.new), args.tolerance)
     print("\n".join(lines))
     return 0
   available = sorted(os.sched_getaffinity(0))
@@ -812,19 +355,23 @@ def main(argv=None) -> int:
     os.sched_setaffinity(0, available[:args.threads])
 
   if args.worker:
-    res = (run_ours if args.worker == "ours" else run_pytorch)(args, args.phase)
+    run = workers.run_ours if args.worker == "ours" else workers.run_pytorch
+    res = run(args, args.phase, *phase_lengths(args, args.phase))
     with open(args.result_file, "w") as f:
       json.dump(res, f)
     return 0
 
-  old = _load_json(args.compare) if args.compare else None  # fail before the long run
+  old = load_json(args.compare) if args.compare else None  # fail before the long run
   phases = args.phases.split(",")
   which = [w for w in args.which.split(",") if w]
   if args.order == "pytorch_first":
     which = sorted(which, key=lambda w: w != "pytorch")
-  info = machine_info()
+  info = common.machine_info(PACKAGES)
   info["threads"] = args.threads
-  json_path = args.json or default_json_path(args, info)
+  json_path = args.json
+  if not json_path:  # benchmarks/results/<date>_<time>_<host>.json (--smoke: a temp dir)
+    folder = tempfile.mkdtemp(prefix="vs_pytorch_smoke_") if args.smoke else common.RESULTS_DIR
+    json_path = common.default_json_path(info["host"], folder=folder)
   print(f"{info['date']}  {info['cpu']}, {info['cpu_count']} CPUs ({info['cpus_available']} "
         f"available), {info['memory_gib']} GiB, {args.threads} threads for all; load average "
         f"{' '.join(map(str, info['loadavg_start']))}", flush=True)
@@ -860,7 +407,7 @@ def main(argv=None) -> int:
           batch, tgt_len, mem_len, train=phase == "train")
       r["pct_of_matmul_limit"] = (100 * r["flops_per_token"] * r["median_tokens_per_sec"]
                                   / (limit * 1e9))
-  info["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+  info["loadavg_end"] = common.loadavg()
 
   table = format_table(args, results)
   print()
@@ -901,10 +448,7 @@ def main(argv=None) -> int:
   run = {"args": {k: v for k, v in vars(args).items()
                   if k not in ("worker", "phase", "result_file")},
          "machine": info, "matmul": matmul, "results": results, "table": table}
-  os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
-  with open(json_path, "w") as f:
-    json.dump(run, f, indent=2)
-  print(f"wrote {json_path}")
+  common.write_json(json_path, run)
   if old is not None:
     print()
     lines, _ = compare_runs(old, run, args.tolerance)

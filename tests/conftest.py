@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-pytest_plugins = ("crash_report",)  # a crashed xdist worker's dump, at the end of the output
+# A crashed xdist worker's dump, at the end of the output (tests/harness/).
+pytest_plugins = ("harness.crash_report",)
 
 _FLAG = "--xla_force_host_platform_device_count=8"
 if _FLAG not in os.environ.get("XLA_FLAGS", ""):
@@ -16,7 +17,11 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
 def pytest_configure(config):
-  config.addinivalue_line("markers", "slow: takes more than ~30 s on 2 cores")
+  config.addinivalue_line(
+      "markers", "slow: an end-to-end or tooling test (command line, several processes, "
+      "launch scripts, notebook, study, benchmarks, docs), or a case of more than ~20 s on "
+      "2 cores beside a faster one that covers the same path; left out of the fast tier, "
+      "python -m pytest -q -n 2 -m 'not slow'")
 
 
 _MAPS_LIMIT = 20_000  # of the kernel's default vm.max_map_count of 65,530

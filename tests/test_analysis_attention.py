@@ -50,6 +50,7 @@ def _setup(uniform=False, attn_type=0):
   return mcfg, params, corpus
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attn_type", [0, 2])
 def test_averages_and_the_decomposition_sum_to_one_per_head(attn_type):
   mcfg, params, corpus = _setup(attn_type=attn_type)
@@ -68,6 +69,7 @@ def test_averages_and_the_decomposition_sum_to_one_per_head(attn_type):
     assert not np.allclose(maps["average"]["prob_a"], maps["average"]["prob"], atol=1e-3)
 
 
+@pytest.mark.slow
 def test_forced_uniform_attention_has_the_expected_distance_profile():
   """Every allowed key scored alike: query i of a segment whose memory holds
   mlen states attends 1 / (mlen + i + 1) to each distance 0 .. mlen + i."""
@@ -90,6 +92,7 @@ def test_forced_uniform_attention_has_the_expected_distance_profile():
                                rtol=1e-5, atol=1e-7, err_msg=name)
 
 
+@pytest.mark.slow
 def test_attention_command_end_to_end(tmp_path):
   manual = write_ptb_sample(tmp_path / "ptb")
   workdir = tmp_path / "wd"

@@ -9,7 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_xl import attention, models
+from transformer_xl import attention, models, tuning
+
+SLOW = pytest.mark.slow  # a case left out of the fast tier (-m "not slow")
 
 
 def naive_attention(params, cat_BxKxD, mem_len, mlen_B, same_length, clamp_len, u, v):
@@ -62,8 +64,8 @@ def test_rel_shift_attention_equals_naive(same_length, clamp_len, mlen):
   mask = attention.attention_mask(tgt_len, mem_len, mlen_B, same_length)
   h = cat[:, mem_len:]  # the segment (only types 2 and 3 read it)
   mem = cat[:, :mem_len]
-  params = nn.unbox(mod.init(jax.random.PRNGKey(1), h, mem, h, pos, mask, u, v))
-  got = mod.apply(params, h, mem, h, pos, mask, u, v)
+  params = nn.unbox(mod.init(jax.random.PRNGKey(1), h, mem, h, (pos, u, v), mask))
+  got = mod.apply(params, h, mem, h, (pos, u, v), mask)
   want = naive_attention(params["params"], cat, mem_len, np.asarray(mlen_B), same_length,
                          clamp_len, np.asarray(u), np.asarray(v))
   np.testing.assert_allclose(np.asarray(got), want, rtol=2e-4, atol=2e-4)
@@ -91,12 +93,14 @@ def test_query_blocks_cover_every_query_and_its_keys():
 
 BLOCK_CASES = [
     # (attn_type, options, memory state)
-    (0, dict(), "empty"), (0, dict(), "partial"), (0, dict(same_length=True, clamp_len=3), "full"),
-    (0, dict(pre_lnorm=True, untie_r=True, dropatt=0.3), "partial"),
-    (0, dict(dtype="bfloat16"), "partial"),
-    (1, dict(same_length=True, dropatt=0.3), "partial"), (1, dict(clamp_len=2, max_klen=9), "full"),
-    (2, dict(dropatt=0.3, pre_lnorm=True), "partial"),
-    (3, dict(same_length=True, dtype="bfloat16"), "full"),
+    pytest.param(0, dict(), "empty", marks=SLOW), (0, dict(), "partial"),
+    pytest.param(0, dict(same_length=True, clamp_len=3), "full", marks=SLOW),
+    pytest.param(0, dict(pre_lnorm=True, untie_r=True, dropatt=0.3), "partial", marks=SLOW),
+    pytest.param(0, dict(dtype="bfloat16"), "partial", marks=SLOW),
+    pytest.param(1, dict(same_length=True, dropatt=0.3), "partial", marks=SLOW),
+    pytest.param(1, dict(clamp_len=2, max_klen=9), "full", marks=SLOW),
+    pytest.param(2, dict(dropatt=0.3, pre_lnorm=True), "partial", marks=SLOW),
+    pytest.param(3, dict(same_length=True, dtype="bfloat16"), "full", marks=SLOW),
 ]
 
 
@@ -134,6 +138,7 @@ def test_blockwise_attention_equals_the_full_one(attn_type, options, memory):
                                atol=tol["atol"])
 
 
+@pytest.mark.slow
 def test_blockwise_attention_does_not_keep_the_full_scores(capsys):
   """The point of the blocks: the backward pass keeps no [B, H, T, K] tensor."""
   cfg = models.ModelConfig(n_token=37, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=24,
@@ -158,9 +163,9 @@ def test_attn_block_minus_one_is_chosen_per_backend_and_use(capsys):
   computation in evaluation; explicit values are kept."""
   on_cpu = jax.default_backend() == "cpu"
   assert models.ModelConfig(n_token=5).attn_block == -1
-  assert models.attn_block_size(-1, deterministic=False) == (64 if on_cpu else 0)
-  assert models.attn_block_size(-1, deterministic=True) == 0
-  assert [models.attn_block_size(b, d) for b in (0, 16) for d in (False, True)] == [0, 0, 16, 16]
+  assert tuning.attn_block_size(-1, deterministic=False) == (64 if on_cpu else 0)
+  assert tuning.attn_block_size(-1, deterministic=True) == 0
+  assert [tuning.attn_block_size(b, d) for b in (0, 16) for d in (False, True)] == [0, 0, 16, 16]
   # The default model trains blockwise on CPU: no [B, H, T, K] scores kept.
   cfg = models.ModelConfig(n_token=11, n_layer=1, d_model=8, n_head=1, d_head=8, d_inner=8,
                            dropout=0.1, tgt_len=80, mem_len=0)

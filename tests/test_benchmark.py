@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # tooling: the benchmarks
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "vs_pytorch.py"
 FIT = REPO / "benchmarks" / "fit.py"

@@ -10,6 +10,8 @@ from transformer_xl.data import load_corpus
 from data_samples import _WIKI, _wiki_zip
 from test_train import REPO, run_main
 
+pytestmark = pytest.mark.slow  # end to end: every config trains
+
 CONFIGS = REPO / "configs"
 
 
@@ -103,7 +105,7 @@ def _ablation(variant, vocab):
 def test_ablation_variants_train_and_evaluate_with_both_methods(variant, wiki_sample, tmp_path):
   import jax
   import json
-  from transformer_xl import default_config, evaluate, sharding, train
+  from transformer_xl import cli, default_config, sharding, train
   _, corpus = wiki_sample
   config = _ablation(variant, corpus.vocab_size)
   mesh = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
@@ -112,7 +114,7 @@ def test_ablation_variants_train_and_evaluate_with_both_methods(variant, wiki_sa
   assert last["loss"] > 0
   for method in ("segments", "sliding"):
     config.eval.method = method
-    res = evaluate.run_eval(config, str(tmp_path), corpus, mesh)
+    res = cli.run_eval(config, str(tmp_path), corpus, mesh)
     saved = json.loads((tmp_path / "eval_results.json").read_text())
     assert saved["eval"]["method"] == method
     for split in ("valid", "test"):

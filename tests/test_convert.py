@@ -118,6 +118,7 @@ def test_state_dict_files(tmp_path):
 # ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attn_type", [0, 1, 2, 3])
 def test_every_attention_type_round_trips_with_the_reference_names(attn_type, tmp_path):
   """Reference names per type (MemTransformerLM): 1 has top-level r_emb
@@ -304,6 +305,7 @@ TF_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(TF_CASES))
 def test_tf_checkpoint_converts_to_the_same_model(case, tmp_path):
   pytest.importorskip("tensorflow", reason=TF_REASON)
@@ -362,6 +364,7 @@ def test_tf_checkpoint_validation(tmp_path):
 # ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_enwik8_reference_vocabulary_maps_onto_bytes(tmp_path, capsys):
   """The reference enwik8 vocabulary: 204 byte values written as decimals, by
   frequency, no newline (byte 10).  Mapped onto our 256 byte ids."""
@@ -452,6 +455,7 @@ def run_module(module: str, *args: str, timeout: int = 300) -> subprocess.Comple
                         capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_end_to_end_convert_then_score_matches_huggingface(tmp_path):
   raw = {**BASE, "cutoffs": [10, 25], "d_embed": 24, "tie_projs": [False, True, False],
          "same_length": True, "clamp_len": 4}
@@ -500,6 +504,7 @@ def test_end_to_end_convert_then_score_matches_huggingface(tmp_path):
   assert r.returncode != 0 and "already holds checkpoints" in r.stderr
 
 
+@pytest.mark.slow
 def test_converted_word_model_with_a_mapped_vocabulary_runs_main_eval(tmp_path):
   """--vocab + --dataset on a word corpus (a PTB-format sample), then
   ``main --mode=eval``: its valid loss is HF's NLL of the valid stream."""

@@ -10,6 +10,8 @@ import pytest
 from transformer_xl import data, default_config, evaluate, models, sharding
 from test_train import tiny_config
 
+SLOW = pytest.mark.slow  # a case left out of the fast tier (-m "not slow")
+
 VOCAB = 64
 
 
@@ -45,6 +47,7 @@ def _direct_nll(mcfg, params, s, a, z, j):
   return float(nll[0, j - a])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attn_type", [0, 1, 2, 3])
 def test_sliding_window_scores_each_token_from_exactly_its_previous_window(attn_type):
   window = 5
@@ -63,6 +66,7 @@ def test_sliding_window_scores_each_token_from_exactly_its_previous_window(attn_
   assert res["loss_nats"] == pytest.approx(float(np.mean(nll, dtype=np.float64)), rel=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attn_type", [0, 2])
 def test_sliding_window_with_a_stride(attn_type):
   window, stride = 6, 4
@@ -78,7 +82,7 @@ def test_sliding_window_with_a_stride(attn_type):
     assert nll[j] == pytest.approx(want, rel=2e-5, abs=2e-5), j
 
 
-@pytest.mark.parametrize("attn_type", [0, 3])
+@pytest.mark.parametrize("attn_type", [0, pytest.param(3, marks=SLOW)])
 def test_segments_without_memory_equal_sliding_windows_of_the_same_context(attn_type):
   """mem_len 0, window == stride == tgt_len: the same forward passes (a split
   of whole segments: a last, shorter segment is padded at its end by the
@@ -108,6 +112,7 @@ def test_segment_token_nll_is_in_stream_order():
   np.testing.assert_allclose(one_row, full, rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.slow
 def test_eval_settings_differing_from_training_are_used():
   """An evaluator whose eval lengths differ from training's equals a model
   built with them directly (guards the eval_model_config override)."""

@@ -66,7 +66,8 @@ def test_greedy_equals_rescoring_the_growing_context_with_the_evaluator(model, m
 
 
 @pytest.mark.parametrize("same_length, clamp_len, attn_type, n_prompt", [
-    (True, 3, 1, PROMPT),   # Shaw et al.'s learned relative positions, clamped
+    pytest.param(True, 3, 1, PROMPT,  # Shaw et al.'s learned relative positions, clamped
+                 marks=pytest.mark.slow),
     (False, 0, 0, 4),       # no same_length: every position of the context sees M + 1 keys
 ])
 def test_greedy_equals_one_pass_over_the_growing_context(mesh, same_length, clamp_len,
@@ -95,6 +96,7 @@ def test_greedy_equals_one_pass_over_the_growing_context(mesh, same_length, clam
     np.testing.assert_allclose(logp_V, logp_NxV[k], atol=2e-5)
 
 
+@pytest.mark.slow
 def test_greedy_without_same_length_equals_segments_then_single_tokens(mesh):
   """No same_length, a prompt of full segments and a remainder: re-computed from scratch at
   every step with plain model calls, the prompt's full segments in segments of tgt_len

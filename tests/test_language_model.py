@@ -12,6 +12,8 @@ from transformer_xl import default_config, generate
 from transformer_xl.language_model import LanguageModel
 from test_train import REPO, run_main, small_args, write_ptb_sample
 
+pytestmark = pytest.mark.slow  # end to end: a model trained by the command line
+
 PROMPT = "the company said"
 
 

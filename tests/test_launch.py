@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # tooling: the launch scripts
+
 REPO = Path(__file__).resolve().parents[1]
 LAUNCH = REPO / "launch"
 SCRIPTS = sorted(LAUNCH.glob("*.sh"))

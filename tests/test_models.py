@@ -7,7 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_xl import models
+from transformer_xl import default_config, models, tuning
+
+SLOW = pytest.mark.slow  # a case left out of the fast tier (-m "not slow")
 
 jax.config.update("jax_enable_x64", False)
 
@@ -27,7 +29,9 @@ def init_model(cfg, batch=2, seed=0):
 
 
 @pytest.mark.parametrize("attn_type,pre_lnorm,untie_r", [
-    (0, False, False), (0, True, True), (1, False, False), (2, True, False), (3, False, False)])
+    (0, False, False), pytest.param(0, True, True, marks=SLOW),
+    pytest.param(1, False, False, marks=SLOW), pytest.param(2, True, False, marks=SLOW),
+    pytest.param(3, False, False, marks=SLOW)])
 def test_causality_by_gradients(attn_type, pre_lnorm, untie_r):
   cfg = small_config(pre_lnorm=pre_lnorm, untie_r=untie_r, tgt_len=6, mem_len=4,
                      attn_type=attn_type, d_head=8)
@@ -54,8 +58,9 @@ def test_causality_by_gradients(attn_type, pre_lnorm, untie_r):
 
 
 @pytest.mark.parametrize("attn_type,mem_len,clamp_len,pre_lnorm", [
-    (0, 5, 0, False), (0, 9, 0, False), (0, 9, 4, True), (1, 5, 0, False), (1, 9, 0, True),
-    (1, 9, 4, False)])
+    pytest.param(0, 5, 0, False, marks=SLOW), pytest.param(0, 9, 0, False, marks=SLOW),
+    (0, 9, 4, True), (1, 5, 0, False), pytest.param(1, 9, 0, True, marks=SLOW),
+    pytest.param(1, 9, 4, False, marks=SLOW)])
 def test_recurrence_equals_concatenation(attn_type, mem_len, clamp_len, pre_lnorm):
   """Relative encodings (types 0 and 1): two segments with memory == one pass
   over their concatenation (for type 1 with tables longer than any distance)."""
@@ -105,7 +110,8 @@ def test_memory_holds_layer_inputs():
   np.testing.assert_allclose(np.asarray(mem1.mems_LxBxMxD[1]), np.asarray(h_l0[:, -3:]), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("attn_type", [0, 1, 2, 3])
+@pytest.mark.parametrize("attn_type", [0, pytest.param(1, marks=SLOW), pytest.param(2, marks=SLOW),
+                                       pytest.param(3, marks=SLOW)])
 def test_loss_of_second_segment_has_no_gradient_through_memory(attn_type):
   cfg = small_config(attn_type=attn_type, d_head=8)
   model, params = init_model(cfg)
@@ -154,7 +160,8 @@ def test_reset_memory_and_log_probs_normalised():
       rtol=1e-6)
 
 
-@pytest.mark.parametrize("attn_type", [0, 1, 2, 3])
+@pytest.mark.parametrize("attn_type", [0, pytest.param(1, marks=SLOW), pytest.param(2, marks=SLOW),
+                                       pytest.param(3, marks=SLOW)])
 def test_bfloat16_compute_keeps_float32_params_and_loss(attn_type):
   cfg = small_config(dtype="bfloat16", attn_type=attn_type, d_head=8)
   model, params = init_model(cfg)
@@ -168,8 +175,10 @@ def test_bfloat16_compute_keeps_float32_params_and_loss(attn_type):
 
 
 @pytest.mark.parametrize("remat,attn_type", [
-    ("full", 0), ("dots", 0), ("save_qkv_proj", 0), ("save_proj", 0), ("save_proj", 1),
-    ("full", 2), ("save_proj", 3)])
+    pytest.param("full", 0, marks=SLOW), pytest.param("dots", 0, marks=SLOW),
+    pytest.param("save_qkv_proj", 0, marks=SLOW), pytest.param("save_proj", 0, marks=SLOW),
+    pytest.param("save_proj", 1, marks=SLOW), pytest.param("full", 2, marks=SLOW),
+    pytest.param("save_proj", 3, marks=SLOW)])
 def test_remat_does_not_change_loss_or_gradients(remat, attn_type):
   cfg = small_config(attn_type=attn_type, d_head=8)
   model, params = init_model(cfg)
@@ -200,11 +209,12 @@ def _saved_residuals(remat, capsys):
   return capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_named_remat_policies_keep_projections_and_recompute_scores(capsys):
   # [L, H, B, T, K] scores / probabilities, [L, B, T, 3, H, Dh] qkv of the
   # segment and [L, B, M, 2, H, Dh] kv of the memory of small_config().
   scores, qkv, kv, ff_1 = "f32[3,2,2,5,12]", "f32[3,2,5,3,2,6]", "f32[3,2,7,2,2,6]", "f32[3,2,5,24]"
-  saved = {r: _saved_residuals(r, capsys) for r in models.REMAT_POLICIES}
+  saved = {r: _saved_residuals(r, capsys) for r in tuning.REMAT_POLICIES}
   assert scores in saved["none"] and scores in saved["dots"]
   for remat in ("full", "save_qkv_proj", "save_proj"):
     assert scores not in saved[remat], remat
@@ -220,14 +230,19 @@ def test_named_remat_policies_keep_projections_and_recompute_scores(capsys):
 from naive_reference import NaiveTransformerXL, flat_params  # noqa: E402
 
 TYPE_CASES = [
-    # (attn_type, tgt_len, mem_len, options)
-    (0, 4, 4, {}), (0, 4, 6, dict(same_length=True, clamp_len=3, pre_lnorm=True)),
-    (0, 4, 6, dict(untie_r=True)),
-    (1, 4, 4, {}), (1, 4, 6, dict(clamp_len=5)), (1, 4, 6, dict(pre_lnorm=True, same_length=True)),
-    (2, 4, 4, {}), (2, 4, 6, {}), (2, 4, 6, dict(pre_lnorm=True, clamp_len=5)),
-    (3, 4, 4, {}), (3, 4, 6, {}), (3, 4, 6, dict(pre_lnorm=True, same_length=True)),
+    # (attn_type, tgt_len, mem_len, options); one case per type in the fast tier
+    pytest.param(0, 4, 4, {}, marks=SLOW),
+    (0, 4, 6, dict(same_length=True, clamp_len=3, pre_lnorm=True)),
+    pytest.param(0, 4, 6, dict(untie_r=True), marks=SLOW),
+    pytest.param(1, 4, 4, {}, marks=SLOW), pytest.param(1, 4, 6, dict(clamp_len=5), marks=SLOW),
+    (1, 4, 6, dict(pre_lnorm=True, same_length=True)),
+    pytest.param(2, 4, 4, {}, marks=SLOW), pytest.param(2, 4, 6, {}, marks=SLOW),
+    (2, 4, 6, dict(pre_lnorm=True, clamp_len=5)),
+    (3, 4, 4, {}), pytest.param(3, 4, 6, {}, marks=SLOW),
+    pytest.param(3, 4, 6, dict(pre_lnorm=True, same_length=True), marks=SLOW),
     # Tables shorter than the attention (a longer evaluation attention): padded with row 0.
-    (1, 4, 6, dict(max_klen=7)), (3, 4, 6, dict(max_klen=7)),
+    pytest.param(1, 4, 6, dict(max_klen=7), marks=SLOW),
+    pytest.param(3, 4, 6, dict(max_klen=7), marks=SLOW),
 ]
 
 
@@ -273,6 +288,7 @@ def _second_segment_grads(model, params, cfg, rng=None):
   return jax.value_and_grad(loss, has_aux=True)(params)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attn_type,pre_lnorm,unroll", [
     (0, False, 3), (0, True, 2), (1, False, 3), (2, False, 3), (3, True, 3)])
 def test_scan_unroll_does_not_change_loss_gradients_or_memory(attn_type, pre_lnorm, unroll):
@@ -295,13 +311,13 @@ def test_scan_unroll_does_not_change_loss_gradients_or_memory(attn_type, pre_lno
 def test_scan_unroll_minus_one_is_chosen_per_backend_and_checked():
   on_cpu = jax.default_backend() == "cpu"
   assert models.ModelConfig(n_token=5).scan_unroll == -1
-  assert models.scan_unroll_layers(-1, 6) == (6 if on_cpu else 1)
-  assert [models.scan_unroll_layers(u, 6) for u in (1, 2, 6, 9)] == [1, 2, 6, 6]
+  assert tuning.scan_unroll_layers(-1, 6) == (6 if on_cpu else 1)
+  assert [tuning.scan_unroll_layers(u, 6) for u in (1, 2, 6, 9)] == [1, 2, 6, 6]
   fields = models.ModelConfig(n_token=5).__dict__
   for bad in (0, -2):
-    (problem,) = models.config_problems(dict(fields, scan_unroll=bad))
+    (problem,) = default_config.config_problems(dict(fields, scan_unroll=bad))
     assert f"model.scan_unroll={bad}" in problem and "-1" in problem
-  assert models.config_problems(dict(fields, scan_unroll=3)) == []
+  assert default_config.config_problems(dict(fields, scan_unroll=3)) == []
 
 
 def _dot_output_shapes(jaxpr) -> list:
@@ -318,6 +334,7 @@ def _dot_output_shapes(jaxpr) -> list:
   return shapes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attn_type", [0, 1, 2, 3])
 def test_backward_forms_no_gradient_for_the_memory_rows(attn_type):
   # The memory is stop-gradiented: post-LN, nothing may compute d(loss)/d(memory

@@ -21,6 +21,8 @@ import pytest
 
 from test_train import REPO, read_metrics, write_ptb_sample
 
+pytestmark = pytest.mark.slow  # multi-process, end to end
+
 TINY = ["--config.model.n_layer=2", "--config.model.d_model=32", "--config.model.n_head=2",
         "--config.model.d_head=16", "--config.model.d_inner=64", "--config.model.tgt_len=8",
         "--config.model.mem_len=8", "--config.train.global_batch=8", "--config.train.log_every=1",

@@ -16,6 +16,8 @@ import pytest
 
 from test_train import write_ptb_sample
 
+pytestmark = pytest.mark.slow  # end to end: the notebook
+
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO / "notebooks" / "reproduce_transformer_xl.ipynb"
 TINY = ["--config.model.n_layer=2", "--config.model.d_model=32", "--config.model.n_head=2",

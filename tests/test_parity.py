@@ -174,8 +174,10 @@ def _rel_err(a: np.ndarray, b: np.ndarray) -> float:
   return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-@pytest.mark.parametrize("case", ["adaptive_div4_tied", "adaptive_div1_untied", "pre_lnorm",
-                                  "untie_r"])
+@pytest.mark.parametrize("case", [
+    pytest.param("adaptive_div4_tied", marks=pytest.mark.slow),
+    pytest.param("adaptive_div1_untied", marks=pytest.mark.slow), "pre_lnorm",
+    pytest.param("untie_r", marks=pytest.mark.slow)])
 def test_training_step_loss_and_gradients_match_huggingface(case):
   """Loss (mean NLL of a segment that attends to the previous one's memory)
   and the gradient of every parameter, to 1e-5 relative."""
@@ -216,6 +218,7 @@ def test_training_step_loss_and_gradients_match_huggingface(case):
   assert max(errors.values()) < 1e-5, sorted(errors.items(), key=lambda kv: -kv[1])[:5]
 
 
+@pytest.mark.slow
 def test_known_difference_zero_filled_initial_memory():
   """(1) HF's default zero-filled memory changes the first segment; empty memory matches."""
   hp, cfg, model, params = converted("plain")
@@ -230,6 +233,7 @@ def test_known_difference_zero_filled_initial_memory():
   np.testing.assert_allclose(ours, empty, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_known_difference_cluster_order():
   """(2) Without reversing the cluster rows, HF 4.35 computes a different model."""
   hp = hparams("adaptive_div4_untied")
@@ -247,6 +251,7 @@ def test_known_difference_cluster_order():
   np.testing.assert_allclose(forward, ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_known_difference_hf_losses_are_grouped_by_cluster():
   """(3) HF's per-token losses with labels come grouped by cluster, not in token order."""
   hp, cfg, model, params = converted("adaptive_div1_untied", seed=7)

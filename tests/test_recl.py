@@ -160,6 +160,7 @@ def test_bad_losses_are_rejected():
 # --------------------------------------------------------------------------- #
 # What c means for each evaluation method.
 
+@pytest.mark.slow
 def test_context_length_means_the_same_for_segments_and_sliding_windows():
   """One layer, relative attention: with same_length and mem_len = c every
   query sees its own input and the c - 1 before it, the same inputs as a
@@ -229,6 +230,7 @@ def group(tmp_path_factory):
   return tmp, workdirs, corpus
 
 
+@pytest.mark.slow
 def test_recl_command_end_to_end(group, tmp_path):
   _, (xl, vanilla), corpus = group
   out = tmp_path / "out"
@@ -276,6 +278,7 @@ def test_recl_command_end_to_end(group, tmp_path):
     (["--workdirs={xl},{xl}"], "names must differ"),
     (["--workdirs={tmp}"], "config.json does not exist"),
 ])
+@pytest.mark.slow
 def test_recl_command_bad_input(group, args, message):
   tmp, (xl, _), _ = group
   base = {"--context_lengths": "2,4", "--out": str(tmp / "never")}

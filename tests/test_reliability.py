@@ -22,9 +22,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_xl import (checkpointing, data, default_config, metrics, models, sharding, train,
-                            train_state)
+from transformer_xl import (checkpointing, data, default_config, metrics, models,
+                            process_settings, sharding, train, train_state)
 from test_train import REPO, read_metrics, run_main, small_args, tiny_config, write_ptb_sample
+
+SLOW = pytest.mark.slow  # a case left out of the fast tier (-m "not slow")
 
 VOCAB = 32
 N_STEPS = 12
@@ -183,6 +185,7 @@ def test_strict_json_replaces_non_finite_values_and_says_so():
 # The non-finite guard.
 
 
+@pytest.mark.slow
 def test_a_non_finite_step_changes_nothing(mesh):
   """NaN weights in one batch: its loss and gradients are NaN; parameters,
   optimizer state and memory after that step equal those before it; the
@@ -214,6 +217,7 @@ def test_a_non_finite_step_changes_nothing(mesh):
                          jax.tree_util.tree_leaves(after_3.params)[0])
 
 
+@pytest.mark.slow
 def test_stop_at_a_non_finite_step_keeps_every_good_checkpoint(tmp_path, mesh, monkeypatch,
                                                               clean):
   """train.nonfinite=stop, step 7 diverges, checkpoints every 2 steps, two
@@ -236,6 +240,7 @@ def test_stop_at_a_non_finite_step_keeps_every_good_checkpoint(tmp_path, mesh, m
   assert [r["step"] for r in rows] == [5]  # the interval with step 7 was never logged
 
 
+@pytest.mark.slow
 def test_skip_goes_on_and_stops_after_max_skipped_in_a_row(tmp_path, mesh, monkeypatch, clean):
   poison(monkeypatch, {5, 9})
   config = toy_config(nonfinite="skip", max_skipped_steps=2)
@@ -303,9 +308,12 @@ def resumed_from_4(tmp_path_factory, mesh, clean):
   return workdir
 
 
-@pytest.mark.parametrize("kind", ["xor_400_bytes", "two_bit_flips", "truncated",
-                                  "data_file_deleted", "metadata_deleted", "other_arrays",
-                                  "record_damaged"])
+@pytest.mark.parametrize("kind", [
+    pytest.param("xor_400_bytes", marks=SLOW),
+    pytest.param("two_bit_flips", marks=SLOW),
+    pytest.param("truncated", marks=SLOW), "data_file_deleted",
+    pytest.param("metadata_deleted", marks=SLOW),
+    pytest.param("other_arrays", marks=SLOW), pytest.param("record_damaged", marks=SLOW)])
 def test_a_damaged_latest_checkpoint_falls_back_to_the_previous(tmp_path, mesh, clean,
                                                                 resumed_from_4, kind, capsys):
   workdir = copy_upto(clean, tmp_path / "wd", 6)
@@ -374,6 +382,7 @@ def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path, mesh, clean, mon
   workdir = copy_upto(clean, tmp_path / "wd", 4)
   real_save = checkpointing.ocp.CheckpointManager.save
   logging.getLogger("asyncio").setLevel(logging.NOTSET)  # as in a fresh process
+  process_settings.configure_logging(debug=False)  # as the command line does
 
   def full_disk(self, step, *args, **kwargs):
     if step >= 6:
@@ -424,6 +433,7 @@ def file_hashes(directory):
           for p in Path(directory).rglob("*") if p.is_file()}
 
 
+@pytest.mark.slow
 def test_a_different_model_over_a_trained_workdir_changes_nothing(cli, tmp_path):
   root, manual, workdir, args = cli
   copy = tmp_path / "wd"
@@ -526,6 +536,7 @@ def _cases(root, manual, workdir, tmp):
   return cases, ro
 
 
+@pytest.mark.slow
 def test_bad_inputs_get_one_message_and_exit_status_1(cli, tmp_path):
   root, manual, workdir, _ = cli
   before = file_hashes(workdir)
@@ -551,6 +562,7 @@ def test_bad_inputs_get_one_message_and_exit_status_1(cli, tmp_path):
   assert file_hashes(workdir) == before  # eval and score read the workdir, never write it
 
 
+@pytest.mark.slow
 def test_debug_shows_the_traceback(tmp_path):
   (tmp_path / "raises.py").write_text("def get_config():\n  return 1 / 0\n")
   r = run_main([f"--config={tmp_path / 'raises.py'}", f"--workdir={tmp_path / 'w'}",
@@ -558,6 +570,7 @@ def test_debug_shows_the_traceback(tmp_path):
   assert r.returncode == 1 and "Traceback" in r.stderr and "ZeroDivisionError" in r.stderr
 
 
+@pytest.mark.slow
 def test_divergence_from_the_command_line(cli, tmp_path):
   """learning rate 1e30 over a trained workdir: the run stops at the first
   non-finite step, exit status 1, every checkpoint kept, eval still works."""
@@ -579,6 +592,7 @@ def test_divergence_from_the_command_line(cli, tmp_path):
   assert json.loads(results)["step"] == 4 and "NaN" not in results
 
 
+@pytest.mark.slow
 def test_score_text_reports_unknown_words(cli, tmp_path):
   _, manual, workdir, _ = cli
   text = tmp_path / "text.txt"
@@ -591,6 +605,7 @@ def test_score_text_reports_unknown_words(cli, tmp_path):
   assert np.load(tmp_path / "nll.npy").shape == (1, 11)
 
 
+@pytest.mark.slow
 def test_a_full_disk_stops_with_the_previous_checkpoint_intact(cli, tmp_path):
   """A tmpfs as small as the workdir plus half a checkpoint (root only; the
   patched writer of test_a_failed_write_keeps_the_previous_checkpoint covers

@@ -65,6 +65,7 @@ def test_score_rows_are_independent_and_padding_is_harmless(setup):
     ev.score(params, tokens[0])
 
 
+@pytest.mark.slow
 def test_score_from_the_command_line(tmp_path):
   manual = write_ptb_sample(tmp_path / "ptb")
   workdir = tmp_path / "wd"
@@ -129,6 +130,7 @@ def test_corpus_encode_reproduces_the_builders_streams(tmp_path, name):
     np.testing.assert_array_equal(ids, want)
 
 
+@pytest.mark.slow
 def test_score_text_from_the_command_line(tmp_path):
   manual = write_ptb_sample(tmp_path / "ptb")
   workdir = tmp_path / "wd"

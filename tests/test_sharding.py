@@ -26,6 +26,7 @@ def test_fsdp_shards_parameters_optimizer_state_and_rows():
   assert sharding.data_parallel_size(mesh) == 4
 
 
+@pytest.mark.slow
 def test_fsdp_train_step_matches_single_device():
   tokens = np.random.default_rng(3).integers(0, 64, size=8 * 6 * 5 + 8).astype(np.int32)
   config = tiny_config()

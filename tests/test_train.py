@@ -15,6 +15,8 @@ from jax.sharding import PartitionSpec as P
 
 from transformer_xl import data, default_config, models, sharding, train, train_state
 
+SLOW = pytest.mark.slow  # a case left out of the fast tier (-m "not slow")
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -66,6 +68,7 @@ def test_sharded_step_matches_single_device(tokens):
   assert losses1[-1] != losses1[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attn_type", [1, 3])
 def test_sharded_step_matches_single_device_for_the_learned_position_types(tokens, attn_type):
   config = tiny_config()
@@ -111,7 +114,7 @@ def test_gradient_accumulation_equals_full_batch():
                                rtol=2e-4, atol=2e-6)
 
 
-@pytest.mark.parametrize("attn_type", [0, 2])
+@pytest.mark.parametrize("attn_type", [0, pytest.param(2, marks=SLOW)])
 def test_half_loss_is_the_mean_nll_of_the_last_half_only(attn_type):
   config = tiny_config(global_batch=8, loss_span="half")
   config.model.update(dropout=0.0, dropatt=0.0, attn_type=attn_type, tgt_len=7)
@@ -185,6 +188,7 @@ def read_metrics(workdir):
   return {r["step"]: r for r in rows if "train/loss" in r}
 
 
+@pytest.mark.slow
 def test_resume_in_new_process_equals_straight_run(tmp_path):
   manual = write_ptb_sample(tmp_path / "ptb")
   tiny = ["--config.model.n_layer=2", "--config.model.d_model=32", "--config.model.n_head=2",
@@ -220,6 +224,7 @@ def test_resume_in_new_process_equals_straight_run(tmp_path):
   assert it_a == it_b and (it_a["epoch"], it_a["step"]) == (0, 6)
 
 
+@pytest.mark.slow
 def test_main_trains_quickstart_and_evaluates(tmp_path):
   manual = write_ptb_sample(tmp_path / "ptb")
   workdir = tmp_path / "wd"

@@ -32,6 +32,7 @@ def _batch(config, mesh, tokens, n=1):
           for _ in range(n)]
 
 
+@pytest.mark.slow
 def test_dropout_masks_change_with_the_step():
   """The same state and batch at two different steps draw different dropout
   masks (the dropout key is folded with the step), and the same step draws
@@ -60,6 +61,7 @@ def test_dropout_masks_change_with_the_step():
   assert no_dropout[0] == no_dropout[1]
 
 
+@pytest.mark.slow
 def test_grad_norm_is_the_same_with_gradient_accumulation():
   """batch_chunk splits the batch into micro-batches: the gradient (seen
   through its norm, before clipping and Adam hide its scale) is the same."""
@@ -181,7 +183,7 @@ def test_bf16_attention_scores_are_float32_and_masked_keys_get_no_weight():
   module = attention.RelPartialLearnableAttention(n_head=1, d_head=d_head, d_model=2,
                                                   dtype=jnp.bfloat16)
   out = np.asarray(module.apply({"params": params}, x_BxKxD[:, -t:], x_BxKxD[:, :m],
-                                x_BxKxD[:, -t:], pos, mask, zeros, zeros), np.float64)[0, :, 0]
+                                x_BxKxD[:, -t:], (pos, zeros, zeros), mask), np.float64)[0, :, 0]
   # Exact: softmax over the allowed keys of score_j = (-161280 + 4 delta_j) / 8.
   score = (63 * 64 * -40.0 + 4.0 * delta) / 8.0
   allowed = np.asarray(mask)[0, 0]

@@ -1,15 +1,22 @@
 """Transformer-XL (Dai et al., 2019) in JAX/Flax.
 
-Modules, one role each (flax examples/lm1b layout); the README's "Layout"
-section lists them all.  The model: ``models.py`` (ModelConfig, the memory
-path of Sec. 3.2 in one place, the layer stack), ``attention.py`` (the
-attention types, Sec. 3.3 and Appendix B), ``adaptive.py`` (adaptive input
-and softmax).  Around it: ``data/`` (corpora and batch iterators),
-``train_state.py`` and ``train.py`` (training), ``evaluate.py`` (evaluation
-and scoring), ``generate.py`` (sampling with the cached memory),
-``language_model.py`` (``LanguageModel``: load a workdir, generate and score
-text), ``default_config.py`` (config schema and validation),
-``workdir.py``, ``checkpointing.py``, ``metrics.py``, ``sharding.py``,
-``distributed.py``, ``presets.py``, ``convert/`` (checkpoint converter) and
-``main.py`` (the command line).
+Modules, one role each (flax examples/lm1b layout; the README's "Layout"
+lists them and the documentation site has an API page per module).  The
+model: ``models.py`` (the memory path of Sec. 3.2 in one place, the layer
+stack), ``attention.py`` (the attention variants, each owning its positional
+scheme; Sec. 3.3 and Appendix B), ``adaptive.py`` (adaptive input and
+softmax), ``tuning.py`` (how the same model is computed: remat, attention
+blocks, scan unroll).  Around it: ``default_config.py`` (the config schema,
+``ModelConfig`` and all validation), ``data/`` (corpora and batch
+iterators), ``train_state.py`` and ``train.py`` (training), ``evaluate.py``
+(evaluation and scoring), ``generate.py`` (sampling with the cached memory),
+``language_model.py`` (``LanguageModel``, the Python API: load a workdir,
+generate and score text), ``workdir.py``, ``checkpointing.py``,
+``metrics.py``, ``sharding.py``, ``distributed.py``, ``presets.py``,
+``analysis/`` (the paper's analyses) and ``convert/`` (checkpoint
+converter).  The command line is apart: ``main.py`` (flags) calls
+``cli.py`` (the modes), with ``user_errors.py`` (one error line) and
+``process_settings.py``, the only module that changes process-wide state
+(logging filters, signal handlers, the huge-page restart), called by the
+entry points alone.
 """

@@ -399,9 +399,9 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
 
     Args:
       hidden_BxTxD: final hidden states [B, T, d_proj], any float dtype.
-      emb_tables, emb_projs: the embedding's tables and projections
-        (:meth:`AdaptiveEmbedding.shared`); needed with tie_weight /
-        tie_projs, ignored otherwise.
+      emb_tables: the embedding's tables (:meth:`AdaptiveEmbedding.shared`);
+        needed with tie_weight / tie_projs, ignored otherwise.
+      emb_projs: the embedding's projections, likewise.
 
     Returns:
       logp_BxTxV: float32 [B, T, n_token] natural-log probabilities (nats;
@@ -435,7 +435,8 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
     Args:
       hidden_BxTxD: final hidden states [B, T, d_proj], any float dtype.
       targets_BxT: int token ids in [0, n_token).
-      emb_tables, emb_projs: as for :meth:`log_prob`.
+      emb_tables: as for :meth:`log_prob`.
+      emb_projs: as for :meth:`log_prob`.
 
     Returns:
       nll_BxT: float32 [B, T], nats (float64 for float64 hidden states).

@@ -14,34 +14,47 @@ The (b)+(d) term is computed for all keys as ``(q + v) @ r.T`` against the K
 projected sinusoids r = W_kR R, listed by *descending* distance K-1, ..., 0,
 and then left-shifted row by row (:func:`rel_shift`).
 
-The four attention types of the reference implementation (``attn_type``;
-the ablations of Tables 6 and 7) are in :data:`ATTENTION_TYPES`:
+Each attention variant of the reference implementation (``attn_type``; the
+ablations of Tables 6 and 7) is one class that owns its positional scheme,
+registered in :data:`ATTENTION_TYPES` and chosen once by :func:`variant`:
 
-  0  :class:`RelPartialLearnableAttention`  Transformer-XL (Sec. 3.3)
+  0  :class:`RelPartialLearnableAttention`  Transformer-XL (Sec. 3.3):
+                                            sinusoid R, biases u and v
   1  :class:`RelLearnableAttention`         Shaw et al. (2018): learned
                                             relative embeddings and biases
-  2  :class:`AbsoluteAttention`             Vaswani et al. (2017): standard
+  2  :class:`SinusoidAbsoluteAttention`     Vaswani et al. (2017): standard
                                             attention; sinusoid absolute
                                             positions added to the input
-  3  :class:`AbsoluteAttention`             Al-Rfou et al. (2018): standard
+  3  :class:`LearnedAbsoluteAttention`      Al-Rfou et al. (2018): standard
                                             attention; learned absolute
                                             positions added before every layer
 
-All share one call signature, ``attn(h_BxTxD, mem_in_BxMxD, seg_in_BxTxD,
-pos_emb_KxD, mask_Bx1xTxK, r_w_bias_HxDh, r_r_bias_HxDh)``; each uses what
-its type needs.  Keys and values come from concat(mem_in, seg_in), passed
-as its two parts so that no gradient is formed for the memory rows where
-none can flow (:func:`_kv_rows`).  Types 2 and 3 add their positions
-outside attention (models.py, :func:`absolute_positions`).  Scores are laid
-out [H, B, T, K] (:func:`content_scores`).  The projections' outputs are
-tagged with ``checkpoint_name`` ("qkv", "r_head_k", "attn_out") so that a
-remat policy can keep them and recompute the scores
-(``models.REMAT_POLICIES``).
+How models.py uses a variant (the hooks of :class:`_Attention`; a new
+variant overrides the ones it needs and adds itself to the registry):
+
+  ``model_params``  in ``TransformerXL.setup``: parameters shared by all
+                    layers (type 0's u and v), in the model's scope;
+  ``model_inputs``  before the layers: may change the embeddings and the
+                    memory (type 2) and returns ``pos``, the position terms
+                    every layer receives (type 0's R);
+  ``layer_inputs``  in each layer, before its input is cached: per-layer
+                    parameters in the layer's scope (type 0's untied u, v;
+                    type 3's positions, added to memory and segment);
+  ``__call__``      ``attn(h_BxTxD, mem_in_BxMxD, seg_in_BxTxD, pos,
+                    mask_Bx1xTxK)``: the attention output of the segment;
+  ``config_problems``  what the variant needs of the other sizes.
+
+Keys and values come from concat(mem_in, seg_in), passed as its two parts
+so that no gradient is formed for the memory rows where none can flow
+(:func:`_kv_rows`).  Scores are laid out [H, B, T, K]
+(:func:`content_scores`).  The projections' outputs are tagged with
+``checkpoint_name`` ("qkv", "r_head_k", "attn_out") so that a remat policy
+can keep them and recompute the scores (``tuning.REMAT_POLICIES``).
 """
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Optional
+from typing import Any, Callable, ClassVar, Mapping, Optional
 
 import flax.linen as nn
 import jax
@@ -140,7 +153,7 @@ def attention_mask(tgt_len: int, mem_len: int, mlen_B: Array, same_length: bool)
 
 
 class _Attention(nn.Module):
-  """The attributes every attention type shares.
+  """The attributes every attention type shares, and the variant interface.
 
   Attributes:
     n_head, d_head, d_model: sizes.
@@ -155,6 +168,10 @@ class _Attention(nn.Module):
       collection is mutable.  Computes the full attention (one block).
     block_size: queries per block of the blockwise attention (0 = all T in
       one block): see :func:`_attend`.
+
+  The class methods below are the hooks through which models.py uses a
+  variant (module docstring); ``cfg`` is a ``default_config.ModelConfig``.
+  The defaults do nothing.
   """
 
   n_head: int
@@ -168,6 +185,57 @@ class _Attention(nn.Module):
   record: bool = False
   block_size: int = 0
 
+  PAPER: ClassVar[str] = ""  # the variant's name in the paper's Table 6
+
+  @classmethod
+  def from_config(cls, cfg: Any, deterministic: bool, record: bool, block_size: int,
+                  name: str) -> "_Attention":
+    """The module of one layer: the common attributes from ``cfg``, and
+    the variant's own (:meth:`own_attributes`)."""
+    return cls(n_head=cfg.n_head, d_head=cfg.d_head, d_model=cfg.d_model, dropatt=cfg.dropatt,
+               init_std=cfg.init_std, dtype=cfg.compute_dtype, deterministic=deterministic,
+               record=record, block_size=block_size, name=name, **cls.own_attributes(cfg))
+
+  @classmethod
+  def own_attributes(cls, cfg: Any) -> dict[str, Any]:
+    """The variant's attributes beyond :class:`_Attention`'s, from ``cfg``."""
+    return {}
+
+  @classmethod
+  def config_problems(cls, fields: Mapping[str, Any]) -> list[str]:
+    """What this variant needs of the other model fields: one message per
+    problem, naming ``model.<key>`` and the fix ([] if none)."""
+    return []
+
+  @classmethod
+  def model_params(cls, model: nn.Module, cfg: Any) -> Any:
+    """Parameters shared by every layer, created in ``model``'s scope (called
+    from ``TransformerXL.setup``); None when there are none."""
+    return None
+
+  @classmethod
+  def model_inputs(cls, cfg: Any, shared: Any, emb_BxTxD: Array, mems_LxBxMxD: Array,
+                   dropout: Callable[[Array], Array]) -> tuple[Array, Array, Any]:
+    """Before the layers: (emb_BxTxD, mems_LxBxMxD, pos), ``pos`` a pytree
+    broadcast to every layer.  ``dropout`` is the model's (reference: the
+    positions of type 0 are dropped out like the embeddings)."""
+    return emb_BxTxD, mems_LxBxMxD, None
+
+  @classmethod
+  def layer_inputs(cls, layer: nn.Module, cfg: Any, mem_BxMxD: Array, h_BxTxD: Array,
+                   pos: Any) -> tuple[Array, Array, Any]:
+    """In each layer, before concat(memory, segment) is cached: (mem_BxMxD,
+    h_BxTxD, pos) of that layer; parameters created in ``layer``'s scope."""
+    return mem_BxMxD, h_BxTxD, pos
+
+
+def _uv_biases(module: nn.Module, cfg: Any) -> tuple[Array, Array]:
+  """u and v of Sec. 3.3 (reference ``r_w_bias``, ``r_r_bias``), [n_head,
+  d_head], created in ``module``'s scope."""
+  init = normal_init(cfg.init_std, "heads", "kv")
+  return (module.param("r_w_bias", init, (cfg.n_head, cfg.d_head)),
+          module.param("r_r_bias", init, (cfg.n_head, cfg.d_head)))
+
 
 class RelPartialLearnableAttention(_Attention):
   """Multi-head attention with the relative encoding of Dai et al. 2019 (attn_type 0).
@@ -175,14 +243,34 @@ class RelPartialLearnableAttention(_Attention):
   Reference: ``RelPartialLearnableMultiHeadAttn``.  One fused ``qkv_net``
   (W_q, W_kE, W_v; no bias) over concat(memory, segment), a separate
   ``r_net`` (W_kR; no bias) over the sinusoid R, an ``o_net`` (no bias).
-  Scores are scaled by 1/sqrt(d_head); softmax in float32.  Attributes as
-  :class:`_Attention`.
+  Scores are scaled by 1/sqrt(d_head); softmax in float32.  The positional
+  scheme: R for distances K-1..0 (with the model's dropout, as in the
+  reference) and u, v shared by all layers (the model's ``r_w_bias``,
+  ``r_r_bias``) or, with ``untie_r``, per layer (the layer's).  Attributes
+  as :class:`_Attention`.
   """
+
+  PAPER: ClassVar[str] = "Transformer-XL"
+
+  @classmethod
+  def model_params(cls, model, cfg):
+    return None if cfg.untie_r else _uv_biases(model, cfg)
+
+  @classmethod
+  def model_inputs(cls, cfg, shared, emb_BxTxD, mems_LxBxMxD, dropout):
+    klen = mems_LxBxMxD.shape[2] + emb_BxTxD.shape[1]
+    pos_emb_KxD = dropout(sinusoid_pos_emb(klen, cfg.d_model, cfg.clamp_len))
+    return emb_BxTxD, mems_LxBxMxD, (pos_emb_KxD, shared)
+
+  @classmethod
+  def layer_inputs(cls, layer, cfg, mem_BxMxD, h_BxTxD, pos):
+    pos_emb_KxD, shared = pos
+    u_v = _uv_biases(layer, cfg) if cfg.untie_r else shared
+    return mem_BxMxD, h_BxTxD, (pos_emb_KxD, *u_v)
 
   @nn.compact
   def __call__(self, h_BxTxD: Array, mem_in_BxMxD: Array, seg_in_BxTxD: Array,
-               pos_emb_KxD: Array, mask_Bx1xTxK: Array, r_w_bias_HxDh: Array,
-               r_r_bias_HxDh: Array) -> Array:
+               pos: tuple[Array, Array, Array], mask_Bx1xTxK: Array) -> Array:
     """Attention output for the T segment positions.
 
     Args:
@@ -191,16 +279,17 @@ class RelPartialLearnableAttention(_Attention):
       mem_in_BxMxD, seg_in_BxTxD: the attention input, concat(memory,
         segment) = [B, K, d_model] in two parts (LayerNorm-ed with
         pre_lnorm); queries come from the segment part.
-      pos_emb_KxD: sinusoid R for distances K-1..0 (:func:`sinusoid_pos_emb`).
+      pos: (pos_emb_KxD, r_w_bias_HxDh, r_r_bias_HxDh): the sinusoid R for
+        distances K-1..0 (:func:`sinusoid_pos_emb`), u and v of Sec. 3.3,
+        [n_head, d_head].
       mask_Bx1xTxK: bool, True where attention is allowed
         (:func:`attention_mask`).
-      r_w_bias_HxDh: u of Sec. 3.3, [n_head, d_head].
-      r_r_bias_HxDh: v of Sec. 3.3, [n_head, d_head].
 
     Returns:
       [B, T, d_model] in ``dtype`` (the o_net output, before dropout and the
       residual).
     """
+    pos_emb_KxD, r_w_bias_HxDh, r_r_bias_HxDh = pos
     q_BxTxHxDh, k_BxKxHxDh, v_BxKxHxDh = _qkv(self, mem_in_BxMxD, seg_in_BxTxD)
     r_KxHxDh = nn.DenseGeneral(
         (self.n_head, self.d_head), use_bias=False, dtype=self.dtype,
@@ -307,7 +396,7 @@ def _attend(mod: nn.Module, score_fn: Callable, q_BxTxHxDh: Array, k_BxKxHxDh: A
   a block sees all its keys at once).  The checkpoint lets XLA merge the
   recomputation with the forward pass (``prevent_cse=False``), which it
   does where both are in one program (the unrolled loop over layers,
-  ``models.scan_unroll_layers``): faster, but the blocks' values are then
+  ``tuning.scan_unroll_layers``): faster, but the blocks' values are then
   kept.  The result equals the full computation (same dropout masks,
   :func:`_keep_mask`).
 
@@ -466,13 +555,17 @@ class RelLearnableAttention(_Attention):
   max_klen: int = 0
   clamp_len: int = 0
 
+  PAPER: ClassVar[str] = "Shaw et al. (2018)"
+
+  @classmethod
+  def own_attributes(cls, cfg):
+    return {"max_klen": cfg.pos_table_len, "clamp_len": cfg.clamp_len}
+
   @nn.compact
-  def __call__(self, h_BxTxD: Array, mem_in_BxMxD: Array, seg_in_BxTxD: Array,
-               pos_emb_KxD: Optional[Array], mask_Bx1xTxK: Array,
-               r_w_bias_HxDh: Optional[Array] = None,
-               r_r_bias_HxDh: Optional[Array] = None) -> Array:
-    """As :meth:`RelPartialLearnableAttention.__call__`; ``h_BxTxD``,
-    ``pos_emb_KxD`` and the shared biases are not used."""
+  def __call__(self, h_BxTxD: Array, mem_in_BxMxD: Array, seg_in_BxTxD: Array, pos: Any,
+               mask_Bx1xTxK: Array) -> Array:
+    """As :meth:`RelPartialLearnableAttention.__call__`; ``h_BxTxD`` and
+    ``pos`` (None) are not used: the tables are this module's."""
     klen = mask_Bx1xTxK.shape[3]
     q_BxTxHxDh, k_BxKxHxDh, v_BxKxHxDh = _qkv(self, mem_in_BxMxD, seg_in_BxTxD)
     r_emb = self.param("r_emb", normal_init(self.init_std, "length", "heads", "kv"),
@@ -496,11 +589,12 @@ class RelLearnableAttention(_Attention):
 
 
 class AbsoluteAttention(_Attention):
-  """Standard multi-head attention (attn_types 2 and 3; reference ``MultiHeadAttn``).
+  """Standard multi-head attention (reference ``MultiHeadAttn``), the
+  attention of the absolute types 2 and 3.
 
   ``q_net`` (no bias) over the segment, ``kv_net`` (no bias) over
   concat(memory, segment), ``o_net`` (no bias); no positional term in the
-  score: types 2 and 3 add absolute positions to the layer inputs instead
+  score: the subclasses add absolute positions to the layer inputs instead
   (:func:`absolute_positions`).  With ``pre_lnorm`` the reference applies
   the LayerNorm to concat(memory, segment) for the keys and values only and
   takes the queries from the un-normalised segment; so do we (the caller
@@ -510,13 +604,11 @@ class AbsoluteAttention(_Attention):
   """
 
   @nn.compact
-  def __call__(self, h_BxTxD: Array, mem_in_BxMxD: Array, seg_in_BxTxD: Array,
-               pos_emb_KxD: Optional[Array], mask_Bx1xTxK: Array,
-               r_w_bias_HxDh: Optional[Array] = None,
-               r_r_bias_HxDh: Optional[Array] = None) -> Array:
+  def __call__(self, h_BxTxD: Array, mem_in_BxMxD: Array, seg_in_BxTxD: Array, pos: Any,
+               mask_Bx1xTxK: Array) -> Array:
     """As :meth:`RelPartialLearnableAttention.__call__`: queries from
     ``h_BxTxD`` (the raw segment), keys and values from concat(mem_in,
-    seg_in); ``pos_emb_KxD`` and the biases are not used."""
+    seg_in); ``pos`` (None) is not used."""
     q_BxTxHxDh = nn.DenseGeneral(
         (self.n_head, self.d_head), use_bias=False, dtype=self.dtype,
         param_dtype=self.param_dtype,
@@ -533,6 +625,53 @@ class AbsoluteAttention(_Attention):
 
     return _attend(self, score, q_BxTxHxDh, kv_BxKx2xHxDh[:, :, 0], kv_BxKx2xHxDh[:, :, 1],
                    (), mask_Bx1xTxK)
+
+
+class SinusoidAbsoluteAttention(AbsoluteAttention):
+  """Vaswani et al. (2017) (attn_type 2): :class:`AbsoluteAttention` with
+  sinusoid absolute positions added to the embeddings and to layer 0's
+  memory (reference ``MemTransformerLM._forward``, attn_type 2), counted
+  from the end of the window (:func:`absolute_positions`)."""
+
+  PAPER: ClassVar[str] = "Vaswani et al. (2017)"
+
+  @classmethod
+  def model_inputs(cls, cfg, shared, emb_BxTxD, mems_LxBxMxD, dropout):
+    klen = mems_LxBxMxD.shape[2] + emb_BxTxD.shape[1]
+    mem0_BxMxD, emb_BxTxD = absolute_positions(
+        sinusoid_pos_emb(klen, cfg.d_model, cfg.clamp_len), mems_LxBxMxD[0], emb_BxTxD)
+    return emb_BxTxD, mems_LxBxMxD.at[0].set(mem0_BxMxD), None
+
+
+class LearnedAbsoluteAttention(AbsoluteAttention):
+  """Al-Rfou et al. (2018) (attn_type 3): :class:`AbsoluteAttention` with
+  learned absolute positions added to every layer's memory and segment.
+
+  Each layer owns ``r_emb`` [max_klen, n_head, d_head] (reference
+  ``MemTransformerLM.r_emb[i]``), read as [max_klen, d_model] rows counted
+  from the end of the window and padded with its first row when K >
+  max_klen (:func:`position_table`); needs n_head * d_head == d_model.
+  """
+
+  PAPER: ClassVar[str] = "Al-Rfou et al. (2018)"
+
+  @classmethod
+  def config_problems(cls, fields):
+    if fields["n_head"] * fields["d_head"] == fields["d_model"]:
+      return []
+    return [f"model.attn_type=3 adds a [d_model] row of its [max_klen, n_head, d_head] table: "
+            f"it needs n_head * d_head == d_model (got {fields['n_head']} * "
+            f"{fields['d_head']} != {fields['d_model']})."]
+
+  @classmethod
+  def layer_inputs(cls, layer, cfg, mem_BxMxD, h_BxTxD, pos):
+    n = cfg.pos_table_len
+    table = layer.param("r_emb", normal_init(cfg.init_std, "length", "heads", "kv"),
+                        (n, cfg.n_head, cfg.d_head))
+    klen = mem_BxMxD.shape[1] + h_BxTxD.shape[1]
+    rows_KxD = position_table(table.reshape(n, cfg.d_model), klen).astype(cfg.compute_dtype)
+    mem_BxMxD, h_BxTxD = absolute_positions(rows_KxD, mem_BxMxD, h_BxTxD)
+    return mem_BxMxD, h_BxTxD, pos
 
 
 def absolute_positions(pos_KxD: Array, mem_BxMxD: Array, h_BxTxD: Array
@@ -560,6 +699,28 @@ def absolute_positions(pos_KxD: Array, mem_BxMxD: Array, h_BxTxD: Array
           (h_BxTxD + pos_KxD[m:]).astype(h_BxTxD.dtype))
 
 
-# attn_type (reference numbering) -> attention module.
-ATTENTION_TYPES = {0: RelPartialLearnableAttention, 1: RelLearnableAttention,
-                   2: AbsoluteAttention, 3: AbsoluteAttention}
+# attn_type (the reference's numbering) -> the variant.
+ATTENTION_TYPES: dict[int, type[_Attention]] = {
+    0: RelPartialLearnableAttention, 1: RelLearnableAttention,
+    2: SinusoidAbsoluteAttention, 3: LearnedAbsoluteAttention}
+
+
+def variant(cfg: Any) -> type[_Attention]:
+  """The attention class of ``cfg.attn_type`` (a validated ModelConfig)."""
+  return ATTENTION_TYPES[cfg.attn_type]
+
+
+def describe(cfg: Any) -> dict[str, Any]:
+  """The variant of ``cfg`` for a report: {"attn_type": int, "attention":
+  its name in the paper's Table 6}."""
+  return {"attn_type": int(cfg.attn_type), "attention": variant(cfg).PAPER}
+
+
+def config_problems(fields: Mapping[str, Any]) -> list[str]:
+  """The problems of ``fields["attn_type"]`` and of what that variant needs
+  (:meth:`_Attention.config_problems`); [] if none."""
+  attn_type = fields["attn_type"]
+  if attn_type not in ATTENTION_TYPES:
+    names = ", ".join(f"{t} {cls.PAPER}" for t, cls in ATTENTION_TYPES.items())
+    return [f"model.attn_type={attn_type}: use one of {sorted(ATTENTION_TYPES)} ({names})."]
+  return ATTENTION_TYPES[attn_type].config_problems(fields)

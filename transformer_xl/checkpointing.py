@@ -22,6 +22,9 @@ so ``max_to_keep`` rotation can only delete a good checkpoint in favour of
 another good one.  Partial writes (``*.orbax-checkpoint-tmp*``) left by an
 interrupted run are removed at the start of training
 (:func:`remove_partial_writes`).
+
+Failures are raised, never logged here; orbax logs its own (the command
+line keeps them quiet unless ``--debug``: ``process_settings.configure_logging``).
 """
 from __future__ import annotations
 
@@ -29,13 +32,9 @@ import contextlib
 import dataclasses
 import errno
 import functools
-import gc
-import inspect
 import json
-import logging as std_logging
 import os
 import shutil
-import sys
 from typing import Any, Callable, Mapping, Optional
 
 import jax
@@ -175,73 +174,6 @@ def _short(names: list[str], n: int = 3) -> str:
 # Saving.
 
 
-# Whether orbax may log the errors it raises (main sets it with --debug).
-LOG_ORBAX_ERRORS = False
-
-
-@contextlib.contextmanager
-def _orbax_errors_not_logged():
-  """Keeps orbax from logging the exceptions it raises (full tracebacks at
-  ERROR level) while we handle them: the exception itself reaches the
-  caller, and ``--debug`` shows its traceback (and these logs).  Both
-  orbax's own logs (absl) and asyncio's "Task exception was never
-  retrieved" for the tasks orbax abandons when one write fails: they are
-  logged whenever they are garbage collected, from inside orbax's call to
-  the end of the process, so after an exception asyncio stays silenced for
-  the rest of the process."""
-  absl, asyncio_logger = std_logging.getLogger("absl"), std_logging.getLogger("asyncio")
-  absl_level, asyncio_level = absl.level, asyncio_logger.level
-  if not LOG_ORBAX_ERRORS:
-    absl.setLevel(std_logging.CRITICAL)
-    asyncio_logger.setLevel(std_logging.CRITICAL)
-  try:
-    yield
-  finally:
-    absl.setLevel(absl_level)
-  asyncio_logger.setLevel(asyncio_level)  # reached only without an exception
-
-
-_ABANDONED_IO = False  # set once a write or read failed in this process
-
-
-def _silence_abandoned_io(write: bool) -> None:
-  """After a failed write or read, for the rest of the process: orbax's
-  worker threads (write) go on reporting the same failure, one traceback
-  per array, when they finish (the asyncio tasks it abandoned are silenced
-  by :func:`_orbax_errors_not_logged` already); the failure was reported
-  once already (a failed write stops the run with one message; a failed
-  read is the "not usable" line)."""
-  global _ABANDONED_IO
-  if not LOG_ORBAX_ERRORS:
-    if write:
-      std_logging.getLogger("absl").setLevel(std_logging.CRITICAL)
-    _ABANDONED_IO = True
-    _ignore_cancelled_reads()
-    gc.collect()  # finalise what can be finalised now, quietly
-
-
-def _ignore_cancelled_reads() -> None:
-  """Silences the unraisable-exception reports of orbax's abandoned I/O: the
-  "Event loop is closed" of reads that were still pending when orbax gave
-  up on a damaged checkpoint (tensorstore completes them after orbax's event
-  loop is gone), and, after a failure, the coroutines closed at exit.  Every
-  other unraisable exception is reported as before.  Installed once."""
-  previous = sys.unraisablehook
-  if getattr(previous, "_txl_filter", False):
-    return
-
-  def hook(unraisable):
-    if (isinstance(unraisable.exc_value, RuntimeError)
-        and str(unraisable.exc_value) == "Event loop is closed"):
-      return
-    if _ABANDONED_IO and inspect.iscoroutine(unraisable.object):
-      return
-    previous(unraisable)
-
-  hook._txl_filter = True
-  sys.unraisablehook = hook
-
-
 def _step_path(manager: ocp.CheckpointManager, step: int) -> epath.Path:
   return manager.directory / str(step)
 
@@ -359,19 +291,17 @@ def save(manager: ocp.CheckpointManager, step: int, state: Any, iterator_state: 
             "meta": dict(meta or {})}
   previous = manager.latest_step()
   try:
-    with _orbax_errors_not_logged():
-      saved = manager.save(
+    saved = manager.save(
         step,
-          args=ocp.args.Composite(state=ocp.args.StandardSave(_without_empty(state)),
-                                  iterator=ocp.args.JsonSave(iterator_state),
-                                  integrity=ocp.args.JsonSave(record)),
-          force=force)
-      manager.wait_until_finished()
+        args=ocp.args.Composite(state=ocp.args.StandardSave(_without_empty(state)),
+                                iterator=ocp.args.JsonSave(iterator_state),
+                                integrity=ocp.args.JsonSave(record)),
+        force=force)
+    manager.wait_until_finished()
   except Exception as err:  # pylint: disable=broad-except
     kind = _write_error_kind(err)
     if kind is None:
       raise
-    _silence_abandoned_io(write=True)
     leftovers = [p for p in partial_writes(manager.directory)
                  if p.name.startswith(f"{step}.")]
     if jax.process_index() == 0:
@@ -490,8 +420,10 @@ def restore(manager: ocp.CheckpointManager, step: int,
   """Restores checkpoint ``step`` and verifies it (fingerprints, finiteness).
 
   Args:
-    manager, abstract_state, check_meta: as :func:`restore_latest`.
+    manager: as :func:`restore_latest`.
     step: the checkpoint's step.
+    abstract_state: as :func:`restore_latest`.
+    check_meta: as :func:`restore_latest`.
 
   Returns:
     A :class:`Restored` (``rejected`` empty).
@@ -500,9 +432,8 @@ def restore(manager: ocp.CheckpointManager, step: int,
     CheckpointError: the checkpoint is not usable on this process; the
       message is the reason (unreadable record, a file that cannot be read
       or is missing, a changed fingerprint, a non-finite value).
-    Whatever ``check_meta`` raises.
+    Exception: whatever ``check_meta`` raises.
   """
-  _ignore_cancelled_reads()
   path = str(_step_path(manager, step))
   record = read_record(manager, step)
   meta = (record or {}).get("meta", {})
@@ -510,13 +441,11 @@ def restore(manager: ocp.CheckpointManager, step: int,
     check_meta(path, meta)
   abstract = abstract_state(meta) if callable(abstract_state) else abstract_state
   try:
-    with _orbax_errors_not_logged():
-      restored = manager.restore(
-          step, args=ocp.args.Composite(state=ocp.args.StandardRestore(_without_empty(abstract)),
-                                        iterator=ocp.args.JsonRestore()))
+    restored = manager.restore(
+        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(_without_empty(abstract)),
+                                      iterator=ocp.args.JsonRestore()))
   except Exception as err:  # pylint: disable=broad-except
     # Whatever orbax or tensorstore raise for a damaged checkpoint.
-    _silence_abandoned_io(write=False)
     raise CheckpointError(f"it cannot be read: {_first_line(err)}") from None
   state = _with_empty(restored["state"], abstract)
   reason = _verify(state, record)
@@ -559,9 +488,8 @@ def restore_latest(manager: ocp.CheckpointManager,
   Raises:
     CheckpointError: there are checkpoints but none is usable; the message
       lists each with its reason.
-    Whatever ``check_meta`` raises.
+    Exception: whatever ``check_meta`` raises.
   """
-  _ignore_cancelled_reads()
   steps = sorted(manager.all_steps(), reverse=True)
   rejected = []
   for step in steps:

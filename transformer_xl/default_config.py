@@ -3,21 +3,25 @@
 Every key that a config file or a ``--config.key=value`` flag may set is
 defined here, and :func:`get_config` locks the dict so that a misspelt key is
 an error instead of a silently ignored setting.  The ``model`` section is
-derived from :class:`models.ModelConfig` (the one definition of the model's
-hyperparameters, with the reference implementation's names).
-:func:`validate` checks a whole config before anything is compiled and
-raises one :class:`ConfigError` that lists every problem.
+derived from :class:`ModelConfig` (the one definition of the model's
+hyperparameters, with the reference implementation's names; ``models.py``
+builds the model from it).  :func:`validate` checks a whole config before
+anything is compiled and raises one :class:`ConfigError` that lists every
+problem; :func:`config_problems` and :func:`segment_problems` are its checks
+of the model's fields, which a :class:`ModelConfig` also runs when it is
+constructed.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Any, Mapping, Optional, Sequence
 
+import jax.numpy as jnp
 import ml_collections
 
-from transformer_xl import data, models, sharding
+from transformer_xl import adaptive, attention, data, sharding, tuning
 
-
+DTYPES = ("float32", "bfloat16")  # model.dtype
 NONFINITE_POLICIES = ("stop", "skip")  # train.nonfinite
 
 
@@ -25,15 +29,207 @@ class ConfigError(ValueError):
   """A config value that cannot work; the message says which and how to fix it."""
 
 
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """The model's hyperparameters: the one definition of their names and defaults.
+
+  ``default_config.get_config().model`` is derived from these fields (all
+  but ``n_token``, which comes from the corpus); the names and meanings are
+  the reference implementation's (``train.py`` arguments).  The defaults
+  are the enwik8 12-layer base model.
+
+  Attributes:
+    n_token: vocabulary size.
+    n_layer, d_model, n_head, d_head, d_inner: sizes (Dai et al. 2019, Sec. 4).
+    dropout: rate at the embeddings, attention output, both feed-forward
+      sites and the final hidden state.
+    dropatt: rate on the attention probabilities.
+    tgt_len: T, tokens predicted per segment.
+    mem_len: M, cached positions per layer.
+    ext_len: positions at the end of a segment that are not cached
+      (reference ``ext_len``; 0 in every reference script).
+    clamp_len: largest relative distance encoded (0 = no clamp).
+    same_length: every query attends to at most mem_len keys.
+    pre_lnorm: LayerNorm before each sub-block (default: after, as in the
+      paper).
+    untie_r: per-layer u, v (``r_w_bias``, ``r_r_bias``) instead of shared.
+    tie_weight: output softmax weights shared with the input embedding
+      (all cluster tables with the adaptive softmax).
+    attn_type: attention variant, the reference's numbering
+      (``attention.ATTENTION_TYPES``): 0 = Transformer-XL (Sec. 3.3), 1 =
+      Shaw et al. (2018) learned relative, 2 = Vaswani et al. (2017)
+      absolute sinusoid, 3 = Al-Rfou et al. (2018) learned absolute per
+      layer (needs n_head * d_head == d_model).
+    max_klen: rows of the learned position tables of types 1 and 3; 0 =
+      the training attention length tgt_len + ext_len + mem_len (the
+      reference's ``max_klen``).  The eval config keeps the training value.
+    attn_block: queries per block of the blockwise attention (0 = the full
+      [B, H, T, K] computation at once); the result is the same, the
+      temporaries O(attn_block x K) (attention._attend).  -1 (the default)
+      = chosen per backend and use by ``tuning.attn_block_size``.
+    scan_unroll: layers per iteration of the ``nn.scan`` loop over layers
+      (1 = one layer per iteration; n_layer or more = fully unrolled); the
+      parameters and results are the same.  -1 (the default) = chosen per
+      backend by ``tuning.scan_unroll_layers``.
+    init_std: std of weight, embedding and u/v initialisation (0.02).
+    dtype: compute dtype name, one of :data:`DTYPES`; parameters are
+      float32; softmax and loss are float32.
+    remat: rematerialisation policy of each layer in the backward pass, a
+      key of ``tuning.REMAT_POLICIES``: "none", "full" (recompute the layer),
+      "dots" (keep every matmul output), "save_qkv_proj" (keep the q, k, v
+      and W_kR R projections), "save_proj" (keep every projection; the
+      [B, H, T, K] scores are recomputed).
+    d_embed: embedding size of the first cluster; 0 (or None) = d_model.
+      With d_embed != d_model the embedding and softmax are projected
+      (reference ``d_embed``).
+    div_val: cluster i embeds in ``d_embed // div_val**i`` dimensions
+      (Baevski & Auli 2018; reference ``div_val``; 1 = one table).
+    cutoffs: adaptive input/softmax cluster boundaries, strictly increasing
+      and < n_token; () = a plain dense softmax (reference ``cutoffs``).
+    tie_projs: () (nothing tied) or one bool per cluster (len(cutoffs) + 1):
+      the softmax uses the embedding's projection for that cluster
+      (reference ``tie_projs``; wt103 uses (False, True, True, True)).  A
+      no-op where there is no projection (div_val == 1, d_embed == d_model).
+    proj_init_std: std of the embedding/softmax projection init (0.01).
+
+  Raises:
+    ValueError (on construction): every problem :func:`config_problems`
+      finds, in one message.
+  """
+
+  n_token: int
+  n_layer: int = 12
+  d_model: int = 512
+  n_head: int = 8
+  d_head: int = 64
+  d_inner: int = 2048
+  dropout: float = 0.1
+  dropatt: float = 0.0
+  tgt_len: int = 512
+  mem_len: int = 512
+  ext_len: int = 0
+  clamp_len: int = 0
+  same_length: bool = False
+  pre_lnorm: bool = False
+  untie_r: bool = False
+  tie_weight: bool = True
+  attn_type: int = 0
+  max_klen: int = 0
+  attn_block: int = -1
+  scan_unroll: int = -1
+  init_std: float = 0.02
+  dtype: str = "float32"
+  remat: str = "none"
+  d_embed: Optional[int] = 0
+  div_val: int = 1
+  cutoffs: tuple = ()
+  tie_projs: tuple = ()
+  proj_init_std: float = 0.01
+
+  def __post_init__(self):
+    object.__setattr__(self, "cutoffs", tuple(int(c) for c in (self.cutoffs or ())))
+    object.__setattr__(self, "tie_projs", tuple(bool(t) for t in (self.tie_projs or ())))
+    problems = config_problems(dataclasses.asdict(self))
+    if problems:
+      raise ValueError("Invalid model config: " + " ".join(problems))
+
+  @classmethod
+  def defaults(cls) -> dict[str, Any]:
+    """{field: default} for every field but n_token (``default_config.model``)."""
+    return {f.name: f.default for f in dataclasses.fields(cls) if f.name != "n_token"}
+
+  @property
+  def pos_table_len(self) -> int:
+    """``max_klen`` resolved: tgt_len + ext_len + mem_len when it is 0."""
+    return self.max_klen or self.tgt_len + self.ext_len + self.mem_len
+
+  @property
+  def embed_dim(self) -> int:
+    """``d_embed`` resolved: d_model when d_embed is 0 or None."""
+    return self.d_model if not self.d_embed else int(self.d_embed)
+
+  @property
+  def compute_dtype(self):
+    """``dtype`` as a numpy dtype."""
+    return jnp.dtype(self.dtype)
+
+
+def segment_problems(tgt_len: int, mem_len: int, clamp_len: int, same_length: bool,
+                     ext_len: int = 0, section: str = "model") -> list[str]:
+  """Problems of a segment layout (training ``model.*`` or ``eval.*``).
+
+  Returns:
+    One message per problem, naming ``<section>.<key>`` and the fix; [] if
+    none.
+  """
+  problems = []
+  if tgt_len < 1 or mem_len < 0 or clamp_len < 0:
+    problems.append(f"{section}: tgt_len must be >= 1 and mem_len, clamp_len >= 0 (got "
+                    f"{tgt_len}, {mem_len}, {clamp_len}).")
+  if same_length and mem_len < 1:
+    problems.append(f"{section}.same_length=True needs {section}.mem_len >= 1 (with no memory "
+                    "every key would be masked).")
+  if not 0 <= ext_len < max(tgt_len, 1):
+    problems.append(f"{section}.ext_len={ext_len} must be in [0, tgt_len={tgt_len}).")
+  return problems
+
+
+def config_problems(fields: Mapping[str, Any]) -> list[str]:
+  """Every problem of a set of model hyperparameters, before anything is built.
+
+  Args:
+    fields: ModelConfig fields by name (e.g. ``config.model.to_dict()``);
+      without ``n_token`` (the vocabulary is not known before the corpus is
+      loaded) the checks that need it are skipped.
+
+  Returns:
+    One message per problem, naming ``model.<key>`` and the fix; [] if none.
+  """
+  f = {**ModelConfig.defaults(), **fields}
+  problems = []
+  for key in ("n_layer", "d_model", "n_head", "d_head", "d_inner"):
+    if f[key] < 1:
+      problems.append(f"model.{key}={f[key]} must be >= 1.")
+  if f["d_model"] % 2:
+    problems.append(f"model.d_model={f['d_model']} must be even (sinusoid encoding).")
+  problems += segment_problems(f["tgt_len"], f["mem_len"], f["clamp_len"], f["same_length"],
+                               f["ext_len"])
+  for key in ("dropout", "dropatt"):
+    if not 0.0 <= f[key] < 1.0:
+      problems.append(f"model.{key}={f[key]} must be in [0, 1).")
+  for key in ("init_std", "proj_init_std"):
+    if not 0.0 < f[key] < float("inf"):
+      problems.append(f"model.{key}={f[key]} must be > 0 (the std of a normal initialiser).")
+  if f["dtype"] not in DTYPES:
+    problems.append(f"model.dtype={f['dtype']!r}: use one of {DTYPES}.")
+  if f["remat"] not in tuning.REMAT_POLICIES:
+    problems.append(f"model.remat={f['remat']!r}: use one of {tuple(tuning.REMAT_POLICIES)}.")
+  problems += attention.config_problems(f)
+  if f["attn_block"] < -1:
+    problems.append(f"model.attn_block={f['attn_block']} must be >= -1 (-1 = chosen per "
+                    "backend, 0 = no blocks, N = queries per block).")
+  if f["scan_unroll"] < -1 or f["scan_unroll"] == 0:
+    problems.append(f"model.scan_unroll={f['scan_unroll']} must be -1 (chosen per backend) or "
+                    ">= 1 (layers per iteration of the loop over layers).")
+  if f["max_klen"] < 0:
+    problems.append(f"model.max_klen={f['max_klen']} must be >= 0 (0 = tgt_len + ext_len + "
+                    "mem_len).")
+  embed_dim = f["d_model"] if not f["d_embed"] else int(f["d_embed"])
+  problems += adaptive.config_problems(f.get("n_token"), embed_dim, f["d_model"],
+                                       tuple(f["cutoffs"] or ()), f["div_val"],
+                                       tuple(f["tie_projs"] or ()))
+  return problems
+
+
 def get_config() -> ml_collections.ConfigDict:
   """Defaults: the enwik8 12-layer base model (reference ``run_enwik8_base.sh``).
 
-  Sections: ``model`` (:class:`models.ModelConfig` without n_token),
+  Sections: ``model`` (:class:`ModelConfig` without n_token),
   ``data``, ``train``, ``eval``, ``checkpoint``, ``mesh``, ``paper``.
   """
   c = ml_collections.ConfigDict()
-  # e.g. --config.model.cutoffs="(20000, 40000, 200000)"; meanings: models.ModelConfig.
-  c.model = ml_collections.ConfigDict(models.ModelConfig.defaults())
+  # e.g. --config.model.cutoffs="(20000, 40000, 200000)"; meanings: ModelConfig.
+  c.model = ml_collections.ConfigDict(ModelConfig.defaults())
 
   c.data = ml_collections.ConfigDict(dict(
       dataset="enwik8",  # one of data.CORPUS_NAMES
@@ -132,11 +328,11 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, 
     elif t.batch_chunk < 1 or t.global_batch % (t.batch_chunk * n_data):
       problems.append(f"train.global_batch={t.global_batch} must be divisible by "
                       f"train.batch_chunk * data axis = {t.batch_chunk} * {n_data}.")
-  problems += models.config_problems(m.to_dict())
+  problems += config_problems(m.to_dict())
   if m.ext_len:
     problems.append(f"model.ext_len={m.ext_len}: extended context is not supported by the "
                     "input pipeline; set --config.model.ext_len=0 (all reference scripts do).")
-  problems += models.segment_problems(e.tgt_len, e.mem_len, e.clamp_len, e.same_length,
+  problems += segment_problems(e.tgt_len, e.mem_len, e.clamp_len, e.same_length,
                                       section="eval")
   if e.global_batch < 1:
     problems.append(f"eval.global_batch={e.global_batch} must be >= 1.")
@@ -202,20 +398,20 @@ def _optimizer_problems(t: ml_collections.ConfigDict) -> list[str]:
   return problems
 
 
-def model_config(config: ml_collections.ConfigDict, n_token: int) -> models.ModelConfig:
-  """The training :class:`models.ModelConfig` of ``config.model`` for a vocabulary.
+def model_config(config: ml_collections.ConfigDict, n_token: int) -> ModelConfig:
+  """The training :class:`ModelConfig` of ``config.model`` for a vocabulary.
 
   Raises:
     ConfigError: the model settings do not fit this vocabulary (e.g.
       cutoffs >= n_token), or are invalid.
   """
   try:
-    return models.ModelConfig(n_token=n_token, **config.model.to_dict())
+    return ModelConfig(n_token=n_token, **config.model.to_dict())
   except ValueError as err:
     raise ConfigError(f"Invalid config for a vocabulary of {n_token:,}: {err}") from None
 
 
-def set_model_config(config: ml_collections.ConfigDict, model_cfg: models.ModelConfig) -> None:
+def set_model_config(config: ml_collections.ConfigDict, model_cfg: ModelConfig) -> None:
   """Writes every field of ``model_cfg`` but n_token into ``config.model``
   (the inverse of :func:`model_config`; used by the converter)."""
   fields = dataclasses.asdict(model_cfg)

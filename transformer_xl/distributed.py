@@ -1,52 +1,18 @@
-"""Multi-process runs: start-up, work done once by process 0, agreeing on a flag.
+"""Multi-process runs: work done once by process 0, agreeing on a flag, barriers.
 
 Every process of a run executes the same program on its own devices
-(jax.distributed).  On a Cloud TPU VM slice everything is detected; GPU
-hosts, or CPU processes for testing (gloo collectives over 127.0.0.1), pass
-the coordinator address, the number of processes and their index.
+(jax.distributed, started by the entry point:
+``process_settings.initialize_distributed``).  With one process every
+function here is a plain call.
 """
 from __future__ import annotations
 
-import os
-from typing import Callable, Optional, TypeVar
+from typing import Callable, TypeVar
 
 import jax
 import numpy as np
 
-from transformer_xl import default_config
-
 T = TypeVar("T")
-
-
-def on_tpu_vm() -> bool:
-  """Whether this looks like a Cloud TPU VM (its metadata env or accel devices)."""
-  return bool(os.environ.get("TPU_ACCELERATOR_TYPE") or os.environ.get("TPU_WORKER_HOSTNAMES")
-              or os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0"))
-
-
-def initialize(coordinator_address: Optional[str] = None, num_processes: Optional[int] = None,
-               process_id: Optional[int] = None) -> None:
-  """Starts jax.distributed for a multi-process run; a no-op for one process.
-
-  With ``coordinator_address`` all three values are required (explicit
-  setup, e.g. CPU processes on 127.0.0.1 with gloo collectives, or GPU
-  hosts).  Without it, on a Cloud TPU VM slice, ``jax.distributed.initialize()``
-  discovers everything by itself.  Must run before any other JAX call.
-
-  Raises:
-    default_config.ConfigError: an incomplete set of values.
-  """
-  given = [v is not None for v in (coordinator_address, num_processes, process_id)]
-  if any(given) and not all(given):
-    raise default_config.ConfigError(
-        "--coordinator_address, --num_processes and --process_id go together: give all three "
-        "(or none on a Cloud TPU VM).")
-  if coordinator_address:
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address=coordinator_address,
-                               num_processes=num_processes, process_id=process_id)
-  elif on_tpu_vm():
-    jax.distributed.initialize()
 
 
 def any_process(flag: bool) -> bool:
@@ -76,8 +42,8 @@ def process_0_first(fn: Callable[[], T], errors: tuple[type[Exception], ...],
   leaving them waiting; ``what`` names the work in that error.
 
   Raises:
-    The error ``fn`` raised on process 0 (there); on the others,
-    ``errors[0]`` with a message that points at process 0's.
+    Exception: the error ``fn`` raised on process 0 (there); on the others,
+      ``errors[0]`` with a message that points at process 0's.
   """
   if jax.process_count() == 1:
     return fn()

@@ -10,7 +10,10 @@ from segment to segment, starting empty.  Three entry points:
                               validation during training);
   :meth:`Evaluator.score`     per-token NLL of given token streams
                               (``--mode=score``);
-  :func:`run_eval`, :func:`run_score`  the command-line modes.
+  :meth:`Evaluator.token_nll`  every token's NLL of a split (RECL).
+
+The command-line modes around them (``--mode=eval``, ``--mode=score``) are
+in ``cli.py``.
 """
 from __future__ import annotations
 
@@ -21,11 +24,9 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from etils import epath
 from jax.sharding import Mesh
 
-from transformer_xl import data, default_config, metrics, models, sharding
-from transformer_xl import workdir as wd
+from transformer_xl import data, metrics, models, sharding, train_state
 
 
 class ScoreInputError(ValueError):
@@ -93,7 +94,7 @@ def make_eval_step(model: models.TransformerXL, mesh: Mesh) -> Callable:
   batch_shardings = {"inputs": sharding.batch_sharding(mesh),
                      "targets": sharding.batch_sharding(mesh),
                      "reset": sharding.rows_sharding(mesh)}
-  mem_sharding = sharding.memory_sharding(mesh)
+  mem_sharding = train_state.memory_sharding(mesh)
 
   def eval_step(params, memory, batch):
     return model.apply({"params": params}, batch["inputs"], memory, batch["targets"],
@@ -169,7 +170,7 @@ class Evaluator:
     self.mesh = mesh
     self.model = models.TransformerXL(self.cfg)
     self._batch_sharding = sharding.batch_sharding(mesh)
-    self._mem_sharding = sharding.memory_sharding(mesh)
+    self._mem_sharding = train_state.memory_sharding(mesh)
     self._init_memory = {}  # batch size -> jitted constructor
     self._eval_step = make_eval_step(self.model, mesh)
     self._window_step = make_window_step(models.TransformerXL(self.window_cfg), mesh,
@@ -249,7 +250,7 @@ class Evaluator:
 
     Returns:
       {"loss_nats": mean NLL per token (nats), "bpc" or "ppl": ...,
-       "tokens": number of scored tokens}.
+        "tokens": number of scored tokens}.
     """
     pending = list(self._scored_batches(params, split, max_steps))
     nll_sum, n_tok = 0.0, 0.0
@@ -325,38 +326,6 @@ def _fully_replicated(x: jax.Array) -> jax.Array:
       x.sharding.mesh, jax.sharding.PartitionSpec()))(x)
 
 
-def run_eval(config: ml_collections.ConfigDict, workdir: str, corpus: data.Corpus,
-             mesh: Mesh) -> dict:
-  """``--mode=eval``: scores valid and test from the latest checkpoint.
-
-  Writes ``<workdir>/eval_results.json``: {"valid": {...}, "test": {...},
-  "step": int}, each split's dict as :meth:`Evaluator.evaluate` returns it.
-
-  Raises:
-    FileNotFoundError: no checkpoint in ``workdir``.
-  """
-  model_cfg = default_config.model_config(config, corpus.vocab_size)
-  step, params = wd.restore_params(config, workdir, model_cfg, mesh)
-  evaluator = Evaluator(config, model_cfg, corpus, mesh)
-  metric = metrics.metric_name(corpus.unit)
-  results = {}
-  for split in ("valid", "test"):
-    r = results[split] = evaluator.evaluate(params, split)
-    metrics.log(f"step {step} {split}: loss {r['loss_nats']:.4f} nats, {metric} "
-                f"{r[metric]:.4f} over {r['tokens']:,} tokens")
-  results["step"] = int(step)
-  results["eval"] = evaluator.lengths
-  path = wd.write_eval_results(workdir, results)
-  metrics.log(f"Wrote {path}")
-  bad = [s for s in ("valid", "test") if not np.isfinite(results[s]["loss_nats"])]
-  if bad:
-    raise metrics.NonFiniteError(
-        f"the {' and '.join(bad)} loss of checkpoint step {step} is not finite (written as null "
-        f"in {path}), although its parameters are finite: the computation overflowed; with "
-        "--config.model.dtype=bfloat16 try float32.")
-  return results
-
-
 def unknown_words(corpus: data.Corpus, text: str) -> int:
   """How many symbols of ``text`` the corpus's vocabulary lacks (they are
   encoded as its unknown-word symbol, e.g. ``<unk>``); 0 for byte- and
@@ -368,74 +337,8 @@ def unknown_words(corpus: data.Corpus, text: str) -> int:
   return sum(s not in vocab for line in text.splitlines() for s in symbols(line))
 
 
-def check_output_path(out_path: str) -> None:
-  """Checks, before any scoring, that ``out_path`` can be written.
-
-  Raises:
-    ScoreInputError: it is a directory, its directory does not exist, or
-      it cannot be written there.
-  """
-  path = epath.Path(out_path)
-  if path.is_dir():
-    raise ScoreInputError(f"--out={out_path} is a directory; give a file name (e.g. nll.npy).")
-  if not path.parent.is_dir():
-    raise ScoreInputError(f"--out={out_path}: the directory {path.parent} does not exist; "
-                          "create it first.")
-  probe = path.parent / f".{path.name}.probe.{jax.process_index()}"
-  try:
-    probe.write_bytes(b"")
-    probe.unlink()
-  except OSError as err:
-    raise ScoreInputError(f"--out={out_path} cannot be written ({err.strerror or err}); "
-                          "choose a writable location.") from None
-
-
-def _save_npy(out_path: str, array: np.ndarray) -> None:
-  """``array`` as .npy at exactly ``out_path``, through a temporary file and a rename."""
-  path = epath.Path(out_path)
-  tmp = path.parent / f".{path.name}.tmp"
-  with tmp.open("wb") as f:
-    np.save(f, array)
-  tmp.replace(path)
-
-
 def text_tokens(corpus: data.Corpus, text: str) -> np.ndarray:
   """int32 [1, N + 1]: the boundary symbol, then ``text`` tokenised for the
   corpus (N tokens), so that :meth:`Evaluator.score` scores every token."""
   ids = corpus.encode(text)
   return np.concatenate([[corpus.boundary_id], ids]).astype(np.int32)[None, :]
-
-
-def run_score(config: ml_collections.ConfigDict, workdir: str, mesh: Mesh,
-              tokens_BxT1: np.ndarray, out_path: str) -> dict:
-  """``--mode=score``: per-token NLL of token streams with the workdir's model.
-
-  Writes float32 [B, T] nats to ``out_path`` (.npy, exactly that path) and
-  returns (and prints) the mean loss in nats, bpc and ppl over all B*T
-  tokens.  The token ids and ``out_path`` are checked before the model is
-  loaded.
-
-  Raises:
-    ScoreInputError: a bad token array or ``out_path``;
-    FileNotFoundError: no model_config.json or checkpoint;
-    metrics.NonFiniteError: a score is not finite (nothing is written).
-  """
-  check_output_path(out_path)
-  model_cfg, unit = wd.load_model_config(workdir)
-  check_tokens(tokens_BxT1, model_cfg.n_token)
-  step, params = wd.restore_params(config, workdir, model_cfg, mesh)
-  nll_BxT = Evaluator(config, model_cfg, None, mesh).score(params, tokens_BxT1)
-  if not np.all(np.isfinite(nll_BxT)):
-    b, t = np.argwhere(~np.isfinite(nll_BxT))[0]
-    raise metrics.NonFiniteError(
-        f"{int(np.sum(~np.isfinite(nll_BxT))):,} of the scores are not finite (the first at row "
-        f"{b}, position {t}) although the parameters of checkpoint step {step} are finite: the "
-        f"computation overflowed; nothing was written to {out_path}.")
-  if jax.process_index() == 0:
-    _save_npy(out_path, nll_BxT)
-  loss = float(np.mean(nll_BxT, dtype=np.float64))
-  result = {"loss_nats": loss, "bpc": loss / float(np.log(2.0)), "ppl": float(np.exp(loss)),
-            "tokens": int(nll_BxT.size), "step": int(step)}
-  metrics.log(f"step {step}: scored {nll_BxT.size:,} tokens ({unit} level): loss {loss:.4f} "
-              f"nats, bpc {result['bpc']:.4f}, ppl {result['ppl']:.3f}; wrote {out_path}")
-  return result

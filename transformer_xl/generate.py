@@ -137,8 +137,9 @@ def sample_tokens(key: Array, logits_BxV: Array, top_k: Array, top_p: Array,
   Args:
     key: PRNG key.
     logits_BxV: float [B, V] logits or log-probabilities.
-    top_k, top_p, temperature: as in :class:`SamplingSettings` (scalars,
-      may be traced).
+    top_k: as in :class:`SamplingSettings` (a scalar, may be traced).
+    top_p: likewise.
+    temperature: likewise.
 
   Returns:
     int32 [B] token ids.

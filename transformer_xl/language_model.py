@@ -9,20 +9,17 @@
 :class:`LanguageModel` holds the config, the corpus (vocabulary and
 tokenisation), the restored parameters and the mesh; generation is
 ``generate.Generator``'s (the memory, the sampling rule), scoring is
-``evaluate.Evaluator.score``'s.  :func:`run_generate` is ``--mode=generate``
-of the command line.
+``evaluate.Evaluator.score``'s.  ``--mode=generate`` of the command line
+(``cli.py``) is this class's :meth:`LanguageModel.generate`.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
-import sys
 from typing import Any, Callable, Mapping, Optional
 
 import jax
 import ml_collections
 import numpy as np
-from etils import epath
 from jax.sharding import Mesh
 
 from transformer_xl import (data, default_config, distributed, evaluate, generate, models,
@@ -181,8 +178,9 @@ class LanguageModel:
     Args:
       prompt: text in the corpus's format (e.g. PTB: lower-case words).
       num_tokens: tokens per sample, >= 1.
-      top_k, top_p, temperature: ``generate.SamplingSettings`` (top_k=1 is
-        greedy).
+      top_k: ``generate.SamplingSettings`` (top_k=1 is greedy).
+      top_p: ``generate.SamplingSettings``.
+      temperature: ``generate.SamplingSettings``.
       seed: PRNG seed; the same seed gives the same samples.
       num_samples: B, samples drawn together (rows of one batch), >= 1.
       on_text: called after every step with the B new pieces of text
@@ -288,88 +286,3 @@ def encode_prompt(corpus: data.Corpus, prompt: str) -> np.ndarray:
         f"{corpus.vocab[corpus.unk_id]} in the {corpus.name} vocabulary of "
         f"{corpus.vocab_size:,}.")
   return np.concatenate([[corpus.boundary_id], ids]).astype(np.int32)
-
-
-def read_prompt(prompt: Optional[str], prompt_file: Optional[str]) -> str:
-  """The prompt of ``--prompt`` or ``--prompt_file`` (exactly one of them; a
-  file is read as UTF-8).
-
-  Raises:
-    default_config.ConfigError: both or neither given, or a file that is
-      not UTF-8 text.
-    FileNotFoundError: ``prompt_file`` does not exist.
-  """
-  if (prompt is None) == (prompt_file is None):
-    raise default_config.ConfigError(
-        "--mode=generate needs exactly one of --prompt=TEXT and --prompt_file=FILE (got "
-        f"{'both' if prompt is not None else 'neither'}).")
-  if prompt_file is None:
-    return prompt
-  path = epath.Path(prompt_file)
-  if not path.exists():
-    raise FileNotFoundError(f"--prompt_file={prompt_file} does not exist.")
-  try:
-    return path.read_bytes().decode("utf-8")
-  except UnicodeDecodeError as err:
-    raise default_config.ConfigError(
-        f"--prompt_file={prompt_file} is not UTF-8 text: {err}.") from None
-
-
-def run_generate(config: ml_collections.ConfigDict, workdir: str, mesh: Mesh, *,
-                 prompt: Optional[str], prompt_file: Optional[str], num_tokens: int,
-                 top_k: int, top_p: float, temperature: float, seed: int, num_samples: int,
-                 out: Optional[str]) -> Generation:
-  """``--mode=generate``: continues a prompt with the workdir's latest
-  checkpoint (Dai et al. 2019, Appendix E).
-
-  The settings, the prompt source and the output directory are checked
-  first, then the corpus loaded and the prompt encoded, then the checkpoint
-  restored: bad input stops before anything is compiled.  The generated
-  text of sample 0 streams to stdout as it is produced; with several
-  samples, each is headed by ``=== sample b ===`` and samples 1.. follow
-  when all are done.  What the model read and the settings go to stderr.
-  ``out`` (a .json path) receives :meth:`Generation.to_json`.
-
-  Raises:
-    default_config.ConfigError: a bad flag or prompt.
-    FileNotFoundError: no prompt file, config, model_config.json or
-      checkpoint, or no directory for ``out``.
-    data.DataError: the corpus cannot be loaded or cannot encode the prompt.
-  """
-  text = read_prompt(prompt, prompt_file)
-  generate.SamplingSettings(top_k=top_k, top_p=top_p, temperature=temperature)
-  if num_tokens < 1 or num_samples < 1:
-    raise default_config.ConfigError(f"--num_tokens={num_tokens} and --num_samples={num_samples} "
-                                     "must be >= 1.")
-  if out and not epath.Path(out).parent.exists():
-    raise FileNotFoundError(f"--out={out}: the directory {epath.Path(out).parent} does not exist.")
-  model_cfg, _ = wd.load_model_config(workdir)
-  corpus = load_corpus(config, model_cfg)
-  prompt_ids = encode_prompt(corpus, text)  # before the checkpoint is read
-  lm = LanguageModel.from_workdir(workdir, config, mesh, corpus)
-  c, main = lm.eval_cfg, jax.process_index() == 0
-  if main:
-    print(f"Step {lm.step} of {workdir} ({lm.corpus.name}); the prompt as read ({len(prompt_ids)} "
-          f"tokens): {lm.corpus.decode(prompt_ids)!r}; {num_samples} x {num_tokens} tokens, "
-          f"top_k={top_k} top_p={top_p} temperature={temperature} seed={seed}; prompt segments "
-          f"of {c.tgt_len}, memory {c.mem_len}, same_length={c.same_length}, clamp_len="
-          f"{c.clamp_len}.", file=sys.stderr, flush=True)
-    if num_samples > 1:
-      sys.stdout.write("=== sample 0 ===\n")
-
-  def on_text(pieces: list[str]) -> None:
-    if main:
-      sys.stdout.write(pieces[0])
-      sys.stdout.flush()
-
-  result = lm.generate(text, num_tokens, top_k=top_k, top_p=top_p, temperature=temperature,
-                       seed=seed, num_samples=num_samples, on_text=on_text)
-  if main:
-    for b in range(1, num_samples):
-      sys.stdout.write(f"\n=== sample {b} ===\n{result.texts[b]}")
-    sys.stdout.write("\n")
-    sys.stdout.flush()
-  if out and main:
-    epath.Path(out).write_text(json.dumps(result.to_json(), ensure_ascii=False) + "\n")
-    print(f"Wrote {out}", file=sys.stderr, flush=True)
-  return result

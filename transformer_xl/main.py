@@ -5,39 +5,31 @@
     python -m transformer_xl.main --workdir=/tmp/txl --mode=score --tokens=x.npy --out=nll.npy
     python -m transformer_xl.main --workdir=/tmp/txl --mode=generate --prompt="the" --num_tokens=50
 
-Any config value can be overridden with ``--config.<section>.<key>=value``.
-Everything that can be checked before compiling is checked first
-(``default_config.validate``: config keys and values, mesh against devices
-and batch; the workdir and output paths; then the data files; then the
-checkpoint's model against the config), so bad input fails in seconds with
-a message that says what to change.  A restart with the same workdir
-resumes from its newest usable checkpoint.  Errors a user can cause are one
-``error: ...`` line and exit status 1 (``user_errors.py``; ``--debug``
-shows their traceback).
+Flags in, one call out: the process-wide settings (``process_settings``),
+then ``cli.run``, which checks everything it can before compiling and runs
+the mode.  Any config value can be overridden with
+``--config.<section>.<key>=value``; a restart with the same workdir resumes.
 """
 from __future__ import annotations
 
 if __name__ == "__main__":  # first, before the imports below: restart once with
-  from transformer_xl import host_memory  # glibc's huge pages for XLA:CPU's buffers
-  host_memory.reexec_with_hugepages()
+  from transformer_xl import process_settings  # glibc's huge pages for XLA:CPU's buffers
+  process_settings.reexec_with_hugepages()
 
-import jax
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
-from transformer_xl import (checkpointing, data, default_config, distributed, evaluate,
-                            host_memory, language_model, metrics, sharding, train, user_errors,
-                            workdir)
+from transformer_xl import cli, process_settings, user_errors
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, TensorBoard "
                                "events and eval_results.json.")
-_MODE = flags.DEFINE_enum("mode", "train", ["train", "eval", "score", "generate"],
+_MODE = flags.DEFINE_enum("mode", "train", list(cli.MODES),
                           "train: train (resuming if possible). "
                           "eval: score valid and test from the latest checkpoint. "
                           "score: per-token NLL of --tokens or --text, written to --out. "
-                          "generate: continue --prompt or --prompt_file (language_model.py).")
+                          "generate: continue --prompt or --prompt_file.")
 _TOKENS = flags.DEFINE_string(
     "tokens", None, "--mode=score: .npy integer array [B, T+1]; each row one contiguous "
     "stream of token ids.")
@@ -65,12 +57,11 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index, 0-
 _DEBUG = flags.DEFINE_bool(
     "debug", False, "Show the Python traceback of user errors (bad config, data, workdir, "
     "checkpoints, non-finite training, score or generation input) as well as their one-line "
-    "message.")
+    "message, and every log of orbax's failures.")
 
 
 def main(argv):
-  """Flags -> config -> train.train_and_evaluate / evaluate.run_eval / evaluate.run_score /
-  language_model.run_generate."""
+  """Flags -> process settings -> ``cli.run``."""
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   if _WORKDIR.value is None:
@@ -80,55 +71,15 @@ def main(argv):
   if _MODE.value == "score" and (bool(_TOKENS.value) == bool(_TEXT.value) or not _OUT.value):
     raise app.UsageError("--mode=score needs --out=NLL.npy and one of --tokens=FILE.npy or "
                          "--text=FILE.")
-  if not flags.FLAGS["verbosity"].present:  # orbax and tfds log every file at INFO
-    logging.set_verbosity(logging.WARNING)
-  checkpointing.LOG_ORBAX_ERRORS = _DEBUG.value
-  host_memory.release_after_compiles()  # compilers' freed memory back to the kernel
-  with user_errors.report(_DEBUG.value):
-    _run()
-
-
-def _run():
-  """main's work, in the order of its checks (paths, config, workdir, data, then the mode)."""
-  tokens = None
-  distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-  if _MODE.value == "score":
-    evaluate.check_output_path(_OUT.value)
-  workdir.require_dir(_WORKDIR.value)
-  config = _CONFIG.value if _CONFIG.value is not None else workdir.load_config(_WORKDIR.value)
-  if _MODE.value == "score" and _TOKENS.value:
-    tokens = user_errors.load_tokens(_TOKENS.value)
-  default_config.validate(config, jax.device_count())
-  if _MODE.value == "train":
-    workdir.check_writable(_WORKDIR.value)
-  mesh = sharding.make_mesh(config.mesh.shape, config.mesh.axis_names)
-  corpus = None
-  if _MODE.value in ("train", "eval") or (_MODE.value == "score" and _TEXT.value):
-    data_cfg = config.data.to_dict()
-    corpus = distributed.process_0_first(
-        lambda: data.load_corpus(data_cfg.pop("dataset"), **data_cfg), (data.DataError,))
-    metrics.log(f"Corpus {corpus.name}: vocab {corpus.vocab_size:,}, " + ", ".join(
-        f"{k} {v.num_tokens:,} tokens" for k, v in corpus.splits.items())
-        + f"; mesh {dict(mesh.shape)}; {jax.process_count()} process(es).")
-  if _MODE.value == "train":
-    train.train_and_evaluate(config, _WORKDIR.value, corpus, mesh)
-  elif _MODE.value == "eval":
-    evaluate.run_eval(config, _WORKDIR.value, corpus, mesh)
-  elif _MODE.value == "generate":
-    language_model.run_generate(
-        config, _WORKDIR.value, mesh, prompt=_PROMPT.value, prompt_file=_PROMPT_FILE.value,
-        num_tokens=_NUM_TOKENS.value, top_k=_TOP_K.value, top_p=_TOP_P.value,
-        temperature=_TEMPERATURE.value, seed=_SEED.value, num_samples=_NUM_SAMPLES.value,
-        out=_OUT.value)
-  else:
-    if tokens is None:
-      text = user_errors.read_text(_TEXT.value)
-      tokens = evaluate.text_tokens(corpus, text)
-      unknown = evaluate.unknown_words(corpus, text)
-      metrics.log(f"--text={_TEXT.value}: {tokens.shape[1] - 1:,} tokens; {unknown:,} "
-                  f"unknown word(s) ({100 * unknown / max(tokens.shape[1] - 1, 1):.2f}%) are "
-                  "scored as the vocabulary's unknown-word symbol.")
-    evaluate.run_score(config, _WORKDIR.value, mesh, tokens, _OUT.value)
+  process_settings.configure_logging(_DEBUG.value, flags.FLAGS["verbosity"].present)
+  process_settings.release_after_compiles()  # compilers' freed memory back to the kernel
+  cli.run(cli.Request(
+      mode=_MODE.value, workdir=_WORKDIR.value, config=_CONFIG.value, tokens=_TOKENS.value,
+      text=_TEXT.value, out=_OUT.value, prompt=_PROMPT.value, prompt_file=_PROMPT_FILE.value,
+      num_tokens=_NUM_TOKENS.value, top_k=_TOP_K.value, top_p=_TOP_P.value,
+      temperature=_TEMPERATURE.value, seed=_SEED.value, num_samples=_NUM_SAMPLES.value,
+      coordinator_address=_COORDINATOR.value, num_processes=_NUM_PROCESSES.value,
+      process_id=_PROCESS_ID.value), debug=_DEBUG.value)
 
 
 if __name__ == "__main__":

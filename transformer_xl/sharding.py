@@ -138,13 +138,6 @@ def rows_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P(batch_axes(mesh)))
 
 
-def memory_sharding(mesh: Mesh) -> Any:
-  """Shardings of a models.Memory: mems_LxBxMxD and mlen_B rows as the batch."""
-  from transformer_xl import models  # local import: models does not need sharding
-  return models.Memory(mems_LxBxMxD=NamedSharding(mesh, P(None, batch_axes(mesh), None, None)),
-                       mlen_B=rows_sharding(mesh))
-
-
 def replicated(mesh: Mesh) -> NamedSharding:
   """Scalars and small state: a full copy on every device."""
   return NamedSharding(mesh, P())

@@ -14,7 +14,6 @@ devices) is donated.
 from __future__ import annotations
 
 import contextlib
-import signal
 import time
 from typing import Any, Callable, Mapping
 
@@ -25,8 +24,8 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from transformer_xl import (checkpointing, data, default_config, distributed, evaluate,
-                            host_memory, metrics, models, sharding, train_state)
+from transformer_xl import (checkpointing, data, default_config, distributed, evaluate, metrics,
+                            models, sharding, train_state)
 from transformer_xl import workdir as wd
 from transformer_xl.train_state import TrainState
 
@@ -134,38 +133,28 @@ def make_train_step(model: models.TransformerXL, tx, mesh: Mesh, state_shardings
 
 
 class PreemptionGuard:
-  """Turns SIGTERM (what a preempted Cloud TPU VM receives) into a clean stop.
+  """Agrees across processes on a request to stop (SIGTERM on a preempted
+  Cloud TPU VM), so that every process writes its checkpoint after the same
+  step.
 
-  While active, SIGTERM only sets a flag; :meth:`should_stop` tells the
-  training loop, at a step boundary, to write a checkpoint and return.  With
-  several processes the flag is agreed on by an all-gather every
-  ``sync_every`` steps (not every step: the all-gather waits for the
-  devices and would stall the pipelined dispatch of steps), so that every
-  process stops after the same step although a SIGTERM reaches the workers
-  of a slice at slightly different times.
+  ``stop_requested`` is this process's flag (the command line passes
+  ``process_settings.StopSignals.received``).  With several processes the
+  flag is agreed on by an all-gather every ``sync_every`` steps (not every
+  step: the all-gather waits for the devices and would stall the pipelined
+  dispatch of steps), as a SIGTERM reaches the workers of a slice at
+  slightly different times.
   """
 
-  def __init__(self, sync_every: int = 10):
-    self._flag = False
-    self._previous = None
+  def __init__(self, stop_requested: Callable[[], bool], sync_every: int = 10):
+    self._stop_requested = stop_requested
     self._sync_every = sync_every
 
-  def __enter__(self):
-    self._previous = signal.signal(signal.SIGTERM, self._handler)
-    return self
-
-  def __exit__(self, *exc):
-    signal.signal(signal.SIGTERM, self._previous)
-
-  def _handler(self, signum, frame):
-    self._flag = True
-
   def should_stop(self, step: int) -> bool:
-    """True on every process once any process has received SIGTERM
-    (checked at every step with one process, every ``sync_every`` with several)."""
+    """True on every process once any process's flag is set (checked at
+    every step with one process, every ``sync_every`` with several)."""
     if jax.process_count() > 1 and step % self._sync_every:
       return False
-    return distributed.any_process(self._flag)
+    return distributed.any_process(self._stop_requested())
 
 
 class NonFiniteGuard:
@@ -252,7 +241,7 @@ class NonFiniteGuard:
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: data.Corpus,
-                       mesh: Mesh) -> dict:
+                       mesh: Mesh, stop_requested: Callable[[], bool] = lambda: False) -> dict:
   """Trains until ``config.train.num_steps``, resuming from ``workdir`` if possible.
 
   Resumes from the newest usable checkpoint (damaged ones are reported,
@@ -264,11 +253,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: 
   and tokens/s (tokens = global_batch * tgt_len per step) every
   ``log_every`` steps to TensorBoard, metrics.jsonl and a console progress
   bar (metrics.py); validates every ``eval_every`` steps with the eval
-  settings; checkpoints every ``checkpoint.every_steps``, at the end and on
-  SIGTERM.  Non-finite steps are handled by ``train.nonfinite``
-  (:class:`NonFiniteGuard`); a checkpoint is never written with a
-  non-finite value.  The memory that each XLA compilation frees goes back
-  to the kernel (``host_memory.release_after_compiles``).
+  settings; checkpoints every ``checkpoint.every_steps``, at the end and
+  when ``stop_requested()`` becomes true (then it returns: the command line
+  passes SIGTERM's flag, :class:`PreemptionGuard`).  Non-finite steps are
+  handled by ``train.nonfinite`` (:class:`NonFiniteGuard`); a checkpoint is
+  never written with a non-finite value.
 
   Returns:
     The last logged training metrics (dict of floats).
@@ -280,7 +269,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: 
       one cannot be written (full disk, read-only).
     metrics.NonFiniteError: training diverged (``train.nonfinite``).
   """
-  host_memory.release_after_compiles()
   tcfg = config.train
   mcfg = default_config.model_config(config, corpus.vocab_size)
   model = models.TransformerXL(mcfg)
@@ -364,49 +352,49 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: 
              ((place(rows), train_iter.get_state()) for rows in train_iter))
   step = start_step
   finished = False
+  preemption = PreemptionGuard(stop_requested)
   try:
-    with PreemptionGuard() as preemption:
-      while step < tcfg.num_steps:
-        batch, iter_state = next(batches)
-        state, step_metrics = train_step(state, batch)
-        step += 1
-        steps_since += 1
-        pending.append((step, step_metrics))
-        bar.update(1)
-        if step == start_step + 1:  # keep compilation out of tokens/s
-          jax.block_until_ready(step_metrics)
-          t_last, steps_since = time.perf_counter(), 0
-        if step % tcfg.log_every == 0 or step == tcfg.num_steps:
-          drain()
-          elapsed = time.perf_counter() - t_last
-          good = [m for m in interval if m["finite"]]
-          loss = float(np.mean([m["loss"] for m in good])) if good else float("nan")
-          last = {"loss": loss, metric: metrics.metric_value(loss, corpus.unit),
-                  "grad_norm": good[-1]["grad_norm"] if good else float("nan"),
-                  "learning_rate": float(schedule(step - 1))}
-          if tcfg.nonfinite == "skip":
-            last["skipped_steps"] = len(interval) - len(good)
-          if steps_since:
-            last["tokens_per_sec"] = steps_since * tokens_per_step / elapsed
-          writer.write_scalars(step, {f"train/{k}": v for k, v in last.items()})
-          bar.set_postfix(loss=f"{loss:.3f}", **{metric: f"{last[metric]:.3f}"})
-          say(f"step {step}: " + ", ".join(f"{k}={v:.4g}" for k, v in last.items()))
-          interval.clear()
-          t_last, steps_since = time.perf_counter(), 0
-        if evaluator is not None and (step % tcfg.eval_every == 0 or step == tcfg.num_steps):
-          res = evaluator.evaluate(state.params, "valid", max_steps=tcfg.eval_max_steps)
-          writer.write_scalars(step, {f"valid/{k}": v for k, v in res.items()})
-          say(f"step {step}: valid " + ", ".join(f"{k}={v:.4g}" for k, v in res.items()))
-          t_last, steps_since = time.perf_counter(), 0
-        preempted = preemption.should_stop(step)
-        if step % config.checkpoint.every_steps == 0 or step == tcfg.num_steps or preempted:
-          drain()  # never save before every step since the last check is known to be finite
-          checkpointing.save(manager, step, state, iter_state, meta=meta)
-          t_last, steps_since = time.perf_counter(), 0
-        if preempted:
-          say(f"SIGTERM: saved a checkpoint at step {step}; stopping (a restart resumes here).")
-          last["preempted_at_step"] = step
-          break
+    while step < tcfg.num_steps:
+      batch, iter_state = next(batches)
+      state, step_metrics = train_step(state, batch)
+      step += 1
+      steps_since += 1
+      pending.append((step, step_metrics))
+      bar.update(1)
+      if step == start_step + 1:  # keep compilation out of tokens/s
+        jax.block_until_ready(step_metrics)
+        t_last, steps_since = time.perf_counter(), 0
+      if step % tcfg.log_every == 0 or step == tcfg.num_steps:
+        drain()
+        elapsed = time.perf_counter() - t_last
+        good = [m for m in interval if m["finite"]]
+        loss = float(np.mean([m["loss"] for m in good])) if good else float("nan")
+        last = {"loss": loss, metric: metrics.metric_value(loss, corpus.unit),
+                "grad_norm": good[-1]["grad_norm"] if good else float("nan"),
+                "learning_rate": float(schedule(step - 1))}
+        if tcfg.nonfinite == "skip":
+          last["skipped_steps"] = len(interval) - len(good)
+        if steps_since:
+          last["tokens_per_sec"] = steps_since * tokens_per_step / elapsed
+        writer.write_scalars(step, {f"train/{k}": v for k, v in last.items()})
+        bar.set_postfix(loss=f"{loss:.3f}", **{metric: f"{last[metric]:.3f}"})
+        say(f"step {step}: " + ", ".join(f"{k}={v:.4g}" for k, v in last.items()))
+        interval.clear()
+        t_last, steps_since = time.perf_counter(), 0
+      if evaluator is not None and (step % tcfg.eval_every == 0 or step == tcfg.num_steps):
+        res = evaluator.evaluate(state.params, "valid", max_steps=tcfg.eval_max_steps)
+        writer.write_scalars(step, {f"valid/{k}": v for k, v in res.items()})
+        say(f"step {step}: valid " + ", ".join(f"{k}={v:.4g}" for k, v in res.items()))
+        t_last, steps_since = time.perf_counter(), 0
+      preempted = preemption.should_stop(step)
+      if step % config.checkpoint.every_steps == 0 or step == tcfg.num_steps or preempted:
+        drain()  # never save before every step since the last check is known to be finite
+        checkpointing.save(manager, step, state, iter_state, meta=meta)
+        t_last, steps_since = time.perf_counter(), 0
+      if preempted:
+        say(f"SIGTERM: saved a checkpoint at step {step}; stopping (a restart resumes here).")
+        last["preempted_at_step"] = step
+        break
     finished = True
   finally:
     bar.close()

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from transformer_xl import models, sharding
 
@@ -80,6 +80,14 @@ def _init(model: models.TransformerXL, tx, global_batch: int, rng: Array) -> Tra
   return _state_from_params(model, tx, global_batch, params)
 
 
+def memory_sharding(mesh: Mesh) -> models.Memory:
+  """Shardings of a :class:`models.Memory`: the rows of ``mems_LxBxMxD`` and
+  ``mlen_B`` split as the batch's (``sharding.batch_axes``)."""
+  rows = sharding.batch_axes(mesh)
+  return models.Memory(mems_LxBxMxD=NamedSharding(mesh, PartitionSpec(None, rows, None, None)),
+                       mlen_B=sharding.rows_sharding(mesh))
+
+
 def abstract_train_state(model: models.TransformerXL, tx, global_batch: int, mesh: Mesh):
   """Shapes and shardings of the state, without allocating anything.
 
@@ -100,7 +108,7 @@ def abstract_train_state(model: models.TransformerXL, tx, global_batch: int, mes
       transform_non_params=lambda _: sharding.replicated(mesh),
       is_leaf=lambda x: isinstance(x, NamedSharding))
   shardings = TrainState(step=sharding.replicated(mesh), params=param_shardings,
-                         opt_state=opt_shardings, memory=sharding.memory_sharding(mesh))
+                         opt_state=opt_shardings, memory=memory_sharding(mesh))
   abstract = jax.tree_util.tree_map(
       lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, shardings)
   return abstract, shardings
@@ -112,7 +120,10 @@ def create_train_state(model: models.TransformerXL, tx, global_batch: int, mesh:
   """A step-0 TrainState created on the mesh, each array on its devices.
 
   Args:
-    model, tx, global_batch, mesh: as :func:`abstract_train_state`.
+    model: as :func:`abstract_train_state`.
+    tx: as :func:`abstract_train_state`.
+    global_batch: as :func:`abstract_train_state`.
+    mesh: as :func:`abstract_train_state`.
     rng: PRNG key of the parameter initialisation (when ``params`` is None).
     state_shardings: from :func:`abstract_train_state` (computed if None).
     params: existing parameters (host arrays, e.g. converted ones) instead

@@ -31,12 +31,7 @@ import ml_collections
 from etils import epath
 from jax.sharding import Mesh
 
-from transformer_xl import checkpointing, default_config, metrics, models, train_state
-
-# Model fields that may differ between a checkpoint and the run that loads
-# it: the same parameters and results, computed with a different memory
-# trade-off.
-FREE_MODEL_KEYS = ("remat", "attn_block", "scan_unroll")
+from transformer_xl import checkpointing, default_config, metrics, models, train_state, tuning
 
 
 class WorkdirError(RuntimeError):
@@ -159,9 +154,10 @@ def _same_meaning(model: Optional[Mapping[str, Any]]) -> dict:
 def run_differences(saved: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[str]:
   """How a run's :func:`checkpoint_meta` differs from a checkpoint's.
 
-  Compared: every model field but :data:`FREE_MODEL_KEYS`, and, where both
-  have them, the dataset (unless one is "converted", the converter's name
-  for no particular corpus) and ``train.global_batch``.  Eval settings, the
+  Compared: every model field but ``tuning.FREE_MODEL_KEYS`` (the same
+  parameters and results, computed with another speed/memory trade-off),
+  and, where both have them, the dataset (unless one is "converted", the
+  converter's name for no particular corpus) and ``train.global_batch``.  Eval settings, the
   number of steps, the learning-rate schedule, the mesh may all differ.
 
   Returns:
@@ -171,7 +167,7 @@ def run_differences(saved: Mapping[str, Any], wanted: Mapping[str, Any]) -> list
   lines = []
   saved_model, wanted_model = map(_same_meaning, (saved.get("model"), wanted.get("model")))
   for key in sorted(set(saved_model) | set(wanted_model)):
-    if key in FREE_MODEL_KEYS or key not in saved_model or key not in wanted_model:
+    if key in tuning.FREE_MODEL_KEYS or key not in saved_model or key not in wanted_model:
       continue
     a, b = saved_model[key], wanted_model[key]
     if (list(a) if isinstance(a, (list, tuple)) else a) != (

@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_xl import data, default_config, evaluate, models, sharding
+from transformer_xl import attention, data, default_config, evaluate, models, sharding, train_state
 from transformer_xl import workdir as wd
 
 Array = jax.Array
@@ -74,7 +74,7 @@ def make_map_step(model: models.TransformerXL, mesh) -> Callable:
   number; ``last_LxHxK`` the attention of row 0's last query over the keys
   (for the context plot).  All outputs replicated.
   """
-  mem_sharding = sharding.memory_sharding(mesh)
+  mem_sharding = train_state.memory_sharding(mesh)
   batch_shardings = {"inputs": sharding.batch_sharding(mesh),
                      "targets": sharding.batch_sharding(mesh),
                      "weights": sharding.batch_sharding(mesh),
@@ -115,10 +115,10 @@ def attention_maps(params: Any, model_cfg: models.ModelConfig, corpus: data.Corp
 
   Returns:
     {"average": {name: float32 [n_layer, n_head, K]} (each row sums to 1),
-     "tokens": scored tokens averaged over, "segment": the step kept,
-     "context": float32 [n_layer, n_head, K] (row 0's last query at that
-     step), "context_pairs": int64 [K] the stream index of each key's input
-     (-1: an empty memory slot)}.
+      "tokens": scored tokens averaged over, "segment": the step kept,
+      "context": float32 [n_layer, n_head, K] (row 0's last query at that
+      step), "context_pairs": int64 [K] the stream index of each key's input
+      (-1: an empty memory slot)}.
 
   Raises:
     ValueError: the split is too short for the requested segment.
@@ -136,7 +136,7 @@ def attention_maps(params: Any, model_cfg: models.ModelConfig, corpus: data.Corp
                      f"{global_batch} rows; choose a smaller --segment (its default is the first "
                      "segment with a full memory).")
   memory = jax.jit(lambda: models.init_memory(model_cfg, global_batch),
-                   out_shardings=sharding.memory_sharding(mesh))()
+                   out_shardings=train_state.memory_sharding(mesh))()
   totals, n_tok, context = None, 0.0, None
   for i, local in enumerate(it):
     batch = data.to_global_batch(local, sharding.batch_sharding(mesh), global_batch)
@@ -298,14 +298,14 @@ def run(workdir: str, split: str, out: str, max_tokens: int = 0, heads: str = ""
   with open(os.path.join(out, "context_attention.json"), "w") as f:
     json.dump({"segment": maps["segment"], "row": 0, "query": "last position of the segment",
                "top_20_percent": listing}, f, indent=2)
-  if eval_cfg.attn_type == 0:
+  if all(f"prob_{t}" in maps["average"] for t in TERMS):  # recorded by attn_type 0
     terms = np.stack([maps["average"][f"prob_{t}"] for t in TERMS])
     np.save(os.path.join(out, "decomposition.npy"), terms)
     _plot_decomposition(terms, os.path.join(out, "decomposition.png"))
   summary = {"workdir": workdir, "split": split, "step": int(step), "tokens": maps["tokens"],
              "tgt_len": eval_cfg.tgt_len, "mem_len": eval_cfg.mem_len,
              "same_length": eval_cfg.same_length, "clamp_len": eval_cfg.clamp_len,
-             "attn_type": eval_cfg.attn_type, "heads": [list(h) for h in chosen]}
+             **attention.describe(eval_cfg), "heads": [list(h) for h in chosen]}
   with open(os.path.join(out, "summary.json"), "w") as f:
     json.dump(summary, f, indent=2)
   print(f"Attention maps of {maps['tokens']:,} {split} tokens (step {step}) written to {out}.")

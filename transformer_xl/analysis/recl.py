@@ -126,7 +126,8 @@ def format_curves(names: Sequence[str], methods: Sequence[str], lengths: Sequenc
   """Figure 4 as a markdown table.
 
   Args:
-    names, methods: per model, its name and eval method.
+    names: per model, its name.
+    methods: per model, its eval method.
     lengths: the C context lengths (tokens).
     values_NxC: ``metric`` per model and length, float [N, C].
     metric: "ppl" or "bpc" (the column label).
@@ -488,7 +489,7 @@ def run(request: Request, log: Callable[[str], None] = print) -> dict:
   """
   _pyplot()  # fail before any compilation if the plots cannot be made
   from etils import epath
-  from transformer_xl import data, metrics
+  from transformer_xl import attention, data, metrics
   members = load_members(request)
   args = request.args
   try:
@@ -518,7 +519,7 @@ def run(request: Request, log: Callable[[str], None] = print) -> dict:
       "max_tokens": args.max_tokens, "context_lengths": request.lengths,
       "delta": delta, "threshold": args.threshold, "r": request.rs, "metric": metric,
       "models": [{"name": m.name, "workdir": m.workdir, "method": m.method,
-                  "n_layer": m.model_cfg.n_layer, "attn_type": m.model_cfg.attn_type,
+                  "n_layer": m.model_cfg.n_layer, **attention.describe(m.model_cfg),
                   "loss_nats": loss_NxC[i].tolist(), metric: value_NxC[i].tolist()}
                  for i, m in enumerate(members)],
       "results": {str(r): results[r] for r in request.rs},

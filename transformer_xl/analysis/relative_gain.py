@@ -97,9 +97,9 @@ def relative_loss(losses_NxCxT: Any, c: int, c_prime: int, r: float) -> np.ndarr
 
   Args:
     losses_NxCxT: l_i(c, t), float [N, C, n], nats.
-    c, c_prime: indices into the context-length axis (C), the short length c
-      and the long length c' (Appendix C assumes c' >= c; not enforced, so
-      that f_i(c, c) is the same call).
+    c: index into the context-length axis (C) of the short length c.
+    c_prime: index of the long length c' (Appendix C assumes c' >= c; not
+      enforced, so that f_i(c, c) is the same call).
     r: the ratio of (C.3), in (0, 1].
 
   Returns:
@@ -185,11 +185,11 @@ def recl(losses_NxCxT: Any, context_lengths: Sequence[int], r: float,
     dict of lists (JSON-ready), with S = len(walk) - 1 steps:
       "walk": the lengths visited [S + 1];
       "top_r_count": |T| at each short length of the walk [S];
-      "f_self": f_i(c, c) [N][S] and "f_next": f_i(c, c') [N][S], nats;
+      "f_self": f_i(c, c) ``[N][S]`` and "f_next": f_i(c, c') ``[N][S]``, nats;
       "baseline_ppl": exp f_i(c, c) [S] (the same for every i, since
         b(c, t) <= l_i(c, t));
-      "gain": g_i(c, c') [N][S]; "unnormalized_gain": exp f_i(c, c) -
-        exp f_i(c, c') [N][S] (Figure 3);
+      "gain": g_i(c, c') ``[N][S]``; "unnormalized_gain": exp f_i(c, c) -
+        exp f_i(c, c') ``[N][S]`` (Figure 3);
       "recl": [N] ints; "lower_bound": [N] bools.
 
   Raises:

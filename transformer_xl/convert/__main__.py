@@ -88,7 +88,7 @@ def main(argv: Sequence[str]) -> None:
   ``--help`` prints the usage.  Errors (bad flags, ConvertError, missing
   files, data.DataError) exit with a one-line ``error: ...`` message.
   """
-  from absl import flags, logging
+  from absl import flags
   fv = flags.FlagValues()
   holders = _define_flags(fv)
   if any(a in ("--help", "-h", "--helpfull") for a in argv[1:]):
@@ -103,8 +103,8 @@ def main(argv: Sequence[str]) -> None:
     sys.exit(f"error: unexpected arguments {rest[1:]}")
   if not flags.FLAGS.is_parsed():  # absl logging in imported modules expects parsed flags
     flags.FLAGS(list(argv[:1]))
-  logging.set_verbosity(logging.WARNING)  # orbax logs every file at INFO
-  from transformer_xl import data
+  from transformer_xl import data, process_settings
+  process_settings.configure_logging(debug=False)  # orbax logs every file at INFO
   f = {k: v.value for k, v in holders.items()}
   try:
     if (f["from"] is None) == (f["to"] is None):

@@ -193,7 +193,8 @@ def describe_vocab_map(rep: dict, n_ref: int, n_ours: int, dataset: str, bias: f
 
   Args:
     rep: the report of :func:`map_vocab`.
-    n_ref, n_ours: the sizes of the model's and our vocabularies.
+    n_ref: the size of the model's vocabulary.
+    n_ours: the size of our vocabulary.
     dataset: our corpus name (enwik8 gets a note on the newline byte).
     bias: the softmax bias of unseen ids (:data:`UNSEEN_BIAS`).
   """

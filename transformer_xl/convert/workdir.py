@@ -57,10 +57,16 @@ def write_workdir(workdir: str, params: Mapping[str, Any], cfg, *, dataset: Opti
     params: parameter tree for cfg (nested dicts of arrays).
     cfg: :class:`models.ModelConfig`.
     dataset: our corpus name for ``data.dataset`` (None: keep the default).
-    data_dir, manual_dir, download, verify_checksums: ``data.*`` (where
-      ``--mode=eval`` finds the corpus).
+    data_dir: ``data.data_dir`` (with the next three: where ``--mode=eval``
+      finds the corpus).
+    manual_dir: ``data.manual_dir``.
+    download: ``data.download``.
+    verify_checksums: ``data.verify_checksums``.
     unit: "byte", "char" or "word" (decides bpc vs ppl in reports).
-    eval_*: evaluation settings (None: from cfg).
+    eval_tgt_len: ``eval.tgt_len`` (None: from cfg).
+    eval_mem_len: ``eval.mem_len`` (None: from cfg).
+    eval_clamp_len: ``eval.clamp_len`` (None: from cfg).
+    eval_same_length: ``eval.same_length`` (None: from cfg).
     global_batch: ``train.global_batch`` (the saved memory has this many
       rows; keep it a multiple of the data-parallel devices that will load
       the workdir).
@@ -146,8 +152,12 @@ def convert_to_workdir(source: str, checkpoint: str, hparams: str | Mapping[str,
       rows are mapped onto ``dataset``'s vocabulary (:func:`map_vocab`,
       :func:`remap_vocab`).  Without it, the ids are taken as they are (and
       must number our vocabulary's size when ``dataset`` is given).
-    dataset, data_dir, manual_dir, download, verify_checksums: our corpus
-      (:func:`dataset_vocab`), also written to the config's ``data.*``.
+    dataset: our corpus (:func:`dataset_vocab`), also written to the
+      config's ``data.dataset``.
+    data_dir: ``data.data_dir`` of our corpus, likewise.
+    manual_dir: ``data.manual_dir``, likewise.
+    download: ``data.download``, likewise.
+    verify_checksums: ``data.verify_checksums``, likewise.
     unit: "byte", "char" or "word"; default: the dataset's, else "word".
     unseen_bias: softmax bias of our ids the model never saw.
     **workdir_kwargs: eval_tgt_len, eval_mem_len, eval_clamp_len,
@@ -222,7 +232,8 @@ def export_pytorch(workdir: str, checkpoint: str, hparams_path: Optional[str] = 
     hparams_path: output JSON of the constructor arguments
       (:func:`hparams_from_model_config`); default ``<checkpoint without
       extension>.hparams.json``.
-    layout, cluster_order: see :func:`state_dict_from_params`.
+    layout: see :func:`state_dict_from_params`.
+    cluster_order: see :func:`state_dict_from_params`.
 
   Returns:
     {"step", "tensors", "hparams_path"}.

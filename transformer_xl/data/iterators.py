@@ -326,7 +326,8 @@ class SlidingWindowIterator(Iterator[Batch]):
   - 1`` (row r = window t * B + r); windows past the last are all padding.
 
   Attributes:
-    global_batch, window, stride, boundary_id, row_ids, num_tokens.
+    global_batch, window, stride, boundary_id, row_ids, num_tokens: as given
+      (num_tokens: N, the source's).
     num_windows: ceil(N / stride).
     num_steps: ceil(num_windows / B), batches in the pass.
   """

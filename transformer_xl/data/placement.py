@@ -91,8 +91,9 @@ def to_global_batch(local_batch: Mapping[str, np.ndarray],
   Raises:
     ValueError: global_batch < 1, or an array is 0-dimensional.
     TypeError: sharding is not a NamedSharding.
-    Errors from ``jax.make_array_from_process_local_data`` when the local
-    rows do not match the rows that ``sharding`` puts on this process.
+    Exception: the errors of ``jax.make_array_from_process_local_data``
+      when the local rows do not match the rows that ``sharding`` puts on
+      this process.
   """
   global_batch = check_positive("global_batch", global_batch)
   row_sharding = _batch_axis_sharding(sharding)

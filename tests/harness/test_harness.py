@@ -14,7 +14,11 @@ import re
 import subprocess
 import sys
 
-_ROOT = pathlib.Path(__file__).resolve().parents[1]
+import pytest
+
+pytestmark = pytest.mark.slow  # tooling: the test harness
+
+_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 # The crashing tests wait a second before they abort, as a real crash comes
 # well into a test: pytest-rerunfailures learns a test's rerun count from a
@@ -65,7 +69,8 @@ def test_a_crashed_worker_s_test_reruns_once_and_a_python_failure_never(tmp_path
   (run_dir / "test_policy.py").write_text(_TESTS)
   env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
   env["HARNESS_MARKS"] = str(marks)
-  env["PYTHONPATH"] = os.pathsep.join([str(_ROOT / "tests"), env.get("PYTHONPATH", "")])
+  env["PYTHONPATH"] = os.pathsep.join([str(_ROOT / "tests" / "harness"),
+                                       env.get("PYTHONPATH", "")])
   out = subprocess.run(
       [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", "-rA",
        "-p", "crash_report"],

@@ -11,7 +11,7 @@ prints, for each crash: a section "worker crashes" with the whole dump
 line with the worker, the test, the signal and the crashing thread's
 innermost frame (and its innermost frame in the project's own files).
 
-Loaded by ``conftest.py``; ``tests/test_harness.py`` checks it.
+Loaded by ``tests/conftest.py``; ``tests/harness/test_harness.py`` checks it.
 """
 import faulthandler
 import os

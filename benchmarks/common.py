@@ -1,0 +1,159 @@
+"""What the benchmark tools share: the machine they ran on, library versions,
+result files, worker subprocesses and the memory-carrying evaluation loop.
+
+``vs_pytorch.py``, ``fit.py`` and ``eval_speed.py`` run as scripts
+(``python benchmarks/X.py``) and the tests load them from their files; each
+puts this folder on ``sys.path`` and imports this module as ``common``.
+Only the standard library is imported at import time: the parent processes
+of vs_pytorch.py and fit.py import neither JAX nor torch, and vs_pytorch's
+PyTorch worker never imports JAX.
+"""
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS_DIR = os.path.join(REPO, "benchmarks", "results")
+
+
+# ---------------------------------------------------------------------------
+# The machine and the library versions (saved with every result).
+# ---------------------------------------------------------------------------
+
+def cpu_model() -> str:
+  """The CPU's model name (/proc/cpuinfo), or platform.processor()."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or "unknown"
+
+
+def memory_gib() -> float | None:
+  """Physical memory (MemTotal of /proc/meminfo) in GiB; None where unknown."""
+  try:
+    with open("/proc/meminfo") as f:
+      for line in f:
+        if line.startswith("MemTotal:"):
+          return round(int(line.split()[1]) / 2**20, 1)
+  except OSError:
+    pass
+  return None
+
+
+def loadavg() -> list[float]:
+  """The 1-, 5- and 15-minute load averages (runnable processes), 2 decimals."""
+  return [round(x, 2) for x in os.getloadavg()]
+
+
+def version(package: str) -> str:
+  """The installed version of ``package``, or "not installed"."""
+  try:
+    return importlib.metadata.version(package)
+  except importlib.metadata.PackageNotFoundError:
+    return "not installed"
+
+
+def machine_info(packages: tuple[str, ...]) -> dict:
+  """Date, host, CPU model, CPU count (all, and those this process may run
+  on), memory (GiB), load average now, OS, Python and the versions of
+  ``packages``."""
+  return {
+      "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+      "host": platform.node(), "cpu": cpu_model(), "cpu_count": os.cpu_count(),
+      "cpus_available": len(os.sched_getaffinity(0)), "memory_gib": memory_gib(),
+      "loadavg_start": loadavg(), "platform": platform.platform(),
+      "python": platform.python_version(), "versions": {p: version(p) for p in packages},
+  }
+
+
+# ---------------------------------------------------------------------------
+# Result files.
+# ---------------------------------------------------------------------------
+
+def default_json_path(host: str, prefix: str = "", folder: str = RESULTS_DIR) -> str:
+  """``<folder>/<prefix><date>_<time>_<host>.json``, by default under
+  benchmarks/results/."""
+  host = re.sub(r"[^A-Za-z0-9_.-]+", "-", host or "host")
+  stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H%M%S")
+  return os.path.join(folder, f"{prefix}{stamp}_{host}.json")
+
+
+def write_json(path: str, data: dict) -> None:
+  """Writes ``data`` to ``path`` (indented; missing folders are created) and
+  says so."""
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "w") as f:
+    json.dump(data, f, indent=2)
+  print(f"wrote {path}")
+
+
+# ---------------------------------------------------------------------------
+# Worker subprocesses.
+# ---------------------------------------------------------------------------
+
+def worker_env(xla_flags: list[str] | None = None) -> dict:
+  """This process's environment for a worker subprocess, with this checkout
+  first on PYTHONPATH.  With ``xla_flags`` (a list, maybe empty), a JAX
+  worker on the CPU: ``XLA_FLAGS`` = the caller's without
+  ``--xla_force_host_platform_device_count`` (the test suite's simulated
+  devices) + ``xla_flags``, and ``JAX_PLATFORMS=cpu``."""
+  env = dict(os.environ)
+  if xla_flags is not None:
+    flags = [f for f in env.get("XLA_FLAGS", "").split()
+             if not f.startswith("--xla_force_host_platform_device_count")]
+    env["XLA_FLAGS"] = " ".join(flags + list(xla_flags))
+    env["JAX_PLATFORMS"] = "cpu"
+  env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+  return env
+
+
+def run_script(script: str, argv: list[str], env: dict) -> tuple[int, dict | None]:
+  """Runs ``python SCRIPT ARGV --result_file=FILE`` from the repository root
+  (its output goes to this process's) and reads the JSON it wrote to FILE.
+
+  Returns:
+    (exit status, the worker's JSON; None when the exit status is not 0).
+  """
+  with tempfile.TemporaryDirectory() as tmp:
+    result_file = os.path.join(tmp, "result.json")
+    proc = subprocess.run([sys.executable, os.path.abspath(script), *argv,
+                           f"--result_file={result_file}"], env=env, cwd=REPO)
+    if proc.returncode != 0:
+      return proc.returncode, None
+    with open(result_file) as f:
+      return 0, json.load(f)
+
+
+# ---------------------------------------------------------------------------
+# Timed loops.
+# ---------------------------------------------------------------------------
+
+def eval_loop(eval_step, params, memory, batches: list):
+  """``run(n)``: n calls of ``nll, memory = eval_step(params, memory, batch)``
+  (``evaluate.make_eval_step``'s step, memory donated) over ``batches`` in
+  turn, the memory carried from call to call and over runs; each run blocks
+  until its last results are ready (timing it times the computation)."""
+  import jax
+  holder = {"memory": memory, "i": 0}
+
+  def run(n: int) -> None:
+    mem, nll = holder["memory"], None
+    for _ in range(n):
+      nll, mem = eval_step(params, mem, batches[holder["i"] % len(batches)])
+      holder["i"] += 1
+    jax.block_until_ready((nll, mem))
+    holder["memory"] = mem
+
+  return run
