@@ -1,7 +1,7 @@
 r"""The paper's findings at small scale on WikiText-2: one reproducible report.
 
     python scripts/reproduce_wt2.py [--out=results/wt2] [--workdirs=workdirs/wt2_study] \
-        [--manual_dir=../shared/data/wikitext-2] [--data_dir=DIR] [--quick]
+        [--manual_dir=DIR] [--data_dir=DIR] [--quick] [--report_only]
 
 Trains the ablation group of ``configs/ablation_wt2.py`` (Dai et al. 2019,
 Table 6 at CPU scale; every variant with the same parameter budget,
@@ -24,10 +24,12 @@ backpropagation length and steps), then evaluates and analyses it:
 
 Everything goes into ``--out``: ``results.json`` (every number, with the
 command, hardware, steps and wall time of each part), PNG plots and
-``REPORT.md``, which is also written into README.md between the markers
-``<!-- wt2-report:start -->`` and ``<!-- wt2-report:end -->``.  Trained
-workdirs are kept in ``--workdirs`` and reused: a rerun (or a run that was
-interrupted) resumes training where it stopped and redoes the analyses.
+``REPORT.md`` (the README links ``results/wt2/REPORT.md``).  A hand-written
+``FINDINGS.md`` in ``--out`` is left alone; REPORT.md ends with a link to it
+when it is there.  ``--report_only`` rewrites the plots and REPORT.md from
+``results.json`` without running anything.  Trained workdirs are kept in
+``--workdirs`` and reused: a rerun (or a run that was interrupted) resumes
+training where it stopped and redoes the analyses.
 
 "vanilla" trains exactly what "alrfou_half" trains (the same config but for
 its evaluation method): its workdir is a copy of alrfou_half's checkpoint
@@ -364,9 +366,9 @@ def samples_part(workdir: Path, corpus, sizes: dict) -> dict:
           **settings, "samples": list(gen.texts), "wall_s": _now() - t0}
 
 
-def report(results: dict, prefix: str = "") -> str:
-  """REPORT.md from results.json; ``prefix`` goes before every image path
-  (the README links them from the repository root)."""
+def report(results: dict, findings: bool = False) -> str:
+  """REPORT.md from results.json; with ``findings``, a closing link to the
+  hand-written FINDINGS.md beside it."""
   m = results["machine"]
   lines = [f"Measured on {results['date']} with `{results['command']}` on {m['cpu']} "
            f"({m['cores']} cores, CPU only), jax {m['jax']}; total wall time "
@@ -404,15 +406,15 @@ def report(results: dict, prefix: str = "") -> str:
     cells = [f"{r['curve_valid'][str(c)]:.2f}" if str(c) in r["curve_valid"] else "-"
              for c in lens]
     lines.append(f"| {v} | " + " | ".join(cells) + " |")
-  lines += ["", f"![ppl vs attention length]({prefix}table6_attention_length.png) "
-            f"![learning curves]({prefix}learning_curves.png)", ""]
+  lines += ["", "![ppl vs attention length](table6_attention_length.png) "
+            "![learning curves](learning_curves.png)", ""]
   rc = results["recl"]
   lines += [f"**Table 8 at small scale**: RECL of the group {', '.join(RECL_GROUP)} on the "
             f"first {rc['tokens']:,} valid tokens, context lengths {rc['context_lengths']} "
             f"(`{rc['command']}`, {rc['wall_s'] / 60:.1f} min):",
             "", "```", rc["table"], "```", "",
-            f"![Fig. 3]({prefix}recl/fig3_relative_gains.png) "
-            f"![Fig. 4]({prefix}recl/fig4_perplexity.png)", ""]
+            "![Fig. 3](recl/fig3_relative_gains.png) "
+            "![Fig. 4](recl/fig4_perplexity.png)", ""]
   sp = results["speed"]
   lines += [f"**Table 9 on this machine** (`{sp['command']}`, {sp['wall_s'] / 60:.1f} min, "
             "load average "
@@ -421,8 +423,8 @@ def report(results: dict, prefix: str = "") -> str:
             "```"]
   lines += ["", f"**Appendix D**: `{results['attention']['command']}` "
             f"({results['attention']['wall_s'] / 60:.1f} min)", "",
-            f"![average attention]({prefix}attention/average_attention.png)",
-            f"![decomposition]({prefix}attention/decomposition.png)", ""]
+            "![average attention](attention/average_attention.png)",
+            "![decomposition](attention/decomposition.png)", ""]
   sm = results["samples"]
   lines += [f"**Appendix E**: samples of `{Path(sm['workdir']).name}` (top_k {sm['top_k']}, "
             f"temperature {sm['temperature']}, seed {sm['seed']}, {sm['num_tokens']} tokens, "
@@ -432,17 +434,10 @@ def report(results: dict, prefix: str = "") -> str:
   for i, s in enumerate(sm["samples"]):
     lines += [f"--- sample {i}", s.strip()]
   lines += ["```", ""]
+  if findings:
+    lines += ["What holds at this scale and what does not, written by hand from these "
+              "numbers: [FINDINGS.md](FINDINGS.md).", ""]
   return "\n".join(lines)
-
-
-def write_readme_section(text: str, readme: Path = REPO / "README.md") -> None:
-  """Replaces the text between the report markers of README.md."""
-  start, end = "<!-- wt2-report:start -->", "<!-- wt2-report:end -->"
-  s = readme.read_text()
-  if start not in s or end not in s:
-    raise RuntimeError(f"{readme} lacks the markers {start} ... {end}.")
-  a, b = s.index(start) + len(start), s.index(end)
-  readme.write_text(s[:a] + "\n" + text + "\n" + s[b:])
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -455,11 +450,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   p.add_argument("--data_dir", default=None, help="tfds data dir (default tfds's)")
   p.add_argument("--verify_checksums", type=int, default=1, choices=(0, 1))
   p.add_argument("--quick", action="store_true", help="a smoke run in minutes")
-  p.add_argument("--readme", type=int, default=None, choices=(0, 1),
-                 help="write REPORT.md into README.md (default: yes unless --quick)")
   p.add_argument("--report_only", action="store_true",
-                 help="run nothing: rewrite the plots, REPORT.md (and the README section) "
-                      "from --out's results.json")
+                 help="run nothing: rewrite the plots and REPORT.md from --out's results.json")
   args = p.parse_args(argv)
   sizes = QUICK if args.quick else FULL
   out, workdirs = Path(args.out).resolve(), Path(args.workdirs).resolve()
@@ -468,8 +460,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       sys.exit(f"error: --report_only needs {out / 'results.json'} (a finished run's "
                "--out); run the study first.")
     results = json.loads((out / "results.json").read_text())
-    return _write_report(out, results, args.readme if args.readme is not None
-                         else not results["quick"])
+    return _write_report(out, results)
   logs = out / "logs"
   logs.mkdir(parents=True, exist_ok=True)
   workdirs.mkdir(parents=True, exist_ok=True)
@@ -499,16 +490,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   results["samples"] = samples_part(workdirs / best, corpus, sizes)
   results["wall_s"] = _now() - t_start
   (out / "results.json").write_text(json.dumps(results, indent=2))
-  return _write_report(out, results, args.readme if args.readme is not None else not args.quick)
+  return _write_report(out, results)
 
 
-def _write_report(out: Path, results: dict, readme: bool) -> int:
-  """The plots and REPORT.md in ``out`` (and the README section); prints the report."""
+def _write_report(out: Path, results: dict) -> int:
+  """The plots and REPORT.md in ``out``; prints the report."""
   _plots(out, results)
-  text = report(results)
+  text = report(results, findings=(out / "FINDINGS.md").is_file())
   (out / "REPORT.md").write_text(text)
-  if readme:
-    write_readme_section(report(results, prefix=os.path.relpath(out, REPO) + "/"))
   print(text)
   return 0
 

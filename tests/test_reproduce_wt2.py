@@ -12,7 +12,7 @@ import pytest
 from data_samples import _WIKI, _wiki_zip
 from test_train import REPO
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow  # end to end: the study script
 
 _TEXTS = {"train": _WIKI["train"] * 4, "valid": _WIKI["valid"] * 3, "test": _WIKI["test"] * 3}
 
@@ -25,7 +25,7 @@ def test_quick_study_writes_every_part(tmp_path):
   r = subprocess.run(
       [sys.executable, "scripts/reproduce_wt2.py", "--quick", f"--out={out}",
        f"--workdirs={tmp_path / 'workdirs'}", f"--manual_dir={tmp_path / 'manual'}",
-       f"--data_dir={tmp_path / 'tfds'}", "--verify_checksums=0", "--readme=0"],
+       f"--data_dir={tmp_path / 'tfds'}", "--verify_checksums=0"],
       cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
   res = json.loads((out / "results.json").read_text())
@@ -63,7 +63,7 @@ def test_quick_study_writes_every_part(tmp_path):
   # --report_only rewrites the report from results.json alone, the same text.
   (out / "REPORT.md").unlink()
   r = subprocess.run([sys.executable, "scripts/reproduce_wt2.py", "--report_only",
-                      f"--out={out}", "--readme=0"], cwd=REPO, env=env, capture_output=True,
+                      f"--out={out}"], cwd=REPO, env=env, capture_output=True,
                      text=True, timeout=300)
   assert r.returncode == 0, r.stderr[-3000:]
   assert (out / "REPORT.md").read_text() == report
