@@ -188,22 +188,24 @@ def check_output_path(out_path: str) -> None:
   """Checks, before any scoring, that ``out_path`` can be written.
 
   Raises:
-    evaluate.ScoreInputError: it is a directory, its directory does not exist, or
-      it cannot be written there.
+    evaluate.ScoreInputError: it is a directory, its directory does not
+      exist, or it cannot be written there.
   """
   path = epath.Path(out_path)
   if path.is_dir():
-    raise evaluate.ScoreInputError(f"--out={out_path} is a directory; give a file name (e.g. nll.npy).")
+    raise evaluate.ScoreInputError(
+        f"--out={out_path} is a directory; give a file name (e.g. nll.npy).")
   if not path.parent.is_dir():
-    raise evaluate.ScoreInputError(f"--out={out_path}: the directory {path.parent} does not exist; "
-                          "create it first.")
+    raise evaluate.ScoreInputError(
+        f"--out={out_path}: the directory {path.parent} does not exist; create it first.")
   probe = path.parent / f".{path.name}.probe.{jax.process_index()}"
   try:
     probe.write_bytes(b"")
     probe.unlink()
   except OSError as err:
-    raise evaluate.ScoreInputError(f"--out={out_path} cannot be written ({err.strerror or err}); "
-                          "choose a writable location.") from None
+    raise evaluate.ScoreInputError(f"--out={out_path} cannot be written "
+                                   f"({err.strerror or err}); choose a writable location."
+                                   ) from None
 
 
 def _save_npy(out_path: str, array: np.ndarray) -> None:
@@ -273,6 +275,7 @@ def read_prompt(prompt: Optional[str], prompt_file: Optional[str]) -> str:
   except UnicodeDecodeError as err:
     raise default_config.ConfigError(
         f"--prompt_file={prompt_file} is not UTF-8 text: {err}.") from None
+
 
 def run_generate(config: ml_collections.ConfigDict, workdir: str, mesh: Mesh, *,
                  prompt: Optional[str], prompt_file: Optional[str], num_tokens: int,
