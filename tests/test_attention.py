@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_xl import attention, models, tuning
+from transformer_xl import attention, attention_ops, models, tuning
 
 SLOW = pytest.mark.slow  # a case left out of the fast tier (-m "not slow")
 
@@ -60,8 +60,8 @@ def test_rel_shift_attention_equals_naive(same_length, clamp_len, mlen):
   v = jnp.asarray(rng.normal(size=(2, 6)), jnp.float32)
   mlen_B = jnp.asarray(mlen, jnp.int32)
   mod = attention.RelPartialLearnableAttention(n_head=2, d_head=6, d_model=d, init_std=0.3)
-  pos = attention.sinusoid_pos_emb(mem_len + tgt_len, d, clamp_len)
-  mask = attention.attention_mask(tgt_len, mem_len, mlen_B, same_length)
+  pos = attention_ops.sinusoid_pos_emb(mem_len + tgt_len, d, clamp_len)
+  mask = attention_ops.attention_mask(tgt_len, mem_len, mlen_B, same_length)
   h = cat[:, mem_len:]  # the segment (only types 2 and 3 read it)
   mem = cat[:, :mem_len]
   params = nn.unbox(mod.init(jax.random.PRNGKey(1), h, mem, h, (pos, u, v), mask))
@@ -73,7 +73,7 @@ def test_rel_shift_attention_equals_naive(same_length, clamp_len, mlen):
 
 def test_same_length_mask_properties():
   for mem_len, tgt_len in [(7, 5), (3, 5), (5, 5)]:
-    mask = np.asarray(attention.attention_mask(tgt_len, mem_len, jnp.array([mem_len]), True))[0, 0]
+    mask = np.asarray(attention_ops.attention_mask(tgt_len, mem_len, jnp.array([mem_len]), True))[0, 0]
     # every query sees exactly min(mem_len, keys available) keys, the most recent ones
     for i in range(tgt_len):
       seen = np.nonzero(mask[i])[0]
@@ -86,9 +86,9 @@ def test_same_length_mask_properties():
 # Blockwise attention (model.attn_block) equals the full computation.
 
 def test_query_blocks_cover_every_query_and_its_keys():
-  assert attention.query_blocks(7, 12, 0) == [(0, 7, 12)]
-  assert attention.query_blocks(7, 12, 7) == [(0, 7, 12)]
-  assert attention.query_blocks(7, 12, 3) == [(0, 3, 8), (3, 6, 11), (6, 7, 12)]
+  assert attention_ops.query_blocks(7, 12, 0) == [(0, 7, 12)]
+  assert attention_ops.query_blocks(7, 12, 7) == [(0, 7, 12)]
+  assert attention_ops.query_blocks(7, 12, 3) == [(0, 3, 8), (3, 6, 11), (6, 7, 12)]
 
 
 BLOCK_CASES = [

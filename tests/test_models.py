@@ -338,7 +338,7 @@ def _dot_output_shapes(jaxpr) -> list:
 @pytest.mark.parametrize("attn_type", [0, 1, 2, 3])
 def test_backward_forms_no_gradient_for_the_memory_rows(attn_type):
   # The memory is stop-gradiented: post-LN, nothing may compute d(loss)/d(memory
-  # row) = [B, M, d_model] (attention._kv_rows).  It is needed where parameters
+  # row) = [B, M, d_model] (attention_ops.kv_rows).  It is needed where parameters
   # act on the memory rows before the projection, which shows the check sees it:
   # pre-LN (the LayerNorm) and attn_type 3 (its learned positions are added).
   for pre_lnorm in (False, True):

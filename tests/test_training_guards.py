@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_xl import (attention, data, default_config, evaluate, models, sharding, train,
-                            train_state)
+from transformer_xl import (attention, attention_ops, data, default_config, evaluate, models,
+                            sharding, train, train_state)
 from test_train import tiny_config
 
 ONE_DEVICE = dict(devices=jax.devices()[:1])
@@ -176,8 +176,8 @@ def test_bf16_attention_scores_are_float32_and_masked_keys_get_no_weight():
   delta = np.array([3, 3, 0, 1, 2, 3, 1, 0, 2, 3], np.float32)  # K = m + t keys
   x_BxKxD = jnp.asarray(np.stack([np.ones_like(delta), delta], -1)[None])
   mlen = np.array([4])  # memory slots 0 and 1 are empty
-  mask = attention.attention_mask(t, m, jnp.asarray(mlen), same_length=False)
-  pos = attention.sinusoid_pos_emb(m + t, 2)
+  mask = attention_ops.attention_mask(t, m, jnp.asarray(mlen), same_length=False)
+  pos = attention_ops.sinusoid_pos_emb(m + t, 2)
   zeros = jnp.zeros((1, d_head))
   params = _exact_attention_params(d_head)
   module = attention.RelPartialLearnableAttention(n_head=1, d_head=d_head, d_model=2,

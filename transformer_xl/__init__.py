@@ -3,9 +3,10 @@
 Modules, one role each (flax examples/lm1b layout; the README's "Layout"
 lists them and the documentation site has an API page per module).  The
 model: ``models.py`` (the memory path of Sec. 3.2 in one place, the layer
-stack), ``attention.py`` (the attention variants, each owning its positional
-scheme; Sec. 3.3 and Appendix B), ``adaptive.py`` (adaptive input and
-softmax), ``tuning.py`` (how the same model is computed: remat, attention
+stack), ``attention.py`` (the attention variants, each owning its
+positional scheme; Sec. 3.3), ``attention_ops.py`` (what they share:
+Appendix B's shift, masks, projections, the blockwise softmax),
+``adaptive.py`` (adaptive input and softmax), ``tuning.py`` (how the same model is computed: remat, attention
 blocks, scan unroll).  Around it: ``default_config.py`` (the config schema,
 ``ModelConfig`` and all validation), ``data/`` (corpora and batch
 iterators), ``train_state.py`` and ``train.py`` (training), ``evaluate.py``

@@ -53,7 +53,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer_xl import attention
+from transformer_xl import attention_ops
 
 Array = jax.Array
 
@@ -185,8 +185,8 @@ class AdaptiveEmbedding(nn.Module):
   def setup(self):
     check_adaptive_config(self.n_token, self.d_embed, self.d_proj, self.cutoffs, self.div_val)
     bounds = cluster_bounds(self.n_token, self.cutoffs)
-    table_init = attention.normal_init(self.init_std, "vocab", "embed")
-    proj_init = attention.normal_init(self.proj_init_std, None, "embed")
+    table_init = attention_ops.normal_init(self.init_std, "vocab", "embed")
+    proj_init = attention_ops.normal_init(self.proj_init_std, None, "embed")
     if self.div_val == 1:
       self.emb_layers = [self.param("emb_layers_0", table_init, (self.n_token, self.d_embed))]
       self.emb_projs = [self.param("emb_projs_0", proj_init, (self.d_embed, self.d_proj))
@@ -314,9 +314,9 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
     bounds = cluster_bounds(self.n_token, self.cutoffs)
     n_total = len(bounds) - 1
     dims = cluster_dims(self.d_embed, n_total, self.div_val)
-    weight_init = attention.normal_init(self.init_std, "vocab", "embed")
+    weight_init = attention_ops.normal_init(self.init_std, "vocab", "embed")
     bias_init = nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",))
-    proj_init = attention.normal_init(self.proj_init_std, None, "embed")
+    proj_init = attention_ops.normal_init(self.proj_init_std, None, "embed")
     # Output layers: one over the whole vocabulary with div_val == 1 (the
     # reference slices it per cluster), else one per cluster.
     layer_shapes = ([(self.n_token, self.d_embed)] if self.div_val == 1 else
@@ -332,7 +332,7 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
                       for i in range(n_total)]
     if n_total > 1:
       self.cluster_weight = self.param(
-          "cluster_weight", attention.normal_init(self.init_std, None, "embed"),
+          "cluster_weight", attention_ops.normal_init(self.init_std, None, "embed"),
           (n_total - 1, self.d_embed))
       self.cluster_bias = self.param(
           "cluster_bias", nn.with_logical_partitioning(nn.initializers.zeros, (None,)),

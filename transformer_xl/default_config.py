@@ -65,7 +65,7 @@ class ModelConfig:
       reference's ``max_klen``).  The eval config keeps the training value.
     attn_block: queries per block of the blockwise attention (0 = the full
       [B, H, T, K] computation at once); the result is the same, the
-      temporaries O(attn_block x K) (attention._attend).  -1 (the default)
+      temporaries O(attn_block x K) (attention_ops.attend).  -1 (the default)
       = chosen per backend and use by ``tuning.attn_block_size``.
     scan_unroll: layers per iteration of the ``nn.scan`` loop over layers
       (1 = one layer per iteration; n_layer or more = fully unrolled); the

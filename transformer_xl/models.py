@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from transformer_xl import adaptive, attention, tuning
+from transformer_xl import adaptive, attention, attention_ops, tuning
 from transformer_xl.default_config import ModelConfig  # re-exported: the model's hyperparameters
 
 Array = jax.Array
@@ -119,7 +119,7 @@ class DecoderLayer(nn.Module):
       mem_BxMxD: this layer's memory (its inputs at the previous M positions).
       pos: the variant's position terms, the same for every layer
         (``variant.model_inputs``; e.g. attn_type 0's R, u and v).
-      mask_Bx1xTxK: attention mask (attention.attention_mask).
+      mask_Bx1xTxK: attention mask (attention_ops.attention_mask).
       deterministic: disables dropout (static).
 
     Returns:
@@ -145,7 +145,7 @@ class DecoderLayer(nn.Module):
     drop = nn.Dropout(cfg.dropout)
     ff = PositionwiseFF(cfg, name="pos_ff")
 
-    # The attention reads concat(memory, segment) as its two parts (attention._kv_rows).
+    # The attention reads concat(memory, segment) as its two parts (attention_ops.kv_rows).
     if cfg.pre_lnorm:  # the LayerNorm of cat_BxKxD, row by row
       attn_norm = _layer_norm("attn_layer_norm")
       attn_out = attn(h_BxTxD, attn_norm(mem_BxMxD).astype(cfg.compute_dtype),
@@ -186,13 +186,13 @@ class PositionwiseFF(nn.Module):
     cfg = self.config
     h_BxTxF = nn.Dense(
         cfg.d_inner, dtype=cfg.compute_dtype, name="ff_1",
-        kernel_init=attention.normal_init(cfg.init_std, "embed", "mlp"),
+        kernel_init=attention_ops.normal_init(cfg.init_std, "embed", "mlp"),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("mlp",)))(x_BxTxD)
     h_BxTxF = checkpoint_name(h_BxTxF, "ff_1")
     h_BxTxF = nn.Dropout(cfg.dropout)(nn.relu(h_BxTxF), deterministic=deterministic)
     out_BxTxD = nn.Dense(
         cfg.d_model, dtype=cfg.compute_dtype, name="ff_2",
-        kernel_init=attention.normal_init(cfg.init_std, "mlp", "embed"),
+        kernel_init=attention_ops.normal_init(cfg.init_std, "mlp", "embed"),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)))(h_BxTxF)
     out_BxTxD = checkpoint_name(out_BxTxD, "ff_2")
     return nn.Dropout(cfg.dropout)(out_BxTxD, deterministic=deterministic)
@@ -287,7 +287,7 @@ class TransformerXL(nn.Module):
         cfg, self.shared_pos, emb_BxTxD, mems_LxBxMxD,
         dropout=lambda x: self.drop(x, deterministic=deterministic))
     h_BxTxD = self.drop(emb_BxTxD, deterministic=deterministic)
-    mask_Bx1xTxK = attention.attention_mask(tgt_len, mem_len, memory.mlen_B, cfg.same_length)
+    mask_Bx1xTxK = attention_ops.attention_mask(tgt_len, mem_len, memory.mlen_B, cfg.same_length)
 
     h_BxTxD, new_mems_LxBxMxD = self.layers(                      # read (scanned in),
         h_BxTxD, mems_LxBxMxD, pos, mask_Bx1xTxK, deterministic)  # new memory (out)

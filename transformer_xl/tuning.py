@@ -7,7 +7,7 @@ a checkpoint may be used with other values of them (:data:`FREE_MODEL_KEYS`):
   remat        which activations each layer keeps for the backward pass
                (:data:`REMAT_POLICIES`, MaxText's named policies);
   attn_block   queries per block of the blockwise attention
-               (:func:`attn_block_size`; ``attention.query_blocks``);
+               (:func:`attn_block_size`; ``attention_ops.query_blocks``);
   scan_unroll  layers per iteration of the ``nn.scan`` loop over layers
                (:func:`scan_unroll_layers`).
 
@@ -68,7 +68,7 @@ def attn_block_size(attn_block: int, deterministic: bool) -> int:
   backward pass keeps no [B, H, T, K] scores) and 0, the full computation,
   otherwise: in evaluation, and on GPU and TPU, where nothing has been
   measured yet.  Other values are returned as they are.  The result is the
-  same either way (``attention.query_blocks``), to fp32 rounding.
+  same either way (``attention_ops.query_blocks``), to fp32 rounding.
   """
   if attn_block >= 0:
     return attn_block

@@ -52,7 +52,7 @@ model alike):
   recurrent or memory-using variants): its attention length c, as the paper
   evaluates, i.e. ``same_length=True`` with ``eval.mem_len = c``: every
   query attends to exactly c keys, its own input x_{t-1} and the c - 1
-  before it (``attention.attention_mask``).  The cached states of the lower
+  before it (``attention_ops.attention_mask``).  The cached states of the lower
   layers were computed with their own context, so information can flow from
   further back through the layers (up to n_layer * c tokens): that is the
   point of the recurrence.  One row (``--segment_rows=1``, the default), so
