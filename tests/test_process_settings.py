@@ -4,6 +4,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -57,6 +58,7 @@ def test_the_command_line_restarts_once_and_still_reports_bad_input():
 
 _FRAGMENT = r"""
 import sys
+import time
 from transformer_xl import process_settings
 
 def rss_mib():
@@ -201,6 +203,34 @@ def test_stop_signals_turn_sigterm_into_a_flag_and_restore_the_handler():
     os.kill(os.getpid(), signal.SIGTERM)
     assert stop.received()
   assert signal.getsignal(signal.SIGTERM) is previous
+
+
+_TWO_CTRL_C = """
+import os, signal, time
+from transformer_xl import process_settings
+with process_settings.StopSignals() as stop:
+  os.kill(os.getpid(), signal.SIGINT)
+  time.sleep(0.2)
+  print("first:", stop.received(), flush=True)
+  os.kill(os.getpid(), signal.SIGINT)
+  time.sleep(10)
+print("not reached", flush=True)
+"""
+
+
+def test_ctrl_c_once_is_a_flag_twice_quits_at_once():
+  """The first SIGINT sets the flag (named) with one line on stderr; the
+  second exits 130 at once, without a traceback."""
+  t = time.monotonic()
+  r = subprocess.run([sys.executable, "-c", _TWO_CTRL_C], cwd=REPO, capture_output=True,
+                     text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(REPO)))
+  assert r.returncode == 130 and r.stdout == "first: SIGINT\n", (r.stdout, r.stderr)
+  assert time.monotonic() - t < 9  # did not sleep out the 10 s
+  lines = [line for line in r.stderr.splitlines() if line]
+  assert lines == [
+      "SIGINT: stopping after the current step with a checkpoint (Ctrl-C again quits at once, "
+      "without one).",
+      "SIGINT again: quitting without a checkpoint (the newest one written is intact)."]
 
 
 def test_an_incomplete_multi_process_setup_is_a_config_error():

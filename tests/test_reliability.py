@@ -14,7 +14,10 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import jax
@@ -217,23 +220,37 @@ def test_a_non_finite_step_changes_nothing(mesh):
                          jax.tree_util.tree_leaves(after_3.params)[0])
 
 
-@pytest.mark.slow
-def test_stop_at_a_non_finite_step_keeps_every_good_checkpoint(tmp_path, mesh, monkeypatch,
-                                                              clean):
-  """train.nonfinite=stop, step 7 diverges, checkpoints every 2 steps, two
-  kept: the run raises naming step 7 and checkpoint 6; checkpoints 4 and 6
-  remain, equal to the clean run's, and each restores and verifies."""
-  poison(monkeypatch, {7})
-  config = toy_config(log_every=5)  # step 7 is found by the check before saving step 8
+@pytest.mark.parametrize("poisoned,good,moved", [({7}, 6, None), ({7, 8}, 4, 6)])
+def test_stop_names_the_newest_verified_checkpoint_and_sets_aside_the_rest(
+    tmp_path, mesh, monkeypatch, clean, poisoned, good, moved):
+  """train.nonfinite=stop, checkpoints every 2 steps, two kept, steps checked
+  at step 5 and before saving step 8.  Step 7 alone diverges: step 8,
+  computed from checkpoint 6's parameters (step 7 was not applied), is
+  finite, so 6 is the good one and both 4 and 6 stay.  Steps 7 and 8 both
+  diverge: no finite step came from checkpoint 6, so it is moved to
+  checkpoints_rejected/ with its reason (not deleted) and 4 is named.
+  Whatever remains equals the clean run's and restores verified."""
+  poison(monkeypatch, poisoned)
+  config = toy_config(log_every=5)
   config.checkpoint.max_to_keep = 2
   with pytest.raises(metrics.NonFiniteError) as err:
     train_toy(tmp_path, mesh, config)
   message = str(err.value)
-  assert "step 7:" in message and "loss is nan" in message
-  assert str(tmp_path / "checkpoints" / "6") in message and "learning_rate" in message
-  assert records(tmp_path) == {s: records(clean)[s] for s in (4, 6)}
-  manager = checkpointing.make_manager(str(tmp_path), 2)
-  for step in (4, 6):
+  assert "step 7:" in message and "loss is nan" in message and "learning_rate" in message
+  assert f"The last good checkpoint is {tmp_path / 'checkpoints' / str(good)} (step {good})" in message
+  assert json.loads((tmp_path / "checkpoints_verified.json").read_text()) == {"step": good}
+  kept = {4, 6} - {moved}
+  assert records(tmp_path) == {s: records(clean)[s] for s in kept}
+  if moved is None:
+    assert "moved" not in message and not (tmp_path / "checkpoints_rejected").exists()
+  else:
+    assert f"were moved to {tmp_path / 'checkpoints_rejected'}" in message
+    rejected = tmp_path / "checkpoints_rejected" / str(moved)
+    assert "a step computed from it was not finite" in (rejected / "reason.txt").read_text()
+    integrity = lambda d: json.loads((d / "integrity" / "metadata").read_text())["leaves"]
+    assert integrity(rejected) == integrity(clean / "checkpoints" / str(moved))
+  manager = checkpointing.make_manager(str(tmp_path))
+  for step in kept:
     restored = checkpointing.restore(manager, step, abstract_state(config, mesh))
     assert restored.verified and int(restored.state.step) == step
   rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -259,7 +276,9 @@ def test_skip_goes_on_and_stops_after_max_skipped_in_a_row(tmp_path, mesh, monke
   poison(monkeypatch, {5, 6})
   with pytest.raises(metrics.NonFiniteError, match="steps 5 to 6: 2 steps in a row"):
     train_toy(tmp_path / "row", mesh, config)
-  assert set(records(tmp_path / "row")) == {2, 4}
+  # Both steps computed from checkpoint 4 failed: it is set aside, 2 is the good one.
+  assert set(records(tmp_path / "row")) == {2}
+  assert (tmp_path / "row" / "checkpoints_rejected" / "4" / "reason.txt").exists()
 
 
 # --------------------------------------------------------------------------- #
@@ -296,6 +315,8 @@ def _damage(step_dir, kind, previous_dir):
     shutil.copytree(previous_dir / "state", step_dir / "state")
   elif kind == "record_damaged":
     (step_dir / "integrity" / "metadata").write_text('{"format": 1, "leaves": {')
+  elif kind == "record_deleted":  # this version always writes one: not verifiable, not used
+    shutil.rmtree(step_dir / "integrity")
   else:
     raise ValueError(kind)
 
@@ -313,7 +334,8 @@ def resumed_from_4(tmp_path_factory, mesh, clean):
     pytest.param("two_bit_flips", marks=SLOW),
     pytest.param("truncated", marks=SLOW), "data_file_deleted",
     pytest.param("metadata_deleted", marks=SLOW),
-    pytest.param("other_arrays", marks=SLOW), pytest.param("record_damaged", marks=SLOW)])
+    pytest.param("other_arrays", marks=SLOW), pytest.param("record_damaged", marks=SLOW),
+    "record_deleted"])
 def test_a_damaged_latest_checkpoint_falls_back_to_the_previous(tmp_path, mesh, clean,
                                                                 resumed_from_4, kind, capsys):
   workdir = copy_upto(clean, tmp_path / "wd", 6)
@@ -323,7 +345,9 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous(tmp_path, mesh, 
   out = capsys.readouterr().out
   assert f"Checkpoint {step6} is not usable" in out, out
   assert f"Resumed from {workdir / 'checkpoints' / '4'} at step 4." in out
-  assert (workdir / "checkpoints_rejected" / "6").is_dir() and "Moved the unusable" in out
+  assert (workdir / "checkpoints_rejected" / "6").is_dir() and "Moved the checkpoint" in out
+  reason = (workdir / "checkpoints_rejected" / "6" / "reason.txt").read_text()
+  assert reason and reason.strip() in out
   # The same losses and final state as a run resumed from checkpoint 4 directly.
   got, want = read_metrics(workdir), read_metrics(resumed_from_4)
   lines = (workdir / "metrics.jsonl").read_text().splitlines()
@@ -338,7 +362,7 @@ def test_reasons_are_named_and_no_usable_checkpoint_is_an_error(tmp_path, mesh, 
   workdir = copy_upto(clean, tmp_path / "wd", 4)
   _damage(workdir / "checkpoints" / "4", "other_arrays", workdir / "checkpoints" / "2")
   _damage(workdir / "checkpoints" / "2", "data_file_deleted", None)
-  manager = checkpointing.make_manager(str(workdir), 10)
+  manager = checkpointing.make_manager(str(workdir))
   logged = []
   with pytest.raises(checkpointing.CheckpointError) as err:
     checkpointing.restore_latest(manager, abstract_state(toy_config(), mesh), log=logged.append)
@@ -346,7 +370,9 @@ def test_reasons_are_named_and_no_usable_checkpoint_is_an_error(tmp_path, mesh, 
   for step in (2, 4):
     assert str(workdir / "checkpoints" / str(step)) in message
   assert "fingerprint mismatch in" in message and "cannot be read" in message
+  assert "Nothing was changed" in message and " mv " not in message  # nothing to discard
   assert len(logged) == 2 and "Trying the previous one" in logged[0]
+  assert sorted(os.listdir(workdir / "checkpoints")) == ["2", "4"]
 
 
 def test_partial_writes_are_removed_at_start(tmp_path, mesh, clean, capsys):
@@ -381,6 +407,9 @@ def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path, mesh, clean, mon
   no traceback logged for the write tasks orbax abandons."""
   workdir = copy_upto(clean, tmp_path / "wd", 4)
   real_save = checkpointing.ocp.CheckpointManager.save
+  for name in ("absl", "asyncio"):  # undone with monkeypatch: other tests see no filters
+    monkeypatch.setattr(logging.getLogger(name), "filters", list(logging.getLogger(name).filters))
+  monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
   logging.getLogger("asyncio").setLevel(logging.NOTSET)  # as in a fresh process
   process_settings.configure_logging(debug=False)  # as the command line does
 
@@ -402,7 +431,7 @@ def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path, mesh, clean, mon
   assert not list((workdir / "checkpoints").glob("*tmp*"))
   monkeypatch.undo()
   assert records(workdir) == {s: records(clean)[s] for s in (2, 4)}
-  manager = checkpointing.make_manager(str(workdir), 10)
+  manager = checkpointing.make_manager(str(workdir))
   assert checkpointing.restore_latest(manager, abstract_state(toy_config(), mesh)).step == 4
 
 
@@ -646,7 +675,7 @@ def test_a_checkpoint_with_non_finite_values_is_not_used(tmp_path, mesh, clean):
   """A checkpoint written without a record (an older version) that holds a
   NaN: rejected for it, the previous one is used."""
   workdir = copy_upto(clean, tmp_path / "wd", 4)
-  manager = checkpointing.make_manager(str(workdir), 10)
+  manager = checkpointing.make_manager(str(workdir))
   state = checkpointing.restore(manager, 4, abstract_state(toy_config(), mesh)).state
   params = jax.tree_util.tree_map(lambda x: x.at[(0,) * x.ndim].set(jnp.nan), state.params)
   manager.save(6, args=checkpointing.ocp.args.Composite(
@@ -681,3 +710,230 @@ def test_run_differences_lists_what_a_checkpoint_cannot_take():
   spelled = dict(saved, model=dict(saved["model"], d_embed=None))
   assert wd.run_differences(spelled, saved) == []
   assert wd.run_differences(dict(saved, model=dict(saved["model"], d_embed=16)), saved) == []
+
+
+# --------------------------------------------------------------------------- #
+# metrics.jsonl after a crash.
+
+
+@pytest.mark.parametrize("cut", [1, 7, -25, -1])
+def test_a_torn_metrics_line_is_moved_aside_and_every_step_stays_once(tmp_path, cut):
+  """A run killed while writing row 3 leaves it torn (cut at several byte
+  offsets, the last one only without its newline); the resumed run (from
+  step 2) moves the torn text to metrics.jsonl.corrupt with a warning,
+  keeps steps 1-2, then appends 3-4: strict JSON, each step once."""
+  writer = metrics.MetricWriter(str(tmp_path))
+  for step in (1, 2, 3):
+    writer.write_scalars(step, {"train/loss": 3.0 - 0.1 * step})
+  writer.close()
+  path = tmp_path / "metrics.jsonl"
+  text = path.read_text()
+  start = text.index('{"step": 3')
+  path.write_text(text[:start + cut] if cut > 0 else text[:len(text) + cut])
+  torn = path.read_text()[start:]
+  logged = []
+  writer = metrics.MetricWriter(str(tmp_path), start_step=2, log=logged.append)
+  for step in (3, 4):
+    writer.write_scalars(step, {"train/loss": 3.0 - 0.1 * step})
+  writer.close()
+  rows = [json.loads(line, parse_constant=lambda c: pytest.fail(c))
+          for line in path.read_text().split("\n")[:-1]]
+  assert [r["step"] for r in rows] == [1, 2, 3, 4] and path.read_text().endswith("\n")
+  assert (tmp_path / "metrics.jsonl.corrupt").read_text() == torn + "\n"
+  assert len(logged) == 1 and "metrics.jsonl.corrupt" in logged[0]
+
+
+def test_metrics_lines_that_are_not_rows_or_repeat_a_step_are_cleaned(tmp_path):
+  """Lines that are not strict-JSON rows go to the side file; a step written
+  twice (two runs in one workdir before locks) keeps its last row."""
+  path = tmp_path / "metrics.jsonl"
+  path.write_text('{"step": 1, "a": 1}\n{"step": 2, "a": NaN}\n[1, 2]\n{"step": 1, "a": 2}\n'
+                  '{"step": 2, "a": 3}\n')
+  metrics.MetricWriter(str(tmp_path), start_step=5, log=lambda m: None).close()
+  assert [json.loads(l) for l in path.read_text().splitlines()] == [{"step": 1, "a": 2},
+                                                                   {"step": 2, "a": 3}]
+  assert (tmp_path / "metrics.jsonl.corrupt").read_text() == '{"step": 2, "a": NaN}\n[1, 2]\n'
+
+
+# --------------------------------------------------------------------------- #
+# One training per workdir; readers beside it.
+
+HOLD_LOCK = """
+import sys, time
+from transformer_xl import workdir
+with workdir.training_lock(sys.argv[1]):
+  print("held", flush=True)
+  time.sleep(120)
+"""
+
+
+def _hold_lock(directory):
+  proc = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(directory)], cwd=REPO,
+                          stdout=subprocess.PIPE, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+  assert proc.stdout.readline().strip() == "held"
+  return proc
+
+
+def test_the_training_lock_names_its_holder_and_is_taken_over_when_it_is_gone(tmp_path):
+  from transformer_xl import workdir as wd
+  holder = _hold_lock(tmp_path)
+  try:
+    with pytest.raises(wd.WorkdirError) as err:
+      with wd.training_lock(str(tmp_path)):
+        pytest.fail("a second holder")
+    assert f"is in use by another training (pid {holder.pid} on host " in str(err.value)
+    assert str(tmp_path / "train.lock") in str(err.value)
+  finally:
+    holder.kill()  # kill -9: no release; the file keeps the holder's details
+    holder.wait()
+  assert f'"pid": {holder.pid}' in (tmp_path / "train.lock").read_text()
+  logged = []
+  with wd.training_lock(str(tmp_path), log=logged.append):
+    assert f"pid {holder.pid} on host" in logged[0] and "Took over" in logged[0]
+    assert json.loads((tmp_path / "train.lock").read_text())["pid"] == os.getpid()
+    with wd.training_lock(str(tmp_path)):  # re-entrant in one process
+      pass
+    assert (tmp_path / "train.lock").exists()
+  assert not (tmp_path / "train.lock").exists()  # released
+
+
+def _wait_for(predicate, what, timeout=240):
+  end = time.monotonic() + timeout
+  while not predicate():
+    assert time.monotonic() < end, f"timed out waiting for {what}"
+    time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_a_second_training_stops_and_readers_work_beside_a_training(cli, tmp_path):
+  """A training that checkpoints every step (two kept) runs; a second
+  training of the same workdir stops within seconds naming it, changing
+  nothing; meanwhile 20 restores (what eval, score and generate do) each get
+  a checkpoint with no false "not usable" report, and a --mode=score runs;
+  then the first training is killed (-9) and the next one takes its lock
+  over."""
+  from transformer_xl import workdir as wd
+  root, manual, workdir, args = cli
+  copy = tmp_path / "wd"
+  shutil.copytree(workdir, copy)
+  args = [a.replace(str(workdir), str(copy)) for a in args] + [
+      "--config.checkpoint.every_steps=1", "--config.checkpoint.max_to_keep=2"]
+  first = subprocess.Popen([sys.executable, "-m", "transformer_xl.main", *args,
+                            "--config.train.num_steps=100000"], cwd=REPO, text=True,
+                           env=dict(os.environ, PYTHONPATH=str(REPO)),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+  try:
+    _wait_for(lambda: (copy / "checkpoints" / "8").exists() or first.poll() is not None,
+              "the first training's checkpoints")
+    assert first.poll() is None, first.stderr.read()[-3000:]
+    metrics_before = (copy / "config.json").read_text()
+    t = time.monotonic()
+    second = run_main(args + ["--config.train.num_steps=100000",
+                              "--config.train.learning_rate=0.5"])
+    assert second.returncode == 1 and "Traceback" not in second.stderr
+    assert time.monotonic() - t < 60
+    assert f"is in use by another training (pid {first.pid} on host" in second.stderr
+    assert "Corpus" not in second.stdout  # it stopped before loading the data
+    assert (copy / "config.json").read_text() == metrics_before
+
+    config = wd.load_config(str(copy))
+    model_cfg, _ = wd.load_model_config(str(copy))
+    mesh = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
+    logged, steps = [], []
+    real_log = metrics.log
+    metrics.log = logged.append
+    try:
+      for _ in range(20):
+        step, params = wd.restore_params(config, str(copy), model_cfg, mesh)
+        steps.append(step)
+    finally:
+      metrics.log = real_log
+    assert first.poll() is None
+    assert not [m for m in logged if "not usable" in m], logged
+    assert len(steps) == 20 and steps == sorted(steps) and steps[-1] > steps[0]
+    r = run_main([f"--workdir={copy}", "--mode=score", f"--text={manual / 'ptb.valid.txt'}",
+                  f"--out={tmp_path / 'nll.npy'}"])
+    assert r.returncode == 0 and "not usable" not in r.stdout + r.stderr, r.stderr[-2000:]
+  finally:
+    first.kill()
+    first.wait()
+  r = run_main(args + ["--config.train.num_steps=2"])
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert f"Took over {copy / 'train.lock'} from a training that ended without releasing it " \
+         f"(pid {first.pid} on host" in r.stdout
+
+
+# --------------------------------------------------------------------------- #
+# Ctrl-C.
+
+
+def _start(args):
+  return subprocess.Popen([sys.executable, "-m", "transformer_xl.main", *args], cwd=REPO,
+                          text=True, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+@pytest.mark.slow
+def test_ctrl_c_saves_and_the_resumed_run_is_exact(cli, tmp_path):
+  """The first Ctrl-C (SIGINT) during training: a checkpoint of the current
+  step, one line, exit status 0; resumed two steps further, the run equals a
+  straight one (losses and final checkpoint).  (A second Ctrl-C:
+  test_process_settings.py.)"""
+  root, manual, workdir, args = cli
+  constant = ["--config.train.learning_rate=1e-3", "--config.train.min_lr=1e-3"]
+  stopped, straight = tmp_path / "stopped", tmp_path / "straight"
+  for d in (stopped, straight):
+    shutil.copytree(workdir, d)
+  run_args = lambda d: [a.replace(str(workdir), str(d)) for a in args] + constant
+  proc = _start(run_args(stopped) + ["--config.train.num_steps=100000"])
+  _wait_for(lambda: proc.poll() is not None or (stopped / "metrics.jsonl").exists() and max(
+      read_metrics(stopped), default=0) >= 6, "training steps")
+  proc.send_signal(signal.SIGINT)
+  out, err = proc.communicate(timeout=120)
+  assert proc.returncode == 0 and "Traceback" not in err, err[-3000:]
+  saved = [line for line in (out + err).splitlines() if "SIGINT: saved a checkpoint" in line]
+  assert len(saved) == 1, out + err
+  n = int(saved[0].split("at step ")[1].split(";")[0])
+  assert n >= 6 and max(int(p.name) for p in (stopped / "checkpoints").iterdir()) == n
+  r = run_main(run_args(stopped) + [f"--config.train.num_steps={n + 2}"])
+  assert r.returncode == 0 and f"Resumed from {stopped / 'checkpoints' / str(n)}" in r.stdout
+  r = run_main(run_args(straight) + [f"--config.train.num_steps={n + 2}"])
+  assert r.returncode == 0, r.stderr[-2000:]
+  got, want = read_metrics(stopped), read_metrics(straight)
+  assert sorted(got) == sorted(want) == list(range(1, n + 3))
+  for step in range(5, n + 3):
+    assert got[step]["train/loss"] == pytest.approx(want[step]["train/loss"], rel=1e-6), step
+  assert records(stopped)[n + 2] == records(straight)[n + 2]
+
+
+@pytest.mark.slow
+def test_a_diverged_run_names_a_used_checkpoint_and_a_lower_rate_resumes_from_it(cli, tmp_path):
+  """The reported case: learning rate 1e30 from scratch, a checkpoint every
+  step.  Step 2's loss is finite but its update leaves parameters from
+  which step 3 is NaN, so checkpoint 2 holds finite values yet is bad: it is
+  moved to checkpoints_rejected/ and the message names checkpoint 1 (step 2
+  came from it); the same command with a lower learning rate resumes from 1
+  and trains to the end, finite; eval then uses the new checkpoints."""
+  root, manual, _, _ = cli
+  workdir = tmp_path / "wd"
+  args = small_args(root, workdir, manual, *TINY, "--config.checkpoint.every_steps=1",
+                    "--config.checkpoint.max_to_keep=2", "--config.train.num_steps=8")
+  r = run_main(args + ["--config.train.learning_rate=1e30"])
+  assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+  error = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+  assert len(error) == 1 and error[0].startswith("error: step 3: the loss is nan"), r.stderr
+  assert f"The last good checkpoint is {workdir / 'checkpoints' / '1'} (step 1)" in error[0]
+  assert f"moved to {workdir / 'checkpoints_rejected'}" in error[0]
+  assert os.listdir(workdir / "checkpoints") == ["1"]
+  assert (workdir / "checkpoints_rejected" / "2" / "reason.txt").exists()
+  r = run_main(args + ["--config.train.learning_rate=1e-3"])
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert f"Resumed from {workdir / 'checkpoints' / '1'} at step 1." in r.stdout
+  rows = read_metrics(workdir)
+  assert sorted(rows) == list(range(1, 9))
+  assert all(np.isfinite(rows[s]["train/loss"]) for s in rows)
+  assert json.loads((workdir / "checkpoints_verified.json").read_text()) == {"step": 7}
+  r = run_main([f"--workdir={workdir}", "--mode=eval"])
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert json.loads((workdir / "eval_results.json").read_text())["step"] == 8

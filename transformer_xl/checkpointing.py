@@ -17,11 +17,19 @@ hash of each array's bits, summed over the elements; no array is copied to
 the host), when saving and again after restoring: a checkpoint whose files
 changed, were truncated or lost a file, or that holds a non-finite value,
 is reported by path and reason and the previous checkpoint is used
-(:func:`restore_latest`).  A non-finite state is never saved (:func:`save`),
-so ``max_to_keep`` rotation can only delete a good checkpoint in favour of
-another good one.  Partial writes (``*.orbax-checkpoint-tmp*``) left by an
+(:func:`restore_latest`); a reader beside a running training skips a
+checkpoint that the training's rotation removed while it was read.
+
+A non-finite state is never saved (:func:`save`), and a checkpoint counts
+as good only once a step computed from it was finite
+(:class:`Verification`, recorded in ``<workdir>/checkpoints_verified.json``):
+when a run diverges, the checkpoints after the newest good one are set
+aside (:func:`set_aside`, to ``checkpoints_rejected/`` with their reason),
+and rotation (:func:`prune`, ``checkpoint.max_to_keep``) never deletes the
+newest good one.  Partial writes (``*.orbax-checkpoint-tmp*``) left by an
 interrupted run are removed at the start of training
-(:func:`remove_partial_writes`).
+(:func:`remove_partial_writes`); a failed write removes its own
+(:func:`save`).
 
 Failures are raised, never logged here; orbax logs its own (the command
 line keeps them quiet unless ``--debug``: ``process_settings.configure_logging``).
@@ -35,6 +43,7 @@ import functools
 import json
 import os
 import shutil
+import time
 from typing import Any, Callable, Mapping, Optional
 
 import jax
@@ -47,6 +56,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from transformer_xl import distributed
 
 RECORD_FORMAT = 1
+_RELISTS = 5  # listings of a directory that a running training changes
 _TMP_MARK = ".orbax-checkpoint-tmp"
 
 
@@ -61,18 +71,22 @@ def checkpoint_dir(workdir: str) -> epath.Path:
   return directory if "://" in str(workdir) else directory.absolute()
 
 
-def make_manager(workdir: str, max_to_keep: int) -> ocp.CheckpointManager:
-  """CheckpointManager in ``<workdir>/checkpoints`` keeping ``max_to_keep``.
+def make_manager(workdir: str, create: bool = True) -> ocp.CheckpointManager:
+  """CheckpointManager of ``<workdir>/checkpoints``.
 
-  Raises:
-    ValueError: max_to_keep < 1.
+  Orbax keeps every checkpoint: rotation is :func:`prune`'s, which never
+  deletes the newest verified checkpoint (:class:`Verification`) and
+  deletes by renaming first, so that a reader beside a running training
+  sees a checkpoint whole or not at all.
+
+  Args:
+    workdir: the run's directory (local or gs://).
+    create: create the directory (training); readers pass False.
   """
-  if max_to_keep < 1:
-    raise ValueError(f"checkpoint.max_to_keep={max_to_keep} must be >= 1.")
   # Synchronous: save() waits for the write anyway (so a crash right after
   # cannot leave a half-written latest checkpoint), and errors then surface
   # in the calling thread.
-  options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
+  options = ocp.CheckpointManagerOptions(max_to_keep=None, create=create,
                                          enable_async_checkpointing=False)
   return ocp.CheckpointManager(checkpoint_dir(workdir), options=options,
                                item_names=("state", "iterator", "integrity"))
@@ -251,6 +265,33 @@ def _write_error_kind(err: BaseException) -> Optional[str]:
   return None
 
 
+def _remove_failed_write(manager: ocp.CheckpointManager, step: int,
+                        settle_s: float = 0.5, limit_s: float = 30.0) -> None:
+  """Removes what a failed write of ``step`` left, once orbax stopped writing.
+
+  When one array's write fails, orbax raises while the writes of the other
+  arrays (tensorstore's threads) may still be creating files in the
+  partial directory, which would bring it back after a removal.  So: wait
+  for the manager's background work, then remove the partial directories
+  until none has reappeared for ``settle_s`` seconds (at most ``limit_s``).
+  Process 0 removes; every process waits.
+  """
+  with contextlib.suppress(Exception):
+    manager.wait_until_finished()
+  if jax.process_index() == 0:
+    start = last_seen = time.monotonic()
+    while time.monotonic() - last_seen < settle_s and time.monotonic() - start < limit_s:
+      leftovers = [p for p in partial_writes(manager.directory)
+                   if p.name.startswith(f"{step}.")]
+      for path in leftovers:
+        with contextlib.suppress(OSError):
+          path.rmtree(missing_ok=True)
+      if leftovers:
+        last_seen = time.monotonic()
+      time.sleep(0.05)
+  distributed.barrier("remove_failed_write")
+
+
 def save(manager: ocp.CheckpointManager, step: int, state: Any, iterator_state: dict,
          meta: Optional[Mapping[str, Any]] = None, force: bool = False) -> bool:
   """Saves ``state`` (a pytree of global arrays), the iterator position and
@@ -302,11 +343,7 @@ def save(manager: ocp.CheckpointManager, step: int, state: Any, iterator_state: 
     kind = _write_error_kind(err)
     if kind is None:
       raise
-    leftovers = [p for p in partial_writes(manager.directory)
-                 if p.name.startswith(f"{step}.")]
-    if jax.process_index() == 0:
-      for path in leftovers:
-        path.rmtree(missing_ok=True)
+    _remove_failed_write(manager, step)
     need = _checkpoint_bytes(manager, previous, state)
     free = _free_bytes(manager.directory)
     space = (f" A checkpoint needs about {need / 2**20:,.1f} MiB"
@@ -350,18 +387,34 @@ class Restored:
   verified: bool = True
 
 
+def _written_with_record(manager: ocp.CheckpointManager, step: int) -> bool:
+  """Whether checkpoint ``step`` was written with an integrity record: orbax's
+  own step metadata (``_CHECKPOINT_METADATA``) lists the items it saved; a
+  checkpoint of a version before records lists no ``integrity``."""
+  try:
+    saved = json.loads((_step_path(manager, step) / "_CHECKPOINT_METADATA").read_text())
+  except (OSError, ValueError):
+    return False
+  return "integrity" in (saved.get("item_handlers") or {})
+
+
 def read_record(manager: ocp.CheckpointManager, step: int) -> Optional[dict]:
   """The integrity record saved with checkpoint ``step``.
 
   Returns:
-    The record dict, or None when the checkpoint has no ``integrity`` item
-    (written before records existed).
+    The record dict, or None for a checkpoint written before records
+    existed (orbax's step metadata lists no ``integrity`` item).
 
   Raises:
-    CheckpointError: the record exists but cannot be read or parsed.
+    CheckpointError: the record cannot be read or parsed, or it is missing
+      although the checkpoint was written with one (deleted or lost: the
+      checkpoint cannot be verified, so it is not used).
   """
   path = _step_path(manager, step) / "integrity"
-  if not path.exists():
+  if not (path / "metadata").exists():
+    if _written_with_record(manager, step):
+      raise CheckpointError("its integrity record is missing (it was written with one, which "
+                            "was deleted or lost), so its files cannot be verified")
     return None
   try:
     record = json.loads((path / "metadata").read_text())
@@ -467,9 +520,14 @@ def restore_latest(manager: ocp.CheckpointManager,
   then the state is restored and its fingerprints and finiteness verified.
   A checkpoint that fails (unreadable, truncated, a missing file, a changed
   fingerprint, a non-finite value) is reported through ``log`` with its
-  path and the reason, and the previous one is tried.  With several
-  processes every decision is agreed on (a checkpoint that fails on any
-  process fails on all).
+  path and the reason, and the previous one is tried.
+
+  A reader may run beside a training of the same workdir: after a failure
+  the directory is listed again, and a checkpoint that is gone (the
+  training's rotation removed it while it was read, :func:`prune`) is
+  skipped with a note, not reported as damaged; checkpoints that appeared
+  meanwhile are tried too.  With several processes every decision is
+  agreed on (a checkpoint that fails on any process fails on all).
 
   Args:
     manager: from :func:`make_manager`.
@@ -487,52 +545,71 @@ def restore_latest(manager: ocp.CheckpointManager,
 
   Raises:
     CheckpointError: there are checkpoints but none is usable; the message
-      lists each with its reason.
+      lists each with its reason (and changes nothing).
     Exception: whatever ``check_meta`` raises.
   """
-  steps = sorted(manager.all_steps(), reverse=True)
-  rejected = []
-  for step in steps:
-    path = str(_step_path(manager, step))
-    reason, restored = None, None
-    try:
-      restored = restore(manager, step, abstract_state, check_meta)
-    except CheckpointError as err:
-      reason = str(err)
-    if distributed.any_process(reason is not None):
-      reason = reason or "it failed to restore on another process"
-      rejected.append((path, reason))
-      log(f"Checkpoint {path} is not usable: {reason}."
-          + (" Trying the previous one." if step != steps[-1] else ""))
-      continue
-    if not restored.verified:
-      log(f"Checkpoint {path} has no integrity record (written by an older version): "
-          "checked for finite values only.")
-    restored.rejected = rejected
-    return restored
+  rejected, tried = [], set()
+  for _ in range(_RELISTS):
+    steps = [s for s in sorted(manager.all_steps(), reverse=True) if s not in tried]
+    if not steps:
+      break
+    for step in steps:
+      tried.add(step)
+      path = str(_step_path(manager, step))
+      reason, restored = None, None
+      try:
+        restored = restore(manager, step, abstract_state, check_meta)
+      except CheckpointError as err:
+        reason = str(err)
+      if distributed.any_process(reason is not None):
+        manager.reload()
+        if distributed.any_process(step not in manager.all_steps()):
+          log(f"Checkpoint {path} was removed while it was read (the rotation of a training "
+              "running in this workdir); trying the next one.")
+          continue
+        reason = reason or "it failed to restore on another process"
+        rejected.append((path, reason))
+        log(f"Checkpoint {path} is not usable: {reason}. Trying the previous one.")
+        continue
+      if not restored.verified:
+        log(f"Checkpoint {path} has no integrity record (written by an older version): "
+            "checked for finite values only.")
+      restored.rejected = rejected
+      return restored
+    manager.reload()
   if rejected:
     raise CheckpointError(
         f"No usable checkpoint in {manager.directory}: "
         + "; ".join(f"{p}: {r}" for p, r in rejected)
-        + ". Copy back a good one if you have it, or move the directory away "
-          "(e.g. mv checkpoints checkpoints.bad) to train from scratch.")
+        + ". Nothing was changed. Copy back a good checkpoint if you have one, or train from "
+          "scratch with a new --workdir (these checkpoints stay where they are).")
   return None
 
 
-def set_aside(manager: ocp.CheckpointManager, workdir: str, paths: list[str],
-              log: Callable[[str], None] = print) -> None:
-  """Moves unusable checkpoints out of the manager's directory.
+def set_aside(manager: ocp.CheckpointManager, workdir: str, rejected: list[tuple[str, str]],
+              log: Callable[[str], None] = print) -> list[str]:
+  """Moves checkpoints out of the manager's directory, each with its reason.
 
   They go to ``<workdir>/checkpoints_rejected/<step>`` (deleted instead
-  where the file system cannot rename a directory, e.g. gs://), so that
-  the run can write new checkpoints with their step numbers.  Process 0
-  moves; every process then reloads the manager's list of steps.
+  where the file system cannot rename a directory, e.g. gs://), with the
+  reason in ``reason.txt`` beside their files, so that the run can write
+  new checkpoints with their step numbers and a user can still inspect (or
+  move back) what was set aside.  Process 0 moves; every process then
+  reloads the manager's list of steps.
+
+  Args:
+    rejected: [(checkpoint path, reason)].
+
+  Returns:
+    Where each one went (its new path, or "deleted").
   """
-  if not paths:
-    return
+  if not rejected:
+    return []
+  went = []
   if jax.process_index() == 0:
     target_dir = epath.Path(workdir) / "checkpoints_rejected"
-    for path in map(epath.Path, paths):
+    for path, reason in rejected:
+      path = epath.Path(path)
       target = target_dir / path.name
       n = 1
       while target.exists():
@@ -540,10 +617,131 @@ def set_aside(manager: ocp.CheckpointManager, workdir: str, paths: list[str],
       try:
         target_dir.mkdir(parents=True, exist_ok=True)
         path.rename(target)
-        log(f"Moved the unusable checkpoint {path} to {target} (delete it when you no "
-            "longer need it).")
+        (target / "reason.txt").write_text(reason + "\n")
+        went.append(str(target))
+        log(f"Moved the checkpoint {path} to {target} ({reason}; delete it when you no longer "
+            "need it).")
       except OSError as err:
         path.rmtree(missing_ok=True)
-        log(f"Deleted the unusable checkpoint {path} (it could not be moved: {err}).")
+        went.append("deleted")
+        log(f"Deleted the checkpoint {path} ({reason}; it could not be moved: {err}).")
   distributed.barrier("set_aside")
   manager.reload()
+  return went
+
+
+def prune(manager: ocp.CheckpointManager, max_to_keep: int, keep: Optional[int] = None
+          ) -> list[int]:
+  """Deletes all but the newest ``max_to_keep`` checkpoints and ``keep``.
+
+  A checkpoint is renamed to a partial-write name first (atomic on a local
+  file system), then deleted: a reader listing the directory meanwhile
+  never sees half of one, and a run killed in between leaves a partial
+  write that the next training removes (:func:`remove_partial_writes`).
+  Process 0 deletes; every process reloads the list.
+
+  Args:
+    max_to_keep: how many of the newest checkpoints stay (``checkpoint.max_to_keep``).
+    keep: a step that stays whatever its age (the newest verified
+      checkpoint, :class:`Verification`), or None.
+
+  Returns:
+    The deleted steps.
+
+  Raises:
+    ValueError: max_to_keep < 1.
+  """
+  if max_to_keep < 1:
+    raise ValueError(f"checkpoint.max_to_keep={max_to_keep} must be >= 1.")
+  steps = sorted(manager.all_steps(), reverse=True)
+  doomed = [s for s in steps[max_to_keep:] if s != keep]
+  if doomed and jax.process_index() == 0:
+    for step in doomed:
+      path = _step_path(manager, step)
+      gone = path.parent / f"{path.name}{_TMP_MARK}-deleted"
+      path.rename(gone)
+      gone.rmtree(missing_ok=True)
+  if doomed:
+    distributed.barrier("prune")
+    manager.reload()
+  return doomed
+
+
+VERIFIED_FILE = "checkpoints_verified.json"
+
+
+class Verification:
+  """Which checkpoints are known good: a checkpoint is good only once a
+  step computed from its parameters had a finite loss and gradient norm,
+  or a validation of them was finite.
+
+  ``params_good(step)`` records that the parameters after ``step`` were
+  used that way; since a skipped non-finite step leaves the parameters as
+  they were, every checkpoint at or before the largest such step is good
+  (:attr:`step`).  The newest good checkpoint is recorded in
+  ``<workdir>/checkpoints_verified.json`` (process 0, atomically, when it
+  changes), so that a resumed run knows whether the checkpoint it starts
+  from is good.  Checkpoints after :attr:`step` are the ones a divergence
+  sets aside (:meth:`reject_unverified`); rotation keeps the newest good one
+  (:func:`prune`).
+
+  Args:
+    workdir: the run's directory.
+    manager: its checkpoint manager.
+    restored: the step the run resumed from (None: a fresh start).  It
+      counts as good if the record says so; without a record (a workdir of
+      a version before records) the checkpoints before it do, as the run
+      that wrote it computed steps from them.
+  """
+
+  def __init__(self, workdir: str, manager: ocp.CheckpointManager, restored: Optional[int]):
+    self._path = epath.Path(workdir) / VERIFIED_FILE
+    self._manager = manager
+    recorded = None
+    try:
+      recorded = int(json.loads(self._path.read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+      pass
+    if restored is None:
+      self.step = -1
+    elif recorded is None:
+      self.step = restored - 1
+    else:
+      self.step = min(restored, recorded)
+    self._written = self.newest()
+
+  def params_good(self, step: int) -> None:
+    """The parameters after ``step`` gave a finite loss and gradient (or validation)."""
+    self.step = max(self.step, step)
+
+  def newest(self) -> Optional[int]:
+    """The newest good checkpoint's step (None: none is known good)."""
+    good = [s for s in self._manager.all_steps() if s <= self.step]
+    return max(good) if good else None
+
+  def describe(self) -> str:
+    """The newest good checkpoint, for a message."""
+    step = self.newest()
+    if step is None:
+      return ("none yet (no checkpoint has had a finite step computed from it); the same "
+              "command starts from scratch")
+    return f"{_step_path(self._manager, step)} (step {step})"
+
+  def write(self) -> None:
+    """Records the newest good checkpoint if it changed (process 0)."""
+    step = self.newest()
+    if step is None or step == self._written:
+      return
+    if jax.process_index() == 0:
+      tmp = self._path.parent / f".{self._path.name}.tmp"
+      tmp.write_text(json.dumps({"step": step}) + "\n")
+      tmp.replace(self._path)
+    self._written = step
+
+  def reject_unverified(self, workdir: str, reason: str,
+                        log: Callable[[str], None] = print) -> list[str]:
+    """Sets aside (:func:`set_aside`) every checkpoint newer than the newest
+    good one, with ``reason``; returns where they went."""
+    newer = sorted(s for s in self._manager.all_steps() if s > self.step)
+    return set_aside(self._manager, workdir,
+                     [(str(_step_path(self._manager, s)), reason) for s in newer], log=log)

@@ -5,7 +5,7 @@ everything here calls the library (``train``, ``evaluate``,
 ``language_model``) and is the only place that prints results for a user,
 reads ``--tokens``/``--text``/``--prompt_file`` or writes ``--out``:
 
-  train     :func:`run_train`     ``train.train_and_evaluate``, SIGTERM a clean stop
+  train     :func:`run_train`     ``train.train_and_evaluate``; SIGTERM, Ctrl-C a clean stop
   eval      :func:`run_eval`      valid and test of the latest checkpoint
   score     :func:`run_score`     per-token NLL of ``--tokens`` or ``--text``
   generate  :func:`run_generate`  continues ``--prompt``/``--prompt_file``
@@ -86,17 +86,24 @@ def run(request: Request, debug: bool = False) -> None:
 def _run(r: Request) -> None:
   """:func:`run`'s work, in the order of its checks (paths, config, workdir,
   data, then the mode)."""
-  tokens = None
   process_settings.initialize_distributed(r.coordinator_address, r.num_processes, r.process_id)
   if r.mode == "score":
     check_output_path(r.out)
   wd.require_dir(r.workdir)
   config = r.config if r.config is not None else wd.load_config(r.workdir)
-  if r.mode == "score" and r.tokens:
-    tokens = user_errors.load_tokens(r.tokens)
+  tokens = user_errors.load_tokens(r.tokens) if r.mode == "score" and r.tokens else None
   default_config.validate(config, jax.device_count())
-  if r.mode == "train":
-    wd.check_writable(r.workdir)
+  if r.mode != "train":
+    _run_mode(r, config, tokens)
+    return
+  wd.check_writable(r.workdir)
+  with wd.training_lock(r.workdir, log=metrics.log):  # before the data: a second run stops now
+    _run_mode(r, config, tokens)
+
+
+def _run_mode(r: Request, config: ml_collections.ConfigDict, tokens: Optional[np.ndarray]
+              ) -> None:
+  """The mesh, the corpus where the mode needs one, then the mode."""
   mesh = sharding.make_mesh(config.mesh.shape, config.mesh.axis_names)
   corpus = None
   if r.mode in ("train", "eval") or (r.mode == "score" and r.text):

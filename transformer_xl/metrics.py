@@ -83,17 +83,36 @@ def dumps(values: Mapping[str, Any], **kwargs) -> str:
   return json.dumps(strict_json(values), allow_nan=False, **kwargs)
 
 
-def read_jsonl(path) -> list[dict]:
-  """The rows of a metrics.jsonl, skipping a torn last line (a killed run)."""
-  rows = []
-  for line in epath.Path(path).read_text().splitlines():
-    try:
-      row = json.loads(line)
-    except ValueError:
+def _parse_jsonl(text: str) -> tuple[list[dict], list[str]]:
+  """(rows, bad lines) of a metrics.jsonl's text: a row is a strict-JSON
+  object with a ``step``, on a line of its own ending with a newline; a
+  last line without its newline (torn by a killed run) is bad even if it
+  parses."""
+  rows, bad = [], []
+  lines = text.split("\n")
+  for i, line in enumerate(lines):
+    if not line:
       continue
-    if isinstance(row, dict) and "step" in row:
+    torn = i == len(lines) - 1  # no newline after it
+    try:
+      row = json.loads(line, parse_constant=_refuse_constant)
+    except ValueError:
+      row = None
+    if torn or not (isinstance(row, dict) and isinstance(row.get("step"), int)):
+      bad.append(line)
+    else:
       rows.append(row)
-  return rows
+  return rows, bad
+
+
+def _refuse_constant(name: str):
+  raise ValueError(f"not strict JSON: {name}")
+
+
+def read_jsonl(path) -> list[dict]:
+  """The rows of a metrics.jsonl, without lines that are not rows (a torn
+  last line of a killed run)."""
+  return _parse_jsonl(epath.Path(path).read_text())[0]
 
 
 class MetricWriter:
@@ -106,19 +125,31 @@ class MetricWriter:
   rows of later steps, written by the interrupted run and about to be
   redone, are removed from metrics.jsonl, and TensorBoard is told to drop
   its events of those steps (``purge_step``), so each step appears once.
+  Lines that are not rows (a line torn by a killed run, anything that is
+  not strict JSON) are moved to ``metrics.jsonl.corrupt`` with a warning
+  (``log``), and a repeated step keeps its last row; the file is rewritten
+  through a temporary file and a rename.
   """
 
-  def __init__(self, workdir: str, start_step: int = 0):
+  def __init__(self, workdir: str, start_step: int = 0, log=print):
     self._writer = self._jsonl = None
     if jax.process_index() == 0:
       from tensorboardX import SummaryWriter
       path = epath.Path(workdir) / "metrics.jsonl"
       if path.exists():
-        rows = read_jsonl(path)
-        kept = [r for r in rows if r["step"] <= start_step]
-        if len(kept) != len(rows) or path.read_text().count("\n") != len(rows):
+        text = path.read_text()
+        rows, bad = _parse_jsonl(text)
+        by_step = {r["step"]: r for r in rows if r["step"] <= start_step}
+        kept = [by_step[s] for s in sorted(by_step)]
+        if bad:
+          side = path.parent / (path.name + ".corrupt")
+          with side.open("a") as f:
+            f.write("".join(line + "\n" for line in bad))
+          log(f"{path}: moved {len(bad)} line(s) that are not complete JSON rows (a run "
+              f"killed while writing) to {side}.")
+        if bad or kept != rows:
           tmp = path.parent / (path.name + ".tmp")
-          tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+          tmp.write_text("".join(json.dumps(r, allow_nan=False) + "\n" for r in kept))
           tmp.replace(path)
       self._writer = SummaryWriter(logdir=str(epath.Path(workdir) / "tensorboard"),
                                    purge_step=start_step + 1 if start_step else None)

@@ -16,8 +16,9 @@ tools, ``benchmarks/``) call what they need from here, explicitly:
   line reports as one line anyway (orbax's own logs, asyncio's tasks that
   orbax abandons after a failed write, reads that complete after orbax gave
   up on a damaged checkpoint);
-* :class:`StopSignals`: SIGTERM (a preempted Cloud TPU VM) sets a flag
-  that the training loop reads at a step boundary, instead of killing;
+* :class:`StopSignals`: SIGTERM (a preempted Cloud TPU VM) and SIGINT
+  (Ctrl-C) set a flag that the training loop reads at a step boundary to
+  save and stop, instead of killing;
 * :func:`initialize_distributed`: ``jax.distributed`` for a multi-process
   run.
 
@@ -236,20 +237,24 @@ def configure_logging(debug: bool, verbosity_given: bool = False) -> None:
 
 
 # --------------------------------------------------------------------------- #
-# Signals: a preempted VM's SIGTERM becomes a clean stop.
+# Signals: a preempted VM's SIGTERM and a user's Ctrl-C become a clean stop.
 
 
 class StopSignals:
   """While active, SIGTERM (what a preempted Cloud TPU VM receives, and what
-  ``launch/stop.sh`` sends) only sets a flag, :meth:`received`, which the
-  training loop reads at a step boundary to write a checkpoint and return
-  (``train.PreemptionGuard`` agrees on it across processes).  The previous
-  handler is restored on exit."""
+  ``launch/stop.sh`` sends) and SIGINT (Ctrl-C) only set a flag,
+  :meth:`received`, which the training loop reads at a step boundary to
+  write a checkpoint and return (``train.PreemptionGuard`` agrees on it
+  across processes).  The first Ctrl-C prints one line saying so; a second
+  one quits at once (exit status 130, no traceback, no checkpoint: the
+  newest one written is intact, and a write it interrupts is a partial
+  write that the next training removes).  The previous handlers are
+  restored on exit."""
 
-  SIGNALS = (signal.SIGTERM,)
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
   def __init__(self):
-    self._flag = False
+    self._received = ""
     self._previous = {}
 
   def __enter__(self) -> "StopSignals":
@@ -262,11 +267,22 @@ class StopSignals:
       signal.signal(sig, previous)
 
   def _handler(self, signum, frame) -> None:
-    self._flag = True
+    name = signal.Signals(signum).name
+    if signum == signal.SIGINT:
+      if self._received == name:
+        sys.stderr.write("\nSIGINT again: quitting without a checkpoint (the newest one written "
+                         "is intact).\n")
+        sys.stderr.flush()
+        os._exit(130)
+      sys.stderr.write("\nSIGINT: stopping after the current step with a checkpoint (Ctrl-C "
+                       "again quits at once, without one).\n")
+      sys.stderr.flush()
+    self._received = self._received or name
 
-  def received(self) -> bool:
-    """Whether a stop signal arrived since :meth:`__enter__`."""
-    return self._flag
+  def received(self) -> str:
+    """The name of the first stop signal since :meth:`__enter__` ("SIGTERM"
+    or "SIGINT"; a true value), or "" if none came."""
+    return self._received
 
 
 # --------------------------------------------------------------------------- #

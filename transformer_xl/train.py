@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+from etils import epath
 from jax.sharding import Mesh
 
 from transformer_xl import (checkpointing, data, default_config, distributed, evaluate, metrics,
@@ -138,7 +139,7 @@ class PreemptionGuard:
   step.
 
   ``stop_requested`` is this process's flag (the command line passes
-  ``process_settings.StopSignals.received``).  With several processes the
+  ``process_settings.StopSignals.received``: SIGTERM or Ctrl-C).  With several processes the
   flag is agreed on by an all-gather every ``sync_every`` steps (not every
   step: the all-gather waits for the devices and would stall the pipelined
   dispatch of steps), as a SIGTERM reaches the workers of a slice at
@@ -154,7 +155,7 @@ class PreemptionGuard:
     every step with one process, every ``sync_every`` with several)."""
     if jax.process_count() > 1 and step % self._sync_every:
       return False
-    return distributed.any_process(self._stop_requested())
+    return distributed.any_process(bool(self._stop_requested()))
 
 
 class NonFiniteGuard:
@@ -175,7 +176,8 @@ class NonFiniteGuard:
     policy: "stop" or "skip".
     max_skipped: the run stops when this many steps in a row were skipped.
     train_cfg: ``config.train`` (quoted in the advice of the message).
-    last_checkpoint: returns a description of the newest checkpoint.
+    last_checkpoint: returns a description of the newest good checkpoint
+      (``checkpointing.Verification.describe``).
     say: where "skip" reports each skipped step.
   """
 
@@ -241,7 +243,8 @@ class NonFiniteGuard:
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: data.Corpus,
-                       mesh: Mesh, stop_requested: Callable[[], bool] = lambda: False) -> dict:
+                       mesh: Mesh, stop_requested: Callable[[], bool | str] = lambda: False
+                       ) -> dict:
   """Trains until ``config.train.num_steps``, resuming from ``workdir`` if possible.
 
   Resumes from the newest usable checkpoint (damaged ones are reported,
@@ -254,21 +257,40 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: 
   ``log_every`` steps to TensorBoard, metrics.jsonl and a console progress
   bar (metrics.py); validates every ``eval_every`` steps with the eval
   settings; checkpoints every ``checkpoint.every_steps``, at the end and
-  when ``stop_requested()`` becomes true (then it returns: the command line
-  passes SIGTERM's flag, :class:`PreemptionGuard`).  Non-finite steps are
-  handled by ``train.nonfinite`` (:class:`NonFiniteGuard`); a checkpoint is
-  never written with a non-finite value.
+  when ``stop_requested()`` becomes true (then it returns; a string names
+  the signal in the message: the command line passes SIGTERM's and
+  Ctrl-C's flag, :class:`PreemptionGuard`).  Non-finite steps are handled
+  by ``train.nonfinite`` (:class:`NonFiniteGuard`); a checkpoint is never
+  written with a non-finite value.
+
+  A checkpoint is good only once a step computed from it had a finite loss
+  and gradient norm, or its validation was finite
+  (``checkpointing.Verification``): when the run diverges, the checkpoints
+  saved after the newest good one are moved to ``checkpoints_rejected/``
+  and the message names the good one, from which the same command with a
+  lower learning rate resumes.  Rotation keeps the newest
+  ``checkpoint.max_to_keep`` checkpoints and the newest good one
+  (``checkpointing.prune``).  One training at a time per workdir: a second
+  one stops at once naming the first (``workdir.TrainingLock``).
 
   Returns:
     The last logged training metrics (dict of floats).
 
   Raises:
+    workdir.WorkdirError: another training holds the workdir.
     default_config.ConfigError: the model does not fit the corpus's
       vocabulary, or differs from the workdir's checkpoints.
     checkpointing.CheckpointError: checkpoints exist but none is usable, or
       one cannot be written (full disk, read-only).
     metrics.NonFiniteError: training diverged (``train.nonfinite``).
   """
+  with wd.training_lock(workdir, log=metrics.log):
+    return _train_and_evaluate(config, workdir, corpus, mesh, stop_requested)
+
+
+def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: data.Corpus,
+                        mesh: Mesh, stop_requested: Callable[[], bool | str]) -> dict:
+  """:func:`train_and_evaluate`'s work, with the workdir's lock held."""
   tcfg = config.train
   mcfg = default_config.model_config(config, corpus.vocab_size)
   model = models.TransformerXL(mcfg)
@@ -278,7 +300,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: 
       model, tx, tcfg.global_batch, mesh)
   meta = wd.checkpoint_meta(mcfg, corpus.unit, corpus.name, tcfg.global_batch)
 
-  manager = checkpointing.make_manager(workdir, config.checkpoint.max_to_keep)
+  manager = checkpointing.make_manager(workdir)
   # Ordered contiguous rows, or (One Billion Word) shuffled-sentence rows.
   train_iter = data.make_train_iterator(
       corpus, "train", tcfg.global_batch, mcfg.tgt_len, seed=tcfg.seed,
@@ -300,8 +322,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: 
         raise default_config.ConfigError(
             f"The data position saved in {restored.path} does not fit this run's data: {err} "
             "Resume with the workdir's data settings, or use a new --workdir.") from None
-    checkpointing.set_aside(manager, workdir, [p for p, _ in restored.rejected], log=metrics.log)
+    checkpointing.set_aside(manager, workdir, restored.rejected, log=metrics.log)
     metrics.log(f"Resumed from {restored.path} at step {start_step}.")
+  verification = checkpointing.Verification(workdir, manager,
+                                            None if restored is None else start_step)
   for path in checkpointing.remove_partial_writes(workdir):
     metrics.log(f"Removed {path}, a checkpoint write that an interrupted run left unfinished.")
   wd.save_config(workdir, config)
@@ -316,7 +340,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: 
   train_step = make_train_step(model, tx, mesh, state_shardings, tcfg.batch_chunk, tcfg.seed,
                                tcfg.loss_span)
   evaluator = evaluate.Evaluator(config, mcfg, corpus, mesh) if tcfg.eval_every else None
-  writer = metrics.MetricWriter(workdir, start_step)
+  writer = metrics.MetricWriter(workdir, start_step, log=metrics.log)
   metric = metrics.metric_name(corpus.unit)
   tokens_per_step = tcfg.global_batch * mcfg.tgt_len
 
@@ -326,12 +350,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: 
   bar = metrics.progress_bar(tcfg.num_steps, start_step)
   say = bar.write if jax.process_index() == 0 else (lambda msg: None)
 
-  def last_checkpoint() -> str:
-    latest = manager.latest_step()
-    return ("none yet (no checkpoint was saved)" if latest is None
-            else f"{manager.directory / str(latest)} (step {latest})")
-
-  guard = NonFiniteGuard(tcfg.nonfinite, tcfg.max_skipped_steps, tcfg, last_checkpoint, say)
+  guard = NonFiniteGuard(tcfg.nonfinite, tcfg.max_skipped_steps, tcfg, verification.describe,
+                         say)
 
   def drain():
     """Reads the metrics of the steps run since the last read; applies the guard."""
@@ -342,6 +362,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: 
               for (s, _), m in zip(pending, host)]
       pending = []
       interval.extend(rows)
+      for row in rows:  # a finite step verifies the parameters it was computed from
+        if np.isfinite(row["loss"]) and np.isfinite(row["grad_norm"]):
+          verification.params_good(row["step"] - 1)
+      verification.write()
       guard.check(rows)
 
   def place(rows):
@@ -383,6 +407,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: 
         t_last, steps_since = time.perf_counter(), 0
       if evaluator is not None and (step % tcfg.eval_every == 0 or step == tcfg.num_steps):
         res = evaluator.evaluate(state.params, "valid", max_steps=tcfg.eval_max_steps)
+        if np.isfinite(res["loss_nats"]):
+          verification.params_good(step)
         writer.write_scalars(step, {f"valid/{k}": v for k, v in res.items()})
         say(f"step {step}: valid " + ", ".join(f"{k}={v:.4g}" for k, v in res.items()))
         t_last, steps_since = time.perf_counter(), 0
@@ -390,12 +416,26 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: 
       if step % config.checkpoint.every_steps == 0 or step == tcfg.num_steps or preempted:
         drain()  # never save before every step since the last check is known to be finite
         checkpointing.save(manager, step, state, iter_state, meta=meta)
+        verification.write()
+        checkpointing.prune(manager, config.checkpoint.max_to_keep, keep=verification.newest())
         t_last, steps_since = time.perf_counter(), 0
       if preempted:
-        say(f"SIGTERM: saved a checkpoint at step {step}; stopping (a restart resumes here).")
+        what = stop_requested()
+        say(f"{what if isinstance(what, str) else 'Stop requested'}: saved a checkpoint at step "
+            f"{step}; stopping (the same command resumes here).")
         last["preempted_at_step"] = step
         break
     finished = True
+  except metrics.NonFiniteError as err:
+    went = verification.reject_unverified(
+        workdir, "set aside when the run diverged: a step computed from it was not finite",
+        log=lambda msg: None)
+    if went:
+      raise metrics.NonFiniteError(
+          f"{err} The {len(went)} checkpoint(s) saved after it were moved to "
+          f"{epath.Path(workdir) / 'checkpoints_rejected'} (a step computed from them was not "
+          "finite).") from None
+    raise
   finally:
     bar.close()
     if isinstance(batches, data.Prefetcher):

@@ -39,10 +39,15 @@ OS_ERRNOS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk qu
 @contextlib.contextmanager
 def report(debug: bool) -> Iterator[None]:
   """Runs the body; a USER_ERRORS exception or an OSError of the environment
-  (OS_ERRNOS) exits with ``error: <message>`` (status 1), or re-raises with
-  ``debug``.  Any other exception propagates (a bug: its traceback is shown)."""
+  (OS_ERRNOS) exits with ``error: <message>`` (status 1), Ctrl-C with one
+  line (status 130), or re-raises with ``debug``.  Any other exception propagates (a bug: its traceback is shown)."""
   try:
     yield
+  except KeyboardInterrupt:  # Ctrl-C outside training's loop (StopSignals handles it there)
+    if debug:
+      raise
+    sys.stderr.write("\ninterrupted (Ctrl-C); checkpoints already written are intact.\n")
+    sys.exit(130)
   except USER_ERRORS as err:
     if debug:
       raise

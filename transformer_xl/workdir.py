@@ -10,7 +10,13 @@ A workdir (a local path or gs://) holds:
   checkpoints/        orbax checkpoints (checkpointing.py), each with the
                       same information as model_config.json in its record
                       (:func:`checkpoint_meta`);
-  checkpoints_rejected/  checkpoints found damaged when a run resumed;
+  checkpoints_rejected/  checkpoints found damaged when a run resumed, or
+                      saved after the last good one when a run diverged
+                      (each with its reason.txt);
+  checkpoints_verified.json  the newest checkpoint known good
+                      (checkpointing.Verification);
+  train.lock          held by the training running in it, if any
+                      (:func:`training_lock`);
   eval_results.json   the last ``--mode=eval`` results;
   metrics.jsonl, tensorboard/   training metrics (metrics.py).
 
@@ -21,17 +27,22 @@ workdir as it was).  Only process 0 writes these files.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import datetime
+import fcntl
 import json
 import os
-from typing import Any, Mapping, Optional
+import socket
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 import jax
 import ml_collections
 from etils import epath
 from jax.sharding import Mesh
 
-from transformer_xl import checkpointing, default_config, metrics, models, train_state, tuning
+from transformer_xl import (checkpointing, default_config, distributed, metrics, models,
+                            train_state, tuning)
 
 
 class WorkdirError(RuntimeError):
@@ -79,6 +90,99 @@ def check_writable(workdir: str) -> None:
     raise WorkdirError(f"--workdir={workdir} cannot be written ({reason}): pass a directory "
                        "on a writable file system that you have permission to write to."
                        ) from err
+
+
+LOCK_FILE = "train.lock"
+_HELD: dict[str, list] = {}  # lock path -> [file descriptor, depth] held by this process
+
+
+def _lock_holder(text: str) -> str:
+  """The holder recorded in a lock file's text, for a message."""
+  try:
+    h = json.loads(text)
+    return f"pid {h['pid']} on host {h['host']}, started {h['started']}"
+  except (ValueError, KeyError, TypeError):
+    return "a process that left no details"
+
+
+def _acquire(path: str) -> tuple[Optional[int], str]:
+  """(fd, text) with an exclusive flock on ``path`` held through fd, and the
+  text a previous holder left (non-empty: it ended without releasing, e.g.
+  kill -9); (None, holder text) when another process holds the lock."""
+  while True:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      text = os.pread(fd, 4096, 0).decode("utf-8", "replace")
+      os.close(fd)
+      return None, text
+    try:  # its holder may have removed the file between our open and flock
+      if os.fstat(fd).st_ino == os.stat(path).st_ino:
+        return fd, os.pread(fd, 4096, 0).decode("utf-8", "replace")
+    except FileNotFoundError:
+      pass
+    os.close(fd)
+
+
+@contextlib.contextmanager
+def training_lock(workdir: str, log: Callable[[str], None] = print) -> Iterator[None]:
+  """Holds ``<workdir>/train.lock``, so that one training at a time writes a workdir.
+
+  Two trainings in one workdir would interleave their metrics and overwrite
+  each other's checkpoints and config.json.  The lock is an exclusive
+  ``flock`` on the file, which the kernel releases when the holder ends
+  however it ends (kill -9 included); the file records the holder's host,
+  PID and start time for the message.  A lock left by a holder that is gone
+  is taken over, with a note.  Re-entrant within a process (the command
+  line takes it before loading data, ``train.train_and_evaluate`` again).
+  With several processes, process 0 holds it and all agree.  Readers
+  (eval, score, generate, the Python API) take no lock: they can run beside
+  a training.  On a non-local workdir (gs://) there is no lock: run one
+  training per workdir yourself.
+
+  Raises:
+    WorkdirError: another training holds the lock (the message names it).
+  """
+  if "://" in str(workdir):
+    yield
+    return
+  path = os.path.realpath(os.path.join(str(workdir), LOCK_FILE))
+  if path in _HELD:
+    _HELD[path][1] += 1
+    try:
+      yield
+    finally:
+      _HELD[path][1] -= 1
+    return
+  fd, text = None, ""
+  if jax.process_index() == 0:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, text = _acquire(path)
+  if distributed.any_process(jax.process_index() == 0 and fd is None):
+    where = _lock_holder(text) if jax.process_index() == 0 else "see process 0's message"
+    raise WorkdirError(
+        f"--workdir={workdir} is in use by another training ({where}; lock {path}): two "
+        "trainings in one workdir would mix their checkpoints and metrics. Wait for it to "
+        "end or stop it (SIGTERM or Ctrl-C: it saves a checkpoint first), or use another "
+        "--workdir. Evaluating, scoring and generating need no lock and can run beside it.")
+  _HELD[path] = [fd, 1]  # on every process, so that the nested calls agree
+  if fd is not None:
+    if text.strip():
+      log(f"Took over {path} from a training that ended without releasing it "
+          f"({_lock_holder(text)}).")
+    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    info = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": started})
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (info + "\n").encode(), 0)
+  try:
+    yield
+  finally:
+    del _HELD[path]
+    if fd is not None:
+      with contextlib.suppress(OSError):
+        os.unlink(path)
+      os.close(fd)
 
 
 def save_config(workdir: str, config: ml_collections.ConfigDict) -> None:
@@ -217,7 +321,9 @@ def restore_params(config: ml_collections.ConfigDict, workdir: str,
   """(step, parameters) of the newest usable checkpoint in ``workdir``, on ``mesh``.
 
   Damaged checkpoints are reported and skipped
-  (:func:`checkpointing.restore_latest`); nothing in the workdir is changed.
+  (:func:`checkpointing.restore_latest`); nothing in the workdir is changed,
+  and a training may run in it meanwhile (no lock is taken; a checkpoint
+  its rotation removes while it is read is skipped).
 
   Raises:
     FileNotFoundError: no checkpoint.
@@ -240,7 +346,7 @@ def restore_params(config: ml_collections.ConfigDict, workdir: str,
     return abstract[batch]
 
   wanted = {"model": checkpoint_meta(model_cfg, "", "", 0)["model"]}
-  manager = checkpointing.make_manager(workdir, config.checkpoint.max_to_keep)
+  manager = checkpointing.make_manager(workdir, create=False)
   try:
     restored = checkpointing.restore_latest(
         manager, abstract_for, log=metrics.log,
