@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -169,7 +170,7 @@ def test_hparams_validation(tmp_path):
     convert.load_hparams({**BASE, "cutoffs": [10], "tie_projs": [False, True, True]})
   with pytest.raises(convert.ConvertError, match="cutoffs"):
     convert.load_hparams({**BASE, "cutoffs": [50]})  # not < n_token
-  with pytest.raises(convert.ConvertError, match="cannot read"):
+  with pytest.raises(convert.ConvertError, match="nope.json does not exist"):
     convert.load_hparams(str(tmp_path / "nope.json"))
   hp = convert.load_hparams(write_json(tmp_path / "hp.json", {
       **BASE, "cutoffs": [10, 20], "proj_share_all_but_first": True, "d_embed": None,
@@ -197,6 +198,13 @@ def test_state_dict_validation_names_tensor_and_shapes():
     convert.params_from_state_dict(missing, cfg)
   with pytest.raises(convert.ConvertError, match="do not account for.*extra.weight"):
     convert.params_from_state_dict({**sd, "extra.weight": np.zeros(3)}, cfg)
+  # Strings that would parse as floats, and non-finite values, are refused too.
+  as_text = {**sd, "crit.cluster_bias": sd["crit.cluster_bias"].astype(str)}
+  with pytest.raises(convert.ConvertError, match=r"crit\.cluster_bias has dtype <U"):
+    convert.params_from_state_dict(as_text, cfg)
+  inf = {**sd, "crit.cluster_bias": np.full_like(sd["crit.cluster_bias"], -np.inf)}
+  with pytest.raises(convert.ConvertError, match=r"crit\.cluster_bias holds 2 NaN or infinite"):
+    convert.params_from_state_dict(inf, cfg)
   # HF's default model unties u, v; hparams that say shared find no r_w_bias.
   shared = convert.model_config_from_hparams(hparams("plain"))
   untied_sd = state_dict(hf_model(hparams("plain", untie_r=True), seed=16))
@@ -355,8 +363,25 @@ def test_tf_checkpoint_validation(tmp_path):
   # Untied in the hparams but tied in the checkpoint: the embedding projection is copied.
   pt = convert.state_dict_from_tf(variables, untied, convert.model_config_from_hparams(untied))
   np.testing.assert_array_equal(pt["crit.out_projs.2"], pt["word_emb.emb_projs.2"])
-  with pytest.raises(convert.ConvertError, match="TF checkpoint"):
+  with pytest.raises(convert.ConvertError, match="no TF checkpoint at .*nothing"):
     convert.read_tf_checkpoint(str(tmp_path / "nothing"))
+  # Damaged files: the index (read on opening) and the data (read per tensor).
+  prefix = write_tf_checkpoint(variables, tmp_path / "tf")
+  data = Path(prefix + ".data-00000-of-00001")
+  data.write_bytes(data.read_bytes()[:data.stat().st_size // 2])
+  opening = f"cannot read the TF checkpoint {re.escape(prefix)} "
+  with pytest.raises(convert.ConvertError,
+                     match=opening + r"\(.*\); pass the prefix of a complete checkpoint"):
+    convert.read_tf_checkpoint(prefix)
+  strings = write_tf_checkpoint({**variables, "transformer/notes": np.array([b"x"])},
+                                tmp_path / "tf_strings")
+  with pytest.raises(convert.ConvertError, match="transformer/notes has dtype object, not a real "
+                     "number type"):
+    convert.read_tf_checkpoint(strings)
+  index = Path(prefix + ".index")
+  index.write_bytes(index.read_bytes()[:index.stat().st_size // 2])
+  with pytest.raises(convert.ConvertError, match=opening):
+    convert.read_tf_checkpoint(prefix)
 
 
 # ---------------------------------------------------------------------------
@@ -453,6 +478,254 @@ def run_module(module: str, *args: str, timeout: int = 300) -> subprocess.Comple
   env = dict(os.environ, PYTHONPATH=str(REPO))  # keeps the 8 simulated CPU devices
   return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env,
                         capture_output=True, text=True, timeout=timeout)
+
+
+# ---------------------------------------------------------------------------
+# Bad input files on the command line: one "error:" line naming the file
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def good_inputs(tmp_path_factory):
+  """(directory, its hparams.json, a matching state dict) for BASE, written fast
+  (zero tensors from the expected shapes: no HuggingFace model)."""
+  root = tmp_path_factory.mktemp("inputs")
+  cfg = convert.model_config_from_hparams(convert.load_hparams(BASE))
+  params = convert.unflatten_params({p: np.zeros(s, np.float32) for p, s in
+                                     convert.expected_param_shapes(cfg).items()})
+  sd = convert.state_dict_from_params(params, cfg)
+  np.savez(root / "good.npz", **sd)
+  return root, write_json(root / "hparams.json", BASE), sd
+
+
+def _npz_bytes(root):
+  return (root / "good.npz").read_bytes()
+
+
+def _damaged_member(root, path, sd):  # pylint: disable=unused-argument
+  """good.npz with bytes of its first array's data overwritten (stored
+  uncompressed by np.savez: the zip's CRC no longer matches)."""
+  import zipfile
+  data = bytearray(_npz_bytes(root))
+  with zipfile.ZipFile(root / "good.npz") as z:
+    info = z.infolist()[0]
+  start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra) + 128
+  data[start:start + 8] = b"\xff" * 8
+  path.write_bytes(bytes(data))
+
+
+def _damaged_directory(root, path, sd):  # pylint: disable=unused-argument
+  """good.npz with its zip directory's first entry damaged (its end record intact)."""
+  data = bytearray(_npz_bytes(root))
+  end = data.rfind(b"PK\x05\x06")
+  directory = int.from_bytes(data[end + 16:end + 20], "little")
+  data[directory:directory + 4] = b"\0\0\0\0"
+  path.write_bytes(bytes(data))
+
+
+def _with(sd, **changes):
+  return {k: v for k, v in {**sd, **changes}.items() if v is not None}
+
+
+# name -> (file name, writer(root, path, sd), what the message says).  Each case
+# is one kind of bad file; --from=pytorch unless the name says otherwise.
+BAD_INPUTS = {
+    "npz cut at 0 bytes": ("sd.npz", lambda r, p, sd: p.write_bytes(b""), "is empty"),
+    "npz cut at 10 bytes": ("sd.npz", lambda r, p, sd: p.write_bytes(_npz_bytes(r)[:10]),
+                            "is truncated or damaged"),
+    "npz cut at half": ("sd.npz", lambda r, p, sd: p.write_bytes(
+        _npz_bytes(r)[:len(_npz_bytes(r)) // 2]), "is truncated or damaged"),
+    "npz cut 10 bytes short": ("sd.npz", lambda r, p, sd: p.write_bytes(_npz_bytes(r)[:-10]),
+                               "is truncated or damaged"),
+    "not a zip": ("sd.npz", lambda r, p, sd: p.write_text("name,value\nw,1.0\n"),
+                  "is not an .npz archive (not a zip file)"),
+    "a .npy named .npz": ("sd.npz", lambda r, p, sd: np.save(open(p, "wb"), np.zeros(3)),
+                          "is a single .npy array"),
+    "object array": ("sd.npz", lambda r, p, sd: np.savez(
+        p, **_with(sd, r_w_bias=np.array([{"w": 1}], dtype=object))),
+                     "array 'r_w_bias' holds Python objects (dtype=object)"),
+    "damaged member": ("sd.npz", _damaged_member, "is damaged (BadZipFile: Bad CRC-32"),
+    "damaged zip directory": ("sd.npz", _damaged_directory,
+                              "is not a readable .npz archive (BadZipFile"),
+    "member not .npy": ("sd.npz", lambda r, p, sd: torch.save(
+        {"w": torch.zeros(2)}, p), "it looks like a torch file"),
+    "no arrays": ("sd.npz", lambda r, p, sd: np.savez(p), "holds no tensors"),
+    "missing key": ("sd.npz", lambda r, p, sd: np.savez(
+        p, **_with(sd, **{"layers.1.dec_attn.o_net.weight": None})),
+                    "state dict lacks 'layers.1.dec_attn.o_net.weight' (expected shape (16, 16))"),
+    "wrong shape": ("sd.npz", lambda r, p, sd: np.savez(
+        p, **_with(sd, **{"layers.1.pos_ff.CoreNet.0.weight": np.zeros((31, 16), np.float32)})),
+                    "layers.1.pos_ff.CoreNet.0.weight: expected shape (32, 16) from the hparams, "
+                    "got (31, 16); the state dict and the hparams describe different models"),
+    "string dtype": ("sd.npz", lambda r, p, sd: np.savez(
+        p, **_with(sd, r_w_bias=np.full((2, 8), "0.5"))), "'r_w_bias' has dtype <U3"),
+    "NaN values": ("sd.npz", lambda r, p, sd: np.savez(
+        p, **_with(sd, r_w_bias=np.full((2, 8), np.nan, np.float32))),
+                   "r_w_bias holds 16 NaN or infinite values"),
+    "a directory": ("sd.npz", lambda r, p, sd: p.mkdir(), "is a directory"),
+    "torch: pickled module": ("sd.pt", lambda r, p, sd: torch.save(torch.nn.Linear(2, 2), p),
+                              "holds pickled Python objects"),
+    "torch: truncated": ("sd.pt", lambda r, p, sd: (torch.save(
+        {k: torch.from_numpy(v) for k, v in sd.items()}, p),
+        p.write_bytes(p.read_bytes()[:p.stat().st_size // 2])), "is damaged or not a torch file"),
+    "torch: nested dict": ("sd.pt", lambda r, p, sd: torch.save(
+        {"model": {k: torch.from_numpy(v) for k, v in sd.items()}, "step": 3}, p),
+                           "is not a state dict (a flat dict name -> tensor) (its keys: "
+                           "['model', 'step'])"),
+    "hparams: not JSON": ("hp.json", lambda r, p, sd: p.write_text("{n_token: 40}"),
+                          "is not valid JSON"),
+    "hparams: not UTF-8": ("hp.json", lambda r, p, sd: p.write_bytes(b"\xff\xfe{}"),
+                           "is not UTF-8 text"),
+    "hparams: not an object": ("hp.json", lambda r, p, sd: p.write_text("[40, 2]"),
+                               "expected a JSON object of constructor arguments, got list"),
+    "vocab: not UTF-8": ("vocab.txt", lambda r, p, sd: p.write_bytes(b"a\nb\n\xff\n"),
+                         "is not UTF-8 text (line 3, byte 4"),
+    "vocab: repeated symbol": ("vocab.txt", lambda r, p, sd: p.write_text("a\nb\na\n"),
+                               ":3: symbol 'a' repeats line 1"),
+    "tf: no checkpoint": ("model.ckpt-0", lambda r, p, sd: None, "no TF checkpoint at"),
+    "tf: the .index file": ("model.ckpt-0.index", lambda r, p, sd: p.write_bytes(b"x"),
+                            "pass the prefix without the extension"),
+}
+
+
+def _bad_input(case, good_inputs, tmp_path):
+  """(source, checkpoint, hparams, vocab, dataset, the bad file, expected
+  words) for a BAD_INPUTS case, its bad file written under tmp_path."""
+  root, good_hparams, sd = good_inputs
+  name, write, expected = BAD_INPUTS[case]
+  bad = tmp_path / name
+  write(root, bad, sd)
+  checkpoint, hparams, vocab, dataset = str(root / "good.npz"), good_hparams, None, None
+  if case.startswith("hparams:"):
+    hparams = str(bad)
+  elif case.startswith("vocab:"):
+    vocab, dataset = str(bad), "enwik8"
+  else:
+    checkpoint = str(bad)
+  return ("tf" if case.startswith("tf:") else "pytorch", checkpoint, hparams, vocab, dataset,
+          bad, expected)
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_file_is_a_one_line_error_naming_it(case, good_inputs, tmp_path):
+  """Every bad input is a ConvertError, raised before anything is written,
+  whose message is one line naming the file, what is wrong and what to do."""
+  source, checkpoint, hparams, vocab, dataset, bad, expected = _bad_input(
+      case, good_inputs, tmp_path)
+  workdir = tmp_path / "wd"
+  with pytest.raises(convert.ConvertError) as err:
+    convert.convert_to_workdir(source, checkpoint, hparams, str(workdir), vocab=vocab,
+                               dataset=dataset)
+  message = str(err.value)
+  assert "\n" not in message and str(bad) in message and expected in message, message
+  assert "; " in message, message  # "<what is wrong>; <what to do>"
+  assert not workdir.exists()
+
+
+# The command line, in fresh processes (~3 s each): the cases of the issue.
+CLI_CASES = ["npz cut at 0 bytes", "npz cut at 10 bytes", "npz cut at half", "not a zip",
+             "object array", "missing key", "wrong shape"]
+
+
+@pytest.mark.parametrize("case", CLI_CASES)
+def test_bad_input_file_on_the_command_line_is_one_error_line(case, good_inputs, tmp_path):
+  """Exit status 1, stderr exactly one "error: ..." line naming the file, no
+  traceback, nothing written to --workdir."""
+  source, checkpoint, hparams, _, _, bad, expected = _bad_input(case, good_inputs, tmp_path)
+  workdir = tmp_path / "wd"
+  r = run_module("transformer_xl.convert", f"--from={source}", f"--checkpoint={checkpoint}",
+                 f"--hparams={hparams}", f"--workdir={workdir}", timeout=120)
+  assert r.returncode == 1, (r.returncode, r.stderr[-3000:])
+  assert "Traceback" not in r.stderr, r.stderr[-3000:]
+  lines = r.stderr.splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr[-3000:]
+  assert str(bad) in lines[0] and expected in lines[0], lines[0]
+  assert not workdir.exists()
+
+
+def test_a_file_name_with_a_line_break_still_gives_one_error_line(good_inputs, tmp_path):
+  """The command line prints every message on one line, whatever it quotes."""
+  _, hparams, _ = good_inputs
+  r = run_module("transformer_xl.convert", "--from=pytorch",
+                 f"--checkpoint={tmp_path / 'two'}\nlines.npz", f"--hparams={hparams}",
+                 f"--workdir={tmp_path / 'wd'}", timeout=120)
+  assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+  lines = r.stderr.splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+  assert f"{tmp_path / 'two'} lines.npz does not exist" in lines[0], lines[0]
+
+
+def test_settings_and_small_inputs_are_checked_before_the_checkpoint(good_inputs, tmp_path):
+  """What needs neither the checkpoint nor the corpus fails first: the
+  checkpoint here does not exist, and is never reached."""
+  _, hparams, _ = good_inputs
+  missing = str(tmp_path / "never_read.npz")
+  (tmp_path / "big_vocab.txt").write_text("".join(f"w{i}\n" for i in range(41)))
+  (tmp_path / "a_file").write_text("")
+  (tmp_path / "used" / "checkpoints" / "0").mkdir(parents=True)
+  cases = [
+      (dict(global_batch=0), "train.global_batch=0 must be >= 1"),
+      (dict(eval_tgt_len=0), "eval: tgt_len must be >= 1"),
+      (dict(vocab=str(tmp_path / "big_vocab.txt"), dataset="enwik8"),
+       "big_vocab.txt has 41 symbols but hparams n_token=40"),
+      (dict(vocab=str(tmp_path / "no_vocab.txt"), dataset="enwik8"),
+       "no_vocab.txt does not exist"),
+      (dict(dataset="enwik9"), "dataset='enwik9': choose one of"),
+      (dict(unit="bits"), "unit='bits': use byte, char or word"),
+      (dict(workdir=str(tmp_path / "used")), "already holds checkpoints (step 0)"),
+      (dict(workdir=str(tmp_path / "a_file")), "is a file"),
+      (dict(workdir=str(tmp_path / "a_file" / "wd")), "a_file is a file"),
+  ]
+  for kwargs, expected in cases:
+    workdir = kwargs.pop("workdir", str(tmp_path / "wd"))
+    with pytest.raises(convert.ConvertError) as err:
+      convert.convert_to_workdir("pytorch", missing, hparams, workdir, **kwargs)
+    assert expected in str(err.value) and "\n" not in str(err.value), (kwargs, str(err.value))
+  assert not (tmp_path / "wd").exists()
+
+
+def test_export_inputs_are_checked_before_the_restore(tmp_path):
+  (tmp_path / "empty").mkdir()
+  (tmp_path / "a_file").write_text("")
+  cases = [
+      (tmp_path / "nowhere", tmp_path / "out.npz", "--workdir=" + str(tmp_path / "nowhere")
+       + " is not a directory"),
+      (tmp_path / "empty", tmp_path / "out.npz",
+       str(tmp_path / "empty" / "config.json") + " does not exist"),
+      (tmp_path / "empty", tmp_path / "a_file" / "out.npz", "a_file is a file"),
+      (tmp_path / "empty", tmp_path / "empty", "is a directory; pass the path of the file"),
+  ]
+  for workdir, out, expected in cases:
+    with pytest.raises(convert.ConvertError) as err:
+      convert.export_pytorch(str(workdir), str(out))
+    assert expected in str(err.value) and "\n" not in str(err.value), str(err.value)
+  assert not (tmp_path / "out.npz").exists()
+
+
+def test_export_from_a_damaged_workdir_is_one_error_line(tmp_path):
+  """workdir.WorkdirError (a damaged config.json) used to end in a traceback."""
+  (tmp_path / "wd").mkdir()
+  (tmp_path / "wd" / "config.json").write_text("{not json")
+  r = run_module("transformer_xl.convert", "--to=pytorch", f"--workdir={tmp_path / 'wd'}",
+                 f"--checkpoint={tmp_path / 'out.npz'}", timeout=120)
+  assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+  lines = r.stderr.splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+  assert str(tmp_path / "wd" / "config.json") + " is damaged" in lines[0], lines[0]
+  assert not (tmp_path / "out.npz").exists()
+
+
+def test_an_os_error_is_one_error_line(good_inputs, tmp_path):
+  """An OSError of the environment (here a name longer than the file system
+  allows) is one line naming the path, not a traceback."""
+  root, hparams, _ = good_inputs
+  workdir = tmp_path / ("x" * 300)
+  r = run_module("transformer_xl.convert", "--from=pytorch", f"--checkpoint={root / 'good.npz'}",
+                 f"--hparams={hparams}", f"--workdir={workdir}", timeout=120)
+  assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+  lines = r.stderr.splitlines()
+  assert len(lines) == 1 and lines[0].startswith(f"error: {workdir}: "), r.stderr
+  assert "check the path" in lines[0], lines[0]
 
 
 @pytest.mark.slow

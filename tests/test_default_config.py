@@ -1,10 +1,19 @@
 """Config schema and validation: one error that lists every problem, the model
 section derived from ModelConfig, and the converter's inverse."""
 import dataclasses
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
+import ml_collections
 import pytest
 
 from transformer_xl import default_config, models
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _ptb_config():
@@ -118,5 +127,94 @@ def test_ranges_a_user_could_get_wrong_are_each_named_once():
   # Infinite rates are caught too.
   c = _ptb_config()
   c.train.learning_rate = float("inf")
-  with pytest.raises(default_config.ConfigError, match="must be finite"):
+  with pytest.raises(default_config.ConfigError, match=r"train\.learning_rate=inf is infinite: "
+                     r"give a finite value > 0 \(e\.g\. 0\.00025\)\."):
     default_config.validate(c, 8)
+
+
+# ---------------------------------------------------------------------------
+# NaN and inf: every float of the default config, each of nan, inf, -inf.
+
+
+def _float_keys(node, prefix=""):
+  """Dotted names of every float leaf of a config (found, not listed by hand:
+  a float added to get_config later is checked here without a new test)."""
+  keys = []
+  for key, value in node.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      keys += _float_keys(value, f"{prefix}{key}.")
+    elif isinstance(value, float):
+      keys.append(f"{prefix}{key}")
+  return keys
+
+
+FLOAT_KEYS = _float_keys(default_config.get_config())
+
+
+def test_the_float_keys_are_found():
+  assert {"model.dropout", "model.dropatt", "model.init_std", "model.proj_init_std",
+          "train.learning_rate", "train.min_lr", "train.clip", "train.adam_b1",
+          "train.adam_b2", "train.adam_eps"} <= set(FLOAT_KEYS)
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("key", FLOAT_KEYS)
+def test_nonfinite_floats_are_refused(key, value):
+  """One problem, naming the key and the value and asking for a finite one;
+  +inf only where default_config.INFINITY_ALLOWED says what it means."""
+  c = _ptb_config()
+  section, name = key.rsplit(".", 1)
+  c[section][name] = value
+  if value == math.inf and key in default_config.INFINITY_ALLOWED:
+    default_config.validate(c, 8)
+    return
+  with pytest.raises(default_config.ConfigError) as err:
+    default_config.validate(c, 8)
+  message = str(err.value)
+  assert message.count("\n  - ") == 1, message  # named once, not also by its range check
+  what = "is not a number" if math.isnan(value) else "is infinite"
+  assert f"\n  - {key}={value} {what}: give a " in message, message
+  assert "finite value" in message or key in default_config.INFINITY_ALLOWED, message
+  if section == "model":  # a ModelConfig (e.g. a workdir's model_config.json) refuses it too
+    with pytest.raises(ValueError, match=f"{key}={value} {what}"):
+      models.ModelConfig(n_token=256, **{name: value})
+
+
+def test_infinite_clip_means_no_clipping():
+  import jax.numpy as jnp
+  import optax
+  assert set(default_config.INFINITY_ALLOWED) == {"train.clip"}
+  g = {"w": jnp.asarray([3e10, -4e10])}  # any finite norm is < inf
+  clip = optax.clip_by_global_norm(math.inf)
+  assert (clip.update(g, clip.init(g))[0]["w"] == g["w"]).all()
+
+
+def test_nonfinite_inside_a_tuple_is_refused():
+  c = _ptb_config()
+  c.model.cutoffs = (math.nan,)
+  with pytest.raises(default_config.ConfigError, match=r"model\.cutoffs=\(nan,\) holds nan"):
+    default_config.validate(c, 8)
+
+
+def test_nan_min_lr_on_the_command_line_stops_before_compiling(tmp_path):
+  """The user's case: the run used to start and stop at step 1 blaming the
+  learning rate.  Now: one error line, exit status 1, no traceback, no corpus
+  read, nothing compiled, nothing written into the workdir."""
+  workdir = tmp_path / "wd"
+  start = time.monotonic()
+  r = subprocess.run(
+      [sys.executable, "-m", "transformer_xl.main",
+       f"--config={REPO / 'configs' / 'quickstart.py'}", f"--workdir={workdir}",
+       "--config.train.min_lr=nan",
+       f"--config.data.data_dir={tmp_path / 'no_tfds'}", "--config.data.download=false"],
+      cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True,
+      timeout=120)
+  elapsed = time.monotonic() - start
+  assert r.returncode == 1, r.stderr[-3000:]
+  assert "Traceback" not in r.stderr, r.stderr[-3000:]
+  errors = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+  assert len(errors) == 1, r.stderr
+  assert "train.min_lr=nan is not a number: give a finite value >= 0" in r.stderr, r.stderr
+  assert "Corpus" not in r.stdout and "Model:" not in r.stdout and "step " not in r.stdout
+  assert not (workdir / "checkpoints").exists()
+  assert elapsed < 30, elapsed

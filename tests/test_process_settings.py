@@ -168,6 +168,9 @@ def test_configure_logging_drops_orbax_failures_and_keeps_the_rest(monkeypatch):
   assert not absl.filter(record("absl", "write failed", orbax_file))
   assert absl.filter(record("absl", "our own warning", ours))
   assert not asyncio_logger.filter(record("asyncio", "Task exception was never retrieved", ""))
+  # a failed gather of several writes (seen when a full disk fails orbax's save)
+  assert not asyncio_logger.filter(record(
+      "asyncio", "_GatheringFuture exception was never retrieved\nfuture: <...>", ""))
   assert asyncio_logger.filter(record("asyncio", "Executing <Task> took 2 s", ""))
 
   class Unraisable:

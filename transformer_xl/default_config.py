@@ -9,15 +9,19 @@ builds the model from it).  :func:`validate` checks a whole config before
 anything is compiled and raises one :class:`ConfigError` that lists every
 problem; :func:`config_problems` and :func:`segment_problems` are its checks
 of the model's fields, which a :class:`ModelConfig` also runs when it is
-constructed.
+constructed.  NaN and infinite floats are refused by one generic check of
+every float (:func:`nonfinite_problems`), with the exceptions in
+:data:`INFINITY_ALLOWED`.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Mapping, Optional, Sequence
 
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 
 from transformer_xl import adaptive, attention, data, sharding, tuning
 
@@ -27,6 +31,23 @@ NONFINITE_POLICIES = ("stop", "skip")  # train.nonfinite
 
 class ConfigError(ValueError):
   """A config value that cannot work; the message says which and how to fix it."""
+
+
+# Every float of the config must be finite (NaN is refused everywhere), except
+# these, which may be +inf, with the meaning given:
+#   train.clip: optax.clip_by_global_norm(inf) leaves every finite gradient
+#     as it is (its norm is always < inf), so inf means "no clipping"; a
+#     non-finite gradient norm is caught by train.nonfinite either way.
+INFINITY_ALLOWED = {"train.clip": "inf = no clipping"}
+# The finite range of each float, for the message that refuses a NaN or inf
+# (the range itself is checked where the field is validated).
+FLOAT_RANGES = {
+    "model.dropout": "in [0, 1)", "model.dropatt": "in [0, 1)",
+    "model.init_std": "> 0", "model.proj_init_std": "> 0",
+    "train.learning_rate": "> 0", "train.min_lr": ">= 0 and <= train.learning_rate",
+    "train.clip": "> 0", "train.adam_b1": "in [0, 1)", "train.adam_b2": "in [0, 1)",
+    "train.adam_eps": "> 0",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,7 +207,7 @@ def config_problems(fields: Mapping[str, Any]) -> list[str]:
     One message per problem, naming ``model.<key>`` and the fix; [] if none.
   """
   f = {**ModelConfig.defaults(), **fields}
-  problems = []
+  problems, nonfinite = nonfinite_problems("model", f)
   for key in ("n_layer", "d_model", "n_head", "d_head", "d_inner"):
     if f[key] < 1:
       problems.append(f"model.{key}={f[key]} must be >= 1.")
@@ -195,10 +216,10 @@ def config_problems(fields: Mapping[str, Any]) -> list[str]:
   problems += segment_problems(f["tgt_len"], f["mem_len"], f["clamp_len"], f["same_length"],
                                f["ext_len"])
   for key in ("dropout", "dropatt"):
-    if not 0.0 <= f[key] < 1.0:
+    if f"model.{key}" not in nonfinite and not 0.0 <= f[key] < 1.0:
       problems.append(f"model.{key}={f[key]} must be in [0, 1).")
   for key in ("init_std", "proj_init_std"):
-    if not 0.0 < f[key] < float("inf"):
+    if f"model.{key}" not in nonfinite and not 0.0 < f[key]:
       problems.append(f"model.{key}={f[key]} must be > 0 (the std of a normal initialiser).")
   if f["dtype"] not in DTYPES:
     problems.append(f"model.dtype={f['dtype']!r}: use one of {DTYPES}.")
@@ -219,6 +240,64 @@ def config_problems(fields: Mapping[str, Any]) -> list[str]:
                                        tuple(f["cutoffs"] or ()), f["div_val"],
                                        tuple(f["tie_projs"] or ()))
   return problems
+
+
+def nonfinite_problems(section: str, values: Mapping[str, Any]) -> tuple[list[str], set[str]]:
+  """The NaN and infinite floats among a config section's values.
+
+  One generic check of every float (and every float inside a tuple or list;
+  nested sections are walked): NaN is refused everywhere, +-inf everywhere
+  but in :data:`INFINITY_ALLOWED`.  The range checks of :func:`validate`
+  and :func:`config_problems` skip the keys refused here, so that each bad
+  value is named once.
+
+  Args:
+    section: the section's dotted name, e.g. "train" (prefix of the keys;
+      "" for a whole config).
+    values: key -> value (a ConfigDict section or a dict of ModelConfig fields).
+
+  Returns:
+    (problems, names): one message per refused value, naming
+    ``<section>.<key>``, the value and the fix; and the refused
+    ``<section>.<key>`` names.
+  """
+  problems, names = [], set()
+  for key, value in values.items():
+    name = f"{section}.{key}" if section else str(key)
+    if isinstance(value, (ml_collections.ConfigDict, Mapping)):
+      sub_problems, sub_names = nonfinite_problems(name, value)
+      problems += sub_problems
+      names |= sub_names
+      continue
+    items = list(value) if isinstance(value, (tuple, list)) else [value]
+    bad = [float(v) for v in items if isinstance(v, (float, np.floating))
+           and not math.isfinite(v) and not (v == math.inf and name in INFINITY_ALLOWED)]
+    if not bad:
+      continue
+    if isinstance(value, (tuple, list)):
+      what = f"holds {bad[0]}"
+    else:
+      what = "is not a number" if math.isnan(bad[0]) else "is infinite"
+    allowed, default = INFINITY_ALLOWED.get(name), _default_value(name)
+    notes = [n for n in (allowed, f"e.g. {default!r}" if isinstance(default, float) else "") if n]
+    fix = ("give finite values" if isinstance(value, (tuple, list)) else
+           f"give a {'' if allowed else 'finite '}value"
+           + (f" {FLOAT_RANGES[name]}" if name in FLOAT_RANGES else "")
+           + (f" ({'; '.join(notes)})" if notes else ""))
+    problems.append(f"{name}={value} {what}: {fix}.")
+    names.add(name)
+  return problems, names
+
+
+def _default_value(name: str) -> Any:
+  """The default of a dotted config key (None if there is none)."""
+  node: Any = get_config()
+  for part in name.split("."):
+    try:
+      node = node[part]
+    except (KeyError, AttributeError, TypeError):
+      return None
+  return node
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -328,7 +407,15 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, 
     elif t.batch_chunk < 1 or t.global_batch % (t.batch_chunk * n_data):
       problems.append(f"train.global_batch={t.global_batch} must be divisible by "
                       f"train.batch_chunk * data axis = {t.batch_chunk} * {n_data}.")
-  problems += config_problems(m.to_dict())
+  # NaN and inf: one check of every float (the model's in config_problems);
+  # the range checks below skip the keys it refused.
+  nonfinite_found, nonfinite = nonfinite_problems(
+      "", {k: v for k, v in config.items() if k != "model"})
+  problems += config_problems(m.to_dict()) + nonfinite_found
+
+  def finite(key: str) -> bool:
+    return key not in nonfinite
+
   if m.ext_len:
     problems.append(f"model.ext_len={m.ext_len}: extended context is not supported by the "
                     "input pipeline; set --config.model.ext_len=0 (all reference scripts do).")
@@ -351,26 +438,27 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, 
     problems.append("train.num_steps, train.log_every and checkpoint.every_steps must be >= 1.")
   if config.checkpoint.max_to_keep < 1:
     problems.append(f"checkpoint.max_to_keep={config.checkpoint.max_to_keep} must be >= 1.")
-  if not t.learning_rate > 0 or t.min_lr < 0 or t.warmup_steps < 0:
+  if ((finite("train.learning_rate") and not t.learning_rate > 0)
+      or (finite("train.min_lr") and t.min_lr < 0) or t.warmup_steps < 0):
     problems.append(f"train.learning_rate={t.learning_rate} must be > 0, train.min_lr="
                     f"{t.min_lr} and train.warmup_steps={t.warmup_steps} >= 0.")
-  problems += _schedule_problems(t)
-  if not t.clip > 0:
+  problems += _schedule_problems(t, nonfinite)
+  if finite("train.clip") and not t.clip > 0:
     problems.append(f"train.clip={t.clip} must be > 0 (the gradient-norm clip; reference 0.25).")
   if t.eval_every < 0 or t.eval_max_steps < 0:
     problems.append("train.eval_every and train.eval_max_steps must be >= 0 (0 = never / all).")
-  problems += _optimizer_problems(t)
+  problems += _optimizer_problems(t, nonfinite)
   if problems:
     raise ConfigError("Invalid config:\n  - " + "\n  - ".join(problems))
   return mesh_shape
 
 
-def _schedule_problems(t: ml_collections.ConfigDict) -> list[str]:
-  """The learning-rate schedule's ranges beyond the signs checked in :func:`validate`."""
+def _schedule_problems(t: ml_collections.ConfigDict, nonfinite: set[str]) -> list[str]:
+  """The learning-rate schedule's ranges beyond the signs checked in :func:`validate`
+  (``nonfinite``: the keys :func:`nonfinite_problems` refused, not checked again)."""
   problems = []
-  if t.learning_rate > 0 and not t.learning_rate < float("inf"):
-    problems.append(f"train.learning_rate={t.learning_rate} must be finite.")
-  elif 0 <= t.min_lr and 0 < t.learning_rate < t.min_lr:
+  if ({"train.learning_rate", "train.min_lr"}.isdisjoint(nonfinite)
+      and 0 <= t.min_lr and 0 < t.learning_rate < t.min_lr):
     problems.append(f"train.min_lr={t.min_lr} must be <= train.learning_rate="
                     f"{t.learning_rate} (the cosine decays from learning_rate to min_lr).")
   if t.num_steps >= 1 and t.warmup_steps > t.num_steps:
@@ -379,13 +467,14 @@ def _schedule_problems(t: ml_collections.ConfigDict) -> list[str]:
   return problems
 
 
-def _optimizer_problems(t: ml_collections.ConfigDict) -> list[str]:
-  """Adam's hyperparameters, the batch and the non-finite policy."""
+def _optimizer_problems(t: ml_collections.ConfigDict, nonfinite: set[str]) -> list[str]:
+  """Adam's hyperparameters, the batch and the non-finite policy (``nonfinite``:
+  the keys :func:`nonfinite_problems` refused, not checked again)."""
   problems = []
   for key in ("adam_b1", "adam_b2"):
-    if not 0.0 <= t[key] < 1.0:
+    if f"train.{key}" not in nonfinite and not 0.0 <= t[key] < 1.0:
       problems.append(f"train.{key}={t[key]} must be in [0, 1) (Adam's decay rate).")
-  if not 0.0 < t.adam_eps < float("inf"):
+  if "train.adam_eps" not in nonfinite and not 0.0 < t.adam_eps:
     problems.append(f"train.adam_eps={t.adam_eps} must be > 0.")
   if t.global_batch < 1:
     problems.append(f"train.global_batch={t.global_batch} must be >= 1.")

@@ -169,7 +169,7 @@ def release_after_compiles() -> None:
 
 
 _ORBAX_DIR = os.sep + "orbax" + os.sep
-_UNRETRIEVED = ("Task exception was never retrieved", "Future exception was never retrieved")
+_UNRETRIEVED = " exception was never retrieved"
 
 
 class _NotFromOrbax(logging.Filter):
@@ -183,12 +183,14 @@ class _NotFromOrbax(logging.Filter):
 
 
 class _NoUnretrievedTasks(logging.Filter):
-  """Drops asyncio's "Task exception was never retrieved" for the write
-  tasks orbax abandons when one write fails (logged whenever they are
+  """Drops asyncio's "Task (Future, _GatheringFuture) exception was never
+  retrieved" for the write tasks orbax abandons when one write fails (logged whenever they are
   garbage collected, even inside a later save)."""
 
   def filter(self, record: logging.LogRecord) -> bool:
-    return not str(record.msg).startswith(_UNRETRIEVED)
+    # "<class> exception was never retrieved": Task, Future and asyncio's
+    # _GatheringFuture (a failed gather of several writes) alike.
+    return not str(record.msg).split("\n", 1)[0].endswith(_UNRETRIEVED)
 
 
 def _quiet_unraisable(previous):

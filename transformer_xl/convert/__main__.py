@@ -10,7 +10,7 @@ import sys
 from typing import Sequence
 
 import transformer_xl.convert as package
-from transformer_xl.convert.errors import ConvertError
+from transformer_xl.convert.errors import ConvertError, one_line
 from transformer_xl.convert.vocab import UNSEEN_BIAS
 from transformer_xl.convert.workdir import convert_to_workdir, export_pytorch
 
@@ -85,8 +85,14 @@ def _define_flags(fv):
 def main(argv: Sequence[str]) -> None:
   """Command line: parses ``argv`` (program name first) and converts.
 
-  ``--help`` prints the usage.  Errors (bad flags, ConvertError, missing
-  files, data.DataError) exit with a one-line ``error: ...`` message.
+  ``--help`` prints the usage.  Errors a user can cause (bad flags,
+  ConvertError: every unusable input file or setting, data.DataError, an
+  OSError such as a missing file or a full disk) exit with status 1 and
+  one ``error: ...`` line on stderr, without a traceback; any other
+  exception is a bug and shows its traceback.
+
+  Raises:
+    SystemExit: a user error (the message), or 0 after ``--help``.
   """
   from absl import flags
   fv = flags.FlagValues()
@@ -98,7 +104,7 @@ def main(argv: Sequence[str]) -> None:
   try:
     rest = fv(list(argv))
   except flags.Error as err:
-    sys.exit(f"error: {err}")
+    sys.exit(f"error: {one_line(err)}")
   if len(rest) > 1:
     sys.exit(f"error: unexpected arguments {rest[1:]}")
   if not flags.FLAGS.is_parsed():  # absl logging in imported modules expects parsed flags
@@ -125,8 +131,19 @@ def main(argv: Sequence[str]) -> None:
         eval_tgt_len=f["eval_tgt_len"], eval_mem_len=f["eval_mem_len"],
         eval_clamp_len=f["eval_clamp_len"], eval_same_length=f["eval_same_length"],
         global_batch=f["global_batch"], eval_global_batch=f["eval_global_batch"])
-  except (ConvertError, data.DataError, FileNotFoundError) as err:
-    sys.exit(f"error: {err}")
+  except (ConvertError, data.DataError) as err:
+    sys.exit(f"error: {one_line(err)}")
+  except OSError as err:
+    sys.exit(f"error: {_os_error_message(err)}")
+
+
+def _os_error_message(err: OSError) -> str:
+  """One line for an OSError: the path, what happened, what to do (messages
+  written for a user, e.g. "... does not exist: ...", are kept)."""
+  if err.errno is None or not err.filename:
+    return one_line(err)
+  return (f"{err.filename}: {err.strerror or one_line(err)}; check the path, its permissions "
+          "and the free space.")
 
 
 if __name__ == "__main__":

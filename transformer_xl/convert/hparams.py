@@ -14,7 +14,7 @@ import json
 import os
 from typing import Any, Mapping, Optional
 
-from transformer_xl.convert.errors import ConvertError
+from transformer_xl.convert.errors import ConvertError, describe
 
 # The reference constructor's arguments without a default (tgt_len and
 # mem_len have one there, None, but every reference script passes them and
@@ -53,22 +53,37 @@ def load_hparams(source: str | Mapping[str, Any]) -> dict:
     tied" for the missing clusters), ints and bools checked.
 
   Raises:
-    ConvertError: unreadable file, unknown keys, missing required keys,
+    ConvertError: a missing or unreadable file, not UTF-8 or not a JSON
+      object, unknown keys, missing required keys,
       wrong types, or values this package cannot represent (sample_softmax >
       0, ext_len > 0, tie_projs longer than the clusters, an attn_type other
       than 0-3, attn_type 3 with n_head * d_head != d_model).
   """
+  fix = ("pass with --hparams a JSON object of the reference constructor's arguments, e.g. "
+         '{"n_token": 267735, "n_layer": 16, ...}')
   if isinstance(source, (str, os.PathLike)):
+    if not os.path.exists(source):
+      raise ConvertError(f"hparams file {source} does not exist; {fix}.")
     try:
-      with open(source) as f:
-        raw = json.load(f)
-    except (OSError, json.JSONDecodeError) as err:
-      raise ConvertError(f"cannot read the hparams file {source}: {err}") from None
+      with open(source, "rb") as f:
+        raw = json.loads(f.read().decode("utf-8"))
+    except OSError as err:
+      raise ConvertError(f"cannot read the hparams file {source} ({describe(err)}); "
+                         f"{fix}.") from None
+    except UnicodeDecodeError as err:
+      raise ConvertError(f"hparams file {source} is not UTF-8 text (byte {err.start}); "
+                         f"{fix}.") from None
+    except json.JSONDecodeError as err:
+      raise ConvertError(f"hparams file {source} is not valid JSON ({err.msg} at line "
+                         f"{err.lineno}, column {err.colno}); {fix}.") from None
+    except RecursionError:
+      raise ConvertError(f"hparams file {source} is nested too deeply; {fix}.") from None
     where = str(source)
   else:
     raw, where = dict(source), "hparams"
   if not isinstance(raw, dict):
-    raise ConvertError(f"{where}: expected a JSON object of constructor arguments.")
+    raise ConvertError(f"{where}: expected a JSON object of constructor arguments, got "
+                       f"{type(raw).__name__}; {fix}.")
   known = set(REQUIRED_HPARAMS) | set(OPTIONAL_HPARAMS)
   unknown = sorted(set(raw) - known)
   if unknown:
@@ -76,7 +91,8 @@ def load_hparams(source: str | Mapping[str, Any]) -> dict:
                        f"reference constructor's arguments: {sorted(known)}.")
   missing = [k for k in REQUIRED_HPARAMS if raw.get(k) is None]
   if missing:
-    raise ConvertError(f"{where}: missing required hparams {missing}.")
+    raise ConvertError(f"{where}: missing required hparams {missing}; add them (the values "
+                       "the model was trained with).")
   hp = dict(OPTIONAL_HPARAMS)
   hp.update(raw)
   for k in _INT_HPARAMS:

@@ -10,16 +10,22 @@ the latter).
 from __future__ import annotations
 
 import os
+import zipfile
 from typing import Any, Mapping
 
 import numpy as np
 
-from transformer_xl.convert.errors import ConvertError
+from transformer_xl.convert.errors import ConvertError, describe
 from transformer_xl.convert.hparams import expected_param_shapes
 from transformer_xl.convert.names import (HF_PREFIX, INV_FREQ, aliases, flatten_params,
                                           pytorch_name, pytorch_shape, resolve_cluster_order,
                                           row_for, strip_hf_prefix, to_ours, to_pytorch,
                                           unflatten_params)
+
+
+# What to check when a state dict's shapes do not fit the hparams.
+_SIZES_HINT = ("check n_layer, n_head, d_model, d_head, d_inner, d_embed, div_val, cutoffs and "
+               "n_token in the hparams")
 
 
 def inv_freq(d_model: int) -> np.ndarray:
@@ -57,7 +63,8 @@ def params_from_state_dict(state: Mapping[str, Any], cfg, cluster_order: str = "
 
   Raises:
     ConvertError: a missing tensor, an unknown name, a shape that does not
-      match the hparams (naming the tensor, expected and actual shapes), or
+      match the hparams (naming the tensor, expected and actual shapes), a
+      tensor that is not of a real number type or holds NaN or inf, or
       tied copies that differ.
   """
   order = resolve_cluster_order(cluster_order, list(state))
@@ -77,9 +84,19 @@ def params_from_state_dict(state: Mapping[str, Any], cfg, cluster_order: str = "
     a = np.asarray(state[name])
     if tuple(a.shape) != tuple(shape):
       raise ConvertError(f"{name}: expected shape {tuple(shape)} from the hparams, got "
-                         f"{tuple(a.shape)}.")
+                         f"{tuple(a.shape)}; the state dict and the hparams describe different "
+                         f"models: {_SIZES_HINT}.")
+    if a.dtype.kind not in "fiu":
+      raise ConvertError(f"{name} has dtype {a.dtype}, not a real number type; save the "
+                         "model's float tensors.")
+    a = a.astype(np.float32)
+    bad = int(a.size - np.count_nonzero(np.isfinite(a)))
+    if bad:
+      raise ConvertError(f"{name} holds {bad} NaN or infinite values (of {a.size}); the model "
+                         "cannot be evaluated or trained from them: convert a checkpoint saved "
+                         "before its training diverged.")
     used.add(name)
-    return a.astype(np.float32)
+    return a
 
   flat = {}
   for path, shape in expected_param_shapes(cfg).items():
@@ -112,7 +129,7 @@ def params_from_state_dict(state: Mapping[str, Any], cfg, cluster_order: str = "
     got = np.asarray(state[INV_FREQ])
     if got.shape != (cfg.d_model // 2,):
       raise ConvertError(f"{INV_FREQ}: expected shape ({cfg.d_model // 2},) for d_model="
-                         f"{cfg.d_model}, got {got.shape}.")
+                         f"{cfg.d_model}, got {got.shape}; check d_model in the hparams.")
     used.add(INV_FREQ)
   unknown = sorted(set(state) - used)
   if unknown:
@@ -185,7 +202,9 @@ def state_dict_from_params(params: Mapping[str, Any], cfg, layout: str = "refere
 def read_state_dict(path: str) -> dict[str, np.ndarray]:
   """Reads a state dict: a ``.npz`` of arrays, or a torch file.
 
-  Torch files are loaded with ``torch.load(..., map_location="cpu",
+  ``.npz`` files (by extension) are read without pickles
+  (``allow_pickle=False``): every member must be a ``.npy`` array of
+  numbers.  Torch files are loaded with ``torch.load(..., map_location="cpu",
   weights_only=True)``: a dict name -> tensor (a ``{"state_dict": {...}}``
   or ``{"model_state_dict": {...}}`` wrapper is unwrapped).  The reference
   ``train.py`` saves the whole module (``torch.save(model)``); save its
@@ -195,13 +214,86 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
     name -> numpy array (floating tensors as float32).
 
   Raises:
-    ConvertError: unreadable file, or not a flat dict of tensors.
+    ConvertError: a missing, empty, truncated or damaged file; an ``.npz``
+      that is not a zip of ``.npy`` arrays or holds object arrays; a torch
+      file that holds pickled objects or is not a flat dict of tensors; no
+      tensors; a tensor that is not of a real number type.  The message
+      names the file (and the tensor) and what to do.
   """
   if not os.path.exists(path):
-    raise ConvertError(f"checkpoint {path} does not exist.")
-  if path.endswith(".npz"):
-    with np.load(path, allow_pickle=False) as z:
-      return {k: _as_float32(z[k]) for k in z.files}
+    raise ConvertError(f"checkpoint {path} does not exist; pass the state dict file (.npz or "
+                       "torch) with --checkpoint.")
+  if os.path.isdir(path):
+    raise ConvertError(f"checkpoint {path} is a directory; pass the state dict file (.npz or "
+                       "torch) with --checkpoint (a TF checkpoint needs --from=tf).")
+  try:
+    size = os.path.getsize(path)
+    with open(path, "rb"):
+      pass
+  except OSError as err:
+    raise ConvertError(f"cannot read the checkpoint {path} ({describe(err)}); check the path "
+                       "and its permissions.") from None
+  if size == 0:
+    raise ConvertError(f"checkpoint {path} is empty (0 bytes); copy it again or save the "
+                       "state dict again.")
+  state = _read_npz(path) if path.lower().endswith(".npz") else _read_torch(path)
+  if not state:
+    raise ConvertError(f"checkpoint {path} holds no tensors; pass the model's state dict.")
+  for name, a in state.items():
+    if a.dtype.kind not in "fiu":
+      raise ConvertError(f"checkpoint {path}: tensor {name!r} has dtype {a.dtype}, not a real "
+                         "number type; a state dict holds the model's float tensors: save "
+                         "them as float32.")
+  return state
+
+
+_NPZ_FIX = "save the state dict with numpy.savez(path, **{name: float32 array})"
+
+
+def _read_npz(path: str) -> dict[str, np.ndarray]:
+  """The arrays of an ``.npz`` (see :func:`read_state_dict`); ConvertError if unreadable."""
+  if not zipfile.is_zipfile(path):
+    with open(path, "rb") as f:
+      head = f.read(6)
+    if head.startswith(b"\x93NUMPY"):
+      what = "is a single .npy array, not an .npz archive of named arrays"
+    elif head.startswith(b"PK"):
+      what = "is truncated or damaged (a zip archive without its directory)"
+    else:
+      what = "is not an .npz archive (not a zip file)"
+    raise ConvertError(f"checkpoint {path} {what}; copy it again, or {_NPZ_FIX}.")
+  try:
+    archive = np.load(path, allow_pickle=False)
+  except Exception as err:  # zipfile and numpy raise several types for damaged archives
+    raise ConvertError(f"checkpoint {path} is not a readable .npz archive ({describe(err)}); "
+                       f"copy it again, or {_NPZ_FIX}.") from None
+  with archive:
+    members = archive.zip.namelist()
+    others = [m for m in members if not m.endswith(".npy")]
+    if others:
+      hint = (" (it looks like a torch file: give it a .pt or .bin name)"
+              if any(m.endswith("data.pkl") for m in others) else "")
+      raise ConvertError(f"checkpoint {path} is not an .npz of arrays: member {others[0]!r} is "
+                         f"not a .npy array{hint}; {_NPZ_FIX}.")
+    state = {}
+    for name in archive.files:
+      try:
+        state[name] = _as_float32(archive[name])
+      except ValueError as err:
+        if "object" in str(err).lower():
+          raise ConvertError(f"checkpoint {path}: array {name!r} holds Python objects "
+                             f"(dtype=object), which are not loaded (no pickles); {_NPZ_FIX}."
+                             ) from None
+        raise ConvertError(f"checkpoint {path}: array {name!r} is damaged ({describe(err)}); "
+                           f"copy the file again, or {_NPZ_FIX}.") from None
+      except Exception as err:  # zipfile, zlib and numpy raise several types for damaged members
+        raise ConvertError(f"checkpoint {path}: array {name!r} is damaged ({describe(err)}); "
+                           f"copy the file again, or {_NPZ_FIX}.") from None
+  return state
+
+
+def _read_torch(path: str) -> dict[str, np.ndarray]:
+  """The tensors of a torch file (see :func:`read_state_dict`); ConvertError if unreadable."""
   try:
     import torch
   except ImportError:
@@ -210,15 +302,36 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
   try:
     obj = torch.load(path, map_location="cpu", weights_only=True)
   except Exception as err:  # torch raises several types for bad files
-    raise ConvertError(f"cannot load {path} with torch.load(weights_only=True): {err}. It must "
-                       "be a state dict (a dict of tensors), not a pickled module.") from None
+    if "weights only load failed" in str(err).lower():
+      raise ConvertError(f"checkpoint {path} holds pickled Python objects besides tensors (e.g. "
+                         "a whole module, as the reference train.py saves), which are not "
+                         "loaded (weights_only=True); save the state dict instead: "
+                         "torch.save(model.state_dict(), path).") from None
+    if zipfile.is_zipfile(path):
+      with zipfile.ZipFile(path) as z:
+        names = z.namelist()
+      if names and all(n.endswith(".npy") for n in names):
+        raise ConvertError(f"checkpoint {path} is an .npz archive, not a torch file; give it a "
+                           ".npz name.") from None
+    raise ConvertError(f"checkpoint {path} is damaged or not a torch file ({describe(err)}); "
+                       "copy it again, or save the state dict with torch.save("
+                       "model.state_dict(), path) or as a .npz.") from None
   for key in ("state_dict", "model_state_dict"):
     if isinstance(obj, dict) and set(obj) == {key}:
       obj = obj[key]
   if not isinstance(obj, Mapping) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-    raise ConvertError(f"{path} is not a state dict (a flat dict name -> tensor).")
-  return {k: _as_float32(v.detach().cpu().float().numpy() if v.is_floating_point()
-                         else v.detach().cpu().numpy()) for k, v in obj.items()}
+    keys = f" (its keys: {list(obj)[:5]})" if isinstance(obj, Mapping) else ""
+    raise ConvertError(f"checkpoint {path} is not a state dict (a flat dict name -> tensor)"
+                       f"{keys}; save model.state_dict() with torch.save.")
+  state = {}
+  for k, v in obj.items():
+    try:
+      state[str(k)] = _as_float32(v.detach().cpu().float().numpy() if v.is_floating_point()
+                                  else v.detach().cpu().numpy())
+    except Exception as err:  # quantized, sparse, meta tensors and the like
+      raise ConvertError(f"checkpoint {path}: tensor {k!r} cannot be read as an array "
+                         f"({describe(err)}); save the model's dense float tensors.") from None
+  return state
 
 
 def _as_float32(a: np.ndarray) -> np.ndarray:

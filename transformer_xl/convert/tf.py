@@ -8,11 +8,13 @@ only when a checkpoint is read.
 """
 from __future__ import annotations
 
+import os
+import re
 from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from transformer_xl.convert.errors import ConvertError, log
+from transformer_xl.convert.errors import ConvertError, describe, log
 from transformer_xl.convert.names import NAME_TABLE
 
 
@@ -27,8 +29,17 @@ def read_tf_checkpoint(path: str) -> dict[str, np.ndarray]:
     TF variable name -> numpy array.
 
   Raises:
-    ConvertError: TensorFlow missing or the checkpoint unreadable.
+    ConvertError: no checkpoint at ``path`` (checked before TensorFlow is
+      imported), TensorFlow missing, the checkpoint unreadable or damaged,
+      or a model variable that is not of a real number type.
   """
+  if "://" not in path and not (os.path.isdir(path) or os.path.exists(path + ".index")):
+    prefix = re.sub(r"\.(index|meta|data-\d+-of-\d+)$", "", path)
+    hint = (f"pass the prefix without the extension: --checkpoint={prefix}" if prefix != path
+            else "pass the prefix of its files (e.g. .../model.ckpt-0, without .index) or its "
+            "directory")
+    raise ConvertError(f"no TF checkpoint at {path} (neither a directory nor {path}.index "
+                       f"exists); {hint}.")
   try:
     import tensorflow as tf
   except ImportError:
@@ -36,10 +47,18 @@ def read_tf_checkpoint(path: str) -> dict[str, np.ndarray]:
                        ) from None
   try:
     reader = tf.train.load_checkpoint(path)
+    variables = {name: np.asarray(reader.get_tensor(name))
+                 for name in sorted(reader.get_variable_to_shape_map())
+                 if not _is_tf_slot(name)}
   except Exception as err:  # TF raises NotFoundError, DataLossError, ValueError
-    raise ConvertError(f"cannot read the TF checkpoint {path}: {err}") from None
-  return {name: np.asarray(reader.get_tensor(name))
-          for name in sorted(reader.get_variable_to_shape_map()) if not _is_tf_slot(name)}
+    raise ConvertError(f"cannot read the TF checkpoint {path} ({describe(err)}); pass the "
+                       "prefix of a complete checkpoint (its .index and .data-* files), or copy "
+                       "it again.") from None
+  for name, a in variables.items():
+    if a.dtype.kind not in "fiu":
+      raise ConvertError(f"TF checkpoint {path}: {name} has dtype {a.dtype}, not a real number "
+                         "type; pass a checkpoint of the reference tf/model.py.")
+  return variables
 
 
 def _is_tf_slot(name: str) -> bool:

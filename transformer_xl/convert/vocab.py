@@ -9,11 +9,12 @@ ids the model never saw get a zero embedding and a softmax bias of
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from transformer_xl.convert.errors import ConvertError, log
+from transformer_xl.convert.errors import ConvertError, describe, log
 from transformer_xl.convert.names import flatten_params, unflatten_params
 
 # Softmax bias given to vocabulary entries the converted model never saw
@@ -32,23 +33,46 @@ def read_vocab(path: str) -> list[str]:
   e.g. ``"\\n".join(corpus.vocab.idx2sym)``.
 
   Raises:
-    ConvertError: unreadable file, an empty line, or a repeated symbol.
+    ConvertError: a missing or unreadable file, one that is not UTF-8
+      text, an empty file, an empty line, or a repeated symbol (the message
+      names the file and line).
   """
+  fix = "pass the model's vocabulary with --vocab: UTF-8 text, one symbol per line"
+  if not os.path.exists(path):
+    raise ConvertError(f"vocabulary {path} does not exist; {fix}.")
   try:
-    with open(path, encoding="utf-8") as f:
-      lines = f.read().splitlines()
-  except (OSError, UnicodeDecodeError) as err:
-    raise ConvertError(f"cannot read the vocabulary {path}: {err}") from None
+    with open(path, "rb") as f:
+      raw = f.read()
+  except OSError as err:
+    raise ConvertError(f"cannot read the vocabulary {path} ({describe(err)}); {fix}.") from None
+  try:
+    lines = raw.decode("utf-8").splitlines()
+  except UnicodeDecodeError as err:
+    line_no = raw[:err.start].count(b"\n") + 1
+    raise ConvertError(f"vocabulary {path} is not UTF-8 text (line {line_no}, byte {err.start}: "
+                       f"{err.reason}); {fix}.") from None
+  if not lines:
+    raise ConvertError(f"vocabulary {path} is empty; {fix}.")
   vocab, seen = [], {}
   for n, line in enumerate(lines, 1):
     fields = line.split()
     if not fields:
-      raise ConvertError(f"{path}:{n}: empty line (one symbol per line expected).")
+      raise ConvertError(f"{path}:{n}: empty line; one symbol per line expected (delete the "
+                         "line, or check that this is the model's vocabulary file).")
     if fields[0] in seen:
-      raise ConvertError(f"{path}:{n}: symbol {fields[0]!r} repeats line {seen[fields[0]]}.")
+      raise ConvertError(f"{path}:{n}: symbol {fields[0]!r} repeats line {seen[fields[0]]}; "
+                         "each symbol must appear once (check that this is the model's "
+                         "vocabulary file).")
     seen[fields[0]] = n
     vocab.append(fields[0])
   return vocab
+
+
+def check_dataset_name(name: str) -> None:
+  """Raises ConvertError unless ``name`` is one of ``data.CORPUS_NAMES`` (no data read)."""
+  from transformer_xl import data
+  if name not in data.CORPUS_NAMES:
+    raise ConvertError(f"dataset={name!r}: choose one of {list(data.CORPUS_NAMES)}.")
 
 
 def dataset_vocab(name: str, data_dir: Optional[str] = None, manual_dir: Optional[str] = None,
@@ -64,8 +88,7 @@ def dataset_vocab(name: str, data_dir: Optional[str] = None, manual_dir: Optiona
     ConvertError: unknown name; data.DataError: the corpus cannot be built.
   """
   from transformer_xl import data
-  if name not in data.CORPUS_NAMES:
-    raise ConvertError(f"dataset={name!r}: choose one of {list(data.CORPUS_NAMES)}.")
+  check_dataset_name(name)
   if name == "enwik8":
     return [chr(i) for i in range(256)], "byte"
   if name == "text8":

@@ -10,21 +10,23 @@ converter that calls into the training code (``default_config``,
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from transformer_xl.convert.errors import ConvertError, log
+from transformer_xl.convert.errors import ConvertError, log, one_line
 from transformer_xl.convert.hparams import (expected_param_shapes, hparams_from_model_config,
                                             load_hparams, model_config_from_hparams)
 from transformer_xl.convert.names import flatten_params, resolve_cluster_order, unflatten_params
 from transformer_xl.convert.pytorch import (params_from_state_dict, read_state_dict,
                                             save_state_dict, state_dict_from_params)
 from transformer_xl.convert.tf import read_tf_checkpoint, state_dict_from_tf
-from transformer_xl.convert.vocab import (UNSEEN_BIAS, dataset_vocab, describe_vocab_map,
-                                          map_vocab, read_vocab, remap_vocab)
+from transformer_xl.convert.vocab import (UNSEEN_BIAS, check_dataset_name, dataset_vocab,
+                                          describe_vocab_map, map_vocab, read_vocab,
+                                          remap_vocab)
 
 
 def one_device_mesh():
@@ -32,6 +34,93 @@ def one_device_mesh():
   import jax
   from transformer_xl import sharding
   return sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
+
+
+def workdir_config(cfg, *, dataset: Optional[str] = None, data_dir: Optional[str] = None,
+                   manual_dir: Optional[str] = None, download: bool = True,
+                   verify_checksums: bool = True, eval_tgt_len: Optional[int] = None,
+                   eval_mem_len: Optional[int] = None, eval_clamp_len: Optional[int] = None,
+                   eval_same_length: Optional[bool] = None, global_batch: int = 1,
+                   eval_global_batch: int = 1):
+  """The validated ``config.json`` of a converted workdir (see :func:`write_workdir`).
+
+  Needs no data and computes nothing, so the converter calls it before the
+  long work (reading the checkpoint, preparing the corpus).  The model
+  section does not depend on n_token, so a later vocabulary remap leaves it
+  as it is.
+
+  Raises:
+    ConvertError: a setting ``default_config.validate`` refuses (e.g. a
+      global batch < 1, eval lengths out of range), with its fix.
+  """
+  from transformer_xl import default_config
+  config = default_config.get_config()
+  default_config.set_model_config(config, cfg)
+  e = config.eval
+  e.tgt_len = cfg.tgt_len if eval_tgt_len is None else int(eval_tgt_len)
+  e.mem_len = cfg.mem_len if eval_mem_len is None else int(eval_mem_len)
+  e.clamp_len = cfg.clamp_len if eval_clamp_len is None else int(eval_clamp_len)
+  e.same_length = cfg.same_length if eval_same_length is None else bool(eval_same_length)
+  e.global_batch = int(eval_global_batch)
+  config.train.global_batch = int(global_batch)
+  if dataset is not None:
+    config.data.dataset = dataset
+  if data_dir is not None:
+    config.data.data_dir = str(data_dir)
+  if manual_dir is not None:
+    config.data.manual_dir = str(manual_dir)
+  config.data.download, config.data.verify_checksums = bool(download), bool(verify_checksums)
+  try:
+    default_config.validate(config, 1)
+  except default_config.ConfigError as err:
+    raise ConvertError(one_line(err)) from None
+  return config
+
+
+def check_new_workdir(workdir: str) -> None:
+  """Checks, without orbax and before any long work, that ``workdir`` can
+  receive a conversion: not a file, creatable and writable (local paths),
+  and no checkpoint (a numbered directory under ``checkpoints/``) yet.
+
+  Raises:
+    ConvertError: a file, a path under a file or in a directory this
+      process cannot write, or a workdir that already holds checkpoints.
+  """
+  from etils import epath
+  path = epath.Path(workdir)
+  if path.exists() and not path.is_dir():
+    raise ConvertError(f"--workdir={workdir} is a file; convert into a new or empty directory.")
+  _check_creatable(workdir, "--workdir")
+  checkpoints = path / "checkpoints"
+  steps = sorted(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()) \
+      if checkpoints.is_dir() else []
+  if steps:
+    raise ConvertError(f"{workdir} already holds checkpoints (step {steps[-1]}); convert into "
+                       "an empty --workdir.")
+
+
+def _check_creatable(path: str, flag: str, file: bool = False) -> None:
+  """ConvertError unless the nearest existing ancestor of the local ``path``
+  (itself if it exists, unless ``file``: a file is overwritten) is a
+  directory this process may write in."""
+  if "://" in path:
+    return
+  existing = os.path.abspath(path)
+  if file:
+    existing = os.path.dirname(existing)
+  while not os.path.lexists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    raise ConvertError(f"{flag}={path} cannot be created: {existing} is a file; pass a path in a "
+                       "directory.")
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise ConvertError(f"{flag}={path} cannot be written: no permission to write in {existing}; "
+                       "pass a path in a directory you may write.")
+
+
+def _check_unit(unit: Optional[str]) -> None:
+  if unit is not None and unit not in ("byte", "char", "word"):
+    raise ConvertError(f"unit={unit!r}: use byte, char or word.")
 
 
 def write_workdir(workdir: str, params: Mapping[str, Any], cfg, *, dataset: Optional[str] = None,
@@ -76,33 +165,15 @@ def write_workdir(workdir: str, params: Mapping[str, Any], cfg, *, dataset: Opti
     The written ``ml_collections.ConfigDict``.
 
   Raises:
-    ConvertError: params that do not fit cfg, a workdir that already has
-      checkpoints, or an invalid setting.
+    ConvertError: params that do not fit cfg, a workdir that is a file or
+      already has checkpoints, or an invalid setting.
   """
-  from transformer_xl import default_config
-  if unit not in ("byte", "char", "word"):
-    raise ConvertError(f"unit={unit!r}: use byte, char or word.")
-  config = default_config.get_config()
-  default_config.set_model_config(config, cfg)
-  e = config.eval
-  e.tgt_len = cfg.tgt_len if eval_tgt_len is None else int(eval_tgt_len)
-  e.mem_len = cfg.mem_len if eval_mem_len is None else int(eval_mem_len)
-  e.clamp_len = cfg.clamp_len if eval_clamp_len is None else int(eval_clamp_len)
-  e.same_length = cfg.same_length if eval_same_length is None else bool(eval_same_length)
-  e.global_batch = int(eval_global_batch)
-  config.train.global_batch = int(global_batch)
-  if dataset is not None:
-    config.data.dataset = dataset
-  if data_dir is not None:
-    config.data.data_dir = str(data_dir)
-  if manual_dir is not None:
-    config.data.manual_dir = str(manual_dir)
-  config.data.download, config.data.verify_checksums = bool(download), bool(verify_checksums)
-  try:
-    default_config.validate(config, 1)
-  except default_config.ConfigError as err:
-    raise ConvertError(str(err)) from None
-
+  _check_unit(unit)
+  config = workdir_config(cfg, dataset=dataset, data_dir=data_dir, manual_dir=manual_dir,
+                          download=download, verify_checksums=verify_checksums,
+                          eval_tgt_len=eval_tgt_len, eval_mem_len=eval_mem_len,
+                          eval_clamp_len=eval_clamp_len, eval_same_length=eval_same_length,
+                          global_batch=global_batch, eval_global_batch=eval_global_batch)
   expected = expected_param_shapes(cfg)
   flat = flatten_params(params)
   bad = {p: (tuple(np.shape(flat[p])) if p in flat else None, s) for p, s in expected.items()
@@ -114,8 +185,9 @@ def write_workdir(workdir: str, params: Mapping[str, Any], cfg, *, dataset: Opti
 
   from transformer_xl import checkpointing, models, train_state
   from transformer_xl import workdir as wd
+  check_new_workdir(workdir)
   os.makedirs(workdir, exist_ok=True)
-  manager = checkpointing.make_manager(workdir, config.checkpoint.max_to_keep)
+  manager = checkpointing.make_manager(workdir)
   existing = manager.latest_step()
   if existing is not None:
     manager.close()
@@ -168,37 +240,51 @@ def convert_to_workdir(source: str, checkpoint: str, hparams: str | Mapping[str,
     "cluster_order"}.
 
   Raises:
-    ConvertError: any invalid input (see the functions it calls).
+    ConvertError: any invalid input (see the functions it calls).  Every
+      check that needs neither the checkpoint nor the corpus (flags, the
+      hparams, the vocabulary file, the workdir's settings and emptiness)
+      comes before reading the checkpoint and preparing the corpus.
   """
+  if source not in ("pytorch", "tf"):
+    raise ConvertError(f"--from={source!r}: use pytorch or tf.")
+  if vocab is not None and dataset is None:
+    raise ConvertError("--vocab needs --dataset (the vocabulary to map onto).")
+  _check_unit(unit)
+  if dataset is not None:
+    check_dataset_name(dataset)
   hp = load_hparams(hparams)
   cfg = model_config_from_hparams(hp)
+  ref_vocab = None
+  if vocab is not None:
+    ref_vocab = read_vocab(vocab)
+    if len(ref_vocab) != cfg.n_token:
+      raise ConvertError(f"{vocab} has {len(ref_vocab)} symbols but hparams n_token="
+                         f"{cfg.n_token}; pass the vocabulary the model was trained with, or "
+                         "fix n_token.")
+  workdir_config(cfg, dataset=dataset, data_dir=data_dir, manual_dir=manual_dir,
+                 download=download, verify_checksums=verify_checksums, **workdir_kwargs)
+  check_new_workdir(workdir)
   if source == "pytorch":
     state = read_state_dict(checkpoint)
     order = resolve_cluster_order(cluster_order, list(state))
     log(f"Read {len(state)} tensors from {checkpoint}"
         + (f"; adaptive-softmax cluster order: {order}." if cfg.cutoffs else "."))
-  elif source == "tf":
+  else:
     variables = read_tf_checkpoint(checkpoint)
     log(f"Read {len(variables)} variables from the TF checkpoint {checkpoint}.")
-    state, order = state_dict_from_tf(variables, hp, cfg), "forward"
+    state, order = _naming(checkpoint, state_dict_from_tf, variables, hp, cfg), "forward"
     log("  Note (TF): LayerNorm epsilon 1e-12 there, 1e-5 here; TF's same_length lets each "
         "query see mem_len + 1 keys (here mem_len, as in the PyTorch reference; with mem_len "
         ">= tgt_len, --eval_mem_len=<mem_len + 1> gives TF's attention span); TF starts from "
         "zero-filled memory, here from empty memory.")
-  else:
-    raise ConvertError(f"--from={source!r}: use pytorch or tf.")
-  params = params_from_state_dict(state, cfg, order)
+  params = _naming(checkpoint, params_from_state_dict, state, cfg, order)
   report: dict[str, Any] = {"cluster_order": order, "vocab": None}
   our_unit = unit
   if dataset is not None:
     our_vocab, ds_unit = dataset_vocab(dataset, data_dir, manual_dir, download,
                                        verify_checksums)
     our_unit = unit or ds_unit
-    if vocab is not None:
-      ref_vocab = read_vocab(vocab)
-      if len(ref_vocab) != cfg.n_token:
-        raise ConvertError(f"{vocab} has {len(ref_vocab)} symbols but hparams n_token="
-                           f"{cfg.n_token}.")
+    if ref_vocab is not None:
       ref_of_ours, vrep = map_vocab(ref_vocab, our_vocab, dataset)
       params, cfg = remap_vocab(params, cfg, ref_of_ours, unseen_bias)
       report["vocab"] = vrep
@@ -209,8 +295,6 @@ def convert_to_workdir(source: str, checkpoint: str, hparams: str | Mapping[str,
     else:
       log(f"No --vocab: taking the model's ids as {dataset}'s ids (same size, "
           f"{cfg.n_token}).")
-  elif vocab is not None:
-    raise ConvertError("--vocab needs --dataset (the vocabulary to map onto).")
   our_unit = our_unit or "word"
   write_workdir(workdir, params, cfg, dataset=dataset, data_dir=data_dir, manual_dir=manual_dir,
                 download=download, verify_checksums=verify_checksums, unit=our_unit,
@@ -219,6 +303,15 @@ def convert_to_workdir(source: str, checkpoint: str, hparams: str | Mapping[str,
   log(f"Wrote {workdir}: {n_params:,} parameters, vocabulary {cfg.n_token}, unit {our_unit}.")
   report.update(n_token=cfg.n_token, params=n_params)
   return report
+
+
+def _naming(checkpoint: str, fn, *args):
+  """``fn(*args)``, with the checkpoint's path in front of a ConvertError's
+  message (the state-dict checks name tensors, not files)."""
+  try:
+    return fn(*args)
+  except ConvertError as err:
+    raise ConvertError(f"checkpoint {checkpoint}: {err}") from None
 
 
 def export_pytorch(workdir: str, checkpoint: str, hparams_path: Optional[str] = None,
@@ -239,17 +332,33 @@ def export_pytorch(workdir: str, checkpoint: str, hparams_path: Optional[str] = 
     {"step", "tensors", "hparams_path"}.
 
   Raises:
-    ConvertError / FileNotFoundError: missing workdir files or checkpoint.
+    ConvertError: missing or damaged workdir files or checkpoint; output
+      paths that cannot be written, or a torch output without torch
+      installed (both checked before the restore).
   """
   import jax
+  from transformer_xl import checkpointing, default_config
   from transformer_xl import workdir as wd
-  config = wd.load_config(workdir)
-  cfg, _ = wd.load_model_config(workdir)
-  step, params = wd.restore_params(config, workdir, cfg, one_device_mesh())
+  if not checkpoint.lower().endswith(".npz") and importlib.util.find_spec("torch") is None:
+    raise ConvertError(f"writing the torch file {checkpoint} needs torch; use a .npz path.")
+  hparams_path = hparams_path or os.path.splitext(checkpoint)[0] + ".hparams.json"
+  for flag, path in (("--checkpoint", checkpoint), ("--hparams", hparams_path)):
+    if os.path.isdir(path):
+      raise ConvertError(f"{flag}={path} is a directory; pass the path of the file to write.")
+    _check_creatable(path, flag, file=True)
+  if not os.path.isdir(workdir) and "://" not in workdir:
+    raise ConvertError(f"--workdir={workdir} is not a directory; pass the workdir of a "
+                       "training run or of a conversion.")
+  try:
+    config = wd.load_config(workdir)
+    cfg, _ = wd.load_model_config(workdir)
+    step, params = wd.restore_params(config, workdir, cfg, one_device_mesh())
+  except (FileNotFoundError, wd.WorkdirError, checkpointing.CheckpointError,
+          default_config.ConfigError) as err:
+    raise ConvertError(one_line(err)) from None
   params = jax.tree_util.tree_map(lambda x: np.asarray(jax.device_get(x)), params)
   state = state_dict_from_params(params, cfg, layout, cluster_order)
   save_state_dict(state, checkpoint)
-  hparams_path = hparams_path or os.path.splitext(checkpoint)[0] + ".hparams.json"
   with open(hparams_path, "w") as f:
     json.dump(hparams_from_model_config(cfg), f, indent=2)
   log(f"Wrote {len(state)} tensors of step {step} to {checkpoint} ({layout} names) and the "
