@@ -937,3 +937,35 @@ def test_a_diverged_run_names_a_used_checkpoint_and_a_lower_rate_resumes_from_it
   r = run_main([f"--workdir={workdir}", "--mode=eval"])
   assert r.returncode == 0, r.stderr[-2000:]
   assert json.loads((workdir / "eval_results.json").read_text())["step"] == 8
+
+
+class _Steps:
+  """The part of a CheckpointManager that checkpointing.Verification reads."""
+
+  def __init__(self, directory, steps):
+    self.directory, self._steps = directory, list(steps)
+
+  def all_steps(self):
+    return list(self._steps)
+
+
+@pytest.mark.parametrize("recorded,restored,good", [
+    (6, 4, 4),      # resumed from an older good one: the later history is redone
+    (6, 6, 6),
+    (4, 6, 4),      # resumed from a checkpoint no finite step has come from yet
+    (None, 6, 4),   # no record (an older version): the ones before the restored one
+    (6, None, None)])  # a fresh start: the record of an earlier run is removed
+def test_which_checkpoint_a_resumed_run_counts_as_good(tmp_path, recorded, restored, good):
+  if recorded is not None:
+    (tmp_path / checkpointing.VERIFIED_FILE).write_text(json.dumps({"step": recorded}))
+  manager = _Steps(tmp_path / "checkpoints", [2, 4, 6] if restored else [])
+  v = checkpointing.Verification(str(tmp_path), manager, restored)
+  assert v.newest() == good
+  record = tmp_path / checkpointing.VERIFIED_FILE  # rewritten at once: what this run counts
+  assert (json.loads(record.read_text()) if record.exists() else None) == (
+      None if good is None else {"step": good})
+  if restored:
+    v.params_good(restored)  # a finite step came from the restored checkpoint
+    v.write()
+    assert json.loads((tmp_path / checkpointing.VERIFIED_FILE).read_text()) == {
+        "step": restored}

@@ -688,10 +688,11 @@ class Verification:
   Args:
     workdir: the run's directory.
     manager: its checkpoint manager.
-    restored: the step the run resumed from (None: a fresh start).  It
-      counts as good if the record says so; without a record (a workdir of
-      a version before records) the checkpoints before it do, as the run
-      that wrote it computed steps from them.
+    restored: the step the run resumed from (None: a fresh start, which
+      removes an earlier run's record).  It counts as good if the record
+      says so; without a record (a workdir of a version before records)
+      the checkpoints before it do, as the run that wrote it computed steps
+      from them.
   """
 
   def __init__(self, workdir: str, manager: ocp.CheckpointManager, restored: Optional[int]):
@@ -702,13 +703,14 @@ class Verification:
       recorded = int(json.loads(self._path.read_text())["step"])
     except (OSError, ValueError, KeyError, TypeError):
       pass
-    if restored is None:
+    if restored is None:  # a fresh start: a record left by an earlier run says nothing now
       self.step = -1
     elif recorded is None:
       self.step = restored - 1
     else:
       self.step = min(restored, recorded)
-    self._written = self.newest()
+    self._written = recorded
+    self.write()  # the record now says what this run counts as good
 
   def params_good(self, step: int) -> None:
     """The parameters after ``step`` gave a finite loss and gradient (or validation)."""
@@ -728,14 +730,18 @@ class Verification:
     return f"{_step_path(self._manager, step)} (step {step})"
 
   def write(self) -> None:
-    """Records the newest good checkpoint if it changed (process 0)."""
+    """Records the newest good checkpoint if it changed (process 0; no
+    record when none is good)."""
     step = self.newest()
-    if step is None or step == self._written:
+    if step == self._written:
       return
     if jax.process_index() == 0:
-      tmp = self._path.parent / f".{self._path.name}.tmp"
-      tmp.write_text(json.dumps({"step": step}) + "\n")
-      tmp.replace(self._path)
+      if step is None:
+        self._path.unlink(missing_ok=True)
+      else:
+        tmp = self._path.parent / f".{self._path.name}.tmp"
+        tmp.write_text(json.dumps({"step": step}) + "\n")
+        tmp.replace(self._path)
     self._written = step
 
   def reject_unverified(self, workdir: str, reason: str,
