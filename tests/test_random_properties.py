@@ -41,6 +41,7 @@ import pytest
 from transformer_xl import (attention, attention_ops, data, generate, models, sharding, train,
                             train_state)
 from transformer_xl.analysis import relative_gain as rg
+from transformer_xl.convert.names import flatten_params
 from test_train import tiny_config
 
 SIGMAS = 6.0  # the bound of every statistical check, in standard errors
@@ -308,21 +309,10 @@ def dropout_calls():
 
   keys = jax.random.split(jax.random.PRNGKey(1), N_KEYS)
   hidden, sown = jax.device_get(jax.jit(jax.vmap(one))(keys))
-  flat = flat_paths(sown)
+  flat = flatten_params(sown)  # {"a/b/name": tuple of sown arrays}
   calls = {site: list(zip(flat[site + "/x"], flat[site + "/y"]))
            for site in {p.rsplit("/", 1)[0] for p in flat}}
   return calls, hidden
-
-
-def flat_paths(tree, prefix=""):
-  """{"a/b/name": leaf} of a nested dict (the leaves here: tuples of sown arrays)."""
-  out = {}
-  for k, v in tree.items():
-    if isinstance(v, dict):
-      out.update(flat_paths(v, f"{prefix}{k}/"))
-    else:
-      out[f"{prefix}{k}"] = v
-  return out
 
 
 def test_every_dropout_of_the_model_zeroes_at_its_rate_and_rescales_by_one_over_keep(
