@@ -271,7 +271,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: 
   lower learning rate resumes.  Rotation keeps the newest
   ``checkpoint.max_to_keep`` checkpoints and the newest good one
   (``checkpointing.prune``).  One training at a time per workdir: a second
-  one stops at once naming the first (``workdir.TrainingLock``).
+  one stops at once naming the first (``workdir.training_lock``).
 
   Returns:
     The last logged training metrics (dict of floats).
@@ -421,7 +421,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus:
         t_last, steps_since = time.perf_counter(), 0
       if preempted:
         what = stop_requested()
-        say(f"{what if isinstance(what, str) else 'Stop requested'}: saved a checkpoint at step "
+        say(f"{what if isinstance(what, str) and what else 'Stop requested'}: saved a checkpoint at step "
             f"{step}; stopping (the same command resumes here).")
         last["preempted_at_step"] = step
         break
@@ -431,10 +431,11 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus:
         workdir, "set aside when the run diverged: a step computed from it was not finite",
         log=lambda msg: None)
     if went:
+      where = ("deleted (this file system cannot move them)" if "deleted" in went else
+               f"moved to {epath.Path(workdir) / 'checkpoints_rejected'}")
       raise metrics.NonFiniteError(
-          f"{err} The {len(went)} checkpoint(s) saved after it were moved to "
-          f"{epath.Path(workdir) / 'checkpoints_rejected'} (a step computed from them was not "
-          "finite).") from None
+          f"{err} The {len(went)} checkpoint(s) saved after it were {where} (a step computed "
+          "from them was not finite).") from None
     raise
   finally:
     bar.close()
