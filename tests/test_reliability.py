@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_xl import (checkpointing, data, default_config, metrics, models,
+from transformer_xl import (checkpointing, data, default_config, fingerprints, metrics, models,
                             process_settings, sharding, train, train_state)
 from test_train import REPO, read_metrics, run_main, small_args, tiny_config, write_ptb_sample
 
@@ -150,25 +150,25 @@ def abstract_state(config, mesh):
 
 def test_fingerprint_sees_one_and_two_bit_flips_and_ignores_placement():
   x = np.random.default_rng(0).normal(size=(64, 48)).astype(np.float32)
-  base = checkpointing.fingerprint({"x": jnp.asarray(x)})[0]["['x']"]
+  base = fingerprints.fingerprint({"x": jnp.asarray(x)})[0]["['x']"]
   bits = x.view(np.uint32).copy()
   bits[3, 5] ^= 1 << 7
-  one = checkpointing.fingerprint({"x": jnp.asarray(bits.view(np.float32))})[0]["['x']"]
+  one = fingerprints.fingerprint({"x": jnp.asarray(bits.view(np.float32))})[0]["['x']"]
   # The same bit in a second element: an xor of the bit patterns cancels
   # (equal bits), or a sum does (opposite bits).
   bits[40, 1] ^= 1 << 7
-  two = checkpointing.fingerprint({"x": jnp.asarray(bits.view(np.float32))})[0]["['x']"]
+  two = fingerprints.fingerprint({"x": jnp.asarray(bits.view(np.float32))})[0]["['x']"]
   assert len({base, one, two}) == 3
   # Moving two elements (the same bits, other places) changes it too.
   swapped = x.copy()
   swapped[[0, 1]] = swapped[[1, 0]]
-  assert checkpointing.fingerprint({"x": jnp.asarray(swapped)})[0]["['x']"] != base
+  assert fingerprints.fingerprint({"x": jnp.asarray(swapped)})[0]["['x']"] != base
   # The same values sharded over 8 devices give the same fingerprint.
   mesh8 = sharding.make_mesh((4, 2), ("data", "model"))
   spread = jax.device_put(x, jax.sharding.NamedSharding(
       mesh8, jax.sharding.PartitionSpec("data", "model")))
-  assert checkpointing.fingerprint({"x": spread})[0]["['x']"] == base
-  fps, finite = checkpointing.fingerprint({"x": jnp.asarray(x), "y": jnp.asarray([1.0, np.inf]),
+  assert fingerprints.fingerprint({"x": spread})[0]["['x']"] == base
+  fps, finite = fingerprints.fingerprint({"x": jnp.asarray(x), "y": jnp.asarray([1.0, np.inf]),
                                            "n": jnp.asarray([1, 2], jnp.int32),
                                            "h": jnp.asarray(x, jnp.bfloat16)})
   assert finite == {"['h']": True, "['n']": True, "['x']": True, "['y']": False}
