@@ -15,7 +15,8 @@ projected sinusoids r = W_kR R, listed by *descending* distance K-1, ..., 0,
 and then left-shifted row by row (:func:`rel_shift`).
 
 Here: the positions (:func:`sinusoid_pos_emb`, :func:`position_table`,
-:func:`absolute_positions`), the mask (:func:`attention_mask`), the shift,
+:func:`absolute_positions`), the mask (:func:`attention_mask`; with
+documents, no key of another document), the shift,
 the projections of concat(memory, segment) (:func:`qkv`, :func:`kv_rows`:
 no gradient is formed for the memory rows where none can flow), the scores
 laid out [H, B, T, K] (:func:`content_scores`, :func:`position_scores`) and
@@ -96,7 +97,8 @@ def rel_shift(x_XxTxK: Array) -> Array:
   return x_padded[..., 1:, :].reshape(*lead, t, k)
 
 
-def attention_mask(tgt_len: int, mem_len: int, mlen_B: Array, same_length: bool) -> Array:
+def attention_mask(tgt_len: int, mem_len: int, mlen_B: Array, same_length: bool,
+                   doc_pos_BxT: Optional[Array] = None) -> Array:
   """Which keys each query may attend to (True = attend).
 
   Keys are M = mem_len memory slots, right-aligned (only the last
@@ -107,12 +109,23 @@ def attention_mask(tgt_len: int, mem_len: int, mlen_B: Array, same_length: bool)
   so that every query sees at most mem_len keys (the reference's
   ``triu(1 + mlen) + tril(-mask_shift_len)`` in ``MemTransformerLM._forward``).
 
+  Documents (our extension, not in the reference; the need is discussed in
+  kimiyoung/transformer-xl issue #126): with ``doc_pos_BxT`` query i of
+  row b may also attend only keys at distance ``i + M - j <= doc_pos[b, i]``,
+  those of its own document, in the memory and in the segment alike.
+  Relative positions stay those of the stream; memory slots of an earlier
+  document are masked, never removed.
+
   Args:
     tgt_len: T, queries per segment.
     mem_len: M, memory slots.
     mlen_B: int32 [B], valid memory slots per example, in [0, M]; -p (with
       M = 0) masks the segment's first p positions as keys (front padding).
     same_length: mask distances >= M as well.
+    doc_pos_BxT: optional int [B, T], each query's offset from the first
+      input of its document (0 there; the document's first input is the
+      separator that ended the previous one).  None: one stream, no
+      document term (values >= M + T - 1 are inert as well).
 
   Returns:
     bool [B, 1, T, M + T].
@@ -123,7 +136,10 @@ def attention_mask(tgt_len: int, mem_len: int, mlen_B: Array, same_length: bool)
   if same_length:
     allowed_TxK &= dist_TxK < mem_len
   valid_key_BxK = jnp.arange(klen)[None, :] >= (mem_len - mlen_B)[:, None]
-  return allowed_TxK[None, None, :, :] & valid_key_BxK[:, None, None, :]
+  mask_Bx1xTxK = allowed_TxK[None, None, :, :] & valid_key_BxK[:, None, None, :]
+  if doc_pos_BxT is not None:  # keys of the query's own document only
+    mask_Bx1xTxK &= (dist_TxK[None, :, :] <= doc_pos_BxT[:, :, None])[:, None]
+  return mask_Bx1xTxK
 
 
 def query_blocks(tgt_len: int, klen: int, block_size: int) -> list[tuple[int, int, int]]:

@@ -106,10 +106,13 @@ def _run_mode(r: Request, config: ml_collections.ConfigDict, tokens: Optional[np
   """The mesh, the corpus where the mode needs one, then the mode."""
   mesh = sharding.make_mesh(config.mesh.shape, config.mesh.axis_names)
   corpus = None
-  if r.mode in ("train", "eval") or (r.mode == "score" and r.text):
+  if r.mode == "score" and r.text:  # the workdir's saved tokenizer may stand in for the files
+    corpus = language_model.load_corpus(config, wd.load_model_config(r.workdir)[0], r.workdir)
+  elif r.mode in ("train", "eval"):
     data_cfg = config.data.to_dict()
     corpus = distributed.process_0_first(
-        lambda: data.load_corpus(data_cfg.pop("dataset"), **data_cfg), (data.DataError,))
+        lambda: data.load_configured(data_cfg), (data.DataError,))
+  if corpus is not None:
     metrics.log(f"Corpus {corpus.name}: vocab {corpus.vocab_size:,}, " + ", ".join(
         f"{k} {v.num_tokens:,} tokens" for k, v in corpus.splits.items())
         + f"; mesh {dict(mesh.shape)}; {jax.process_count()} process(es).")
@@ -164,7 +167,9 @@ def run_eval(config: ml_collections.ConfigDict, workdir: str, corpus: data.Corpu
   """``--mode=eval``: scores valid and test from the latest checkpoint.
 
   Writes ``<workdir>/eval_results.json``: {"valid": {...}, "test": {...},
-  "step": int}, each split's dict as ``evaluate.Evaluator.evaluate`` returns it.
+  "step": int}, each split's dict as ``evaluate.Evaluator.evaluate`` returns it,
+  plus ``metrics.corpus_level`` (bits per byte and the number of documents,
+  for corpora of one's own text).
 
   Raises:
     FileNotFoundError: no checkpoint in ``workdir``.
@@ -176,8 +181,11 @@ def run_eval(config: ml_collections.ConfigDict, workdir: str, corpus: data.Corpu
   results = {}
   for split in ("valid", "test"):
     r = results[split] = evaluator.evaluate(params, split)
+    r.update(metrics.corpus_level(r["loss_nats"], r["tokens"], corpus, split))
+    extra = "".join(f", {k} {r[k]:.4f}" for k in ("bits_per_byte",) if k in r) + "".join(
+        f", {r[k]:,} documents" for k in ("documents",) if k in r)
     metrics.log(f"step {step} {split}: loss {r['loss_nats']:.4f} nats, {metric} "
-                f"{r[metric]:.4f} over {r['tokens']:,} tokens")
+                f"{r[metric]:.4f} over {r['tokens']:,} tokens{extra}")
   results["step"] = int(step)
   results["eval"] = evaluator.lengths
   path = wd.write_eval_results(workdir, results)
@@ -313,7 +321,7 @@ def run_generate(config: ml_collections.ConfigDict, workdir: str, mesh: Mesh, *,
   if out and not epath.Path(out).parent.exists():
     raise FileNotFoundError(f"--out={out}: the directory {epath.Path(out).parent} does not exist.")
   model_cfg, _ = wd.load_model_config(workdir)
-  corpus = language_model.load_corpus(config, model_cfg)
+  corpus = language_model.load_corpus(config, model_cfg, workdir)
   prompt_ids = language_model.encode_prompt(corpus, text)  # before the checkpoint is read
   lm = language_model.LanguageModel.from_workdir(workdir, config, mesh, corpus)
   c, main = lm.eval_cfg, jax.process_index() == 0

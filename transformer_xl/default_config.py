@@ -24,6 +24,7 @@ import ml_collections
 import numpy as np
 
 from transformer_xl import adaptive, attention, data, sharding, tuning
+from transformer_xl.data import text_settings
 
 DTYPES = ("float32", "bfloat16")  # model.dtype
 NONFINITE_POLICIES = ("stop", "skip")  # train.nonfinite
@@ -311,11 +312,23 @@ def get_config() -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict(ModelConfig.defaults())
 
   c.data = ml_collections.ConfigDict(dict(
-      dataset="enwik8",  # one of data.CORPUS_NAMES
+      dataset="enwik8",  # one of data.CORPUS_NAMES, "text" (own files) or "tfds:NAME"
       data_dir=ml_collections.FieldReference(None, field_type=str),    # tfds data dir (default ~/tensorflow_datasets)
       manual_dir=ml_collections.FieldReference(None, field_type=str),  # where source files already on disk are
       download=True,
       verify_checksums=True,
+      # data.dataset="text": one's own files (data/text_files.py); comma-separated globs.
+      train_files="", valid_files="", test_files="",
+      tokenizer="word",          # byte | char | word | sentencepiece | pretrained:PATH
+      vocab_size=0,              # word/char cap (0 = all); sentencepiece: pieces (required)
+      min_count=1,               # word/char: fewer occurrences in train -> <unk>
+      document_separator="file", # file | paragraph | line: what one document is
+      spm_model_type="unigram",  # unigram | bpe (tokenizer=sentencepiece)
+      spm_sample_lines=1_000_000,  # training lines SentencePiece learns from at most
+      text_key="text",           # data.dataset="tfds:NAME": the feature with the text
+      tfds_splits="train,validation,test",  # ... and its splits read as train, valid, test
+      documents="stream",        # stream: memory flows across documents (the reference);
+                                 # reset: no attention across a document boundary
   ))
 
   c.train = ml_collections.ConfigDict(dict(
@@ -431,9 +444,10 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, 
                     f"and eval.stride={e.stride} in [1, window={window}].")
   if t.loss_span not in ("full", "half"):
     problems.append(f"train.loss_span={t.loss_span!r}: use 'full' or 'half'.")
-  if config.data.dataset not in data.CORPUS_NAMES:
-    problems.append(f"data.dataset={config.data.dataset!r}: choose one of "
-                    f"{sorted(data.CORPUS_NAMES)}.")
+  problems += _data_problems(config.data)
+  if config.data.get("documents", "stream") == "reset" and e.method == "sliding":
+    problems.append("data.documents='reset' is not supported by eval.method='sliding': use "
+                    "eval.method='segments'.")
   if t.num_steps < 1 or t.log_every < 1 or config.checkpoint.every_steps < 1:
     problems.append("train.num_steps, train.log_every and checkpoint.every_steps must be >= 1.")
   if config.checkpoint.max_to_keep < 1:
@@ -451,6 +465,35 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, 
   if problems:
     raise ConfigError("Invalid config:\n  - " + "\n  - ".join(problems))
   return mesh_shape
+
+
+def _data_problems(d: ml_collections.ConfigDict) -> list[str]:
+  """The dataset name, and the text-file fields: set only for data.dataset="text"."""
+  text = {k: d.get(k, _default_value(f"data.{k}")) for k in data.TEXT_FIELDS}
+  documents = d.get("documents", "stream")
+  if documents not in ("stream", "reset"):
+    return [f"data.documents={documents!r}: use 'stream' (memory flows across documents) or "
+            "'reset' (no attention across a document boundary)."]
+  if d.dataset == data.TEXT or d.dataset.startswith(data.TFDS_PREFIX):
+    tfds_name = d.dataset[len(data.TFDS_PREFIX):] if d.dataset != data.TEXT else ""
+    if d.dataset != data.TEXT and not tfds_name:
+      return [f"data.dataset={d.dataset!r}: name the tfds dataset, e.g. 'tfds:pg19'."]
+    return text_settings.settings_problems(
+        text_settings.TextSettings(**text, tfds_name=tfds_name))
+  if documents == "reset":
+    return [f"data.documents='reset' needs documents, which the built-in corpus "
+            f"{d.dataset!r} does not have: use 'stream', or data.dataset={data.TEXT!r}."]
+  if d.dataset not in data.CORPUS_NAMES:
+    return [f"data.dataset={d.dataset!r}: choose one of {sorted(data.CORPUS_NAMES)}, "
+            f"{data.TEXT!r} for your own text files (data.train_files, ...), or "
+            "'tfds:NAME' for a tfds text dataset."]
+  changed = [k for k, v in text.items() if v != _default_value(f"data.{k}")]
+  if changed:
+    verb = "applies" if len(changed) == 1 else "apply"
+    return [f"data.{', data.'.join(changed)} {verb} only to data.dataset={data.TEXT!r} (your "
+            f"own text files), not to the built-in corpus {d.dataset!r}: remove them, or set "
+            f"--config.data.dataset={data.TEXT}."]
+  return []
 
 
 def _schedule_problems(t: ml_collections.ConfigDict, nonfinite: set[str]) -> list[str]:

@@ -85,20 +85,22 @@ def window_model_config(config: ml_collections.ConfigDict, train_cfg: models.Mod
 def make_eval_step(model: models.TransformerXL, mesh: Mesh) -> Callable:
   """The jitted eval step: (params, memory, batch) -> (nll_BxT, memory).
 
-  ``batch``: ``inputs``/``targets`` int32 [B, T] and ``reset`` bool [B]
-  (rows whose memory is emptied first), global arrays with the batch
-  shardings.  ``nll_BxT`` is float32, nats, replicated (it is small, so
-  every process can read all of it); the memory stays sharded over the
-  rows and is donated.  No dropout.
+  ``batch``: ``inputs``/``targets`` int32 [B, T], ``reset`` bool [B]
+  (rows whose memory is emptied first) and, optionally, ``doc_pos`` int32
+  [B, T] (offsets in the documents, ``models.TransformerXL.hidden``),
+  global arrays with their rows over ``data``.  ``nll_BxT`` is float32,
+  nats, replicated (it is small, so every process can read all of it); the
+  memory stays sharded over the rows and is donated.  No dropout.
   """
-  batch_shardings = {"inputs": sharding.batch_sharding(mesh),
-                     "targets": sharding.batch_sharding(mesh),
-                     "reset": sharding.rows_sharding(mesh)}
+  # Rows over ``data`` for every array, [B] or [B, T]: a prefix of the batch
+  # dict whatever its keys (``doc_pos`` is optional).
+  batch_shardings = sharding.rows_sharding(mesh)
   mem_sharding = train_state.memory_sharding(mesh)
 
   def eval_step(params, memory, batch):
     return model.apply({"params": params}, batch["inputs"], memory, batch["targets"],
-                       deterministic=True, reset_B=batch["reset"])
+                       deterministic=True, reset_B=batch["reset"],
+                       doc_pos_BxT=batch.get("doc_pos"))
 
   return jax.jit(eval_step, in_shardings=(None, mem_sharding, batch_shardings),
                  out_shardings=(sharding.replicated(mesh), mem_sharding), donate_argnums=(1,))
@@ -147,6 +149,10 @@ class Evaluator:
     ``eval.window`` tokens, ``eval.stride`` tokens per window
     (``data.SlidingWindowIterator``), ``eval.global_batch`` windows a step.
 
+  With ``data.documents="reset"`` ("segments" only) the batches carry
+  ``doc_pos``, so that no query attends across a document boundary: each
+  document is scored as if alone (``data.iterators.doc_pos``).
+
   Either way every token of the split is scored exactly once.  Any number
   of rows works on any mesh: rows are padded to a multiple of the
   data-parallel size with dummy rows of weight 0 (so the reference's eval
@@ -167,6 +173,7 @@ class Evaluator:
     self.stride = config.eval.stride
     self.global_batch = config.eval.global_batch
     self.corpus = corpus
+    self.documents = config.data.get("documents", "stream")  # "reset": batches carry doc_pos
     self.mesh = mesh
     self.model = models.TransformerXL(self.cfg)
     self._batch_sharding = sharding.batch_sharding(mesh)
@@ -212,8 +219,9 @@ class Evaluator:
       make_it = lambda row_ids: data.SlidingWindowIterator(
           source, b, self.window_cfg.tgt_len, self.stride, boundary, row_ids=row_ids)
     else:
+      documents = data.split_documents(self.corpus, split, self.documents)
       make_it = lambda row_ids: data.EvalIterator(source, b, self.cfg.tgt_len, boundary,
-                                                  row_ids=row_ids)
+                                                  row_ids=row_ids, documents=documents)
     layout = make_it([0])  # every process: the global layout (pairs of all rows)
     num_steps = min(len(layout), max_steps) if max_steps else len(layout)
     it = make_it(real) if real else None
@@ -228,6 +236,8 @@ class Evaluator:
                  "reset": np.full((n_dummy,), i == 0)}
         if sliding:
           dummy["front_pad"] = np.zeros((n_dummy,), np.int32)
+        elif self.documents == "reset":
+          dummy["doc_pos"] = np.zeros((n_dummy, seg), np.int32)
         local = dummy if local is None else {k: np.concatenate([local[k], dummy[k]])
                                              for k in dummy}
       batch = data.to_global_batch(local, self._batch_sharding, b_pad)

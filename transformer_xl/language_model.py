@@ -15,6 +15,7 @@ tokenisation), the restored parameters and the mesh; generation is
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any, Callable, Mapping, Optional
 
 import jax
@@ -143,7 +144,7 @@ class LanguageModel:
     if mesh is None:
       default_config.validate(config, jax.device_count())
       mesh = sharding.make_mesh(config.mesh.shape, config.mesh.axis_names)
-    corpus = load_corpus(config, model_cfg) if corpus is None else corpus
+    corpus = load_corpus(config, model_cfg, workdir) if corpus is None else corpus
     step, params = wd.restore_params(config, workdir, model_cfg, mesh)
     return cls(config, model_cfg, corpus, params, step, mesh)
 
@@ -244,17 +245,36 @@ class LanguageModel:
     return TextScore(tokens=tokens_1xT1[0, 1:], nll=nll_1xT[0], unit=self.corpus.unit)
 
 
-def load_corpus(config: ml_collections.ConfigDict, model_cfg: models.ModelConfig
-                ) -> data.Corpus:
+def load_corpus(config: ml_collections.ConfigDict, model_cfg: models.ModelConfig,
+                workdir: Optional[str] = None) -> data.Corpus:
   """The corpus of ``config.data`` (prepared first if needed), checked against the model.
 
+  For one's own text (``data.dataset="text"`` or ``"tfds:..."``) whose
+  files or prepared dataset are gone, the tokenizer saved in ``workdir``
+  (``text_files.TOKENIZER_FILE``, written by training) stands in: a
+  vocabulary-only corpus that encodes and decodes (generation, scoring
+  text), with a note.
+
   Raises:
-    data.DataError: the corpus cannot be loaded, or its vocabulary size is
-      not the model's n_token.
+    data.DataError: the corpus cannot be loaded (and ``workdir`` has no
+      saved tokenizer), or its vocabulary size is not the model's n_token.
   """
   data_cfg = config.data.to_dict()
-  corpus = distributed.process_0_first(
-      lambda: data.load_corpus(data_cfg.pop("dataset"), **data_cfg), (data.DataError,))
+  try:
+    corpus = distributed.process_0_first(
+        lambda: data.load_configured(data_cfg), (data.DataError,))
+  except data.DataError as err:
+    saved = None
+    if workdir is not None and data_cfg["dataset"] not in data.CORPUS_NAMES:
+      from transformer_xl.data import text_files  # pylint: disable=import-outside-toplevel
+      saved = text_files.load_saved_tokenizer(workdir)
+    if saved is None:
+      raise
+    if jax.process_index() == 0:  # stderr: generated text owns stdout
+      print(f"Note: the corpus cannot be loaded ({str(err).splitlines()[0]}); using the "
+            f"tokenizer saved in {workdir} (enough to generate and score text).",
+            file=sys.stderr, flush=True)
+    corpus = saved
   if corpus.vocab_size != model_cfg.n_token:
     raise data.DataError(f"the model has {model_cfg.n_token:,} tokens but corpus {corpus.name} "
                          f"has {corpus.vocab_size:,}: is data.dataset right?")

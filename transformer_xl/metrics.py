@@ -20,14 +20,42 @@ import tqdm
 from etils import epath
 
 
+PER_TOKEN_UNITS = ("word", "subword")  # reported as perplexity; byte/char as bpc
+
+
 def metric_name(unit: str) -> str:
-  """"bpc" for byte/char-level corpora, "ppl" for word level."""
-  return "ppl" if unit == "word" else "bpc"
+  """"bpc" for byte/char-level corpora, "ppl" for word and subword level."""
+  return "ppl" if unit in PER_TOKEN_UNITS else "bpc"
+
+
+def corpus_level(loss_nats: float, tokens: int, corpus: Any, split: str) -> dict:
+  """Corpus-level numbers of a whole split's evaluation (as PG-19 reports them).
+
+  ``bits_per_byte``: the split's total loss in bits over its UTF-8 bytes
+  (``corpus.num_bytes``; comparable across tokenizers), and ``documents``:
+  how many documents it has, where the corpus records them (one's own text,
+  ``data.dataset="text"``); empty otherwise, or when ``tokens`` is not the
+  whole split (``train.eval_max_steps``).
+
+  Args:
+    loss_nats: mean loss per token, nats.
+    tokens: tokens scored.
+    corpus: the ``data.Corpus``.
+    split: "valid" or "test".
+  """
+  out: dict = {}
+  if tokens != corpus.splits[split].num_tokens:
+    return out
+  if corpus.num_bytes:
+    out["bits_per_byte"] = float(loss_nats * tokens / corpus.num_bytes[split] / np.log(2.0))
+  if corpus.documents:
+    out["documents"] = int(corpus.documents[split].num_sentences)
+  return out
 
 
 def metric_value(loss_nats: float, unit: str) -> float:
   """bpc = loss / ln 2 (bits per character); ppl = exp(loss)."""
-  return float(np.exp(loss_nats)) if unit == "word" else float(loss_nats / np.log(2.0))
+  return float(np.exp(loss_nats)) if unit in PER_TOKEN_UNITS else float(loss_nats / np.log(2.0))
 
 
 def log(msg: str) -> None:

@@ -12,6 +12,9 @@ The whole memory path, in the order a segment meets it:
 
   reset      :func:`reset_memory`, first thing in :meth:`TransformerXL.hidden`:
              rows flagged ``reset_B`` get ``mlen_B = 0`` (a new stream).
+  documents  with ``doc_pos_BxT`` the mask hides the slots (and segment keys)
+             of earlier documents (``attention_ops.attention_mask``); the
+             memory itself is left as it is.
   read       ``nn.scan`` over layers hands layer l its slice
              ``mems_LxBxMxD[l]`` (scanned input) in :meth:`TransformerXL.hidden`.
   concat     :meth:`DecoderLayer.__call__`: ``[SG(m) o h]`` ...
@@ -249,7 +252,7 @@ class TransformerXL(nn.Module):
     )(cfg, self.variant, record_attention=self.record_attention)
 
   def hidden(self, tokens_BxT: Array, memory: Memory, deterministic: bool = True,
-             reset_B: Optional[Array] = None):
+             reset_B: Optional[Array] = None, doc_pos_BxT: Optional[Array] = None):
     """Final hidden states and the next memory.
 
     Args:
@@ -259,15 +262,20 @@ class TransformerXL(nn.Module):
       deterministic: disables dropout (needs a "dropout" rng otherwise).
       reset_B: optional bool [B]: rows that start a new stream here (their
         memory is emptied first, :func:`reset_memory`).
+      doc_pos_BxT: optional int32 [B, T]: each position's offset from the
+        first input of its document; a query attends to no key of another
+        document (``attention_ops.attention_mask``).  None: one stream.
 
     Returns:
       (hidden_BxTxD in the compute dtype, next Memory).
     """
     emb_BxTxD = self.word_emb(tokens_BxT)
-    return self.hidden_from_embeddings(emb_BxTxD, memory, deterministic, reset_B)
+    return self.hidden_from_embeddings(emb_BxTxD, memory, deterministic, reset_B,
+                                       doc_pos_BxT=doc_pos_BxT)
 
   def hidden_from_embeddings(self, emb_BxTxD: Array, memory: Memory, deterministic: bool = True,
-                             reset_B: Optional[Array] = None):
+                             reset_B: Optional[Array] = None,
+                             doc_pos_BxT: Optional[Array] = None):
     """As :meth:`hidden`, from the scaled word embeddings [B, T, d_model]
     (the output of ``word_emb``): where the memory enters and leaves the model.
 
@@ -287,7 +295,8 @@ class TransformerXL(nn.Module):
         cfg, self.shared_pos, emb_BxTxD, mems_LxBxMxD,
         dropout=lambda x: self.drop(x, deterministic=deterministic))
     h_BxTxD = self.drop(emb_BxTxD, deterministic=deterministic)
-    mask_Bx1xTxK = attention_ops.attention_mask(tgt_len, mem_len, memory.mlen_B, cfg.same_length)
+    mask_Bx1xTxK = attention_ops.attention_mask(tgt_len, mem_len, memory.mlen_B, cfg.same_length,
+                                                doc_pos_BxT)
 
     h_BxTxD, new_mems_LxBxMxD = self.layers(                      # read (scanned in),
         h_BxTxD, mems_LxBxMxD, pos, mask_Bx1xTxK, deterministic)  # new memory (out)
@@ -312,7 +321,8 @@ class TransformerXL(nn.Module):
     return self.crit.nll(hidden_BxTxD, targets_BxT, *self._shared())
 
   def __call__(self, tokens_BxT: Array, memory: Memory, targets_BxT: Optional[Array] = None,
-               deterministic: bool = True, reset_B: Optional[Array] = None):
+               deterministic: bool = True, reset_B: Optional[Array] = None,
+               doc_pos_BxT: Optional[Array] = None):
     """Scores one segment.
 
     Args:
@@ -322,12 +332,15 @@ class TransformerXL(nn.Module):
         log-likelihood is returned, otherwise log-probabilities.
       deterministic: disables dropout.
       reset_B: optional bool [B], rows whose memory is emptied first.
+      doc_pos_BxT: optional int32 [B, T], offsets in the documents
+        (:meth:`hidden`).
 
     Returns:
       (nll_BxT float32 in nats, next Memory) with targets, else
       (log_probs_BxTxV float32, next Memory).
     """
-    hidden_BxTxD, new_memory = self.hidden(tokens_BxT, memory, deterministic, reset_B)
+    hidden_BxTxD, new_memory = self.hidden(tokens_BxT, memory, deterministic, reset_B,
+                                           doc_pos_BxT=doc_pos_BxT)
     if targets_BxT is None:
       return self.log_probs(hidden_BxTxD), new_memory
     return self.nll(hidden_BxTxD, targets_BxT), new_memory

@@ -64,11 +64,14 @@ def make_train_step(model: models.TransformerXL, tx, mesh: Mesh, state_shardings
 
   batch: the global batch (the batch contract of ``transformer_xl.data``): ``inputs``
   / ``targets`` int32 [B, T], ``weights`` float32 [B, T], ``reset`` bool [B]
-  (rows whose memory is emptied first).  Loss = sum(weights * nll) /
-  sum(weights), in nats per scored token; with ``loss_span="half"`` the
-  weights of the first T // 2 positions of every segment are 0 (the "half
-  loss" of Sec. 4.2: no loss on the positions with the shortest context).  Dropout keys are derived from
-  (dropout_seed, step), so a resumed run draws the same masks.  metrics:
+  (rows whose memory is emptied first) and, optionally, ``doc_pos`` int32
+  [B, T] (offsets in the documents: no attention across documents,
+  ``models.TransformerXL.hidden``); every array's rows over ``data``.
+  Loss = sum(weights * nll) / sum(weights), in nats per scored token; with
+  ``loss_span="half"`` the weights of the first T // 2 positions of every
+  segment are 0 (the "half loss" of Sec. 4.2: no loss on the positions with
+  the shortest context).  Dropout keys are derived from (dropout_seed,
+  step), so a resumed run draws the same masks.  metrics:
   ``loss`` (nats), ``grad_norm`` (before clipping); float32 scalars; and
   ``finite`` (bool scalar): whether the loss, the gradient norm and the
   updated parameters are all finite.  A step that is not finite is not
@@ -77,12 +80,15 @@ def make_train_step(model: models.TransformerXL, tx, mesh: Mesh, state_shardings
   Everything is computed on the devices; the metrics are replicated, so
   every process reads the same values.
   """
-  batch_shardings = {k: sharding.batch_sharding(mesh) for k in ("inputs", "targets", "weights")}
-  batch_shardings["reset"] = sharding.rows_sharding(mesh)
+  # One sharding for every array of the batch, [B] or [B, T]: rows over
+  # ``data`` (as ``sharding.batch_sharding`` for [B, T]); a prefix of the
+  # batch dict whatever its keys, so the optional ``doc_pos`` needs no entry.
+  batch_shardings = sharding.rows_sharding(mesh)
 
-  def loss_fn(params, inputs, targets, weights, reset, memory, rng):
+  def loss_fn(params, inputs, targets, weights, reset, doc_pos, memory, rng):
     nll_BxT, new_memory = model.apply({"params": params}, inputs, memory, targets,
-                                      deterministic=False, reset_B=reset, rngs={"dropout": rng})
+                                      deterministic=False, reset_B=reset, doc_pos_BxT=doc_pos,
+                                      rngs={"dropout": rng})
     return jnp.sum(nll_BxT * weights), new_memory
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
@@ -93,11 +99,12 @@ def make_train_step(model: models.TransformerXL, tx, mesh: Mesh, state_shardings
     if loss_span == "half":
       t = weights_BxT.shape[1]
       weights_BxT = weights_BxT * (jnp.arange(t) >= t // 2).astype(weights_BxT.dtype)
-    inputs = (batch["inputs"], batch["targets"], weights_BxT, batch["reset"])
+    inputs = (batch["inputs"], batch["targets"], weights_BxT, batch["reset"],
+              batch.get("doc_pos"))  # None (no leaf) without documents
     if batch_chunk == 1:
       (loss_sum, new_memory), grads = grad_fn(state.params, *inputs, state.memory, rng)
     else:
-      xs = (*(_to_chunks(x, batch_chunk, 0) for x in inputs),
+      xs = (*jax.tree_util.tree_map(lambda x: _to_chunks(x, batch_chunk, 0), inputs),
             models.Memory(mems_LxBxMxD=_to_chunks(state.memory.mems_LxBxMxD, batch_chunk, 1),
                           mlen_B=_to_chunks(state.memory.mlen_B, batch_chunk, 0)),
             jax.random.split(rng, batch_chunk))
@@ -305,7 +312,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus:
   train_iter = data.make_train_iterator(
       corpus, "train", tcfg.global_batch, mcfg.tgt_len, seed=tcfg.seed,
       row_ids=data.process_row_ids(sharding.batch_sharding(mesh), tcfg.global_batch,
-                                   mcfg.tgt_len))
+                                   mcfg.tgt_len),
+      documents=config.data.get("documents", "stream"))  # "reset": batches carry doc_pos
   restored = checkpointing.restore_latest(
       manager, abstract_state, log=metrics.log,
       check_meta=lambda path, saved: wd.check_same_run(workdir, path, saved, meta))
@@ -330,6 +338,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus:
     metrics.log(f"Removed {path}, a checkpoint write that an interrupted run left unfinished.")
   wd.save_config(workdir, config)
   wd.save_model_config(workdir, mcfg, corpus.unit, corpus.name)
+  if corpus.name == data.TEXT and jax.process_index() == 0:  # generate/score without the files
+    from transformer_xl.data import text_files  # pylint: disable=import-outside-toplevel
+    text_files.save_tokenizer(corpus, workdir)
 
   n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(state.params))
   paper = ""

@@ -214,7 +214,8 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
 def save_model_config(workdir: str, model_cfg: models.ModelConfig, unit: str,
                       dataset: str) -> None:
   """Writes ``<workdir>/model_config.json``: the architecture (with n_token),
-  the corpus unit ("byte", "char" or "word") and the dataset name (process 0)."""
+  the corpus unit ("byte", "char", "word" or "subword") and the dataset name
+  (process 0)."""
   if jax.process_index() == 0:
     _atomic_write(epath.Path(workdir) / "model_config.json", json.dumps(
         {"model": dataclasses.asdict(model_cfg), "unit": unit, "dataset": dataset}, indent=2))

@@ -266,7 +266,7 @@ def run(workdir: str, split: str, out: str, max_tokens: int = 0, heads: str = ""
     raise default_config.ConfigError(f"--split={split!r}: use train, valid or test.")
   mesh = sharding.make_mesh(config.mesh.shape, config.mesh.axis_names)
   data_cfg = config.data.to_dict()
-  corpus = data.load_corpus(data_cfg.pop("dataset"), **data_cfg)
+  corpus = data.load_configured(data_cfg)
   train_cfg = default_config.model_config(config, corpus.vocab_size)
   step, params = wd.restore_params(config, workdir, train_cfg, mesh)
   eval_cfg = evaluate.eval_model_config(config, train_cfg)

@@ -440,7 +440,7 @@ def load_group_corpus(member: Member, request: Request):
     data_cfg["data_dir"] = request.args.data_dir
   if request.args.manual_dir is not None:
     data_cfg["manual_dir"] = request.args.manual_dir
-  corpus = data.load_corpus(data_cfg.pop("dataset"), **data_cfg)
+  corpus = data.load_configured(data_cfg)
   n = request.args.max_tokens
   source = corpus.splits[request.args.split]
   if n and n < source.num_tokens:

@@ -2,7 +2,8 @@
 
 The rest of the package uses only the names of this module:
 
-* :func:`load_corpus` -> :class:`Corpus`: a split is a :class:`TokenSource`
+* :func:`load_configured` (a config's ``data`` section: a built-in corpus
+  or one's own text files) and :func:`load_corpus` -> :class:`Corpus`: a split is a :class:`TokenSource`
   (random access to its int32 token stream); sentence-level corpora (One
   Billion Word) also have a :class:`SentenceIndex` per split;
   ``Corpus.encode`` tokenises new text, ``Corpus.decode`` (and the
@@ -27,6 +28,7 @@ Modules, one role each::
   enwik8_text8.py  builders of the byte/char corpora of one file
   ptb_wikitext.py  builders of the corpora of one text file per split
   lm1b.py          builder of One Billion Word
+  text_files.py    builder of one's own text files (data.dataset="text")
   builders.py      corpus name -> builder
   checks.py        argument and state checks of the iterators
   iterators.py     TrainIterator, EvalIterator, SlidingWindowIterator,
@@ -81,10 +83,12 @@ Position state
 """
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 from transformer_xl.data.corpus import (ArraySentenceIndex, ArraySource, Corpus, DataError,
                                         SentenceIndex, TokenSource, Tokenizer, sentence_offsets)
 from transformer_xl.data.iterators import (EvalIterator, SlidingWindowIterator, TrainIterator,
-                                           make_train_iterator)
+                                           make_train_iterator, split_documents)
 from transformer_xl.data.placement import process_row_ids, to_global_batch
 from transformer_xl.data.prefetch import Prefetcher
 from transformer_xl.data.shuffled import ShuffledSentenceIterator
@@ -92,6 +96,36 @@ from transformer_xl.data.shuffled import ShuffledSentenceIterator
 # Names accepted by load_corpus (launch/common.sh reads this literal).
 CORPUS_NAMES = (
     "enwik8", "text8", "ptb", "ptb_char", "wikitext2", "wikitext103", "lm1b")
+TEXT = "text"  # data.dataset of one's own text files (text_files.py)
+# The data config fields that describe one's own text (text_files.TextSettings).
+TEXT_FIELDS = ("train_files", "valid_files", "test_files", "tokenizer", "vocab_size",
+               "min_count", "document_separator", "spm_model_type", "spm_sample_lines",
+               "text_key", "tfds_splits")
+TFDS_PREFIX = "tfds:"  # data.dataset="tfds:NAME[/CONFIG]": a tfds text dataset
+
+
+def load_configured(data_cfg: Mapping[str, Any]) -> Corpus:
+  """The corpus a config's ``data`` section names (``config.data.to_dict()``).
+
+  ``dataset`` is one of :data:`CORPUS_NAMES` (:func:`load_corpus` with
+  ``data_dir``, ``manual_dir``, ``download``, ``verify_checksums``),
+  ``"text"`` or ``"tfds:NAME[/CONFIG]"`` (``text_files.load_text_corpus``
+  with the :data:`TEXT_FIELDS` and ``data_dir``).  Other fields are not the
+  corpus's.
+
+  Raises:
+    DataError, ValueError: as :func:`load_corpus` / ``load_text_corpus``.
+  """
+  dataset = data_cfg["dataset"]
+  if dataset == TEXT or dataset.startswith(TFDS_PREFIX):
+    from transformer_xl.data import text_files  # imports tfds
+    settings = text_files.TextSettings(
+        **{k: data_cfg[k] for k in TEXT_FIELDS if k in data_cfg},
+        tfds_name=dataset[len(TFDS_PREFIX):] if dataset.startswith(TFDS_PREFIX) else "")
+    return text_files.load_text_corpus(settings, data_dir=data_cfg.get("data_dir"))
+  return load_corpus(data_cfg["dataset"], **{
+      k: data_cfg[k] for k in ("data_dir", "manual_dir", "download", "verify_checksums")
+      if k in data_cfg})
 
 
 def load_corpus(
@@ -160,6 +194,7 @@ __all__ = [
     "ArraySentenceIndex", "ArraySource", "CORPUS_NAMES", "Corpus", "DataError",
     "EvalIterator", "Prefetcher", "SentenceIndex", "ShuffledSentenceIterator", "SlidingWindowIterator",
     "TokenSource",
-    "Tokenizer", "TrainIterator", "load_corpus", "make_train_iterator",
-    "process_row_ids", "sentence_offsets", "to_global_batch",
+    "TEXT", "TEXT_FIELDS", "TFDS_PREFIX", "Tokenizer", "TrainIterator", "load_configured", "load_corpus",
+    "make_train_iterator",
+    "process_row_ids", "sentence_offsets", "split_documents", "to_global_batch",
 ]

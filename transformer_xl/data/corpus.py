@@ -164,8 +164,8 @@ class Corpus:
 
   Attributes:
     name: dataset name as given to ``load_corpus`` (e.g. "ptb").
-    unit: "byte", "char" or "word"; decides the reported metric (bpc for
-      byte/char, ppl for word).
+    unit: "byte", "char", "word" or "subword"; decides the reported metric
+      (bpc for byte/char, ppl for word/subword).
     vocab: symbol of each token id (id -> string); len(vocab) is n_token.
     boundary_id: id of the symbol that separates documents/lines (``<eos>``
       for word level, the newline/space/word-boundary symbol otherwise); the
@@ -180,6 +180,13 @@ class Corpus:
     tokenizer: the rules that turned the source text into ``splits``, for
       :meth:`encode`; set on every corpus ``load_corpus`` returns, None on a
       corpus built by hand (which then cannot encode).
+    documents: for corpora of one's own text (``data.dataset="text"``),
+      "train", "valid", "test" -> :class:`SentenceIndex` of the documents
+      of that split's stream (a document's tokens end with its last line's
+      end symbol); None for the built-in corpora.
+    num_bytes: "train", "valid", "test" -> UTF-8 bytes of the split's text
+      (each line with one line break), for bits per byte; None where not
+      recorded (the built-in corpora).
   """
 
   name: str
@@ -189,6 +196,8 @@ class Corpus:
   splits: Mapping[str, TokenSource]
   sentence_offsets: Mapping[str, SentenceIndex] | None = None
   tokenizer: Tokenizer | None = None
+  documents: Mapping[str, SentenceIndex] | None = None
+  num_bytes: Mapping[str, int] | None = None
 
   @property
   def vocab_size(self) -> int:

@@ -20,11 +20,41 @@ import numpy as np
 from transformer_xl.data.checks import (Batch, check_boundary_id, check_positive,
                                         check_row_ids, check_source, check_state,
                                         read_checked)
-from transformer_xl.data.corpus import Corpus, TokenSource
+from transformer_xl.data.corpus import Corpus, SentenceIndex, TokenSource
 from transformer_xl.data.shuffled import ShuffledSentenceIterator
 
 _TRAIN_STATE_KEYS = ("epoch", "step", "global_batch", "tgt_len", "num_tokens")
 _EVAL_STATE_KEYS = ("step", "global_batch", "tgt_len", "num_tokens")
+
+
+def document_offsets(documents: SentenceIndex | None, num_tokens: int) -> np.ndarray | None:
+  """int64 [n + 1] start of each document in the stream (and the stream's end),
+  read once; None without documents.
+
+  Raises:
+    ValueError: the documents do not cover the stream exactly.
+  """
+  if documents is None:
+    return None
+  offsets = documents.read_offsets(0, documents.num_sentences + 1)
+  if offsets[0] != 0 or offsets[-1] != num_tokens:
+    raise ValueError(f"the documents cover tokens [{offsets[0]}, {offsets[-1]}) but the stream "
+                     f"has {num_tokens}; the prepared dataset is inconsistent.")
+  return offsets
+
+
+def doc_pos(offsets: np.ndarray, targets_BxT: np.ndarray) -> np.ndarray:
+  """int32 [B, T]: each position's offset from the start of its document.
+
+  A position belongs to the document of its target: ``targets_BxT`` holds
+  stream indices of the targets (>= 0), and document ``k`` holds targets
+  ``[offsets[k], offsets[k + 1])``, so the input that predicts a document's
+  first token (the end symbol of the document before it) is its position 0:
+  with ``data.documents="reset"`` a document is scored exactly as if alone,
+  after the boundary symbol (``models.TransformerXL.hidden``'s ``doc_pos_BxT``).
+  """
+  k = np.searchsorted(offsets, targets_BxT, side="right") - 1
+  return (targets_BxT - offsets[k]).astype(np.int32)
 
 
 class TrainIterator(Iterator[Batch]):
@@ -47,6 +77,10 @@ class TrainIterator(Iterator[Batch]):
   from its own rows' ranges (the last target of an epoch is still inside
   the row).
 
+  With ``documents`` (``data.documents="reset"``) each batch also has
+  ``doc_pos`` int32 [b, T] (:func:`doc_pos`), so that no query attends
+  across a document boundary.
+
   Attributes:
     global_batch: B, number of rows of the global batch.
     tgt_len: T, segment length in tokens.
@@ -56,7 +90,7 @@ class TrainIterator(Iterator[Batch]):
   """
 
   def __init__(self, source: TokenSource, global_batch: int, tgt_len: int,
-               row_ids: Sequence[int] | None = None):
+               row_ids: Sequence[int] | None = None, documents: SentenceIndex | None = None):
     """Builds the iterator at epoch 0, step 0.
 
     Args:
@@ -65,6 +99,8 @@ class TrainIterator(Iterator[Batch]):
       tgt_len: T, tokens per segment, >= 1.
       row_ids: sorted, duplicate-free global row indices in [0, B) that this
         process materialises (``process_row_ids``); None for all rows.
+      documents: the split's documents (``corpus.documents[split]``) to emit
+        ``doc_pos``; None for none.
 
     Raises:
       ValueError: global_batch or tgt_len < 1; source is not a TokenSource;
@@ -78,6 +114,7 @@ class TrainIterator(Iterator[Batch]):
     self.num_tokens = check_source(source)
     self.row_len = self.num_tokens // self.global_batch
     self.steps_per_epoch = (self.row_len - 1) // self.tgt_len
+    self._doc_offsets = document_offsets(documents, self.num_tokens)
     if self.steps_per_epoch < 1:
       needed = self.global_batch * (self.tgt_len + 1)
       raise ValueError(
@@ -111,6 +148,10 @@ class TrainIterator(Iterator[Batch]):
         "weights": np.ones((b, T), dtype=np.float32),
         "reset": np.full((b,), self._step == 0, dtype=bool),
     }
+    if self._doc_offsets is not None:
+      targets_BxT = (np.asarray(self.row_ids)[:, None] * self.row_len + offset + 1
+                     + np.arange(T)[None, :])
+      batch["doc_pos"] = doc_pos(self._doc_offsets, targets_BxT)
     self._step += 1
     if self._step == self.steps_per_epoch:
       self._step = 0
@@ -157,8 +198,10 @@ class EvalIterator(Iterator[Batch]):
   the split's first token: with ``N = source.num_tokens`` and ``s =
   [boundary_id] + tokens``, pair ``j`` (``0 <= j < N``) is input ``s[j]``,
   target ``tokens[j]``.  Row ``r`` of the global batch holds pairs ``[r *
-  row_len, (r + 1) * row_len)`` with ``row_len = ceil(N / B)``, emitted in
-  ``num_steps = ceil(row_len / T)`` segments of ``T`` positions; positions
+  L, (r + 1) * L)`` with ``L = ceil(N / B)`` (with ``documents``: each row
+  boundary moved forward to the next document start, so that no document
+  is cut between two rows), emitted in ``num_steps = ceil(row_len / T)``
+  segments of ``T`` positions, ``row_len`` the longest row; positions
   past the end of the row or of the stream are padding: weight 0, input and
   target ``boundary_id``.  Padding always follows every real position of its
   row, so with causal attention it cannot change any real score.  Over a
@@ -175,19 +218,21 @@ class EvalIterator(Iterator[Batch]):
 
   Per step it reads at most ``T + 1`` tokens per local row, only from its
   own rows' ranges (one token before a row's first pair, for that pair's
-  input).
+  input).  With ``documents`` each batch also has ``doc_pos`` (as
+  :class:`TrainIterator`; 0 at padding).
 
   Attributes:
     global_batch: B, number of rows of the global batch.
     tgt_len: T, segment length in tokens.
     boundary_id: token id used as the first token's context and as padding.
     row_ids: the global rows this iterator materialises (sorted tuple).
-    row_len: ceil(N / B), pairs per row (padding included).
+    row_len: pairs of the longest row (ceil(N / B) without documents).
     num_steps: ceil(row_len / T), batches in the pass.
   """
 
   def __init__(self, source: TokenSource, global_batch: int, tgt_len: int,
-               boundary_id: int, row_ids: Sequence[int] | None = None):
+               boundary_id: int, row_ids: Sequence[int] | None = None,
+               documents: SentenceIndex | None = None):
     """Builds the iterator at step 0.
 
     Args:
@@ -198,6 +243,7 @@ class EvalIterator(Iterator[Batch]):
         >= 0.
       row_ids: sorted, duplicate-free global row indices in [0, B) that this
         process materialises (``process_row_ids``); None for all rows.
+      documents: the split's documents, to emit ``doc_pos``; None for none.
 
     Raises:
       ValueError: global_batch or tgt_len < 1; boundary_id not an integer
@@ -213,7 +259,13 @@ class EvalIterator(Iterator[Batch]):
       raise ValueError("the evaluation split has 0 tokens; there is nothing to "
                        "score. Check that the split was built correctly.")
     self.row_ids = check_row_ids(row_ids, self.global_batch)
-    self.row_len = -(-self.num_tokens // self.global_batch)
+    self._doc_offsets = document_offsets(documents, self.num_tokens)
+    even = -(-self.num_tokens // self.global_batch)
+    starts = np.minimum(np.arange(self.global_batch + 1) * even, self.num_tokens)
+    if self._doc_offsets is not None:  # rows start at documents: none is cut between rows
+      starts = self._doc_offsets[np.searchsorted(self._doc_offsets, starts)]
+    self._row_start, self._row_end = starts[:-1], starts[1:]
+    self.row_len = int(np.max(self._row_end - self._row_start))
     self.num_steps = -(-self.row_len // self.tgt_len)
     self._step = 0
 
@@ -240,8 +292,8 @@ class EvalIterator(Iterator[Batch]):
     seg_stop = min(seg_start + T, self.row_len)
     for i, r in enumerate(self.row_ids):
       # Real pairs [a, z) of the stream; a >= z means the segment is all padding.
-      a = r * self.row_len + seg_start
-      z = min(r * self.row_len + seg_stop, self.num_tokens)
+      a = int(self._row_start[r]) + seg_start
+      z = min(int(self._row_start[r]) + seg_stop, int(self._row_end[r]))
       n = z - a
       if n <= 0:
         continue
@@ -261,16 +313,18 @@ class EvalIterator(Iterator[Batch]):
         "weights": weights_BxT,
         "reset": np.full((b,), self._step == 0, dtype=bool),
     }
+    if self._doc_offsets is not None:
+      pairs_BxT = self.pairs(self._step)[np.asarray(self.row_ids)]
+      batch["doc_pos"] = np.where(pairs_BxT >= 0,
+                                  doc_pos(self._doc_offsets, np.maximum(pairs_BxT, 0)), 0)
     self._step += 1
     return batch
 
   def pairs(self, step: int) -> np.ndarray:
     """Stream index j of every position of batch ``step``, for all B global
     rows: int64 [B, T], -1 where the position is padding."""
-    j_BxT = (np.arange(self.global_batch)[:, None] * self.row_len + step * self.tgt_len
-             + np.arange(self.tgt_len)[None, :])
-    row_end_B = np.minimum((np.arange(self.global_batch) + 1) * self.row_len, self.num_tokens)
-    return np.where(j_BxT < row_end_B[:, None], j_BxT, -1)
+    j_BxT = (self._row_start[:, None] + step * self.tgt_len + np.arange(self.tgt_len)[None, :])
+    return np.where(j_BxT < self._row_end[:, None], j_BxT, -1).astype(np.int64)
 
   def get_state(self) -> dict[str, int]:
     """Position of the next batch.
@@ -421,7 +475,7 @@ class SlidingWindowIterator(Iterator[Batch]):
 
 def make_train_iterator(corpus: Corpus, split: str, global_batch: int,
                         tgt_len: int, seed: int,
-                        row_ids: Sequence[int] | None = None
+                        row_ids: Sequence[int] | None = None, documents: str = "stream"
                         ) -> TrainIterator | ShuffledSentenceIterator:
   """The training iterator that fits ``corpus``.
 
@@ -440,10 +494,12 @@ def make_train_iterator(corpus: Corpus, split: str, global_batch: int,
     tgt_len: T, tokens per segment, >= 1.
     seed: integer >= 0, the sentence-order seed (shuffled iterator only).
     row_ids: this process's rows (``process_row_ids``); None for all.
+    documents: "stream" (memory flows across documents) or "reset"
+      (``doc_pos`` from ``corpus.documents``; ``data.documents``).
 
   Raises:
-    ValueError: ``split`` is not in ``corpus.splits``, or the iterator's own
-      errors.
+    ValueError: ``split`` is not in ``corpus.splits``, "reset" for a corpus
+      without documents, or the iterator's own errors.
   """
   if split not in corpus.splits:
     raise ValueError(f"split {split!r} is not in the corpus {corpus.name!r}; "
@@ -454,4 +510,21 @@ def make_train_iterator(corpus: Corpus, split: str, global_batch: int,
         corpus.splits[split], index, global_batch, tgt_len, seed,
         corpus.boundary_id, row_ids=row_ids)
   return TrainIterator(corpus.splits[split], global_batch, tgt_len,
-                       row_ids=row_ids)
+                       row_ids=row_ids, documents=split_documents(corpus, split, documents))
+
+
+def split_documents(corpus: Corpus, split: str, documents: str) -> SentenceIndex | None:
+  """The documents of ``split`` for ``data.documents="reset"``, None for "stream".
+
+  Raises:
+    ValueError: "reset" for a corpus without documents (the built-in ones),
+      or another value.
+  """
+  if documents == "stream":
+    return None
+  if documents != "reset":
+    raise ValueError(f"data.documents={documents!r}: use 'stream' or 'reset'.")
+  if corpus.documents is None:
+    raise ValueError(f"data.documents='reset' needs a corpus with documents (data.dataset="
+                     f"'text'); {corpus.name!r} has none: use 'stream'.")
+  return corpus.documents[split]

@@ -295,12 +295,15 @@ class Plan:
   concatenation is the split's stream of ``num_tokens[split]`` tokens.
   Every key of ``streams`` becomes a tfds split of chunk records: "train",
   "valid", "test", plus any extra int32 streams a builder stores (lm1b: the
-  sentence lengths).  ``metadata`` holds extra entries for metadata.json.
+  sentence lengths), written in the order of ``streams``.  ``metadata``
+  holds extra entries for metadata.json.  ``num_tokens`` None: the builder
+  counts while it writes, and records ``num_tokens`` in the metadata itself
+  before the last stream ends (one pass instead of two; text_files.py).
   """
 
   vocab: list[str]
   boundary_id: int
-  num_tokens: dict[str, int]
+  num_tokens: dict[str, int] | None
   streams: dict[str, Callable[[], Iterator[np.ndarray]]]
   metadata: dict = dataclasses.field(default_factory=dict)
 
@@ -453,7 +456,7 @@ class TokenStreamBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True
           manual_dir=getattr(dl_manager, "_manual_dir", None),
           download=True, verify_checksums=True)
     plan = self._plan(self._sources, self._verify_checksums)
-    for split in SPLITS:
+    for split in SPLITS if plan.num_tokens is not None else ():
       if plan.num_tokens[split] == 0:
         raise DataError(
             f"{self.SPEC.name}: split {split!r} would be empty; the source "
@@ -463,22 +466,25 @@ class TokenStreamBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True
         "unit": self.SPEC.unit,
         "vocab": list(plan.vocab),
         "boundary_id": int(plan.boundary_id),
-        "num_tokens": {s: int(plan.num_tokens[s]) for s in SPLITS},
+        "num_tokens": ({s: int(plan.num_tokens[s]) for s in SPLITS}
+                       if plan.num_tokens is not None else {}),
         "chunk_size": self._chunk_size,
         "checksums_verified": bool(self._verify_checksums),
     })
     self.info.metadata.update(plan.metadata)
     self._streams = plan.streams
-    self._counts = {s: int(n) for s, n in plan.num_tokens.items()}
+    self._counts = {s: int(n) for s, n in (plan.num_tokens or {}).items()}
     return {split: self._generate_examples(split) for split in plan.streams}
 
   def _generate_examples(self, split: str):
-    n, expected = 0, self._counts[split]
+    n, expected = 0, self._counts.get(split)
     chunks = rechunk(self._streams[split](), self._chunk_size)
     for key, chunk in enumerate(chunks):
       n += len(chunk)
       yield key, {"tokens": chunk}
-    if n != expected:
+    if expected is None and split in SPLITS and n == 0:
+      raise DataError(f"{self.SPEC.name}: split {split!r} is empty: its files hold no token.")
+    if expected is not None and n != expected:
       raise DataError(
           f"{self.SPEC.name}/{split}: wrote {n} tokens, counted {expected} "
           "before; did a source file change during the build?")

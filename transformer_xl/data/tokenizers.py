@@ -17,6 +17,13 @@ the ids the builder gave the corpus's own files.
   symbol outside the vocabulary becomes the unknown-word symbol (``<unk>``;
   lm1b ``<UNK>``) if the vocabulary has it, else raises DataError.
 
+For one's own text (``data.dataset="text"``, ``text_files.py``):
+:class:`CharTokenizer` (characters, the newline as the end symbol,
+``<unk>``), :class:`SentencePieceTokenizer` (a SentencePiece model, ``</s>``
+ending each line) and :class:`HuggingFaceTokenizer` (a ``tokenizer.json``,
+its newline token ending each line); ``byte`` and ``word`` reuse
+:class:`ByteTokenizer` and :class:`LineTokenizer`.
+
 Each tokenizer also has ``decoder(vocab)``: a fresh incremental
 :class:`Decoder` that turns ids back into text as they arrive (generation
 streams it): bytes as UTF-8 (an incomplete sequence waits for its next
@@ -35,6 +42,7 @@ The builders read files line by line with universal newlines
 from __future__ import annotations
 
 import codecs
+import functools
 import dataclasses
 from typing import Protocol, Sequence
 
@@ -297,3 +305,241 @@ class LineTokenizer:
   def decoder(self, vocab: Sequence[str]) -> LineDecoder:
     """A fresh decoder at the start of a line (:class:`LineDecoder`)."""
     return LineDecoder(vocab, self.end, self.chars)
+
+
+# -- tokenisations of one's own text (data.dataset="text", "tfds:NAME"; text_files.py) ----------
+
+NEWLINE = "\n"  # the end symbol of a line at character level (CharTokenizer)
+REPLACEMENT = "\ufffd"  # how an unknown character decodes (CharTokenizer)
+
+
+@dataclasses.dataclass(frozen=True)
+class CharTokenizer:
+  """The characters of each line, then a newline symbol (``data.tokenizer="char"``).
+
+  The vocabulary is built from the training text (``text_files.py``): the
+  newline first (the boundary, id 0), the characters by descending count,
+  then ``<unk>``, which any other character maps to.  Decoding joins the
+  characters; ``<unk>`` comes back as U+FFFD.
+
+  Attributes:
+    corpus: corpus name, for error messages.
+  """
+
+  corpus: str
+  end: str = NEWLINE
+  unk: str = UNK
+
+  def symbols(self, line: str) -> list[str]:
+    """The characters of one line, without its line break."""
+    return list(line)
+
+  def encode(self, text: str, vocab: Sequence[str], end_last_line: bool = True) -> np.ndarray:
+    """int32 [N]: every character of ``text``; each line ends with the newline
+    symbol (with ``end_last_line=False`` not a last line that has no line
+    break).  Unknown characters become ``<unk>``.
+
+    Raises:
+      DataError: an unknown character while ``vocab`` lacks ``<unk>``.
+    """
+    index = {s: i for i, s in enumerate(vocab)}
+    unk = index.get(self.unk, -1)
+    ids: list[int] = []
+    lines = text.splitlines(keepends=True)
+    for lineno, line in enumerate(lines, 1):
+      body = line.splitlines()[0]
+      for c in body:
+        i = index.get(c, unk)
+        if i < 0:
+          raise DataError(f"{self.corpus}: line {lineno}: {c!r} is not in the vocabulary, "
+                          "which has no <unk> to map it to.")
+        ids.append(i)
+      if end_last_line or lineno < len(lines) or body != line:
+        ids.append(index[self.end])
+    return np.asarray(ids, dtype=np.int32)
+
+  def decoder(self, vocab: Sequence[str]) -> SymbolDecoder:
+    """A decoder joining the characters (``<unk>`` as U+FFFD)."""
+    return SymbolDecoder([REPLACEMENT if s == self.unk else s for s in vocab])
+
+
+class SubwordDecoder:
+  """Subword ids to text, a line at a time (SentencePiece, Hugging Face tokenizers).
+
+  The ids of the current line are kept; each call decodes the whole line
+  and emits what is new.  Text that ends in U+FFFD (an incomplete UTF-8
+  sequence of byte-fallback pieces) is held back until more ids arrive or
+  ``final``.  The end id becomes a newline and starts a new line.
+
+  Args:
+    decode_line: ids (list of int) -> the text of one line.
+    end_id: the id that ends a line.
+    vocab_size: ids must be in [0, vocab_size).
+  """
+
+  def __init__(self, decode_line, end_id: int, vocab_size: int):
+    self._decode_line, self._end_id, self._vocab_size = decode_line, int(end_id), vocab_size
+    self._line: list[int] = []
+    self._emitted = ""
+
+  def _flush(self, final: bool) -> str:
+    text = self._decode_line(self._line)
+    if not final:
+      text = text.rstrip(REPLACEMENT)
+    if not text.startswith(self._emitted):  # the decoding of the line changed: start over
+      self._emitted = ""
+    new, self._emitted = text[len(self._emitted):], text
+    return new
+
+  def decode(self, ids: Sequence[int], final: bool = False) -> str:
+    """The text of ``ids`` ([N] ints) following what was decoded before.
+
+    Raises:
+      IndexError: an id outside the vocabulary.
+    """
+    out = []
+    for i in _checked_ids(ids, self._vocab_size).tolist():
+      if i == self._end_id:
+        out.append(self._flush(final=True) + "\n")
+        self._line, self._emitted = [], ""
+      else:
+        self._line.append(i)
+    if self._line:
+      out.append(self._flush(final))
+    return "".join(out)
+
+
+def _subword_encode(line_ids, end_id: int, text: str, end_last_line: bool) -> np.ndarray:
+  """The ids of each line of ``text`` (``line_ids(str) -> list``), each ended by
+  ``end_id`` (not a last line without a line break if not ``end_last_line``)."""
+  ids: list[int] = []
+  lines = text.splitlines(keepends=True)
+  for lineno, line in enumerate(lines, 1):
+    body = line.splitlines()[0]
+    ids += line_ids(body)
+    if end_last_line or lineno < len(lines) or body != line:
+      ids.append(end_id)
+  return np.asarray(ids, dtype=np.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class SentencePieceTokenizer:
+  """A SentencePiece model (``data.tokenizer="sentencepiece"`` or ``pretrained:X.model``).
+
+  Each line is encoded by the model (Kudo & Richardson 2018, the
+  ``sentencepiece`` library) and ended with the model's end-of-sentence id
+  ``</s>``, the corpus's boundary.  Models trained here use byte fallback,
+  identity normalisation and keep all whitespace, so decoding gives the
+  text back exactly; a pretrained model decodes as it was trained.
+
+  Attributes:
+    corpus: corpus name, for error messages.
+    model_proto: the serialised model (what ``.model`` files hold).
+  """
+
+  corpus: str
+  model_proto: bytes = dataclasses.field(repr=False)
+
+  @functools.cached_property
+  def processor(self):
+    """The loaded ``sentencepiece.SentencePieceProcessor``."""
+    import sentencepiece  # pylint: disable=import-outside-toplevel
+    processor = sentencepiece.SentencePieceProcessor()
+    processor.LoadFromSerializedProto(self.model_proto)
+    return processor
+
+  @property
+  def vocab(self) -> tuple[str, ...]:
+    """The pieces, id -> piece."""
+    p = self.processor
+    return tuple(p.id_to_piece(i) for i in range(p.get_piece_size()))
+
+  @property
+  def end_id(self) -> int:
+    """The id that ends a line: ``</s>``."""
+    return int(self.processor.eos_id())
+
+  @property
+  def unk(self) -> str:
+    """The unknown piece (``<unk>``), for ``Corpus.unk_id``."""
+    return self.processor.id_to_piece(self.processor.unk_id())
+
+  def line_ids(self, line: str) -> list[int]:
+    """The ids of one line (no line break, no end id)."""
+    return self.processor.encode(line)
+
+  def batch_line_ids(self, lines: list[str]) -> list[list[int]]:
+    """:meth:`line_ids` of many lines, in one multi-threaded call."""
+    return self.processor.encode(lines)
+
+  def encode(self, text: str, vocab: Sequence[str], end_last_line: bool = True) -> np.ndarray:
+    """int32 [N]: each line's pieces, then ``</s>`` (see :class:`LineTokenizer`
+    for ``end_last_line``); ``vocab`` is the model's and not consulted."""
+    del vocab
+    return _subword_encode(self.line_ids, self.end_id, text, end_last_line)
+
+  def decoder(self, vocab: Sequence[str]) -> SubwordDecoder:
+    """A fresh incremental decoder (:class:`SubwordDecoder`)."""
+    return SubwordDecoder(self.processor.decode, self.end_id, len(vocab))
+
+
+@dataclasses.dataclass(frozen=True)
+class HuggingFaceTokenizer:
+  """A Hugging Face ``tokenizer.json`` (``data.tokenizer="pretrained:X/tokenizer.json"``).
+
+  Each line is encoded without special tokens and ended with the token of
+  a line break (``"\\n"``, which byte-level BPE vocabularies such as GPT-2's
+  have as one token), the corpus's boundary.
+
+  Attributes:
+    corpus: corpus name, for error messages.
+    json: the ``tokenizer.json`` text.
+  """
+
+  corpus: str
+  json: str = dataclasses.field(repr=False)
+  unk: str = ""
+
+  @functools.cached_property
+  def tokenizer(self):
+    """The loaded ``tokenizers.Tokenizer``."""
+    import tokenizers  # pylint: disable=import-outside-toplevel
+    return tokenizers.Tokenizer.from_str(self.json)
+
+  @property
+  def vocab(self) -> tuple[str, ...]:
+    """The tokens, id -> token (ids without a token, if any, as "")."""
+    t = self.tokenizer
+    return tuple(t.id_to_token(i) or "" for i in range(t.get_vocab_size(with_added_tokens=True)))
+
+  @functools.cached_property
+  def end_id(self) -> int:
+    """The id of the line break.
+
+    Raises:
+      DataError: a line break is not one token of this tokenizer.
+    """
+    ids = self.tokenizer.encode("\n", add_special_tokens=False).ids
+    if len(ids) != 1:
+      raise DataError(f"{self.corpus}: the tokenizer encodes a line break as {ids}, not as one "
+                      "token, so it cannot mark line ends; use a tokenizer with a newline "
+                      "token (byte-level BPE such as GPT-2's) or data.tokenizer=sentencepiece.")
+    return int(ids[0])
+
+  def line_ids(self, line: str) -> list[int]:
+    """The ids of one line (no line break, no end id)."""
+    return self.tokenizer.encode(line, add_special_tokens=False).ids
+
+  def batch_line_ids(self, lines: list[str]) -> list[list[int]]:
+    """:meth:`line_ids` of many lines, in one (parallel) call."""
+    return [e.ids for e in self.tokenizer.encode_batch(lines, add_special_tokens=False)]
+
+  def encode(self, text: str, vocab: Sequence[str], end_last_line: bool = True) -> np.ndarray:
+    """int32 [N]: each line's tokens, then the line-break token."""
+    del vocab
+    return _subword_encode(self.line_ids, self.end_id, text, end_last_line)
+
+  def decoder(self, vocab: Sequence[str]) -> SubwordDecoder:
+    """A fresh incremental decoder (:class:`SubwordDecoder`)."""
+    return SubwordDecoder(lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False),
+                          self.end_id, len(vocab))

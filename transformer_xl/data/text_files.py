@@ -1,0 +1,753 @@
+"""One's own text files as a corpus: ``data.dataset="text"``.
+
+The files of each split are given as comma-separated glob patterns
+(``data.train_files``, ``data.valid_files``, ``data.test_files``; plain or
+gzip, told apart by their first bytes); a split's stream is its files in
+the order of the patterns, each pattern's matches sorted (a file matched
+twice is read once), each read line by line with universal newlines.  Every line
+becomes its tokens followed by an end symbol, whatever the tokenizer
+(``data.tokenizer``):
+
+=================  ======  ===================================================
+tokenizer          unit    a line is
+=================  ======  ===================================================
+``byte``           byte    its UTF-8 bytes, then the byte ``\\n`` (256 ids)
+``char``           char    its characters, then ``\\n``; vocabulary: ``\\n``,
+                           the training characters by count, ``<unk>``
+``word``           word    ``line.split()``, then ``<eos>``; vocabulary:
+                           ``<eos>``, the training words by count (ties by
+                           first occurrence), ``<unk>`` (the reference's
+                           ``Vocab``, as ptb/wikitext: those files give the
+                           built-in corpora exactly)
+``sentencepiece``  subword a SentencePiece model's pieces, then ``</s>``; the
+                           model (``data.spm_model_type`` unigram or bpe,
+                           ``data.vocab_size`` pieces, byte fallback,
+                           identity normalisation, whitespace kept) is
+                           trained here on at most ``data.spm_sample_lines``
+                           training lines, sampled at random
+``pretrained:P``   subword P a SentencePiece ``.model``, or a Hugging Face
+                           ``tokenizer.json`` (a line ends with its newline
+                           token)
+=================  ======  ===================================================
+
+``data.vocab_size`` caps the word/char vocabularies (0 = every symbol seen
+``data.min_count`` times; the cap counts the end symbol and ``<unk>``).
+
+Documents (``data.document_separator``): ``"file"`` (each file one
+document), ``"paragraph"`` (a run of lines up to and including the blank
+lines after it) or ``"line"``.  Documents add no token: their lengths are
+stored beside the stream (split ``<split>_document_lengths``) and the
+Corpus carries them as ``documents`` (a :class:`~transformer_xl.data.
+SentenceIndex` per split), for ``data.documents="reset"``.
+
+Preparation streams (peak memory independent of the corpus size): one pass
+over the training files counts symbols (or trains SentencePiece on a
+sample), then each split is tokenised once as it is written; file sizes,
+sha256s, bytes (for bits per byte) and counts are recorded in the prepared
+dataset's metadata.  The prepared dataset lives in
+``<data_dir>/txl_text/<fingerprint>/1.0.0``, where the fingerprint hashes
+the settings and each file's path, size and modification time: changing a
+file or a setting prepares a new dataset, and an unchanged one loads
+without reading the files.
+"""
+from __future__ import annotations
+
+import base64
+import codecs
+import collections
+import contextlib
+import dataclasses
+import glob
+import gzip
+import hashlib
+import io
+import itertools
+import json
+import os
+import tempfile
+import zlib
+from pathlib import Path
+from typing import Iterator, Mapping, Sequence
+
+import numpy as np
+import tensorflow_datasets as tfds
+import tqdm
+
+from transformer_xl.data import tokenizers
+from transformer_xl.data.corpus import Corpus, DataError
+from transformer_xl.data.text_settings import (PRETRAINED, TextSettings,  # noqa: F401 (re-exported)
+                                               settings_problems)
+from transformer_xl.data.storage import (SPLITS, ChunkedSentenceIndex, ChunkedSource, CorpusSpec,
+                                         Plan, TokenStreamBuilder)
+
+DOCUMENT_LENGTHS = "_document_lengths"  # suffix of the document-length splits
+STORAGE_FORMAT = 1  # in the fingerprint: a change of how corpora are stored prepares them again
+_SNIFF_BYTES = 8192  # read from every file up front: binary files are refused before any work
+_BLOCK = 1 << 20
+
+
+# -- the files ----------------------------------------------------------------------------------
+
+
+def _sniff(path: Path) -> str | None:
+  """Why ``path`` is not UTF-8 text (a NUL byte, or bytes that are not UTF-8 in
+  its first 8 KiB, decompressed for gzip), else None."""
+  try:
+    with _open_binary(path) as f:
+      head = f.read(_SNIFF_BYTES)
+  except (OSError, EOFError, zlib.error) as err:
+    return f"it cannot be read ({err})"
+  nul = head.find(b"\0")
+  if nul >= 0:
+    return f"a NUL byte at offset {nul:,}: a binary file?"
+  try:
+    head.decode("utf-8")
+  except UnicodeDecodeError as err:
+    if err.start < len(head) - 3:  # not just a character cut at the end of the sniffed bytes
+      return (f"byte {head[err.start]:#04x} at offset {err.start:,}: another encoding such as "
+              "Latin-1 (convert it, e.g. iconv -f latin1 -t utf-8), or a binary file")
+  return None
+
+
+def resolve_files(s: TextSettings) -> dict[str, list[Path]]:
+  """The files of each split: each pattern's matches, sorted, without repeats.
+
+  Raises:
+    DataError: a pattern matches no file, a split's files are all empty, or a
+      file is not UTF-8 text (checked on its first 8 KiB).
+  """
+  found: dict[str, list[Path]] = {}
+  for split in SPLITS:
+    files: list[Path] = []
+    for pattern in s.patterns(split):
+      matches = sorted(Path(p) for p in glob.glob(os.path.expanduser(pattern), recursive=True)
+                       if os.path.isfile(p))
+      if not matches:
+        raise DataError(f"data.{split}_files: no file matches {pattern!r} (from "
+                        f"{os.getcwd()}); check the path, or quote the pattern so the shell "
+                        "does not expand it.")
+      files += [m.resolve() for m in matches if m.resolve() not in files]
+    if all(f.stat().st_size == 0 for f in files):
+      raise DataError(f"data.{split}_files: the {split} split would be empty: "
+                      f"{', '.join(map(str, files[:3]))} hold no text.")
+    for f in files:
+      why = _sniff(f)
+      if why:
+        raise DataError(f"data.{split}_files: {f} is not UTF-8 text ({why}); give UTF-8 text "
+                        "files, plain or gzip.")
+    found[split] = files
+  return found
+
+
+def fingerprint(s: TextSettings, files: Mapping[str, Sequence[Path]]) -> str:
+  """16 hex digits naming the prepared dataset of these settings and files
+  (each file's path, size and modification time; not its contents)."""
+  desc = {"format": STORAGE_FORMAT, "settings": dataclasses.asdict(s), "files": {
+      split: [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in fs]
+      for split, fs in files.items()}}
+  if s.tokenizer.startswith(PRETRAINED):
+    p = Path(s.tokenizer[len(PRETRAINED):]).expanduser()
+    desc["pretrained"] = (str(p.resolve()), *((p.stat().st_size, p.stat().st_mtime_ns)
+                                               if p.is_file() else ()))
+  return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class _Hashing(io.RawIOBase):
+  """A read-only raw stream over ``raw`` that hashes (sha256) and counts the bytes read."""
+
+  def __init__(self, raw):
+    super().__init__()
+    self._raw, self.sha256, self.size = raw, hashlib.sha256(), 0
+
+  def readable(self):
+    return True
+
+  def readinto(self, b):
+    n = self._raw.readinto(b)
+    if n:
+      self.sha256.update(memoryview(b)[:n])
+      self.size += n
+    return n
+
+
+@contextlib.contextmanager
+def _open_binary(path: Path, hashes: dict | None = None):
+  """The decompressed bytes of ``path`` (gzip told by its magic bytes).
+
+  With ``hashes``, the file's sha256 and size (of the bytes on disk) are
+  stored there under ``str(path)`` once the stream closes; ``hashes["_read"]``
+  is the :class:`_Hashing` while it is open (progress).
+  """
+  with open(path, "rb") as raw:
+    gz = raw.read(2) == b"\x1f\x8b"
+    raw.seek(0)
+    counted = _Hashing(raw) if hashes is not None else raw
+    if hashes is not None:
+      hashes["_read"] = counted
+    stream = io.BufferedReader(counted, _BLOCK)
+    yield gzip.GzipFile(fileobj=stream) if gz else stream
+    if hashes is not None:
+      stream.read()  # the rest, so the hash covers the whole file
+      hashes[str(path)] = (counted.sha256.hexdigest(), counted.size)
+
+
+@contextlib.contextmanager
+def _open_lines(path: Path, hashes: dict | None = None) -> Iterator[Iterator[str]]:
+  """The lines of ``path`` (UTF-8, universal newlines, line breaks kept).
+
+  Raises:
+    DataError: not UTF-8, a NUL byte, or a damaged gzip file (the message
+      names the file and the line).
+  """
+  lineno = 0
+
+  def lines(text):
+    nonlocal lineno
+    for lineno, line in enumerate(text, 1):  # noqa: B007
+      if "\0" in line:
+        raise DataError(f"{path} line {lineno} has a NUL byte: a binary file given as text? "
+                        "Give text files (plain or gzip).")
+      yield line
+
+  with _open_binary(path, hashes) as f:
+    text = io.TextIOWrapper(f, encoding="utf-8", newline=None)
+    try:
+      yield lines(text)
+    except UnicodeDecodeError:
+      raise DataError(f"{path} is not UTF-8 text ({_first_bad_utf8(path)}); convert it to "
+                      "UTF-8 (e.g. iconv -f latin1 -t utf-8).") from None
+    except (EOFError, zlib.error, gzip.BadGzipFile) as err:
+      raise DataError(f"{path} is a damaged gzip file (after line {lineno}: {err}); "
+                      "replace it with an intact copy.") from None
+
+
+def _first_bad_utf8(path: Path) -> str:
+  """Where the first byte of ``path`` (decompressed) that is not UTF-8 is."""
+  decoder = codecs.getincrementaldecoder("utf-8")()
+  offset = line = 0
+  with _open_binary(path) as f:
+    while block := f.read(_BLOCK):
+      try:
+        decoder.decode(block)
+      except UnicodeDecodeError as err:
+        # err.start counts from the bytes the decoder held back plus this block
+        held = len(err.object) - len(block)
+        at = offset + err.start - held
+        line += err.object[:err.start].count(b"\n") + 1
+        return f"line {line:,}: byte {err.object[err.start]:#04x} at offset {at:,}"
+      line += block.count(b"\n")
+      offset += len(block)
+  return "a multi-byte character cut at the end of the file"
+
+
+def _document_lines(files: Sequence[Path], separator: str, progress=None,
+                    hashes: dict | None = None) -> Iterator[tuple[str, bool]]:
+  """Every line of ``files`` in order, without its line break, with whether it
+  starts a document (``separator``: each file, paragraph or line is one).
+
+  A paragraph is a run of lines up to and including the blank lines after
+  it.  ``hashes`` (path -> (sha256, size)) is filled in as files are read;
+  ``progress`` (tqdm) advances by the bytes read.
+  """
+  hashes = {} if hashes is None else hashes
+  for path in files:
+    with _open_lines(path, hashes) as lines:
+      counted, last = hashes["_read"], 0
+      first, blank_before = True, False
+      for line in lines:
+        body = line[:-1] if line.endswith("\n") else line
+        blank = not body.strip()
+        yield body, (first or separator == "line"
+                     or (separator == "paragraph" and blank_before and not blank))
+        first, blank_before = False, blank
+        if progress is not None and counted.size - last >= _BLOCK:
+          progress.update(counted.size - last)
+          last = counted.size
+    if progress is not None:
+      progress.update(counted.size - last)
+
+
+class TfdsText:
+  """A tfds text dataset as documents (``data.dataset="tfds:NAME[/CONFIG]"``).
+
+  Each example's ``text_key`` feature is one document, its lines split with
+  ``str.splitlines``.  The dataset is read with ``as_data_source`` (no
+  TensorFlow); if that fails because it is not prepared, tfds downloads and
+  prepares it (``download_and_prepare(file_format="array_record")``).
+
+  Raises (on construction):
+    DataError: tfds does not know the name, or the dataset lacks
+      ``text_key`` (the message lists its text features).
+  """
+
+  def __init__(self, s: TextSettings, data_dir=None):
+    self.name, self.text_key = s.tfds_name, s.text_key
+    self.splits = dict(zip(SPLITS, [x.strip() for x in s.tfds_splits.split(",")]))
+    self._settings = s
+    try:
+      self.builder = tfds.builder(self.name, data_dir=data_dir)
+    except Exception as err:  # pylint: disable=broad-except  (tfds raises several kinds)
+      raise DataError(f"data.dataset='tfds:{self.name}': tfds cannot load it "
+                      f"({str(err).splitlines()[0][:200]}); see "
+                      "https://www.tensorflow.org/datasets/catalog for the names.") from None
+    features = self.builder.info.features
+    if self.text_key not in features:
+      texts = [k for k, v in features.items() if isinstance(v, tfds.features.Text)]
+      raise DataError(f"data.text_key={self.text_key!r}: tfds:{self.name} has no such feature; "
+                      f"its text features are {texts or 'none'} (e.g. "
+                      f"--config.data.text_key={texts[0] if texts else 'text'}).")
+    self._sources: dict = {}
+
+  def source(self, split: str):
+    """The tfds data source of our ``split`` (prepared first if needed)."""
+    if split not in self._sources:
+      tfds_split = self.splits[split]
+      try:
+        self._sources[split] = self.builder.as_data_source(split=tfds_split)
+      except Exception:  # pylint: disable=broad-except  (not prepared, or not array_record)
+        try:
+          self.builder.download_and_prepare(file_format="array_record")
+          self._sources[split] = self.builder.as_data_source(split=tfds_split)
+        except Exception as err:  # pylint: disable=broad-except
+          raise DataError(f"tfds:{self.name} split {tfds_split!r} cannot be read "
+                          f"({str(err).splitlines()[0][:200]}); check data.tfds_splits and "
+                          "the dataset's manual download instructions.") from None
+    return self._sources[split]
+
+  def num_documents(self, split: str) -> int:
+    """Examples (documents) of our ``split``."""
+    return len(self.source(split))
+
+  def fingerprint(self) -> str:
+    """16 hex digits naming the prepared corpus: settings, dataset version, sizes."""
+    desc = {"format": STORAGE_FORMAT, "settings": dataclasses.asdict(self._settings),
+            "version": str(self.builder.info.version),
+            "sizes": {split: self.num_documents(split) for split in SPLITS}}
+    return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:16]
+
+  def document_lines(self, split: str, progress=None) -> Iterator[tuple[str, bool]]:
+    """(line, starts a document) for every line of every example, in order."""
+    source = self.source(split)
+    for i in range(len(source)):
+      text = source[i][self.text_key]
+      if isinstance(text, (bytes, np.bytes_)):
+        text = bytes(text).decode("utf-8", errors="replace")
+      for j, line in enumerate(str(text).splitlines() or [""]):
+        yield line, j == 0
+      if progress is not None:
+        progress.update(1)
+
+
+# -- vocabularies ---------------------------------------------------------------------------------
+
+
+def _count_vocab(symbols: collections.Counter, end: str, unk: str, vocab_size: int,
+                 min_count: int, what: str) -> list[str]:
+  """The end symbol, the symbols by descending count (ties: first occurrence),
+  then ``unk`` unless already chosen; ``vocab_size`` (0 = no cap) counts all.
+
+  Raises:
+    DataError: ``vocab_size`` exceeds what the counted symbols allow.
+  """
+  symbols.pop(end, None)
+  kept = [s for s in sorted(symbols, key=symbols.__getitem__, reverse=True)
+          if symbols[s] >= min_count]
+  most = 1 + len(kept) + (unk not in kept)
+  if vocab_size > most:
+    raise DataError(f"data.vocab_size={vocab_size} is larger than the vocabulary the training "
+                    f"files allow: {most:,} (their {len(kept):,} distinct {what} seen at least "
+                    f"min_count={min_count} times, the end symbol and {unk}); use at most "
+                    f"{most}, or 0 for all.")
+  if vocab_size:
+    kept = kept[:vocab_size - 1]
+    if unk not in kept:
+      kept = kept[:vocab_size - 2] + [unk]
+  elif unk not in kept:
+    kept.append(unk)
+  return [end] + kept
+
+
+def _train_sentencepiece(lines: Iterator[str], s: TextSettings, name: str) -> bytes:
+  """A SentencePiece model trained on a random sample of the training lines.
+
+  Raises:
+    DataError: the library refuses (e.g. a vocabulary larger than the text
+      allows; its message gives the largest possible).
+  """
+  import sentencepiece  # pylint: disable=import-outside-toplevel
+  model = io.BytesIO()
+  sentencepiece.set_random_generator_seed(0)
+  try:
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=(line for line in lines if line.strip()),
+        model_writer=model, vocab_size=s.vocab_size, model_type=s.spm_model_type,
+        byte_fallback=True, normalization_rule_name="identity", remove_extra_whitespaces=False,
+        split_digits=True, character_coverage=0.9995, input_sentence_size=s.spm_sample_lines,
+        shuffle_input_sentence=True, unk_id=0, bos_id=-1, eos_id=1, pad_id=-1,
+        train_extremely_large_corpus=False, num_threads=os.cpu_count() or 1, minloglevel=2)
+  except RuntimeError as err:
+    reason = str(err).split("] ", 1)[-1].strip()
+    raise DataError(f"{name}: SentencePiece cannot be trained with data.vocab_size="
+                    f"{s.vocab_size} (data.spm_model_type={s.spm_model_type}): {reason}. "
+                    "Change data.vocab_size.") from None
+  return model.getvalue()
+
+
+def load_pretrained(path: str, name: str):
+  """A SentencePiece ``.model`` or Hugging Face ``tokenizer.json`` tokenizer.
+
+  Raises:
+    DataError: the file is missing or does not load as either.
+  """
+  p = Path(path).expanduser()
+  if not p.is_file():
+    raise DataError(f"data.tokenizer=pretrained:{path}: no such file; give a SentencePiece "
+                    ".model or a Hugging Face tokenizer.json.")
+  raw = p.read_bytes()
+  errors = []
+  try:
+    tok = tokenizers.HuggingFaceTokenizer(name, raw.decode("utf-8"))
+    _ = tok.tokenizer, tok.end_id
+    return tok
+  except (UnicodeDecodeError, Exception) as err:  # pylint: disable=broad-except
+    if isinstance(err, DataError):
+      raise
+    errors.append(f"as tokenizer.json: {str(err).splitlines()[0][:120]}")
+  try:
+    tok = tokenizers.SentencePieceTokenizer(name, raw)
+    _ = tok.processor
+    if tok.end_id < 0:
+      raise DataError(f"data.tokenizer=pretrained:{path}: the SentencePiece model has no </s> "
+                      "(eos_id is -1) to end lines with; train it with an eos id.")
+    return tok
+  except DataError:
+    raise
+  except Exception as err:  # pylint: disable=broad-except
+    errors.append(f"as SentencePiece: {str(err).splitlines()[0][:120]}")
+  raise DataError(f"data.tokenizer=pretrained:{path} does not load ({'; '.join(errors)}); "
+                  "give a SentencePiece .model or a Hugging Face tokenizer.json.")
+
+
+def tokenizer_from_metadata(md: Mapping, name: str):
+  """The tokenizer a prepared dataset stored (metadata ``"tokenizer"``)."""
+  t = md["tokenizer"]
+  kind = t["kind"]
+  if kind == "byte":
+    return tokenizers.ByteTokenizer()
+  if kind == "char":
+    return tokenizers.CharTokenizer(name)
+  if kind == "word":
+    return tokenizers.LineTokenizer(name, end=tokenizers.EOS, unk=tokenizers.UNK)
+  if kind == "sentencepiece":
+    return tokenizers.SentencePieceTokenizer(name, base64.b64decode(t["model"]))
+  if kind == "huggingface":
+    return tokenizers.HuggingFaceTokenizer(name, t["json"])
+  raise DataError(f"unknown stored tokenizer kind {kind!r}; delete the prepared dataset.")
+
+
+def tokenizer_record(tok) -> dict:
+  """What :func:`tokenizer_from_metadata` rebuilds ``tok`` from (JSON-serialisable)."""
+  if isinstance(tok, tokenizers.SentencePieceTokenizer):
+    return {"kind": "sentencepiece", "model": base64.b64encode(tok.model_proto).decode()}
+  if isinstance(tok, tokenizers.HuggingFaceTokenizer):
+    return {"kind": "huggingface", "json": tok.json}
+  kinds = {tokenizers.ByteTokenizer: "byte", tokenizers.CharTokenizer: "char",
+           tokenizers.LineTokenizer: "word"}
+  return {"kind": kinds[type(tok)]}
+
+
+TOKENIZER_FILE = "tokenizer.json"  # in a workdir: the text corpus's vocabulary and tokenizer
+
+
+def save_tokenizer(corpus: Corpus, workdir) -> None:
+  """Writes ``<workdir>/tokenizer.json`` (vocabulary, unit, boundary, tokenizer)
+  for a corpus of one's own text, so that generation and scoring work
+  without its files (:func:`load_saved_tokenizer`); nothing for other corpora."""
+  if corpus.name != "text" or corpus.tokenizer is None:
+    return
+  from etils import epath  # pylint: disable=import-outside-toplevel
+  record = {"unit": corpus.unit, "vocab": list(corpus.vocab),
+            "boundary_id": int(corpus.boundary_id),
+            "tokenizer": tokenizer_record(corpus.tokenizer)}
+  path = epath.Path(workdir) / TOKENIZER_FILE
+  tmp = path.parent / f".{path.name}.tmp"
+  tmp.write_text(json.dumps(record))
+  tmp.replace(path)
+
+
+def load_saved_tokenizer(workdir) -> Corpus | None:
+  """A vocabulary-only :class:`Corpus` (no splits) from ``<workdir>/tokenizer.json``,
+  or None if the workdir has none: encodes and decodes as the training corpus did."""
+  from etils import epath  # pylint: disable=import-outside-toplevel
+  path = epath.Path(workdir) / TOKENIZER_FILE
+  if not path.exists():
+    return None
+  record = json.loads(path.read_text())
+  return Corpus(name="text", unit=record["unit"], vocab=tuple(record["vocab"]),
+                boundary_id=int(record["boundary_id"]), splits={},
+                tokenizer=tokenizer_from_metadata(record, "text"))
+
+
+# -- the builder ----------------------------------------------------------------------------------
+
+
+def _batches(items: Iterator, size: int = 4096) -> Iterator[list]:
+  """``items`` in lists of ``size`` (the last shorter)."""
+  batch = []
+  for item in items:
+    batch.append(item)
+    if len(batch) == size:
+      yield batch
+      batch = []
+  if batch:
+    yield batch
+
+
+def _line_encoder(unit: str, tok, vocab: Sequence[str], end: int):
+  """A function: lines (no line breaks) -> (int32 ids of all of them, each line
+  ended by ``end``; int64 tokens per line).  Vectorised where the tokenizer
+  allows: bytes and characters in numpy, subwords in the tokenizer's batch call."""
+  if unit == "byte":
+    def encode(lines):
+      ids = np.frombuffer(("\n".join(lines) + "\n").encode("utf-8"), np.uint8).astype(np.int32)
+      return ids, np.diff(np.flatnonzero(ids == 10), prepend=-1)
+    return encode
+  if unit == "char":
+    chars = [(ord(c), i) for i, c in enumerate(vocab) if len(c) == 1]
+    keys = np.asarray(sorted(chars), np.int64)  # [n, 2]: code point, id; sorted by code point
+    unk = list(vocab).index(tok.unk)
+
+    def encode(lines):
+      cp = np.frombuffer(("\n".join(lines) + "\n").encode("utf-32-le"), np.uint32)
+      pos = np.minimum(np.searchsorted(keys[:, 0], cp), len(keys) - 1)
+      ids = np.where(keys[pos, 0] == cp, keys[pos, 1], unk).astype(np.int32)
+      return ids, np.diff(np.flatnonzero(cp == 10), prepend=-1)
+    return encode
+  if unit == "word":
+    get, unk = {v: i for i, v in enumerate(vocab)}.get, list(vocab).index(tok.unk)
+
+    def encode(lines):
+      ids, counts = [], []
+      for line in lines:
+        words = line.split()
+        ids += [get(w, unk) for w in words]
+        ids.append(end)
+        counts.append(len(words) + 1)
+      return np.asarray(ids, np.int32), np.asarray(counts, np.int64)
+    return encode
+
+  def encode(lines):  # subwords: one batch call of the library
+    pieces = tok.batch_line_ids(lines)
+    counts = np.fromiter((len(p) + 1 for p in pieces), np.int64, len(pieces))
+    ids = np.fromiter(itertools.chain.from_iterable(p + [end] for p in pieces), np.int32,
+                      int(counts.sum()))
+    return ids, counts
+  return encode
+
+
+class _LengthsFile:
+  """int32 lengths appended to a temporary file, read back in chunks."""
+
+  def __init__(self, folder: str, name: str):
+    self.path = Path(folder) / f"{name}.int32"
+    self.count = 0
+    self._buf: list[int] = []
+    self.path.write_bytes(b"")
+
+  def append(self, n: int) -> None:
+    self._buf.append(n)
+    if len(self._buf) >= 65536:
+      self.flush()
+
+  def flush(self) -> None:
+    with open(self.path, "ab") as f:
+      f.write(np.asarray(self._buf, np.int32).tobytes())
+    self.count += len(self._buf)
+    self._buf = []
+
+  def read(self) -> Iterator[np.ndarray]:
+    with open(self.path, "rb") as f:
+      while block := f.read(4 * 65536):
+        yield np.frombuffer(block, np.int32)
+
+
+class TxlText(TokenStreamBuilder, skip_registration=True):
+  """One's own text files, or a tfds text dataset (see the module docstring).
+
+  Args:
+    settings: the files (or ``tfds_name``) and the tokenisation.
+    files: ``resolve_files(settings)`` if already done.
+    **kwargs: ``data_dir`` (tfds data dir), ``chunk_size`` (tokens per
+      record), as :class:`~transformer_xl.data.storage.TokenStreamBuilder`.
+
+  Raises:
+    DataError: as :func:`resolve_files` (or :class:`TfdsText`).
+  """
+
+  name = "txl_text"
+  VERSION = tfds.core.Version("1.0.0")
+  SPEC = CorpusSpec(name="text", unit="", boundary="", tokenizer=None, source=None,
+                    homepage="", manual_instructions="")
+
+  def __init__(self, settings: TextSettings, *, files=None, **kwargs):
+    self.settings = settings
+    if settings.tfds_name:
+      self.files, self.tfds = None, TfdsText(settings, kwargs.get("data_dir"))
+      name = self.tfds.fingerprint()
+    else:
+      self.files = resolve_files(settings) if files is None else files
+      self.tfds, name = None, fingerprint(settings, self.files)
+    config = tfds.core.BuilderConfig(name=name, description="text")
+    super().__init__(config=config, **kwargs)
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(
+        builder=self, description="Text files tokenised into one int32 stream per split.",
+        features=tfds.features.FeaturesDict({  # raw bytes: 5x faster to write than ints
+            "tokens": tfds.features.Tensor(shape=(None,), dtype=np.int32,
+                                           encoding=tfds.features.Encoding.BYTES)}),
+        disable_shuffling=True, metadata=tfds.core.MetadataDict())
+
+  def prepare(self, *, manual_dir=None, download=True, verify_checksums=True) -> None:
+    """Tokenises the files into the dataset (the arguments do not apply)."""
+    del manual_dir, download, verify_checksums
+    self._sources = self.files or {}
+    self._verify_checksums = False
+    with tempfile.TemporaryDirectory(prefix="txl_text_") as tmp:
+      self._tmp = tmp
+      self.download_and_prepare(
+          download_config=tfds.download.DownloadConfig(manual_dir=tmp))
+
+  def _tokenizer(self):
+    """(tokenizer, unit, its record for the metadata), trained first for sentencepiece."""
+    s, name = self.settings, "text"
+    simple = {"byte": (tokenizers.ByteTokenizer(), "byte"),
+              "char": (tokenizers.CharTokenizer(name), "char"),
+              "word": (tokenizers.LineTokenizer(name, end=tokenizers.EOS, unk=tokenizers.UNK),
+                       "word")}
+    if s.tokenizer in simple:
+      tok, unit = simple[s.tokenizer]
+      return tok, unit, tokenizer_record(tok)
+    if s.tokenizer == "sentencepiece":
+      tok = tokenizers.SentencePieceTokenizer(name, _train_sentencepiece(self._lines("train"), s,
+                                                                         name))
+      return tok, "subword", tokenizer_record(tok)
+    tok = load_pretrained(s.tokenizer[len(PRETRAINED):], name)
+    return tok, "subword", tokenizer_record(tok)
+
+  def _plan(self, found, verify):
+    del found, verify
+    s = self.settings
+    tok, unit, stored = self._tokenizer()
+    if unit in ("char", "word"):
+      counter: collections.Counter = collections.Counter()
+      progress = tqdm.tqdm(desc="text: counting train symbols", unit=" lines", mininterval=5,
+                           disable=None)
+      for batch in _batches(self._lines("train")):
+        text = "\n".join(batch)
+        counter.update(text.split() if unit == "word" else text)
+        progress.update(len(batch))
+      progress.close()
+      vocab = _count_vocab(counter, tok.end, tok.unk, s.vocab_size, s.min_count,
+                           "words" if unit == "word" else "characters")
+      end = 0
+    else:
+      vocab = list(tok.vocab)
+      end = 10 if unit == "byte" else tok.end_id
+      if s.tokenizer.startswith(PRETRAINED) and s.vocab_size and s.vocab_size != len(vocab):
+        raise DataError(f"data.vocab_size={s.vocab_size} but the pretrained tokenizer has "
+                        f"{len(vocab):,} tokens; set data.vocab_size=0.")
+    self._encode_lines = _line_encoder(unit, tok, vocab, end)
+    self._stats = {"num_bytes": {}, "num_documents": {}, "num_tokens": {}, "files": {}}
+    self._lengths = {split: _LengthsFile(self._tmp, split) for split in SPLITS}
+    streams = {}
+    for split in SPLITS:
+      streams[split] = lambda split=split: self._encode(split)
+      streams[split + DOCUMENT_LENGTHS] = lambda split=split: self._lengths[split].read()
+    return Plan(vocab=vocab, boundary_id=end, num_tokens=None, streams=streams,
+                metadata={"unit": unit, "tokenizer": stored,
+                          "settings": dataclasses.asdict(s)})
+
+  def _document_lines(self, split: str, progress=None, hashes: dict | None = None
+                      ) -> Iterator[tuple[str, bool]]:
+    """(line, starts a document) of ``split``: from the files or the tfds dataset."""
+    if self.tfds is not None:
+      return self.tfds.document_lines(split, progress)
+    return _document_lines(self.files[split], self.settings.document_separator, progress,
+                           hashes)
+
+  def _lines(self, split: str) -> Iterator[str]:
+    return (line for line, _ in self._document_lines(split))
+
+  def _encode(self, split: str) -> Iterator[np.ndarray]:
+    """The ids of ``split`` in pieces, recording document lengths and statistics."""
+    stats = self._stats
+    hashes: dict = {}
+    lengths = self._lengths[split]
+    n_tokens = n_bytes = 0
+    if self.tfds is None:
+      total, unit = sum(f.stat().st_size for f in self.files[split]), "B"
+    else:
+      total, unit = self.tfds.num_documents(split), " documents"
+    with tqdm.tqdm(total=total, desc=f"text: {split}", unit=unit, unit_scale=True,
+                   mininterval=5, disable=None) as progress:
+      doc_len = 0
+      for batch in _batches(self._document_lines(split, progress, hashes)):
+        ids, counts = self._encode_lines([line for line, _ in batch])
+        for (_, new_doc), count in zip(batch, counts.tolist()):
+          if new_doc and doc_len:
+            lengths.append(doc_len)
+            doc_len = 0
+          doc_len += count
+        n_tokens += len(ids)
+        n_bytes += sum(len(line.encode("utf-8")) + 1 for line, _ in batch)
+        yield ids
+      if doc_len:
+        lengths.append(doc_len)
+    lengths.flush()
+    stats["num_tokens"][split] = n_tokens
+    stats["num_tokens"][split + DOCUMENT_LENGTHS] = lengths.count
+    stats["num_bytes"][split] = n_bytes
+    stats["num_documents"][split] = lengths.count
+    stats["files"][split] = (
+        [{"path": str(f), "size": hashes[str(f)][1], "sha256": hashes[str(f)][0]}
+         for f in self.files[split]] if self.tfds is None else
+        [{"tfds": self.settings.tfds_name, "split": self.tfds.splits[split],
+          "examples": self.tfds.num_documents(split)}])
+    self.info.metadata.update({
+        "num_tokens": {k: v for k, v in stats["num_tokens"].items() if k in SPLITS},
+        **{k: dict(stats[k]) for k in ("num_bytes", "num_documents", "files")}})
+
+  def as_corpus(self) -> Corpus:
+    """The prepared dataset as a :class:`Corpus` with its tokenizer and documents."""
+    corpus = super().as_corpus()
+    md = self.info.metadata
+    path = str(self.data_dir)
+    documents = {
+        split: ChunkedSentenceIndex(
+            ChunkedSource(self.data_source(split + DOCUMENT_LENGTHS),
+                          md["num_documents"][split], md["chunk_size"],
+                          name=f"text/{split}{DOCUMENT_LENGTHS}", path=path),
+            md["num_tokens"][split], name=f"text/{split}")
+        for split in SPLITS}
+    return dataclasses.replace(corpus, tokenizer=tokenizer_from_metadata(md, "text"),
+                               documents=documents, num_bytes=dict(md["num_bytes"]))
+
+
+def load_text_corpus(settings: TextSettings, *, data_dir=None, chunk_size: int | None = None
+                     ) -> Corpus:
+  """Loads (preparing first if needed) the corpus of ``settings``.
+
+  Raises:
+    DataError: the files or the tokenizer (see :func:`resolve_files`,
+      :func:`load_pretrained`), or a vocabulary size the text does not allow.
+  """
+  problems = settings_problems(settings)
+  if problems:
+    raise DataError(" ".join(problems))
+  kwargs = {} if chunk_size is None else {"chunk_size": chunk_size}
+  builder = TxlText(settings, data_dir=data_dir, **kwargs)
+  if not builder.is_prepared():
+    builder.prepare()
+  return builder.as_corpus()
+

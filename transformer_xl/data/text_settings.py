@@ -1,0 +1,87 @@
+"""The settings of a corpus of one's own text files (``data.dataset="text"``).
+
+Kept apart from ``text_files.py`` (which imports tfds) so that config
+validation checks them without importing tfds.  Meanings: ``text_files.py``.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+SPLITS = ("train", "valid", "test")
+TOKENIZERS = ("byte", "char", "word", "sentencepiece")  # and "pretrained:PATH"
+PRETRAINED = "pretrained:"
+DOCUMENT_SEPARATORS = ("file", "paragraph", "line")
+SPM_MODEL_TYPES = ("unigram", "bpe")
+
+
+@dataclasses.dataclass(frozen=True)
+class TextSettings:
+  """What ``data.dataset="text"`` is built from (the ``data`` config fields).
+
+  Attributes:
+    train_files, valid_files, test_files: comma-separated glob patterns
+      (``**`` recursive); every split needs at least one non-empty file.
+    tokenizer: "byte", "char", "word", "sentencepiece" or "pretrained:PATH".
+    vocab_size: word/char: cap (0 = all); sentencepiece: number of pieces
+      (required).
+    min_count: word/char: a symbol must occur this often in train.
+    document_separator: "file", "paragraph" or "line".
+    spm_model_type: "unigram" or "bpe" (sentencepiece).
+    spm_sample_lines: training lines SentencePiece is trained on at most.
+    tfds_name: instead of files, a tfds dataset ``NAME[/CONFIG]``
+      (``data.dataset="tfds:NAME"``), each example one document.
+    text_key: the tfds feature holding the text (e.g. ``book_text``).
+    tfds_splits: the tfds splits read as train, valid and test.
+  """
+
+  train_files: str
+  valid_files: str
+  test_files: str
+  tokenizer: str = "word"
+  vocab_size: int = 0
+  min_count: int = 1
+  document_separator: str = "file"
+  spm_model_type: str = "unigram"
+  spm_sample_lines: int = 1_000_000
+  tfds_name: str = ""
+  text_key: str = "text"
+  tfds_splits: str = "train,validation,test"
+
+  def patterns(self, split: str) -> list[str]:
+    """The glob patterns of ``split``."""
+    return [p.strip() for p in getattr(self, f"{split}_files").split(",") if p.strip()]
+
+
+def settings_problems(s: TextSettings) -> list[str]:
+  """What is wrong with ``s`` without reading any file (config validation)."""
+  problems = []
+  if s.tfds_name:
+    if any(s.patterns(split) for split in SPLITS):
+      problems.append(f"data.train_files/valid_files/test_files are not read with "
+                      f"data.dataset='tfds:{s.tfds_name}': remove them.")
+    if len([x for x in s.tfds_splits.split(",") if x.strip()]) != 3 or not s.text_key:
+      problems.append(f"data.tfds_splits={s.tfds_splits!r} must name three tfds splits (train,"
+                      f"valid,test, e.g. 'train,validation,test') and data.text_key="
+                      f"{s.text_key!r} the text feature.")
+  for split in SPLITS if not s.tfds_name else ():
+    if not s.patterns(split):
+      problems.append(f"data.{split}_files is empty: give the {split} text files as glob "
+                      f"patterns, e.g. --config.data.{split}_files='corpus/{split}/*.txt'.")
+  if s.tokenizer not in TOKENIZERS and not (s.tokenizer.startswith(PRETRAINED)
+                                            and len(s.tokenizer) > len(PRETRAINED)):
+    problems.append(f"data.tokenizer={s.tokenizer!r}: use one of {', '.join(TOKENIZERS)} or "
+                    "pretrained:PATH (a SentencePiece .model or a tokenizer.json).")
+  if s.tokenizer == "sentencepiece" and s.vocab_size < 1:
+    problems.append("data.tokenizer=sentencepiece needs data.vocab_size (the number of "
+                    "pieces, e.g. 8000).")
+  if s.vocab_size < 0 or s.min_count < 1:
+    problems.append(f"data.vocab_size={s.vocab_size} must be >= 0 and data.min_count="
+                    f"{s.min_count} >= 1.")
+  if s.document_separator not in DOCUMENT_SEPARATORS:
+    problems.append(f"data.document_separator={s.document_separator!r}: use one of "
+                    f"{', '.join(DOCUMENT_SEPARATORS)}.")
+  if s.spm_model_type not in SPM_MODEL_TYPES:
+    problems.append(f"data.spm_model_type={s.spm_model_type!r}: use unigram or bpe.")
+  if s.spm_sample_lines < 1:
+    problems.append(f"data.spm_sample_lines={s.spm_sample_lines} must be >= 1.")
+  return problems
