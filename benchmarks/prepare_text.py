@@ -4,7 +4,8 @@ r"""How fast one's own text is prepared, and in how much memory (data.dataset="t
         --target_mb=512 --files=64 --tokenizers=word,sentencepiece
 
 Builds a corpus of at least ``--target_mb`` MB by repeating the source text
-over ``--files`` files (every fourth one gzip-compressed), then, for each
+over at most ``--files`` files (whole copies per file; every fourth file
+gzip-compressed), then, for each
 tokenizer, prepares it in a fresh subprocess (``text_files.load_text_corpus``,
 valid and test a copy of the source) and records the wall time, MB of text
 per second and the subprocess's peak RSS (``ru_maxrss``).  The baseline,
@@ -87,7 +88,8 @@ def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--source", required=True, help="a text file to repeat (UTF-8)")
   p.add_argument("--target_mb", type=float, default=512.0, help="corpus size, MB of text")
-  p.add_argument("--files", type=int, default=64, help="files to spread the corpus over")
+  p.add_argument("--files", type=int, default=64,
+                 help="files to spread the corpus over, at most (whole copies of --source each)")
   p.add_argument("--tokenizers", default="word,sentencepiece",
                  help="comma-separated data.tokenizer values to prepare with")
   p.add_argument("--vocab_size", type=int, default=8000, help="for sentencepiece")

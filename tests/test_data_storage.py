@@ -49,3 +49,19 @@ def test_chunked_source_checks_records():
     src.read(0, 6)
   np.testing.assert_array_equal(src.read(1, 3), [1, 2])
   np.testing.assert_array_equal(ArraySource(np.arange(6)).read(2, 5), [2, 3, 4])
+
+
+def test_record_keys_keep_the_order_and_spread_over_tfds_shuffle_buckets():
+  """tfds's shuffler holds a whole bucket in memory: the keys of a split's
+  records must keep their order and fill its 1000 buckets evenly."""
+  from tensorflow_datasets.core import shuffle
+  from transformer_xl.data.storage import key_stride
+  for num_tokens, chunk in [(518_000_000, 65536), (1_000, 64), (65536 * 1000, 65536), (1, 8)]:
+    records = -(-num_tokens // chunk)
+    stride = key_stride(num_tokens, chunk)
+    keys = [i * stride for i in range(records)]
+    assert keys[-1] < 2**128
+    buckets = [shuffle.get_bucket_number(k, shuffle.BUCKETS_NUMBER) for k in keys]
+    assert buckets == sorted(buckets)
+    assert max(np.bincount(buckets)) <= -(-records // shuffle.BUCKETS_NUMBER) + 1
+  assert key_stride(None, 64) == 1

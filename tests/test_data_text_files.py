@@ -145,7 +145,7 @@ def test_the_real_files_as_text_give_exactly_the_builtin_corpus(tmp_path, name, 
     pytest.skip("no ../shared/data")
   cfg = dict(dataset="text", data_dir=str(tmp_path / "tfds"), tokenizer="word", vocab_size=0,
              min_count=1, document_separator="file", spm_model_type="unigram",
-             spm_sample_lines=1000,
+             spm_sample_mb=1.0,
              **{f"{s}_files": str(SHARED / f) for s, f in split_files.items()})
   text = data.load_configured(cfg)
   manual = SHARED / Path(split_files["train"]).parent
@@ -279,21 +279,29 @@ def test_bad_inputs_name_the_problem(tmp_path):
 @pytest.mark.slow
 def test_bad_input_on_the_command_line_is_one_line(tmp_path):
   folder = _write(tmp_path / "files", DOCS)
-  env = dict(os.environ, PYTHONPATH=str(REPO))
+  (folder / "binary.txt").write_bytes(bytes(range(256)) * 4)
   for extra, needle in [
       ([f"--config.data.train_files={folder}/missing/*.txt"], "no file matches"),
-      (["--config.data.tokenizer=sentencepiece"], "needs data.vocab_size"),
+      (["--config.data.vocab_size=0"], "needs data.vocab_size"),
+      ([f"--config.data.tokenizer=pretrained:{folder}/a.txt"], "does not load"),
+      (["--config.data.vocab_size=100000"], "SentencePiece cannot be trained"),
       (["--config.data.dataset=ptb"], "apply only to data.dataset='text'"),
+      ([f"--config.data.valid_files={folder}/binary.txt"], "is not UTF-8 text"),
+      (["--config.data.dataset=tfds:pg19", "--config.data.text_key=nope",
+        "--config.data.train_files=", "--config.data.valid_files=",
+        "--config.data.test_files="], "no such feature"),
   ]:
-    r = subprocess.run(
-        [sys.executable, "-m", "transformer_xl.main", f"--config={REPO / 'configs/text.py'}",
-         f"--workdir={tmp_path / 'run'}", f"--config.data.data_dir={tmp_path / 'tfds'}",
-         f"--config.data.train_files={folder}/*.txt", f"--config.data.valid_files={folder}/c.txt",
-         f"--config.data.test_files={folder}/a.txt", *extra],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    r = _main([f"--config={REPO / 'configs/text.py'}", f"--workdir={tmp_path / 'run'}",
+               f"--config.data.data_dir={tmp_path / 'tfds'}",
+               f"--config.data.train_files={folder}/[ac].txt",
+               f"--config.data.valid_files={folder}/c.txt",
+               f"--config.data.test_files={folder}/a.txt", *extra], timeout=300)
     assert r.returncode != 0, r.stderr
     assert "Traceback" not in r.stderr, r.stderr
-    assert needle in r.stderr, r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    # One message: a line, or the config's list of problems under its one line.
+    assert len(errors) == 1 and needle in r.stderr[r.stderr.index("error:"):], r.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 def test_subword_decoder_holds_back_an_incomplete_character():
@@ -317,7 +325,7 @@ BOOKS = {
 def _tfds_cfg(tmp_path, name, **kw):
   cfg = dict(dataset=f"tfds:{name}", data_dir=str(tmp_path / "tfds"), train_files="",
              valid_files="", test_files="", tokenizer="word", vocab_size=0, min_count=1,
-             document_separator="file", spm_model_type="unigram", spm_sample_lines=1000,
+             document_separator="file", spm_model_type="unigram", spm_sample_mb=1.0,
              text_key="text", tfds_splits="train,validation,test")
   cfg.update(kw)
   return cfg
@@ -436,7 +444,10 @@ def test_iterators_give_each_position_its_offset_in_its_document():
 
 
 def _main(args, timeout=600):
-  env = dict(os.environ, PYTHONPATH=str(REPO))
+  # One CPU device: the 8 simulated ones add nothing here, and their collectives
+  # can time out when the machine is loaded (XLA aborts the process).
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env.update(PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
   return subprocess.run([sys.executable, "-m", "transformer_xl.main", *args], cwd=REPO, env=env,
                         capture_output=True, text=True, timeout=timeout)
 
@@ -471,7 +482,7 @@ def test_train_eval_score_generate_on_own_files_with_sentencepiece(tmp_path, cor
       pytest.skip("no ../shared/data")
     files = [f"--config.data.{s}_files={SHARED}/wikitext-2/wiki.{s}.tokens"
              for s in ("train", "valid", "test")]
-    files += ["--config.data.vocab_size=2000", "--config.data.spm_sample_lines=20000"]
+    files += ["--config.data.vocab_size=2000", "--config.data.spm_sample_mb=2"]
   workdir, tfds_dir = tmp_path / "run", tmp_path / "tfds"
   r = _main([f"--config={REPO / 'configs/text.py'}", f"--workdir={workdir}",
              f"--config.data.data_dir={tfds_dir}", "--config.data.documents=reset", *files, *TINY])
@@ -499,3 +510,23 @@ def test_train_eval_score_generate_on_own_files_with_sentencepiece(tmp_path, cor
                "--num_tokens=12", "--seed=1"])
     assert r.returncode == 0, r.stderr[-3000:]
     assert "using the tokenizer saved in" in r.stderr and r.stdout == first
+
+
+def test_a_corpus_that_tokenises_differently_from_the_run_is_refused(tmp_path):
+  folder = _write(tmp_path / "files", DOCS)
+  settings = _settings(folder, train_files=f"{folder}/a.txt,{folder}/b.txt.gz",
+                       valid_files=f"{folder}/c.txt", test_files=f"{folder}/c.txt")
+  load = lambda: text_files.load_text_corpus(settings, data_dir=tmp_path / "tfds")  # noqa: E731
+  corpus = load()
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  text_files.save_tokenizer(corpus, workdir)
+  text_files.check_saved_tokenizer(corpus, workdir)  # the same: fine
+  saved = text_files.load_saved_tokenizer(workdir)
+  assert list(saved.vocab) == list(corpus.vocab)
+  np.testing.assert_array_equal(saved.encode("The cat sat.\n"), corpus.encode("The cat sat.\n"))
+  (folder / "c.txt").write_text("one line only, now changed\n")  # valid/test: same vocabulary
+  text_files.check_saved_tokenizer(load(), workdir)
+  (folder / "a.txt").write_text("different training words\n")  # train: another vocabulary
+  with pytest.raises(data.DataError, match="tokenises differently"):
+    text_files.check_saved_tokenizer(load(), workdir)

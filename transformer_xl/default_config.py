@@ -324,7 +324,8 @@ def get_config() -> ml_collections.ConfigDict:
       min_count=1,               # word/char: fewer occurrences in train -> <unk>
       document_separator="file", # file | paragraph | line: what one document is
       spm_model_type="unigram",  # unigram | bpe (tokenizer=sentencepiece)
-      spm_sample_lines=1_000_000,  # training lines SentencePiece learns from at most
+      spm_sample_mb=32.0,        # MB of training lines SentencePiece learns from, at most
+                                 # (a random sample; its memory is ~30x this)
       text_key="text",           # data.dataset="tfds:NAME": the feature with the text
       tfds_splits="train,validation,test",  # ... and its splits read as train, valid, test
       documents="stream",        # stream: memory flows across documents (the reference);
@@ -444,7 +445,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, 
                     f"and eval.stride={e.stride} in [1, window={window}].")
   if t.loss_span not in ("full", "half"):
     problems.append(f"train.loss_span={t.loss_span!r}: use 'full' or 'half'.")
-  problems += _data_problems(config.data)
+  problems += _data_problems(config.data, nonfinite)
   if config.data.get("documents", "stream") == "reset" and e.method == "sliding":
     problems.append("data.documents='reset' is not supported by eval.method='sliding': use "
                     "eval.method='segments'.")
@@ -467,9 +468,12 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, 
   return mesh_shape
 
 
-def _data_problems(d: ml_collections.ConfigDict) -> list[str]:
-  """The dataset name, and the text-file fields: set only for data.dataset="text"."""
-  text = {k: d.get(k, _default_value(f"data.{k}")) for k in data.TEXT_FIELDS}
+def _data_problems(d: ml_collections.ConfigDict, nonfinite: set[str]) -> list[str]:
+  """The dataset name, and the text-file fields: set only for data.dataset="text".
+
+  A field in ``nonfinite`` (already refused) counts as its default here."""
+  text = {k: (d.get(k, _default_value(f"data.{k}")) if f"data.{k}" not in nonfinite
+              else _default_value(f"data.{k}")) for k in data.TEXT_FIELDS}
   documents = d.get("documents", "stream")
   if documents not in ("stream", "reset"):
     return [f"data.documents={documents!r}: use 'stream' (memory flows across documents) or "

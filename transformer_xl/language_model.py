@@ -257,7 +257,9 @@ def load_corpus(config: ml_collections.ConfigDict, model_cfg: models.ModelConfig
 
   Raises:
     data.DataError: the corpus cannot be loaded (and ``workdir`` has no
-      saved tokenizer), or its vocabulary size is not the model's n_token.
+      saved tokenizer), tokenises differently from the run in ``workdir``
+      (``text_files.check_saved_tokenizer``), or its vocabulary size is not
+      the model's n_token.
   """
   data_cfg = config.data.to_dict()
   try:
@@ -275,6 +277,9 @@ def load_corpus(config: ml_collections.ConfigDict, model_cfg: models.ModelConfig
             f"tokenizer saved in {workdir} (enough to generate and score text).",
             file=sys.stderr, flush=True)
     corpus = saved
+  if workdir is not None and corpus.name == data.TEXT:
+    from transformer_xl.data import text_files  # pylint: disable=import-outside-toplevel
+    text_files.check_saved_tokenizer(corpus, workdir)
   if corpus.vocab_size != model_cfg.n_token:
     raise data.DataError(f"the model has {model_cfg.n_token:,} tokens but corpus {corpus.name} "
                          f"has {corpus.vocab_size:,}: is data.dataset right?")

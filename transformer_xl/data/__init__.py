@@ -99,7 +99,7 @@ CORPUS_NAMES = (
 TEXT = "text"  # data.dataset of one's own text files (text_files.py)
 # The data config fields that describe one's own text (text_files.TextSettings).
 TEXT_FIELDS = ("train_files", "valid_files", "test_files", "tokenizer", "vocab_size",
-               "min_count", "document_separator", "spm_model_type", "spm_sample_lines",
+               "min_count", "document_separator", "spm_model_type", "spm_sample_mb",
                "text_key", "tfds_splits")
 TFDS_PREFIX = "tfds:"  # data.dataset="tfds:NAME[/CONFIG]": a tfds text dataset
 

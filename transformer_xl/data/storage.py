@@ -326,6 +326,23 @@ def rechunk(pieces: Iterable[np.ndarray], chunk_size: int) -> Iterator[np.ndarra
     yield np.concatenate(pending)
 
 
+def key_stride(num_tokens: int | None, chunk_size: int) -> int:
+  """The step between the keys of consecutive records of a split.
+
+  tfds writes a split through its shuffler, which (with ``disable_shuffling``,
+  keys kept in order) files a record in bucket ``floor(key * 1000 / 2**128)``
+  and holds a whole bucket in memory to sort it; keys 0, 1, 2, ... would put
+  the whole split in bucket 0 (all of lm1b's 3 GB at once).  Keys spread
+  evenly over [0, 2**128) keep the order and bound the memory to a
+  thousandth of the split (beyond tfds's 1 GB in-memory buffer).  1 when
+  the length is not known.
+  """
+  if not num_tokens:
+    return 1
+  records = -(-int(num_tokens) // chunk_size)
+  return max(1, (2**128 - 1) // records)
+
+
 class TokenStreamBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   """Base of the corpus builders: one contiguous token stream per split.
 
@@ -477,11 +494,14 @@ class TokenStreamBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True
     return {split: self._generate_examples(split) for split in plan.streams}
 
   def _generate_examples(self, split: str):
-    n, expected = 0, self._counts.get(split)
+    n, stride = 0, None
     chunks = rechunk(self._streams[split](), self._chunk_size)
-    for key, chunk in enumerate(chunks):
+    for i, chunk in enumerate(chunks):
+      if stride is None:  # the split's length is known by its first chunk (counted before)
+        stride = key_stride(self._counts.get(split), self._chunk_size)
       n += len(chunk)
-      yield key, {"tokens": chunk}
+      yield i * stride, {"tokens": chunk}
+    expected = self._counts.get(split)
     if expected is None and split in SPLITS and n == 0:
       raise DataError(f"{self.SPEC.name}: split {split!r} is empty: its files hold no token.")
     if expected is not None and n != expected:

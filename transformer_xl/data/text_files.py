@@ -23,8 +23,8 @@ tokenizer          unit    a line is
                            model (``data.spm_model_type`` unigram or bpe,
                            ``data.vocab_size`` pieces, byte fallback,
                            identity normalisation, whitespace kept) is
-                           trained here on at most ``data.spm_sample_lines``
-                           training lines, sampled at random
+                           trained here on a uniform random sample of the
+                           training lines of at most ``data.spm_sample_mb``
 ``pretrained:P``   subword P a SentencePiece ``.model``, or a Hugging Face
                            ``tokenizer.json`` (a line ends with its newline
                            token)
@@ -60,10 +60,12 @@ import dataclasses
 import glob
 import gzip
 import hashlib
+import heapq
 import io
 import itertools
 import json
 import os
+import random
 import tempfile
 import zlib
 from pathlib import Path
@@ -119,6 +121,7 @@ def resolve_files(s: TextSettings) -> dict[str, list[Path]]:
   found: dict[str, list[Path]] = {}
   for split in SPLITS:
     files: list[Path] = []
+    seen: set[Path] = set()
     for pattern in s.patterns(split):
       matches = sorted(Path(p) for p in glob.glob(os.path.expanduser(pattern), recursive=True)
                        if os.path.isfile(p))
@@ -126,7 +129,10 @@ def resolve_files(s: TextSettings) -> dict[str, list[Path]]:
         raise DataError(f"data.{split}_files: no file matches {pattern!r} (from "
                         f"{os.getcwd()}); check the path, or quote the pattern so the shell "
                         "does not expand it.")
-      files += [m.resolve() for m in matches if m.resolve() not in files]
+      for m in (m.resolve() for m in matches):
+        if m not in seen:
+          seen.add(m)
+          files.append(m)
     if all(f.stat().st_size == 0 for f in files):
       raise DataError(f"data.{split}_files: the {split} split would be empty: "
                       f"{', '.join(map(str, files[:3]))} hold no text.")
@@ -367,8 +373,31 @@ def _count_vocab(symbols: collections.Counter, end: str, unk: str, vocab_size: i
   return [end] + kept
 
 
+def sample_lines(lines: Iterator[str], max_bytes: int, seed: int = 0) -> list[str]:
+  """A uniform random sample of ``lines`` of at most ``max_bytes`` UTF-8 bytes, in order.
+
+  Every line gets a random key; the lines with the smallest keys are kept
+  while they fit (bottom-k sampling with a byte budget), so memory stays
+  under ``max_bytes`` whatever the number of lines, and the result is the
+  same for the same lines and ``seed``.  All lines when they fit.
+  """
+  rng = random.Random(seed)
+  heap: list[tuple[float, int, str]] = []  # (-key, position, line): the largest key on top
+  total = 0
+  for position, line in enumerate(lines):
+    key, size = rng.random(), len(line.encode("utf-8")) + 1
+    if size > max_bytes or (total + size > max_bytes and heap and -heap[0][0] < key):
+      continue
+    heapq.heappush(heap, (-key, position, line))
+    total += size
+    while total > max_bytes:
+      total -= len(heapq.heappop(heap)[2].encode("utf-8")) + 1
+  return [line for _, _, line in sorted(heap, key=lambda item: item[1])]
+
+
 def _train_sentencepiece(lines: Iterator[str], s: TextSettings, name: str) -> bytes:
-  """A SentencePiece model trained on a random sample of the training lines.
+  """A SentencePiece model trained on a random sample of the training lines
+  (:func:`sample_lines`, ``data.spm_sample_mb``).
 
   Raises:
     DataError: the library refuses (e.g. a vocabulary larger than the text
@@ -379,14 +408,15 @@ def _train_sentencepiece(lines: Iterator[str], s: TextSettings, name: str) -> by
   sentencepiece.set_random_generator_seed(0)
   try:
     sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=(line for line in lines if line.strip()),
+        sentence_iterator=iter(sample_lines((line for line in lines if line.strip()),
+                                            int(s.spm_sample_mb * 1e6))),
         model_writer=model, vocab_size=s.vocab_size, model_type=s.spm_model_type,
         byte_fallback=True, normalization_rule_name="identity", remove_extra_whitespaces=False,
-        split_digits=True, character_coverage=0.9995, input_sentence_size=s.spm_sample_lines,
-        shuffle_input_sentence=True, unk_id=0, bos_id=-1, eos_id=1, pad_id=-1,
-        train_extremely_large_corpus=False, num_threads=os.cpu_count() or 1, minloglevel=2)
+        split_digits=True, character_coverage=0.9995, max_sentence_length=1 << 16,
+        unk_id=0, bos_id=-1, eos_id=1, pad_id=-1, num_threads=os.cpu_count() or 1,
+        minloglevel=2)
   except RuntimeError as err:
-    reason = str(err).split("] ", 1)[-1].strip()
+    reason = str(err).split("] ", 1)[-1].strip().rstrip(".")
     raise DataError(f"{name}: SentencePiece cannot be trained with data.vocab_size="
                     f"{s.vocab_size} (data.spm_model_type={s.spm_model_type}): {reason}. "
                     "Change data.vocab_size.") from None
@@ -475,6 +505,26 @@ def save_tokenizer(corpus: Corpus, workdir) -> None:
   tmp.replace(path)
 
 
+def check_saved_tokenizer(corpus: Corpus, workdir) -> None:
+  """Checks that ``corpus`` tokenises as the run in ``workdir`` was trained
+  (its ``tokenizer.json``, if any): same vocabulary, ids and tokenizer.
+
+  Raises:
+    DataError: they differ (the files, a setting or this package's
+      tokenisation changed since the run was trained).
+  """
+  saved = load_saved_tokenizer(workdir)
+  if saved is None or corpus.name != "text":
+    return
+  if (list(saved.vocab) != list(corpus.vocab) or saved.boundary_id != corpus.boundary_id
+      or tokenizer_record(saved.tokenizer) != tokenizer_record(corpus.tokenizer)):
+    raise DataError(
+        f"the corpus now tokenises differently from the one the run in {workdir} was trained "
+        f"on (its {TOKENIZER_FILE}): the text files, a data setting or the tokenisation "
+        "changed. Give the run's files and settings (leave out --config to use its "
+        "config.json), or train in a new --workdir.")
+
+
 def load_saved_tokenizer(workdir) -> Corpus | None:
   """A vocabulary-only :class:`Corpus` (no splits) from ``<workdir>/tokenizer.json``,
   or None if the workdir has none: encodes and decodes as the training corpus did."""
@@ -545,29 +595,34 @@ def _line_encoder(unit: str, tok, vocab: Sequence[str], end: int):
   return encode
 
 
-class _LengthsFile:
-  """int32 lengths appended to a temporary file, read back in chunks."""
+class _Int32File:
+  """int32 values appended to a temporary file, read back in blocks: a split's
+  tokens or its document lengths, counted before tfds writes them."""
 
   def __init__(self, folder: str, name: str):
     self.path = Path(folder) / f"{name}.int32"
     self.count = 0
-    self._buf: list[int] = []
+    self._buf: list[np.ndarray] = []
+    self._pending = 0
     self.path.write_bytes(b"")
 
-  def append(self, n: int) -> None:
-    self._buf.append(n)
-    if len(self._buf) >= 65536:
+  def append(self, values) -> None:
+    values = np.asarray(values, np.int32).reshape(-1)
+    self._buf.append(values)
+    self._pending += values.size
+    if self._pending >= 1 << 20:
       self.flush()
 
   def flush(self) -> None:
     with open(self.path, "ab") as f:
-      f.write(np.asarray(self._buf, np.int32).tobytes())
-    self.count += len(self._buf)
-    self._buf = []
+      for values in self._buf:
+        f.write(values.tobytes())
+    self.count += self._pending
+    self._buf, self._pending = [], 0
 
   def read(self) -> Iterator[np.ndarray]:
     with open(self.path, "rb") as f:
-      while block := f.read(4 * 65536):
+      while block := f.read(4 << 20):
         yield np.frombuffer(block, np.int32)
 
 
@@ -659,7 +714,7 @@ class TxlText(TokenStreamBuilder, skip_registration=True):
                         f"{len(vocab):,} tokens; set data.vocab_size=0.")
     self._encode_lines = _line_encoder(unit, tok, vocab, end)
     self._stats = {"num_bytes": {}, "num_documents": {}, "num_tokens": {}, "files": {}}
-    self._lengths = {split: _LengthsFile(self._tmp, split) for split in SPLITS}
+    self._lengths = {split: _Int32File(self._tmp, split + DOCUMENT_LENGTHS) for split in SPLITS}
     streams = {}
     for split in SPLITS:
       streams[split] = lambda split=split: self._encode(split)
@@ -680,7 +735,18 @@ class TxlText(TokenStreamBuilder, skip_registration=True):
     return (line for line, _ in self._document_lines(split))
 
   def _encode(self, split: str) -> Iterator[np.ndarray]:
-    """The ids of ``split`` in pieces, recording document lengths and statistics."""
+    """The ids of ``split`` in pieces: tokenised into a temporary file first, so
+    that their number is known before tfds writes the first record
+    (``storage.key_stride``), then read back."""
+    tokens = _Int32File(self._tmp, split)
+    self._tokenize(split, tokens)
+    self._counts[split] = tokens.count
+    self._counts[split + DOCUMENT_LENGTHS] = self._lengths[split].count
+    yield from tokens.read()
+    tokens.path.unlink()
+
+  def _tokenize(self, split: str, tokens: _Int32File) -> None:
+    """Writes the ids of ``split`` to ``tokens``, recording document lengths and statistics."""
     stats = self._stats
     hashes: dict = {}
     lengths = self._lengths[split]
@@ -694,17 +760,20 @@ class TxlText(TokenStreamBuilder, skip_registration=True):
       doc_len = 0
       for batch in _batches(self._document_lines(split, progress, hashes)):
         ids, counts = self._encode_lines([line for line, _ in batch])
+        ended = []  # lengths of the documents this batch ends
         for (_, new_doc), count in zip(batch, counts.tolist()):
           if new_doc and doc_len:
-            lengths.append(doc_len)
+            ended.append(doc_len)
             doc_len = 0
           doc_len += count
+        lengths.append(ended)
         n_tokens += len(ids)
         n_bytes += sum(len(line.encode("utf-8")) + 1 for line, _ in batch)
-        yield ids
+        tokens.append(ids)
       if doc_len:
-        lengths.append(doc_len)
+        lengths.append([doc_len])
     lengths.flush()
+    tokens.flush()
     stats["num_tokens"][split] = n_tokens
     stats["num_tokens"][split + DOCUMENT_LENGTHS] = lengths.count
     stats["num_bytes"][split] = n_bytes

@@ -27,7 +27,9 @@ class TextSettings:
     min_count: word/char: a symbol must occur this often in train.
     document_separator: "file", "paragraph" or "line".
     spm_model_type: "unigram" or "bpe" (sentencepiece).
-    spm_sample_lines: training lines SentencePiece is trained on at most.
+    spm_sample_mb: MB of training text SentencePiece is trained on at most:
+      a uniform random sample of the training lines (its trainer needs about
+      30 times this in memory).
     tfds_name: instead of files, a tfds dataset ``NAME[/CONFIG]``
       (``data.dataset="tfds:NAME"``), each example one document.
     text_key: the tfds feature holding the text (e.g. ``book_text``).
@@ -42,7 +44,7 @@ class TextSettings:
   min_count: int = 1
   document_separator: str = "file"
   spm_model_type: str = "unigram"
-  spm_sample_lines: int = 1_000_000
+  spm_sample_mb: float = 32.0
   tfds_name: str = ""
   text_key: str = "text"
   tfds_splits: str = "train,validation,test"
@@ -82,6 +84,6 @@ def settings_problems(s: TextSettings) -> list[str]:
                     f"{', '.join(DOCUMENT_SEPARATORS)}.")
   if s.spm_model_type not in SPM_MODEL_TYPES:
     problems.append(f"data.spm_model_type={s.spm_model_type!r}: use unigram or bpe.")
-  if s.spm_sample_lines < 1:
-    problems.append(f"data.spm_sample_lines={s.spm_sample_lines} must be >= 1.")
+  if not s.spm_sample_mb > 0:
+    problems.append(f"data.spm_sample_mb={s.spm_sample_mb} must be > 0.")
   return problems

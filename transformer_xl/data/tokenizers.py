@@ -344,19 +344,15 @@ class CharTokenizer:
     """
     index = {s: i for i, s in enumerate(vocab)}
     unk = index.get(self.unk, -1)
-    ids: list[int] = []
-    lines = text.splitlines(keepends=True)
-    for lineno, line in enumerate(lines, 1):
-      body = line.splitlines()[0]
-      for c in body:
-        i = index.get(c, unk)
-        if i < 0:
-          raise DataError(f"{self.corpus}: line {lineno}: {c!r} is not in the vocabulary, "
-                          "which has no <unk> to map it to.")
-        ids.append(i)
-      if end_last_line or lineno < len(lines) or body != line:
-        ids.append(index[self.end])
-    return np.asarray(ids, dtype=np.int32)
+
+    def line_ids(body: str) -> list[int]:
+      ids = [index.get(c, unk) for c in body]
+      if -1 in ids:
+        raise DataError(f"{self.corpus}: {body[ids.index(-1)]!r} is not in the vocabulary, "
+                        "which has no <unk> to map it to.")
+      return ids
+
+    return _encode_lines(line_ids, index[self.end], text, end_last_line)
 
   def decoder(self, vocab: Sequence[str]) -> SymbolDecoder:
     """A decoder joining the characters (``<unk>`` as U+FFFD)."""
@@ -409,7 +405,7 @@ class SubwordDecoder:
     return "".join(out)
 
 
-def _subword_encode(line_ids, end_id: int, text: str, end_last_line: bool) -> np.ndarray:
+def _encode_lines(line_ids, end_id: int, text: str, end_last_line: bool) -> np.ndarray:
   """The ids of each line of ``text`` (``line_ids(str) -> list``), each ended by
   ``end_id`` (not a last line without a line break if not ``end_last_line``)."""
   ids: list[int] = []
@@ -476,7 +472,7 @@ class SentencePieceTokenizer:
     """int32 [N]: each line's pieces, then ``</s>`` (see :class:`LineTokenizer`
     for ``end_last_line``); ``vocab`` is the model's and not consulted."""
     del vocab
-    return _subword_encode(self.line_ids, self.end_id, text, end_last_line)
+    return _encode_lines(self.line_ids, self.end_id, text, end_last_line)
 
   def decoder(self, vocab: Sequence[str]) -> SubwordDecoder:
     """A fresh incremental decoder (:class:`SubwordDecoder`)."""
@@ -537,7 +533,7 @@ class HuggingFaceTokenizer:
   def encode(self, text: str, vocab: Sequence[str], end_last_line: bool = True) -> np.ndarray:
     """int32 [N]: each line's tokens, then the line-break token."""
     del vocab
-    return _subword_encode(self.line_ids, self.end_id, text, end_last_line)
+    return _encode_lines(self.line_ids, self.end_id, text, end_last_line)
 
   def decoder(self, vocab: Sequence[str]) -> SubwordDecoder:
     """A fresh incremental decoder (:class:`SubwordDecoder`)."""
