@@ -969,3 +969,55 @@ def test_which_checkpoint_a_resumed_run_counts_as_good(tmp_path, recorded, resto
     v.write()
     assert json.loads((tmp_path / checkpointing.VERIFIED_FILE).read_text()) == {
         "step": restored}
+
+
+def test_listing_checkpoints_while_the_rotation_removes_some(tmp_path):
+  """Orbax lists the step directories, then reads each one's metadata (or
+  its modification time): a step that a training's rotation removes in
+  between raised FileNotFoundError out of a reader (``--mode=score`` beside
+  a training: "[Errno 2] ... checkpoints/44"; here, without the retry, dozens
+  of listings failed).  A thread saves and rotates as fast as it can
+  while readers are made and reloaded for 8 s: no listing may fail."""
+  import threading
+  import orbax.checkpoint as ocp
+  writer = checkpointing.make_manager(str(tmp_path))
+  directory = tmp_path / "checkpoints"
+
+  def save(step):
+    writer.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave({"a": jnp.ones(3)}), iterator=ocp.args.JsonSave({}),
+        integrity=ocp.args.JsonSave({"format": 0})))
+
+  for step in range(3):
+    save(step)
+  stop, failures = threading.Event(), []
+
+  def rotate():
+    step = 3
+    while not stop.is_set():
+      save(step)
+      old = directory / str(step - 2)
+      old.rename(directory / f"{step - 2}.orbax-checkpoint-tmp-deleted")  # as prune does
+      shutil.rmtree(directory / f"{step - 2}.orbax-checkpoint-tmp-deleted")
+      writer.reload()
+      step += 1
+
+  thread = threading.Thread(target=rotate, daemon=True)
+  thread.start()
+  listings, end = 0, time.monotonic() + 8
+  try:
+    while time.monotonic() < end:
+      try:
+        reader = checkpointing.make_manager(str(tmp_path), create=False)
+        for _ in range(3):
+          checkpointing.reload(reader)
+        assert len(reader.all_steps()) >= 1
+        reader.close()
+        listings += 1
+      except OSError as err:
+        failures.append(repr(err))
+  finally:
+    stop.set()
+    thread.join()
+    writer.close()
+  assert listings > 5 and not failures, failures[:3]

@@ -86,8 +86,35 @@ def make_manager(workdir: str, create: bool = True) -> ocp.CheckpointManager:
   # in the calling thread.
   options = ocp.CheckpointManagerOptions(max_to_keep=None, create=create,
                                          enable_async_checkpointing=False)
-  return ocp.CheckpointManager(checkpoint_dir(workdir), options=options,
-                               item_names=("state", "iterator", "integrity"))
+  return _listing(lambda: ocp.CheckpointManager(checkpoint_dir(workdir), options=options,
+                                                item_names=("state", "iterator", "integrity")))
+
+
+_LISTING_TRIES = 20  # of listing a checkpoint directory while a training rotates it
+
+
+def _listing(list_steps: Callable[[], Any]) -> Any:
+  """``list_steps()`` (orbax listing the checkpoints: a manager's creation or
+  ``reload``), again if a step vanished meanwhile.
+
+  Orbax lists the step directories, then reads each one's metadata and
+  modification time; a checkpoint that a training's rotation (:func:`prune`)
+  removes in between raises FileNotFoundError (or NotADirectoryError), which
+  says nothing about the checkpoints that remain: list again (up to
+  :data:`_LISTING_TRIES` times, 50 ms apart).
+  """
+  for attempt in range(_LISTING_TRIES):
+    try:
+      return list_steps()
+    except (FileNotFoundError, NotADirectoryError):
+      if attempt == _LISTING_TRIES - 1:
+        raise
+      time.sleep(0.05)
+
+
+def reload(manager: ocp.CheckpointManager) -> None:
+  """``manager.reload()`` that tolerates a training's rotation (:func:`_listing`)."""
+  _listing(manager.reload)
 
 
 def _shape_dtype(tree: Any) -> dict[str, list]:
@@ -483,7 +510,7 @@ def restore_latest(manager: ocp.CheckpointManager,
       except CheckpointError as err:
         reason = str(err)
       if distributed.any_process(reason is not None):
-        manager.reload()
+        reload(manager)
         if distributed.any_process(step not in manager.all_steps()):
           log(f"Checkpoint {path} was removed while it was read (the rotation of a training "
               "running in this workdir); trying the next one.")
@@ -497,7 +524,7 @@ def restore_latest(manager: ocp.CheckpointManager,
             "checked for finite values only.")
       restored.rejected = rejected
       return restored
-    manager.reload()
+    reload(manager)
   if rejected:
     raise CheckpointError(
         f"No usable checkpoint in {manager.directory}: "
