@@ -12,6 +12,7 @@ TensorBoard writer needs TensorFlow at run time, which training does not
 from __future__ import annotations
 
 import json
+import os
 from typing import Any, Mapping
 
 import jax
@@ -51,6 +52,16 @@ def corpus_level(loss_nats: float, tokens: int, corpus: Any, split: str) -> dict
   if corpus.documents:
     out["documents"] = int(corpus.documents[split].num_sentences)
   return out
+
+
+def _summary_writer_class():
+  """tensorboardX's SummaryWriter, imported without its one process-wide change:
+  its import sets ``os.environ["CRC32C_SW_MODE"]`` when unset (removed again)."""
+  unset = "CRC32C_SW_MODE" not in os.environ
+  from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+  if unset:
+    os.environ.pop("CRC32C_SW_MODE", None)
+  return SummaryWriter
 
 
 def metric_value(loss_nats: float, unit: str) -> float:
@@ -162,7 +173,7 @@ class MetricWriter:
   def __init__(self, workdir: str, start_step: int = 0, log=print):
     self._writer = self._jsonl = None
     if jax.process_index() == 0:
-      from tensorboardX import SummaryWriter
+      SummaryWriter = _summary_writer_class()  # pylint: disable=invalid-name
       path = epath.Path(workdir) / "metrics.jsonl"
       if path.exists():
         text = path.read_text()
