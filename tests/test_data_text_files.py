@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from transformer_xl import data
-from transformer_xl.data import text_files, tokenizers
+from transformer_xl.data import text_files, text_vocab, tokenizers
 from transformer_xl.data.text_settings import TextSettings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -520,13 +520,13 @@ def test_a_corpus_that_tokenises_differently_from_the_run_is_refused(tmp_path):
   corpus = load()
   workdir = tmp_path / "run"
   workdir.mkdir()
-  text_files.save_tokenizer(corpus, workdir)
-  text_files.check_saved_tokenizer(corpus, workdir)  # the same: fine
-  saved = text_files.load_saved_tokenizer(workdir)
+  text_vocab.save_tokenizer(corpus, workdir)
+  text_vocab.check_saved_tokenizer(corpus, workdir)  # the same: fine
+  saved = text_vocab.load_saved_tokenizer(workdir)
   assert list(saved.vocab) == list(corpus.vocab)
   np.testing.assert_array_equal(saved.encode("The cat sat.\n"), corpus.encode("The cat sat.\n"))
   (folder / "c.txt").write_text("one line only, now changed\n")  # valid/test: same vocabulary
-  text_files.check_saved_tokenizer(load(), workdir)
+  text_vocab.check_saved_tokenizer(load(), workdir)
   (folder / "a.txt").write_text("different training words\n")  # train: another vocabulary
   with pytest.raises(data.DataError, match="tokenises differently"):
-    text_files.check_saved_tokenizer(load(), workdir)
+    text_vocab.check_saved_tokenizer(load(), workdir)

@@ -94,14 +94,12 @@ _LISTING_TRIES = 20  # of listing a checkpoint directory while a training rotate
 
 
 def _listing(list_steps: Callable[[], Any]) -> Any:
-  """``list_steps()`` (orbax listing the checkpoints: a manager's creation or
-  ``reload``), again if a step vanished meanwhile.
+  """``list_steps()`` (a manager's creation or ``reload``), again if a step vanished.
 
-  Orbax lists the step directories, then reads each one's metadata and
-  modification time; a checkpoint that a training's rotation (:func:`prune`)
-  removes in between raises FileNotFoundError (or NotADirectoryError), which
-  says nothing about the checkpoints that remain: list again (up to
-  :data:`_LISTING_TRIES` times, 50 ms apart).
+  Orbax lists the step directories, then reads each one's metadata; one that
+  a training's rotation (:func:`prune`) removes in between raises
+  FileNotFoundError (or NotADirectoryError), which says nothing about the
+  rest: list again (up to :data:`_LISTING_TRIES` times, 50 ms apart).
   """
   for attempt in range(_LISTING_TRIES):
     try:

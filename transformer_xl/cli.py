@@ -34,6 +34,7 @@ from transformer_xl import (data, default_config, distributed, evaluate, generat
                             language_model, metrics, process_settings, sharding, train,
                             user_errors)
 from transformer_xl import workdir as wd
+from transformer_xl.data import text_vocab
 
 MODES = ("train", "eval", "score", "generate")
 
@@ -113,8 +114,7 @@ def _run_mode(r: Request, config: ml_collections.ConfigDict, tokens: Optional[np
     corpus = distributed.process_0_first(
         lambda: data.load_configured(data_cfg), (data.DataError,))
     if corpus.name == data.TEXT:  # a resumed or evaluated run: the ids it was trained with
-      from transformer_xl.data import text_files  # pylint: disable=import-outside-toplevel
-      text_files.check_saved_tokenizer(corpus, r.workdir)
+      text_vocab.check_saved_tokenizer(corpus, r.workdir)
   if corpus is not None:
     metrics.log(f"Corpus {corpus.name}: vocab {corpus.vocab_size:,}, " + ", ".join(
         f"{k} {v.num_tokens:,} tokens" for k, v in corpus.splits.items())

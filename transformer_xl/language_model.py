@@ -26,6 +26,7 @@ from jax.sharding import Mesh
 from transformer_xl import (data, default_config, distributed, evaluate, generate, models,
                             sharding)
 from transformer_xl import workdir as wd
+from transformer_xl.data import text_vocab
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,14 +252,14 @@ def load_corpus(config: ml_collections.ConfigDict, model_cfg: models.ModelConfig
 
   For one's own text (``data.dataset="text"`` or ``"tfds:..."``) whose
   files or prepared dataset are gone, the tokenizer saved in ``workdir``
-  (``text_files.TOKENIZER_FILE``, written by training) stands in: a
+  (``text_vocab.TOKENIZER_FILE``, written by training) stands in: a
   vocabulary-only corpus that encodes and decodes (generation, scoring
   text), with a note.
 
   Raises:
     data.DataError: the corpus cannot be loaded (and ``workdir`` has no
       saved tokenizer), tokenises differently from the run in ``workdir``
-      (``text_files.check_saved_tokenizer``), or its vocabulary size is not
+      (``text_vocab.check_saved_tokenizer``), or its vocabulary size is not
       the model's n_token.
   """
   data_cfg = config.data.to_dict()
@@ -268,8 +269,7 @@ def load_corpus(config: ml_collections.ConfigDict, model_cfg: models.ModelConfig
   except data.DataError as err:
     saved = None
     if workdir is not None and data_cfg["dataset"] not in data.CORPUS_NAMES:
-      from transformer_xl.data import text_files  # pylint: disable=import-outside-toplevel
-      saved = text_files.load_saved_tokenizer(workdir)
+      saved = text_vocab.load_saved_tokenizer(workdir)
     if saved is None:
       raise
     if jax.process_index() == 0:  # stderr: generated text owns stdout
@@ -278,8 +278,7 @@ def load_corpus(config: ml_collections.ConfigDict, model_cfg: models.ModelConfig
             file=sys.stderr, flush=True)
     corpus = saved
   if workdir is not None and corpus.name == data.TEXT:
-    from transformer_xl.data import text_files  # pylint: disable=import-outside-toplevel
-    text_files.check_saved_tokenizer(corpus, workdir)
+    text_vocab.check_saved_tokenizer(corpus, workdir)
   if corpus.vocab_size != model_cfg.n_token:
     raise data.DataError(f"the model has {model_cfg.n_token:,} tokens but corpus {corpus.name} "
                          f"has {corpus.vocab_size:,}: is data.dataset right?")

@@ -29,6 +29,7 @@ from transformer_xl import (checkpointing, data, default_config, distributed, ev
                             models, sharding, train_state)
 from transformer_xl import workdir as wd
 from transformer_xl.train_state import TrainState
+from transformer_xl.data import text_vocab
 
 Array = jax.Array
 
@@ -339,8 +340,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus:
   wd.save_config(workdir, config)
   wd.save_model_config(workdir, mcfg, corpus.unit, corpus.name)
   if corpus.name == data.TEXT and jax.process_index() == 0:  # generate/score without the files
-    from transformer_xl.data import text_files  # pylint: disable=import-outside-toplevel
-    text_files.save_tokenizer(corpus, workdir)
+    text_vocab.save_tokenizer(corpus, workdir)
 
   n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(state.params))
   paper = ""

@@ -28,7 +28,9 @@ Modules, one role each::
   enwik8_text8.py  builders of the byte/char corpora of one file
   ptb_wikitext.py  builders of the corpora of one text file per split
   lm1b.py          builder of One Billion Word
-  text_files.py    builder of one's own text files (data.dataset="text")
+  text_files.py    builder of one's own text files (data.dataset="text", "tfds:NAME")
+  text_vocab.py    their vocabularies and tokenizers; the workdir's tokenizer.json
+  text_settings.py their settings (checked without tfds)
   builders.py      corpus name -> builder
   checks.py        argument and state checks of the iterators
   iterators.py     TrainIterator, EvalIterator, SlidingWindowIterator,

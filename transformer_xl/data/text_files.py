@@ -52,7 +52,6 @@ without reading the files.
 """
 from __future__ import annotations
 
-import base64
 import codecs
 import collections
 import contextlib
@@ -60,12 +59,9 @@ import dataclasses
 import glob
 import gzip
 import hashlib
-import heapq
 import io
-import itertools
 import json
 import os
-import random
 import tempfile
 import zlib
 from pathlib import Path
@@ -75,7 +71,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 import tqdm
 
-from transformer_xl.data import tokenizers
+from transformer_xl.data import text_vocab, tokenizers
 from transformer_xl.data.corpus import Corpus, DataError
 from transformer_xl.data.text_settings import (PRETRAINED, TextSettings,  # noqa: F401 (re-exported)
                                                settings_problems)
@@ -344,200 +340,6 @@ class TfdsText:
         progress.update(1)
 
 
-# -- vocabularies ---------------------------------------------------------------------------------
-
-
-def _count_vocab(symbols: collections.Counter, end: str, unk: str, vocab_size: int,
-                 min_count: int, what: str) -> list[str]:
-  """The end symbol, the symbols by descending count (ties: first occurrence),
-  then ``unk`` unless already chosen; ``vocab_size`` (0 = no cap) counts all.
-
-  Raises:
-    DataError: ``vocab_size`` exceeds what the counted symbols allow.
-  """
-  symbols.pop(end, None)
-  kept = [s for s in sorted(symbols, key=symbols.__getitem__, reverse=True)
-          if symbols[s] >= min_count]
-  most = 1 + len(kept) + (unk not in kept)
-  if vocab_size > most:
-    raise DataError(f"data.vocab_size={vocab_size} is larger than the vocabulary the training "
-                    f"files allow: {most:,} (their {len(kept):,} distinct {what} seen at least "
-                    f"min_count={min_count} times, the end symbol and {unk}); use at most "
-                    f"{most}, or 0 for all.")
-  if vocab_size:
-    kept = kept[:vocab_size - 1]
-    if unk not in kept:
-      kept = kept[:vocab_size - 2] + [unk]
-  elif unk not in kept:
-    kept.append(unk)
-  return [end] + kept
-
-
-def sample_lines(lines: Iterator[str], max_bytes: int, seed: int = 0) -> list[str]:
-  """A uniform random sample of ``lines`` of at most ``max_bytes`` UTF-8 bytes, in order.
-
-  Every line gets a random key; the lines with the smallest keys are kept
-  while they fit (bottom-k sampling with a byte budget), so memory stays
-  under ``max_bytes`` whatever the number of lines, and the result is the
-  same for the same lines and ``seed``.  All lines when they fit.
-  """
-  rng = random.Random(seed)
-  heap: list[tuple[float, int, str]] = []  # (-key, position, line): the largest key on top
-  total = 0
-  for position, line in enumerate(lines):
-    key, size = rng.random(), len(line.encode("utf-8")) + 1
-    if size > max_bytes or (total + size > max_bytes and heap and -heap[0][0] < key):
-      continue
-    heapq.heappush(heap, (-key, position, line))
-    total += size
-    while total > max_bytes:
-      total -= len(heapq.heappop(heap)[2].encode("utf-8")) + 1
-  return [line for _, _, line in sorted(heap, key=lambda item: item[1])]
-
-
-def _train_sentencepiece(lines: Iterator[str], s: TextSettings, name: str) -> bytes:
-  """A SentencePiece model trained on a random sample of the training lines
-  (:func:`sample_lines`, ``data.spm_sample_mb``).
-
-  Raises:
-    DataError: the library refuses (e.g. a vocabulary larger than the text
-      allows; its message gives the largest possible).
-  """
-  import sentencepiece  # pylint: disable=import-outside-toplevel
-  model = io.BytesIO()
-  sentencepiece.set_random_generator_seed(0)
-  try:
-    sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(sample_lines((line for line in lines if line.strip()),
-                                            int(s.spm_sample_mb * 1e6))),
-        model_writer=model, vocab_size=s.vocab_size, model_type=s.spm_model_type,
-        byte_fallback=True, normalization_rule_name="identity", remove_extra_whitespaces=False,
-        split_digits=True, character_coverage=0.9995, max_sentence_length=1 << 16,
-        unk_id=0, bos_id=-1, eos_id=1, pad_id=-1, num_threads=os.cpu_count() or 1,
-        minloglevel=2)
-  except RuntimeError as err:
-    reason = str(err).split("] ", 1)[-1].strip().rstrip(".")
-    raise DataError(f"{name}: SentencePiece cannot be trained with data.vocab_size="
-                    f"{s.vocab_size} (data.spm_model_type={s.spm_model_type}): {reason}. "
-                    "Change data.vocab_size.") from None
-  return model.getvalue()
-
-
-def load_pretrained(path: str, name: str):
-  """A SentencePiece ``.model`` or Hugging Face ``tokenizer.json`` tokenizer.
-
-  Raises:
-    DataError: the file is missing or does not load as either.
-  """
-  p = Path(path).expanduser()
-  if not p.is_file():
-    raise DataError(f"data.tokenizer=pretrained:{path}: no such file; give a SentencePiece "
-                    ".model or a Hugging Face tokenizer.json.")
-  raw = p.read_bytes()
-  errors = []
-  try:
-    tok = tokenizers.HuggingFaceTokenizer(name, raw.decode("utf-8"))
-    _ = tok.tokenizer, tok.end_id
-    return tok
-  except (UnicodeDecodeError, Exception) as err:  # pylint: disable=broad-except
-    if isinstance(err, DataError):
-      raise
-    errors.append(f"as tokenizer.json: {str(err).splitlines()[0][:120]}")
-  try:
-    tok = tokenizers.SentencePieceTokenizer(name, raw)
-    _ = tok.processor
-    if tok.end_id < 0:
-      raise DataError(f"data.tokenizer=pretrained:{path}: the SentencePiece model has no </s> "
-                      "(eos_id is -1) to end lines with; train it with an eos id.")
-    return tok
-  except DataError:
-    raise
-  except Exception as err:  # pylint: disable=broad-except
-    errors.append(f"as SentencePiece: {str(err).splitlines()[0][:120]}")
-  raise DataError(f"data.tokenizer=pretrained:{path} does not load ({'; '.join(errors)}); "
-                  "give a SentencePiece .model or a Hugging Face tokenizer.json.")
-
-
-def tokenizer_from_metadata(md: Mapping, name: str):
-  """The tokenizer a prepared dataset stored (metadata ``"tokenizer"``)."""
-  t = md["tokenizer"]
-  kind = t["kind"]
-  if kind == "byte":
-    return tokenizers.ByteTokenizer()
-  if kind == "char":
-    return tokenizers.CharTokenizer(name)
-  if kind == "word":
-    return tokenizers.LineTokenizer(name, end=tokenizers.EOS, unk=tokenizers.UNK)
-  if kind == "sentencepiece":
-    return tokenizers.SentencePieceTokenizer(name, base64.b64decode(t["model"]))
-  if kind == "huggingface":
-    return tokenizers.HuggingFaceTokenizer(name, t["json"])
-  raise DataError(f"unknown stored tokenizer kind {kind!r}; delete the prepared dataset.")
-
-
-def tokenizer_record(tok) -> dict:
-  """What :func:`tokenizer_from_metadata` rebuilds ``tok`` from (JSON-serialisable)."""
-  if isinstance(tok, tokenizers.SentencePieceTokenizer):
-    return {"kind": "sentencepiece", "model": base64.b64encode(tok.model_proto).decode()}
-  if isinstance(tok, tokenizers.HuggingFaceTokenizer):
-    return {"kind": "huggingface", "json": tok.json}
-  kinds = {tokenizers.ByteTokenizer: "byte", tokenizers.CharTokenizer: "char",
-           tokenizers.LineTokenizer: "word"}
-  return {"kind": kinds[type(tok)]}
-
-
-TOKENIZER_FILE = "tokenizer.json"  # in a workdir: the text corpus's vocabulary and tokenizer
-
-
-def save_tokenizer(corpus: Corpus, workdir) -> None:
-  """Writes ``<workdir>/tokenizer.json`` (vocabulary, unit, boundary, tokenizer)
-  for a corpus of one's own text, so that generation and scoring work
-  without its files (:func:`load_saved_tokenizer`); nothing for other corpora."""
-  if corpus.name != "text" or corpus.tokenizer is None:
-    return
-  from etils import epath  # pylint: disable=import-outside-toplevel
-  record = {"unit": corpus.unit, "vocab": list(corpus.vocab),
-            "boundary_id": int(corpus.boundary_id),
-            "tokenizer": tokenizer_record(corpus.tokenizer)}
-  path = epath.Path(workdir) / TOKENIZER_FILE
-  tmp = path.parent / f".{path.name}.tmp"
-  tmp.write_text(json.dumps(record))
-  tmp.replace(path)
-
-
-def check_saved_tokenizer(corpus: Corpus, workdir) -> None:
-  """Checks that ``corpus`` tokenises as the run in ``workdir`` was trained
-  (its ``tokenizer.json``, if any): same vocabulary, ids and tokenizer.
-
-  Raises:
-    DataError: they differ (the files, a setting or this package's
-      tokenisation changed since the run was trained).
-  """
-  saved = load_saved_tokenizer(workdir)
-  if saved is None or corpus.name != "text":
-    return
-  if (list(saved.vocab) != list(corpus.vocab) or saved.boundary_id != corpus.boundary_id
-      or tokenizer_record(saved.tokenizer) != tokenizer_record(corpus.tokenizer)):
-    raise DataError(
-        f"the corpus now tokenises differently from the one the run in {workdir} was trained "
-        f"on (its {TOKENIZER_FILE}): the text files, a data setting or the tokenisation "
-        "changed. Give the run's files and settings (leave out --config to use its "
-        "config.json), or train in a new --workdir.")
-
-
-def load_saved_tokenizer(workdir) -> Corpus | None:
-  """A vocabulary-only :class:`Corpus` (no splits) from ``<workdir>/tokenizer.json``,
-  or None if the workdir has none: encodes and decodes as the training corpus did."""
-  from etils import epath  # pylint: disable=import-outside-toplevel
-  path = epath.Path(workdir) / TOKENIZER_FILE
-  if not path.exists():
-    return None
-  record = json.loads(path.read_text())
-  return Corpus(name="text", unit=record["unit"], vocab=tuple(record["vocab"]),
-                boundary_id=int(record["boundary_id"]), splits={},
-                tokenizer=tokenizer_from_metadata(record, "text"))
-
-
 # -- the builder ----------------------------------------------------------------------------------
 
 
@@ -551,48 +353,6 @@ def _batches(items: Iterator, size: int = 4096) -> Iterator[list]:
       batch = []
   if batch:
     yield batch
-
-
-def _line_encoder(unit: str, tok, vocab: Sequence[str], end: int):
-  """A function: lines (no line breaks) -> (int32 ids of all of them, each line
-  ended by ``end``; int64 tokens per line).  Vectorised where the tokenizer
-  allows: bytes and characters in numpy, subwords in the tokenizer's batch call."""
-  if unit == "byte":
-    def encode(lines):
-      ids = np.frombuffer(("\n".join(lines) + "\n").encode("utf-8"), np.uint8).astype(np.int32)
-      return ids, np.diff(np.flatnonzero(ids == 10), prepend=-1)
-    return encode
-  if unit == "char":
-    chars = [(ord(c), i) for i, c in enumerate(vocab) if len(c) == 1]
-    keys = np.asarray(sorted(chars), np.int64)  # [n, 2]: code point, id; sorted by code point
-    unk = list(vocab).index(tok.unk)
-
-    def encode(lines):
-      cp = np.frombuffer(("\n".join(lines) + "\n").encode("utf-32-le"), np.uint32)
-      pos = np.minimum(np.searchsorted(keys[:, 0], cp), len(keys) - 1)
-      ids = np.where(keys[pos, 0] == cp, keys[pos, 1], unk).astype(np.int32)
-      return ids, np.diff(np.flatnonzero(cp == 10), prepend=-1)
-    return encode
-  if unit == "word":
-    get, unk = {v: i for i, v in enumerate(vocab)}.get, list(vocab).index(tok.unk)
-
-    def encode(lines):
-      ids, counts = [], []
-      for line in lines:
-        words = line.split()
-        ids += [get(w, unk) for w in words]
-        ids.append(end)
-        counts.append(len(words) + 1)
-      return np.asarray(ids, np.int32), np.asarray(counts, np.int64)
-    return encode
-
-  def encode(lines):  # subwords: one batch call of the library
-    pieces = tok.batch_line_ids(lines)
-    counts = np.fromiter((len(p) + 1 for p in pieces), np.int64, len(pieces))
-    ids = np.fromiter(itertools.chain.from_iterable(p + [end] for p in pieces), np.int32,
-                      int(counts.sum()))
-    return ids, counts
-  return encode
 
 
 class _Int32File:
@@ -682,13 +442,13 @@ class TxlText(TokenStreamBuilder, skip_registration=True):
                        "word")}
     if s.tokenizer in simple:
       tok, unit = simple[s.tokenizer]
-      return tok, unit, tokenizer_record(tok)
+      return tok, unit, text_vocab.tokenizer_record(tok)
     if s.tokenizer == "sentencepiece":
-      tok = tokenizers.SentencePieceTokenizer(name, _train_sentencepiece(self._lines("train"), s,
+      tok = tokenizers.SentencePieceTokenizer(name, text_vocab.train_sentencepiece(self._lines("train"), s,
                                                                          name))
-      return tok, "subword", tokenizer_record(tok)
-    tok = load_pretrained(s.tokenizer[len(PRETRAINED):], name)
-    return tok, "subword", tokenizer_record(tok)
+      return tok, "subword", text_vocab.tokenizer_record(tok)
+    tok = text_vocab.load_pretrained(s.tokenizer[len(PRETRAINED):], name)
+    return tok, "subword", text_vocab.tokenizer_record(tok)
 
   def _plan(self, found, verify):
     del found, verify
@@ -703,7 +463,7 @@ class TxlText(TokenStreamBuilder, skip_registration=True):
         counter.update(text.split() if unit == "word" else text)
         progress.update(len(batch))
       progress.close()
-      vocab = _count_vocab(counter, tok.end, tok.unk, s.vocab_size, s.min_count,
+      vocab = text_vocab.count_vocab(counter, tok.end, tok.unk, s.vocab_size, s.min_count,
                            "words" if unit == "word" else "characters")
       end = 0
     else:
@@ -712,7 +472,7 @@ class TxlText(TokenStreamBuilder, skip_registration=True):
       if s.tokenizer.startswith(PRETRAINED) and s.vocab_size and s.vocab_size != len(vocab):
         raise DataError(f"data.vocab_size={s.vocab_size} but the pretrained tokenizer has "
                         f"{len(vocab):,} tokens; set data.vocab_size=0.")
-    self._encode_lines = _line_encoder(unit, tok, vocab, end)
+    self._encode_lines = text_vocab.line_encoder(unit, tok, vocab, end)
     self._stats = {"num_bytes": {}, "num_documents": {}, "num_tokens": {}, "files": {}}
     self._lengths = {split: _Int32File(self._tmp, split + DOCUMENT_LENGTHS) for split in SPLITS}
     streams = {}
@@ -799,7 +559,7 @@ class TxlText(TokenStreamBuilder, skip_registration=True):
                           name=f"text/{split}{DOCUMENT_LENGTHS}", path=path),
             md["num_tokens"][split], name=f"text/{split}")
         for split in SPLITS}
-    return dataclasses.replace(corpus, tokenizer=tokenizer_from_metadata(md, "text"),
+    return dataclasses.replace(corpus, tokenizer=text_vocab.tokenizer_from_metadata(md, "text"),
                                documents=documents, num_bytes=dict(md["num_bytes"]))
 
 
