@@ -271,3 +271,29 @@ def test_fit_search_order_and_verdicts():
   assert verdict == "DOES NOT FIT" and "remat=full, attn_block=16: 17.00 GiB" in text
   assert fit.verdict_text({"verdict": "DOES NOT FIT", "as_configured": configured}, 0.1)[1] \
       .startswith("not searched")
+
+
+# ---------------------------------------------------------------------------
+# attention_kernel.py
+# ---------------------------------------------------------------------------
+
+def test_attention_kernel_smoke_writes_both_paths(tmp_path):
+  """The kernel benchmark at --smoke sizes (interpret mode on CPU): both
+  implementations timed for every length and the training step, a table
+  and the JSON; no speed is checked."""
+  out_json = tmp_path / "kernel.json"
+  proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "attention_kernel.py"),
+                         "--smoke", "--train_configs=enwik8_12l", f"--json={out_json}"],
+                        capture_output=True, text=True, cwd=REPO, timeout=900)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "| T | K | fwd ms xla | fwd ms pallas |" in proc.stdout
+  res = json.loads(out_json.read_text())
+  assert [r["T"] for r in res["attention"]] == [8, 16]
+  for r in res["attention"]:
+    assert r["K"] == 2 * r["T"]
+    for impl in ("xla", "pallas"):
+      assert r[impl]["fwd_ms"] > 0 and r[impl]["fwd_bwd_ms"] > 0
+  (train,) = res["train"]
+  assert train["config"] == "enwik8_12l"
+  assert train["xla"]["tokens_per_sec"] > 0 and train["pallas"]["tokens_per_sec"] > 0
+  assert train["xla"]["mfu"] is None  # no peak FLOP/s known for a CPU

@@ -22,6 +22,7 @@ are run with memory starting empty.
 """
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import jax
@@ -156,9 +157,29 @@ def converted(case: str, seed: int = 0):
   return hp, cfg, model, params
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_nll_and_memories_match_huggingface(case):
+# The fused kernel (model.attention_impl="pallas", interpret mode on CPU) must
+# pass the same parity tests; one case of each in the fast tier.
+IMPLS = ["xla", "pallas"]
+FAST_PALLAS = ("same_length_clamp", "pre_lnorm")
+
+
+def _impl_cases(cases, fast_pallas=FAST_PALLAS):
+  """(case, impl) for every case and implementation; the pallas ones slow
+  unless in ``fast_pallas``, the xla ones as ``cases`` marks them."""
+  out = []
+  for case in cases:
+    marks = case.marks if hasattr(case, "marks") else ()
+    name = case.values[0] if hasattr(case, "values") else case
+    out.append(pytest.param(name, "xla", marks=marks))
+    out.append(pytest.param(name, "pallas",
+                            marks=() if name in fast_pallas else pytest.mark.slow))
+  return out
+
+
+@pytest.mark.parametrize("case,impl", _impl_cases(list(CASES)))
+def test_nll_and_memories_match_huggingface(case, impl):
   hp, cfg, model, params = converted(case)
+  cfg = dataclasses.replace(cfg, attention_impl=impl)
   tokens = random_tokens(hp["n_token"], N_SEG * hp["tgt_len"] + 1, seed=1)
   ours, our_mems = our_segments(params, cfg, tokens, hp["tgt_len"])
   ref, ref_mems = hf_segments(model, hp, tokens, hp["tgt_len"])
@@ -174,14 +195,15 @@ def _rel_err(a: np.ndarray, b: np.ndarray) -> float:
   return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-@pytest.mark.parametrize("case", [
+@pytest.mark.parametrize("case,impl", _impl_cases([
     pytest.param("adaptive_div4_tied", marks=pytest.mark.slow),
     pytest.param("adaptive_div1_untied", marks=pytest.mark.slow), "pre_lnorm",
-    pytest.param("untie_r", marks=pytest.mark.slow)])
-def test_training_step_loss_and_gradients_match_huggingface(case):
+    pytest.param("untie_r", marks=pytest.mark.slow)]))
+def test_training_step_loss_and_gradients_match_huggingface(case, impl):
   """Loss (mean NLL of a segment that attends to the previous one's memory)
   and the gradient of every parameter, to 1e-5 relative."""
   hp, cfg, model, params = converted(case, seed=2)
+  cfg = dataclasses.replace(cfg, attention_impl=impl)
   t = hp["tgt_len"]
   tokens = random_tokens(hp["n_token"], 2 * t + 1, seed=3)
   x1, x2, y2 = tokens[:, :t], tokens[:, t:2 * t], tokens[:, t + 1:2 * t + 1]

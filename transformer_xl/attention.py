@@ -36,6 +36,8 @@ a variant is its parameters, its positional scheme and its score function.
 """
 from __future__ import annotations
 
+import functools
+import logging
 from typing import Any, Callable, ClassVar, Mapping
 
 import flax.linen as nn
@@ -43,9 +45,11 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from transformer_xl.attention_ops import (MASK_VALUE, Kernel, absolute_positions, attend,
-                                          content_scores, kv_rows, normal_init, position_scores,
-                                          position_table, qkv, rel_shift, sinusoid_pos_emb)
+from transformer_xl import pallas_attention
+from transformer_xl.attention_ops import (MASK_VALUE, Kernel, MaskParts, absolute_positions,
+                                          attend, content_scores, kv_rows, normal_init,
+                                          output_projection, position_scores, position_table,
+                                          qkv, rel_shift, sinusoid_pos_emb)
 
 Array = jax.Array
 Dtype = Any
@@ -128,6 +132,14 @@ class _Attention(nn.Module):
     return mem_BxMxD, h_BxTxD, pos
 
 
+@functools.cache
+def _log_dropatt_fallback() -> None:
+  """Once per process: the kernel has no dropatt, training uses the XLA path."""
+  logging.warning("model.attention_impl='pallas' has no dropatt: training steps with "
+                  "model.dropatt > 0 use the XLA attention (evaluation, scoring and "
+                  "generation use the kernel).")
+
+
 def _uv_biases(module: nn.Module, cfg: Any) -> tuple[Array, Array]:
   """u and v of Sec. 3.3 (reference ``r_w_bias``, ``r_r_bias``), [n_head,
   d_head], created in ``module``'s scope."""
@@ -149,7 +161,13 @@ class RelPartialLearnableAttention(_Attention):
   as :class:`_Attention`.
   """
 
+  same_length: bool = False
+
   PAPER: ClassVar[str] = "Transformer-XL"
+
+  @classmethod
+  def own_attributes(cls, cfg):
+    return {"same_length": cfg.same_length}
 
   @classmethod
   def model_params(cls, model, cfg):
@@ -190,6 +208,7 @@ class RelPartialLearnableAttention(_Attention):
     """
     pos_emb_KxD, r_w_bias_HxDh, r_r_bias_HxDh = pos
     q_BxTxHxDh, k_BxKxHxDh, v_BxKxHxDh = qkv(self, mem_in_BxMxD, seg_in_BxTxD)
+    t, klen = q_BxTxHxDh.shape[1], k_BxKxHxDh.shape[1]
     r_KxHxDh = nn.DenseGeneral(
         (self.n_head, self.d_head), use_bias=False, dtype=self.dtype,
         param_dtype=self.param_dtype,
@@ -199,6 +218,15 @@ class RelPartialLearnableAttention(_Attention):
 
     u = r_w_bias_HxDh.astype(self.dtype)
     v = r_r_bias_HxDh.astype(self.dtype)
+
+    if isinstance(mask_Bx1xTxK, MaskParts):  # model.attention_impl="pallas"
+      if self.dropatt == 0 or self.deterministic:
+        vec_BxTxHxDh = pallas_attention.rel_attention(
+            q_BxTxHxDh, k_BxKxHxDh, v_BxKxHxDh, r_KxHxDh, u, v, mask_Bx1xTxK.mlen_B,
+            mask_Bx1xTxK.doc_pos_BxT, mem_len=klen - t, same_length=self.same_length)
+        return output_projection(self, vec_BxTxHxDh)
+      _log_dropatt_fallback()
+      mask_Bx1xTxK = mask_Bx1xTxK.dense(t, klen - t, self.same_length)
 
     def score(q_BxQxHxDh, k_BxJxHxDh, pos):
       (r_JxHxDh,) = pos  # distances J-1..0 of this block's keys

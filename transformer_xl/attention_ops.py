@@ -29,7 +29,7 @@ the scores (``tuning.REMAT_POLICIES``).
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import flax.linen as nn
 import jax
@@ -140,6 +140,23 @@ def attention_mask(tgt_len: int, mem_len: int, mlen_B: Array, same_length: bool,
   if doc_pos_BxT is not None:  # keys of the query's own document only
     mask_Bx1xTxK &= (dist_TxK[None, :, :] <= doc_pos_BxT[:, :, None])[:, None]
   return mask_Bx1xTxK
+
+
+class MaskParts(NamedTuple):
+  """What :func:`attention_mask` is computed from, for the fused kernel
+  (``pallas_attention``), which forms the mask in-kernel; the layers get
+  this instead of the dense mask with ``model.attention_impl="pallas"``.
+
+  Attributes:
+    mlen_B: int32 [B], valid memory slots per row.
+    doc_pos_BxT: optional int [B, T], offsets in the documents.
+  """
+  mlen_B: Array
+  doc_pos_BxT: Optional[Array] = None
+
+  def dense(self, tgt_len: int, mem_len: int, same_length: bool) -> Array:
+    """The same mask as :func:`attention_mask`: bool [B, 1, T, M + T]."""
+    return attention_mask(tgt_len, mem_len, self.mlen_B, same_length, self.doc_pos_BxT)
 
 
 def query_blocks(tgt_len: int, klen: int, block_size: int) -> list[tuple[int, int, int]]:
@@ -257,11 +274,17 @@ def attend(mod: nn.Module, score_fn: Callable, q_BxTxHxDh: Array, k_BxKxHxDh: Ar
     vecs.append(fn(q_BxTxHxDh[:, i0:i1], k_BxKxHxDh[:, :j1], v_BxKxHxDh[:, :j1],
                    tuple(p[k - j1:] for p in pos), mask_1xBxTxK[:, :, i0:i1, :j1], rng))
   vec_HxBxTxDh = vecs[0] if len(vecs) == 1 else jnp.concatenate(vecs, axis=2)
+  return output_projection(mod, jnp.transpose(vec_HxBxTxDh, (1, 2, 0, 3)))
+
+
+def output_projection(mod: nn.Module, vec_BxTxHxDh: Array) -> Array:
+  """``o_net`` (no bias) over the attention vectors: [B, T, d_model] in
+  ``mod.dtype``, tagged "attn_out"; the param is ``mod``'s "o_net"."""
   out_BxTxD = nn.DenseGeneral(
       mod.d_model, axis=(-2, -1), use_bias=False, dtype=mod.dtype,
       param_dtype=mod.param_dtype,
       kernel_init=normal_init(mod.init_std, "heads", "kv", "embed"),
-      parent=mod, name="o_net")(jnp.transpose(vec_HxBxTxDh, (1, 2, 0, 3)))
+      parent=mod, name="o_net")(vec_BxTxHxDh)
   return checkpoint_name(out_BxTxD, "attn_out")
 
 

@@ -27,6 +27,7 @@ from transformer_xl import adaptive, attention, data, sharding, tuning
 from transformer_xl.data import text_settings
 
 DTYPES = ("float32", "bfloat16")  # model.dtype
+ATTENTION_IMPLS = ("xla", "pallas")  # model.attention_impl
 NONFINITE_POLICIES = ("stop", "skip")  # train.nonfinite
 
 
@@ -89,6 +90,13 @@ class ModelConfig:
       [B, H, T, K] computation at once); the result is the same, the
       temporaries O(attn_block x K) (attention_ops.attend).  -1 (the default)
       = chosen per backend and use by ``tuning.attn_block_size``.
+    attention_impl: how attn_type 0's attention is computed: "xla" (scores
+      and probabilities as [B, H, T, K] tensors, blockwise per
+      ``attn_block``) or "pallas" (the fused kernel of
+      ``pallas_attention``: no [B, H, T, K] tensor; Mosaic on TPU, Triton
+      on GPU, interpret mode elsewhere (exact, slow)).  The same results;
+      a free setting (a workdir trained with one evaluates with the
+      other).  Training steps with dropatt > 0 use "xla" (logged once).
     scan_unroll: layers per iteration of the ``nn.scan`` loop over layers
       (1 = one layer per iteration; n_layer or more = fully unrolled); the
       parameters and results are the same.  -1 (the default) = chosen per
@@ -138,6 +146,7 @@ class ModelConfig:
   attn_type: int = 0
   max_klen: int = 0
   attn_block: int = -1
+  attention_impl: str = "xla"
   scan_unroll: int = -1
   init_std: float = 0.02
   dtype: str = "float32"
@@ -230,6 +239,13 @@ def config_problems(fields: Mapping[str, Any]) -> list[str]:
   if f["attn_block"] < -1:
     problems.append(f"model.attn_block={f['attn_block']} must be >= -1 (-1 = chosen per "
                     "backend, 0 = no blocks, N = queries per block).")
+  if f["attention_impl"] not in ATTENTION_IMPLS:
+    problems.append(f"model.attention_impl={f['attention_impl']!r}: use one of "
+                    f"{ATTENTION_IMPLS}.")
+  elif f["attention_impl"] == "pallas" and f["attn_type"] != 0:
+    problems.append(f"model.attention_impl='pallas' is the kernel of attn_type 0 "
+                    f"(Transformer-XL); model.attn_type={f['attn_type']} needs "
+                    "model.attention_impl='xla'.")
   if f["scan_unroll"] < -1 or f["scan_unroll"] == 0:
     problems.append(f"model.scan_unroll={f['scan_unroll']} must be -1 (chosen per backend) or "
                     ">= 1 (layers per iteration of the loop over layers).")

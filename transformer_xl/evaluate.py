@@ -102,7 +102,8 @@ def make_eval_step(model: models.TransformerXL, mesh: Mesh) -> Callable:
                        deterministic=True, reset_B=batch["reset"],
                        doc_pos_BxT=batch.get("doc_pos"))
 
-  return jax.jit(eval_step, in_shardings=(None, mem_sharding, batch_shardings),
+  return jax.jit(sharding.traced_with_mesh(eval_step, mesh),
+                 in_shardings=(None, mem_sharding, batch_shardings),
                  out_shardings=(sharding.replicated(mesh), mem_sharding), donate_argnums=(1,))
 
 
@@ -132,7 +133,8 @@ def make_window_step(model: models.TransformerXL, mesh: Mesh, stride: int) -> Ca
     window = batch["inputs"].shape[1]
     return jnp.pad(nll_BxS, ((0, 0), (window - stride, 0)))
 
-  return jax.jit(window_step, in_shardings=(None, batch_shardings),
+  return jax.jit(sharding.traced_with_mesh(window_step, mesh),
+                 in_shardings=(None, batch_shardings),
                  out_shardings=sharding.replicated(mesh))
 
 

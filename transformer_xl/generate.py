@@ -178,7 +178,8 @@ class Generator:
     self.model = models.TransformerXL(model_cfg)
     self._replicated = sharding.replicated(mesh)
     rep = self._replicated
-    jit = lambda fn: jax.jit(fn, in_shardings=(None,) + (rep,) * 7,
+    jit = lambda fn: jax.jit(sharding.traced_with_mesh(fn, mesh),
+                             in_shardings=(None,) + (rep,) * 7,
                              out_shardings=(rep, rep, rep), donate_argnums=(1,))
     self.segment_step = jit(self._step)  # tokens [B, tgt_len]
     self.token_step = jit(lambda params, memory, tokens_B, *rest: self._step(

@@ -122,7 +122,9 @@ class DecoderLayer(nn.Module):
       mem_BxMxD: this layer's memory (its inputs at the previous M positions).
       pos: the variant's position terms, the same for every layer
         (``variant.model_inputs``; e.g. attn_type 0's R, u and v).
-      mask_Bx1xTxK: attention mask (attention_ops.attention_mask).
+      mask_Bx1xTxK: attention mask (attention_ops.attention_mask), or with
+        ``attention_impl="pallas"`` the ``attention_ops.MaskParts`` it is
+        made from.
       deterministic: disables dropout (static).
 
     Returns:
@@ -295,11 +297,12 @@ class TransformerXL(nn.Module):
         cfg, self.shared_pos, emb_BxTxD, mems_LxBxMxD,
         dropout=lambda x: self.drop(x, deterministic=deterministic))
     h_BxTxD = self.drop(emb_BxTxD, deterministic=deterministic)
-    mask_Bx1xTxK = attention_ops.attention_mask(tgt_len, mem_len, memory.mlen_B, cfg.same_length,
-                                                doc_pos_BxT)
+    mask = attention_ops.MaskParts(memory.mlen_B, doc_pos_BxT)
+    if cfg.attention_impl == "xla" or self.record_attention:  # the fused kernel masks in-kernel
+      mask = mask.dense(tgt_len, mem_len, cfg.same_length)
 
     h_BxTxD, new_mems_LxBxMxD = self.layers(                      # read (scanned in),
-        h_BxTxD, mems_LxBxMxD, pos, mask_Bx1xTxK, deterministic)  # new memory (out)
+        h_BxTxD, mems_LxBxMxD, pos, mask, deterministic)          # new memory (out)
     new_memory = Memory(                                          # return
         mems_LxBxMxD=new_mems_LxBxMxD,
         mlen_B=advance_mlen(memory.mlen_B, mem_len, tgt_len, cfg.ext_len))

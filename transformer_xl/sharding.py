@@ -13,7 +13,8 @@ and those that do not divide a dimension, are dropped (replicated).
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+import functools
+from typing import Any, Callable, Sequence
 
 import flax.linen as nn
 import jax
@@ -141,3 +142,19 @@ def rows_sharding(mesh: Mesh) -> NamedSharding:
 def replicated(mesh: Mesh) -> NamedSharding:
   """Scalars and small state: a full copy on every device."""
   return NamedSharding(mesh, P())
+
+
+def traced_with_mesh(fn: Callable, mesh: Mesh) -> Callable:
+  """``fn`` traced with ``mesh`` as the context (abstract) mesh.
+
+  For what XLA cannot partition by itself: the fused attention kernel
+  (``pallas_attention.rel_attention``) reads the context mesh and runs as
+  a ``shard_map`` over the batch and head axes.  Wrap a step function with
+  this before ``jax.jit``; with no context mesh the kernel assumes one
+  device.
+  """
+  @functools.wraps(fn)
+  def wrapped(*args, **kwargs):
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      return fn(*args, **kwargs)
+  return wrapped

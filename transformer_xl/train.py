@@ -136,7 +136,8 @@ def make_train_step(model: models.TransformerXL, tx, mesh: Mesh, state_shardings
         memory=jax.tree_util.tree_map(keep, new_memory, state.memory))
     return new_state, {"loss": loss, "grad_norm": grad_norm, "finite": finite}
 
-  return jax.jit(train_step, in_shardings=(state_shardings, batch_shardings),
+  return jax.jit(sharding.traced_with_mesh(train_step, mesh),
+                 in_shardings=(state_shardings, batch_shardings),
                  out_shardings=(state_shardings, sharding.replicated(mesh)),
                  donate_argnums=(0,))
 

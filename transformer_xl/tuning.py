@@ -1,6 +1,6 @@
 """How the same model is computed: speed and memory trade-offs, never its numbers.
 
-Three settings of ``config.model`` change how a step is computed but not
+Four settings of ``config.model`` change how a step is computed but not
 what it computes (the same parameters and outputs, to float32 rounding), so
 a checkpoint may be used with other values of them (:data:`FREE_MODEL_KEYS`):
 
@@ -9,7 +9,9 @@ a checkpoint may be used with other values of them (:data:`FREE_MODEL_KEYS`):
   attn_block   queries per block of the blockwise attention
                (:func:`attn_block_size`; ``attention_ops.query_blocks``);
   scan_unroll  layers per iteration of the ``nn.scan`` loop over layers
-               (:func:`scan_unroll_layers`).
+               (:func:`scan_unroll_layers`);
+  attention_impl  "xla" or "pallas", the fused kernel of attn_type 0
+               (``pallas_attention``).
 
 ``attn_block`` and ``scan_unroll`` default to -1, "chosen per backend",
 resolved here.  The CPU choices were measured with
@@ -36,7 +38,7 @@ REMAT_POLICIES = {
 }
 
 # Model fields that may differ between a checkpoint and the run that loads it.
-FREE_MODEL_KEYS = ("remat", "attn_block", "scan_unroll")
+FREE_MODEL_KEYS = ("remat", "attn_block", "scan_unroll", "attention_impl")
 
 # What attn_block -1 means when training on CPU: blocks of 64 queries were the
 # fastest of 0 (none), 32 and 64 in training; evaluation was faster without blocks.
