@@ -110,6 +110,7 @@ MODEL_CASES = [
     pytest.param(dict(pre_lnorm=True, untie_r=True), "full", False, marks=SLOW),
     pytest.param(dict(), "partial", True, marks=SLOW),  # documents
     pytest.param(dict(dtype="bfloat16", same_length=True), "partial", False, marks=SLOW),
+    pytest.param(dict(remat="full", scan_unroll=1), "partial", False, marks=SLOW),
 ]
 
 
@@ -230,6 +231,7 @@ def test_train_and_eval_steps_lower_for_accelerators(platform, custom_call):
     assert [n for n in names if n in text] == kernels[step], step
 
 
+@pytest.mark.slow
 def test_sharded_training_with_the_kernel_equals_xla_on_one_device():
   """Two train steps over a (data 4, model 2) mesh, the kernel as a
   shard_map in interpret mode, documents on: the XLA path's losses and
@@ -273,6 +275,11 @@ def test_command_line_trains_evaluates_scores_and_generates_with_the_kernel(tmp_
   from tests.test_train import run_main, small_args, write_ptb_sample  # noqa: PLC0415
   manual = write_ptb_sample(tmp_path / "ptb", n_lines=(300, 40, 40))
   workdir = tmp_path / "wd"
+  r = run_main(small_args(tmp_path, workdir, manual, "--config.model.attention_impl=pallas",
+                          "--config.model.attn_type=2"))
+  assert r.returncode == 1 and "Traceback" not in r.stderr
+  assert "model.attn_type=2 needs model.attention_impl='xla'" in r.stderr
+  assert not workdir.exists()
   tiny = ["--config.model.n_layer=2", "--config.model.d_model=32", "--config.model.n_head=2",
           "--config.model.d_head=16", "--config.model.d_inner=64", "--config.model.tgt_len=8",
           "--config.model.mem_len=8", "--config.model.dropatt=0.0", "--config.eval.tgt_len=8",

@@ -45,8 +45,16 @@ FlashAttention-2 recomputation from the saved log-sum-exp:
 
 Inputs may be float32 or bfloat16: matrix products accumulate in float32,
 the softmax is float32, probabilities and dS are cast to the input dtype
-before their products (as the XLA path casts probabilities).  dropatt is not
-supported (the config is refused in training, ``default_config``).
+before their products (as the XLA path casts probabilities).  No dropatt:
+a training step with dropatt > 0 uses the XLA path (``attention.py``).
+
+Memory beside the inputs: the output, a log-sum-exp per query, dr's
+per-row partials [B, H, K, Dh] float32 and, on GPU, the scratch tiles
+[B, H, T, 2b] float32.  A program holds its (batch row, head)'s K rows of
+k, v and the position rows whole (on TPU in VMEM: K x d_head x 2 bytes
+each in bfloat16, 1 MiB at K = 8192, d_head = 64) and loops over their
+blocks; attention far longer than that would want the key loop pipelined
+from HBM instead.
 
 Backends, chosen at lowering time with ``jax.lax.platform_dependent``: TPU
 (Mosaic) and CUDA/ROCm (Triton) compile the kernels; any other platform
@@ -70,14 +78,12 @@ from jax.sharding import PartitionSpec as P
 
 from transformer_xl import attention_ops
 from transformer_xl.attention_ops import MASK_VALUE
+from transformer_xl.sharding import BATCH_AXES
 
 Array = jax.Array
 
 # doc_pos of a query without documents: larger than any distance.
 NO_DOCUMENT = 2 ** 30
-# The mesh axes of the batch rows (sharding.BATCH_AXES; not imported, so that
-# this module stays free of the package's other modules).
-_BATCH_AXES = ("data", "fsdp")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -640,7 +646,7 @@ def rel_attention(q_BxTxHxDh: Array, k_BxKxHxDh: Array, v_BxKxHxDh: Array, r_KxH
     return local(*args)
   # Pallas kernels are not partitioned by XLA: one call per device, on its
   # rows (the batch axes) and heads ("model"), where those divide.
-  rows = tuple(a for a in _BATCH_AXES if a in mesh.axis_names)
+  rows = tuple(a for a in BATCH_AXES if a in mesh.axis_names)
   rows = rows if rows and bsz % math.prod(mesh.shape[a] for a in rows) == 0 else None
   heads = "model" if "model" in mesh.axis_names and nh % mesh.shape["model"] == 0 else None
   bthd = P(rows, None, heads, None)
