@@ -31,18 +31,10 @@ class FitError(Exception):
 
 
 def vocab_sizes() -> dict[str, int]:
-  """Vocabulary size of each corpus (``data.CORPUS_NAMES``) whose size is
-  fixed: enwik8 (all 256 byte values), text8 (27 characters), and the
-  documented sizes of PTB (10,000), WikiText-2 (33,278), WikiText-103
-  (267,735) and One Billion Word (793,471; the reference's vocabulary
-  file), taken from ``transformer_xl.data``."""
-  from transformer_xl.data import lm1b, ptb_wikitext
-  return {"enwik8": 256, "text8": 27,
-          "ptb": ptb_wikitext.PTB.expected.vocab_size,
-          "wikitext2": ptb_wikitext.WIKITEXT2.expected.vocab_size,
-          "wikitext103": ptb_wikitext.WIKITEXT103.expected.vocab_size,
-          "lm1b": lm1b.LM1B_VOCAB_SIZE}
-
+  """Vocabulary size of each corpus whose size is fixed
+  (``transformer_xl.lowering.vocab_sizes``)."""
+  from transformer_xl import lowering
+  return lowering.vocab_sizes()
 
 
 # ---------------------------------------------------------------------------

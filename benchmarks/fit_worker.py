@@ -44,15 +44,12 @@ class StepCompiler:
 
   def __init__(self, config, vocab: int):
     import jax
-    from transformer_xl import default_config, sharding
+    from transformer_xl import lowering, sharding
     self.config = config
     self.mesh = sharding.make_mesh(config.mesh.shape, config.mesh.axis_names,
                                    devices=jax.devices())
-    self.model_cfg = default_config.model_config(config, vocab)
-    if self.model_cfg.attn_block < 0:  # "per backend": an accelerator's choice, not
-      self.model_cfg = dataclasses.replace(self.model_cfg, attn_block=0)  # these CPUs'
-    if self.model_cfg.scan_unroll < 0:  # likewise: one layer per scan iteration
-      self.model_cfg = dataclasses.replace(self.model_cfg, scan_unroll=1)
+    # "per backend" settings (-1) as an accelerator's, not these CPUs'
+    self.model_cfg = lowering.resolved_model_config(config, vocab)
 
   def n_params(self) -> int:
     """The model's parameter count (shapes only, nothing allocated)."""
@@ -66,50 +63,13 @@ class StepCompiler:
   def compile(self, step: str, remat: str, attn_block: int) -> dict:
     """Lower + compile ``step`` ("train" or "eval") with model.remat and
     model.attn_block replaced; returns memory_report plus compile seconds."""
-    import jax
-    import jax.numpy as jnp
-    from transformer_xl import evaluate, models, sharding, train, train_state
-    c, mesh = self.config, self.mesh
+    from transformer_xl import lowering
     mcfg = dataclasses.replace(self.model_cfg, remat=remat, attn_block=attn_block)
-    model = models.TransformerXL(mcfg)
-    tx = train_state.make_optimizer(c.train)
-    abstract, shardings = train_state.abstract_train_state(model, tx, c.train.global_batch, mesh)
-    rows, row_sh = sharding.batch_sharding(mesh), sharding.rows_sharding(mesh)
-
-    def spec(shape, dtype, sh):
-      return jax.ShapeDtypeStruct(shape, dtype, sharding=sh)
-
     t0 = time.perf_counter()
-    if step == "train":
-      fn = train.make_train_step(model, tx, mesh, shardings, c.train.batch_chunk,
-                                 c.train.seed, c.train.loss_span)
-      b, t = c.train.global_batch, mcfg.tgt_len
-      batch = {"inputs": spec((b, t), jnp.int32, rows), "targets": spec((b, t), jnp.int32, rows),
-               "weights": spec((b, t), jnp.float32, rows), "reset": spec((b,), jnp.bool_, row_sh)}
-      lowered = fn.lower(abstract, batch)
-    else:
-      n_data = sharding.data_parallel_size(mesh)
-      b = -(-c.eval.global_batch // n_data) * n_data  # the Evaluator's padding
-      if c.eval.method == "sliding":
-        wcfg = evaluate.window_model_config(c, mcfg)
-        fn = evaluate.make_window_step(models.TransformerXL(wcfg), mesh, c.eval.stride)
-        t = wcfg.tgt_len
-        batch = {"inputs": spec((b, t), jnp.int32, rows),
-                 "targets": spec((b, t), jnp.int32, rows),
-                 "front_pad": spec((b,), jnp.int32, row_sh)}
-        lowered = fn.lower(abstract.params, batch)
-      else:
-        ecfg = evaluate.eval_model_config(c, mcfg)
-        fn = evaluate.make_eval_step(models.TransformerXL(ecfg), mesh)
-        t = ecfg.tgt_len
-        mem_shapes = jax.eval_shape(lambda: models.init_memory(ecfg, b))
-        memory = jax.tree_util.tree_map(lambda x, sh: spec(x.shape, x.dtype, sh), mem_shapes,
-                                        train_state.memory_sharding(mesh))
-        batch = {"inputs": spec((b, t), jnp.int32, rows),
-                 "targets": spec((b, t), jnp.int32, rows), "reset": spec((b,), jnp.bool_, row_sh)}
-        lowered = fn.lower(abstract.params, memory, batch)
-    rep = memory_report(lowered.compile())
-    rep.update(remat=remat, attn_block=attn_block, batch=b, tgt_len=t,
+    fn, args = lowering.abstract_step(self.config, mcfg, self.mesh, step)
+    rep = memory_report(fn.lower(*args).compile())
+    batch = args[-1]["inputs"].shape
+    rep.update(remat=remat, attn_block=attn_block, batch=batch[0], tgt_len=batch[1],
                compile_seconds=round(time.perf_counter() - t0, 1))
     return rep
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs transformer_xl and JAX for TPU on every worker of a slice, into
+# Installs transformer_xl with its [tpu] extra (JAX for TPU) on every worker of a slice, into
 # ~/transformer_xl (an editable pip install), from a copy of this checkout
 # (default) or from a git clone.  Then checks that JAX sees the whole slice.
 # Re-running replaces ~/transformer_xl with the new code.
@@ -20,8 +20,9 @@ Installs the package on all workers of the TPU slice NAME (--worker=all).
                     copying this checkout (uncommitted changes included).
   --ref REF         branch or tag to clone (git clone --branch); default: the
                     repository's default branch.
-  --jax-spec SPEC   pip requirement for JAX on TPU (default: jax[tpu]); pin it,
-                    e.g. 'jax[tpu]==0.6.2', to match the version you tested.
+  --jax-spec SPEC   an extra pip requirement for JAX on TPU, e.g. a pin such
+                    as 'jax[tpu]==0.10.2' to match the version you tested
+                    (default: none; the package's [tpu] extra brings jax[tpu]).
   --project PROJECT Cloud project (default: gcloud's configured project).
   --dry-run         print the commands, run nothing (also DRY_RUN=1).
   -h, --help        this help.
@@ -34,7 +35,7 @@ EOF
 
 REPO_URL=""
 REF=""
-JAX_SPEC="jax[tpu]"
+JAX_SPEC=""
 
 normalize_args "$@"
 set -- ${ARGS[@]+"${ARGS[@]}"}
@@ -73,12 +74,14 @@ else
   fetch="rm -rf $REMOTE_REPO && mkdir -p $REMOTE_REPO && tar -xzf ~/transformer_xl-src.tar.gz -C $REMOTE_REPO"
 fi
 
-# Step 2: one pip call installs the package (editable) with JAX for TPU, so
-# that pip resolves a consistent set.  Then every worker runs the same JAX
+# Step 2: one pip call installs the package (editable) with its [tpu] extra
+# (JAX for TPU) and any --jax-spec pin, so that pip resolves a consistent set.  Then every worker runs the same JAX
 # program at once (worker.sh check): it joins the slice the way
 # transformer_xl.main does (jax.distributed on a TPU VM) and prints what it
 # sees, e.g. 32 devices on a v3-32 from each of its 4 workers.
-install="python3 -m pip install --upgrade $(shell_quote "$JAX_SPEC") -e $REMOTE_REPO"
+jax_pin=""
+[[ -n $JAX_SPEC ]] && jax_pin="$(shell_quote "$JAX_SPEC") "
+install="python3 -m pip install --upgrade $jax_pin-e $REMOTE_REPO'[tpu]'"
 check="bash $REMOTE_REPO/launch/worker.sh check"
 tpu_ssh all "set -e; $fetch && $install && $check"
 log "Next: launch/prepare_data.sh --name $NAME --zone $ZONE --dataset DATASET --bucket gs://BUCKET/tfds"

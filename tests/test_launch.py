@@ -144,18 +144,18 @@ def test_setup_copies_this_checkout(cloud):
       line(*SSH, "--worker=all",
            "--command=set -e; rm -rf ~/transformer_xl && mkdir -p ~/transformer_xl"
            " && tar -xzf ~/transformer_xl-src.tar.gz -C ~/transformer_xl"
-           " && python3 -m pip install --upgrade 'jax[tpu]' -e ~/transformer_xl"
+           " && python3 -m pip install --upgrade -e ~/transformer_xl'[tpu]'"
            " && bash ~/transformer_xl/launch/worker.sh check")]
   assert not Path(archive).exists()  # the tar was printed, not run
 
 
 def test_setup_clones_a_repository(cloud):
   assert cloud.dry("setup", *TPU, "--repo-url", "https://github.com/someone/transformer_xl.git",
-                   "--ref", "v0.1", "--jax-spec", "jax[tpu]==0.6.2") == [
+                   "--ref", "v0.1", "--jax-spec", "jax[tpu]==0.10.2") == [
       line(*SSH, "--worker=all",
            "--command=set -e; rm -rf ~/transformer_xl && git clone --depth 1 --branch v0.1"
            " https://github.com/someone/transformer_xl.git ~/transformer_xl"
-           " && python3 -m pip install --upgrade 'jax[tpu]==0.6.2' -e ~/transformer_xl"
+           " && python3 -m pip install --upgrade 'jax[tpu]==0.10.2' -e ~/transformer_xl'[tpu]'"
            " && bash ~/transformer_xl/launch/worker.sh check")]
 
 

@@ -59,7 +59,9 @@ from HBM instead.
 Backends, chosen at lowering time with ``jax.lax.platform_dependent``: TPU
 (Mosaic) and CUDA/ROCm (Triton) compile the kernels; any other platform
 (CPU) runs the TPU formulation in Pallas interpret mode, slow but exact,
-for checking.  The kernel's speed has not been measured on an accelerator
+for checking.  ``jax.export`` a step with the kernel for one platform at a
+time: a multi-platform export (``platforms=("tpu", "cuda")``) lowers every
+branch for every platform, which the Mosaic and Triton calls refuse.  The kernel's speed has not been measured on an accelerator
 yet (``benchmarks/attention_kernel.py``; docs/guide/benchmarks.md).
 """
 from __future__ import annotations
