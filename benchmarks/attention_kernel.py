@@ -20,8 +20,8 @@ the same run, on the same device, with the same inputs:
 * **the training step** of ``--train_configs`` (configs/*.py, bf16,
   ``train.global_batch`` of the config unless ``--train_batch``): tokens/s
   (median of the timed steps) and MFU = model FLOPs per token
-  (``vs_pytorch.model_flops_per_token``) x tokens/s / the device's peak
-  bf16 FLOP/s (:data:`PEAK_BF16_FLOPS`; none where the device is not in
+  (``accelerator.model_flops_per_token``) x tokens/s / the device's peak
+  bf16 FLOP/s (``common.PEAK_BF16_FLOPS``; none where the device is not in
   the table).
 
 The ratios printed are xla / pallas (time) and pallas / xla (memory).  On
@@ -39,17 +39,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import accelerator  # noqa: E402  pylint: disable=wrong-import-position
 import common  # noqa: E402  pylint: disable=wrong-import-position
-import vs_pytorch  # noqa: E402  pylint: disable=wrong-import-position
-
-# Dense bf16 peak FLOP/s per device (vendor data sheets), by jax device_kind.
-PEAK_BF16_FLOPS = {
-    "NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100 PCIe": 756e12, "NVIDIA H200": 989e12,
-    "NVIDIA A100-SXM4-80GB": 312e12, "NVIDIA A100-SXM4-40GB": 312e12,
-    "TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5p": 459e12,
-    "TPU v6 lite": 918e12,
-}
-
 
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -59,6 +50,7 @@ def parse_args(argv=None):
   p.add_argument("--d_head", type=int, default=64)
   p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
   p.add_argument("--repeats", type=int, default=10)
+  p.add_argument("--steps", type=int, default=10, help="timed training steps")
   p.add_argument("--warmup", type=int, default=2)
   p.add_argument("--train_configs", default="enwik8_12l,enwik8_24l",
                  help="configs/*.py names ('' = none)")
@@ -68,7 +60,7 @@ def parse_args(argv=None):
   args = p.parse_args(argv)
   if args.smoke:
     args.lengths, args.batch, args.n_head, args.d_head = "8,16", 2, 2, 8
-    args.repeats, args.warmup, args.train_batch = 2, 1, 2
+    args.repeats, args.warmup, args.train_batch, args.steps = 2, 1, 2, 2
   return args
 
 
@@ -127,62 +119,26 @@ def attention_part(args) -> list[dict]:
 
 
 def train_part(args) -> list[dict]:
-  """Tokens/s and MFU of the configs' training step, both paths."""
-  import importlib.util  # noqa: PLC0415
-
-  import jax  # noqa: PLC0415
-  import numpy as np  # noqa: PLC0415
-  from transformer_xl import default_config, models, sharding, train, train_state  # noqa
-
+  """Tokens/s and MFU of the configs' training step, both paths
+  (``accelerator.train_timing``: the same step, batch and FLOP count)."""
   rows = []
-  names = [n for n in args.train_configs.split(",") if n]
-  device = jax.devices()[0]
-  peak = PEAK_BF16_FLOPS.get(device.device_kind)
-  for name in names:
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
-                        f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"config_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = module.get_config()
+  for name in [n for n in args.train_configs.split(",") if n]:
+    config = accelerator.load_config(name)
     if args.smoke:
       config.model.update(n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, tgt_len=8,
                           mem_len=8)
     config.model.update(dtype="bfloat16", dropatt=0.0)
-    batch = args.train_batch or config.train.global_batch
-    config.train.update(global_batch=batch, batch_chunk=1)
-    n_token = 256 if config.data.dataset in ("enwik8", "text8") else 1000
-    mesh = sharding.make_mesh((1, 1), ("data", "model"), devices=[device])
-    row = {"config": name, "batch": batch, "tgt_len": config.model.tgt_len,
-           "mem_len": config.model.mem_len}
-    mc = config.model
-    flops = vs_pytorch.model_flops_per_token(mc.n_layer, mc.d_model, mc.n_head, mc.d_head,
-                                             mc.d_inner, n_token, batch, mc.tgt_len, mc.mem_len,
-                                             train=True)
+    if args.train_batch:
+      config.train.global_batch = args.train_batch
+    from transformer_xl import lowering  # noqa: PLC0415
+    vocab = lowering.vocab_sizes()[config.data.dataset]
+    row = {"config": name}
     for impl in ("xla", "pallas"):
       config.model.attention_impl = impl
-      model = models.TransformerXL(default_config.model_config(config, n_token))
-      tx = train_state.make_optimizer(config.train)
-      _, shardings = train_state.abstract_train_state(model, tx, batch, mesh)
-      state = train_state.create_train_state(model, tx, batch, mesh, jax.random.PRNGKey(0),
-                                             shardings)
-      step = train.make_train_step(model, tx, mesh, shardings, 1, 0)
-      rng = np.random.default_rng(0)
-      data = {"inputs": rng.integers(0, n_token, (batch, mc.tgt_len), dtype=np.int32),
-              "targets": rng.integers(0, n_token, (batch, mc.tgt_len), dtype=np.int32),
-              "weights": np.ones((batch, mc.tgt_len), np.float32), "reset": np.zeros(batch, bool)}
-      data = jax.device_put(data, sharding.rows_sharding(mesh))
-      times = []
-      for i in range(args.warmup + 1 + args.repeats):
-        t0 = time.perf_counter()
-        state, metrics = step(state, data)
-        jax.block_until_ready(metrics)
-        if i > args.warmup:
-          times.append(time.perf_counter() - t0)
-      tps = batch * mc.tgt_len / statistics.median(times)
-      row[impl] = {"tokens_per_sec": tps, "mfu": flops * tps / peak if peak else None}
-      print(f"{name} {impl}: {tps:,.0f} tokens/s"
-            + (f", MFU {100 * row[impl]['mfu']:.1f}%" if peak else ""), flush=True)
+      timing = accelerator.train_timing(args, config, vocab)[0]
+      row[impl] = {k: timing[k] for k in ("global_batch", "tokens_per_sec", "mfu", "step_ms")}
+      print(f"{name} {impl}: {timing['tokens_per_sec']:,.0f} tokens/s"
+            + (f", MFU {100 * timing['mfu']:.1f}%" if timing["mfu"] else ""), flush=True)
     rows.append(row)
   return rows
 

@@ -23,6 +23,16 @@ import tempfile
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS_DIR = os.path.join(REPO, "benchmarks", "results")
 
+# Dense bf16 peak FLOP/s of one JAX device (vendor data sheets; a TPU v4/v5p
+# device is a chip, a v5e/v6e device a chip of one core), by device_kind: the
+# denominator of MFU.
+PEAK_BF16_FLOPS = {
+    "NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100 PCIe": 756e12, "NVIDIA H200": 989e12,
+    "NVIDIA A100-SXM4-80GB": 312e12, "NVIDIA A100-SXM4-40GB": 312e12,
+    "TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5p": 459e12,
+    "TPU v6 lite": 918e12,
+}
+
 
 # ---------------------------------------------------------------------------
 # The machine and the library versions (saved with every result).

@@ -297,3 +297,45 @@ def test_attention_kernel_smoke_writes_both_paths(tmp_path):
   assert train["config"] == "enwik8_12l"
   assert train["xla"]["tokens_per_sec"] > 0 and train["pallas"]["tokens_per_sec"] > 0
   assert train["xla"]["mfu"] is None  # no peak FLOP/s known for a CPU
+
+
+# ---------------------------------------------------------------------------
+# accelerator.py
+# ---------------------------------------------------------------------------
+
+def test_accelerator_smoke_trains_evaluates_and_compares(tmp_path):
+  """The accelerator benchmark at --smoke sizes on CPU: our train and eval
+  steps, the PyTorch port with bf16 autocast (CPU in smoke mode), an
+  adaptive-softmax config among them; the JSON, and --compare on it."""
+  out_json = tmp_path / "acc.json"
+  script = str(REPO / "benchmarks" / "accelerator.py")
+  proc = subprocess.run([sys.executable, script, "--smoke", "--configs=enwik8_12l,wt103_base",
+                         f"--json={out_json}"], capture_output=True, text=True, cwd=REPO,
+                        timeout=900)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  res = {r["config"]: r for r in json.loads(out_json.read_text())["results"]}
+  assert set(res) == {"enwik8_12l", "wt103_base"}
+  for r in res.values():
+    assert r["train"]["tokens_per_sec"] > 0 and r["eval"]["tokens_per_sec"] > 0
+    assert r["train"]["flops_per_token"] > 0 and r["train"]["mfu"] is None  # CPU: no peak
+    assert r["train"]["source"] in ("device", "xla_estimate")
+    assert r["pytorch"]["tokens_per_sec"] > 0 and r["pytorch"]["device"] == "cpu"
+  proc = subprocess.run([sys.executable, script, f"--compare={out_json}", f"--new={out_json}"],
+                        capture_output=True, text=True, cwd=REPO, timeout=120)
+  assert proc.returncode == 0 and "| wt103_base | train |" in proc.stdout and "| 1.00 |" in proc.stdout
+
+
+def test_accelerator_softmax_flops_by_hand():
+  """Adaptive softmax FLOPs as adaptive.py computes them: every cluster for
+  every token (head: cutoffs[0] + clusters columns)."""
+  spec = importlib.util.spec_from_file_location("bench_acc", REPO / "benchmarks" / "accelerator.py")
+  acc = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(acc)
+  from transformer_xl import models
+  dense = models.ModelConfig(n_token=100, d_model=8, n_head=2, d_head=4, d_inner=16)
+  assert acc.softmax_flops_per_token(dense) == 2 * 8 * 100
+  # d_embed 16 != d_model 8, div_val 2: cluster widths 16, 8, 4 each projected from 8
+  adaptive = models.ModelConfig(n_token=100, d_model=8, n_head=2, d_head=4, d_inner=16,
+                                cutoffs=(20, 50), div_val=2, d_embed=16)
+  assert acc.softmax_flops_per_token(adaptive) == (
+      (2 * 8 * 16 + 2 * 16 * 22) + (2 * 8 * 8 + 2 * 8 * 30) + (2 * 8 * 4 + 2 * 4 * 50))

@@ -1,0 +1,309 @@
+"""Training and evaluation speed on the devices present: tokens/s, MFU, memory, compile time.
+
+Run from the repository root, on a GPU host or a TPU VM::
+
+  python benchmarks/accelerator.py [--configs=enwik8_12l,enwik8_24l,wt103_base,wt103_large]
+                                   [--steps=20] [--json=FILE] [--no_pytorch]
+  python benchmarks/accelerator.py --compare=OLD.json --new=NEW.json   # compare, run nothing
+  python benchmarks/accelerator.py --smoke    # CPU, tiny sizes: checks the tool, numbers meaningless
+
+For each config (configs/NAME.py, in bfloat16 with its training settings,
+every local device on the ``fsdp`` axis as the slice presets place them):
+
+* **training**: the jitted train step (``train.make_train_step``) on random
+  token ids placed on the devices first; the global batch is the config's
+  (rounded down to a multiple of the device count), halved until the step fits (a compile or run that runs out of device
+  memory); compile seconds, median step milliseconds over ``--steps``
+  timed steps after ``--warmup``, tokens/s, peak device memory (the
+  device's own ``peak_bytes_in_use`` where it reports one, else XLA's
+  compile-time estimate, labelled so), and MFU;
+* **evaluation** at the config's eval settings (e.g. enwik8 24L: tgt_len
+  128, mem_len 3,800, clamp_len 1,000), the memory carried from step to
+  step: tokens/s;
+* **the PyTorch reference port** (HuggingFace ``TransfoXLLMHeadModel``, the
+  same sizes, cutoffs and div_val) trained with ``torch.autocast`` in
+  bfloat16 on the same device (the adaptive softmax in float32: HF 4.35's
+  cannot run under autocast), when torch sees a CUDA GPU (on CPU only with
+  ``--smoke``): tokens/s, the baseline of the same run.
+
+MFU = model FLOPs per token x tokens/s / the device's peak dense bf16
+FLOP/s (``common.PEAK_BF16_FLOPS``; none for a device not in the table).
+Model FLOPs per token count the matrix products as this model does them:
+``vs_pytorch.model_flops_per_token`` for the layers (q, k, v of the K =
+tgt_len + mem_len rows, W_kR over the K position rows, (a)+(c) over K keys,
+(b)+(d) over K position rows, the weighted values, o_net, the feed-forward)
+plus the adaptive softmax of :func:`softmax_flops_per_token` (every
+cluster's logits for every token, as ``adaptive.py`` computes them); 3x
+the forward for training.
+
+**Measured so far: nothing on an accelerator** (no GPU or TPU has been
+available to this project); the docs' benchmark page says so.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402  pylint: disable=wrong-import-position
+import vs_pytorch  # noqa: E402  pylint: disable=wrong-import-position
+
+OOM = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory")
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--configs", default="enwik8_12l,enwik8_24l,wt103_base,wt103_large")
+  p.add_argument("--steps", type=int, default=20, help="timed steps")
+  p.add_argument("--warmup", type=int, default=3)
+  p.add_argument("--no_pytorch", action="store_true", help="skip the PyTorch baseline")
+  p.add_argument("--smoke", action="store_true", help="tiny sizes (CPU): checks the tool")
+  p.add_argument("--json", default="", help="output file (default under benchmarks/results/)")
+  p.add_argument("--compare", default="", metavar="OLD.json")
+  p.add_argument("--new", default="", metavar="NEW.json")
+  args = p.parse_args(argv)
+  if bool(args.new) != bool(args.compare):
+    p.error("--compare=OLD.json and --new=NEW.json go together")
+  if args.smoke:
+    args.steps, args.warmup = 2, 1
+  return args
+
+
+def load_config(name: str):
+  path = os.path.join(common.REPO, "configs", f"{name}.py")
+  if not os.path.isfile(path):
+    raise SystemExit(f"error: no config configs/{name}.py (--configs takes names such as "
+                     "enwik8_24l)")
+  spec = importlib.util.spec_from_file_location(f"config_{name}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+def softmax_flops_per_token(model_cfg) -> float:
+  """Forward FLOPs per token of the (adaptive) softmax as ``adaptive.py``
+  computes it: for every cluster, the projection to its width (where there
+  is one) and its logits, for every token."""
+  from transformer_xl import adaptive  # noqa: PLC0415
+  cutoffs, d = tuple(model_cfg.cutoffs), model_cfg.d_model
+  bounds = adaptive.cluster_bounds(model_cfg.n_token, cutoffs)
+  dims = adaptive.cluster_dims(model_cfg.embed_dim, len(bounds) - 1, model_cfg.div_val)
+  projected = adaptive._has_proj(model_cfg.embed_dim, d, model_cfg.div_val)  # noqa: SLF001
+  flops = 0.0
+  for i, e in enumerate(dims):
+    width = (cutoffs[0] + len(cutoffs)) if (i == 0 and cutoffs) else bounds[i + 1] - bounds[i]
+    flops += (2 * d * e if projected else 0) + 2 * e * width
+  return flops
+
+
+def model_flops_per_token(model_cfg, batch: int, train: bool) -> float:
+  c = model_cfg
+  layers = vs_pytorch.model_flops_per_token(c.n_layer, c.d_model, c.n_head, c.d_head, c.d_inner,
+                                            0, batch, c.tgt_len, c.mem_len, train)
+  return layers + (3 if train else 1) * softmax_flops_per_token(c)
+
+
+def _is_oom(err: Exception) -> bool:
+  return any(s in str(err) for s in OOM)
+
+
+def _peak_memory(device, compiled) -> dict:
+  stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+  if stats and "peak_bytes_in_use" in stats:
+    return {"peak_device_mib": stats["peak_bytes_in_use"] / 2**20, "source": "device"}
+  ma = compiled.memory_analysis()
+  total = (ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes
+           + ma.temp_size_in_bytes) if ma is not None else 0
+  return {"peak_device_mib": total / 2**20, "source": "xla_estimate"}
+
+
+def train_timing(args, config, vocab: int):
+  """Times the config's train step on the local devices (the batch halved
+  while it runs out of memory): (result dict, the trained state, mesh,
+  ModelConfig)."""
+  import jax  # noqa: PLC0415
+  import numpy as np  # noqa: PLC0415
+  from transformer_xl import (default_config, lowering, models, sharding, train,  # noqa: PLC0415
+                              train_state)
+  devices = jax.local_devices()
+  device, n = devices[0], len(devices)
+  peak = common.PEAK_BF16_FLOPS.get(device.device_kind)
+  batch = max(n, config.train.global_batch // n * n)  # a multiple of the devices
+  while True:
+    config.train.update(global_batch=batch, batch_chunk=1)
+    config.mesh.axis_names, config.mesh.shape = ("data", "fsdp", "model"), (1, n, 1)
+    default_config.validate(config, n)
+    mesh = sharding.make_mesh(config.mesh.shape, config.mesh.axis_names, devices=devices)
+    mcfg = lowering.resolved_model_config(config, vocab)
+    model = models.TransformerXL(mcfg)
+    tx = train_state.make_optimizer(config.train)
+    try:
+      _, shardings = train_state.abstract_train_state(model, tx, batch, mesh)
+      state = train_state.create_train_state(model, tx, batch, mesh, jax.random.PRNGKey(0),
+                                             shardings)
+      step = train.make_train_step(model, tx, mesh, shardings, 1, 0)
+      rng = np.random.default_rng(0)
+      data = {"inputs": rng.integers(0, vocab, (batch, mcfg.tgt_len), dtype=np.int32),
+              "targets": rng.integers(0, vocab, (batch, mcfg.tgt_len), dtype=np.int32),
+              "weights": np.ones((batch, mcfg.tgt_len), np.float32),
+              "reset": np.zeros(batch, bool)}
+      data = jax.device_put(data, sharding.rows_sharding(mesh))
+      t0 = time.perf_counter()
+      compiled = step.lower(state, data).compile()
+      compile_s = time.perf_counter() - t0
+      times = []
+      for i in range(args.warmup + args.steps):
+        t0 = time.perf_counter()
+        state, metrics = compiled(state, data)
+        jax.block_until_ready(metrics)
+        if i >= args.warmup:
+          times.append(time.perf_counter() - t0)
+      break
+    except Exception as err:  # out of device memory: half the batch, as the doc says
+      if not _is_oom(err) or batch // 2 < n:
+        raise
+      batch = batch // 2 // n * n
+  step_s = statistics.median(times)
+  tps = batch * mcfg.tgt_len / step_s
+  flops = model_flops_per_token(mcfg, batch, train=True)
+  result = {"global_batch": batch, "tgt_len": mcfg.tgt_len, "mem_len": mcfg.mem_len,
+            "compile_s": compile_s, "step_ms": 1e3 * step_s, "tokens_per_sec": tps,
+            "flops_per_token": flops, "mfu": flops * tps / peak if peak else None,
+            "final_loss": float(metrics["loss"]), **_peak_memory(device, compiled)}
+  return result, state, mesh, mcfg
+
+
+def ours(args, name: str, config, vocab: int) -> dict:
+  """Train and eval timings of our model for one config."""
+  import jax  # noqa: PLC0415
+  import numpy as np  # noqa: PLC0415
+  from transformer_xl import evaluate, models, sharding, train_state  # noqa: PLC0415
+  devices = jax.local_devices()
+  out = {"config": name, "device_kind": devices[0].device_kind, "devices": len(devices)}
+  out["train"], state, mesh, mcfg = train_timing(args, config, vocab)
+  # Evaluation at the config's eval settings, parameters as trained above.
+  ecfg = evaluate.eval_model_config(config, mcfg)
+  eval_step = evaluate.make_eval_step(models.TransformerXL(ecfg), mesh)
+  eb = -(-config.eval.global_batch // len(devices)) * len(devices)
+  rng = np.random.default_rng(1)
+  batches = [jax.device_put(
+      {"inputs": rng.integers(0, vocab, (eb, ecfg.tgt_len), dtype=np.int32),
+       "targets": rng.integers(0, vocab, (eb, ecfg.tgt_len), dtype=np.int32),
+       "reset": np.zeros(eb, bool)}, sharding.rows_sharding(mesh)) for _ in range(2)]
+  memory = jax.jit(lambda: models.init_memory(ecfg, eb),
+                   out_shardings=train_state.memory_sharding(mesh))()
+  run = common.eval_loop(eval_step, state.params, memory, batches)
+  run(args.warmup)
+  t0 = time.perf_counter()
+  run(args.steps)
+  eval_tps = args.steps * eb * ecfg.tgt_len / (time.perf_counter() - t0)
+  out["eval"] = {"global_batch": eb, "tgt_len": ecfg.tgt_len, "mem_len": ecfg.mem_len,
+                 "clamp_len": ecfg.clamp_len, "tokens_per_sec": eval_tps}
+  tr = out["train"]
+  print(f"{name}: train {tr['tokens_per_sec']:,.0f} tokens/s ({tr['step_ms']:.1f} ms/step, "
+        f"batch {tr['global_batch']}" + (f", MFU {100 * tr['mfu']:.1f}%" if tr["mfu"] else "")
+        + f"); eval {eval_tps:,.0f} tokens/s", flush=True)
+  return out
+
+
+def pytorch(args, config, vocab: int, batch: int) -> dict:
+  """The HF port of the reference trained with bf16 autocast: tokens/s."""
+  import torch  # noqa: PLC0415
+  from transformers import TransfoXLConfig, TransfoXLLMHeadModel  # noqa: PLC0415
+  m = config.model
+  device = "cuda" if torch.cuda.is_available() else "cpu"
+  hf = TransfoXLConfig(
+      vocab_size=vocab, cutoffs=list(m.cutoffs), div_val=m.div_val, d_model=m.d_model,
+      d_embed=m.d_embed or m.d_model, n_head=m.n_head, d_head=m.d_head, d_inner=m.d_inner,
+      n_layer=m.n_layer, mem_len=m.mem_len, clamp_len=m.clamp_len, same_length=m.same_length,
+      untie_r=m.untie_r, pre_lnorm=m.pre_lnorm, dropout=m.dropout, dropatt=m.dropatt,
+      tie_word_embeddings=m.tie_weight)
+  model = TransfoXLLMHeadModel(hf).to(device).train()
+  opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+  x = torch.randint(0, vocab, (batch, m.tgt_len), device=device)
+  mems, times = None, []
+  for i in range(args.warmup + args.steps):
+    t0 = time.perf_counter()
+    # The layers under bf16 autocast; the adaptive softmax in float32 (HF
+    # 4.35's index-put into a float32 output refuses bf16 under autocast).
+    with torch.autocast(device_type=device, dtype=torch.bfloat16):
+      res = model.transformer(input_ids=x, mems=mems)
+    loss = model.crit(res.last_hidden_state.float(), x).mean()  # shifts the labels itself
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    mems = res.mems
+    if device == "cuda":
+      torch.cuda.synchronize()
+    if i >= args.warmup:
+      times.append(time.perf_counter() - t0)
+  tps = batch * m.tgt_len / statistics.median(times)
+  print(f"  pytorch ({device}, bf16 autocast): {tps:,.0f} tokens/s", flush=True)
+  return {"device": device, "global_batch": batch, "tokens_per_sec": tps,
+          "torch": torch.__version__}
+
+
+def compare(old_path: str, new_path: str) -> int:
+  """Prints the tokens/s of two saved runs side by side, per config."""
+  runs = []
+  for path in (old_path, new_path):
+    try:
+      with open(path) as f:
+        runs.append({r["config"]: r for r in json.load(f)["results"]})
+    except (OSError, ValueError, KeyError) as err:
+      print(f"error: cannot read {path}: {err}", file=sys.stderr)
+      return 1
+  print("| config | phase | old tokens/s | new tokens/s | new / old |")
+  print("|---|---|---|---|---|")
+  for name in runs[0].keys() & runs[1].keys():
+    for phase in ("train", "eval"):
+      a, b = runs[0][name][phase]["tokens_per_sec"], runs[1][name][phase]["tokens_per_sec"]
+      print(f"| {name} | {phase} | {a:,.0f} | {b:,.0f} | {b / a:.2f} |")
+  return 0
+
+
+def main(argv=None) -> int:
+  args = parse_args(argv)
+  if args.compare:
+    return compare(args.compare, args.new)
+  import jax  # noqa: PLC0415
+  from transformer_xl import lowering  # noqa: PLC0415
+  results = []
+  for name in [n for n in args.configs.split(",") if n]:
+    config = load_config(name)
+    config.model.update(dtype="bfloat16")
+    if args.smoke:
+      config.model.update(n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64, tgt_len=8,
+                          mem_len=8)
+      config.eval.update(tgt_len=8, mem_len=16, global_batch=2)
+      config.train.global_batch = 2
+    vocab = lowering.vocab_sizes()[config.data.dataset]
+    if args.smoke:
+      vocab = min(vocab, 300)
+      cutoffs = [c for c in config.model.cutoffs if c < vocab // 2][:2] or (
+          [vocab // 4, vocab // 2] if config.model.cutoffs else [])
+      config.model.update(cutoffs=cutoffs, d_embed=32,
+                          tie_projs=list(config.model.tie_projs)[:len(cutoffs) + 1])
+    res = ours(args, name, config, vocab)
+    torch_ok = importlib.util.find_spec("torch") is not None
+    if not args.no_pytorch and torch_ok:
+      import torch  # noqa: PLC0415
+      if torch.cuda.is_available() or args.smoke:
+        res["pytorch"] = pytorch(args, config, vocab, res["train"]["global_batch"])
+    results.append(res)
+  machine = common.machine_info(("jax", "jaxlib", "flax", "torch", "transformers"))
+  data = {"args": vars(args), "machine": machine,
+          "devices": [str(d) for d in jax.local_devices()], "results": results}
+  common.write_json(args.json or common.default_json_path(machine["host"], prefix="accelerator_"),
+                    data)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
