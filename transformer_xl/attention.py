@@ -157,8 +157,17 @@ class RelPartialLearnableAttention(_Attention):
   Scores are scaled by 1/sqrt(d_head); softmax in float32.  The positional
   scheme: R for distances K-1..0 (with the model's dropout, as in the
   reference) and u, v shared by all layers (the model's ``r_w_bias``,
-  ``r_r_bias``) or, with ``untie_r``, per layer (the layer's).  Attributes
-  as :class:`_Attention`.
+  ``r_r_bias``) or, with ``untie_r``, per layer (the layer's).
+
+  Given ``attention_ops.MaskParts`` instead of a dense mask (the model does
+  so with ``attention_impl="pallas"``), the scores, mask, softmax and
+  weighted values are the fused kernel's (``pallas_attention``), except in
+  a training step with dropatt > 0, which falls back to the XLA path
+  (logged once).
+
+  Attributes:
+    as :class:`_Attention`, plus
+    same_length: the config's (the kernel forms the mask itself).
   """
 
   same_length: bool = False
@@ -200,7 +209,7 @@ class RelPartialLearnableAttention(_Attention):
         distances K-1..0 (:func:`sinusoid_pos_emb`), u and v of Sec. 3.3,
         [n_head, d_head].
       mask_Bx1xTxK: bool, True where attention is allowed
-        (:func:`attention_mask`).
+        (:func:`attention_mask`), or the ``MaskParts`` it is made from.
 
     Returns:
       [B, T, d_model] in ``dtype`` (the o_net output, before dropout and the
