@@ -104,13 +104,11 @@ BLOCK_CASES = [
 ]
 
 
-@pytest.mark.parametrize("attn_type,options,memory", BLOCK_CASES)
-def test_blockwise_attention_equals_the_full_one(attn_type, options, memory):
-  cfg = models.ModelConfig(n_token=37, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=24,
-                           dropout=0.0, tgt_len=7, mem_len=5, attn_type=attn_type, **options)
-  full, blocked = models.TransformerXL(cfg), models.TransformerXL(
-      dataclasses.replace(cfg, attn_block=3))  # blocks of 3, 3, 1 queries
-  params = nn.unbox(models.init_params(full, jax.random.PRNGKey(0)))
+def tiny_model_inputs(cfg: models.ModelConfig, memory: str):
+  """(params far from their init, tokens [2, 8], a memory of 5 slots that is
+  "empty", "partial" ([5, 2] valid) or "full") for a 2-layer, d_model 16
+  model: the inputs of the tests that compare two ways of computing it."""
+  params = nn.unbox(models.init_params(models.TransformerXL(cfg), jax.random.PRNGKey(0)))
   params = jax.tree_util.tree_map(
       lambda x: x + 0.3 * jax.random.normal(jax.random.PRNGKey(x.size), x.shape), params)
   tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 8), 0, 37)
@@ -119,6 +117,16 @@ def test_blockwise_attention_equals_the_full_one(attn_type, options, memory):
       mlen_B=jnp.asarray(mlen, jnp.int32),
       mems_LxBxMxD=jax.random.normal(jax.random.PRNGKey(3), (2, 2, 5, 16)).astype(
           cfg.compute_dtype))
+  return params, tokens, mem
+
+
+@pytest.mark.parametrize("attn_type,options,memory", BLOCK_CASES)
+def test_blockwise_attention_equals_the_full_one(attn_type, options, memory):
+  cfg = models.ModelConfig(n_token=37, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=24,
+                           dropout=0.0, tgt_len=7, mem_len=5, attn_type=attn_type, **options)
+  full, blocked = models.TransformerXL(cfg), models.TransformerXL(
+      dataclasses.replace(cfg, attn_block=3))  # blocks of 3, 3, 1 queries
+  params, tokens, mem = tiny_model_inputs(cfg, memory)
 
   def loss(p, model):
     nll, new_mem = model.apply({"params": p}, tokens[:, :-1], mem, tokens[:, 1:],

@@ -11,15 +11,15 @@ lower for TPU and CUDA with ``jax.export``.
 import dataclasses
 import logging
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import export
 
-from transformer_xl import (attention, attention_ops, default_config, evaluate, models,
+from transformer_xl import (attention, attention_ops, default_config, lowering, models,
                             pallas_attention, sharding, train, train_state)
+from tests.test_attention import tiny_model_inputs
 
 SLOW = pytest.mark.slow
 TPU_I = pallas_attention.Flavor("tpu", 8, interpret=True)
@@ -114,12 +114,6 @@ MODEL_CASES = [
 ]
 
 
-def _random_params(model):
-  params = nn.unbox(models.init_params(model, jax.random.PRNGKey(0)))
-  return jax.tree_util.tree_map(
-      lambda x: x + 0.3 * jax.random.normal(jax.random.PRNGKey(x.size), x.shape), params)
-
-
 @pytest.mark.parametrize("options,memory,documents", MODEL_CASES)
 def test_model_with_the_kernel_equals_the_xla_model(options, memory, documents):
   """Per-token NLL, the next memory and every parameter's gradient."""
@@ -127,13 +121,7 @@ def test_model_with_the_kernel_equals_the_xla_model(options, memory, documents):
                            dropout=0.0, tgt_len=7, mem_len=5, **options)
   xla_model = models.TransformerXL(cfg)
   pallas_model = models.TransformerXL(dataclasses.replace(cfg, attention_impl="pallas"))
-  params = _random_params(xla_model)
-  tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 8), 0, 37)
-  mlen = {"empty": [0, 0], "partial": [5, 2], "full": [5, 5]}[memory]
-  mem = models.init_memory(cfg, 2).replace(
-      mlen_B=jnp.asarray(mlen, jnp.int32),
-      mems_LxBxMxD=jax.random.normal(jax.random.PRNGKey(3), (2, 2, 5, 16)).astype(
-          cfg.compute_dtype))
+  params, tokens, mem = tiny_model_inputs(cfg, memory)
   doc = jnp.asarray([[9, 10, 11, 0, 1, 2, 3], [0, 1, 0, 1, 2, 0, 1]]) if documents else None
 
   def loss(p, model):
@@ -162,9 +150,7 @@ def test_dropatt_in_training_falls_back_to_xla_and_says_so_once(caplog):
                            dropout=0.1, dropatt=0.3, tgt_len=7, mem_len=5)
   xla_model = models.TransformerXL(cfg)
   pallas_model = models.TransformerXL(dataclasses.replace(cfg, attention_impl="pallas"))
-  params = _random_params(xla_model)
-  tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 8), 0, 37)
-  mem = models.init_memory(cfg, 2)
+  params, tokens, mem = tiny_model_inputs(cfg, "empty")
   run = lambda model: model.apply({"params": params}, tokens[:, :-1], mem, tokens[:, 1:],
                                   deterministic=False, rngs={"dropout": jax.random.PRNGKey(5)})[0]
   pallas_attention_log = "model.attention_impl='pallas' has no dropatt"
@@ -192,25 +178,22 @@ def test_attention_impl_is_validated():
 # The train and eval steps with the kernel lower for TPU and CUDA.
 
 def _steps(mesh):
+  """The train and eval steps with the kernel (``lowering.abstract_step``),
+  their batches with documents."""
   config = default_config.get_config()
   config.model.update(n_layer=2, d_model=32, n_head=4, d_head=8, d_inner=64, dropout=0.1,
                       dropatt=0.0, tgt_len=16, mem_len=16, attention_impl="pallas",
                       dtype="bfloat16")
   config.train.update(global_batch=8)
-  mcfg = default_config.model_config(config, 64)
-  model = models.TransformerXL(mcfg)
-  tx = train_state.make_optimizer(config.train)
-  abstract, shardings = train_state.abstract_train_state(model, tx, 8, mesh)
-  rows = sharding.batch_sharding(mesh)
-  bxt = lambda dtype: jax.ShapeDtypeStruct((8, 16), dtype, sharding=rows)
-  batch = {"inputs": bxt(jnp.int32), "targets": bxt(jnp.int32), "weights": bxt(jnp.float32),
-           "reset": jax.ShapeDtypeStruct((8,), jnp.bool_, sharding=sharding.rows_sharding(mesh)),
-           "doc_pos": bxt(jnp.int32)}
-  train_fn = train.make_train_step(model, tx, mesh, shardings, 1, 7)
-  eval_fn = evaluate.make_eval_step(model, mesh)
-  eval_batch = {k: v for k, v in batch.items() if k != "weights"}
-  return {"train": (train_fn, (abstract, batch)),
-          "eval": (eval_fn, (abstract.params, abstract.memory, eval_batch))}
+  mcfg = lowering.resolved_model_config(config, 64)
+  steps = {}
+  for step in ("train", "eval"):
+    fn, args = lowering.abstract_step(config, mcfg, mesh, step)
+    batch = args[-1]
+    batch["doc_pos"] = jax.ShapeDtypeStruct(batch["inputs"].shape, jnp.int32,
+                                            sharding=batch["inputs"].sharding)
+    steps[step] = (fn, args)
+  return steps
 
 
 @pytest.mark.parametrize("platform,custom_call", [("tpu", "tpu_custom_call"),

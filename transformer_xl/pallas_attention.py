@@ -270,7 +270,7 @@ def _query_blocks(p: Problem, g: _Geometry, j0, mlen):
 
 
 def _band_start(g: _Geometry, i0, j0):
-  """First row of the tile's position band in the padded r (see _pad_r)."""
+  """First row of the tile's position band in the padded r (``_padded_inputs``)."""
   return j0 - i0 + g.Tp - g.b
 
 
@@ -278,23 +278,42 @@ def _band_start(g: _Geometry, i0, j0):
 # Kernels.  Refs per program: mlen (the batch's), then per (batch, head).
 # ----------------------------------------------------------------------------
 
+class _QueryBlock:
+  """What the query-block kernels (forward, dq) share: this program's
+  query block (q + u, q + v, its documents' offsets, the row's mlen) and,
+  per key block, the tile's keys, values, position band, mask and scores."""
+
+  def __init__(self, p, g, fl, mlen_ref, q_ref, u_ref, rr_ref, doc_ref, scratch):
+    self.p, self.g = p, g
+    self.rot = _Rotate(fl, scratch[0] if scratch else None)
+    self.i0 = pl.program_id(2) * g.b
+    self.mlen = mlen_ref[pl.program_id(0)]
+    q = q_ref[...]
+    self.qu, self.qv = q + u_ref[...], q + rr_ref[...]
+    self.doc = doc_ref[...]
+
+  def key_blocks(self):
+    return _key_blocks(self.p, self.g, self.i0, self.mlen)
+
+  def tile(self, kb, k_ref, v_ref, r_ref):
+    """(k_blk, v_blk, r_band, mask, unmasked scores) of key block kb."""
+    g = self.g
+    j0 = pl.multiple_of(kb * g.b, g.b)
+    k_blk, v_blk = k_ref[pl.ds(j0, g.b), :], v_ref[pl.ds(j0, g.b), :]
+    r_band = r_ref[pl.ds(pl.multiple_of(_band_start(g, self.i0, j0), g.b), 2 * g.b), :]
+    ok = _tile_mask(self.p, g, self.i0, j0, self.mlen, self.doc)
+    s = _tile_scores(self.p, g, self.rot, self.qu, self.qv, k_blk, r_band)
+    return k_blk, v_blk, r_band, ok, s
+
+
 def _fwd_kernel(p, g, fl, mlen_ref, q_ref, k_ref, v_ref, r_ref, u_ref, rr_ref, doc_ref,
                 o_ref, lse_ref, *scratch):
-  bi, qb = pl.program_id(0), pl.program_id(2)
-  rot = _Rotate(fl, scratch[0] if scratch else None)
-  i0 = qb * g.b
-  mlen = mlen_ref[bi]
-  q = q_ref[...]
-  qu, qv = q + u_ref[...], q + rr_ref[...]
-  doc = doc_ref[...]
+  blk = _QueryBlock(p, g, fl, mlen_ref, q_ref, u_ref, rr_ref, doc_ref, scratch)
 
   def body(kb, carry):
     m, l, acc = carry
-    j0 = pl.multiple_of(kb * g.b, g.b)
-    k_blk, v_blk = k_ref[pl.ds(j0, g.b), :], v_ref[pl.ds(j0, g.b), :]
-    r_band = r_ref[pl.ds(pl.multiple_of(_band_start(g, i0, j0), g.b), 2 * g.b), :]
-    ok = _tile_mask(p, g, i0, j0, mlen, doc)
-    s = jnp.where(ok, _tile_scores(p, g, rot, qu, qv, k_blk, r_band), MASK_VALUE)
+    _, v_blk, _, ok, s = blk.tile(kb, k_ref, v_ref, r_ref)
+    s = jnp.where(ok, s, MASK_VALUE)
     m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
     prob = jnp.where(ok, jnp.exp(s - m_new), 0.0)
     alpha = jnp.exp(m - m_new)
@@ -302,7 +321,7 @@ def _fwd_kernel(p, g, fl, mlen_ref, q_ref, k_ref, v_ref, r_ref, u_ref, rr_ref, d
     acc = alpha * acc + _dot(prob.astype(v_blk.dtype), v_blk)
     return m_new, l, acc
 
-  lo, hi = _key_blocks(p, g, i0, mlen)
+  lo, hi = blk.key_blocks()
   init = (jnp.full((g.b, 1), MASK_VALUE, jnp.float32), jnp.zeros((g.b, 1), jnp.float32),
           jnp.zeros((g.b, g.Dp), jnp.float32))
   m, l, acc = jax.lax.fori_loop(lo, hi, body, init)
@@ -313,30 +332,21 @@ def _fwd_kernel(p, g, fl, mlen_ref, q_ref, k_ref, v_ref, r_ref, u_ref, rr_ref, d
 
 def _dq_kernel(p, g, fl, mlen_ref, q_ref, k_ref, v_ref, r_ref, u_ref, rr_ref, doc_ref,
                do_ref, lse_ref, delta_ref, dqu_ref, dqv_ref, *scratch):
-  bi, qb = pl.program_id(0), pl.program_id(2)
-  rot = _Rotate(fl, scratch[0] if scratch else None)
-  i0 = qb * g.b
-  mlen = mlen_ref[bi]
-  q = q_ref[...]
-  qu, qv = q + u_ref[...], q + rr_ref[...]
-  doc, do, lse, delta = doc_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
+  blk = _QueryBlock(p, g, fl, mlen_ref, q_ref, u_ref, rr_ref, doc_ref, scratch)
+  do, lse, delta = do_ref[...], lse_ref[...], delta_ref[...]
 
   def body(kb, carry):
     dqu, dqv = carry
-    j0 = pl.multiple_of(kb * g.b, g.b)
-    k_blk, v_blk = k_ref[pl.ds(j0, g.b), :], v_ref[pl.ds(j0, g.b), :]
-    r_band = r_ref[pl.ds(pl.multiple_of(_band_start(g, i0, j0), g.b), 2 * g.b), :]
-    ok = _tile_mask(p, g, i0, j0, mlen, doc)
-    s = _tile_scores(p, g, rot, qu, qv, k_blk, r_band)
+    k_blk, v_blk, r_band, ok, s = blk.tile(kb, k_ref, v_ref, r_ref)
     prob = jnp.where(ok, jnp.exp(s - lse), 0.0)
     ds = prob * (_dot_nt(do, v_blk) - delta) * p.scale
     dqu = dqu + _dot(ds.astype(k_blk.dtype), k_blk)
     # Un-shift: G[a, c + b - 1 - a] = dS[a, c], then G @ band.
-    g_band = rot.spread(ds, g.b - 1, 2 * g.b - 1, 2 * g.b)
+    g_band = blk.rot.spread(ds, g.b - 1, 2 * g.b - 1, 2 * g.b)
     dqv = dqv + _dot(g_band.astype(r_band.dtype), r_band)
     return dqu, dqv
 
-  lo, hi = _key_blocks(p, g, i0, mlen)
+  lo, hi = blk.key_blocks()
   zero = jnp.zeros((g.b, g.Dp), jnp.float32)
   dqu, dqv = jax.lax.fori_loop(lo, hi, body, (zero, zero))
   dqu_ref[...] = dqu
