@@ -149,6 +149,52 @@ class LanguageModel:
     step, params = wd.restore_params(config, workdir, model_cfg, mesh)
     return cls(config, model_cfg, corpus, params, step, mesh)
 
+  @classmethod
+  def from_pretrained(cls, name: str, cache_dir: Optional[str] = None, *,
+                      manual_dir: Optional[str] = None, download: bool = True,
+                      data_dir: Optional[str] = None, dataset_manual_dir: Optional[str] = None,
+                      verify_checksums: bool = True, mesh: Optional[Mesh] = None
+                      ) -> "LanguageModel":
+    """A released model of the reference implementation (``enwik8``, ``text8``,
+    ``wt103``, ``lm1b``): downloaded, verified, converted once into
+    ``<cache>/workdirs/<name>`` and loaded from there, with the release's
+    evaluation settings (``transformer_xl.convert.pretrained``).
+
+        lm = LanguageModel.from_pretrained("wt103")
+        print(lm.generate("The game", num_tokens=50).texts[0])
+        print(lm.score_text("The game is carried over .\\n").ppl)
+
+    Args:
+      name: a key of ``transformer_xl.convert.pretrained.RELEASES``.
+      cache_dir: the cache (default ``$TRANSFORMER_XL_CACHE``, else
+        ``~/.cache/transformer_xl``).
+      manual_dir: the release's files already on disk (offline).
+      download: may download the release's files and the dataset's sources.
+      data_dir: tfds data dir of the release's corpus (its vocabulary and
+        tokenizer; prepared on first use); overrides the converted config's.
+      dataset_manual_dir: the corpus's source files (``data.manual_dir``).
+      verify_checksums: check the corpus's source files.
+      mesh: defaults to the config's mesh over all devices.
+
+    Raises:
+      transformer_xl.convert.ConvertError: the release's files cannot be
+        had or fail their checks (one line naming each file, its URL and
+        checksum).
+      data.DataError: the corpus cannot be prepared.
+    """
+    from transformer_xl.convert import pretrained  # the converter stays off other paths
+    workdir = str(pretrained.pretrained_workdir(
+        name, cache_dir, manual_dir=manual_dir, download=download, data_dir=data_dir,
+        dataset_manual_dir=dataset_manual_dir, verify_checksums=verify_checksums))
+    config = wd.load_config(workdir)
+    with config.unlocked():
+      config.data.download, config.data.verify_checksums = download, verify_checksums
+      if data_dir is not None:
+        config.data.data_dir = data_dir
+      if dataset_manual_dir is not None:
+        config.data.manual_dir = dataset_manual_dir
+    return cls.from_workdir(workdir, config=config, mesh=mesh)
+
   @property
   def generator(self) -> generate.Generator:
     """The sampler (``generate.Generator``) of the eval model, made on first use."""

@@ -1,13 +1,30 @@
 """Checkpoint conversion between the reference implementation and this package.
 
-    # reference PyTorch / HuggingFace state dict (.npz or torch file) -> workdir
+    # reference PyTorch / HuggingFace state dict (.npz, .safetensors or torch file) -> workdir
     python -m transformer_xl.convert --from=pytorch --checkpoint=model.pt \\
+        --hparams=hparams.json --workdir=/tmp/txl
+    # the same from a .safetensors file (no pickle; --from=pytorch reads it too)
+    python -m transformer_xl.convert --from=safetensors --checkpoint=model.safetensors \\
         --hparams=hparams.json --workdir=/tmp/txl
     # reference TensorFlow checkpoint (needs ``pip install ".[convert]"``) -> workdir
     python -m transformer_xl.convert --from=tf --checkpoint=tf_enwik8/model/model.ckpt-0 \\
         --hparams=hparams.json --workdir=/tmp/txl --vocab=vocab.txt --dataset=enwik8
     # workdir -> state dict with the reference names (and hparams.json)
     python -m transformer_xl.convert --to=pytorch --workdir=/tmp/txl --checkpoint=out.pt
+    # workdir -> .safetensors with HuggingFace's TransfoXLLMHeadModel names, to share
+    python -m transformer_xl.convert --to=safetensors --workdir=/tmp/txl \\
+        --checkpoint=model.safetensors --layout=hf
+    # a released model (enwik8, text8, wt103, lm1b, transfo-xl/transfo-xl-wt103):
+    # downloaded, checked, cached, converted at the paper's evaluation settings
+    python -m transformer_xl.convert --pretrained=wt103 --workdir=/tmp/wt103
+
+The format of a state dict file is its extension's: ``.npz``, ``.safetensors``
+or else a torch file, for ``--from=pytorch`` and ``--to=pytorch`` alike.
+``--from=safetensors`` and ``--to=safetensors`` are these, but refuse a
+``--checkpoint`` that does not end in ``.safetensors``.  A ``.safetensors``
+export holds float32 tensors and the metadata ``{"format": "pt"}``, so
+``safetensors.torch.load_file`` and transformers' ``from_pretrained`` (as
+``model.safetensors`` beside the model's ``config.json``) read it.
 
 A converted workdir holds ``config.json``, ``model_config.json`` and an orbax
 checkpoint of a full :class:`train_state.TrainState` at step 0, so that
@@ -67,7 +84,8 @@ and untied), and so do the loss and every gradient of a training step.  A
 reference TF checkpoint converts to the model that the PyTorch reference
 (and HuggingFace) computes with the same tensors, to the same 1e-5 (TF's own
 computation differs as listed above).  State dict -> workdir -> state dict
-is bit-exact (``--to=pytorch --layout=hf`` gives back the file, which
+is bit-exact, through ``.npz``, torch and ``.safetensors`` files alike
+(``--to=pytorch --layout=hf`` gives back the file, which
 ``TransfoXLLMHeadModel`` loads with ``strict=True``).  With ``--vocab``,
 each of our ids scores what the model's id of the same symbol scores
 (renormalised over the symbols kept).
@@ -83,9 +101,13 @@ in training imports it); of the package, only ``workdir.py`` calls
   hparams.py   load_hparams, ModelConfig <-> reference constructor arguments,
                expected_param_shapes
   pytorch.py   params_from_state_dict, state_dict_from_params, state dict files
-  tf.py        read_tf_checkpoint, state_dict_from_tf
+               (.npz, .safetensors, torch)
+  tf.py        read_tf_checkpoint, check_tf_checkpoint, state_dict_from_tf
   vocab.py     read_vocab, dataset_vocab, map_vocab, remap_vocab
   workdir.py   write_workdir, convert_to_workdir, export_pytorch
+  pretrained.py  RELEASES, download (resume, checksums, cache), convert_release,
+               pretrained_workdir (--pretrained, LanguageModel.from_pretrained)
+  safe_pickle.py  the restricted unpickler of the released vocabularies
   __main__.py  the command line
 """
 from __future__ import annotations
@@ -96,8 +118,10 @@ from transformer_xl.convert.hparams import (OPTIONAL_HPARAMS, REQUIRED_HPARAMS,
                                             load_hparams, model_config_from_hparams)
 from transformer_xl.convert.names import (NAME_TABLE, Row, flatten_params,
                                           resolve_cluster_order, unflatten_params)
-from transformer_xl.convert.pytorch import (inv_freq, params_from_state_dict, read_state_dict,
-                                            save_state_dict, state_dict_from_params)
+from transformer_xl.convert.pytorch import (SAFETENSORS_METADATA, inv_freq,
+                                            params_from_state_dict, read_state_dict,
+                                            save_state_dict, state_dict_format,
+                                            state_dict_from_params)
 from transformer_xl.convert.tf import read_tf_checkpoint, state_dict_from_tf
 from transformer_xl.convert.vocab import (UNSEEN_BIAS, dataset_vocab, map_vocab, read_vocab,
                                           remap_vocab)
@@ -106,10 +130,10 @@ from transformer_xl.convert.workdir import (convert_to_workdir, export_pytorch,
 
 __all__ = [
     "ConvertError", "NAME_TABLE", "OPTIONAL_HPARAMS", "REQUIRED_HPARAMS", "Row",
-    "UNSEEN_BIAS", "convert_to_workdir", "dataset_vocab", "expected_param_shapes",
-    "export_pytorch", "flatten_params", "hparams_from_model_config", "inv_freq",
-    "load_hparams", "map_vocab", "model_config_from_hparams", "one_device_mesh",
+    "SAFETENSORS_METADATA", "UNSEEN_BIAS", "convert_to_workdir", "dataset_vocab",
+    "expected_param_shapes", "export_pytorch", "flatten_params", "hparams_from_model_config",
+    "inv_freq", "load_hparams", "map_vocab", "model_config_from_hparams", "one_device_mesh",
     "params_from_state_dict", "read_state_dict", "read_tf_checkpoint", "read_vocab",
-    "remap_vocab", "resolve_cluster_order", "save_state_dict", "state_dict_from_params",
-    "state_dict_from_tf", "unflatten_params", "write_workdir",
+    "remap_vocab", "resolve_cluster_order", "save_state_dict", "state_dict_format",
+    "state_dict_from_params", "state_dict_from_tf", "unflatten_params", "write_workdir",
 ]

@@ -10,6 +10,7 @@ import sys
 from typing import Sequence
 
 import transformer_xl.convert as package
+from transformer_xl.convert import pretrained
 from transformer_xl.convert.errors import ConvertError, one_line
 from transformer_xl.convert.vocab import UNSEEN_BIAS
 from transformer_xl.convert.workdir import convert_to_workdir, export_pytorch
@@ -23,15 +24,18 @@ def _define_flags(fv):
   """
   from absl import flags
   f = {}
-  f["from"] = flags.DEFINE_enum("from", None, ["pytorch", "tf"],
-                                "Convert a reference checkpoint into --workdir.", flag_values=fv)
-  f["to"] = flags.DEFINE_enum("to", None, ["pytorch"],
-                              "Export --workdir's latest checkpoint to --checkpoint.",
+  f["from"] = flags.DEFINE_enum("from", None, ["pytorch", "safetensors", "tf"],
+                                "Convert a reference checkpoint into --workdir (safetensors: "
+                                "--from=pytorch for a .safetensors file only).", flag_values=fv)
+  f["to"] = flags.DEFINE_enum("to", None, ["pytorch", "safetensors"],
+                              "Export --workdir's latest checkpoint to --checkpoint "
+                              "(safetensors: --to=pytorch into a .safetensors file only).",
                               flag_values=fv)
   f["checkpoint"] = flags.DEFINE_string(
-      "checkpoint", None, "--from=pytorch: state dict (.npz or torch file); --from=tf: TF "
-      "checkpoint prefix or directory; --to=pytorch: output file (.npz or torch).",
-      flag_values=fv)
+      "checkpoint", None, "--from=pytorch: state dict (.npz, .safetensors or torch file, by "
+      "extension); --from=safetensors: a .safetensors file; --from=tf: TF checkpoint prefix "
+      "or directory; --to=pytorch: output file (.npz, .safetensors or torch, by extension); "
+      "--to=safetensors: a .safetensors output file.", flag_values=fv)
   f["hparams"] = flags.DEFINE_string(
       "hparams", None, "JSON of the reference constructor's arguments (input for --from; "
       "output for --to, default <checkpoint>.hparams.json).", flag_values=fv)
@@ -79,6 +83,18 @@ def _define_flags(fv):
       flag_values=fv)
   f["eval_global_batch"] = flags.DEFINE_integer("eval_global_batch", 1, "eval.global_batch.",
                                                 flag_values=fv)
+  f["pretrained"] = flags.DEFINE_enum(
+      "pretrained", None, sorted(pretrained.RELEASES), "A released model of the reference "
+      "implementation into --workdir (downloaded, verified and cached; see "
+      "transformer_xl.convert.pretrained).  With it, --manual_dir is the directory of the "
+      "release's files and --dataset_manual_dir that of the dataset's sources.",
+      flag_values=fv)
+  f["cache_dir"] = flags.DEFINE_string(
+      "cache_dir", None, f"--pretrained: download cache (default ${pretrained.CACHE_ENV}, else "
+      "~/.cache/transformer_xl).", flag_values=fv)
+  f["dataset_manual_dir"] = flags.DEFINE_string(
+      "dataset_manual_dir", None, "--pretrained: source files of the release's dataset.",
+      flag_values=fv)
   return f
 
 
@@ -113,13 +129,19 @@ def main(argv: Sequence[str]) -> None:
   process_settings.configure_logging(debug=False)  # orbax logs every file at INFO
   f = {k: v.value for k, v in holders.items()}
   try:
+    if f["pretrained"]:
+      _convert_pretrained(f)
+      return
+    if f["dataset_manual_dir"] or f["cache_dir"]:
+      raise ConvertError("--dataset_manual_dir and --cache_dir go with --pretrained.")
     if (f["from"] is None) == (f["to"] is None):
-      raise ConvertError("give exactly one of --from=pytorch|tf and --to=pytorch.")
+      raise ConvertError("give exactly one of --from=pytorch|safetensors|tf and "
+                         "--to=pytorch|safetensors.")
     if not f["checkpoint"] or not f["workdir"]:
       raise ConvertError("--checkpoint and --workdir are required.")
     if f["to"]:
       export_pytorch(f["workdir"], f["checkpoint"], f["hparams"], f["layout"],
-                     f["cluster_order"])
+                     f["cluster_order"], to=f["to"])
       return
     if not f["hparams"]:
       raise ConvertError("--hparams=HPARAMS.json is required with --from.")
@@ -135,6 +157,23 @@ def main(argv: Sequence[str]) -> None:
     sys.exit(f"error: {one_line(err)}")
   except OSError as err:
     sys.exit(f"error: {_os_error_message(err)}")
+
+
+def _convert_pretrained(f: dict) -> None:
+  """``--pretrained=NAME``: :func:`pretrained.convert_release` with the flags
+  (the release's evaluation settings; flags of the other modes refused)."""
+  others = [k for k in ("from", "to", "checkpoint", "hparams", "vocab", "dataset", "unit",
+                        "eval_tgt_len", "eval_mem_len", "eval_clamp_len", "eval_same_length")
+            if f[k] is not None]
+  if others:
+    raise ConvertError(f"--pretrained sets the model, its vocabulary and its evaluation "
+                       f"settings itself; drop --{', --'.join(others)}.")
+  if not f["workdir"]:
+    raise ConvertError("--workdir is required with --pretrained.")
+  pretrained.convert_release(
+      f["pretrained"], f["workdir"], cache_dir=f["cache_dir"], manual_dir=f["manual_dir"],
+      download=f["download"], data_dir=f["data_dir"], dataset_manual_dir=f["dataset_manual_dir"],
+      verify_checksums=f["verify_checksums"])
 
 
 def _os_error_message(err: OSError) -> str:

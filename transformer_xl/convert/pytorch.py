@@ -4,8 +4,10 @@ A state dict holds the reference ``MemTransformerLM``'s names (reference
 ``mem_transformer.py``) or HuggingFace's ``TransfoXLLMHeadModel``'s (the same
 under a ``transformer.`` prefix, except ``crit.*``); the names and layouts are
 those of :data:`transformer_xl.convert.names.NAME_TABLE`.  Files are ``.npz``
-archives or torch files of tensors (torch is imported only to read or write
-the latter).
+archives, ``.safetensors`` files or torch files of tensors, told apart by the
+extension (:func:`state_dict_format`); only torch files involve pickle, which
+``torch.load(weights_only=True)`` restricts to tensors.  torch and
+safetensors are imported only to read or write their files.
 """
 from __future__ import annotations
 
@@ -199,14 +201,29 @@ def state_dict_from_params(params: Mapping[str, Any], cfg, layout: str = "refere
   return out
 
 
-def read_state_dict(path: str) -> dict[str, np.ndarray]:
-  """Reads a state dict: a ``.npz`` of arrays, or a torch file.
+def state_dict_format(path: str) -> str:
+  """The format of a state dict file, by its extension (any case): "npz"
+  (``.npz``), "safetensors" (``.safetensors``) or "torch" (anything else:
+  ``.pt``, ``.bin``, ...)."""
+  lower = str(path).lower()
+  if lower.endswith(".npz"):
+    return "npz"
+  return "safetensors" if lower.endswith(".safetensors") else "torch"
 
-  ``.npz`` files (by extension) are read without pickles
-  (``allow_pickle=False``): every member must be a ``.npy`` array of
-  numbers.  Torch files are loaded with ``torch.load(..., map_location="cpu",
-  weights_only=True)``: a dict name -> tensor (a ``{"state_dict": {...}}``
-  or ``{"model_state_dict": {...}}`` wrapper is unwrapped).  The reference
+
+def read_state_dict(path: str) -> dict[str, np.ndarray]:
+  """Reads a state dict: a ``.npz`` of arrays, a ``.safetensors`` file, or a torch file.
+
+  The format is the extension's (:func:`state_dict_format`).  ``.npz``
+  files are read without pickles (``allow_pickle=False``): every member
+  must be a ``.npy`` array of numbers.  ``.safetensors`` files (HuggingFace's
+  pickle-free format: an 8-byte header length, a JSON header of names,
+  dtypes, shapes and offsets, then the raw data) are read with
+  ``safetensors.safe_open(path, framework="numpy")``; bfloat16 and float16
+  tensors are widened to float32, float8 tensors are refused.  Torch files
+  are loaded with ``torch.load(..., map_location="cpu", weights_only=True)``:
+  a dict name -> tensor (a ``{"state_dict": {...}}`` or
+  ``{"model_state_dict": {...}}`` wrapper is unwrapped).  The reference
   ``train.py`` saves the whole module (``torch.save(model)``); save its
   ``model.state_dict()`` instead.
 
@@ -215,17 +232,20 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
 
   Raises:
     ConvertError: a missing, empty, truncated or damaged file; an ``.npz``
-      that is not a zip of ``.npy`` arrays or holds object arrays; a torch
-      file that holds pickled objects or is not a flat dict of tensors; no
-      tensors; a tensor that is not of a real number type.  The message
-      names the file (and the tensor) and what to do.
+      that is not a zip of ``.npy`` arrays or holds object arrays; a
+      ``.safetensors`` file whose header or size is wrong, or safetensors
+      not installed; a torch file that holds pickled objects or is not a
+      flat dict of tensors; no tensors; a tensor that is not of a real
+      number type.  The message names the file (and the tensor) and what
+      to do.
   """
   if not os.path.exists(path):
-    raise ConvertError(f"checkpoint {path} does not exist; pass the state dict file (.npz or "
-                       "torch) with --checkpoint.")
+    raise ConvertError(f"checkpoint {path} does not exist; pass the state dict file (.npz, "
+                       ".safetensors or torch) with --checkpoint.")
   if os.path.isdir(path):
-    raise ConvertError(f"checkpoint {path} is a directory; pass the state dict file (.npz or "
-                       "torch) with --checkpoint (a TF checkpoint needs --from=tf).")
+    raise ConvertError(f"checkpoint {path} is a directory; pass the state dict file (.npz, "
+                       ".safetensors or torch) with --checkpoint (a TF checkpoint needs "
+                       "--from=tf).")
   try:
     size = os.path.getsize(path)
     with open(path, "rb"):
@@ -236,7 +256,8 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
   if size == 0:
     raise ConvertError(f"checkpoint {path} is empty (0 bytes); copy it again or save the "
                        "state dict again.")
-  state = _read_npz(path) if path.lower().endswith(".npz") else _read_torch(path)
+  state = {"npz": _read_npz, "safetensors": _read_safetensors,
+           "torch": _read_torch}[state_dict_format(path)](path)
   if not state:
     raise ConvertError(f"checkpoint {path} holds no tensors; pass the model's state dict.")
   for name, a in state.items():
@@ -259,6 +280,9 @@ def _read_npz(path: str) -> dict[str, np.ndarray]:
       what = "is a single .npy array, not an .npz archive of named arrays"
     elif head.startswith(b"PK"):
       what = "is truncated or damaged (a zip archive without its directory)"
+    elif _looks_like_safetensors(path):
+      raise ConvertError(f"checkpoint {path} is a safetensors file, not an .npz archive; give "
+                         "it a .safetensors name.")
     else:
       what = "is not an .npz archive (not a zip file)"
     raise ConvertError(f"checkpoint {path} {what}; copy it again, or {_NPZ_FIX}.")
@@ -302,6 +326,9 @@ def _read_torch(path: str) -> dict[str, np.ndarray]:
   try:
     obj = torch.load(path, map_location="cpu", weights_only=True)
   except Exception as err:  # torch raises several types for bad files
+    if _looks_like_safetensors(path):
+      raise ConvertError(f"checkpoint {path} is a safetensors file, not a torch file; give it "
+                         "a .safetensors name.") from None
     if "weights only load failed" in str(err).lower():
       raise ConvertError(f"checkpoint {path} holds pickled Python objects besides tensors (e.g. "
                          "a whole module, as the reference train.py saves), which are not "
@@ -334,20 +361,103 @@ def _read_torch(path: str) -> dict[str, np.ndarray]:
   return state
 
 
+_SAFETENSORS_FIX = ("save the state dict with safetensors.torch.save_file(model.state_dict(), "
+                    "path) or safetensors.numpy.save_file({name: float32 array}, path)")
+
+
+def _looks_like_safetensors(path: str) -> bool:
+  """Whether the file starts as a safetensors file does: an 8-byte
+  little-endian header length that fits the file, then ``{``."""
+  try:
+    with open(path, "rb") as f:
+      head = f.read(9)
+    size = os.path.getsize(path)
+  except OSError:
+    return False
+  return (len(head) == 9 and head[8:] == b"{"
+          and 2 <= int.from_bytes(head[:8], "little") <= size - 8)
+
+
+def _read_safetensors(path: str) -> dict[str, np.ndarray]:
+  """The tensors of a ``.safetensors`` file (see :func:`read_state_dict`);
+  ConvertError if unreadable.  safetensors checks the header (its length,
+  JSON, dtypes, shapes, offsets) and that the data fills the file exactly
+  when it opens the file, so a truncated or padded file fails there."""
+  try:
+    import safetensors
+  except ImportError:
+    raise ConvertError(f"reading the safetensors file {path} needs the safetensors package "
+                       "(pip install safetensors), or pass a .npz of the state dict.") from None
+  try:
+    import ml_dtypes  # noqa: F401  (a jax dependency: numpy's bfloat16, so BF16 tensors load)
+  except ImportError:
+    pass
+  try:
+    handle = safetensors.safe_open(path, framework="numpy")
+  except Exception as err:  # SafetensorError (header, size) and, for odd files, others
+    if zipfile.is_zipfile(path):
+      raise ConvertError(f"checkpoint {path} is a zip archive (an .npz or torch file), not a "
+                         "safetensors file; give it a .npz or .pt name.") from None
+    raise ConvertError(f"checkpoint {path} is truncated, damaged or not a safetensors file "
+                       f"({describe(err)}); copy it again, or {_SAFETENSORS_FIX}.") from None
+  state = {}
+  with handle as f:
+    for name in f.keys():
+      dtype = f.get_slice(name).get_dtype()  # safetensors' codes: F32, BF16, I64, BOOL, ...
+      try:
+        a = np.asarray(f.get_tensor(name))
+      except Exception as err:  # a dtype numpy lacks (float8, float4)
+        raise ConvertError(f"checkpoint {path}: tensor {name!r} has dtype {dtype}, which numpy "
+                           f"cannot hold ({describe(err)}); save the model's float tensors as "
+                           "float32, float16 or bfloat16.") from None
+      # F16/F32/F64 and BF16 (ml_dtypes' bfloat16, which numpy does not count as floating).
+      state[name] = a.astype(np.float32) if dtype.startswith(("F", "BF")) else a
+  return state
+
+
 def _as_float32(a: np.ndarray) -> np.ndarray:
   a = np.asarray(a)
   return a.astype(np.float32) if np.issubdtype(a.dtype, np.floating) else a
 
 
+# The metadata HuggingFace's tools expect in a .safetensors file of torch
+# tensors (transformers' from_pretrained refuses one without a "format").
+SAFETENSORS_METADATA = {"format": "pt"}
+
+
 def save_state_dict(state: Mapping[str, np.ndarray], path: str) -> None:
-  """Writes a state dict: ``.npz`` by extension, otherwise a torch file of tensors.
+  """Writes a state dict in the format of ``path``'s extension (:func:`state_dict_format`).
+
+  ``.npz``: ``numpy.savez``.  ``.safetensors``: ``safetensors.numpy.save_file``
+  with the metadata :data:`SAFETENSORS_METADATA` (``{"format": "pt"}``), each
+  tensor C-contiguous and of the state dict's dtype (float32 for the
+  parameters of :func:`state_dict_from_params`), which
+  ``safetensors.torch.load_file`` and transformers' ``from_pretrained`` read.
+  Otherwise a torch file of tensors (``torch.save``).
 
   Raises:
-    ConvertError: a torch file was asked for but torch is not installed.
+    ConvertError: a torch or safetensors file was asked for but its package
+      is not installed, or a tensor's dtype that safetensors cannot store.
   """
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  if path.endswith(".npz"):
-    np.savez(path, **{k: np.asarray(v) for k, v in state.items()})
+  fmt = state_dict_format(path)
+  if fmt == "npz":
+    with open(path, "wb") as f:  # a file object: numpy appends ".npz" to other names
+      np.savez(f, **{k: np.asarray(v) for k, v in state.items()})
+    return
+  if fmt == "safetensors":
+    try:
+      import safetensors
+      import safetensors.numpy
+    except ImportError:
+      raise ConvertError(f"writing the safetensors file {path} needs the safetensors package "
+                         "(pip install safetensors); or use a .npz path.") from None
+    arrays = {k: np.asarray(v, order="C") for k, v in state.items()}
+    try:
+      safetensors.numpy.save_file(arrays, path, metadata=dict(SAFETENSORS_METADATA))
+    except safetensors.SafetensorError as err:  # a dtype it cannot store (str, object, ...)
+      raise ConvertError(f"cannot write {path} as safetensors ({describe(err)}); save the "
+                         "state dict's float tensors as float32, or use a .npz path.") from None
     return
   try:
     import torch

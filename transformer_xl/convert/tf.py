@@ -61,6 +61,33 @@ def read_tf_checkpoint(path: str) -> dict[str, np.ndarray]:
   return variables
 
 
+def check_tf_checkpoint(path: str) -> int:
+  """Reads every variable of a TF checkpoint once and keeps none (peak memory:
+  the largest tensor), so that TF verifies each tensor's CRC32C checksum
+  that its ``.index`` records.  Returns the number of variables.
+
+  Raises:
+    ConvertError: no checkpoint at ``path``, TensorFlow missing, or a file
+      that is truncated or damaged (the message names the checkpoint).
+  """
+  if "://" not in path and not (os.path.isdir(path) or os.path.exists(path + ".index")):
+    raise ConvertError(f"no TF checkpoint at {path} ({path}.index does not exist).")
+  try:
+    import tensorflow as tf
+  except ImportError:
+    raise ConvertError("reading TF checkpoints needs TensorFlow: pip install -e '.[convert]'"
+                       ) from None
+  try:
+    reader = tf.train.load_checkpoint(path)
+    names = sorted(reader.get_variable_to_shape_map())
+    for name in names:
+      reader.get_tensor(name)
+  except Exception as err:  # TF raises NotFoundError, DataLossError, ValueError
+    raise ConvertError(f"the TF checkpoint {path} does not read cleanly ({describe(err)})."
+                       ) from None
+  return len(names)
+
+
 def _is_tf_slot(name: str) -> bool:
   """Optimizer slots and bookkeeping of the reference's TF training."""
   last = name.rsplit("/", 1)[-1]

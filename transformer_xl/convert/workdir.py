@@ -22,7 +22,8 @@ from transformer_xl.convert.hparams import (expected_param_shapes, hparams_from_
                                             load_hparams, model_config_from_hparams)
 from transformer_xl.convert.names import flatten_params, resolve_cluster_order, unflatten_params
 from transformer_xl.convert.pytorch import (params_from_state_dict, read_state_dict,
-                                            save_state_dict, state_dict_from_params)
+                                            save_state_dict, state_dict_format,
+                                            state_dict_from_params)
 from transformer_xl.convert.tf import read_tf_checkpoint, state_dict_from_tf
 from transformer_xl.convert.vocab import (UNSEEN_BIAS, check_dataset_name, dataset_vocab,
                                           describe_vocab_map, map_vocab, read_vocab,
@@ -118,6 +119,22 @@ def _check_creatable(path: str, flag: str, file: bool = False) -> None:
                        "pass a path in a directory you may write.")
 
 
+def _check_safetensors_name(flag: str, checkpoint: str) -> None:
+  """``--from=safetensors`` / ``--to=safetensors`` name the format: ConvertError
+  unless ``checkpoint`` ends in ``.safetensors`` (the format of a state dict
+  file is always its extension's, :func:`state_dict_format`)."""
+  if state_dict_format(checkpoint) == "safetensors":
+    return
+  if flag == "--from":
+    raise ConvertError(f"--from=safetensors reads a .safetensors file but --checkpoint="
+                       f"{checkpoint} has another extension; pass the .safetensors file, or use "
+                       "--from=pytorch for .npz and torch files.")
+  raise ConvertError(f"--to=safetensors writes a .safetensors file but --checkpoint="
+                     f"{checkpoint} has another extension; name it "
+                     f"{os.path.splitext(checkpoint)[0]}.safetensors, or use --to=pytorch for "
+                     ".npz and torch files.")
+
+
 def _check_unit(unit: Optional[str]) -> None:
   if unit is not None and unit not in ("byte", "char", "word"):
     raise ConvertError(f"unit={unit!r}: use byte, char or word.")
@@ -211,15 +228,18 @@ def convert_to_workdir(source: str, checkpoint: str, hparams: str | Mapping[str,
                        manual_dir: Optional[str] = None, download: bool = True,
                        verify_checksums: bool = True, unit: Optional[str] = None,
                        unseen_bias: float = UNSEEN_BIAS, **workdir_kwargs) -> dict:
-  """``--from=pytorch|tf``: a reference checkpoint into a workdir.
+  """``--from=pytorch|safetensors|tf``: a reference checkpoint into a workdir.
 
   Args:
-    source: "pytorch" (state dict file, :func:`read_state_dict`) or "tf"
-      (:func:`read_tf_checkpoint`; always forward cluster order).
+    source: "pytorch" (a state dict file of any format,
+      :func:`read_state_dict`: ``.npz``, ``.safetensors`` or torch, by its
+      extension), "safetensors" (the same, but the file must end in
+      ``.safetensors``) or "tf" (:func:`read_tf_checkpoint`; always forward
+      cluster order).
     checkpoint: the file / TF checkpoint prefix.
     hparams: JSON path or dict (:func:`load_hparams`).
     workdir: output directory (:func:`write_workdir`).
-    cluster_order: for "pytorch" (:func:`params_from_state_dict`).
+    cluster_order: for "pytorch" and "safetensors" (:func:`params_from_state_dict`).
     vocab: the released model's vocabulary file (:func:`read_vocab`); its
       rows are mapped onto ``dataset``'s vocabulary (:func:`map_vocab`,
       :func:`remap_vocab`).  Without it, the ids are taken as they are (and
@@ -245,8 +265,10 @@ def convert_to_workdir(source: str, checkpoint: str, hparams: str | Mapping[str,
       hparams, the vocabulary file, the workdir's settings and emptiness)
       comes before reading the checkpoint and preparing the corpus.
   """
-  if source not in ("pytorch", "tf"):
-    raise ConvertError(f"--from={source!r}: use pytorch or tf.")
+  if source not in ("pytorch", "safetensors", "tf"):
+    raise ConvertError(f"--from={source!r}: use pytorch, safetensors or tf.")
+  if source == "safetensors":
+    _check_safetensors_name("--from", checkpoint)
   if vocab is not None and dataset is None:
     raise ConvertError("--vocab needs --dataset (the vocabulary to map onto).")
   _check_unit(unit)
@@ -264,7 +286,7 @@ def convert_to_workdir(source: str, checkpoint: str, hparams: str | Mapping[str,
   workdir_config(cfg, dataset=dataset, data_dir=data_dir, manual_dir=manual_dir,
                  download=download, verify_checksums=verify_checksums, **workdir_kwargs)
   check_new_workdir(workdir)
-  if source == "pytorch":
+  if source in ("pytorch", "safetensors"):
     state = read_state_dict(checkpoint)
     order = resolve_cluster_order(cluster_order, list(state))
     log(f"Read {len(state)} tensors from {checkpoint}"
@@ -315,32 +337,48 @@ def _naming(checkpoint: str, fn, *args):
 
 
 def export_pytorch(workdir: str, checkpoint: str, hparams_path: Optional[str] = None,
-                   layout: str = "reference", cluster_order: str = "auto") -> dict:
-  """``--to=pytorch``: the latest checkpoint of a workdir as a reference state dict.
+                   layout: str = "reference", cluster_order: str = "auto",
+                   to: str = "pytorch") -> dict:
+  """``--to=pytorch|safetensors``: the latest checkpoint of a workdir as a reference state dict.
 
   Args:
     workdir: a training (or converted) workdir with config.json,
       model_config.json and checkpoints.
-    checkpoint: output file (``.npz``, else a torch file).
+    checkpoint: output file, in its extension's format
+      (:func:`save_state_dict`): ``.npz``, ``.safetensors`` (metadata
+      ``{"format": "pt"}``, float32 tensors) or else a torch file.
     hparams_path: output JSON of the constructor arguments
       (:func:`hparams_from_model_config`); default ``<checkpoint without
       extension>.hparams.json``.
     layout: see :func:`state_dict_from_params`.
     cluster_order: see :func:`state_dict_from_params`.
+    to: "pytorch" (any of the formats) or "safetensors" (``checkpoint``
+      must end in ``.safetensors``).
 
   Returns:
     {"step", "tensors", "hparams_path"}.
 
   Raises:
     ConvertError: missing or damaged workdir files or checkpoint; output
-      paths that cannot be written, or a torch output without torch
-      installed (both checked before the restore).
+      paths that cannot be written, a ``checkpoint`` that does not end in
+      ``.safetensors`` with to="safetensors", or a torch (safetensors)
+      output without torch (safetensors) installed (all checked before
+      the restore).
   """
   import jax
   from transformer_xl import checkpointing, default_config
   from transformer_xl import workdir as wd
-  if not checkpoint.lower().endswith(".npz") and importlib.util.find_spec("torch") is None:
-    raise ConvertError(f"writing the torch file {checkpoint} needs torch; use a .npz path.")
+  if to not in ("pytorch", "safetensors"):
+    raise ConvertError(f"--to={to!r}: use pytorch or safetensors.")
+  if to == "safetensors":
+    _check_safetensors_name("--to", checkpoint)
+  fmt = state_dict_format(checkpoint)
+  if fmt == "torch" and importlib.util.find_spec("torch") is None:
+    raise ConvertError(f"writing the torch file {checkpoint} needs torch; use a .npz or "
+                       ".safetensors path.")
+  if fmt == "safetensors" and importlib.util.find_spec("safetensors") is None:
+    raise ConvertError(f"writing the safetensors file {checkpoint} needs the safetensors "
+                       "package (pip install safetensors); or use a .npz path.")
   hparams_path = hparams_path or os.path.splitext(checkpoint)[0] + ".hparams.json"
   for flag, path in (("--checkpoint", checkpoint), ("--hparams", hparams_path)):
     if os.path.isdir(path):
