@@ -33,20 +33,8 @@ def read_tf_checkpoint(path: str) -> dict[str, np.ndarray]:
       imported), TensorFlow missing, the checkpoint unreadable or damaged,
       or a model variable that is not of a real number type.
   """
-  if "://" not in path and not (os.path.isdir(path) or os.path.exists(path + ".index")):
-    prefix = re.sub(r"\.(index|meta|data-\d+-of-\d+)$", "", path)
-    hint = (f"pass the prefix without the extension: --checkpoint={prefix}" if prefix != path
-            else "pass the prefix of its files (e.g. .../model.ckpt-0, without .index) or its "
-            "directory")
-    raise ConvertError(f"no TF checkpoint at {path} (neither a directory nor {path}.index "
-                       f"exists); {hint}.")
+  reader = _tf_reader(path)
   try:
-    import tensorflow as tf
-  except ImportError:
-    raise ConvertError("reading TF checkpoints needs TensorFlow: pip install -e '.[convert]'"
-                       ) from None
-  try:
-    reader = tf.train.load_checkpoint(path)
     variables = {name: np.asarray(reader.get_tensor(name))
                  for name in sorted(reader.get_variable_to_shape_map())
                  if not _is_tf_slot(name)}
@@ -67,18 +55,11 @@ def check_tf_checkpoint(path: str) -> int:
   that its ``.index`` records.  Returns the number of variables.
 
   Raises:
-    ConvertError: no checkpoint at ``path``, TensorFlow missing, or a file
-      that is truncated or damaged (the message names the checkpoint).
+    ConvertError: as :func:`read_tf_checkpoint`, for a file that is
+      truncated or damaged too (the message names the checkpoint).
   """
-  if "://" not in path and not (os.path.isdir(path) or os.path.exists(path + ".index")):
-    raise ConvertError(f"no TF checkpoint at {path} ({path}.index does not exist).")
+  reader = _tf_reader(path)
   try:
-    import tensorflow as tf
-  except ImportError:
-    raise ConvertError("reading TF checkpoints needs TensorFlow: pip install -e '.[convert]'"
-                       ) from None
-  try:
-    reader = tf.train.load_checkpoint(path)
     names = sorted(reader.get_variable_to_shape_map())
     for name in names:
       reader.get_tensor(name)
@@ -86,6 +67,30 @@ def check_tf_checkpoint(path: str) -> int:
     raise ConvertError(f"the TF checkpoint {path} does not read cleanly ({describe(err)})."
                        ) from None
   return len(names)
+
+
+def _tf_reader(path: str):
+  """TensorFlow's checkpoint reader of ``path``; ConvertError when there is no
+  checkpoint (checked before TensorFlow is imported), no TensorFlow, or an
+  index TF cannot open."""
+  if "://" not in path and not (os.path.isdir(path) or os.path.exists(path + ".index")):
+    prefix = re.sub(r"\.(index|meta|data-\d+-of-\d+)$", "", path)
+    hint = (f"pass the prefix without the extension: --checkpoint={prefix}" if prefix != path
+            else "pass the prefix of its files (e.g. .../model.ckpt-0, without .index) or its "
+            "directory")
+    raise ConvertError(f"no TF checkpoint at {path} (neither a directory nor {path}.index "
+                       f"exists); {hint}.")
+  try:
+    import tensorflow as tf
+  except ImportError:
+    raise ConvertError("reading TF checkpoints needs TensorFlow: pip install -e '.[convert]'"
+                       ) from None
+  try:
+    return tf.train.load_checkpoint(path)
+  except Exception as err:  # TF raises NotFoundError, DataLossError, ValueError
+    raise ConvertError(f"cannot read the TF checkpoint {path} ({describe(err)}); pass the "
+                       "prefix of a complete checkpoint (its .index and .data-* files), or copy "
+                       "it again.") from None
 
 
 def _is_tf_slot(name: str) -> bool:
