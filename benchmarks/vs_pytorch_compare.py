@@ -2,7 +2,8 @@
 earlier run's, with the change, and the regressions beyond a tolerance.
 
 Stdlib only; the runs are the JSON files that ``vs_pytorch.py`` writes
-(``benchmarks/results/<date>_<time>_<host>.json``).
+(``benchmarks/results/<date>_<time>_<host>.json``), and ``generation.py``'s
+(the same layout: ``results.<ours|pytorch>.<cell>``).
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 # Which way is better, by the last part of a number's name (--compare).
 _HIGHER_IS_BETTER = ("tokens_per_sec", "pct_of_matmul_limit", "ratio")
-_LOWER_IS_BETTER = ("ms_per_step", "rss", "faults", "wall_seconds")
+_LOWER_IS_BETTER = ("ms_per_step", "rss", "faults", "wall_seconds", "latency")
 
 
 def _direction(name: str) -> int:
@@ -62,7 +63,7 @@ def compare_runs(old: dict, new: dict, tolerance: float) -> tuple[list[str], int
   A number whose name ends in one of :data:`_HIGHER_IS_BETTER` (tokens/s,
   % of the matmul limit, the ratio) that fell by more than ``tolerance``
   percent, or one of :data:`_LOWER_IS_BETTER` (ms per step, RSS, page
-  faults, wall seconds) that rose by more, is marked REGRESSION; the
+  faults, wall seconds, latencies) that rose by more, is marked REGRESSION; the
   opposite moves are marked "better".  Settings and machines that differ
   are listed first, since they explain changes.
 

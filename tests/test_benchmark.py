@@ -1,15 +1,18 @@
-"""Smoke tests of the benchmark tools: benchmarks/vs_pytorch.py and benchmarks/fit.py.
+"""Smoke tests of the benchmark tools: benchmarks/vs_pytorch.py, benchmarks/fit.py,
+benchmarks/generation.py and the accelerator and attention-kernel tools.
 
 vs_pytorch.py runs in a subprocess (it starts one subprocess per
 implementation and phase itself) at --smoke sizes; the test checks that it
 exits 0, prints the markdown table with tokens/s, ratio, % of the matmul
 limit and peak RSS of both implementations, equal parameter counts, writes
 its JSON and compares against an earlier one.  fit.py compiles a tiny
-config on 4 simulated devices.  Neither test checks speed.  Needs torch and
+config on 4 simulated devices.  generation.py samples with both
+implementations in every cell of its --smoke grid.  No test checks speed.  Needs torch and
 transformers (in the ``test`` extra; required, not skipped).
 """
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -339,3 +342,51 @@ def test_accelerator_softmax_flops_by_hand():
                                 cutoffs=(20, 50), div_val=2, d_embed=16)
   assert acc.softmax_flops_per_token(adaptive) == (
       (2 * 8 * 16 + 2 * 16 * 22) + (2 * 8 * 8 + 2 * 8 * 30) + (2 * 8 * 4 + 2 * 4 * 50))
+
+
+# ---------------------------------------------------------------------------
+# generation.py
+# ---------------------------------------------------------------------------
+
+def test_generation_smoke_times_both_in_every_cell(tmp_path):
+  """The sampling benchmark at --smoke sizes: ours (Generator) and HF's
+  generate in every cell of the smoke grid (batch 1 and 2, mem_len 8 and
+  16), tokens/s, first-token latencies and the ratio in the JSON and the
+  table; then --compare of the file with itself.  No speed is checked."""
+  out_json = tmp_path / "generation.json"
+  script = str(REPO / "benchmarks" / "generation.py")
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+      [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+  proc = subprocess.run([sys.executable, script, "--smoke", f"--json={out_json}"],
+                        capture_output=True, text=True, cwd=REPO, env=env, timeout=900)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  assert ("| batch | mem_len | ours tokens/s | HF tokens/s | ours/HF | >= 2x "
+          "| ours first token s | HF first token s | HF/ours first token "
+          "| ours warm-up (compile) s |") in proc.stdout, proc.stdout
+  res = json.loads(out_json.read_text())
+  cells = [(1, 8), (2, 8), (1, 16), (2, 16)]
+  assert [(c["batch"], c["mem_len"]) for c in res["settings"]["cells"]] == cells
+  assert set(res["results"]) == {"ours", "pytorch"}
+  assert res["machine"]["commit"] and res["machine"]["versions"]["transformers"] == "4.35.2"
+  for batch, mem_len in cells:
+    key = f"B{batch}_M{mem_len}"
+    assert f"| {batch} | {mem_len} | " in proc.stdout
+    for w in ("ours", "pytorch"):
+      r = res["results"][w][key]
+      assert (r["batch"], r["mem_len"], r["num_tokens"], r["prompt_len"]) == (batch, mem_len, 5, 8)
+      assert len(r["tokens_per_sec"]) == 1 and r["median_tokens_per_sec"] > 0
+      assert r["min_tokens_per_sec"] <= r["median_tokens_per_sec"] <= r["max_tokens_per_sec"]
+      assert r["median_first_token_latency_s"] > 0 and r["warmup_seconds"] > 0
+    assert res["results"]["pytorch"][key]["hf_mem_len"] == mem_len
+    assert res["results"]["ours"][key]["compile_seconds"] > 0
+    ratio = res["ratios"][key]
+    assert ratio["tokens_per_sec"] == pytest.approx(
+        res["results"]["ours"][key]["median_tokens_per_sec"]
+        / res["results"]["pytorch"][key]["median_tokens_per_sec"])
+    assert ratio["first_token"] > 0 and isinstance(ratio["target_met"], bool)
+  assert re.search(r"parameters: ours [\d,]+, HF [\d,]+", proc.stdout), proc.stdout
+  proc = subprocess.run([sys.executable, script, f"--compare={out_json}", f"--new={out_json}"],
+                        capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+  assert proc.returncode == 0, proc.stderr
+  assert re.search(r"ratio\.B2_M16 .* \+0\.0%", proc.stdout), proc.stdout
+  assert "0 regression(s)" in proc.stdout

@@ -131,17 +131,58 @@ def test_sampling_is_reproducible_with_a_seed(model):
   assert not np.array_equal(a[0], a[1])  # the rows of a batch are different draws
 
 
-def test_the_per_token_step_compiles_once(mesh):
+@pytest.mark.parametrize("attn_type, same_length, clamp_len, pre_lnorm, n_prompt", [
+    (0, True, 0, False, 4),      # a prompt shorter than mem_len (7), read token by token
+    (0, False, 3, True, PROMPT),  # longer: 4 segments, then 3 single tokens
+    (1, True, 2, False, PROMPT),
+    (1, False, 0, True, 4),
+    (0, True, 4, True, 10),      # exactly 2 segments: token 1's pass starts the cache
+])
+def test_the_decoding_cache_gives_the_uncached_distributions(mesh, attn_type, same_length,
+                                                              clamp_len, pre_lnorm, n_prompt):
+  """Sampled (top_k 0, temperature 1.3) with the decoding cache and the on-device chunks
+  (of 3 tokens, so that passes cross chunk boundaries) and without them (every token
+  projects the memory again): the same tokens, each drawn from the same distribution."""
+  c, mcfg, ecfg, params = tiny(same_length, clamp_len, attn_type)
+  ecfg = dataclasses.replace(ecfg, pre_lnorm=pre_lnorm)
+  settings = generate.SamplingSettings(top_k=0, temperature=1.3)
+  runs = {}
+  for use_cache in (True, False):
+    gen = generate.Generator(ecfg, mesh, use_cache=use_cache, chunk=3)
+    assert gen.use_cache == use_cache
+    steps = list(gen.stream(params, prompt(b=3, n=n_prompt), 2 * NEW, settings, seed=5,
+                            log_probs=True))
+    runs[use_cache] = (np.stack([t for t, _ in steps]), np.stack([lp for _, lp in steps]))
+  (cached, logp_cached), (plain, logp_plain) = runs[True], runs[False]
+  assert cached.shape == (2 * NEW, 3) and len(set(cached.ravel().tolist())) > 5
+  np.testing.assert_array_equal(cached, plain)
+  np.testing.assert_allclose(logp_cached, logp_plain, atol=1e-5)
+
+
+def test_absolute_attention_types_generate_without_the_cache(mesh):
+  """attn_type 2 and 3 have no decoding cache (a cached state carries the absolute
+  position of an earlier window): the generator falls back to one step per token."""
+  for attn_type in (2, 3):
+    _, _, ecfg, params = tiny(attn_type=attn_type)
+    gen = generate.Generator(ecfg, mesh)
+    assert not gen.use_cache
+    assert gen.generate(params, prompt(n=6), 4).shape == (1, 4)
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_the_per_token_steps_compile_once(mesh, use_cache):
   """One compilation per batch size, whatever the prompt length, settings, seed or
-  number of tokens."""
+  number of tokens (chunks of every length included)."""
   _, _, ecfg, params = tiny()
-  gen = generate.Generator(ecfg, mesh)
+  gen = generate.Generator(ecfg, mesh, use_cache=use_cache, chunk=8)
   for n, settings, seed, num in [(PROMPT, generate.SamplingSettings(), 0, 9),
                                  (7, generate.SamplingSettings(top_k=1), 1, 3),
                                  (15, generate.SamplingSettings(0, 0.7, 0.5), 2, 20),
                                  (2, generate.SamplingSettings(5, 1.0, 2.0), 3, 1)]:
     gen.generate(params, prompt(b=2, n=n), num, settings, seed)
-  assert gen.token_step._cache_size() == 1
+  steps = {"token": gen.token_step, "start": gen.start_step, "chunk": gen.chunk_step}
+  used = {"start", "chunk"} if use_cache else {"token"}
+  assert {k: f._cache_size() for k, f in steps.items()} == {k: int(k in used) for k in steps}
   assert gen.segment_step._cache_size() == 1
 
 
@@ -184,6 +225,32 @@ def test_filter_logits_marks_the_support():
   out = np.asarray(generate.filter_logits(logits, 2, 1.0, 2.0))
   np.testing.assert_array_equal(np.isfinite(out), [[0, 1, 0, 1], [1, 1, 0, 0]])
   np.testing.assert_allclose(out[0, 1], 1.5)  # divided by the temperature
+
+
+def naive_support(x_V: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
+  """The kept tokens by the rule's definition: the whole vocabulary sorted."""
+  order = np.argsort(-x_V, kind="stable")
+  k = top_k if 0 < top_k <= len(x_V) else len(x_V)
+  top = x_V[order[:k]]
+  p = np.exp(top - top.max())
+  p /= p.sum()
+  n_keep = max(int(np.sum((np.cumsum(p) - p < top_p) | (top_p >= 1.0))), 1)
+  return x_V >= top[n_keep - 1]
+
+
+@pytest.mark.parametrize("top_k", [0, 1, 7, generate.TOP_K_FAST, generate.TOP_K_FAST + 1,
+                                   300, 5000])
+@pytest.mark.parametrize("top_p", [1.0, 0.9, 0.3])
+def test_filter_logits_keeps_the_support_of_the_whole_sorted_vocabulary(top_k, top_p):
+  """Whichever way the cut is found (lax.top_k for a small top_k, the sorted vocabulary
+  otherwise, none when nothing is cut): the support of its definition, ties included."""
+  rng = np.random.default_rng(top_k)
+  x_BxV = rng.normal(0, 2, (3, 300)).astype(np.float32)
+  x_BxV[1, :40] = x_BxV[1, 0]  # a run of ties across the cut
+  out = np.asarray(jax.jit(generate.filter_logits)(
+      x_BxV, np.int32(top_k), np.float32(top_p), np.float32(1.0)))
+  for b in range(3):
+    np.testing.assert_array_equal(np.isfinite(out[b]), naive_support(x_BxV[b], top_k, top_p))
 
 
 @pytest.mark.parametrize("kwargs, match", [

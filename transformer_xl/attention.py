@@ -46,8 +46,9 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from transformer_xl import pallas_attention
-from transformer_xl.attention_ops import (MASK_VALUE, Kernel, MaskParts, absolute_positions,
-                                          attend, content_scores, kv_rows, normal_init,
+from transformer_xl.attention_ops import (MASK_VALUE, CachedKV, Kernel, MaskParts,
+                                          absolute_positions, attend, content_scores, kv_rows,
+                                          normal_init,
                                           output_projection, position_scores, position_table,
                                           qkv, rel_shift, sinusoid_pos_emb)
 
@@ -71,6 +72,10 @@ class _Attention(nn.Module):
       collection is mutable.  Computes the full attention (one block).
     block_size: queries per block of the blockwise attention (0 = all T in
       one block): see :func:`attend`.
+    decode: generation with a decoding cache (types 0 and 1 only): the
+      memory part of the input may be an ``attention_ops.CachedKV`` (its
+      keys and values are not projected again), and ``__call__`` returns
+      (output, the next CachedKV) (:meth:`_with_cache`).
 
   The class methods below are the hooks through which models.py uses a
   variant (module docstring); ``cfg`` is a ``default_config.ModelConfig``.
@@ -87,17 +92,36 @@ class _Attention(nn.Module):
   deterministic: bool = True
   record: bool = False
   block_size: int = 0
+  decode: bool = False
 
   PAPER: ClassVar[str] = ""  # the variant's name in the paper's Table 6
+  DECODE_CACHE: ClassVar[bool] = False  # supports ``decode`` (a cache of projected memory)
 
   @classmethod
   def from_config(cls, cfg: Any, deterministic: bool, record: bool, block_size: int,
-                  name: str) -> "_Attention":
+                  name: str, decode: bool = False) -> "_Attention":
     """The module of one layer: the common attributes from ``cfg``, and
-    the variant's own (:meth:`own_attributes`)."""
+    the variant's own (:meth:`own_attributes`).
+
+    Raises:
+      NotImplementedError: ``decode`` for a type without a decoding cache.
+    """
+    if decode and not cls.DECODE_CACHE:
+      raise NotImplementedError(f"{cls.__name__} has no decoding cache (attn_type 0 and 1 "
+                                "have one): generate without it.")
     return cls(n_head=cfg.n_head, d_head=cfg.d_head, d_model=cfg.d_model, dropatt=cfg.dropatt,
                init_std=cfg.init_std, dtype=cfg.compute_dtype, deterministic=deterministic,
-               record=record, block_size=block_size, name=name, **cls.own_attributes(cfg))
+               record=record, block_size=block_size, name=name, decode=decode,
+               **cls.own_attributes(cfg))
+
+  def _with_cache(self, out_BxTxD: Array, k_BxKxHxDh: Array, v_BxKxHxDh: Array,
+                  r_KxHxDh: Array | None) -> Any:
+    """``out_BxTxD``, or with ``decode`` (out, CachedKV of the last M = K - T
+    key rows, which the next memory holds, and the position keys)."""
+    if not self.decode:
+      return out_BxTxD
+    t = out_BxTxD.shape[1]
+    return out_BxTxD, CachedKV(k_BxKxHxDh[:, t:], v_BxKxHxDh[:, t:], r_KxHxDh)
 
   @classmethod
   def own_attributes(cls, cfg: Any) -> dict[str, Any]:
@@ -173,6 +197,7 @@ class RelPartialLearnableAttention(_Attention):
   same_length: bool = False
 
   PAPER: ClassVar[str] = "Transformer-XL"
+  DECODE_CACHE: ClassVar[bool] = True
 
   @classmethod
   def own_attributes(cls, cfg):
@@ -204,7 +229,9 @@ class RelPartialLearnableAttention(_Attention):
         LayerNorm (used by type 2 and 3's queries; not here).
       mem_in_BxMxD, seg_in_BxTxD: the attention input, concat(memory,
         segment) = [B, K, d_model] in two parts (LayerNorm-ed with
-        pre_lnorm); queries come from the segment part.
+        pre_lnorm); queries come from the segment part.  With ``decode``
+        the memory part may be the ``CachedKV`` of the memory (its keys,
+        values and position keys are used as they are).
       pos: (pos_emb_KxD, r_w_bias_HxDh, r_r_bias_HxDh): the sinusoid R for
         distances K-1..0 (:func:`sinusoid_pos_emb`), u and v of Sec. 3.3,
         [n_head, d_head].
@@ -213,17 +240,20 @@ class RelPartialLearnableAttention(_Attention):
 
     Returns:
       [B, T, d_model] in ``dtype`` (the o_net output, before dropout and the
-      residual).
+      residual); with ``decode`` also the next ``CachedKV`` (:meth:`_with_cache`).
     """
     pos_emb_KxD, r_w_bias_HxDh, r_r_bias_HxDh = pos
     q_BxTxHxDh, k_BxKxHxDh, v_BxKxHxDh = qkv(self, mem_in_BxMxD, seg_in_BxTxD)
     t, klen = q_BxTxHxDh.shape[1], k_BxKxHxDh.shape[1]
-    r_KxHxDh = nn.DenseGeneral(
-        (self.n_head, self.d_head), use_bias=False, dtype=self.dtype,
-        param_dtype=self.param_dtype,
-        kernel_init=normal_init(self.init_std, "embed", "heads", "kv"),
-        name="r_net")(pos_emb_KxD.astype(self.dtype))
-    r_KxHxDh = checkpoint_name(r_KxHxDh, "r_head_k")
+    if isinstance(mem_in_BxMxD, CachedKV):  # the same distances every step: computed once
+      r_KxHxDh = mem_in_BxMxD.r_KxHxDh
+    else:
+      r_KxHxDh = nn.DenseGeneral(
+          (self.n_head, self.d_head), use_bias=False, dtype=self.dtype,
+          param_dtype=self.param_dtype,
+          kernel_init=normal_init(self.init_std, "embed", "heads", "kv"),
+          name="r_net")(pos_emb_KxD.astype(self.dtype))
+      r_KxHxDh = checkpoint_name(r_KxHxDh, "r_head_k")
 
     u = r_w_bias_HxDh.astype(self.dtype)
     v = r_r_bias_HxDh.astype(self.dtype)
@@ -233,7 +263,8 @@ class RelPartialLearnableAttention(_Attention):
         vec_BxTxHxDh = pallas_attention.rel_attention(
             q_BxTxHxDh, k_BxKxHxDh, v_BxKxHxDh, r_KxHxDh, u, v, mask_Bx1xTxK.mlen_B,
             mask_Bx1xTxK.doc_pos_BxT, mem_len=klen - t, same_length=self.same_length)
-        return output_projection(self, vec_BxTxHxDh)
+        return self._with_cache(output_projection(self, vec_BxTxHxDh), k_BxKxHxDh,
+                                v_BxKxHxDh, r_KxHxDh)
       _log_dropatt_fallback()
       mask_Bx1xTxK = mask_Bx1xTxK.dense(t, klen - t, self.same_length)
 
@@ -257,7 +288,9 @@ class RelPartialLearnableAttention(_Attention):
       for name, term in terms.items():
         term = jnp.where(mask_Bx1xTxK, term * (1.0 / self.d_head ** 0.5), MASK_VALUE)
         self.sow("intermediates", f"prob_{name}", jax.nn.softmax(term, axis=-1))
-    return attend(self, score, q_BxTxHxDh, k_BxKxHxDh, v_BxKxHxDh, (r_KxHxDh,), mask_Bx1xTxK)
+    return self._with_cache(
+        attend(self, score, q_BxTxHxDh, k_BxKxHxDh, v_BxKxHxDh, (r_KxHxDh,), mask_Bx1xTxK),
+        k_BxKxHxDh, v_BxKxHxDh, r_KxHxDh)
 
 
 class RelLearnableAttention(_Attention):
@@ -286,6 +319,7 @@ class RelLearnableAttention(_Attention):
   clamp_len: int = 0
 
   PAPER: ClassVar[str] = "Shaw et al. (2018)"
+  DECODE_CACHE: ClassVar[bool] = True
 
   @classmethod
   def own_attributes(cls, cfg):
@@ -314,8 +348,10 @@ class RelLearnableAttention(_Attention):
       b_HxBxQxJ = position_scores(q_BxQxHxDh, r_emb_JxHxDh)
       return ac_HxBxQxJ + rel_shift(b_HxBxQxJ + r_bias_JxH.T[:, None, None, :])
 
-    return attend(self, score, q_BxTxHxDh, k_BxKxHxDh, v_BxKxHxDh,
-                   (r_emb_KxHxDh, r_bias_KxH), mask_Bx1xTxK)
+    return self._with_cache(
+        attend(self, score, q_BxTxHxDh, k_BxKxHxDh, v_BxKxHxDh, (r_emb_KxHxDh, r_bias_KxH),
+               mask_Bx1xTxK),
+        k_BxKxHxDh, v_BxKxHxDh, None)
 
 
 class AbsoluteAttention(_Attention):

@@ -159,6 +159,28 @@ class MaskParts(NamedTuple):
     return attention_mask(tgt_len, mem_len, self.mlen_B, same_length, self.doc_pos_BxT)
 
 
+class CachedKV(NamedTuple):
+  """One layer's decoding cache (generation, ``generate.Generator``): the
+  keys and values of its memory slots as ``qkv_net`` projects them, and the
+  position keys of one query, which do not change from step to step.
+
+  Rolled like the memory: after a pass of T tokens the last M rows of
+  [cached k; the segment's k] are the next cache, exactly as the last M
+  rows of [memory; segment] are the next memory (models.DecoderLayer), so
+  the cache always holds the projections of the memory's states.
+
+  Attributes:
+    k_BxMxHxDh: keys of the M memory slots (compute dtype).
+    v_BxMxHxDh: values of the M memory slots.
+    r_KxHxDh: attn_type 0's ``r_net`` projection of the sinusoid for
+      distances M..0 (K = M + 1, one query); None for attn_type 1, whose
+      position tables are parameters read as they are.
+  """
+  k_BxMxHxDh: Array
+  v_BxMxHxDh: Array
+  r_KxHxDh: Optional[Array] = None
+
+
 def query_blocks(tgt_len: int, klen: int, block_size: int) -> list[tuple[int, int, int]]:
   """The blocks of the blockwise attention: (i0, i1, j1) per block.
 
@@ -338,6 +360,9 @@ def qkv(mod: nn.Module, mem_in_BxMxD: Array, seg_in_BxTxD: Array):
   it (the same numbers; a sixth of the projection's work saved, and the
   input gradient of the memory rows, as :func:`kv_rows`).  Both products
   are tagged "qkv" for the remat policies.
+
+  Given a :class:`CachedKV` instead of the memory rows (decoding), their
+  keys and values are the cache's and only the segment rows are projected.
   """
   kernel_Dx3xHxDh = Kernel((seg_in_BxTxD.shape[-1], 3, mod.n_head, mod.d_head),
                            ("embed", None, "heads", "kv"), mod.init_std, mod.param_dtype,
@@ -345,6 +370,10 @@ def qkv(mod: nn.Module, mem_in_BxMxD: Array, seg_in_BxTxD: Array):
   qkv_BxTx3xHxDh = checkpoint_name(
       _project_rows(seg_in_BxTxD, kernel_Dx3xHxDh, mod.dtype), "qkv")
   q_BxTxHxDh = qkv_BxTx3xHxDh[:, :, 0]
+  if isinstance(mem_in_BxMxD, CachedKV):
+    return (q_BxTxHxDh,
+            jnp.concatenate([mem_in_BxMxD.k_BxMxHxDh, qkv_BxTx3xHxDh[:, :, 1]], axis=1),
+            jnp.concatenate([mem_in_BxMxD.v_BxMxHxDh, qkv_BxTx3xHxDh[:, :, 2]], axis=1))
   if mem_in_BxMxD.shape[1] == 0:
     return q_BxTxHxDh, qkv_BxTx3xHxDh[:, :, 1], qkv_BxTx3xHxDh[:, :, 2]
   kv_BxMx2xHxDh = checkpoint_name(

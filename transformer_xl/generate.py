@@ -15,10 +15,25 @@ tgt_len T, mem_len M, clamp_len, same_length; no dropout):
 Then every new token is one forward pass of length 1 against the cached
 memory: O(M) attention per layer, nothing of the context recomputed.  The
 memory keeps its M slots per layer and each pass caches the last M of
-[memory; segment], so with one token per pass it is a rolling window.  The
-shapes never change, so the per-token step compiles once per batch size
-(temperature, top_k, top_p, the seed and the step index are traced
-arguments, not static ones).
+[memory; segment], so with one token per pass it is a rolling window.
+
+The decoding cache (attn_type 0 and 1; ``models.TransformerXL.decode``):
+beside the memory, each layer keeps the keys and values that ``qkv_net``
+makes of its M memory states, rolled exactly as the memory is, and
+attn_type 0 keeps the projected position keys of one query (the distances
+M..0 are the same every step); so a pass projects one token, O(d_model^2),
+instead of all M states and M + 1 positions again, O(M d_model^2).  The
+hidden-state memory stays the source of truth: the first pass after the
+prompt makes the cache from it, and generating without the cache
+(``use_cache=False``) gives the same tokens from the same distributions
+(tested).  The passes run on the device, ``chunk`` tokens per call of one
+compiled ``lax.fori_loop`` that samples each token and feeds it to the next
+pass, so no token makes a round trip to the host; the next chunk is
+dispatched before the current one is read back.  The shapes never change,
+so each step compiles once per batch size (temperature, top_k, top_p, the
+seed, the step index and the chunk's length are traced arguments, not
+static ones).  The top-k cut uses ``lax.top_k`` rather than a sort of the
+vocabulary (:func:`filter_logits`).
 
 The context of each new token (the model's memory semantics): at every
 layer the token attends to itself and to the cached states of the
@@ -59,7 +74,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from transformer_xl import default_config, models, sharding
+from transformer_xl import attention, default_config, models, sharding
 
 Array = jax.Array
 
@@ -97,6 +112,12 @@ class SamplingSettings:
       raise default_config.ConfigError("Invalid sampling settings: " + " ".join(problems))
 
 
+# filter_logits finds a top-k cut of at most this many tokens with lax.top_k
+# instead of sorting the whole vocabulary (a sort of V logits per row and
+# token is most of a small model's sampling step on a CPU).
+TOP_K_FAST = 128
+
+
 def filter_logits(logits_BxV: Array, top_k: Array, top_p: Array, temperature: Array) -> Array:
   """Tempered logits restricted to the top-k / nucleus support.
 
@@ -105,6 +126,11 @@ def filter_logits(logits_BxV: Array, top_k: Array, top_p: Array, temperature: Ar
   decreasing probability, renormalised over the top-k set) whose
   probability reaches ``top_p`` (all when top_p is 1).  A token tied with
   the last one kept is kept too.  Works under jit with traced settings.
+
+  The cut is found on the largest ``TOP_K_FAST`` logits (``lax.top_k``)
+  when 0 < top_k <= TOP_K_FAST, on the whole sorted vocabulary when
+  another top_k meets top_p < 1, and not at all when neither cuts
+  (``lax.switch``: only that branch runs); the three give the same cut.
 
   Args:
     logits_BxV: float [B, V] logits or log-probabilities.
@@ -118,14 +144,26 @@ def filter_logits(logits_BxV: Array, top_k: Array, top_p: Array, temperature: Ar
   """
   x_BxV = logits_BxV.astype(jnp.float32) / temperature
   v = x_BxV.shape[-1]
-  sorted_BxV = jnp.flip(jnp.sort(x_BxV, axis=-1), axis=-1)          # decreasing
-  k = jnp.where(top_k > 0, jnp.minimum(top_k, v), v)
-  in_k_BxV = (jnp.arange(v) < k)[None, :]
-  p_BxV = jax.nn.softmax(jnp.where(in_k_BxV, sorted_BxV, -jnp.inf), axis=-1)
-  mass_before_BxV = jnp.cumsum(p_BxV, axis=-1) - p_BxV
-  keep_BxV = in_k_BxV & ((mass_before_BxV < top_p) | (top_p >= 1.0))  # a prefix
-  n_keep_B = jnp.maximum(jnp.sum(keep_BxV, axis=-1), 1)
-  threshold_Bx1 = jnp.take_along_axis(sorted_BxV, (n_keep_B - 1)[:, None], axis=-1)
+  fast = min(v, TOP_K_FAST)
+
+  def threshold(sorted_BxC: Array, k: Array) -> Array:
+    """The smallest kept value, from the C largest logits in decreasing order."""
+    in_k_BxC = (jnp.arange(sorted_BxC.shape[-1]) < k)[None, :]
+    p_BxC = jax.nn.softmax(jnp.where(in_k_BxC, sorted_BxC, -jnp.inf), axis=-1)
+    mass_before_BxC = jnp.cumsum(p_BxC, axis=-1) - p_BxC
+    keep_BxC = in_k_BxC & ((mass_before_BxC < top_p) | (top_p >= 1.0))  # a prefix
+    n_keep_B = jnp.maximum(jnp.sum(keep_BxC, axis=-1), 1)
+    return jnp.take_along_axis(sorted_BxC, (n_keep_B - 1)[:, None], axis=-1)
+
+  branches = [
+      lambda x: threshold(jax.lax.top_k(x, fast)[0], top_k),                    # small top_k
+      lambda x: threshold(jnp.flip(jnp.sort(x, axis=-1), axis=-1),              # the rest
+                          jnp.where(top_k > 0, jnp.minimum(top_k, v), v)),
+      lambda x: jnp.full(x.shape[:1] + (1,), -jnp.inf, x.dtype),                # no cut
+  ]
+  which = jnp.where((top_k > 0) & (top_k <= fast), 0,
+                    jnp.where((top_k > 0) | (top_p < 1.0), 1, 2))
+  threshold_Bx1 = jax.lax.switch(which, branches, x_BxV)
   return jnp.where(x_BxV >= threshold_Bx1, x_BxV, -jnp.inf)
 
 
@@ -154,28 +192,43 @@ class Generator:
   """Continues token-id prompts with a model and its cached memory.
 
   See the module docstring for how the prompt is read and what context each
-  new token has.  Two jitted steps (each compiled once per batch size):
-  ``segment_step`` (the prompt's segments of tgt_len) and ``token_step``
-  (one token).  Rows are replicated over the mesh (every device holds all
-  B samples); parameters keep their shardings.
+  new token has.  The jitted steps (each compiled once per batch size):
+  ``segment_step`` (the prompt's segments of tgt_len), ``token_step`` (one
+  token, the memory projected again: attn_type 2 and 3, or ``use_cache``
+  off) and, with the decoding cache (attn_type 0 and 1), ``start_step``
+  (one token; projects the memory once into the cache) and ``chunk_step``
+  (``chunk`` tokens in one ``lax.scan`` on the device: each pass reads the
+  cached keys and values of the memory, samples the next token and feeds
+  it back, so no token makes a round trip to the host; compiled once per
+  batch size and chunk length).  Rows are replicated over the mesh (every
+  device holds all B samples); parameters keep their shardings.
 
   Args:
     model_cfg: the evaluation ModelConfig (``evaluate.eval_model_config``):
       tgt_len is the prompt's segment length, mem_len M the memory,
       clamp_len and same_length as in evaluation.
     mesh: the device mesh the parameters live on.
+    use_cache: decode with the cache where the attention type has one
+      (``models.TransformerXL.decode``; the same distributions, tested);
+      False: every token projects the memory again (``token_step``).
+    chunk: tokens per ``chunk_step`` (the streaming granularity).
 
   Raises:
     default_config.ConfigError: mem_len < 1 (no memory: each token would
-      see only itself).
+      see only itself), or chunk < 1.
   """
 
-  def __init__(self, model_cfg: models.ModelConfig, mesh: Mesh):
+  def __init__(self, model_cfg: models.ModelConfig, mesh: Mesh, use_cache: bool = True,
+               chunk: int = 32):
     if model_cfg.mem_len < 1:
       raise default_config.ConfigError(
           f"generation needs a memory: eval.mem_len={model_cfg.mem_len} must be >= 1.")
+    if chunk < 1:
+      raise default_config.ConfigError(f"chunk={chunk} must be >= 1.")
     self.cfg = model_cfg
     self.model = models.TransformerXL(model_cfg)
+    self.use_cache = bool(use_cache) and attention.variant(model_cfg).DECODE_CACHE
+    self.chunk = int(chunk)
     self._replicated = sharding.replicated(mesh)
     rep = self._replicated
     jit = lambda fn: jax.jit(sharding.traced_with_mesh(fn, mesh),
@@ -184,6 +237,21 @@ class Generator:
     self.segment_step = jit(self._step)  # tokens [B, tgt_len]
     self.token_step = jit(lambda params, memory, tokens_B, *rest: self._step(
         params, memory, tokens_B[:, None], *rest))  # tokens [B]
+    self.start_step = jax.jit(sharding.traced_with_mesh(self._start, mesh),
+                              in_shardings=(None,) + (rep,) * 7,
+                              out_shardings=(rep,) * 4, donate_argnums=(1,))
+    self.chunk_step = jax.jit(sharding.traced_with_mesh(self._chunk, mesh),
+                              in_shardings=(None,) + (rep,) * 9, out_shardings=(rep,) * 5,
+                              donate_argnums=(1, 2), static_argnums=(10,))
+
+  def _next(self, params: Any, hidden_BxTxD: Array, key: Array, index: Array, top_k: Array,
+            top_p: Array, temperature: Array) -> tuple[Array, Array]:
+    """(the token after the last position, drawn with ``fold_in(key, index)``;
+    the log-probabilities it was drawn from, float32 [B, V], nats)."""
+    logp_BxV = self.model.apply({"params": params}, hidden_BxTxD[:, -1:],
+                                method=models.TransformerXL.log_probs)[:, 0]
+    next_B = sample_tokens(jax.random.fold_in(key, index), logp_BxV, top_k, top_p, temperature)
+    return next_B, logp_BxV
 
   def _step(self, params: Any, memory: models.Memory, tokens_BxT: Array, key: Array,
             index: Array, top_k: Array, top_p: Array, temperature: Array):
@@ -193,23 +261,66 @@ class Generator:
       (next_B int32, log_probs_BxV float32 of the last position (nats),
       the next Memory).
     """
-    variables = {"params": params}
-    hidden_BxTxD, memory = self.model.apply(variables, tokens_BxT, memory, True,
+    hidden_BxTxD, memory = self.model.apply({"params": params}, tokens_BxT, memory, True,
                                             method=models.TransformerXL.hidden)
-    logp_BxV = self.model.apply(variables, hidden_BxTxD[:, -1:],
-                                method=models.TransformerXL.log_probs)[:, 0]
-    next_B = sample_tokens(jax.random.fold_in(key, index), logp_BxV, top_k, top_p, temperature)
+    next_B, logp_BxV = self._next(params, hidden_BxTxD, key, index, top_k, top_p, temperature)
     return next_B, logp_BxV, memory
+
+  def _start(self, params: Any, memory: models.Memory, tokens_B: Array, key: Array,
+             index: Array, top_k: Array, top_p: Array, temperature: Array):
+    """:meth:`_step` for one token, making the decoding cache of the memory.
+
+    Returns:
+      (next_B, log_probs_BxV, the next Memory, the next ``CachedKV``).
+    """
+    hidden_BxTxD, memory, cache = self.model.apply(
+        {"params": params}, tokens_B[:, None], memory, None, method=models.TransformerXL.decode)
+    next_B, logp_BxV = self._next(params, hidden_BxTxD, key, index, top_k, top_p, temperature)
+    return next_B, logp_BxV, memory, cache
+
+  def _chunk(self, params: Any, memory: models.Memory, cache: Any, token_B: Array, key: Array,
+             index: Array, n: Array, top_k: Array, top_p: Array, temperature: Array,
+             with_logp: bool):
+    """``n`` (traced, 1 <= n <= ``chunk``) passes of one token with the cache,
+    each sampling the next token (drawn with ``fold_in(key, index + i)``) and
+    feeding it to the next pass; one compilation whatever ``n``.
+
+    Returns:
+      (tokens_CxB int32, log_probs_CxBxV float32 or None: rows [0, n) filled,
+      C = ``chunk``; the next Memory; the next cache; the last token [B]).
+    """
+    b = token_B.shape[0]
+    tokens_CxB = jnp.zeros((self.chunk, b), jnp.int32)
+    logp_CxBxV = jnp.zeros((self.chunk, b, self.cfg.n_token), jnp.float32) if with_logp else None
+
+    def one(i, carry):
+      memory, cache, token_B, tokens_CxB, logp_CxBxV = carry
+      hidden_BxTxD, memory, cache = self.model.apply(
+          {"params": params}, token_B[:, None], memory, cache,
+          method=models.TransformerXL.decode)
+      next_B, logp_BxV = self._next(params, hidden_BxTxD, key, index + i, top_k, top_p,
+                                    temperature)
+      tokens_CxB = tokens_CxB.at[i].set(next_B)
+      if with_logp:
+        logp_CxBxV = logp_CxBxV.at[i].set(logp_BxV)
+      return memory, cache, next_B, tokens_CxB, logp_CxBxV
+
+    memory, cache, last_B, tokens_CxB, logp_CxBxV = jax.lax.fori_loop(
+        0, n, one, (memory, cache, token_B, tokens_CxB, logp_CxBxV))
+    return tokens_CxB, logp_CxBxV, memory, cache, last_B
 
   def stream(self, params: Any, prompt_BxN: np.ndarray, num_tokens: int,
              settings: SamplingSettings = SamplingSettings(), seed: int = 0,
              log_probs: bool = False) -> Iterator[Any]:
-    """Generates ``num_tokens`` tokens after each row's prompt, one step at a time.
+    """Generates ``num_tokens`` tokens after each row's prompt.
 
-    Each step's token is yielded as soon as it is on the host; the next
-    step is already dispatched by then.  Token i of every row is drawn with
-    the key ``fold_in(PRNGKey(seed), i)``, so a seed gives the same tokens
-    on every run (on the same devices and batch size).
+    With the decoding cache, tokens come from the device ``chunk`` at a
+    time (:meth:`_chunk`) and are yielded one by one; the next chunk is
+    dispatched before the current one is read back.  Without it, one step
+    per token, likewise dispatched ahead.  Token i of every row is drawn
+    with the key ``fold_in(PRNGKey(seed), i)``, so a seed gives the same
+    tokens on every run (on the same devices and batch size), with the
+    cache or without.
 
     Args:
       params: model parameters.
@@ -246,20 +357,66 @@ class Generator:
     knobs = (np.int32(settings.top_k), np.float32(settings.top_p),
              np.float32(settings.temperature))
     memory = jax.device_put(models.init_memory(self.cfg, b), self._replicated)
+    cache = None
     first = np.int32(0)  # the key index of generated token 0
     for s in range(n // t):
       next_B, logp_BxV, memory = self.segment_step(params, memory, prompt[:, s * t:(s + 1) * t],
                                                    key, first, *knobs)
     for j in range(n // t * t, n):  # on the devices like the generated tokens: one compile
       tokens_B = jax.device_put(prompt[:, j], self._replicated)
-      next_B, logp_BxV, memory = self.token_step(params, memory, tokens_B, key, first, *knobs)
+      if not self.use_cache:
+        next_B, logp_BxV, memory = self.token_step(params, memory, tokens_B, key, first, *knobs)
+      elif cache is None:
+        next_B, logp_BxV, memory, cache = self.start_step(params, memory, tokens_B, key, first,
+                                                          *knobs)
+      else:
+        toks, logps, memory, cache, next_B = self.chunk_step(
+            params, memory, cache, tokens_B, key, first, np.int32(1), *knobs, log_probs)
+        logp_BxV = logps[0] if log_probs else None
+    if not self.use_cache:
+      yield from self._stream_per_token(params, memory, next_B, logp_BxV, key, knobs,
+                                        num_tokens, log_probs)
+      return
+    # Token 0 comes from the prompt; token 1 from a pass over token 0 (which
+    # starts the cache if the prompt had no remainder); then chunks.
+    yield self._item(next_B, logp_BxV, log_probs)
+    i = 1
+    if i < num_tokens and cache is None:
+      next_B, logp_BxV, memory, cache = self.start_step(params, memory, next_B, key,
+                                                        np.int32(1), *knobs)
+      yield self._item(next_B, logp_BxV, log_probs)
+      i = 2
+    pending = None
+    while i < num_tokens or pending is not None:
+      dispatched = None
+      if i < num_tokens:  # dispatched before the pending chunk is read back
+        k = min(self.chunk, num_tokens - i)
+        toks, logps, memory, cache, next_B = self.chunk_step(
+            params, memory, cache, next_B, key, np.int32(i), np.int32(k), *knobs, log_probs)
+        dispatched, i = (toks, logps, k), i + k
+      if pending is not None:
+        toks_NxB, logps_NxBxV = np.asarray(pending[0]), pending[1]
+        logps_NxBxV = np.asarray(logps_NxBxV) if log_probs else None
+        for r in range(pending[2]):
+          yield (toks_NxB[r], logps_NxBxV[r]) if log_probs else toks_NxB[r]
+      pending = dispatched
+
+  @staticmethod
+  def _item(token_B: Array, logp_BxV: Array, log_probs: bool):
+    """What :meth:`stream` yields for one token, on the host."""
+    token_B = np.asarray(token_B)
+    return (token_B, np.asarray(logp_BxV)) if log_probs else token_B
+
+  def _stream_per_token(self, params, memory, next_B, logp_BxV, key, knobs, num_tokens,
+                        log_probs):
+    """Without the cache: one ``token_step`` per token, the next one
+    dispatched before the current token is read back."""
     for i in range(num_tokens):
       token_B, token_logp_BxV = next_B, logp_BxV
       if i + 1 < num_tokens:  # dispatched before token i is read back
         next_B, logp_BxV, memory = self.token_step(params, memory, token_B, key,
                                                    np.int32(i + 1), *knobs)
-      token_B = np.asarray(token_B)
-      yield (token_B, np.asarray(token_logp_BxV)) if log_probs else token_B
+      yield self._item(token_B, token_logp_BxV, log_probs)
 
   def generate(self, params: Any, prompt_BxN: np.ndarray, num_tokens: int,
                settings: SamplingSettings = SamplingSettings(), seed: int = 0) -> np.ndarray:

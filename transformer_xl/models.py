@@ -32,7 +32,7 @@ The layer stack is one ``nn.scan`` (parameters stacked on a leading
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import flax.linen as nn
 import flax.struct
@@ -89,6 +89,15 @@ def reset_memory(memory: Memory, reset_B: Array) -> Memory:
   return memory.replace(mlen_B=jnp.where(reset_B, 0, memory.mlen_B))
 
 
+class LayerCache(NamedTuple):
+  """What a layer reads and returns when decoding with a cache
+  (:meth:`TransformerXL.decode`): its memory and the ``CachedKV`` of it
+  (None on the first pass, which projects the memory and starts the cache).
+  Stacked over layers ([n_layer, ...] leading axes) outside the scan."""
+  mem: Array
+  kv: Optional[attention_ops.CachedKV]
+
+
 def advance_mlen(mlen_B: Array, mem_len: int, tgt_len: int, ext_len: int) -> Array:
   """Valid slots after caching a segment: ``min(M, mlen + T - ext_len)``, int32 [B]."""
   return jnp.minimum(mem_len, mlen_B + tgt_len - ext_len).astype(jnp.int32)
@@ -119,7 +128,8 @@ class DecoderLayer(nn.Module):
 
     Args:
       h_BxTxD: layer input for the segment (the scan carry).
-      mem_BxMxD: this layer's memory (its inputs at the previous M positions).
+      mem_BxMxD: this layer's memory (its inputs at the previous M positions),
+        or, decoding with a cache, a :class:`LayerCache` of it.
       pos: the variant's position terms, the same for every layer
         (``variant.model_inputs``; e.g. attn_type 0's R, u and v).
       mask_Bx1xTxK: attention mask (attention_ops.attention_mask), or with
@@ -129,9 +139,13 @@ class DecoderLayer(nn.Module):
 
     Returns:
       (out_BxTxD, new_mem_BxMxD): the layer output (next carry) and the new
-      memory of this layer.
+      memory of this layer (decoding: a :class:`LayerCache` of the new
+      memory and the new cache).
     """
     cfg = self.config
+    decode = isinstance(mem_BxMxD, LayerCache)
+    cached = mem_BxMxD.kv if decode else None
+    mem_BxMxD = mem_BxMxD.mem if decode else mem_BxMxD
     mem_len, tgt_len = mem_BxMxD.shape[1], h_BxTxD.shape[1]
 
     # ---- The memory path (Sec. 3.2): h~ = [SG(m) o h] ----------------------
@@ -146,25 +160,40 @@ class DecoderLayer(nn.Module):
 
     attn = self.variant.from_config(
         cfg, deterministic=deterministic, record=self.record_attention,
-        block_size=tuning.attn_block_size(cfg.attn_block, deterministic), name="attn")
+        block_size=tuning.attn_block_size(cfg.attn_block, deterministic), name="attn",
+        decode=decode)
     drop = nn.Dropout(cfg.dropout)
     ff = PositionwiseFF(cfg, name="pos_ff")
 
     # The attention reads concat(memory, segment) as its two parts (attention_ops.kv_rows).
+    # Decoding with a cache, the memory part is its cached projection.
     if cfg.pre_lnorm:  # the LayerNorm of cat_BxKxD, row by row
       attn_norm = _layer_norm("attn_layer_norm")
-      attn_out = attn(h_BxTxD, attn_norm(mem_BxMxD).astype(cfg.compute_dtype),
-                      attn_norm(h_BxTxD).astype(cfg.compute_dtype), pos, mask_Bx1xTxK)
+      mem_in = cached if cached is not None else attn_norm(mem_BxMxD).astype(cfg.compute_dtype)
+      attn_out = attn(h_BxTxD, mem_in, attn_norm(h_BxTxD).astype(cfg.compute_dtype), pos,
+                      mask_Bx1xTxK)
+      attn_out, new_mem_BxMxD = _split_cache(attn_out, new_mem_BxMxD, decode)
       x_BxTxD = h_BxTxD + drop(attn_out, deterministic=deterministic)
       ff_in = _layer_norm("ff_layer_norm")(x_BxTxD).astype(cfg.compute_dtype)
       out_BxTxD = x_BxTxD + ff(ff_in, deterministic)
     else:
-      attn_out = attn(h_BxTxD, mem_BxMxD, h_BxTxD, pos, mask_Bx1xTxK)
+      attn_out = attn(h_BxTxD, cached if cached is not None else mem_BxMxD, h_BxTxD, pos,
+                      mask_Bx1xTxK)
+      attn_out, new_mem_BxMxD = _split_cache(attn_out, new_mem_BxMxD, decode)
       x_BxTxD = _layer_norm("attn_layer_norm")(
           h_BxTxD + drop(attn_out, deterministic=deterministic))
       x_BxTxD = x_BxTxD.astype(cfg.compute_dtype)
       out_BxTxD = _layer_norm("ff_layer_norm")(x_BxTxD + ff(x_BxTxD, deterministic))
     return out_BxTxD.astype(cfg.compute_dtype), new_mem_BxMxD
+
+
+def _split_cache(attn_out: Any, new_mem_BxMxD: Array, decode: bool) -> tuple[Array, Any]:
+  """(attention output, what the layer returns as its memory): decoding, the
+  attention returned (output, next CachedKV), which goes beside the memory."""
+  if not decode:
+    return attn_out, new_mem_BxMxD
+  out_BxTxD, kv = attn_out
+  return out_BxTxD, LayerCache(new_mem_BxMxD, kv)
 
 
 def _layer_norm(name: str) -> nn.LayerNorm:
@@ -275,11 +304,45 @@ class TransformerXL(nn.Module):
     return self.hidden_from_embeddings(emb_BxTxD, memory, deterministic, reset_B,
                                        doc_pos_BxT=doc_pos_BxT)
 
+  def decode(self, tokens_BxT: Array, memory: Memory,
+             kv_cache: Optional[attention_ops.CachedKV] = None):
+    """:meth:`hidden` (no dropout) with a decoding cache, for generation.
+
+    Each layer reads its memory's keys and values (and attn_type 0's
+    position keys) from ``kv_cache`` instead of projecting the M memory
+    states again: a pass of one token costs O(d_model^2) in projections,
+    not O(M d_model^2).  The memory stays the source of truth and is
+    updated exactly as :meth:`hidden` does; the cache is rolled beside it
+    (``attention_ops.CachedKV``), so the result equals :meth:`hidden`'s.
+    The position keys are those of one query, so after the first pass (any
+    T, ``kv_cache=None``: the cache is made from the memory) passes must
+    have T = 1.  attn_type 0 and 1 only.
+
+    Args:
+      tokens_BxT: int32 token ids.
+      memory: the :class:`Memory`.
+      kv_cache: the previous pass's cache, leading axis [n_layer]; None:
+        project the memory (the first pass).
+
+    Returns:
+      (hidden_BxTxD, next Memory, next cache: ``CachedKV`` with
+      [n_layer, B, M, H, Dh] keys and values and [n_layer, M + 1, H, Dh]
+      position keys, or None for attn_type 1).
+
+    Raises:
+      NotImplementedError: attn_type 2 or 3 (absolute positions: a cached
+        state would carry the position of an earlier window).
+    """
+    return self.hidden_from_embeddings(self.word_emb(tokens_BxT), memory, True,
+                                       decode=True, kv_cache=kv_cache)
+
   def hidden_from_embeddings(self, emb_BxTxD: Array, memory: Memory, deterministic: bool = True,
                              reset_B: Optional[Array] = None,
-                             doc_pos_BxT: Optional[Array] = None):
+                             doc_pos_BxT: Optional[Array] = None, *, decode: bool = False,
+                             kv_cache: Optional[attention_ops.CachedKV] = None):
     """As :meth:`hidden`, from the scaled word embeddings [B, T, d_model]
     (the output of ``word_emb``): where the memory enters and leaves the model.
+    With ``decode``, as :meth:`decode` (and the next cache is returned too).
 
     Raises:
       ValueError: the segment is not longer than ext_len.
@@ -301,12 +364,16 @@ class TransformerXL(nn.Module):
     if cfg.attention_impl == "xla" or self.record_attention:  # the fused kernel masks in-kernel
       mask = mask.dense(tgt_len, mem_len, cfg.same_length)
 
+    layer_mems = LayerCache(mems_LxBxMxD, kv_cache) if decode else mems_LxBxMxD
     h_BxTxD, new_mems_LxBxMxD = self.layers(                      # read (scanned in),
-        h_BxTxD, mems_LxBxMxD, pos, mask, deterministic)          # new memory (out)
+        h_BxTxD, layer_mems, pos, mask, deterministic)            # new memory (out)
+    if decode:
+      new_mems_LxBxMxD, kv_cache = new_mems_LxBxMxD
     new_memory = Memory(                                          # return
         mems_LxBxMxD=new_mems_LxBxMxD,
         mlen_B=advance_mlen(memory.mlen_B, mem_len, tgt_len, cfg.ext_len))
-    return self.drop(h_BxTxD, deterministic=deterministic), new_memory
+    h_BxTxD = self.drop(h_BxTxD, deterministic=deterministic)
+    return (h_BxTxD, new_memory, kv_cache) if decode else (h_BxTxD, new_memory)
 
   def _shared(self):
     """The embedding tables / projections when the softmax ties to them."""
