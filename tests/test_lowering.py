@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from transformer_xl import lowering
+
 pytestmark = pytest.mark.slow  # subprocesses with up to 512 simulated devices: minutes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,7 +62,7 @@ def run_worker(n_devices: int, job_list: list[str]) -> list[dict]:
 @pytest.mark.parametrize("n_devices,job_list", jobs())
 def test_paper_configs_lower_for_tpu_and_cuda(n_devices, job_list):
   results = run_worker(n_devices, job_list)
-  steps = ("train", "eval", "generate_segment", "generate_token")
+  steps = lowering.STEPS
   assert sorted((r["job"], r["step"], r["platform"]) for r in results) == sorted(
       (j, s, p) for j in job_list for s in steps for p in ("tpu", "cuda"))
   failed = [f"{r['job']} {r['step']} {r['platform']}: {r['error']}" for r in results

@@ -3,7 +3,8 @@
 The train step (``train.make_train_step``), the eval step
 (``evaluate.make_eval_step``, or ``make_window_step`` with
 ``eval.method="sliding"``) and the generation steps
-(``generate.Generator``'s segment and token steps) of a config on a mesh,
+(``generate.Generator``'s segment and token steps, and its on-device
+decoding loop with the cache, ``chunk_step``) of a config on a mesh,
 each with ``jax.ShapeDtypeStruct`` arguments carrying their shardings: no
 parameters are initialised and no data are read, so a 24-layer model on a
 512-device slice is traced in seconds on simulated CPU devices.
@@ -24,7 +25,7 @@ from jax.sharding import Mesh
 from transformer_xl import (default_config, evaluate, generate, models, sharding, train,
                             train_state)
 
-STEPS = ("train", "eval", "generate_segment", "generate_token")
+STEPS = ("train", "eval", "generate_segment", "generate_token", "generate_chunk")
 
 
 def vocab_sizes() -> dict[str, int]:
@@ -63,7 +64,8 @@ def abstract_step(config: Any, model_cfg: models.ModelConfig, mesh: Mesh,
       the eval and generation steps derive theirs from it and ``config.eval``
       as the command line does.
     mesh: the devices; arrays are sharded as in a real run.
-    step: "train", "eval", "generate_segment" or "generate_token".
+    step: one of :data:`STEPS` ("generate_chunk": ``chunk_step``, or the
+      token step for an attention type without a decoding cache).
 
   Returns:
     ``fn`` and ``args`` such that ``fn.lower(*args)`` or
@@ -116,5 +118,14 @@ def abstract_step(config: Any, model_cfg: models.ModelConfig, mesh: Mesh,
   tokens = spec((1, ecfg.tgt_len) if step == "generate_segment" else (1,), jnp.int32, rep)
   knobs = (spec((2,), jnp.uint32, rep), spec((), jnp.int32, rep), spec((), jnp.int32, rep),
            spec((), jnp.float32, rep), spec((), jnp.float32, rep))  # key, index, top_k/p, temp.
+  if step == "generate_chunk" and gen.use_cache:  # the decoding loop with the cache
+    cache_shapes = jax.eval_shape(
+        lambda p, m, x: gen.model.apply({"params": p}, x[:, None], m, None,
+                                        method=models.TransformerXL.decode)[2],
+        abstract.params, memory, tokens)
+    cache = jax.tree_util.tree_map(lambda x: spec(x.shape, x.dtype, rep), cache_shapes)
+    n = spec((), jnp.int32, rep)  # tokens in this chunk (traced)
+    return gen.chunk_step, (abstract.params, memory, cache, tokens, *knobs[:2], n, *knobs[2:],
+                            False)
   fn = gen.segment_step if step == "generate_segment" else gen.token_step
   return fn, (abstract.params, memory, tokens, *knobs)
