@@ -98,9 +98,10 @@ def test_greedy_equals_one_pass_over_the_growing_context(mesh, same_length, clam
 
 @pytest.mark.slow
 def test_greedy_without_same_length_equals_segments_then_single_tokens(mesh):
-  """No same_length, a prompt of full segments and a remainder: re-computed from scratch at
-  every step with plain model calls, the prompt's full segments in segments of tgt_len
-  (as Evaluator.score reads them) and every later token alone against the memory."""
+  """No same_length, a prompt of a remainder and full segments: re-computed from scratch at
+  every step with plain model calls, the prompt's first PROMPT % tgt_len tokens as one short
+  segment, then its full segments of tgt_len (as Evaluator.score reads them), and every
+  later token alone against the memory."""
   c, mcfg, ecfg, params = tiny(same_length=False)
   gen = generate.Generator(ecfg, mesh)
   p = prompt()
@@ -111,9 +112,12 @@ def test_greedy_without_same_length_equals_segments_then_single_tokens(mesh):
   for k in range(NEW):
     context = np.concatenate([p[0], tokens[:k]])[None, :]
     memory = models.init_memory(ecfg, 1)
-    for s in range(PROMPT // t):
-      logp, memory = apply(context[:, s * t:(s + 1) * t], memory)
-    for j in range(PROMPT // t * t, context.shape[1]):
+    r = PROMPT % t
+    assert r > 0
+    logp, memory = apply(context[:, :r], memory)
+    for s in range(r, PROMPT, t):
+      logp, memory = apply(context[:, s:s + t], memory)
+    for j in range(PROMPT, context.shape[1]):
       logp, memory = apply(context[:, j:j + 1], memory)
     logp_V = np.asarray(logp)[0, -1]
     assert int(np.argmax(logp_V)) == tokens[k], k
@@ -132,11 +136,11 @@ def test_sampling_is_reproducible_with_a_seed(model):
 
 
 @pytest.mark.parametrize("attn_type, same_length, clamp_len, pre_lnorm, n_prompt", [
-    (0, True, 0, False, 4),      # a prompt shorter than mem_len (7), read token by token
-    (0, False, 3, True, PROMPT),  # longer: 4 segments, then 3 single tokens
+    (0, True, 0, False, 4),      # a prompt shorter than mem_len (7): one padded segment
+    (0, False, 3, True, PROMPT),  # longer: 5 segments of 5, the first one padded
     (1, True, 2, False, PROMPT),
     (1, False, 0, True, 4),
-    (0, True, 4, True, 10),      # exactly 2 segments: token 1's pass starts the cache
+    (0, True, 4, True, 10),      # exactly 2 segments, no padding
 ])
 def test_the_decoding_cache_gives_the_uncached_distributions(mesh, attn_type, same_length,
                                                               clamp_len, pre_lnorm, n_prompt):
@@ -154,9 +158,28 @@ def test_the_decoding_cache_gives_the_uncached_distributions(mesh, attn_type, sa
                             log_probs=True))
     runs[use_cache] = (np.stack([t for t, _ in steps]), np.stack([lp for _, lp in steps]))
   (cached, logp_cached), (plain, logp_plain) = runs[True], runs[False]
-  assert cached.shape == (2 * NEW, 3) and len(set(cached.ravel().tolist())) > 5
+  assert cached.shape == (2 * NEW, 3) and len(set(cached.ravel().tolist())) > 3
   np.testing.assert_array_equal(cached, plain)
   np.testing.assert_allclose(logp_cached, logp_plain, atol=1e-5)
+
+
+@pytest.mark.parametrize("same_length, attn_type", [(True, 0), (False, 0), (False, 1)])
+def test_rows_of_different_lengths_get_what_they_get_alone(mesh, same_length, attn_type):
+  """Prompts of 3, 23, 9 and 1 tokens in one batch, one seed per row (padded in front to
+  25, the masked padding longer than a segment for three rows), and each alone with its
+  row's seed: the same tokens from the same distributions (sampled, top_k 0)."""
+  _, _, ecfg, params = tiny(same_length=same_length, attn_type=attn_type)
+  gen = generate.Generator(ecfg, mesh, chunk=4)
+  rows = [prompt(n=n, seed=n)[0] for n in (3, PROMPT, 9, 1)]
+  settings = generate.SamplingSettings(top_k=0)
+  batched = list(gen.stream(params, rows, NEW, settings, seed=[7, 8, 9, 10], log_probs=True))
+  tokens_BxN = np.stack([t for t, _ in batched], axis=1)
+  logp_BxNxV = np.stack([lp for _, lp in batched], axis=1)
+  assert len(set(tokens_BxN.ravel().tolist())) > 4
+  for b, row in enumerate(rows):
+    alone = list(gen.stream(params, [row], NEW, settings, seed=7 + b, log_probs=True))
+    np.testing.assert_array_equal(np.stack([t[0] for t, _ in alone]), tokens_BxN[b])
+    np.testing.assert_allclose(np.stack([lp[0] for _, lp in alone]), logp_BxNxV[b], atol=1e-5)
 
 
 def test_absolute_attention_types_generate_without_the_cache(mesh):
@@ -198,8 +221,8 @@ def draws(top_k, top_p, temperature, seed=0):
   logp_V[ORDER] = np.log(PROBS)
   logits = jnp.asarray(np.tile(logp_V, (N_DRAWS, 1)))
   fn = jax.jit(generate.sample_tokens)
-  out = np.asarray(fn(jax.random.PRNGKey(seed), logits, np.int32(top_k), np.float32(top_p),
-                      np.float32(temperature)))
+  out = np.asarray(fn(jax.random.split(jax.random.PRNGKey(seed), N_DRAWS), logits,
+                      np.int32(top_k), np.float32(top_p), np.float32(temperature)))
   return np.bincount(out, minlength=len(PROBS)) / N_DRAWS
 
 
@@ -264,8 +287,10 @@ def test_bad_settings_are_config_errors(kwargs, match):
 def test_bad_prompts_fail_before_compiling(model):
   _, _, params, gen = model
   before = gen.token_step._cache_size()
-  with pytest.raises(ValueError, match=r"\[B, N\] with B, N >= 1"):
+  with pytest.raises(ValueError, match=r"prompt 0 must be a non-empty 1-D array"):
     next(gen.stream(params, np.zeros((1, 0), np.int32), 3))
+  with pytest.raises(ValueError, match=r"give one seed or 2 seeds"):
+    next(gen.stream(params, [prompt()[0], prompt()[0, :4]], 3, seed=[1, 2, 3]))
   with pytest.raises(ValueError, match=rf"\[0, {V}\)"):
     next(gen.stream(params, np.full((1, 3), V), 3))
   with pytest.raises(default_config.ConfigError, match="num_tokens=0"):

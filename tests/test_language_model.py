@@ -66,6 +66,25 @@ def test_generate_and_score_text_agree(lm):
   assert score.ppl == pytest.approx(np.exp(score.nll.mean()), rel=1e-6)
 
 
+def test_a_batch_of_prompts_gives_each_what_it_gets_alone(lm):
+  """Prompts of different lengths in one call, one seed each: every prompt's Generation
+  (tokens and text) is the one it gets alone with its seed; a list of one prompt gives a
+  list."""
+  v = lm.corpus.vocab
+  long_prompt = " ".join(v[i % len(v)] for i in (7, 3, 12, 4, 9, 8, 21, 5, 6, 30, 2))
+  prompts = [words(lm), long_prompt, v[11 % len(v)]]
+  outs = lm.generate(prompts, 6, top_k=0, seed=[3, 1, 9])
+  assert [o.prompt for o in outs] == prompts and [o.settings["seed"] for o in outs] == [3, 1, 9]
+  for text, seed, out in zip(prompts, [3, 1, 9], outs):
+    alone = lm.generate(text, 6, top_k=0, seed=seed)
+    np.testing.assert_array_equal(out.tokens, alone.tokens)
+    assert out.texts == alone.texts
+  (one,) = lm.generate([prompts[0]], 6, top_k=0, seed=[3])
+  np.testing.assert_array_equal(one.tokens, outs[0].tokens)
+  with pytest.raises(default_config.ConfigError, match="one seed per prompt"):
+    lm.generate(prompts, 6, seed=[1, 2])
+
+
 def test_text_streams_step_by_step(lm):
   seen = []
   out = lm.generate(words(lm), 6, top_k=1, num_samples=2, on_text=seen.append)

@@ -429,8 +429,9 @@ def test_micro_batches_and_steps_draw_independent_dropout_masks(train_setup):
 
 
 def test_each_generated_token_has_its_own_reproducible_key(monkeypatch):
-  """Token i is drawn with fold_in(PRNGKey(seed), i) (generate.Generator.stream): one
-  distinct key per token, the same ones for the same seed, others for another seed."""
+  """Token i of row b is drawn with fold_in(fold_in(PRNGKey(seed), b), i)
+  (generate.Generator.stream): one distinct key per token and row, the same ones for the
+  same seed, others for another seed."""
   cfg = models.ModelConfig(n_token=64, n_layer=1, d_model=16, n_head=2, d_head=8, d_inner=32,
                            dropout=0.0, tgt_len=4, mem_len=4)
   params = model_params(cfg)
@@ -443,7 +444,7 @@ def test_each_generated_token_has_its_own_reproducible_key(monkeypatch):
 
   monkeypatch.setattr(generate, "sample_tokens", recording)
   gen = generate.Generator(cfg, one_device_mesh())
-  # 3 < tgt_len prompt tokens: read one at a time, by the per-token step only (one compile).
+  # 3 < tgt_len prompt tokens: one padded segment, then the generated tokens.
   prompt_BxN = np.random.default_rng(0).integers(0, 64, (2, 3)).astype(np.int32)
   n = 8
   settings = generate.SamplingSettings(top_k=0)
@@ -452,17 +453,20 @@ def test_each_generated_token_has_its_own_reproducible_key(monkeypatch):
     del keys[:]
     tokens = gen.generate(params, prompt_BxN, n, settings, seed=seed)
     jax.effects_barrier()
-    return tokens, [k.tolist() for k in keys[-n:]]  # the last n draws give the n tokens
+    # the last n draws give the n tokens; each draw's keys: one per row
+    return tokens, [tuple(map(tuple, k.tolist())) for k in keys[-n:]]
 
   tokens, used = run(3)
-  want = [np.asarray(jax.random.fold_in(jax.random.PRNGKey(3), i)).tolist() for i in range(n)]
-  assert len({tuple(k) for k in used}) == n, f"generated tokens share keys: {used}"
+  row_key = lambda seed, b: jax.random.fold_in(jax.random.PRNGKey(seed), b)
+  want = [tuple(tuple(np.asarray(jax.random.fold_in(row_key(3, b), i)).tolist())
+                for b in range(2)) for i in range(n)]
+  assert len({k for draw in used for k in draw}) == 2 * n, f"tokens share keys: {used}"
   assert used == want
   tokens_again, used_again = run(3)
   np.testing.assert_array_equal(tokens_again, tokens)
   assert used_again == used
   _, used_other = run(4)
-  assert not {tuple(k) for k in used_other} & {tuple(k) for k in used}
+  assert not {k for d in used_other for k in d} & {k for d in used for k in d}
 
 
 # --------------------------------------------------------------------------- #

@@ -8,9 +8,20 @@ workdir, are ``language_model.py``'s.
 How a prompt of N tokens is read, with the evaluation model (``eval``
 tgt_len T, mem_len M, clamp_len, same_length; no dropout):
 
-* the first ``(N // T) * T`` tokens in segments of T (one compiled segment
-  step), which fill the memory as evaluation does (``Evaluator.score``);
-* the remaining ``N % T`` tokens one at a time with the per-token step.
+* in segments of T (one compiled segment step), which fill the memory as
+  evaluation does (``Evaluator.score``), aligned to the prompt's end: the
+  first segment holds the first ``N % T`` tokens (if any), after
+  ``T - N % T`` padding positions that no query attends to (the memory's
+  ``mlen_B`` starts at minus the padding, ``models.Memory``), so the padded
+  pass computes what a pass over those tokens alone would.
+
+A batch may hold prompts of different lengths: each row is padded in front
+to the longest (rounded up to a multiple of T) and its padding masked, so
+the segment boundaries of every row fall where they would if it were alone
+(T tokens apart, counted back from its end); all rows then generate in
+step.  Row b draws its tokens with its own key (:meth:`Generator.stream`),
+so given one seed per row, every row gets the tokens it would get
+generated alone with its seed.
 
 Then every new token is one forward pass of length 1 against the cached
 memory: O(M) attention per layer, nothing of the context recomputed.  The
@@ -51,8 +62,8 @@ positions before it, at that layer:
   depend on where the passes start;
 * without it, the M previous positions (M + 1 keys).  Segment evaluation
   gives a query at offset i of its segment M + i + 1 keys: the prompt's
-  full segments are computed that way, its remainder and every new token
-  with offset 0.
+  segments are computed that way (the first one's offsets counted after
+  its padding), every new token with offset 0.
 
 Relative distances go up to M (clamped at clamp_len when > 0).  As each
 cached state was computed from the positions before it at the layer
@@ -167,13 +178,14 @@ def filter_logits(logits_BxV: Array, top_k: Array, top_p: Array, temperature: Ar
   return jnp.where(x_BxV >= threshold_Bx1, x_BxV, -jnp.inf)
 
 
-def sample_tokens(key: Array, logits_BxV: Array, top_k: Array, top_p: Array,
+def sample_tokens(keys_B: Array, logits_BxV: Array, top_k: Array, top_p: Array,
                   temperature: Array) -> Array:
   """One token per row: the argmax when ``top_k == 1`` (greedy), otherwise a
-  draw (``jax.random.categorical``) from :func:`filter_logits`.
+  draw (``jax.random.categorical``) from :func:`filter_logits`, row b with
+  its own key ``keys_B[b]`` (so a row's draw does not depend on the others).
 
   Args:
-    key: PRNG key.
+    keys_B: PRNG keys, one per row ([B, 2] uint32, or typed keys [B]).
     logits_BxV: float [B, V] logits or log-probabilities.
     top_k: as in :class:`SamplingSettings` (a scalar, may be traced).
     top_p: likewise.
@@ -183,8 +195,8 @@ def sample_tokens(key: Array, logits_BxV: Array, top_k: Array, top_p: Array,
     int32 [B] token ids.
   """
   greedy_B = jnp.argmax(logits_BxV, axis=-1)
-  drawn_B = jax.random.categorical(key, filter_logits(logits_BxV, top_k, top_p, temperature),
-                                   axis=-1)
+  drawn_B = jax.vmap(jax.random.categorical)(
+      keys_B, filter_logits(logits_BxV, top_k, top_p, temperature))
   return jnp.where(top_k == 1, greedy_B, drawn_B).astype(jnp.int32)
 
 
@@ -246,11 +258,13 @@ class Generator:
 
   def _next(self, params: Any, hidden_BxTxD: Array, key: Array, index: Array, top_k: Array,
             top_p: Array, temperature: Array) -> tuple[Array, Array]:
-    """(the token after the last position, drawn with ``fold_in(key, index)``;
-    the log-probabilities it was drawn from, float32 [B, V], nats)."""
+    """(the token after the last position, row b drawn with ``fold_in(keys[b],
+    index)``; the log-probabilities it was drawn from, float32 [B, V], nats).
+    ``key`` holds the rows' keys, [B, 2]."""
     logp_BxV = self.model.apply({"params": params}, hidden_BxTxD[:, -1:],
                                 method=models.TransformerXL.log_probs)[:, 0]
-    next_B = sample_tokens(jax.random.fold_in(key, index), logp_BxV, top_k, top_p, temperature)
+    keys_B = jax.vmap(jax.random.fold_in, in_axes=(0, None))(key, index)
+    next_B = sample_tokens(keys_B, logp_BxV, top_k, top_p, temperature)
     return next_B, logp_BxV
 
   def _step(self, params: Any, memory: models.Memory, tokens_BxT: Array, key: Array,
@@ -309,26 +323,32 @@ class Generator:
         0, n, one, (memory, cache, token_B, tokens_CxB, logp_CxBxV))
     return tokens_CxB, logp_CxBxV, memory, cache, last_B
 
-  def stream(self, params: Any, prompt_BxN: np.ndarray, num_tokens: int,
-             settings: SamplingSettings = SamplingSettings(), seed: int = 0,
+  def stream(self, params: Any, prompts: Any, num_tokens: int,
+             settings: SamplingSettings = SamplingSettings(), seed: Any = 0,
              log_probs: bool = False) -> Iterator[Any]:
     """Generates ``num_tokens`` tokens after each row's prompt.
 
-    With the decoding cache, tokens come from the device ``chunk`` at a
-    time (:meth:`_chunk`) and are yielded one by one; the next chunk is
+    The prompts are read in segments aligned to their ends, rows of
+    different lengths padded in front (module docstring).  With the
+    decoding cache, tokens come from the device ``chunk`` at a time
+    (:meth:`_chunk`) and are yielded one by one; the next chunk is
     dispatched before the current one is read back.  Without it, one step
-    per token, likewise dispatched ahead.  Token i of every row is drawn
-    with the key ``fold_in(PRNGKey(seed), i)``, so a seed gives the same
-    tokens on every run (on the same devices and batch size), with the
-    cache or without.
+    per token, likewise dispatched ahead.  Token i of row b is drawn with
+    the key ``fold_in(row_key[b], i)``: ``row_key[b] = fold_in(PRNGKey(seed),
+    b)`` for an int seed, ``fold_in(PRNGKey(seed[b]), 0)`` for one seed per
+    row.  So a seed gives the same tokens on every run, with the cache or
+    without, and a row given its own seed gets the tokens it gets alone
+    with that seed (an int), whatever the other rows.
 
     Args:
       params: model parameters.
-      prompt_BxN: integer [B, N] token ids, N >= 1; row b is sample b's
-        prompt (rows are independent; generation runs them as one batch).
+      prompts: integer [B, N] token ids, or a sequence of B integer 1-D
+        arrays (lengths may differ), each of length >= 1; row b is sample
+        b's prompt (rows are independent; generation runs them as one
+        batch).
       num_tokens: tokens to generate, >= 1.
       settings: temperature, top_k, top_p.
-      seed: the PRNG seed.
+      seed: an int, or B ints (one per row; the row's as if it were alone).
       log_probs: also yield the distribution each token was drawn from.
 
     Yields:
@@ -336,57 +356,50 @@ class Generator:
       float32 [B, V] log-probabilities in nats before temperature and cut).
 
     Raises:
-      ValueError: a prompt that is not an integer array [B, N] with N >= 1
-        and ids in [0, n_token) (before anything is compiled).
+      ValueError: prompts that are not integer token ids in [0, n_token),
+        an empty prompt, or seeds that do not match the rows (before
+        anything is compiled).
       default_config.ConfigError: num_tokens < 1.
     """
-    prompt = np.asarray(prompt_BxN)
-    if prompt.ndim != 2 or prompt.shape[0] < 1 or prompt.shape[1] < 1 or not np.issubdtype(
-        prompt.dtype, np.integer):
-      raise ValueError(f"the prompt must be an integer array [B, N] with B, N >= 1; got "
-                       f"{prompt.dtype} {prompt.shape}.")
-    if prompt.min() < 0 or prompt.max() >= self.cfg.n_token:
-      raise ValueError(f"prompt ids must be in [0, {self.cfg.n_token}); got "
-                       f"[{prompt.min()}, {prompt.max()}].")
+    rows = self._rows(prompts)
     if num_tokens < 1:
       raise default_config.ConfigError(f"num_tokens={num_tokens} must be >= 1.")
-    prompt = prompt.astype(np.int32)
-    b, n = prompt.shape
-    t = self.cfg.tgt_len
-    key = jax.random.PRNGKey(seed)
+    b, t = len(rows), self.cfg.tgt_len
+    if np.ndim(seed) == 0:  # row b: fold_in(PRNGKey(seed), b)
+      key = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(
+          jax.random.PRNGKey(int(seed)), np.arange(b, dtype=np.uint32))
+    elif np.shape(seed) == (b,):  # row b: fold_in(PRNGKey(seed[b]), 0), as alone
+      key = jax.vmap(lambda s: jax.random.fold_in(jax.random.PRNGKey(s), 0))(
+          np.asarray(seed, np.uint32))
+    else:
+      raise ValueError(f"give one seed or {b} seeds (one per row); got {np.shape(seed)}.")
+    n = -(-max(len(r) for r in rows) // t) * t  # the longest prompt, rounded up to segments
+    prompt_BxN = np.zeros((b, n), np.int32)
+    for r, row in enumerate(rows):
+      prompt_BxN[r, n - len(row):] = row
+    front_pad_B = np.asarray([n - len(row) for row in rows], np.int32)
     knobs = (np.int32(settings.top_k), np.float32(settings.top_p),
              np.float32(settings.temperature))
-    memory = jax.device_put(models.init_memory(self.cfg, b), self._replicated)
-    cache = None
+    memory = models.init_memory(self.cfg, b).replace(mlen_B=jnp.asarray(-front_pad_B))
+    memory = jax.device_put(memory, self._replicated)
     first = np.int32(0)  # the key index of generated token 0
     for s in range(n // t):
-      next_B, logp_BxV, memory = self.segment_step(params, memory, prompt[:, s * t:(s + 1) * t],
-                                                   key, first, *knobs)
-    for j in range(n // t * t, n):  # on the devices like the generated tokens: one compile
-      tokens_B = jax.device_put(prompt[:, j], self._replicated)
-      if not self.use_cache:
-        next_B, logp_BxV, memory = self.token_step(params, memory, tokens_B, key, first, *knobs)
-      elif cache is None:
-        next_B, logp_BxV, memory, cache = self.start_step(params, memory, tokens_B, key, first,
-                                                          *knobs)
-      else:
-        toks, logps, memory, cache, next_B = self.chunk_step(
-            params, memory, cache, tokens_B, key, first, np.int32(1), *knobs, log_probs)
-        logp_BxV = logps[0] if log_probs else None
+      segment_BxT = prompt_BxN[:, s * t:(s + 1) * t]
+      next_B, logp_BxV, memory = self.segment_step(params, memory, segment_BxT, key, first,
+                                                   *knobs)
     if not self.use_cache:
       yield from self._stream_per_token(params, memory, next_B, logp_BxV, key, knobs,
                                         num_tokens, log_probs)
       return
-    # Token 0 comes from the prompt; token 1 from a pass over token 0 (which
-    # starts the cache if the prompt had no remainder); then chunks.
+    # Token 0 comes from the prompt; token 1 from a pass over token 0 that
+    # starts the decoding cache; then chunks.
     yield self._item(next_B, logp_BxV, log_probs)
-    i = 1
-    if i < num_tokens and cache is None:
-      next_B, logp_BxV, memory, cache = self.start_step(params, memory, next_B, key,
-                                                        np.int32(1), *knobs)
-      yield self._item(next_B, logp_BxV, log_probs)
-      i = 2
-    pending = None
+    if num_tokens == 1:
+      return
+    next_B, logp_BxV, memory, cache = self.start_step(params, memory, next_B, key, np.int32(1),
+                                                      *knobs)
+    yield self._item(next_B, logp_BxV, log_probs)
+    i, pending = 2, None
     while i < num_tokens or pending is not None:
       dispatched = None
       if i < num_tokens:  # dispatched before the pending chunk is read back
@@ -395,11 +408,31 @@ class Generator:
             params, memory, cache, next_B, key, np.int32(i), np.int32(k), *knobs, log_probs)
         dispatched, i = (toks, logps, k), i + k
       if pending is not None:
-        toks_NxB, logps_NxBxV = np.asarray(pending[0]), pending[1]
-        logps_NxBxV = np.asarray(logps_NxBxV) if log_probs else None
+        toks_NxB = np.asarray(pending[0])
+        logps_NxBxV = np.asarray(pending[1]) if log_probs else None
         for r in range(pending[2]):
           yield (toks_NxB[r], logps_NxBxV[r]) if log_probs else toks_NxB[r]
       pending = dispatched
+
+  def _rows(self, prompts: Any) -> list[np.ndarray]:
+    """The prompts as B int32 1-D arrays, checked (see :meth:`stream`)."""
+    if isinstance(prompts, np.ndarray) or not isinstance(prompts, (list, tuple)):
+      array = np.asarray(prompts)
+      if array.ndim != 2:
+        raise ValueError(f"the prompts must be an integer array [B, N] or a sequence of 1-D "
+                         f"arrays; got shape {array.shape}.")
+      prompts = list(array)
+    rows = [np.asarray(p) for p in prompts]
+    if not rows:
+      raise ValueError("no prompt: give at least one row.")
+    for r, row in enumerate(rows):
+      if row.ndim != 1 or row.size < 1 or not np.issubdtype(row.dtype, np.integer):
+        raise ValueError(f"prompt {r} must be a non-empty 1-D array of integer token ids; got "
+                         f"{row.dtype} {row.shape}.")
+      if row.min() < 0 or row.max() >= self.cfg.n_token:
+        raise ValueError(f"prompt ids must be in [0, {self.cfg.n_token}); prompt {r} has "
+                         f"[{row.min()}, {row.max()}].")
+    return [row.astype(np.int32) for row in rows]
 
   @staticmethod
   def _item(token_B: Array, logp_BxV: Array, log_probs: bool):
@@ -418,11 +451,11 @@ class Generator:
                                                    np.int32(i + 1), *knobs)
       yield self._item(token_B, token_logp_BxV, log_probs)
 
-  def generate(self, params: Any, prompt_BxN: np.ndarray, num_tokens: int,
-               settings: SamplingSettings = SamplingSettings(), seed: int = 0) -> np.ndarray:
+  def generate(self, params: Any, prompts: Any, num_tokens: int,
+               settings: SamplingSettings = SamplingSettings(), seed: Any = 0) -> np.ndarray:
     """All of :meth:`stream` at once: int32 [B, num_tokens] token ids.
 
     Raises:
       As :meth:`stream`.
     """
-    return np.stack(list(self.stream(params, prompt_BxN, num_tokens, settings, seed)), axis=1)
+    return np.stack(list(self.stream(params, prompts, num_tokens, settings, seed)), axis=1)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import jax
 import ml_collections
@@ -213,49 +213,68 @@ class LanguageModel:
     """int32 [N + 1]: the boundary symbol, then the prompt's ids (:func:`encode_prompt`)."""
     return encode_prompt(self.corpus, prompt)
 
-  def generate(self, prompt: str, num_tokens: int, *, top_k: int = 40, top_p: float = 1.0,
-               temperature: float = 1.0, seed: int = 0, num_samples: int = 1,
-               on_text: Optional[Callable[[list[str]], None]] = None) -> Generation:
-    """Continues ``prompt`` with ``num_tokens`` tokens, ``num_samples`` times in one batch.
+  def generate(self, prompt: str | Sequence[str], num_tokens: int, *, top_k: int = 40,
+               top_p: float = 1.0, temperature: float = 1.0, seed: int | Sequence[int] = 0,
+               num_samples: int = 1, on_text: Optional[Callable[[list[str]], None]] = None
+               ) -> Generation | list[Generation]:
+    """Continues ``prompt`` (or each of several prompts) with ``num_tokens``
+    tokens, ``num_samples`` times, all in one batch.
 
-    The prompt (after the boundary symbol, :meth:`encode_prompt`) fills the
-    memory in segments of the eval tgt_len; every new token is one pass of
-    length 1 against the cached memory (``generate.py``).  The defaults are
+    Each prompt (after the boundary symbol, :meth:`encode_prompt`) fills the
+    memory in segments of the eval tgt_len; prompts of different lengths
+    are padded in front and masked (``generate.py``); every new token is
+    one pass of length 1 against the cached memory.  The defaults are
     Appendix E's: top-40 sampling at temperature 1.
 
+        outs = lm.generate(["the company said", "stocks fell"], 30, seed=[1, 2])
+        outs[1].texts[0] == lm.generate("stocks fell", 30, seed=2).texts[0]  # True
+
     Args:
-      prompt: text in the corpus's format (e.g. PTB: lower-case words).
+      prompt: text in the corpus's format (e.g. PTB: lower-case words), or a
+        sequence of such texts.
       num_tokens: tokens per sample, >= 1.
       top_k: ``generate.SamplingSettings`` (top_k=1 is greedy).
       top_p: ``generate.SamplingSettings``.
       temperature: ``generate.SamplingSettings``.
-      seed: PRNG seed; the same seed gives the same samples.
-      num_samples: B, samples drawn together (rows of one batch), >= 1.
-      on_text: called after every step with the B new pieces of text
-        (detokenised incrementally: a UTF-8 sequence split over tokens
-        comes out whole), and once more at the end if a held-back piece is
-        flushed.
+      seed: PRNG seed; the same seed gives the same samples.  With several
+        prompts (and num_samples 1), one seed per prompt gives each prompt
+        the tokens it gets alone with that seed.
+      num_samples: samples per prompt, drawn together (rows of one batch), >= 1.
+      on_text: called after every step with the B new pieces of text (one
+        per row: prompt by prompt, sample by sample; detokenised
+        incrementally: a UTF-8 sequence split over tokens comes out whole),
+        and once more at the end if a held-back piece is flushed.
 
     Returns:
-      A :class:`Generation`.
+      A :class:`Generation`, or one per prompt for a sequence of prompts.
 
     Raises:
       default_config.ConfigError: a setting out of range (before anything
-        is compiled), or a bad prompt (:meth:`encode_prompt`).
-      data.DataError: the prompt has a character the corpus lacks.
+        is compiled), no prompt, seeds that do not fit the prompts, or a bad
+        prompt (:meth:`encode_prompt`).
+      data.DataError: a prompt has a character the corpus lacks.
     """
     settings = generate.SamplingSettings(top_k=top_k, top_p=top_p, temperature=temperature)
     if num_tokens < 1 or num_samples < 1:
       raise default_config.ConfigError(f"num_tokens={num_tokens} and num_samples={num_samples} "
                                        "must be >= 1.")
-    prompt_ids = self.encode_prompt(prompt)
-    decoders = [self.corpus.decoder() for _ in range(num_samples)]
-    for d in decoders:  # so that the text continues the prompt (spaces, UTF-8 state)
-      d.decode(prompt_ids)
-    prompt_BxN = np.tile(prompt_ids[None, :], (num_samples, 1))
-    rows, pieces = [], [[] for _ in range(num_samples)]
-    for token_B in self.generator.stream(self.params, prompt_BxN, num_tokens, settings, seed):
-      rows.append(token_B)
+    texts = [prompt] if isinstance(prompt, str) else list(prompt)
+    if not texts:
+      raise default_config.ConfigError("no prompt: give a text or a non-empty list of texts.")
+    per_row_seed = np.ndim(seed) > 0
+    if per_row_seed and (num_samples != 1 or np.shape(seed) != (len(texts),)):
+      raise default_config.ConfigError(
+          f"seed={list(seed)}: give one int, or one seed per prompt ({len(texts)}) with "
+          "num_samples=1.")
+    ids = [self.encode_prompt(t) for t in texts]
+    row_ids = [i for i in ids for _ in range(num_samples)]
+    decoders = [self.corpus.decoder() for _ in row_ids]
+    for d, i in zip(decoders, row_ids):  # so that the text continues the prompt
+      d.decode(i)                        # (spaces, UTF-8 state)
+    steps, pieces = [], [[] for _ in row_ids]
+    for token_B in self.generator.stream(self.params, row_ids, num_tokens, settings,
+                                         list(seed) if per_row_seed else seed):
+      steps.append(token_B)
       new = [d.decode(token_B[b:b + 1]) for b, d in enumerate(decoders)]
       for b, piece in enumerate(new):
         pieces[b].append(piece)
@@ -267,16 +286,20 @@ class LanguageModel:
         pieces[b].append(piece)
       if on_text is not None:
         on_text(tail)
-    c = self.eval_cfg
-    return Generation(
-        prompt=prompt, prompt_tokens=prompt_ids, tokens=np.stack(rows, axis=1),
-        texts=tuple("".join(p) for p in pieces),
-        settings={"seed": int(seed), "top_k": int(top_k), "top_p": float(top_p),
-                  "temperature": float(temperature), "num_tokens": int(num_tokens),
-                  "num_samples": int(num_samples), "step": self.step,
-                  "dataset": self.corpus.name,
-                  "context": {"tgt_len": c.tgt_len, "mem_len": c.mem_len,
-                              "same_length": c.same_length, "clamp_len": c.clamp_len}})
+    tokens_BxN, c = np.stack(steps, axis=1), self.eval_cfg
+    out = []
+    for j, (text, prompt_ids) in enumerate(zip(texts, ids)):
+      rows = slice(j * num_samples, (j + 1) * num_samples)
+      out.append(Generation(
+          prompt=text, prompt_tokens=prompt_ids, tokens=tokens_BxN[rows],
+          texts=tuple("".join(p) for p in pieces[rows]),
+          settings={"seed": int(seed[j]) if per_row_seed else int(seed), "top_k": int(top_k),
+                    "top_p": float(top_p), "temperature": float(temperature),
+                    "num_tokens": int(num_tokens), "num_samples": int(num_samples),
+                    "step": self.step, "dataset": self.corpus.name,
+                    "context": {"tgt_len": c.tgt_len, "mem_len": c.mem_len,
+                                "same_length": c.same_length, "clamp_len": c.clamp_len}}))
+    return out[0] if isinstance(prompt, str) else out
 
   def score_text(self, text: str) -> TextScore:
     """Per-token NLL of ``text`` with the evaluation settings

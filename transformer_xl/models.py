@@ -57,9 +57,11 @@ class Memory:
     mems_LxBxMxD: cached inputs of each layer, [n_layer, B, mem_len,
       d_model], compute dtype, right-aligned.
     mlen_B: int32 [B], how many of the last slots hold states.  A negative
-      value -p (only with mem_len 0: the sliding-window evaluator) says
-      that the segment's first p positions are padding, masked as keys
-      like empty slots.
+      value -p says that the segment's first p positions are padding,
+      masked as keys like empty slots (the sliding-window evaluator, with
+      mem_len 0; generation's prompts padded in front); after the pass
+      ``advance_mlen`` leaves -p + T, so padding longer than a segment
+      carries over.
   """
 
   mems_LxBxMxD: Array
