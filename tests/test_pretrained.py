@@ -284,6 +284,12 @@ def test_manual_dir_offline_and_its_missing_files_named(small_release, server, t
   base = pretrained.release_files(pretrained.release("wt103"), str(tmp_path / "cache"),
                                   manual_dir=str(manual))
   assert base == manual and server.requests == []
+  # Offline end to end: the conversion reads the manual dir, never the network.
+  wd = tmp_path / "wd_offline"
+  cli("--pretrained=wt103", f"--workdir={wd}", f"--cache_dir={tmp_path / 'cache'}",
+      f"--manual_dir={manual}", "--download=false", *data_flags(small_release))
+  config = json.loads((wd / "config.json").read_text())
+  assert {k: config["eval"][k] for k in EVAL} == EVAL and server.requests == []
   (manual / "data/cache.pkl").unlink()
   (manual / "model/model.ckpt-0.index").unlink()
   with pytest.raises(SystemExit) as exc:
