@@ -209,10 +209,9 @@ class Generator:
   token, the memory projected again: attn_type 2 and 3, or ``use_cache``
   off) and, with the decoding cache (attn_type 0 and 1), ``start_step``
   (one token; projects the memory once into the cache) and ``chunk_step``
-  (``chunk`` tokens in one ``lax.scan`` on the device: each pass reads the
-  cached keys and values of the memory, samples the next token and feeds
-  it back, so no token makes a round trip to the host; compiled once per
-  batch size and chunk length).  Rows are replicated over the mesh (every
+  (up to ``chunk`` tokens in one ``lax.fori_loop`` on the device: each pass
+  reads the cached keys and values of the memory, samples the next token
+  and feeds it back, so no token makes a round trip to the host).  Rows are replicated over the mesh (every
   device holds all B samples); parameters keep their shardings.
 
   Args:

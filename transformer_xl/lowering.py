@@ -116,8 +116,8 @@ def abstract_step(config: Any, model_cfg: models.ModelConfig, mesh: Mesh,
   rep = sharding.replicated(mesh)
   memory = memory_of(ecfg, 1, models.Memory(mems_LxBxMxD=rep, mlen_B=rep))
   tokens = spec((1, ecfg.tgt_len) if step == "generate_segment" else (1,), jnp.int32, rep)
-  knobs = (spec((2,), jnp.uint32, rep), spec((), jnp.int32, rep), spec((), jnp.int32, rep),
-           spec((), jnp.float32, rep), spec((), jnp.float32, rep))  # key, index, top_k/p, temp.
+  knobs = (spec((1, 2), jnp.uint32, rep), spec((), jnp.int32, rep), spec((), jnp.int32, rep),
+           spec((), jnp.float32, rep), spec((), jnp.float32, rep))  # row keys, index, k, p, temp.
   if step == "generate_chunk" and gen.use_cache:  # the decoding loop with the cache
     cache_shapes = jax.eval_shape(
         lambda p, m, x: gen.model.apply({"params": p}, x[:, None], m, None,
