@@ -49,3 +49,22 @@ def _release_compiled_code():
     import jax  # after the XLA_FLAGS above are set
     jax.clear_caches()
     gc.collect()
+
+
+@pytest.fixture(autouse=True)
+def _restore_process_logging():
+  """Puts back what a command line run in the test's own process changes for
+  the whole process (``process_settings.configure_logging``: the absl and
+  asyncio loggers' filters and levels, absl's verbosity, sys.unraisablehook),
+  so that such a test (e.g. the converter's ``main`` called in-process) leaves
+  no filter behind for a later test in the same worker."""
+  import logging
+  import sys
+  loggers = [logging.getLogger(name) for name in ("absl", "asyncio")]
+  saved = [(lg, list(lg.filters), lg.level) for lg in loggers]
+  hook = sys.unraisablehook
+  yield
+  for lg, filters, level in saved:
+    lg.filters[:] = filters
+    lg.setLevel(level)
+  sys.unraisablehook = hook
