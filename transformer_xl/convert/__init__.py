@@ -105,7 +105,8 @@ in training imports it); of the package, only ``workdir.py`` calls
   tf.py        read_tf_checkpoint, check_tf_checkpoint, state_dict_from_tf
   vocab.py     read_vocab, dataset_vocab, map_vocab, remap_vocab
   workdir.py   write_workdir, convert_to_workdir, export_pytorch
-  pretrained.py  RELEASES, download (resume, checksums, cache), convert_release,
+  download.py  fetch (resumed, retried), the checksums recorded at a first download
+  pretrained.py  RELEASES, their files (cache, manual dir, the Hub), convert_release,
                pretrained_workdir (--pretrained, LanguageModel.from_pretrained)
   safe_pickle.py  the restricted unpickler of the released vocabularies
   __main__.py  the command line

@@ -25,7 +25,7 @@ What happens, in order:
    resumed, three tries.
 2. **Integrity.**  The release publishes no checksum, so the SHA-256 and
    size of each file are recorded at its first download
-   (``downloads/<name>/checksums.json``), printed for the user to compare
+   (``downloads/<name>/checksums.json``, :mod:`transformer_xl.convert.download`), printed for the user to compare
    with a copy they trust, and verified on every later use; a file that no
    longer matches is fetched again (from ``--manual_dir``: refused).  The
    TF checkpoint must also read cleanly: every tensor is read once, which
@@ -51,27 +51,19 @@ line naming each file, its URL and its recorded checksum.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import hashlib
-import http.client
 import json
 import os
 import shutil
-import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from transformer_xl.convert.download import CHUNK, Records, fetch, matches, sha256_of
 from transformer_xl.convert.errors import ConvertError, describe, log
 
 RELEASE_URL = "http://curtis.ml.cmu.edu/datasets/pretrained_xl"
 CACHE_ENV = "TRANSFORMER_XL_CACHE"
-CHECKSUMS_FILE = "checksums.json"
 VOCAB_FILE = "vocab.txt"  # derived from data/cache.pkl, in the download directory
-_CHUNK = 1 << 20
-_TRIES = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,129 +194,6 @@ def cache_root(cache_dir: Optional[str] = None) -> Path:
 
 
 # ---------------------------------------------------------------------------
-# Checksums recorded at the first download
-# ---------------------------------------------------------------------------
-
-
-def sha256_of(path: Path) -> str:
-  """Hex SHA-256 of a file, read in 1 MiB chunks."""
-  h = hashlib.sha256()
-  with open(path, "rb") as f:
-    while chunk := f.read(_CHUNK):
-      h.update(chunk)
-  return h.hexdigest()
-
-
-class _Records:
-  """``downloads/<name>/checksums.json``: file -> {"sha256", "size", "url", "recorded"}."""
-
-  def __init__(self, directory: Path):
-    self.path = directory / CHECKSUMS_FILE
-    self.files: dict[str, dict] = {}
-    if self.path.exists():
-      try:
-        self.files = dict(json.loads(self.path.read_text())["files"])
-      except (ValueError, KeyError, TypeError) as err:
-        raise ConvertError(f"{self.path} is damaged ({describe(err)}); delete it to record "
-                           "the release's checksums again at the next download.") from None
-
-  def get(self, rel: str) -> Optional[dict]:
-    return self.files.get(rel)
-
-  def put(self, rel: str, sha: str, size: int, url: str) -> None:
-    self.files[rel] = {"sha256": sha, "size": size, "url": url,
-                       "recorded": datetime.datetime.now(datetime.timezone.utc).isoformat(
-                           timespec="seconds")}
-    self._write()
-
-  def drop(self, rel: str) -> None:
-    if self.files.pop(rel, None) is not None:
-      self._write()
-
-  def _write(self) -> None:
-    self.path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = self.path.with_name(f".{self.path.name}.tmp")
-    tmp.write_text(json.dumps({"files": self.files}, indent=2, sort_keys=True))
-    tmp.replace(self.path)
-
-
-def _matches(path: Path, record: Optional[dict]) -> tuple[bool, str, int]:
-  """(file equals its record, its sha256, its size); no record: (True, ...)."""
-  size = path.stat().st_size
-  if record is not None and size != record["size"]:
-    return False, "", size
-  sha = sha256_of(path)
-  return record is None or sha == record["sha256"], sha, size
-
-
-# ---------------------------------------------------------------------------
-# Download with resume
-# ---------------------------------------------------------------------------
-
-
-def fetch(url: str, dest: Path, *, progress: bool = True, tries: int = _TRIES) -> None:
-  """Downloads ``url`` to ``dest`` through ``<dest>.part``, resuming.
-
-  A ``.part`` left by an interrupted run, or by a try that ended early (a
-  dropped connection, fewer bytes than the server's Content-Length), is
-  continued with an HTTP ``Range`` request; a server that ignores the range
-  (status 200) or refuses it (416) gets a fresh download.  ``dest`` appears
-  (atomically renamed) only when complete.
-
-  Raises:
-    ConvertError: no complete file after ``tries`` tries, or the server
-      says the file does not exist (404); the message names the URL.
-  """
-  dest.parent.mkdir(parents=True, exist_ok=True)
-  part = dest.with_name(dest.name + ".part")
-  last = "no try"
-  for attempt in range(tries):
-    have = part.stat().st_size if part.exists() else 0
-    request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
-    try:
-      with urllib.request.urlopen(request, timeout=60) as resp:
-        resumed = have > 0 and resp.status == 206
-        if not resumed:
-          have = 0
-        length = resp.headers.get("Content-Length")
-        total = have + int(length) if length is not None else None
-        with open(part, "ab" if resumed else "wb") as f, _bar(dest.name, total, have,
-                                                              progress) as bar:
-          while chunk := resp.read(_CHUNK):
-            f.write(chunk)
-            bar.update(len(chunk))
-      size = part.stat().st_size
-      if total is not None and size < total:
-        last = f"the connection ended after {size:,} of {total:,} bytes"
-      else:
-        part.replace(dest)
-        return
-    except urllib.error.HTTPError as err:
-      if err.code == 416:  # the .part is not a prefix the server recognises: start again
-        part.unlink(missing_ok=True)
-        last = "the server refused to resume (HTTP 416)"
-        continue
-      if err.code in (403, 404, 410):
-        raise ConvertError(f"{url}: HTTP {err.code} {err.reason}; the release is not at this "
-                           "address (download its files by hand and pass --manual_dir).") from None
-      last = f"HTTP {err.code} {err.reason}"
-    except (urllib.error.URLError, http.client.HTTPException, OSError) as err:
-      last = describe(getattr(err, "reason", err))
-    if attempt + 1 < tries:
-      log(f"  {dest.name}: {last}; trying again ({attempt + 2} of {tries}, "
-          f"{part.stat().st_size if part.exists() else 0:,} bytes kept).")
-      time.sleep(0.5 * (attempt + 1))
-  raise ConvertError(f"cannot download {url} ({last}, {tries} tries); check the network, run "
-                     f"again to resume, or download it by hand and pass --manual_dir.")
-
-
-def _bar(name: str, total: Optional[int], initial: int, enabled: bool):
-  import tqdm
-  return tqdm.tqdm(total=total, initial=initial, unit="B", unit_scale=True, unit_divisor=1024,
-                   desc=name, file=sys.stderr, disable=not enabled, leave=False)
-
-
-# ---------------------------------------------------------------------------
 # A release's files
 # ---------------------------------------------------------------------------
 
@@ -351,13 +220,13 @@ def release_files(rel: Release, cache_dir: Optional[str] = None,
       differs from its record, a download that fails.
   """
   downloads = cache_root(cache_dir) / "downloads" / rel.name
-  records = _Records(downloads)
+  records = Records(downloads)
   base = Path(manual_dir).expanduser() if manual_dir else downloads
   missing = []
   for name in rel.files:
     path, url, record = base / name, f"{rel.url}/{name}", records.get(name)
     if path.exists():
-      ok, sha, size = _matches(path, record)
+      ok, sha, size = matches(path, record)
       if ok:
         if record is None:
           records.put(name, sha, size, url)
@@ -383,14 +252,14 @@ def release_files(rel: Release, cache_dir: Optional[str] = None,
   return base
 
 
-def _download_checked(url: str, path: Path, name: str, records: _Records,
+def _download_checked(url: str, path: Path, name: str, records: Records,
                       progress: bool) -> None:
   """Downloads one file; against its record if any (a mismatch: one fresh download more)."""
   record = records.get(name)
   for attempt in range(2):
     log(f"Downloading {url}")
     fetch(url, path, progress=progress)
-    ok, sha, size = _matches(path, record)
+    ok, sha, size = matches(path, record)
     if ok:
       if record is None:
         records.put(name, sha, size, url)
@@ -416,7 +285,7 @@ def _describe_record(record: Optional[dict]) -> str:
 def forget(rel: Release, names, cache_dir: Optional[str] = None) -> None:
   """Deletes downloaded files of ``rel`` (and their records), so the next use fetches them."""
   downloads = cache_root(cache_dir) / "downloads" / rel.name
-  records = _Records(downloads)
+  records = Records(downloads)
   for name in names:
     (downloads / name).unlink(missing_ok=True)
     records.drop(name)
@@ -572,14 +441,14 @@ def hub_files(rel: HubRelease, cache_dir: Optional[str] = None,
       URL named), or one that does not match its checksum twice.
   """
   if manual_dir:
-    records = _Records(cache_root(cache_dir) / "downloads" / _slug(rel.name))
+    records = Records(cache_root(cache_dir) / "downloads" / _slug(rel.name))
     base, missing, out = Path(manual_dir).expanduser(), [], {}
     for name in rel.files:
       path, url = base / name, _hub_url(rel, name)
       if not path.exists():
         missing.append(f"{name} from {url} ({_describe_record(records.get(name))})")
         continue
-      ok, sha, size = _matches(path, records.get(name))
+      ok, sha, size = matches(path, records.get(name))
       if not ok:
         raise ConvertError(f"{path} differs from the {name} recorded at its first use "
                            f"({_describe_record(records.get(name))}); replace it with {url}.")
@@ -639,7 +508,7 @@ def _hub_checksum(path: Path) -> tuple[str, str]:
     return expected, sha256_of(blob)
   h = hashlib.sha1(f"blob {blob.stat().st_size}\0".encode())
   with open(blob, "rb") as f:
-    while chunk := f.read(_CHUNK):
+    while chunk := f.read(CHUNK):
       h.update(chunk)
   return expected, h.hexdigest()
 
