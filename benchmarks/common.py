@@ -100,6 +100,18 @@ def default_json_path(host: str, prefix: str = "", folder: str = RESULTS_DIR) ->
   return os.path.join(folder, f"{prefix}{stamp}_{host}.json")
 
 
+def pin_threads(threads: int) -> int:
+  """The CPUs the workers use: ``threads`` (<= 0: all this process may run
+  on).  With fewer than those, this process (and so every worker it starts)
+  is pinned to the first ``threads`` of them: XLA:CPU sizes its pool from the
+  CPUs it may use, torch from ``torch.set_num_threads``."""
+  available = sorted(os.sched_getaffinity(0))
+  threads = threads if threads > 0 else len(available)
+  if threads < len(available):
+    os.sched_setaffinity(0, available[:threads])
+  return threads
+
+
 def write_json(path: str, data: dict) -> None:
   """Writes ``data`` to ``path`` (indented; missing folders are created) and
   says so."""

@@ -86,7 +86,7 @@ Output: the table, the machine (CPU model, cores, memory, load average
 before and after every subprocess), the commit (``git rev-parse HEAD`` and
 the files that differ from it) and library versions; a JSON with all of it
 and every cell's numbers, by default
-``benchmarks/results/generation_<UTC date>_<time>_<host>.json`` (``--smoke``:
+``benchmarks/results/generation_<date>_<time>_<host>.json`` (``--smoke``:
 a temporary directory).  ``--compare=OLD.json`` prints every number beside
 an earlier run's with its change and flags REGRESSION beyond
 ``--tolerance`` percent (``vs_pytorch_compare.py``); with ``--new=NEW.json``
@@ -98,11 +98,9 @@ produced them, measured on a quiet machine, never estimated.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import platform
-import re
 import subprocess
 import sys
 import tempfile
@@ -190,7 +188,7 @@ def parse_args(argv=None) -> argparse.Namespace:
   g = p.add_argument_group("results")
   g.add_argument("--json", default="",
                  help="write settings, machine, versions and results here (default: "
-                      "benchmarks/results/generation_<date>_<time>_<host>.json, UTC; "
+                      "benchmarks/results/generation_<date>_<time>_<host>.json; "
                       "--smoke: a temp dir)")
   g.add_argument("--compare", default="", metavar="OLD.json",
                  help="print every number beside OLD.json's, with the change")
@@ -236,13 +234,6 @@ def git_commit() -> dict:
             "dirty": [line[3:] for line in git("status", "--porcelain").splitlines()]}
   except (OSError, subprocess.SubprocessError):
     return {"commit": "unknown", "dirty": []}
-
-
-def default_json_path(host: str, folder: str = common.RESULTS_DIR) -> str:
-  """``<folder>/generation_<UTC date>_<time>_<host>.json``."""
-  host = re.sub(r"[^A-Za-z0-9_.-]+", "-", host or "host")
-  stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d_%H%M%SZ")
-  return os.path.join(folder, f"generation_{stamp}_{host}.json")
 
 
 def _worker_env(args, which: str) -> dict:
@@ -334,12 +325,7 @@ def main(argv=None) -> int:
     lines, _ = compare_runs(load_json(args.compare), load_json(args.new), args.tolerance)
     print("\n".join(lines))
     return 0
-  available = sorted(os.sched_getaffinity(0))
-  if args.threads <= 0:
-    args.threads = len(available)
-  if args.threads < len(available):
-    # XLA:CPU sizes its pool from the CPUs it may use: pin all workers to the same N.
-    os.sched_setaffinity(0, available[:args.threads])
+  args.threads = common.pin_threads(args.threads)
 
   if args.worker:
     run = workers.run_ours if args.worker == "ours" else workers.run_pytorch
@@ -358,7 +344,7 @@ def main(argv=None) -> int:
   json_path = args.json
   if not json_path:
     folder = tempfile.mkdtemp(prefix="generation_smoke_") if args.smoke else common.RESULTS_DIR
-    json_path = default_json_path(platform.node(), folder=folder)
+    json_path = common.default_json_path(platform.node(), "generation_", folder)
   print(f"{info['date']}  {info['cpu']}, {info['cpu_count']} CPUs ({info['cpus_available']} "
         f"available), {info['memory_gib']} GiB, {args.threads} threads for all; load average "
         f"{' '.join(map(str, info['loadavg_start']))}; commit {info['commit'][:12]}"

@@ -347,12 +347,7 @@ def main(argv=None) -> int:
     lines, _ = compare_runs(load_json(args.compare), load_json(args.new), args.tolerance)
     print("\n".join(lines))
     return 0
-  available = sorted(os.sched_getaffinity(0))
-  if args.threads <= 0:
-    args.threads = len(available)
-  if args.threads < len(available):
-    # XLA:CPU sizes its pool from the CPUs it may use: pin all workers to the same N.
-    os.sched_setaffinity(0, available[:args.threads])
+  args.threads = common.pin_threads(args.threads)
 
   if args.worker:
     run = workers.run_ours if args.worker == "ours" else workers.run_pytorch
