@@ -182,6 +182,79 @@ def test_rows_of_different_lengths_get_what_they_get_alone(mesh, same_length, at
     np.testing.assert_allclose(np.stack([lp[0] for _, lp in alone]), logp_BxNxV[b], atol=1e-5)
 
 
+def stopped(tokens_BxN, stop):
+  """What each row of an unstopped run becomes when ``stop`` ends it: its tokens up to and
+  including the first ``stop``, then -1; only as many steps as the longest row needs."""
+  out = np.full_like(tokens_BxN, -1)
+  ends = []
+  for b, row in enumerate(tokens_BxN):
+    hits = np.flatnonzero(row == stop)
+    end = hits[0] + 1 if hits.size else len(row)
+    out[b, :end] = row[:end]
+    ends.append(end)
+  return out[:, :max(ends)], ends
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_a_row_ends_at_its_stop_token_and_the_batch_when_all_have(mesh, use_cache):
+  """Four rows sampled (top_k 0) with stop_tokens=[s]: each row's tokens are those of the
+  run without stops up to and including its first s (its later steps -1, marked done in
+  done_B), the rows' ends fall inside different chunks of 4, and the stream ends with the
+  last row to stop; a token no row draws changes nothing."""
+  _, _, ecfg, params = tiny()
+  gen = generate.Generator(ecfg, mesh, use_cache=use_cache, chunk=4)
+  rows = [prompt(n=n, seed=n)[0] for n in (3, PROMPT, 9, 1)]
+  settings, num = generate.SamplingSettings(top_k=0), 40
+  free_BxN = np.stack(list(gen.stream(params, rows, num, settings, seed=3)), axis=1)
+  counts = np.bincount(free_BxN.ravel(), minlength=V)
+  # a token every row draws, late enough in some row that the rows end apart
+  firsts = {s: [np.flatnonzero(r == s)[0] for r in free_BxN] for s in np.flatnonzero(counts)
+            if all((r == s).any() for r in free_BxN)}
+  stop = max(firsts, key=lambda s: max(firsts[s]) - min(firsts[s]))
+  want_BxN, ends = stopped(free_BxN, stop)
+  assert len(set(ends)) > 1 and max(ends) < num, ends
+  done_B = np.zeros(4, bool)
+  got = list(gen.stream(params, rows, num, settings, seed=3, stop_tokens=[stop],
+                        done_B=done_B))
+  np.testing.assert_array_equal(np.stack(got, axis=1), want_BxN)
+  assert done_B.all()
+  never = int(np.flatnonzero(counts == 0)[0])
+  np.testing.assert_array_equal(
+      np.stack(list(gen.stream(params, rows, num, settings, seed=3, stop_tokens=[never])),
+               axis=1), free_BxN)
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_rows_the_caller_ends_yield_nothing_more(mesh, use_cache):
+  """The caller marks row 1 done after step 5 and row 0 after step 12 (e.g. at a stop
+  string): from then on they yield -1, the other rows are unchanged, and the stream ends
+  when the last row is marked."""
+  _, _, ecfg, params = tiny()
+  gen = generate.Generator(ecfg, mesh, use_cache=use_cache, chunk=4)
+  p = prompt(b=2, n=9)
+  settings = generate.SamplingSettings(top_k=0)
+  free_BxN = np.stack(list(gen.stream(params, p, 30, settings, seed=1)), axis=1)
+  done_B, got = np.zeros(2, bool), []
+  for i, token_B in enumerate(gen.stream(params, p, 30, settings, seed=1, done_B=done_B)):
+    got.append(token_B)
+    if i == 5:
+      done_B[1] = True
+    if i == 12:
+      done_B[0] = True
+  got_BxN = np.stack(got, axis=1)
+  assert got_BxN.shape == (2, 13)
+  np.testing.assert_array_equal(got_BxN[0], free_BxN[0, :13])
+  np.testing.assert_array_equal(got_BxN[1], np.r_[free_BxN[1, :6], [-1] * 7])
+
+
+def test_bad_stop_settings_fail_before_compiling(model):
+  _, _, params, gen = model
+  with pytest.raises(ValueError, match="stop_tokens"):
+    next(gen.stream(params, prompt(), 3, stop_tokens=[V]))
+  with pytest.raises(ValueError, match="done_B"):
+    next(gen.stream(params, prompt(b=2), 3, done_B=np.zeros(3, bool)))
+
+
 def test_absolute_attention_types_generate_without_the_cache(mesh):
   """attn_type 2 and 3 have no decoding cache (a cached state carries the absolute
   position of an earlier window): the generator falls back to one step per token."""

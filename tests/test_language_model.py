@@ -85,6 +85,58 @@ def test_a_batch_of_prompts_gives_each_what_it_gets_alone(lm):
     lm.generate(prompts, 6, seed=[1, 2])
 
 
+def test_samples_end_at_their_stop_conditions(lm):
+  """Three prompts x 2 samples, up to 40 tokens: with stop_at_eos every sample is its
+  unstopped self up to and including its first <eos> ("eos"), or whole ("length"); with a
+  stop string (a word one sample draws late, another early) each sample ends with the
+  token that completes its first occurrence ("stop") or has none in its whole text; the
+  texts still continue the prompts token for token; the batch ends with its last sample."""
+  v = lm.corpus.vocab
+  prompts = [words(lm), v[11 % len(v)], " ".join(v[i % len(v)] for i in (7, 3, 12, 4, 9))]
+  kw = dict(top_k=0, seed=5, num_samples=2)
+  free = lm.generate(prompts, 40, **kw)
+  free_rows = [(g, s) for g in free for s in range(2)]
+  eos = lm.corpus.boundary_id
+
+  def check(outs, ends):
+    n = max(ends)
+    for (g, s), (o, so), end in zip(free_rows, [(o, s) for o in outs for s in range(2)], ends):
+      assert o.tokens.shape[1] == n
+      np.testing.assert_array_equal(o.tokens[so], np.r_[g.tokens[s, :end], [-1] * (n - end)])
+      assert lm.corpus.decode(np.r_[o.prompt_tokens, o.tokens[so, :end]]) == (
+          lm.corpus.decode(o.prompt_tokens) + o.texts[so])
+
+  ends = [int(np.argmax(g.tokens[s] == eos)) + 1 if (g.tokens[s] == eos).any() else 40
+          for g, s in free_rows]
+  assert 40 in ends and min(ends) < 40, ends  # some samples stop, not all
+  outs = lm.generate(prompts, 40, stop_at_eos=True, **kw)
+  check(outs, ends)
+  assert [o.finish_reasons[s] for o in outs for s in range(2)] == [
+      "length" if e == 40 and (g.tokens[s] != eos).all() else "eos"
+      for (g, s), e in zip(free_rows, ends)]
+
+  def first_end(g, s, word):  # the tokens up to the one whose text completes ` word`
+    for end in range(1, 41):
+      if word in lm.corpus.decode(np.r_[g.prompt_tokens, g.tokens[s, :end]])[
+          len(lm.corpus.decode(g.prompt_tokens)):]:
+        return end
+    return 40
+
+  drawn = np.bincount(np.concatenate([g.tokens.ravel() for g in free]), minlength=len(v))
+  drawn[eos] = 0
+  word = " " + v[int(drawn.argmax())]  # the most frequent word, after a space
+  ends = [first_end(g, s, word) for g, s in free_rows]
+  assert len(set(ends)) > 1, ends
+  outs = lm.generate(prompts, 40, stop=["zzz never", word], **kw)
+  check(outs, ends)
+  for o in outs:
+    for s in range(2):
+      assert o.finish_reasons[s] == ("stop" if word in o.texts[s] else "length")
+      assert o.to_json()["samples"][s]["finish_reason"] == o.finish_reasons[s]
+  with pytest.raises(default_config.ConfigError, match="non-empty"):
+    lm.generate(prompts, 3, stop=[""])
+
+
 def test_text_streams_step_by_step(lm):
   seen = []
   out = lm.generate(words(lm), 6, top_k=1, num_samples=2, on_text=seen.append)
@@ -132,6 +184,27 @@ def test_generate_from_the_command_line(trained, lm):
   assert "the prompt as read" in r.stderr
 
 
+def test_generate_a_prompt_file_from_the_command_line(trained, lm, tmp_path):
+  """--prompt_file: one prompt per line (a blank line skipped), one batch; with
+  --stop_at_eos and a --stop string: stdout has each prompt's text under its header, --out
+  a list of the API's Generations, in the file's order."""
+  _, workdir = trained
+  v = lm.corpus.vocab
+  prompts = [words(lm), " ".join(v[i % len(v)] for i in (7, 3, 12, 4, 9))]
+  prompt_file = tmp_path / "prompts.txt"
+  prompt_file.write_text(f"{prompts[0]}\n\n{prompts[1]}\n")
+  out = tmp_path / "gen.json"
+  r = run_main([f"--workdir={workdir}", "--mode=generate", f"--prompt_file={prompt_file}",
+                "--num_tokens=12", "--top_k=0", "--seed=2", "--stop_at_eos", f"--stop={v[5]}",
+                f"--out={out}"])
+  assert r.returncode == 0, r.stderr[-3000:]
+  api = lm.generate(prompts, 12, top_k=0, seed=2, stop_at_eos=True, stop=[v[5]])
+  got = json.loads(out.read_text())
+  assert [g["prompt"] for g in got] == prompts
+  assert got == [json.loads(json.dumps(a.to_json())) for a in api]
+  assert r.stdout == f"=== prompt 0 ===\n{api[0].texts[0]}\n=== prompt 1 ===\n{api[1].texts[0]}\n"
+
+
 def _run_all(arg_lists):
   """Runs the command lines at once (each a separate process) and waits for all."""
   env = dict(os.environ, PYTHONPATH=str(REPO), JAX_LOG_COMPILES="1")
@@ -149,6 +222,8 @@ def test_bad_input_from_the_command_line(trained, tmp_path):
     shutil.copy(workdir / name, bare / name)
   prompt_file = tmp_path / "prompt.txt"
   prompt_file.write_text("the\n")
+  blank = tmp_path / "blank.txt"
+  blank.write_text("\n  \n")
   gen = ["--mode=generate", f"--workdir={workdir}"]
   cases = [
       (["--mode=generate", f"--workdir={bare}", "--prompt=the"], "No checkpoint in"),
@@ -161,6 +236,8 @@ def test_bad_input_from_the_command_line(trained, tmp_path):
       (gen + ["--prompt=the", "--temperature=0"], "temperature=0.0 must be > 0"),
       (gen + ["--prompt=the", f"--prompt_file={prompt_file}"], "exactly one of --prompt"),
       (gen + [f"--prompt_file={tmp_path / 'missing.txt'}"], "missing.txt does not exist"),
+      (gen + [f"--prompt_file={blank}"], "has no prompt: write one prompt per line"),
+      (gen + ["--prompt=the", "--stop="], "--stop= is empty"),
       (gen, "(got neither)"),
       (gen + ["--prompt=the", f"--out={tmp_path / 'no' / 'x.json'}"], "does not exist"),
   ]

@@ -48,7 +48,8 @@ class Request:
     workdir: the run's directory.
     config: the ``--config`` file's config (None: the workdir's config.json).
     tokens, text, out: ``--mode=score`` (and ``out`` of ``--mode=generate``).
-    prompt, prompt_file, num_tokens, num_samples: ``--mode=generate``.
+    prompt, prompt_file, num_tokens, num_samples, stop, stop_at_eos:
+      ``--mode=generate``.
     top_k, top_p, temperature, seed: ``--mode=generate``'s sampling.
     coordinator_address, num_processes, process_id: a multi-process run.
   """
@@ -62,6 +63,8 @@ class Request:
   prompt: Optional[str] = None
   prompt_file: Optional[str] = None
   num_tokens: int = 100
+  stop: tuple[str, ...] = ()
+  stop_at_eos: bool = False
   top_k: int = 40
   top_p: float = 1.0
   temperature: float = 1.0
@@ -125,7 +128,7 @@ def _run_mode(r: Request, config: ml_collections.ConfigDict, tokens: Optional[np
     run_eval(config, r.workdir, corpus, mesh)
   elif r.mode == "generate":
     run_generate(config, r.workdir, mesh, prompt=r.prompt, prompt_file=r.prompt_file,
-                 num_tokens=r.num_tokens, top_k=r.top_k, top_p=r.top_p,
+                 num_tokens=r.num_tokens, stop=r.stop, stop_at_eos=r.stop_at_eos, top_k=r.top_k, top_p=r.top_p,
                  temperature=r.temperature, seed=r.seed, num_samples=r.num_samples, out=r.out)
   else:
     if tokens is None:
@@ -270,13 +273,14 @@ def run_score(config: ml_collections.ConfigDict, workdir: str, mesh: Mesh,
   return result
 
 
-def read_prompt(prompt: Optional[str], prompt_file: Optional[str]) -> str:
-  """The prompt of ``--prompt`` or ``--prompt_file`` (exactly one of them; a
-  file is read as UTF-8).
+def read_prompts(prompt: Optional[str], prompt_file: Optional[str]) -> str | list[str]:
+  """The prompt of ``--prompt`` (a str), or the prompts of ``--prompt_file``
+  (a list: one per line of the UTF-8 file, without the line break; blank
+  lines skipped).  Exactly one of the two.
 
   Raises:
-    default_config.ConfigError: both or neither given, or a file that is
-      not UTF-8 text.
+    default_config.ConfigError: both or neither given, a file that is not
+      UTF-8 text, or one with no prompt.
     FileNotFoundError: ``prompt_file`` does not exist.
   """
   if (prompt is None) == (prompt_file is None):
@@ -289,67 +293,95 @@ def read_prompt(prompt: Optional[str], prompt_file: Optional[str]) -> str:
   if not path.exists():
     raise FileNotFoundError(f"--prompt_file={prompt_file} does not exist.")
   try:
-    return path.read_bytes().decode("utf-8")
+    text = path.read_bytes().decode("utf-8")
   except UnicodeDecodeError as err:
     raise default_config.ConfigError(
         f"--prompt_file={prompt_file} is not UTF-8 text: {err}.") from None
+  prompts = [line for line in text.splitlines() if line.strip()]
+  if not prompts:
+    raise default_config.ConfigError(
+        f"--prompt_file={prompt_file} has no prompt: write one prompt per line.")
+  return prompts
 
 
 def run_generate(config: ml_collections.ConfigDict, workdir: str, mesh: Mesh, *,
                  prompt: Optional[str], prompt_file: Optional[str], num_tokens: int,
                  top_k: int, top_p: float, temperature: float, seed: int, num_samples: int,
-                 out: Optional[str]) -> language_model.Generation:
-  """``--mode=generate``: continues a prompt with the workdir's latest
-  checkpoint (Dai et al. 2019, Appendix E).
+                 out: Optional[str], stop: tuple[str, ...] = (), stop_at_eos: bool = False
+                 ) -> language_model.Generation | list[language_model.Generation]:
+  """``--mode=generate``: continues a prompt, or every line of a prompt
+  file, with the workdir's latest checkpoint (Dai et al. 2019, Appendix E),
+  all rows (prompts x samples) in one batch (``LanguageModel.generate``).
 
   The settings, the prompt source and the output directory are checked
-  first, then the corpus loaded and the prompt encoded, then the checkpoint
-  restored: bad input stops before anything is compiled.  The generated
-  text of sample 0 streams to stdout as it is produced; with several
-  samples, each is headed by ``=== sample b ===`` and samples 1.. follow
-  when all are done.  What the model read and the settings go to stderr.
-  ``out`` (a .json path) receives ``language_model.Generation.to_json``.
+  first, then the corpus loaded and the prompts encoded, then the
+  checkpoint restored: bad input stops before anything is compiled.  The
+  generated text of row 0 streams to stdout as it is produced; with
+  several rows, each is headed by ``=== sample s ===`` (one prompt) or
+  ``=== prompt p ===`` / ``=== prompt p, sample s ===`` (a prompt file),
+  and rows 1.. follow when all are done.  What the model read and the
+  settings go to stderr.  ``out`` (a .json path) receives
+  ``language_model.Generation.to_json`` (a prompt file: a list of them,
+  in the file's order).
 
   Raises:
     default_config.ConfigError: a bad flag or prompt.
     FileNotFoundError: no prompt file, config, model_config.json or
       checkpoint, or no directory for ``out``.
-    data.DataError: the corpus cannot be loaded or cannot encode the prompt.
+    data.DataError: the corpus cannot be loaded or cannot encode a prompt.
   """
-  text = read_prompt(prompt, prompt_file)
+  texts = read_prompts(prompt, prompt_file)
   generate.SamplingSettings(top_k=top_k, top_p=top_p, temperature=temperature)
   if num_tokens < 1 or num_samples < 1:
     raise default_config.ConfigError(f"--num_tokens={num_tokens} and --num_samples={num_samples} "
                                      "must be >= 1.")
+  if not all(stop):
+    raise default_config.ConfigError("--stop= is empty: give the text that ends a sample.")
   if out and not epath.Path(out).parent.exists():
     raise FileNotFoundError(f"--out={out}: the directory {epath.Path(out).parent} does not exist.")
   model_cfg, _ = wd.load_model_config(workdir)
   corpus = language_model.load_corpus(config, model_cfg, workdir)
-  prompt_ids = language_model.encode_prompt(corpus, text)  # before the checkpoint is read
+  many = not isinstance(texts, str)
+  prompt_ids = [language_model.encode_prompt(corpus, t)  # before the checkpoint is read
+                for t in (texts if many else [texts])]
   lm = language_model.LanguageModel.from_workdir(workdir, config, mesh, corpus)
   c, main = lm.eval_cfg, jax.process_index() == 0
+  rows = [(p, s) for p in range(len(prompt_ids)) for s in range(num_samples)]
+
+  def header(p: int, s: int) -> str:
+    if not many:
+      return f"=== sample {s} ===\n"
+    return f"=== prompt {p} ===\n" if num_samples == 1 else f"=== prompt {p}, sample {s} ===\n"
+
   if main:
-    print(f"Step {lm.step} of {workdir} ({lm.corpus.name}); the prompt as read ({len(prompt_ids)} "
-          f"tokens): {lm.corpus.decode(prompt_ids)!r}; {num_samples} x {num_tokens} tokens, "
-          f"top_k={top_k} top_p={top_p} temperature={temperature} seed={seed}; prompt segments "
-          f"of {c.tgt_len}, memory {c.mem_len}, same_length={c.same_length}, clamp_len="
+    read = (f"the prompt as read ({len(prompt_ids[0])} tokens): "
+            f"{lm.corpus.decode(prompt_ids[0])!r}" if not many else
+            f"{len(prompt_ids)} prompts of {prompt_file} ({min(map(len, prompt_ids))} to "
+            f"{max(map(len, prompt_ids))} tokens as read)")
+    print(f"Step {lm.step} of {workdir} ({lm.corpus.name}); {read}; {len(rows)} rows x up to "
+          f"{num_tokens} tokens, top_k={top_k} top_p={top_p} temperature={temperature} "
+          f"seed={seed}, stop={list(stop)} stop_at_eos={stop_at_eos}; prompt segments of "
+          f"{c.tgt_len}, memory {c.mem_len}, same_length={c.same_length}, clamp_len="
           f"{c.clamp_len}.", file=sys.stderr, flush=True)
-    if num_samples > 1:
-      sys.stdout.write("=== sample 0 ===\n")
+    if len(rows) > 1:
+      sys.stdout.write(header(0, 0))
 
   def on_text(pieces: list[str]) -> None:
     if main:
       sys.stdout.write(pieces[0])
       sys.stdout.flush()
 
-  result = lm.generate(text, num_tokens, top_k=top_k, top_p=top_p, temperature=temperature,
-                       seed=seed, num_samples=num_samples, on_text=on_text)
+  result = lm.generate(texts, num_tokens, top_k=top_k, top_p=top_p, temperature=temperature,
+                       seed=seed, num_samples=num_samples, stop=stop, stop_at_eos=stop_at_eos,
+                       on_text=on_text)
+  results = result if many else [result]
   if main:
-    for b in range(1, num_samples):
-      sys.stdout.write(f"\n=== sample {b} ===\n{result.texts[b]}")
+    for p, s in rows[1:]:
+      sys.stdout.write(f"\n{header(p, s)}{results[p].texts[s]}")
     sys.stdout.write("\n")
     sys.stdout.flush()
   if out and main:
-    epath.Path(out).write_text(json.dumps(result.to_json(), ensure_ascii=False) + "\n")
+    obj = [r.to_json() for r in results] if many else result.to_json()
+    epath.Path(out).write_text(json.dumps(obj, ensure_ascii=False) + "\n")
     print(f"Wrote {out}", file=sys.stderr, flush=True)
   return result

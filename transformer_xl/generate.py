@@ -78,7 +78,7 @@ sampling of Holtzman et al. (2020).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -252,8 +252,8 @@ class Generator:
                               in_shardings=(None,) + (rep,) * 7,
                               out_shardings=(rep,) * 4, donate_argnums=(1,))
     self.chunk_step = jax.jit(sharding.traced_with_mesh(self._chunk, mesh),
-                              in_shardings=(None,) + (rep,) * 9, out_shardings=(rep,) * 5,
-                              donate_argnums=(1, 2), static_argnums=(10,))
+                              in_shardings=(None,) + (rep,) * 11, out_shardings=(rep,) * 6,
+                              donate_argnums=(1, 2), static_argnums=(12,))
 
   def _next(self, params: Any, hidden_BxTxD: Array, key: Array, index: Array, top_k: Array,
             top_p: Array, temperature: Array) -> tuple[Array, Array]:
@@ -292,40 +292,50 @@ class Generator:
     return next_B, logp_BxV, memory, cache
 
   def _chunk(self, params: Any, memory: models.Memory, cache: Any, token_B: Array, key: Array,
-             index: Array, n: Array, top_k: Array, top_p: Array, temperature: Array,
-             with_logp: bool):
-    """``n`` (traced, 1 <= n <= ``chunk``) passes of one token with the cache,
-    each sampling the next token (drawn with ``fold_in(key, index + i)``) and
-    feeding it to the next pass; one compilation whatever ``n``.
+             index: Array, n: Array, done_B: Array, stop_ids_S: Array, top_k: Array,
+             top_p: Array, temperature: Array, with_logp: bool):
+    """Up to ``n`` (traced, 1 <= n <= ``chunk``) passes of one token with the
+    cache, each sampling the next token (drawn with ``fold_in(key, index +
+    i)``) and feeding it to the next pass; one compilation whatever ``n``.
+    A row is done once it has drawn one of ``stop_ids_S`` (or was done on
+    entry, ``done_B``): its later tokens are -1; the loop (a
+    ``lax.while_loop``) ends early when every row is done.
 
     Returns:
-      (tokens_CxB int32, log_probs_CxBxV float32 or None: rows [0, n) filled,
-      C = ``chunk``; the next Memory; the next cache; the last token [B]).
+      (tokens_CxB int32, -1 where nothing was drawn; log_probs_CxBxV float32
+      or None; the next Memory; the next cache; the last token [B]; done_B
+      bool), C = ``chunk``.
     """
     b = token_B.shape[0]
-    tokens_CxB = jnp.zeros((self.chunk, b), jnp.int32)
+    tokens_CxB = jnp.full((self.chunk, b), -1, jnp.int32)
     logp_CxBxV = jnp.zeros((self.chunk, b, self.cfg.n_token), jnp.float32) if with_logp else None
 
-    def one(i, carry):
-      memory, cache, token_B, tokens_CxB, logp_CxBxV = carry
+    def more(carry):
+      i, done_B = carry[0], carry[6]
+      return (i < n) & ~jnp.all(done_B)
+
+    def one(carry):
+      i, memory, cache, token_B, tokens_CxB, logp_CxBxV, done_B = carry
       hidden_BxTxD, memory, cache = self.model.apply(
           {"params": params}, token_B[:, None], memory, cache,
           method=models.TransformerXL.decode)
       next_B, logp_BxV = self._next(params, hidden_BxTxD, key, index + i, top_k, top_p,
                                     temperature)
-      tokens_CxB = tokens_CxB.at[i].set(next_B)
+      tokens_CxB = tokens_CxB.at[i].set(jnp.where(done_B, -1, next_B))
       if with_logp:
         logp_CxBxV = logp_CxBxV.at[i].set(logp_BxV)
-      return memory, cache, next_B, tokens_CxB, logp_CxBxV
+      done_B = done_B | jnp.any(next_B[:, None] == stop_ids_S[None, :], axis=-1)
+      return i + 1, memory, cache, next_B, tokens_CxB, logp_CxBxV, done_B
 
-    memory, cache, last_B, tokens_CxB, logp_CxBxV = jax.lax.fori_loop(
-        0, n, one, (memory, cache, token_B, tokens_CxB, logp_CxBxV))
-    return tokens_CxB, logp_CxBxV, memory, cache, last_B
+    _, memory, cache, last_B, tokens_CxB, logp_CxBxV, done_B = jax.lax.while_loop(
+        more, one, (jnp.int32(0), memory, cache, token_B, tokens_CxB, logp_CxBxV, done_B))
+    return tokens_CxB, logp_CxBxV, memory, cache, last_B, done_B
 
   def stream(self, params: Any, prompts: Any, num_tokens: int,
              settings: SamplingSettings = SamplingSettings(), seed: Any = 0,
-             log_probs: bool = False) -> Iterator[Any]:
-    """Generates ``num_tokens`` tokens after each row's prompt.
+             log_probs: bool = False, stop_tokens: Sequence[int] = (),
+             done_B: Optional[np.ndarray] = None) -> Iterator[Any]:
+    """Generates up to ``num_tokens`` tokens after each row's prompt.
 
     The prompts are read in segments aligned to their ends, rows of
     different lengths padded in front (module docstring).  With the
@@ -339,31 +349,54 @@ class Generator:
     without, and a row given its own seed gets the tokens it gets alone
     with that seed (an int), whatever the other rows.
 
+    Stopping per row: a row is done after it draws one of ``stop_tokens``
+    (that token is its last), or when the caller sets its entry of
+    ``done_B`` (e.g. at a stop string it found in the text); a done row
+    yields -1 from then on, and the generation ends when every row is done
+    (the loop on the device stops within the chunk; a row the caller marks
+    done counts from the next chunk dispatched, so at most two chunks late
+    on the device, never in what is yielded).  The batch keeps its shape:
+    a done row costs compute until all are done.
+
     Args:
       params: model parameters.
       prompts: integer [B, N] token ids, or a sequence of B integer 1-D
         arrays (lengths may differ), each of length >= 1; row b is sample
         b's prompt (rows are independent; generation runs them as one
         batch).
-      num_tokens: tokens to generate, >= 1.
+      num_tokens: tokens to generate at most, >= 1.
       settings: temperature, top_k, top_p.
       seed: an int, or B ints (one per row; the row's as if it were alone).
       log_probs: also yield the distribution each token was drawn from.
+      stop_tokens: ids that end a row (e.g. the corpus's ``boundary_id``).
+      done_B: optional bool [B] numpy array, shared: this method sets the
+        rows that drew a stop token, the caller may set rows it has ended
+        (before iterating, or while it iterates).
 
     Yields:
-      int32 [B] (token i of every row), or with ``log_probs`` a pair (that,
-      float32 [B, V] log-probabilities in nats before temperature and cut).
+      int32 [B] (token i of every row; -1 for a row already done), or with
+      ``log_probs`` a pair (that, float32 [B, V] log-probabilities in nats
+      before temperature and cut; meaningless for a done row).
 
     Raises:
       ValueError: prompts that are not integer token ids in [0, n_token),
-        an empty prompt, or seeds that do not match the rows (before
-        anything is compiled).
+        an empty prompt, stop tokens out of range, a ``done_B`` of another
+        shape, or seeds that do not match the rows (before anything is
+        compiled).
       default_config.ConfigError: num_tokens < 1.
     """
     rows = self._rows(prompts)
     if num_tokens < 1:
       raise default_config.ConfigError(f"num_tokens={num_tokens} must be >= 1.")
     b, t = len(rows), self.cfg.tgt_len
+    stop_ids_S = np.asarray(list(stop_tokens) or [-1], np.int32)  # -1: no token stops
+    if stop_tokens and (stop_ids_S.min() < 0 or stop_ids_S.max() >= self.cfg.n_token):
+      raise ValueError(f"stop_tokens={list(stop_tokens)} must be ids in [0, {self.cfg.n_token}).")
+    if done_B is None:
+      done_B = np.zeros(b, bool)
+    elif np.shape(done_B) != (b,) or np.asarray(done_B).dtype != bool:
+      raise ValueError(f"done_B must be a bool array of shape ({b},); got "
+                       f"{np.asarray(done_B).dtype} {np.shape(done_B)}.")
     if np.ndim(seed) == 0:  # row b: fold_in(PRNGKey(seed), b)
       key = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(
           jax.random.PRNGKey(int(seed)), np.arange(b, dtype=np.uint32))
@@ -386,31 +419,49 @@ class Generator:
       segment_BxT = prompt_BxN[:, s * t:(s + 1) * t]
       next_B, logp_BxV, memory = self.segment_step(params, memory, segment_BxT, key, first,
                                                    *knobs)
-    if not self.use_cache:
-      yield from self._stream_per_token(params, memory, next_B, logp_BxV, key, knobs,
-                                        num_tokens, log_probs)
+
+    def item(token_B, logp_BxV):
+      """The host's copy of one token step, -1 for rows done before it;
+      marks the rows that drew a stop token."""
+      token_B = np.where(done_B, -1, np.asarray(token_B)).astype(np.int32)
+      done_B[np.isin(token_B, stop_ids_S) & (token_B >= 0)] = True
+      return (token_B, np.asarray(logp_BxV)) if log_probs else token_B
+
+    if not self.use_cache:  # one token_step per token, the next dispatched before a read back
+      for i in range(num_tokens):
+        token_B, token_logp_BxV = next_B, logp_BxV
+        if i + 1 < num_tokens:
+          next_B, logp_BxV, memory = self.token_step(params, memory, token_B, key,
+                                                     np.int32(i + 1), *knobs)
+        yield item(token_B, token_logp_BxV)
+        if done_B.all():
+          return
       return
     # Token 0 comes from the prompt; token 1 from a pass over token 0 that
     # starts the decoding cache; then chunks.
-    yield self._item(next_B, logp_BxV, log_probs)
-    if num_tokens == 1:
+    yield item(next_B, logp_BxV)
+    if num_tokens == 1 or done_B.all():
       return
     next_B, logp_BxV, memory, cache = self.start_step(params, memory, next_B, key, np.int32(1),
                                                       *knobs)
-    yield self._item(next_B, logp_BxV, log_probs)
+    yield item(next_B, logp_BxV)
+    device_done_B = jax.device_put(done_B.copy(), self._replicated)
     i, pending = 2, None
-    while i < num_tokens or pending is not None:
+    while (i < num_tokens and not done_B.all()) or pending is not None:
       dispatched = None
-      if i < num_tokens:  # dispatched before the pending chunk is read back
+      if i < num_tokens and not done_B.all():  # dispatched before the pending chunk is read
         k = min(self.chunk, num_tokens - i)
-        toks, logps, memory, cache, next_B = self.chunk_step(
-            params, memory, cache, next_B, key, np.int32(i), np.int32(k), *knobs, log_probs)
+        toks, logps, memory, cache, next_B, device_done_B = self.chunk_step(
+            params, memory, cache, next_B, key, np.int32(i), np.int32(k),
+            device_done_B | done_B, stop_ids_S, *knobs, log_probs)
         dispatched, i = (toks, logps, k), i + k
       if pending is not None:
         toks_NxB = np.asarray(pending[0])
         logps_NxBxV = np.asarray(pending[1]) if log_probs else None
         for r in range(pending[2]):
-          yield (toks_NxB[r], logps_NxBxV[r]) if log_probs else toks_NxB[r]
+          if done_B.all():
+            return
+          yield item(toks_NxB[r], logps_NxBxV[r] if log_probs else None)
       pending = dispatched
 
   def _rows(self, prompts: Any) -> list[np.ndarray]:
@@ -432,23 +483,6 @@ class Generator:
         raise ValueError(f"prompt ids must be in [0, {self.cfg.n_token}); prompt {r} has "
                          f"[{row.min()}, {row.max()}].")
     return [row.astype(np.int32) for row in rows]
-
-  @staticmethod
-  def _item(token_B: Array, logp_BxV: Array, log_probs: bool):
-    """What :meth:`stream` yields for one token, on the host."""
-    token_B = np.asarray(token_B)
-    return (token_B, np.asarray(logp_BxV)) if log_probs else token_B
-
-  def _stream_per_token(self, params, memory, next_B, logp_BxV, key, knobs, num_tokens,
-                        log_probs):
-    """Without the cache: one ``token_step`` per token, the next one
-    dispatched before the current token is read back."""
-    for i in range(num_tokens):
-      token_B, token_logp_BxV = next_B, logp_BxV
-      if i + 1 < num_tokens:  # dispatched before token i is read back
-        next_B, logp_BxV, memory = self.token_step(params, memory, token_B, key,
-                                                   np.int32(i + 1), *knobs)
-      yield self._item(token_B, token_logp_BxV, log_probs)
 
   def generate(self, params: Any, prompts: Any, num_tokens: int,
                settings: SamplingSettings = SamplingSettings(), seed: Any = 0) -> np.ndarray:

@@ -37,13 +37,21 @@ class Generation:
     prompt: the prompt text as given.
     prompt_tokens: int32 [N + 1], what the model read before generating:
       the corpus's boundary symbol, then the prompt's ids.
-    tokens: int32 [B, num_tokens], the generated ids of each sample.
+    tokens: int32 [B, n], the generated ids of each sample; n is
+      num_tokens, or fewer when every sample stopped early (a stop
+      condition), and a sample that stopped before n is padded with -1.
     texts: B strings, each sample's generated text as it continues the
       decoded prompt: ``corpus.decode(prompt_tokens + tokens[b]) ==
-      corpus.decode(prompt_tokens) + texts[b]``.
+      corpus.decode(prompt_tokens) + texts[b]`` (the -1 padding left out).
+      A sample ended by a stop string ends with the token that completed
+      it, so its text holds the stop string (and the rest of that token).
     settings: seed, top_k, top_p, temperature, num_tokens, num_samples,
-      step (of the checkpoint), dataset, and ``context``: the prompt's
-      segment length tgt_len, mem_len, same_length and clamp_len.
+      stop, stop_at_eos, step (of the checkpoint), dataset, and
+      ``context``: the prompt's segment length tgt_len, mem_len,
+      same_length and clamp_len.
+    finish_reasons: B strings, why each sample ended: "length" (num_tokens
+      reached), "eos" (it drew the corpus's boundary symbol, with
+      ``stop_at_eos``) or "stop" (its text reached a stop string).
   """
 
   prompt: str
@@ -51,13 +59,16 @@ class Generation:
   tokens: np.ndarray
   texts: tuple[str, ...]
   settings: Mapping[str, Any]
+  finish_reasons: tuple[str, ...] = ()
 
   def to_json(self) -> dict:
     """The ``--out`` file's object: ``prompt``, ``prompt_tokens``, ``tokens``
     and ``text`` (sample 0, the issue's format), ``samples`` (every sample's
-    ``{"tokens", "text"}``, sample 0 first), and the settings' keys."""
-    samples = [{"tokens": [int(t) for t in row], "text": text}
-               for row, text in zip(self.tokens, self.texts)]
+    ``{"tokens", "text", "finish_reason"}``, sample 0 first, without the -1
+    padding), and the settings' keys."""
+    reasons = self.finish_reasons or ("length",) * len(self.texts)
+    samples = [{"tokens": [int(t) for t in row if t >= 0], "text": text, "finish_reason": why}
+               for row, text, why in zip(self.tokens, self.texts, reasons)]
     return {"prompt": self.prompt, "prompt_tokens": [int(t) for t in self.prompt_tokens],
             "tokens": samples[0]["tokens"], "text": samples[0]["text"], "samples": samples,
             **self.settings}
@@ -215,10 +226,11 @@ class LanguageModel:
 
   def generate(self, prompt: str | Sequence[str], num_tokens: int, *, top_k: int = 40,
                top_p: float = 1.0, temperature: float = 1.0, seed: int | Sequence[int] = 0,
-               num_samples: int = 1, on_text: Optional[Callable[[list[str]], None]] = None
+               num_samples: int = 1, stop: str | Sequence[str] = (), stop_at_eos: bool = False,
+               on_text: Optional[Callable[[list[str]], None]] = None
                ) -> Generation | list[Generation]:
-    """Continues ``prompt`` (or each of several prompts) with ``num_tokens``
-    tokens, ``num_samples`` times, all in one batch.
+    """Continues ``prompt`` (or each of several prompts) with up to
+    ``num_tokens`` tokens, ``num_samples`` times, all in one batch.
 
     Each prompt (after the boundary symbol, :meth:`encode_prompt`) fills the
     memory in segments of the eval tgt_len; prompts of different lengths
@@ -229,10 +241,17 @@ class LanguageModel:
         outs = lm.generate(["the company said", "stocks fell"], 30, seed=[1, 2])
         outs[1].texts[0] == lm.generate("stocks fell", 30, seed=2).texts[0]  # True
 
+    A sample ends at ``num_tokens``, or earlier at a stop condition: the
+    corpus's boundary symbol drawn (``stop_at_eos``: ``<eos>``, the end of
+    a line or sentence, or a newline for character corpora), or a stop
+    string in its text; the others go on, and the batch ends when all have
+    ended.  A sample's tokens before its stop are those it gets without
+    stops (same seed).
+
     Args:
       prompt: text in the corpus's format (e.g. PTB: lower-case words), or a
         sequence of such texts.
-      num_tokens: tokens per sample, >= 1.
+      num_tokens: tokens per sample at most, >= 1.
       top_k: ``generate.SamplingSettings`` (top_k=1 is greedy).
       top_p: ``generate.SamplingSettings``.
       temperature: ``generate.SamplingSettings``.
@@ -240,24 +259,31 @@ class LanguageModel:
         prompts (and num_samples 1), one seed per prompt gives each prompt
         the tokens it gets alone with that seed.
       num_samples: samples per prompt, drawn together (rows of one batch), >= 1.
+      stop: a string or strings, each non-empty: a sample whose generated
+        text comes to hold one ends with the token that completed it.
+      stop_at_eos: a sample ends with the corpus's boundary symbol.
       on_text: called after every step with the B new pieces of text (one
         per row: prompt by prompt, sample by sample; detokenised
-        incrementally: a UTF-8 sequence split over tokens comes out whole),
-        and once more at the end if a held-back piece is flushed.
+        incrementally: a UTF-8 sequence split over tokens comes out whole;
+        "" for a sample that has ended), and once more at the end if a
+        held-back piece is flushed.
 
     Returns:
       A :class:`Generation`, or one per prompt for a sequence of prompts.
 
     Raises:
       default_config.ConfigError: a setting out of range (before anything
-        is compiled), no prompt, seeds that do not fit the prompts, or a bad
-        prompt (:meth:`encode_prompt`).
+        is compiled), no prompt, seeds that do not fit the prompts, an
+        empty stop string, or a bad prompt (:meth:`encode_prompt`).
       data.DataError: a prompt has a character the corpus lacks.
     """
     settings = generate.SamplingSettings(top_k=top_k, top_p=top_p, temperature=temperature)
     if num_tokens < 1 or num_samples < 1:
       raise default_config.ConfigError(f"num_tokens={num_tokens} and num_samples={num_samples} "
                                        "must be >= 1.")
+    stops = [stop] if isinstance(stop, str) else list(stop)
+    if not all(isinstance(x, str) and x for x in stops):
+      raise default_config.ConfigError(f"stop={stop!r}: stop strings must be non-empty strings.")
     texts = [prompt] if isinstance(prompt, str) else list(prompt)
     if not texts:
       raise default_config.ConfigError("no prompt: give a text or a non-empty list of texts.")
@@ -271,19 +297,35 @@ class LanguageModel:
     decoders = [self.corpus.decoder() for _ in row_ids]
     for d, i in zip(decoders, row_ids):  # so that the text continues the prompt
       d.decode(i)                        # (spaces, UTF-8 state)
-    steps, pieces = [], [[] for _ in row_ids]
-    for token_B in self.generator.stream(self.params, row_ids, num_tokens, settings,
-                                         list(seed) if per_row_seed else seed):
+    b = len(row_ids)
+    steps, pieces, done_B = [], [[] for _ in row_ids], np.zeros(b, bool)
+    reasons = ["length"] * b
+    lookback = max((len(x) for x in stops), default=0) - 1
+    tails = [""] * b  # each row's last lookback characters (a stop string may straddle pieces)
+    stream = self.generator.stream(
+        self.params, row_ids, num_tokens, settings, list(seed) if per_row_seed else seed,
+        stop_tokens=[self.corpus.boundary_id] if stop_at_eos else (), done_B=done_B)
+    for token_B in stream:
       steps.append(token_B)
-      new = [d.decode(token_B[b:b + 1]) for b, d in enumerate(decoders)]
-      for b, piece in enumerate(new):
-        pieces[b].append(piece)
+      new = [d.decode(token_B[r:r + 1]) if token_B[r] >= 0 else ""
+             for r, d in enumerate(decoders)]
+      for r, piece in enumerate(new):
+        if token_B[r] < 0:
+          continue
+        pieces[r].append(piece)
+        if stop_at_eos and token_B[r] == self.corpus.boundary_id:
+          reasons[r] = "eos"
+        elif stops and piece:  # a stop string that ends in this piece
+          window = tails[r] + piece
+          if any(x in window[max(0, len(window) - len(piece) - len(x) + 1):] for x in stops):
+            reasons[r], done_B[r] = "stop", True
+          tails[r] = window[max(0, len(window) - lookback):] if lookback else ""
       if on_text is not None:
         on_text(new)
     tail = [d.decode([], final=True) for d in decoders]
     if any(tail):
-      for b, piece in enumerate(tail):
-        pieces[b].append(piece)
+      for r, piece in enumerate(tail):
+        pieces[r].append(piece)
       if on_text is not None:
         on_text(tail)
     tokens_BxN, c = np.stack(steps, axis=1), self.eval_cfg
@@ -296,9 +338,11 @@ class LanguageModel:
           settings={"seed": int(seed[j]) if per_row_seed else int(seed), "top_k": int(top_k),
                     "top_p": float(top_p), "temperature": float(temperature),
                     "num_tokens": int(num_tokens), "num_samples": int(num_samples),
+                    "stop": stops, "stop_at_eos": bool(stop_at_eos),
                     "step": self.step, "dataset": self.corpus.name,
                     "context": {"tgt_len": c.tgt_len, "mem_len": c.mem_len,
-                                "same_length": c.same_length, "clamp_len": c.clamp_len}}))
+                                "same_length": c.same_length, "clamp_len": c.clamp_len}},
+          finish_reasons=tuple(reasons[rows])))
     return out[0] if isinstance(prompt, str) else out
 
   def score_text(self, text: str) -> TextScore:

@@ -125,7 +125,8 @@ def abstract_step(config: Any, model_cfg: models.ModelConfig, mesh: Mesh,
         abstract.params, memory, tokens)
     cache = jax.tree_util.tree_map(lambda x: spec(x.shape, x.dtype, rep), cache_shapes)
     n = spec((), jnp.int32, rep)  # tokens in this chunk (traced)
-    return gen.chunk_step, (abstract.params, memory, cache, tokens, *knobs[:2], n, *knobs[2:],
-                            False)
+    done, stop_ids = spec((1,), jnp.bool_, rep), spec((1,), jnp.int32, rep)  # rows done; stops
+    return gen.chunk_step, (abstract.params, memory, cache, tokens, *knobs[:2], n, done,
+                            stop_ids, *knobs[2:], False)
   fn = gen.segment_step if step == "generate_segment" else gen.token_step
   return fn, (abstract.params, memory, tokens, *knobs)

@@ -41,8 +41,16 @@ _OUT = flags.DEFINE_string(
     "of token t+1 given tokens up to t. --mode=generate (optional): a .json of the prompt, "
     "the tokens and text of every sample, and the settings.")
 _PROMPT = flags.DEFINE_string("prompt", None, "--mode=generate: the text to continue.")
-_PROMPT_FILE = flags.DEFINE_string("prompt_file", None, "--mode=generate: a file to continue.")
-_NUM_TOKENS = flags.DEFINE_integer("num_tokens", 100, "--mode=generate: tokens per sample.")
+_PROMPT_FILE = flags.DEFINE_string(
+    "prompt_file", None, "--mode=generate: a UTF-8 file of prompts, one per line (blank lines "
+    "skipped), all continued in one batch.")
+_NUM_TOKENS = flags.DEFINE_integer("num_tokens", 100, "--mode=generate: tokens per sample, at "
+                                   "most (see --stop, --stop_at_eos).")
+_STOP = flags.DEFINE_multi_string("stop", [], "--mode=generate: a sample ends with the token "
+                                  "that completes this string in its text (repeat for several).")
+_STOP_AT_EOS = flags.DEFINE_bool("stop_at_eos", False, "--mode=generate: a sample ends with the "
+                                 "corpus's boundary symbol (<eos>, or a newline for character "
+                                 "corpora).")
 _TOP_K = flags.DEFINE_integer("top_k", 40, "--mode=generate: sample from the k most probable "
                               "tokens (0 = all, 1 = greedy; Appendix E: 40).")
 _TOP_P = flags.DEFINE_float("top_p", 1.0, "--mode=generate: nucleus mass in (0, 1].")
@@ -76,7 +84,8 @@ def main(argv):
   cli.run(cli.Request(
       mode=_MODE.value, workdir=_WORKDIR.value, config=_CONFIG.value, tokens=_TOKENS.value,
       text=_TEXT.value, out=_OUT.value, prompt=_PROMPT.value, prompt_file=_PROMPT_FILE.value,
-      num_tokens=_NUM_TOKENS.value, top_k=_TOP_K.value, top_p=_TOP_P.value,
+      num_tokens=_NUM_TOKENS.value, stop=tuple(_STOP.value), stop_at_eos=_STOP_AT_EOS.value,
+      top_k=_TOP_K.value, top_p=_TOP_P.value,
       temperature=_TEMPERATURE.value, seed=_SEED.value, num_samples=_NUM_SAMPLES.value,
       coordinator_address=_COORDINATOR.value, num_processes=_NUM_PROCESSES.value,
       process_id=_PROCESS_ID.value), debug=_DEBUG.value)
