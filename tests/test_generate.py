@@ -247,6 +247,34 @@ def test_rows_the_caller_ends_yield_nothing_more(mesh, use_cache):
   np.testing.assert_array_equal(got_BxN[1], np.r_[free_BxN[1, :6], [-1] * 7])
 
 
+@pytest.mark.parametrize("compact", [True, False])
+def test_rows_left_alone_go_on_as_in_the_whole_batch(mesh, compact):
+  """Eight rows; the caller ends six after step 3: with compact the two live rows continue
+  as a batch of 2 (chunk_step compiled for 8 and for 2), without it in the batch of 8; either
+  way every row's tokens and distributions are those of the run where none ends, -1 after."""
+  _, _, ecfg, params = tiny()
+  gen = generate.Generator(ecfg, mesh, chunk=3, compact=compact)
+  rows = [prompt(n=n, seed=n)[0] for n in (3, PROMPT, 9, 1, 4, 11, 2, 7)]
+  settings = generate.SamplingSettings(top_k=0)
+  free = list(gen.stream(params, rows, 24, settings, seed=4, log_probs=True))
+  free_BxN = np.stack([t for t, _ in free], axis=1)
+  done_B, got = np.zeros(8, bool), []
+  for i, (token_B, logp_BxV) in enumerate(gen.stream(params, rows, 24, settings, seed=4,
+                                                     log_probs=True, done_B=done_B)):
+    got.append((token_B, logp_BxV))
+    if i == 3:
+      done_B[[0, 1, 3, 4, 6, 7]] = True
+  got_BxN = np.stack([t for t, _ in got], axis=1)
+  assert got_BxN.shape == (8, 24)
+  live = [2, 5]
+  np.testing.assert_array_equal(got_BxN[live], free_BxN[live])
+  np.testing.assert_array_equal(got_BxN[[0, 1, 3, 4, 6, 7], 4:], -1)
+  np.testing.assert_array_equal(got_BxN[:, :4], free_BxN[:, :4])
+  np.testing.assert_allclose(np.stack([lp[live] for _, lp in got]),
+                             np.stack([lp[live] for _, lp in free]), atol=1e-5)
+  assert gen.chunk_step._cache_size() == (2 if compact else 1)
+
+
 def test_bad_stop_settings_fail_before_compiling(model):
   _, _, params, gen = model
   with pytest.raises(ValueError, match="stop_tokens"):

@@ -46,6 +46,11 @@ seed, the step index and the chunk's length are traced arguments, not
 static ones).  The top-k cut uses ``lax.top_k`` rather than a sort of the
 vocabulary (:func:`filter_logits`).
 
+Rows end at ``num_tokens`` or at a stop condition (:meth:`Generator.stream`:
+a stop token checked in the loop on the device, or a row the caller ends);
+when few rows are left the others are dropped from the batch
+(``Generator(compact=True)``), and the generation ends with the last row.
+
 The context of each new token (the model's memory semantics): at every
 layer the token attends to itself and to the cached states of the
 positions before it, at that layer:
@@ -223,6 +228,11 @@ class Generator:
       (``models.TransformerXL.decode``; the same distributions, tested);
       False: every token projects the memory again (``token_step``).
     chunk: tokens per ``chunk_step`` (the streaming granularity).
+    compact: with the cache, when rows have ended (stop conditions,
+      :meth:`stream`) and at most a quarter of the batch is still live with
+      more than a chunk to go, continue with the live rows only, padded to
+      a power of 2 (``take_rows``; a compilation of ``chunk_step`` per
+      such size, made once); False: ended rows keep their place.
 
   Raises:
     default_config.ConfigError: mem_len < 1 (no memory: each token would
@@ -230,7 +240,7 @@ class Generator:
   """
 
   def __init__(self, model_cfg: models.ModelConfig, mesh: Mesh, use_cache: bool = True,
-               chunk: int = 32):
+               chunk: int = 32, compact: bool = True):
     if model_cfg.mem_len < 1:
       raise default_config.ConfigError(
           f"generation needs a memory: eval.mem_len={model_cfg.mem_len} must be >= 1.")
@@ -240,6 +250,7 @@ class Generator:
     self.model = models.TransformerXL(model_cfg)
     self.use_cache = bool(use_cache) and attention.variant(model_cfg).DECODE_CACHE
     self.chunk = int(chunk)
+    self.compact = bool(compact)
     self._replicated = sharding.replicated(mesh)
     rep = self._replicated
     jit = lambda fn: jax.jit(sharding.traced_with_mesh(fn, mesh),
@@ -251,6 +262,7 @@ class Generator:
     self.start_step = jax.jit(sharding.traced_with_mesh(self._start, mesh),
                               in_shardings=(None,) + (rep,) * 7,
                               out_shardings=(rep,) * 4, donate_argnums=(1,))
+    self.take_rows = jax.jit(self._take, in_shardings=(rep,) * 6, out_shardings=(rep,) * 5)
     self.chunk_step = jax.jit(sharding.traced_with_mesh(self._chunk, mesh),
                               in_shardings=(None,) + (rep,) * 11, out_shardings=(rep,) * 6,
                               donate_argnums=(1, 2), static_argnums=(12,))
@@ -355,8 +367,10 @@ class Generator:
     yields -1 from then on, and the generation ends when every row is done
     (the loop on the device stops within the chunk; a row the caller marks
     done counts from the next chunk dispatched, so at most two chunks late
-    on the device, never in what is yielded).  The batch keeps its shape:
-    a done row costs compute until all are done.
+    on the device, never in what is yielded).  With the cache and
+    ``compact``, once at most a quarter of the rows are live the others
+    are dropped from the batch (the live ones padded to a power of 2), so
+    they stop costing compute; rows go on exactly as they would have.
 
     Args:
       params: model parameters.
@@ -445,24 +459,55 @@ class Generator:
     next_B, logp_BxV, memory, cache = self.start_step(params, memory, next_B, key, np.int32(1),
                                                       *knobs)
     yield item(next_B, logp_BxV)
-    device_done_B = jax.device_put(done_B.copy(), self._replicated)
+    # The device batch: row r of it is row rows_R[r] of the caller's (-1: padding).  When
+    # no more than a quarter of its rows are live, the live ones (padded to a power of 2)
+    # go on alone: done rows stop costing compute (one more compilation per size).
+    rows_R = np.arange(b)
+    device_done_R = jax.device_put(done_B.copy(), self._replicated)
     i, pending = 2, None
     while (i < num_tokens and not done_B.all()) or pending is not None:
       dispatched = None
       if i < num_tokens and not done_B.all():  # dispatched before the pending chunk is read
+        host_done_R = (rows_R < 0) | done_B[rows_R]
+        live_R = np.flatnonzero(~host_done_R)
+        size = 1 << int(len(live_R) - 1).bit_length()  # the next power of 2
+        if self.compact and 4 * len(live_R) <= len(rows_R) and num_tokens - i > self.chunk:
+          take_R = np.r_[live_R, np.full(size - len(live_R), live_R[0])].astype(np.int32)
+          memory, cache, next_B, key, device_done_R = self.take_rows(
+              memory, cache, next_B, key, device_done_R, take_R)
+          rows_R = np.r_[rows_R[live_R], np.full(size - len(live_R), -1)]
+          host_done_R = (rows_R < 0) | done_B[rows_R]
         k = min(self.chunk, num_tokens - i)
-        toks, logps, memory, cache, next_B, device_done_B = self.chunk_step(
+        toks, logps, memory, cache, next_B, device_done_R = self.chunk_step(
             params, memory, cache, next_B, key, np.int32(i), np.int32(k),
-            device_done_B | done_B, stop_ids_S, *knobs, log_probs)
-        dispatched, i = (toks, logps, k), i + k
+            device_done_R | host_done_R, stop_ids_S, *knobs, log_probs)
+        dispatched, i = (toks, logps, k, rows_R), i + k
       if pending is not None:
-        toks_NxB = np.asarray(pending[0])
-        logps_NxBxV = np.asarray(pending[1]) if log_probs else None
-        for r in range(pending[2]):
+        toks_NxR, n_read, from_R = np.asarray(pending[0]), pending[2], pending[3]
+        logps_NxRxV = np.asarray(pending[1]) if log_probs else None
+        real_R = from_R >= 0
+        for r in range(n_read):
           if done_B.all():
             return
-          yield item(toks_NxB[r], logps_NxBxV[r] if log_probs else None)
+          token_B = np.full(b, -1, np.int32)
+          token_B[from_R[real_R]] = toks_NxR[r][real_R]
+          logp_BxV = None
+          if log_probs:
+            logp_BxV = np.zeros((b, self.cfg.n_token), np.float32)
+            logp_BxV[from_R[real_R]] = logps_NxRxV[r][real_R]
+          yield item(token_B, logp_BxV)
       pending = dispatched
+
+  @staticmethod
+  def _take(memory: models.Memory, cache: Any, token_B: Array, key: Array, done_B: Array,
+            take_R: Array):
+    """Rows ``take_R`` of the decoding state (the batch axis of each part)."""
+    rows = lambda x, axis: jnp.take(x, take_R, axis=axis)
+    memory = models.Memory(mems_LxBxMxD=rows(memory.mems_LxBxMxD, 1),
+                           mlen_B=rows(memory.mlen_B, 0))
+    cache = cache._replace(k_BxMxHxDh=rows(cache.k_BxMxHxDh, 1),
+                           v_BxMxHxDh=rows(cache.v_BxMxHxDh, 1))
+    return memory, cache, rows(token_B, 0), rows(key, 0), rows(done_B, 0)
 
   def _rows(self, prompts: Any) -> list[np.ndarray]:
     """The prompts as B int32 1-D arrays, checked (see :meth:`stream`)."""
