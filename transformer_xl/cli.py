@@ -128,8 +128,9 @@ def _run_mode(r: Request, config: ml_collections.ConfigDict, tokens: Optional[np
     run_eval(config, r.workdir, corpus, mesh)
   elif r.mode == "generate":
     run_generate(config, r.workdir, mesh, prompt=r.prompt, prompt_file=r.prompt_file,
-                 num_tokens=r.num_tokens, stop=r.stop, stop_at_eos=r.stop_at_eos, top_k=r.top_k, top_p=r.top_p,
-                 temperature=r.temperature, seed=r.seed, num_samples=r.num_samples, out=r.out)
+                 num_tokens=r.num_tokens, stop=r.stop, stop_at_eos=r.stop_at_eos,
+                 top_k=r.top_k, top_p=r.top_p, temperature=r.temperature, seed=r.seed,
+                 num_samples=r.num_samples, out=r.out)
   else:
     if tokens is None:
       tokens = text_tokens(corpus, r.text)
