@@ -65,6 +65,28 @@ def test_greedy_equals_rescoring_the_growing_context_with_the_evaluator(model, m
     np.testing.assert_allclose(-nll_V, logp_NxV[k], atol=2e-5)
 
 
+@pytest.mark.parametrize("attn_type, clamp_len", [(0, 0), (0, 3), (1, 0)])
+def test_score_gives_sampled_tokens_the_distributions_they_were_drawn_from(mesh, attn_type,
+                                                                           clamp_len):
+  """same_length: prompts of 3, 23 and 9 tokens in one batch, 12 tokens sampled (top_k 0)
+  with the decoding cache in chunks of 4; Evaluator.score (what --mode=score runs) over each
+  row's prompt + its tokens, read from the start in segments, gives every sampled token the
+  log-probability of the distribution it was drawn from."""
+  c, mcfg, ecfg, params = tiny(same_length=True, clamp_len=clamp_len, attn_type=attn_type)
+  gen = generate.Generator(ecfg, mesh, chunk=4)
+  assert gen.use_cache
+  rows = [prompt(n=n, seed=n)[0] for n in (3, PROMPT, 9)]
+  steps = list(gen.stream(params, rows, 12, generate.SamplingSettings(top_k=0), seed=[1, 2, 3],
+                          log_probs=True))
+  ev = evaluate.Evaluator(c, mcfg, None, mesh)
+  for b, row in enumerate(rows):
+    tokens = np.array([t[b] for t, _ in steps])
+    drawn = np.array([lp[b, t[b]] for t, lp in steps])
+    assert len(set(tokens.tolist())) > 3
+    nll = ev.score(params, np.concatenate([row, tokens])[None].astype(np.int32))[0]
+    np.testing.assert_allclose(-nll[len(row) - 1:], drawn, atol=2e-5)
+
+
 @pytest.mark.parametrize("same_length, clamp_len, attn_type, n_prompt", [
     pytest.param(True, 3, 1, PROMPT,  # Shaw et al.'s learned relative positions, clamped
                  marks=pytest.mark.slow),
