@@ -32,7 +32,7 @@ Model FLOPs per token count the matrix products as this model does them:
 ``vs_pytorch.model_flops_per_token`` for the layers (q, k, v of the K =
 tgt_len + mem_len rows, W_kR over the K position rows, (a)+(c) over K keys,
 (b)+(d) over K position rows, the weighted values, o_net, the feed-forward)
-plus the adaptive softmax of :func:`softmax_flops_per_token` (every
+plus the adaptive softmax of ``softmax_flops_per_token`` (every
 cluster's logits for every token, as ``adaptive.py`` computes them); 3x
 the forward for training.
 
@@ -89,7 +89,7 @@ def softmax_flops_per_token(model_cfg) -> float:
   """Forward FLOPs per token of the (adaptive) softmax as ``adaptive.py``
   computes it: for every cluster, the projection to its width (where there
   is one) and its logits, for every token."""
-  from transformer_xl import adaptive  # noqa: PLC0415
+  from transformer_xl.model import adaptive  # noqa: PLC0415
   cutoffs, d = tuple(model_cfg.cutoffs), model_cfg.d_model
   bounds = adaptive.cluster_bounds(model_cfg.n_token, cutoffs)
   dims = adaptive.cluster_dims(model_cfg.embed_dim, len(bounds) - 1, model_cfg.div_val)
@@ -128,8 +128,11 @@ def train_timing(args, config, vocab: int):
   ModelConfig)."""
   import jax  # noqa: PLC0415
   import numpy as np  # noqa: PLC0415
-  from transformer_xl import (default_config, lowering, models, sharding, train,  # noqa: PLC0415
-                              train_state)
+  from transformer_xl import default_config, sharding
+  from transformer_xl.training import lowering
+  from transformer_xl.model import models
+  from transformer_xl.training import train
+  from transformer_xl.training import train_state  # noqa: PLC0415
   devices = jax.local_devices()
   device, n = devices[0], len(devices)
   peak = common.PEAK_BF16_FLOPS.get(device.device_kind)
@@ -182,7 +185,10 @@ def ours(args, name: str, config, vocab: int) -> dict:
   """Train and eval timings of our model for one config."""
   import jax  # noqa: PLC0415
   import numpy as np  # noqa: PLC0415
-  from transformer_xl import evaluate, models, sharding, train_state  # noqa: PLC0415
+  from transformer_xl import sharding
+  from transformer_xl.inference import evaluate
+  from transformer_xl.model import models
+  from transformer_xl.training import train_state  # noqa: PLC0415
   devices = jax.local_devices()
   out = {"config": name, "device_kind": devices[0].device_kind, "devices": len(devices)}
   out["train"], state, mesh, mcfg = train_timing(args, config, vocab)
@@ -273,7 +279,7 @@ def main(argv=None) -> int:
   if args.compare:
     return compare(args.compare, args.new)
   import jax  # noqa: PLC0415
-  from transformer_xl import lowering  # noqa: PLC0415
+  from transformer_xl.training import lowering  # noqa: PLC0415
   results = []
   for name in [n for n in args.configs.split(",") if n]:
     config = load_config(name)

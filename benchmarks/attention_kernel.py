@@ -86,7 +86,7 @@ def attention_part(args) -> list[dict]:
   """Forward and forward+backward of the attention alone, both paths."""
   import jax  # noqa: PLC0415
   import jax.numpy as jnp  # noqa: PLC0415
-  from transformer_xl import pallas_attention  # noqa: PLC0415
+  from transformer_xl.model import pallas_attention  # noqa: PLC0415
 
   dtype = jnp.dtype(args.dtype)
   rows = []
@@ -130,7 +130,7 @@ def train_part(args) -> list[dict]:
     config.model.update(dtype="bfloat16", dropatt=0.0)
     if args.train_batch:
       config.train.global_batch = args.train_batch
-    from transformer_xl import lowering  # noqa: PLC0415
+    from transformer_xl.training import lowering  # noqa: PLC0415
     vocab = lowering.vocab_sizes()[config.data.dataset]
     row = {"config": name}
     for impl in ("xla", "pallas"):

@@ -196,7 +196,10 @@ def measure(args: argparse.Namespace, attn_len: int) -> dict:
   import flax.linen as nn
   import jax
   import numpy as np
-  from transformer_xl import default_config, evaluate, models, sharding, train_state
+  from transformer_xl import default_config, sharding
+  from transformer_xl.inference import evaluate
+  from transformer_xl.model import models
+  from transformer_xl.training import train_state
   config = make_config(args, attn_len)
   default_config.validate(config, 1)
   mesh = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])

@@ -29,14 +29,14 @@ part before the "-": v3, v4, v5p); a config without a preset runs on
 ``--devices`` (default 1) of ``--device_kind`` (default h100).  This script
 re-executes itself with ``XLA_FLAGS=--xla_force_host_platform_device_count=N``
 (set before jax is imported) for each config.  Vocabulary sizes are the real
-corpora's (:func:`vocab_sizes`), so no data are read.
+corpora's (``vocab_sizes``), so no data are read.
 
 Memory per device, from ``compiled.memory_analysis()`` (bytes, shown in
 GiB = 2**30 bytes): arguments, outputs, the outputs aliased to donated
 arguments (the train state, the eval memory), temporaries and generated
 code; total = arguments + outputs - aliased + temporaries + code.  The
 verdict compares the total with one device's memory
-(:data:`DEVICE_MEMORY_GIB`, or ``--device_memory``):
+(``DEVICE_MEMORY_GIB``, or ``--device_memory``):
 
 * FITS: total <= (1 - ``--margin``) x device memory (margin 10%);
 * TIGHT: within the margin below the device memory, which the CPU
@@ -118,7 +118,7 @@ ALL_CONFIGS = (
 # ---------------------------------------------------------------------------
 
 def run_job(job: Job) -> dict:
-  """Runs :func:`analyse` for ``job`` in a subprocess with job.devices
+  """Runs ``analyse`` for ``job`` in a subprocess with job.devices
   simulated CPU devices; returns its result.
 
   Raises:

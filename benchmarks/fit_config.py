@@ -1,8 +1,8 @@
 """Which config ``fit.py`` analyses, on which devices: loading a config file
 (``path[:preset]``), ``--config.<key>=<value>`` overrides, the device count
-and kind of its slice, the vocabulary size; the result is a :class:`Job`.
+and kind of its slice, the vocabulary size; the result is a ``Job``.
 
-Bad input raises :class:`FitError`, whose message ``fit.py`` prints as one
+Bad input raises ``FitError``, whose message ``fit.py`` prints as one
 ``error: ...`` line.  Nothing heavy is imported at import time (the config
 files and ``transformer_xl`` are imported when a config is loaded).
 """
@@ -32,8 +32,8 @@ class FitError(Exception):
 
 def vocab_sizes() -> dict[str, int]:
   """Vocabulary size of each corpus whose size is fixed
-  (``transformer_xl.lowering.vocab_sizes``)."""
-  from transformer_xl import lowering
+  (``transformer_xl.training.lowering.vocab_sizes``)."""
+  from transformer_xl.training import lowering
   return lowering.vocab_sizes()
 
 

@@ -3,7 +3,7 @@ process's (simulated CPU) devices, reads XLA's per-device memory analysis,
 and, when a step does not fit, searches the remat / attention-block
 settings for one that does.
 
-``fit.py --worker=JOB`` runs :func:`analyse` in a subprocess started with
+``fit.py --worker=JOB`` runs ``analyse`` in a subprocess started with
 ``XLA_FLAGS=--xla_force_host_platform_device_count=N``.  JAX is imported
 inside the functions, so the parent process can import this module.
 """
@@ -44,7 +44,8 @@ class StepCompiler:
 
   def __init__(self, config, vocab: int):
     import jax
-    from transformer_xl import lowering, sharding
+    from transformer_xl import sharding
+    from transformer_xl.training import lowering
     self.config = config
     self.mesh = sharding.make_mesh(config.mesh.shape, config.mesh.axis_names,
                                    devices=jax.devices())
@@ -55,7 +56,7 @@ class StepCompiler:
     """The model's parameter count (shapes only, nothing allocated)."""
     import jax
     import numpy as np
-    from transformer_xl import models
+    from transformer_xl.model import models
     shapes = jax.eval_shape(lambda r: models.init_params(models.TransformerXL(self.model_cfg), r),
                             jax.random.PRNGKey(0))
     return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(shapes)))
@@ -63,7 +64,7 @@ class StepCompiler:
   def compile(self, step: str, remat: str, attn_block: int) -> dict:
     """Lower + compile ``step`` ("train" or "eval") with model.remat and
     model.attn_block replaced; returns memory_report plus compile seconds."""
-    from transformer_xl import lowering
+    from transformer_xl.training import lowering
     mcfg = dataclasses.replace(self.model_cfg, remat=remat, attn_block=attn_block)
     t0 = time.perf_counter()
     fn, args = lowering.abstract_step(self.config, mcfg, self.mesh, step)
@@ -95,7 +96,7 @@ def candidates(step: str, remat: str, attn_block: int, tgt_len: int) -> list[tup
 
 def search_fit(try_setting, step: str, remat: str, attn_block: int, tgt_len: int,
                target: float, max_tries: int, log=print) -> dict:
-  """Finds the first (remat, attn_block) of :func:`candidates` whose total
+  """Finds the first (remat, attn_block) of ``candidates`` whose total
   is at most ``target`` bytes.
 
   ``try_setting(remat, attn_block)`` returns a memory report (a dict with
@@ -142,7 +143,7 @@ def classify(total: float, capacity: float, margin: float) -> str:
 
 def analyse(job: Job, log=print) -> dict:
   """Compiles the job's train and eval steps (and, when one does not fit,
-  the candidates of :func:`search_fit`) on this process's devices."""
+  the candidates of ``search_fit``) on this process's devices."""
   import jax
   config = load_config(job.spec)
   apply_overrides(config, job.overrides)

@@ -65,7 +65,7 @@ gives per cell both tokens/s, **ours/HF** tokens/s, whether ours reaches the
 target, both first-token latencies and HF/ours (how many times faster ours
 gives its first token), and our warm-up (compile) seconds.
 
-The issue's target: ours >= 2x HF's tokens/s at batch 1, 8 and 32 with
+The target: ours >= 2x HF's tokens/s at batch 1, 8 and 32 with
 mem_len 128 and at batch 1 and 8 with mem_len 1,600, on the same CPU.
 
 Fairness (as ``vs_pytorch.py``): every (implementation, cell) runs in its
@@ -118,7 +118,7 @@ IMPLEMENTATIONS = ("ours", "pytorch")  # "pytorch": HuggingFace's TransfoXLLMHea
 LABELS = {"ours": "ours", "pytorch": "HF"}
 PACKAGES = ("jax", "jaxlib", "flax", "torch", "transformers", "numpy")  # versions saved
 DEFAULT_GRID = "128:1,8,32;1600:1,8"
-TARGET_RATIO = 2.0  # the issue's: ours >= 2x HF's tokens/s in every cell
+TARGET_RATIO = 2.0  # the target: ours >= 2x HF's tokens/s in every cell
 
 # --smoke: tiny sizes (explicit flags still win), so the whole tool runs in seconds.
 SMOKE = dict(n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64, vocab=50, tgt_len=4,
@@ -149,7 +149,7 @@ def cell_key(batch: int, mem_len: int) -> str:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-  """The flags; ``--smoke`` changes the defaults to :data:`SMOKE`'s tiny sizes."""
+  """The flags; ``--smoke`` changes the defaults to ``SMOKE``'s tiny sizes."""
   argv = sys.argv[1:] if argv is None else argv
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -243,7 +243,7 @@ def _worker_env(args, which: str) -> dict:
   if args.malloc_hugepages if which == "ours" else args.pytorch_malloc_hugepages:
     if REPO not in sys.path:  # this checkout's transformer_xl (process_settings: stdlib only)
       sys.path.insert(0, REPO)
-    from transformer_xl import process_settings
+    from transformer_xl.cli import process_settings
     env = process_settings.hugepages_environ(env) or env
   return env
 

@@ -2,8 +2,8 @@
 implementation for one grid cell (batch, mem_len) in its own subprocess and
 returns a result dict that the parent saves in its JSON.
 
-* :func:`run_ours`: ``transformer_xl.generate.Generator`` (JAX / Flax);
-* :func:`run_pytorch`: HuggingFace's ``TransfoXLLMHeadModel.generate`` (torch).
+* ``run_ours``: ``transformer_xl.inference.generate.Generator`` (JAX / Flax);
+* ``run_pytorch``: HuggingFace's ``TransfoXLLMHeadModel.generate`` (torch).
 
 ``generation.py --worker=ours|pytorch --batch=B --mem_len=M`` runs one of
 them.  Nothing heavy is imported at import time: the parent imports this
@@ -94,7 +94,7 @@ def model_config(args, mem_len: int):
   flags, a plain dense softmax tied to the embedding, shared u/v, no
   dropout, fp32, tgt_len = ``--tgt_len`` (the prompt's segment), the cell's
   mem_len, no clamp, same_length off."""
-  from transformer_xl import models
+  from transformer_xl.model import models
   return models.ModelConfig(
       n_token=args.vocab, n_layer=args.n_layer, d_model=args.d_model, n_head=args.n_head,
       d_head=args.d_head, d_inner=args.d_inner, dropout=0.0, dropatt=0.0,
@@ -109,7 +109,10 @@ def run_ours(args, batch: int, mem_len: int) -> dict:
   import flax.linen as nn
   import jax
   import numpy as np
-  from transformer_xl import generate, models, process_settings, sharding
+  from transformer_xl import sharding
+  from transformer_xl.inference import generate
+  from transformer_xl.model import models
+  from transformer_xl.cli import process_settings
   rss_imports = rss_mib("VmRSS")
   process_settings.release_after_compiles()  # as our command line does
 
@@ -158,7 +161,7 @@ def run_pytorch(args, batch: int, mem_len: int) -> dict:
   from transformers.utils import logging as hf_logging
   hf_logging.set_verbosity_error()
   sys.path.insert(0, REPO)
-  from transformer_xl import process_settings  # stdlib only: no jax in this process
+  from transformer_xl.cli import process_settings  # stdlib only: no jax in this process
   rss_imports = rss_mib("VmRSS")
 
   torch.set_num_threads(args.threads)

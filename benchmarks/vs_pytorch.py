@@ -53,10 +53,10 @@ Numbers per phase and implementation:
   compilation and step temporaries included.  The RSS right after the
   imports goes to the JSON too (``rss_after_imports_mib``), so the part of
   the peak that the model and its steps add is visible.
-* **% of matmul limit** = model FLOPs per token (:func:`model_flops_per_token`)
+* **% of matmul limit** = model FLOPs per token (``model_flops_per_token``)
   x tokens/s / the machine's float32 matrix-multiply limit.  The limit is
   measured in the same run, by every worker right after its timed steps,
-  on its threads and CPUs (:func:`measure_matmul`): the fastest of
+  on its threads and CPUs (``measure_matmul``): the fastest of
   ``--matmul_repeats`` ``--matmul_n`` x ``--matmul_n`` float32 products
   with ``np.dot`` (numpy's BLAS) and with the worker's own library (a
   jitted ``jnp.dot`` on XLA:CPU, or ``torch.mm``); the highest GFLOP/s of
@@ -80,7 +80,7 @@ Fairness:
   own CPU defaults.  Ours runs on a 1x1 mesh of one CPU device.
   ``--malloc_hugepages=1`` (the default) adds ``glibc.malloc.hugetlb=1`` to
   ``GLIBC_TUNABLES`` for our subprocess, as ``python -m
-  transformer_xl.main`` does for itself (``transformer_xl.process_settings``:
+  transformer_xl.main`` does for itself (``transformer_xl.cli.process_settings``:
   malloc asks for transparent huge pages for XLA:CPU's per-step buffers);
   ``--malloc_hugepages=0`` runs ours without.  PyTorch runs in the caller's
   environment, its own default: with the tunable its training ran at half
@@ -143,7 +143,7 @@ SMOKE = dict(n_layer=1, d_model=32, n_head=2, d_head=16, d_inner=64, vocab=32, b
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-  """The flags; ``--smoke`` changes the defaults to :data:`SMOKE`'s tiny sizes."""
+  """The flags; ``--smoke`` changes the defaults to ``SMOKE``'s tiny sizes."""
   argv = sys.argv[1:] if argv is None else argv
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -194,7 +194,7 @@ def parse_args(argv=None) -> argparse.Namespace:
   g.add_argument("--xla_flags", default="", help="extra XLA_FLAGS for our subprocess")
   g.add_argument("--malloc_hugepages", type=int, default=1, choices=(0, 1),
                  help="1: glibc.malloc.hugetlb=1 in GLIBC_TUNABLES for our subprocess, "
-                      "as our command line sets it (transformer_xl.process_settings)")
+                      "as our command line sets it (transformer_xl.cli.process_settings)")
   g.add_argument("--pytorch_malloc_hugepages", type=int, default=0, choices=(0, 1),
                  help="1: the same for the PyTorch subprocess (it slowed torch's training "
                       "down 2x on a 2-core CPU VM, benchmarks/results/REPORT.md)")
@@ -280,7 +280,7 @@ def _worker_env(args, which: str) -> dict:
   if args.malloc_hugepages if which == "ours" else args.pytorch_malloc_hugepages:
     if REPO not in sys.path:  # this checkout's transformer_xl (process_settings: stdlib only)
       sys.path.insert(0, REPO)
-    from transformer_xl import process_settings
+    from transformer_xl.cli import process_settings
     env = process_settings.hugepages_environ(env) or env
   return env
 

@@ -60,9 +60,9 @@ def _num(x: float) -> str:
 def compare_runs(old: dict, new: dict, tolerance: float) -> tuple[list[str], int]:
   """Every number of ``new`` beside ``old``'s, with the change in percent.
 
-  A number whose name ends in one of :data:`_HIGHER_IS_BETTER` (tokens/s,
+  A number whose name ends in one of ``_HIGHER_IS_BETTER`` (tokens/s,
   % of the matmul limit, the ratio) that fell by more than ``tolerance``
-  percent, or one of :data:`_LOWER_IS_BETTER` (ms per step, RSS, page
+  percent, or one of ``_LOWER_IS_BETTER`` (ms per step, RSS, page
   faults, wall seconds, latencies) that rose by more, is marked REGRESSION; the
   opposite moves are marked "better".  Settings and machines that differ
   are listed first, since they explain changes.

@@ -3,8 +3,8 @@ eval_long) of one implementation in its own subprocess, then measures the
 machine's float32 matmul limit there, and returns a result dict that the
 parent saves in its JSON.
 
-* :func:`run_ours`: our jitted train step or eval step (JAX / Flax);
-* :func:`run_pytorch`: HuggingFace's ``TransfoXLLMHeadModel`` (torch).
+* ``run_ours``: our jitted train step or eval step (JAX / Flax);
+* ``run_pytorch``: HuggingFace's ``TransfoXLLMHeadModel`` (torch).
 
 ``vs_pytorch.py --worker=ours|pytorch --phase=PHASE`` runs one of them.
 Nothing heavy is imported at import time: the parent imports this module,
@@ -140,8 +140,13 @@ def run_ours(args, phase: str, batch: int, tgt_len: int, mem_len: int) -> dict:
   import flax.linen as nn
   import jax
   import numpy as np
-  from transformer_xl import (default_config, evaluate, models, process_settings, sharding,
-                              train, train_state, tuning)
+  from transformer_xl import default_config, sharding
+  from transformer_xl.inference import evaluate
+  from transformer_xl.model import models
+  from transformer_xl.cli import process_settings
+  from transformer_xl.training import train
+  from transformer_xl.training import train_state
+  from transformer_xl.model import tuning
   rss_imports = rss_mib("VmRSS")
   process_settings.release_after_compiles()  # as our command line and training loop do
 
@@ -251,7 +256,7 @@ def run_pytorch(args, phase: str, batch: int, tgt_len: int, mem_len: int) -> dic
   from transformers.utils import logging as hf_logging
   hf_logging.set_verbosity_error()
   sys.path.insert(0, REPO)
-  from transformer_xl import process_settings  # stdlib only: no jax in this process
+  from transformer_xl.cli import process_settings  # stdlib only: no jax in this process
   rss_imports = rss_mib("VmRSS")
 
   torch.set_num_threads(args.threads)

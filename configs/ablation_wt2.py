@@ -52,7 +52,7 @@ VARIANTS = {
 
 
 def get_config(variant="xl"):
-  """The config of ``variant`` (a key of :data:`VARIANTS`).
+  """The config of ``variant`` (a key of ``VARIANTS``).
 
   Raises:
     ValueError: an unknown variant (the message lists them).

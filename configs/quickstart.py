@@ -1,12 +1,12 @@
 r"""Quickstart: a small Transformer-XL on Penn Treebank, minutes on a laptop CPU.
 
+    python -m transformer_xl.main --config=configs/quickstart.py --workdir=/tmp/txl_quickstart
     python -m transformer_xl.main --config=configs/quickstart.py --workdir=/tmp/txl_quickstart \
-        --config.data.manual_dir=../shared/data/ptb
-    python -m transformer_xl.main --config=configs/quickstart.py --workdir=/tmp/txl_quickstart \
-        --mode=eval --config.data.manual_dir=../shared/data/ptb
+        --mode=eval
 
-(Without --config.data.manual_dir the PTB files are downloaded from
-Mikolov's page.)  The model: 4 layers, d_model 128, 4x32 heads, d_inner
+(The PTB files are downloaded from Mikolov's page; with
+--config.data.manual_dir=DIR they are read from a local copy of
+ptb.{train,valid,test}.txt.)  The model: 4 layers, d_model 128, 4x32 heads, d_inner
 512, tgt_len = mem_len = 32; eval with tgt_len 32, mem_len 128, same_length.
 Expected result: see the README's results table (measured on 2 CPU cores).
 """

@@ -253,7 +253,7 @@ cmd_status() {
 
 cmd_check() {
   local code
-  code='from transformer_xl import process_settings; process_settings.initialize_distributed(); '
+  code='from transformer_xl.cli import process_settings; process_settings.initialize_distributed(); '
   code+='import jax; print(f"process {jax.process_index()} of {jax.process_count()}: {jax.local_device_count()} local '
   code+='devices of {jax.device_count()}, {jax.devices()[0].device_kind}", flush=True)'
   run python3 -c "$code"

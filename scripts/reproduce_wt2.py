@@ -174,7 +174,7 @@ def _load(workdir: Path, data_dir: Optional[str], manual_dir: Optional[str]):
   """(config, train ModelConfig, unit, step, params, mesh) of a workdir."""
   import jax
   from transformer_xl import sharding
-  from transformer_xl import workdir as wd
+  from transformer_xl.run import workdir as wd
   config = wd.load_config(str(workdir))
   model_cfg, unit = wd.load_model_config(str(workdir))
   mesh = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
@@ -193,7 +193,7 @@ def table6(workdirs: Path, corpus, sizes: dict, data_dir, manual_dir) -> dict:
   windows of c.  "best" is the lowest valid perplexity of init and the
   sweep; test is evaluated at init and at best.
   """
-  from transformer_xl import evaluate
+  from transformer_xl.inference import evaluate
   rows = {}
   for v in TABLE6_ORDER:
     t0 = _now()
@@ -257,7 +257,7 @@ def learning_curves(workdirs: Path) -> dict:
 
 def noise_part(workdirs: Path, corpus, sizes: dict, data_flags: list, logs: Path,
                table6_rows: dict, data_dir, manual_dir) -> dict:
-  """Run-to-run noise: :data:`NOISE_VARIANT` trained again with another
+  """Run-to-run noise: ``NOISE_VARIANT`` trained again with another
   ``train.seed`` (the initialisation and the dropout masks change; the data
   are read in the same order) and evaluated as Table 6's "PPL init".  On one
   machine the same seed gives the same run to the last bit (XLA:CPU is
@@ -268,7 +268,7 @@ def noise_part(workdirs: Path, corpus, sizes: dict, data_flags: list, logs: Path
      "rel_diff": {split: |b - a| / a}, "command", "train_wall_s" (the
      training), "wall_s" (training and evaluation)}.
   """
-  from transformer_xl import evaluate
+  from transformer_xl.inference import evaluate
   v, seed = NOISE_VARIANT, sizes["noise_seed"]
   workdir = workdirs / f"{v}_seed{seed}"
   cmd = [sys.executable, "-m", "transformer_xl.main", f"--config={CONFIG}:{v}",
@@ -355,7 +355,7 @@ def attention_part(workdir: Path, out: Path, sizes: dict, logs: Path) -> dict:
 
 def samples_part(workdir: Path, corpus, sizes: dict) -> dict:
   """App. E: samples of the best model, prompted with the test set's start."""
-  from transformer_xl import language_model
+  from transformer_xl.inference import language_model
   t0 = _now()
   lm = language_model.LanguageModel.from_workdir(str(workdir), corpus=corpus)
   test = corpus.splits["test"].read(0, 60)

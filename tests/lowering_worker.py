@@ -31,7 +31,8 @@ def load(spec: str):
 
 def run(job: str, n_devices: int) -> None:
   from jax import export  # noqa: PLC0415
-  from transformer_xl import default_config, lowering, sharding  # noqa: PLC0415
+  from transformer_xl import default_config, sharding
+  from transformer_xl.training import lowering  # noqa: PLC0415
   spec, mesh_kind, dtype, impl = job.split("@")
   config = load(spec)
   if mesh_kind == "gpu8":  # fsdp over what the batch allows, the rest on "model"

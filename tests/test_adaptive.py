@@ -10,7 +10,10 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from transformer_xl import adaptive, models, sharding, train_state
+from transformer_xl import sharding
+from transformer_xl.model import adaptive
+from transformer_xl.model import models
+from transformer_xl.training import train_state
 
 jax.config.update("jax_enable_x64", False)
 

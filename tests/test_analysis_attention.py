@@ -8,7 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_xl import data, evaluate, models, sharding
+from transformer_xl import data, sharding
+from transformer_xl.inference import evaluate
+from transformer_xl.model import models
 from transformer_xl.analysis import attention as attention_maps
 from test_train import REPO, run_main, small_args, tiny_config, write_ptb_sample
 

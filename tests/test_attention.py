@@ -9,7 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_xl import attention, attention_ops, models, tuning
+from transformer_xl.model import attention
+from transformer_xl.model import attention_ops
+from transformer_xl.model import models
+from transformer_xl.model import tuning
 
 SLOW = pytest.mark.slow  # a case left out of the fast tier (-m "not slow")
 
@@ -50,6 +53,7 @@ def naive_attention(params, cat_BxKxD, mem_len, mlen_B, same_length, clamp_len, 
   return out
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("same_length,clamp_len,mlen", list(itertools.product(
     [False, True], [0, 3], [(7, 7), (0, 4), (2, 7)])))
 def test_rel_shift_attention_equals_naive(same_length, clamp_len, mlen):
@@ -71,6 +75,7 @@ def test_rel_shift_attention_equals_naive(same_length, clamp_len, mlen):
   np.testing.assert_allclose(np.asarray(got), want, rtol=2e-4, atol=2e-4)
 
 
+@pytest.mark.smoke
 def test_same_length_mask_properties():
   for mem_len, tgt_len in [(7, 5), (3, 5), (5, 5)]:
     mask = np.asarray(attention_ops.attention_mask(tgt_len, mem_len, jnp.array([mem_len]), True))[0, 0]
@@ -85,6 +90,7 @@ def test_same_length_mask_properties():
 # --------------------------------------------------------------------------- #
 # Blockwise attention (model.attn_block) equals the full computation.
 
+@pytest.mark.smoke
 def test_query_blocks_cover_every_query_and_its_keys():
   assert attention_ops.query_blocks(7, 12, 0) == [(0, 7, 12)]
   assert attention_ops.query_blocks(7, 12, 7) == [(0, 7, 12)]

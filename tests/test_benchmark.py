@@ -334,7 +334,7 @@ def test_accelerator_softmax_flops_by_hand():
   spec = importlib.util.spec_from_file_location("bench_acc", REPO / "benchmarks" / "accelerator.py")
   acc = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(acc)
-  from transformer_xl import models
+  from transformer_xl.model import models
   dense = models.ModelConfig(n_token=100, d_model=8, n_head=2, d_head=4, d_inner=16)
   assert acc.softmax_flops_per_token(dense) == 2 * 8 * 100
   # d_embed 16 != d_model 8, div_val 2: cluster widths 16, 8, 4 each projected from 8

@@ -2,7 +2,6 @@
 and trains two steps on a tiny canonical-format sample (shapes overridden down)."""
 import importlib.util
 import re
-from pathlib import Path
 
 import pytest
 
@@ -105,7 +104,9 @@ def _ablation(variant, vocab):
 def test_ablation_variants_train_and_evaluate_with_both_methods(variant, wiki_sample, tmp_path):
   import jax
   import json
-  from transformer_xl import cli, default_config, sharding, train
+  from transformer_xl import default_config, sharding
+  from transformer_xl.cli import modes as cli
+  from transformer_xl.training import train
   _, corpus = wiki_sample
   config = _ablation(variant, corpus.vocab_size)
   mesh = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])

@@ -24,7 +24,8 @@ import pytest
 import torch  # noqa: E402  (test extra: missing is an error, not a skip)
 import transformers  # noqa: E402,F401
 
-from transformer_xl import convert, workdir as wd  # noqa: E402
+from transformer_xl import convert
+from transformer_xl.run import workdir as wd  # noqa: E402
 from test_parity import (B, BASE, hf_model, hf_segments, hparams, our_segments,  # noqa: E402
                          random_tokens, state_dict)
 
@@ -126,7 +127,7 @@ def test_every_attention_type_round_trips_with_the_reference_names(attn_type, tm
   [n_layer, max_klen, H, Dh], r_w_bias [n_layer, H, Dh], r_bias [n_layer,
   max_klen, H]; 2 and 3 have q_net / kv_net; 3 has r_emb; 0 and 2 the
   sinusoid's inv_freq buffer."""
-  from transformer_xl import models
+  from transformer_xl.model import models
   hp = convert.load_hparams({**BASE, "attn_type": attn_type, "d_model": 16, "n_head": 2,
                              "d_head": 8, "tgt_len": 5, "mem_len": 7})
   cfg = convert.model_config_from_hparams(hp)

@@ -22,7 +22,7 @@ import safetensors.torch  # noqa: E402
 import torch  # noqa: E402  (test extra: missing is an error, not a skip)
 
 from transformer_xl import convert  # noqa: E402
-from transformer_xl import workdir as wd  # noqa: E402
+from transformer_xl.run import workdir as wd  # noqa: E402
 from transformer_xl.convert.__main__ import main  # noqa: E402
 from test_convert import flat, restored, write_json  # noqa: E402
 from test_parity import (BASE, hf_model, hf_segments, hparams, random_tokens,  # noqa: E402

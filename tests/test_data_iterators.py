@@ -21,6 +21,7 @@ def _random_stream(n, seed=0):
 # Training.
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("n,batch,tgt_len", [(100, 4, 5), (103, 4, 5), (64, 2, 7),
                                              (41, 3, 3), (12, 1, 11)])
 def test_train_rows_are_contiguous_and_targets_shifted(n, batch, tgt_len):
@@ -57,6 +58,7 @@ def test_train_with_arange_positions():
   np.testing.assert_array_equal(b1["inputs"][:, 0], b0["inputs"][:, -1] + 1)
 
 
+@pytest.mark.smoke
 def test_train_epoch_wraps_with_reset_only_at_first_step():
   tokens = _random_stream(200)
   it = data.TrainIterator(ArraySource(tokens), 4, 6)  # row_len 50 -> 8 steps.
@@ -127,6 +129,7 @@ def _full_eval_pass(n, batch, tgt_len, row_ids=None):
   return tokens, it, batches
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("n,batch,tgt_len", EVAL_SHAPES)
 def test_eval_scores_every_token_exactly_once(n, batch, tgt_len):
   tokens, it, batches = _full_eval_pass(n, batch, tgt_len)
@@ -202,6 +205,7 @@ def test_eval_errors():
 # Process split.
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("kind", ["train", "eval"])
 def test_process_split_matches_single_iterator(kind):
   tokens = _random_stream(203, seed=3)
@@ -261,6 +265,7 @@ def test_process_reads_only_its_rows():
 # Position state.
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("k", [0, 1, 5, 8, 13])
 def test_train_state_roundtrip(k):
   tokens = _random_stream(250, seed=k)
@@ -329,6 +334,7 @@ def test_set_state_validation():
     ev.set_state(it.get_state())
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("n,batch,window,stride", [(23, 4, 6, 4), (17, 3, 5, 1), (9, 8, 4, 4),
                                                     (30, 2, 7, 7)])
 def test_sliding_windows_score_every_pair_once_with_its_window_as_context(n, batch, window,

@@ -11,7 +11,8 @@ from pathlib import Path
 import ml_collections
 import pytest
 
-from transformer_xl import default_config, models
+from transformer_xl import default_config
+from transformer_xl.model import models
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -15,8 +15,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_xl import (attention_ops, data, default_config, evaluate, models, sharding,
-                            train, train_state)
+from transformer_xl import data, default_config, sharding
+from transformer_xl.model import attention_ops
+from transformer_xl.inference import evaluate
+from transformer_xl.model import models
+from transformer_xl.training import train
+from transformer_xl.training import train_state
 
 SLOW = pytest.mark.slow  # a case left out of the fast tier (-m "not slow")
 

@@ -7,7 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_xl import data, default_config, evaluate, models, sharding
+from transformer_xl import data, default_config, sharding
+from transformer_xl.inference import evaluate
+from transformer_xl.model import models
 from test_train import tiny_config
 
 SLOW = pytest.mark.slow  # a case left out of the fast tier (-m "not slow")

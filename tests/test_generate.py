@@ -7,7 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_xl import default_config, evaluate, generate, models, sharding
+from transformer_xl import default_config, sharding
+from transformer_xl.inference import evaluate
+from transformer_xl.inference import generate
+from transformer_xl.model import models
 
 V = 48          # vocabulary
 PROMPT = 23     # prompt tokens: 4 segments of tgt_len 5 and 3 single steps
@@ -48,6 +51,7 @@ def greedy(gen, params, prompt_1xN, num_tokens=NEW):
   return np.array([t[0] for t, _ in steps]), np.stack([lp[0] for _, lp in steps])
 
 
+@pytest.mark.smoke
 def test_greedy_equals_rescoring_the_growing_context_with_the_evaluator(model, mesh):
   """same_length: each step's token is the argmax of the next-token distribution that
   Evaluator.score gives the whole growing context, re-scored from scratch in segments of
@@ -146,6 +150,7 @@ def test_greedy_without_same_length_equals_segments_then_single_tokens(mesh):
     np.testing.assert_allclose(logp_V, logp_NxV[k], atol=2e-5)
 
 
+@pytest.mark.smoke
 def test_sampling_is_reproducible_with_a_seed(model):
   _, _, params, gen = model
   s = generate.SamplingSettings(top_k=0, temperature=1.5)
@@ -162,7 +167,7 @@ def test_sampling_is_reproducible_with_a_seed(model):
     (0, False, 3, True, PROMPT),  # longer: 5 segments of 5, the first one padded
     (1, True, 2, False, PROMPT),
     (1, False, 0, True, 4),
-    (0, True, 4, True, 10),      # exactly 2 segments, no padding
+    pytest.param(0, True, 4, True, 10, marks=pytest.mark.smoke),  # 2 segments, no padding
 ])
 def test_the_decoding_cache_gives_the_uncached_distributions(mesh, attn_type, same_length,
                                                               clamp_len, pre_lnorm, n_prompt):
@@ -366,6 +371,7 @@ def test_top_k_and_top_p_restrict_the_support_and_cover_it(top_k, top_p, tempera
   np.testing.assert_allclose(freq[inside], want / want.sum(), atol=0.015)
 
 
+@pytest.mark.smoke
 def test_filter_logits_marks_the_support():
   logits = jnp.asarray([[0.0, 3.0, 1.0, 2.0], [4.0, 3.0, 2.0, 1.0]])
   out = np.asarray(generate.filter_logits(logits, 2, 1.0, 2.0))
@@ -407,6 +413,7 @@ def test_bad_settings_are_config_errors(kwargs, match):
     generate.SamplingSettings(**kwargs)
 
 
+@pytest.mark.smoke
 def test_bad_prompts_fail_before_compiling(model):
   _, _, params, gen = model
   before = gen.token_step._cache_size()

@@ -8,8 +8,9 @@ import sys
 import numpy as np
 import pytest
 
-from transformer_xl import default_config, generate
-from transformer_xl.language_model import LanguageModel
+from transformer_xl import default_config
+from transformer_xl.inference import generate
+from transformer_xl import LanguageModel
 from test_train import REPO, run_main, small_args, write_ptb_sample
 
 pytestmark = pytest.mark.slow  # end to end: a model trained by the command line

@@ -4,7 +4,7 @@ For each config on its slice preset (the reference's TPU slices: v3-32 for
 enwik8 and text8, v3-64 for WikiText-103, v3-512 for One Billion Word) and on
 one 8-GPU host, in bfloat16 and float32: the train step, the eval step and
 both generation steps are built with abstract arguments
-(``transformer_xl.lowering``) and exported with ``jax.export`` for
+(``transformer_xl.training.lowering``) and exported with ``jax.export`` for
 ``platforms=("tpu",)`` and ``("cuda",)``, on as many simulated CPU devices as the mesh has.  A step that
 stops lowering (a host callback, an op a backend lacks, a sharding the
 partitioner rejects at lowering) fails here with the config's name, not on
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from transformer_xl import lowering
+from transformer_xl.training import lowering
 
 pytestmark = pytest.mark.slow  # subprocesses with up to 512 simulated devices: minutes
 
@@ -81,7 +81,7 @@ def test_a_host_callback_in_a_step_fails_the_lowering(tmp_path):
       "def run(job: str, n_devices: int) -> None:",
       "def run(job: str, n_devices: int) -> None:\n"
       "  import jax\n"
-      "  from transformer_xl import models\n"
+      "  from transformer_xl.model import models\n"
       "  orig = models.TransformerXL.nll\n"
       "  def nll(self, *a, **k):\n"
       "    out = orig(self, *a, **k)\n"

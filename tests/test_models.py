@@ -7,9 +7,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_xl import default_config, models, tuning
+from transformer_xl import default_config
+from transformer_xl.model import models
+from transformer_xl.model import tuning
 
 SLOW = pytest.mark.slow  # a case left out of the fast tier (-m "not slow")
+SMOKE = pytest.mark.smoke  # a case in the smoke tier (-m smoke)
 
 jax.config.update("jax_enable_x64", False)
 
@@ -29,7 +32,7 @@ def init_model(cfg, batch=2, seed=0):
 
 
 @pytest.mark.parametrize("attn_type,pre_lnorm,untie_r", [
-    (0, False, False), pytest.param(0, True, True, marks=SLOW),
+    pytest.param(0, False, False, marks=SMOKE), pytest.param(0, True, True, marks=SLOW),
     pytest.param(1, False, False, marks=SLOW), pytest.param(2, True, False, marks=SLOW),
     pytest.param(3, False, False, marks=SLOW)])
 def test_causality_by_gradients(attn_type, pre_lnorm, untie_r):
@@ -59,7 +62,8 @@ def test_causality_by_gradients(attn_type, pre_lnorm, untie_r):
 
 @pytest.mark.parametrize("attn_type,mem_len,clamp_len,pre_lnorm", [
     pytest.param(0, 5, 0, False, marks=SLOW), pytest.param(0, 9, 0, False, marks=SLOW),
-    (0, 9, 4, True), (1, 5, 0, False), pytest.param(1, 9, 0, True, marks=SLOW),
+    pytest.param(0, 9, 4, True, marks=SMOKE), (1, 5, 0, False),
+    pytest.param(1, 9, 0, True, marks=SLOW),
     pytest.param(1, 9, 4, False, marks=SLOW)])
 def test_recurrence_equals_concatenation(attn_type, mem_len, clamp_len, pre_lnorm):
   """Relative encodings (types 0 and 1): two segments with memory == one pass
@@ -80,6 +84,7 @@ def test_recurrence_equals_concatenation(attn_type, mem_len, clamp_len, pre_lnor
   assert np.all(np.asarray(mem2.mlen_B) == min(mem_len, 2 * tgt_len))
 
 
+@pytest.mark.smoke
 def test_empty_memory_equals_no_memory():
   """A fresh stream with M empty slots equals the reference's zero-length memory."""
   cfg = small_config(same_length=False)
@@ -92,6 +97,7 @@ def test_empty_memory_equals_no_memory():
   np.testing.assert_allclose(np.asarray(h_empty), np.asarray(h_none), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.smoke
 def test_memory_holds_layer_inputs():
   """New memory of layer l == last M inputs of layer l (memory caches inputs, Sec. 3.2)."""
   cfg = small_config(tgt_len=5, mem_len=3)
@@ -145,6 +151,7 @@ def test_loss_of_second_segment_has_no_gradient_through_memory(attn_type):
   assert not np.allclose(np.asarray(nll_mem), np.asarray(nll_nomem))
 
 
+@pytest.mark.smoke
 def test_reset_memory_and_log_probs_normalised():
   cfg = small_config()
   model, params = init_model(cfg)
@@ -232,7 +239,7 @@ from naive_reference import NaiveTransformerXL, flat_params  # noqa: E402
 TYPE_CASES = [
     # (attn_type, tgt_len, mem_len, options); one case per type in the fast tier
     pytest.param(0, 4, 4, {}, marks=SLOW),
-    (0, 4, 6, dict(same_length=True, clamp_len=3, pre_lnorm=True)),
+    pytest.param(0, 4, 6, dict(same_length=True, clamp_len=3, pre_lnorm=True), marks=SMOKE),
     pytest.param(0, 4, 6, dict(untie_r=True), marks=SLOW),
     pytest.param(1, 4, 4, {}, marks=SLOW), pytest.param(1, 4, 6, dict(clamp_len=5), marks=SLOW),
     (1, 4, 6, dict(pre_lnorm=True, same_length=True)),

@@ -17,8 +17,14 @@ import numpy as np
 import pytest
 from jax import export
 
-from transformer_xl import (attention, attention_ops, default_config, lowering, models,
-                            pallas_attention, sharding, train, train_state)
+from transformer_xl import default_config, sharding
+from transformer_xl.model import attention
+from transformer_xl.model import attention_ops
+from transformer_xl.training import lowering
+from transformer_xl.model import models
+from transformer_xl.model import pallas_attention
+from transformer_xl.training import train
+from transformer_xl.training import train_state
 from tests.test_attention import tiny_model_inputs
 
 SLOW = pytest.mark.slow

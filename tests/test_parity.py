@@ -34,9 +34,10 @@ import pytest
 import torch  # noqa: E402
 with warnings.catch_warnings():  # transformers 4.35 uses a deprecated torch pytree API
   warnings.simplefilter("ignore", FutureWarning)
-  import transformers  # noqa: E402
+  import transformers  # noqa: E402,F401  (a missing one fails the module here)
 
-from transformer_xl import convert, models  # noqa: E402
+from transformer_xl import convert
+from transformer_xl.model import models  # noqa: E402
 
 BASE = dict(n_token=40, n_layer=2, n_head=2, d_model=16, d_head=8, d_inner=32, dropout=0.0,
             dropatt=0.0, tgt_len=5, mem_len=7)

@@ -398,7 +398,7 @@ def test_unknown_release_and_unreachable_server_are_one_line_errors(tmp_path, mo
 
 @pytest.mark.slow
 def test_from_pretrained_scores_and_generates_in_three_lines(small_release, server, tmp_path):
-  from transformer_xl.language_model import LanguageModel
+  from transformer_xl import LanguageModel
   lm = LanguageModel.from_pretrained(
       "wt103", cache_dir=str(tmp_path / "c"), data_dir=str(small_release.data_dir),
       dataset_manual_dir=str(small_release.manual), verify_checksums=False)
@@ -422,7 +422,7 @@ HUB = "/transfo-xl/transfo-xl-wt103/resolve/main"
 
 
 @pytest.fixture
-def hub(small_release, server, hf_tokenization, tmp_path, monkeypatch):
+def hub(small_release, server, hf_tokenization, tmp_path, monkeypatch):  # noqa: F811 (fixture)
   """The server also answers as the Hub for the small release in HuggingFace's
   layout: ``config.json`` (a TransfoXLConfig), ``pytorch_model.bin``
   (``torch.save`` of the state dict), ``vocab.pkl`` (the tokenizer's

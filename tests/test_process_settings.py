@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from transformer_xl import process_settings
+from transformer_xl.cli import process_settings
 from test_train import REPO
 
 GLIBC = platform.libc_ver()[0] == "glibc"
@@ -32,7 +32,7 @@ def test_hugepages_environ_adds_the_tunable_once():
                                        "madvise") is None
 
 
-_SHOW = ("from transformer_xl import process_settings; process_settings.reexec_with_hugepages(); "
+_SHOW = ("from transformer_xl.cli import process_settings; process_settings.reexec_with_hugepages(); "
          "import os, sys; print(os.environ.get('GLIBC_TUNABLES'), sys.argv[1:])")
 
 
@@ -59,7 +59,7 @@ def test_the_command_line_restarts_once_and_still_reports_bad_input():
 _FRAGMENT = r"""
 import sys
 import time
-from transformer_xl import process_settings
+from transformer_xl.cli import process_settings
 
 def rss_mib():
   with open("/proc/self/status") as f:
@@ -106,7 +106,9 @@ def test_release_after_compiles_runs_after_every_compilation(monkeypatch):
 _LIBRARY_RUN = r"""
 import json, logging, os, signal, sys
 import jax
-from transformer_xl import checkpointing, sharding, workdir as wd
+from transformer_xl import sharding
+from transformer_xl.run import checkpointing
+from transformer_xl.run import workdir as wd
 from test_reliability import VOCAB, toy_config, toy_corpus, train_toy, _damage
 from transformer_xl import default_config
 
@@ -210,7 +212,7 @@ def test_stop_signals_turn_sigterm_into_a_flag_and_restore_the_handler():
 
 _TWO_CTRL_C = """
 import os, signal, time
-from transformer_xl import process_settings
+from transformer_xl.cli import process_settings
 with process_settings.StopSignals() as stop:
   os.kill(os.getpid(), signal.SIGINT)
   time.sleep(0.2)

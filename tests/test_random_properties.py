@@ -38,8 +38,13 @@ import numpy as np
 import optax
 import pytest
 
-from transformer_xl import (attention, attention_ops, data, generate, models, sharding, train,
-                            train_state)
+from transformer_xl import data, sharding
+from transformer_xl.model import attention
+from transformer_xl.model import attention_ops
+from transformer_xl.inference import generate
+from transformer_xl.model import models
+from transformer_xl.training import train
+from transformer_xl.training import train_state
 from transformer_xl.analysis import relative_gain as rg
 from transformer_xl.convert.names import flatten_params
 from test_train import tiny_config

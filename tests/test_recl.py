@@ -168,7 +168,9 @@ def test_context_length_means_the_same_for_segments_and_sliding_windows():
   depend on context).  With c + 1 or c - 1 on one side they differ."""
   import flax.linen as nn
   import jax
-  from transformer_xl import data, default_config, evaluate, models, sharding
+  from transformer_xl import data, default_config, sharding
+  from transformer_xl.inference import evaluate
+  from transformer_xl.model import models
   from test_train import tiny_config
   vocab = 40
   config = tiny_config()
@@ -211,7 +213,8 @@ def group(tmp_path_factory):
   """Two tiny models of configs/ablation_wt2.py, xl and vanilla, trained two
   steps on a WikiText-format sample; their workdirs."""
   import jax
-  from transformer_xl import sharding, train
+  from transformer_xl import sharding
+  from transformer_xl.training import train
   from transformer_xl.data import load_corpus
   tmp = tmp_path_factory.mktemp("recl")
   _wiki_zip(tmp / "manual", "wikitext-2")

@@ -25,8 +25,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_xl import (checkpointing, data, default_config, fingerprints, metrics, models,
-                            process_settings, sharding, train, train_state)
+from transformer_xl import data, default_config, sharding
+from transformer_xl.run import checkpointing
+from transformer_xl.run import fingerprints
+from transformer_xl.run import metrics
+from transformer_xl.model import models
+from transformer_xl.cli import process_settings
+from transformer_xl.training import train
+from transformer_xl.training import train_state
 from test_train import REPO, read_metrics, run_main, small_args, tiny_config, write_ptb_sample
 
 SLOW = pytest.mark.slow  # a case left out of the fast tier (-m "not slow")
@@ -148,6 +154,7 @@ def abstract_state(config, mesh):
 # Fingerprints and strict JSON.
 
 
+@pytest.mark.smoke
 def test_fingerprint_sees_one_and_two_bit_flips_and_ignores_placement():
   x = np.random.default_rng(0).normal(size=(64, 48)).astype(np.float32)
   base = fingerprints.fingerprint({"x": jnp.asarray(x)})[0]["['x']"]
@@ -375,6 +382,7 @@ def test_reasons_are_named_and_no_usable_checkpoint_is_an_error(tmp_path, mesh, 
   assert sorted(os.listdir(workdir / "checkpoints")) == ["2", "4"]
 
 
+@pytest.mark.smoke
 def test_partial_writes_are_removed_at_start(tmp_path, mesh, clean, capsys):
   workdir = copy_upto(clean, tmp_path / "wd", 10)
   leftover = workdir / "checkpoints" / "12.orbax-checkpoint-tmp-1234"
@@ -694,7 +702,7 @@ def test_a_checkpoint_with_non_finite_values_is_not_used(tmp_path, mesh, clean):
 
 
 def test_run_differences_lists_what_a_checkpoint_cannot_take():
-  from transformer_xl import workdir as wd
+  from transformer_xl.run import workdir as wd
   cfg = models.ModelConfig(n_token=32, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32)
   saved = wd.checkpoint_meta(cfg, "word", "ptb", 8)
   same = wd.checkpoint_meta(models.ModelConfig(**{**cfg.__dict__, "remat": "full"}), "word",
@@ -764,7 +772,7 @@ def test_metrics_lines_that_are_not_rows_or_repeat_a_step_are_cleaned(tmp_path):
 
 HOLD_LOCK = """
 import sys, time
-from transformer_xl import workdir
+from transformer_xl.run import workdir
 with workdir.training_lock(sys.argv[1]):
   print("held", flush=True)
   time.sleep(120)
@@ -780,7 +788,7 @@ def _hold_lock(directory):
 
 
 def test_the_training_lock_names_its_holder_and_is_taken_over_when_it_is_gone(tmp_path):
-  from transformer_xl import workdir as wd
+  from transformer_xl.run import workdir as wd
   holder = _hold_lock(tmp_path)
   try:
     with pytest.raises(wd.WorkdirError) as err:
@@ -817,7 +825,7 @@ def test_a_second_training_stops_and_readers_work_beside_a_training(cli, tmp_pat
   a checkpoint with no false "not usable" report, and a --mode=score runs;
   then the first training is killed (-9) and the next one takes its lock
   over."""
-  from transformer_xl import workdir as wd
+  from transformer_xl.run import workdir as wd
   root, manual, workdir, args = cli
   copy = tmp_path / "wd"
   shutil.copytree(workdir, copy)

@@ -3,8 +3,11 @@ import numpy as np
 import jax
 import pytest
 
-from transformer_xl import data, default_config, evaluate, models, sharding, train_state
-from test_train import REPO, run_main, small_args, tiny_config, write_ptb_sample
+from transformer_xl import data, default_config, sharding
+from transformer_xl.inference import evaluate
+from transformer_xl.model import models
+from transformer_xl.training import train_state
+from test_train import run_main, small_args, tiny_config, write_ptb_sample
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +37,6 @@ def test_score_equals_evaluation_of_a_split(setup):
   assert res["tokens"] == 203
   full = np.concatenate([[0], stream])  # boundary symbol as context of token 0
   row_len = -(-203 // 8)
-  rows = np.zeros((8, row_len + 1), np.int64)
   nll_total, count = 0.0, 0
   for r in range(8):
     seg = full[r * row_len: (r + 1) * row_len + 1]

@@ -4,12 +4,15 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from transformer_xl import default_config, models, sharding, train_state
+from transformer_xl import default_config, sharding
+from transformer_xl.model import models
+from transformer_xl.training import train_state
 from test_train import run_steps, tiny_config
 
 MESH3 = ((2, 2, 2), ("data", "fsdp", "model"))
 
 
+@pytest.mark.smoke
 def test_fsdp_shards_parameters_optimizer_state_and_rows():
   config = tiny_config()
   mesh = sharding.make_mesh(*MESH3)

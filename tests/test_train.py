@@ -7,13 +7,15 @@ import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from transformer_xl import data, default_config, models, sharding, train, train_state
+from transformer_xl import data, default_config, sharding
+from transformer_xl.model import models
+from transformer_xl.training import train
+from transformer_xl.training import train_state
 
 SLOW = pytest.mark.slow  # a case left out of the fast tier (-m "not slow")
 
@@ -54,6 +56,7 @@ def tokens():
   return np.random.default_rng(0).integers(0, 64, size=8 * 6 * 5 + 8).astype(np.int32)
 
 
+@pytest.mark.smoke
 def test_sharded_step_matches_single_device(tokens):
   assert jax.device_count() == 8
   config = tiny_config()
@@ -83,6 +86,7 @@ def test_sharded_step_matches_single_device_for_the_learned_position_types(token
                                rtol=2e-4, atol=2e-6)
 
 
+@pytest.mark.smoke
 def test_parameters_and_memory_are_sharded():
   config = tiny_config()
   mesh = sharding.make_mesh((4, 2), ("data", "model"))

@@ -10,8 +10,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_xl import (attention, attention_ops, data, default_config, evaluate, models,
-                            sharding, train, train_state)
+from transformer_xl import data, default_config, sharding
+from transformer_xl.model import attention
+from transformer_xl.model import attention_ops
+from transformer_xl.inference import evaluate
+from transformer_xl.model import models
+from transformer_xl.training import train
+from transformer_xl.training import train_state
 from test_train import tiny_config
 
 ONE_DEVICE = dict(devices=jax.devices()[:1])

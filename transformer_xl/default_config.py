@@ -1,38 +1,32 @@
-"""The configuration schema with defaults, and its validation in one place.
+"""The run config: every key with its default, and the validation of a whole run.
 
 Every key that a config file or a ``--config.key=value`` flag may set is
-defined here, and :func:`get_config` locks the dict so that a misspelt key is
+defined here, and ``get_config`` locks the dict so that a misspelt key is
 an error instead of a silently ignored setting.  The ``model`` section is
-derived from :class:`ModelConfig` (the one definition of the model's
-hyperparameters, with the reference implementation's names; ``models.py``
-builds the model from it).  :func:`validate` checks a whole config before
-anything is compiled and raises one :class:`ConfigError` that lists every
-problem; :func:`config_problems` and :func:`segment_problems` are its checks
-of the model's fields, which a :class:`ModelConfig` also runs when it is
-constructed.  NaN and infinite floats are refused by one generic check of
-every float (:func:`nonfinite_problems`), with the exceptions in
-:data:`INFINITY_ALLOWED`.
+derived from ``ModelConfig`` (``transformer_xl.model.config``: the one
+definition of the model's hyperparameters and their checks, re-exported
+here).  ``validate`` checks a whole config before anything is compiled and
+raises one ``ConfigError`` that lists every problem.  NaN and infinite
+floats are refused by one generic check of every float
+(``nonfinite_problems``), with the exceptions in ``INFINITY_ALLOWED``.
 """
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Sequence
 
-import jax.numpy as jnp
 import ml_collections
-import numpy as np
 
-from transformer_xl import adaptive, attention, data, sharding, tuning
+from transformer_xl import data, errors, sharding
 from transformer_xl.data import text_settings
+from transformer_xl.model import config as model_config_lib
+from transformer_xl.model.config import (  # noqa: F401 (re-exported: the model's schema)
+    ATTENTION_IMPLS, DTYPES, ModelConfig, config_problems, segment_problems)
 
-DTYPES = ("float32", "bfloat16")  # model.dtype
-ATTENTION_IMPLS = ("xla", "pallas")  # model.attention_impl
 NONFINITE_POLICIES = ("stop", "skip")  # train.nonfinite
 
 
-class ConfigError(ValueError):
-  """A config value that cannot work; the message says which and how to fix it."""
+ConfigError = errors.ConfigError  # re-exported (transformer_xl.errors)
 
 
 # Every float of the config must be finite (NaN is refused everywhere), except
@@ -44,266 +38,25 @@ INFINITY_ALLOWED = {"train.clip": "inf = no clipping"}
 # The finite range of each float, for the message that refuses a NaN or inf
 # (the range itself is checked where the field is validated).
 FLOAT_RANGES = {
-    "model.dropout": "in [0, 1)", "model.dropatt": "in [0, 1)",
-    "model.init_std": "> 0", "model.proj_init_std": "> 0",
+    **model_config_lib.FLOAT_RANGES,
     "train.learning_rate": "> 0", "train.min_lr": ">= 0 and <= train.learning_rate",
     "train.clip": "> 0", "train.adam_b1": "in [0, 1)", "train.adam_b2": "in [0, 1)",
-    "train.adam_eps": "> 0",
+    "train.adam_eps": "> 0", "train.aux_loss_weight": ">= 0",
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-  """The model's hyperparameters: the one definition of their names and defaults.
-
-  ``default_config.get_config().model`` is derived from these fields (all
-  but ``n_token``, which comes from the corpus); the names and meanings are
-  the reference implementation's (``train.py`` arguments).  The defaults
-  are the enwik8 12-layer base model.
-
-  Attributes:
-    n_token: vocabulary size.
-    n_layer, d_model, n_head, d_head, d_inner: sizes (Dai et al. 2019, Sec. 4).
-    dropout: rate at the embeddings, attention output, both feed-forward
-      sites and the final hidden state.
-    dropatt: rate on the attention probabilities.
-    tgt_len: T, tokens predicted per segment.
-    mem_len: M, cached positions per layer.
-    ext_len: positions at the end of a segment that are not cached
-      (reference ``ext_len``; 0 in every reference script).
-    clamp_len: largest relative distance encoded (0 = no clamp).
-    same_length: every query attends to at most mem_len keys.
-    pre_lnorm: LayerNorm before each sub-block (default: after, as in the
-      paper).
-    untie_r: per-layer u, v (``r_w_bias``, ``r_r_bias``) instead of shared.
-    tie_weight: output softmax weights shared with the input embedding
-      (all cluster tables with the adaptive softmax).
-    attn_type: attention variant, the reference's numbering
-      (``attention.ATTENTION_TYPES``): 0 = Transformer-XL (Sec. 3.3), 1 =
-      Shaw et al. (2018) learned relative, 2 = Vaswani et al. (2017)
-      absolute sinusoid, 3 = Al-Rfou et al. (2018) learned absolute per
-      layer (needs n_head * d_head == d_model).
-    max_klen: rows of the learned position tables of types 1 and 3; 0 =
-      the training attention length tgt_len + ext_len + mem_len (the
-      reference's ``max_klen``).  The eval config keeps the training value.
-    attn_block: queries per block of the blockwise attention (0 = the full
-      [B, H, T, K] computation at once); the result is the same, the
-      temporaries O(attn_block x K) (attention_ops.attend).  -1 (the default)
-      = chosen per backend and use by ``tuning.attn_block_size``.
-    attention_impl: how attn_type 0's attention is computed: "xla" (scores
-      and probabilities as [B, H, T, K] tensors, blockwise per
-      ``attn_block``) or "pallas" (the fused kernel of
-      ``pallas_attention``: no [B, H, T, K] tensor; Mosaic on TPU, Triton
-      on GPU, interpret mode elsewhere (exact, slow)).  The same results;
-      a free setting (a workdir trained with one evaluates with the
-      other).  Training steps with dropatt > 0 use "xla" (logged once).
-    scan_unroll: layers per iteration of the ``nn.scan`` loop over layers
-      (1 = one layer per iteration; n_layer or more = fully unrolled); the
-      parameters and results are the same.  -1 (the default) = chosen per
-      backend by ``tuning.scan_unroll_layers``.
-    init_std: std of weight, embedding and u/v initialisation (0.02).
-    dtype: compute dtype name, one of :data:`DTYPES`; parameters are
-      float32; softmax and loss are float32.
-    remat: rematerialisation policy of each layer in the backward pass, a
-      key of ``tuning.REMAT_POLICIES``: "none", "full" (recompute the layer),
-      "dots" (keep every matmul output), "save_qkv_proj" (keep the q, k, v
-      and W_kR R projections), "save_proj" (keep every projection; the
-      [B, H, T, K] scores are recomputed).
-    d_embed: embedding size of the first cluster; 0 (or None) = d_model.
-      With d_embed != d_model the embedding and softmax are projected
-      (reference ``d_embed``).
-    div_val: cluster i embeds in ``d_embed // div_val**i`` dimensions
-      (Baevski & Auli 2018; reference ``div_val``; 1 = one table).
-    cutoffs: adaptive input/softmax cluster boundaries, strictly increasing
-      and < n_token; () = a plain dense softmax (reference ``cutoffs``).
-    tie_projs: () (nothing tied) or one bool per cluster (len(cutoffs) + 1):
-      the softmax uses the embedding's projection for that cluster
-      (reference ``tie_projs``; wt103 uses (False, True, True, True)).  A
-      no-op where there is no projection (div_val == 1, d_embed == d_model).
-    proj_init_std: std of the embedding/softmax projection init (0.01).
-
-  Raises:
-    ValueError (on construction): every problem :func:`config_problems`
-      finds, in one message.
-  """
-
-  n_token: int
-  n_layer: int = 12
-  d_model: int = 512
-  n_head: int = 8
-  d_head: int = 64
-  d_inner: int = 2048
-  dropout: float = 0.1
-  dropatt: float = 0.0
-  tgt_len: int = 512
-  mem_len: int = 512
-  ext_len: int = 0
-  clamp_len: int = 0
-  same_length: bool = False
-  pre_lnorm: bool = False
-  untie_r: bool = False
-  tie_weight: bool = True
-  attn_type: int = 0
-  max_klen: int = 0
-  attn_block: int = -1
-  attention_impl: str = "xla"
-  scan_unroll: int = -1
-  init_std: float = 0.02
-  dtype: str = "float32"
-  remat: str = "none"
-  d_embed: Optional[int] = 0
-  div_val: int = 1
-  cutoffs: tuple = ()
-  tie_projs: tuple = ()
-  proj_init_std: float = 0.01
-
-  def __post_init__(self):
-    object.__setattr__(self, "cutoffs", tuple(int(c) for c in (self.cutoffs or ())))
-    object.__setattr__(self, "tie_projs", tuple(bool(t) for t in (self.tie_projs or ())))
-    problems = config_problems(dataclasses.asdict(self))
-    if problems:
-      raise ValueError("Invalid model config: " + " ".join(problems))
-
-  @classmethod
-  def defaults(cls) -> dict[str, Any]:
-    """{field: default} for every field but n_token (``default_config.model``)."""
-    return {f.name: f.default for f in dataclasses.fields(cls) if f.name != "n_token"}
-
-  @property
-  def pos_table_len(self) -> int:
-    """``max_klen`` resolved: tgt_len + ext_len + mem_len when it is 0."""
-    return self.max_klen or self.tgt_len + self.ext_len + self.mem_len
-
-  @property
-  def embed_dim(self) -> int:
-    """``d_embed`` resolved: d_model when d_embed is 0 or None."""
-    return self.d_model if not self.d_embed else int(self.d_embed)
-
-  @property
-  def compute_dtype(self):
-    """``dtype`` as a numpy dtype."""
-    return jnp.dtype(self.dtype)
-
-
-def segment_problems(tgt_len: int, mem_len: int, clamp_len: int, same_length: bool,
-                     ext_len: int = 0, section: str = "model") -> list[str]:
-  """Problems of a segment layout (training ``model.*`` or ``eval.*``).
-
-  Returns:
-    One message per problem, naming ``<section>.<key>`` and the fix; [] if
-    none.
-  """
-  problems = []
-  if tgt_len < 1 or mem_len < 0 or clamp_len < 0:
-    problems.append(f"{section}: tgt_len must be >= 1 and mem_len, clamp_len >= 0 (got "
-                    f"{tgt_len}, {mem_len}, {clamp_len}).")
-  if same_length and mem_len < 1:
-    problems.append(f"{section}.same_length=True needs {section}.mem_len >= 1 (with no memory "
-                    "every key would be masked).")
-  if not 0 <= ext_len < max(tgt_len, 1):
-    problems.append(f"{section}.ext_len={ext_len} must be in [0, tgt_len={tgt_len}).")
-  return problems
-
-
-def config_problems(fields: Mapping[str, Any]) -> list[str]:
-  """Every problem of a set of model hyperparameters, before anything is built.
-
-  Args:
-    fields: ModelConfig fields by name (e.g. ``config.model.to_dict()``);
-      without ``n_token`` (the vocabulary is not known before the corpus is
-      loaded) the checks that need it are skipped.
-
-  Returns:
-    One message per problem, naming ``model.<key>`` and the fix; [] if none.
-  """
-  f = {**ModelConfig.defaults(), **fields}
-  problems, nonfinite = nonfinite_problems("model", f)
-  for key in ("n_layer", "d_model", "n_head", "d_head", "d_inner"):
-    if f[key] < 1:
-      problems.append(f"model.{key}={f[key]} must be >= 1.")
-  if f["d_model"] % 2:
-    problems.append(f"model.d_model={f['d_model']} must be even (sinusoid encoding).")
-  problems += segment_problems(f["tgt_len"], f["mem_len"], f["clamp_len"], f["same_length"],
-                               f["ext_len"])
-  for key in ("dropout", "dropatt"):
-    if f"model.{key}" not in nonfinite and not 0.0 <= f[key] < 1.0:
-      problems.append(f"model.{key}={f[key]} must be in [0, 1).")
-  for key in ("init_std", "proj_init_std"):
-    if f"model.{key}" not in nonfinite and not 0.0 < f[key]:
-      problems.append(f"model.{key}={f[key]} must be > 0 (the std of a normal initialiser).")
-  if f["dtype"] not in DTYPES:
-    problems.append(f"model.dtype={f['dtype']!r}: use one of {DTYPES}.")
-  if f["remat"] not in tuning.REMAT_POLICIES:
-    problems.append(f"model.remat={f['remat']!r}: use one of {tuple(tuning.REMAT_POLICIES)}.")
-  problems += attention.config_problems(f)
-  if f["attn_block"] < -1:
-    problems.append(f"model.attn_block={f['attn_block']} must be >= -1 (-1 = chosen per "
-                    "backend, 0 = no blocks, N = queries per block).")
-  if f["attention_impl"] not in ATTENTION_IMPLS:
-    problems.append(f"model.attention_impl={f['attention_impl']!r}: use one of "
-                    f"{ATTENTION_IMPLS}.")
-  elif f["attention_impl"] == "pallas" and f["attn_type"] != 0:
-    problems.append(f"model.attention_impl='pallas' is the kernel of attn_type 0 "
-                    f"(Transformer-XL); model.attn_type={f['attn_type']} needs "
-                    "model.attention_impl='xla'.")
-  if f["scan_unroll"] < -1 or f["scan_unroll"] == 0:
-    problems.append(f"model.scan_unroll={f['scan_unroll']} must be -1 (chosen per backend) or "
-                    ">= 1 (layers per iteration of the loop over layers).")
-  if f["max_klen"] < 0:
-    problems.append(f"model.max_klen={f['max_klen']} must be >= 0 (0 = tgt_len + ext_len + "
-                    "mem_len).")
-  embed_dim = f["d_model"] if not f["d_embed"] else int(f["d_embed"])
-  problems += adaptive.config_problems(f.get("n_token"), embed_dim, f["d_model"],
-                                       tuple(f["cutoffs"] or ()), f["div_val"],
-                                       tuple(f["tie_projs"] or ()))
-  return problems
-
-
 def nonfinite_problems(section: str, values: Mapping[str, Any]) -> tuple[list[str], set[str]]:
-  """The NaN and infinite floats among a config section's values.
-
-  One generic check of every float (and every float inside a tuple or list;
-  nested sections are walked): NaN is refused everywhere, +-inf everywhere
-  but in :data:`INFINITY_ALLOWED`.  The range checks of :func:`validate`
-  and :func:`config_problems` skip the keys refused here, so that each bad
-  value is named once.
-
-  Args:
-    section: the section's dotted name, e.g. "train" (prefix of the keys;
-      "" for a whole config).
-    values: key -> value (a ConfigDict section or a dict of ModelConfig fields).
+  """The NaN and infinite floats among a run config section's values
+  (``model.config.nonfinite_problems`` with this schema's defaults,
+  ``INFINITY_ALLOWED`` and ``FLOAT_RANGES``).
 
   Returns:
     (problems, names): one message per refused value, naming
-    ``<section>.<key>``, the value and the fix; and the refused
-    ``<section>.<key>`` names.
+    ``<section>.<key>``, the value and the fix; and the refused names.
   """
-  problems, names = [], set()
-  for key, value in values.items():
-    name = f"{section}.{key}" if section else str(key)
-    if isinstance(value, (ml_collections.ConfigDict, Mapping)):
-      sub_problems, sub_names = nonfinite_problems(name, value)
-      problems += sub_problems
-      names |= sub_names
-      continue
-    items = list(value) if isinstance(value, (tuple, list)) else [value]
-    bad = [float(v) for v in items if isinstance(v, (float, np.floating))
-           and not math.isfinite(v) and not (v == math.inf and name in INFINITY_ALLOWED)]
-    if not bad:
-      continue
-    if isinstance(value, (tuple, list)):
-      what = f"holds {bad[0]}"
-    else:
-      what = "is not a number" if math.isnan(bad[0]) else "is infinite"
-    allowed, default = INFINITY_ALLOWED.get(name), _default_value(name)
-    notes = [n for n in (allowed, f"e.g. {default!r}" if isinstance(default, float) else "") if n]
-    fix = ("give finite values" if isinstance(value, (tuple, list)) else
-           f"give a {'' if allowed else 'finite '}value"
-           + (f" {FLOAT_RANGES[name]}" if name in FLOAT_RANGES else "")
-           + (f" ({'; '.join(notes)})" if notes else ""))
-    problems.append(f"{name}={value} {what}: {fix}.")
-    names.add(name)
-  return problems, names
+  return model_config_lib.nonfinite_problems(section, values, default=_default_value,
+                                             infinity_allowed=INFINITY_ALLOWED,
+                                             float_ranges=FLOAT_RANGES)
 
 
 def _default_value(name: str) -> Any:
@@ -320,7 +73,7 @@ def _default_value(name: str) -> Any:
 def get_config() -> ml_collections.ConfigDict:
   """Defaults: the enwik8 12-layer base model (reference ``run_enwik8_base.sh``).
 
-  Sections: ``model`` (:class:`ModelConfig` without n_token),
+  Sections: ``model`` (``ModelConfig`` without n_token),
   ``data``, ``train``, ``eval``, ``checkpoint``, ``mesh``, ``paper``.
   """
   c = ml_collections.ConfigDict()
@@ -365,6 +118,8 @@ def get_config() -> ml_collections.ConfigDict:
                              # only (Sec. 4.2, Table 6; for absolute position encodings)
       prefetch=2,            # batches read and placed on the devices ahead, on a background
                              # thread (data.Prefetcher); 0 = read in the training loop
+      aux_loss_weight=1.0,   # weight of each auxiliary loss a module sows into "losses"
+                             # (train.aux_losses); none in the model itself
   ))
   # A step whose loss, gradient norm or update is not finite is never applied (train.py):
   # "stop" ends the run there (exit status 1, checkpoints kept); "skip" goes on
@@ -405,10 +160,10 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, 
 
   Everything that does not need the corpus is checked here, before data
   are loaded or anything is compiled; the vocabulary-dependent checks
-  (cutoffs < n_token) follow in :func:`model_config`.
+  (cutoffs < n_token) follow in ``model_config``.
 
   Args:
-    config: a config from :func:`get_config` (or a configs/*.py file).
+    config: a config from ``get_config`` (or a configs/*.py file).
     num_devices: devices the mesh must cover (``jax.device_count()``).
 
   Returns:
@@ -517,8 +272,8 @@ def _data_problems(d: ml_collections.ConfigDict, nonfinite: set[str]) -> list[st
 
 
 def _schedule_problems(t: ml_collections.ConfigDict, nonfinite: set[str]) -> list[str]:
-  """The learning-rate schedule's ranges beyond the signs checked in :func:`validate`
-  (``nonfinite``: the keys :func:`nonfinite_problems` refused, not checked again)."""
+  """The learning-rate schedule's ranges beyond the signs checked in ``validate``
+  (``nonfinite``: the keys ``nonfinite_problems`` refused, not checked again)."""
   problems = []
   if ({"train.learning_rate", "train.min_lr"}.isdisjoint(nonfinite)
       and 0 <= t.min_lr and 0 < t.learning_rate < t.min_lr):
@@ -532,7 +287,7 @@ def _schedule_problems(t: ml_collections.ConfigDict, nonfinite: set[str]) -> lis
 
 def _optimizer_problems(t: ml_collections.ConfigDict, nonfinite: set[str]) -> list[str]:
   """Adam's hyperparameters, the batch and the non-finite policy (``nonfinite``:
-  the keys :func:`nonfinite_problems` refused, not checked again)."""
+  the keys ``nonfinite_problems`` refused, not checked again)."""
   problems = []
   for key in ("adam_b1", "adam_b2"):
     if f"train.{key}" not in nonfinite and not 0.0 <= t[key] < 1.0:
@@ -547,11 +302,14 @@ def _optimizer_problems(t: ml_collections.ConfigDict, nonfinite: set[str]) -> li
     problems.append(f"train.prefetch={t.prefetch} must be >= 0 (0 = no background thread).")
   if t.max_skipped_steps < 1:
     problems.append(f"train.max_skipped_steps={t.max_skipped_steps} must be >= 1.")
+  if "train.aux_loss_weight" not in nonfinite and not t.aux_loss_weight >= 0:
+    problems.append(f"train.aux_loss_weight={t.aux_loss_weight} must be >= 0 (the weight of "
+                    "the auxiliary losses).")
   return problems
 
 
 def model_config(config: ml_collections.ConfigDict, n_token: int) -> ModelConfig:
-  """The training :class:`ModelConfig` of ``config.model`` for a vocabulary.
+  """The training ``ModelConfig`` of ``config.model`` for a vocabulary.
 
   Raises:
     ConfigError: the model settings do not fit this vocabulary (e.g.
@@ -565,7 +323,7 @@ def model_config(config: ml_collections.ConfigDict, n_token: int) -> ModelConfig
 
 def set_model_config(config: ml_collections.ConfigDict, model_cfg: ModelConfig) -> None:
   """Writes every field of ``model_cfg`` but n_token into ``config.model``
-  (the inverse of :func:`model_config`; used by the converter)."""
+  (the inverse of ``model_config``; used by the converter)."""
   fields = dataclasses.asdict(model_cfg)
   fields.pop("n_token")
   fields["d_embed"] = int(fields["d_embed"] or 0)

@@ -13,13 +13,15 @@ the mode.  Any config value can be overridden with
 from __future__ import annotations
 
 if __name__ == "__main__":  # first, before the imports below: restart once with
-  from transformer_xl import process_settings  # glibc's huge pages for XLA:CPU's buffers
+  from transformer_xl.cli import process_settings  # glibc's huge pages for XLA:CPU's buffers
   process_settings.reexec_with_hugepages()
 
 from absl import app, flags
 from ml_collections import config_flags
 
-from transformer_xl import cli, process_settings, user_errors
+from transformer_xl.cli import modes as cli
+from transformer_xl.cli import process_settings
+from transformer_xl.cli import user_errors
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).",
                                           lock_config=True)

@@ -5,7 +5,7 @@ devices also split the parameters and optimizer state, ZeRO-3 style) and
 ``model`` (tensor parallel).  ``fsdp`` may be left out of the mesh.
 
 Parameters carry logical axis names (set where they are created, e.g.
-``("embed", None, "heads", "kv")`` for qkv_net); :data:`LOGICAL_AXIS_RULES`
+``("embed", None, "heads", "kv")`` for qkv_net); ``LOGICAL_AXIS_RULES``
 maps them to mesh axes: heads, d_inner ("mlp") and the vocabulary on
 ``model``, d_model ("embed") on ``fsdp``; the batch (and so the memory)
 on ``data`` x ``fsdp`` (MaxText style).  Mesh axes missing from the mesh,
@@ -21,18 +21,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-BATCH_AXES = ("data", "fsdp")
-
-LOGICAL_AXIS_RULES = (
-    ("batch", BATCH_AXES),
-    ("heads", "model"),
-    ("mlp", "model"),
-    ("vocab", "model"),
-    ("embed", "fsdp"),
-    ("kv", None),
-    ("layers", None),
-    ("length", None),
-)
+from transformer_xl.model.axes import BATCH_AXES, LOGICAL_AXIS_RULES  # noqa: F401 (re-exported)
 
 
 def resolve_mesh_shape(shape: Sequence[int], num_devices: int) -> tuple[int, ...]:
@@ -66,7 +55,7 @@ def check_mesh(shape: Sequence[int], axis_names: Sequence[str], num_devices: int
   Raises:
     ValueError: axis names other than "data", "model" and optionally
       "fsdp", or not one per size; a shape that does not fill num_devices
-      (:func:`resolve_mesh_shape`).
+      (``resolve_mesh_shape``).
   """
   names, shape = tuple(axis_names), tuple(shape)
   if (len(names) != len(shape) or len(set(names)) != len(names) or "data" not in names
@@ -80,12 +69,12 @@ def make_mesh(shape: Sequence[int], axis_names: Sequence[str], devices=None) -> 
   """A Mesh of all devices (Auto axis types, so sharding constraints work).
 
   Args:
-    shape: mesh shape, may hold one -1 (see :func:`resolve_mesh_shape`).
+    shape: mesh shape, may hold one -1 (see ``resolve_mesh_shape``).
     axis_names: must include "data" and "model".
     devices: defaults to ``jax.devices()``.
 
   Raises:
-    ValueError: bad shape or names (:func:`check_mesh`).
+    ValueError: bad shape or names (``check_mesh``).
   """
   devices = jax.devices() if devices is None else devices
   shape = check_mesh(shape, axis_names, len(devices))
@@ -111,7 +100,7 @@ def batch_axes(mesh: Mesh) -> tuple[str, ...]:
 
 
 def data_parallel_size(mesh: Mesh) -> int:
-  """Number of batch shards (product of the :func:`batch_axes` sizes)."""
+  """Number of batch shards (product of the ``batch_axes`` sizes)."""
   return int(np.prod([mesh.shape[a] for a in batch_axes(mesh)]))
 
 

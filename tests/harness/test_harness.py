@@ -90,7 +90,7 @@ def test_a_crashed_worker_s_test_reruns_once_and_a_python_failure_never(tmp_path
     mine = [l for l in crashes if f"running test_policy.py::{test}: " in l]
     assert len(mine) == n, text
     assert all("Fatal Python error: Aborted; innermost frame: File " in l
-               and f'test_policy.py", line ' in l and l.endswith(f" in {test}") for l in mine), text
+               and 'test_policy.py", line ' in l and l.endswith(f" in {test}") for l in mine), text
   assert "PASSED test_policy.py::test_worker_crashes_on_the_first_run" in text, text
   assert "FAILED test_policy.py::test_assertion_fails_on_the_first_run" in text, text
   assert "FAILED test_policy.py::test_worker_crashes_every_time" in text, text

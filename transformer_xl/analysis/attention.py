@@ -38,8 +38,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_xl import attention, data, default_config, evaluate, models, sharding, train_state
-from transformer_xl import workdir as wd
+from transformer_xl import data, default_config, sharding
+from transformer_xl.model import attention
+from transformer_xl.inference import evaluate
+from transformer_xl.model import models
+from transformer_xl.run import workdir as wd
 
 Array = jax.Array
 TERMS = ("a", "b", "d")  # Sec. 3.3 terms of the Fig. 7 decomposition
@@ -74,7 +77,7 @@ def make_map_step(model: models.TransformerXL, mesh) -> Callable:
   number; ``last_LxHxK`` the attention of row 0's last query over the keys
   (for the context plot).  All outputs replicated.
   """
-  mem_sharding = train_state.memory_sharding(mesh)
+  mem_sharding = models.Memory.shardings(mesh)
   batch_shardings = {"inputs": sharding.batch_sharding(mesh),
                      "targets": sharding.batch_sharding(mesh),
                      "weights": sharding.batch_sharding(mesh),
@@ -85,7 +88,7 @@ def make_map_step(model: models.TransformerXL, mesh) -> Callable:
         {"params": params}, batch["inputs"], memory, batch["targets"], deterministic=True,
         reset_B=batch["reset"], mutable=["intermediates"])
     recorded = inter["intermediates"]["layers"]["attn"]
-    mem_len = memory.mems_LxBxMxD.shape[2]
+    mem_len = memory.mem_len
     sums = {}
     for name, (prob_LxBxHxTxK,) in recorded.items():
       aligned = align_by_distance(prob_LxBxHxTxK, mem_len)
@@ -136,7 +139,7 @@ def attention_maps(params: Any, model_cfg: models.ModelConfig, corpus: data.Corp
                      f"{global_batch} rows; choose a smaller --segment (its default is the first "
                      "segment with a full memory).")
   memory = jax.jit(lambda: models.init_memory(model_cfg, global_batch),
-                   out_shardings=train_state.memory_sharding(mesh))()
+                   out_shardings=models.Memory.shardings(mesh))()
   totals, n_tok, context = None, 0.0, None
   for i, local in enumerate(it):
     batch = data.to_global_batch(local, sharding.batch_sharding(mesh), global_batch)

@@ -8,22 +8,20 @@ RECL is defined on a *model group* M = {m_1, ..., m_N} (Table 8 compares the
 models of one group, which share a parameter budget), not on one model.  The
 definitions, exactly as Appendix C writes them (losses in nats):
 
-  (C.1)  l_i(c, t) = -log P_{m_i}(x_t | x_{t-1}, ..., x_{t-c})
-         the loss of model m_i on the t-th token of the corpus with a context
-         length c;
-  (C.2)  b(c, t) = min_{i=1..N} l_i(c, t)
-         the baseline: the best short-context loss of the group at t;
-  (C.3)  T = top-r positions t with the largest b(c, t)
-         (r in (0, 1]: "the comparison constrained to the top-r hard
-         examples");
-  (C.4)  f_i(c, c') = 1/|T| * sum_{t in T} min(b(c, t), l_i(c', t))
-         the relative loss of m_i w.r.t. the group, for c' >= c: only losses
-         below the common baseline count;
-  (C.5)  g_i(c, c') = (exp f_i(c, c) - exp f_i(c, c')) / exp f_i(c, c)
-         the relative gain (relative perplexity reduction);
-  (C.6)  RECL of m_i, with a step size Delta: (1) set the initial short
-         length c and c' = c + Delta; (2) if g_i(c, c') < 0.01 return
-         RECL = c; otherwise set c = c', c' = c + Delta and go to (2).
+* (C.1) ``l_i(c, t) = -log P_{m_i}(x_t | x_{t-1}, ..., x_{t-c})``: the loss
+  of model m_i on the t-th token of the corpus with a context length c;
+* (C.2) ``b(c, t) = min_{i=1..N} l_i(c, t)``: the baseline, the best
+  short-context loss of the group at t;
+* (C.3) ``T`` = the top-r positions t with the largest b(c, t) (r in
+  (0, 1]: "the comparison constrained to the top-r hard examples");
+* (C.4) ``f_i(c, c') = 1/|T| * sum_{t in T} min(b(c, t), l_i(c', t))``:
+  the relative loss of m_i w.r.t. the group, for c' >= c: only losses
+  below the common baseline count;
+* (C.5) ``g_i(c, c') = (exp f_i(c, c) - exp f_i(c, c')) / exp f_i(c, c)``:
+  the relative gain (relative perplexity reduction);
+* (C.6) RECL of m_i, with a step size Delta: (1) set the initial short
+  length c and c' = c + Delta; (2) if g_i(c, c') < 0.01 return RECL = c;
+  otherwise set c = c', c' = c + Delta and go to (2).
 
 Figure 3 shows the unnormalised relative perplexity gains
 exp f_i(c, c) - exp f_i(c, c') for the pairs (c, c') of the walk at r = 0.1
@@ -95,6 +93,7 @@ import numpy as np
 
 # The definitions of Appendix C (pure numpy arithmetic) live in relative_gain.py.
 from transformer_xl.analysis.relative_gain import DEFAULT_THRESHOLD, mean_losses, recl, walk_indices
+from transformer_xl import errors
 
 FIGURE_3 = "fig3_relative_gains.png"
 FIGURE_4 = "fig4_perplexity.png"
@@ -107,7 +106,7 @@ def format_table(names: Sequence[str], rs: Sequence[float], results: dict) -> st
   Args:
     names: the N model names.
     rs: the ratios, in the column order.
-    results: r -> the dict of :func:`recl` at that r (keys as in ``rs``).
+    results: r -> the dict of ``recl`` at that r (keys as in ``rs``).
 
   Returns:
     The table, lines joined by newlines.
@@ -172,7 +171,7 @@ def plot_gains(names: Sequence[str], rs: Sequence[float], results: dict, title: 
 
   Args:
     names: the N model names; rs: the ratios (one panel each).
-    results: r -> the dict of :func:`recl`.
+    results: r -> the dict of ``recl``.
     title: the figure title (default: the paper's caption).
 
   Returns:
@@ -235,8 +234,7 @@ def plot_perplexity(names: Sequence[str], lengths: Sequence[int], values_NxC: np
 # --------------------------------------------------------------------------- #
 # The command line: arguments, the group's workdirs, per-token losses.
 
-class UsageError(ValueError):
-  """Bad command-line input; printed as one ``error: ...`` line."""
+UsageError = errors.UsageError  # re-exported (transformer_xl.errors)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -392,7 +390,7 @@ def load_members(request: Request) -> list:
   """
   import jax
   from transformer_xl import default_config
-  from transformer_xl import workdir as wd
+  from transformer_xl.run import workdir as wd
   from etils import epath
   members = []
   for name, w in zip(request.names, request.workdirs):
@@ -456,14 +454,15 @@ def member_losses(member: Member, corpus, split: str, lengths: Sequence[int],
   """l(c, t) of one model: float32 [C, n], nats, at each of ``lengths``.
 
   Restores the workdir's latest parameters once, on the mesh of its config,
-  and runs ``evaluate.Evaluator.token_nll`` with :func:`context_config` at
+  and runs ``evaluate.Evaluator.token_nll`` with ``context_config`` at
   every c (one compilation per c).
 
   Raises:
     FileNotFoundError: no checkpoint.
   """
-  from transformer_xl import evaluate, sharding
-  from transformer_xl import workdir as wd
+  from transformer_xl import sharding
+  from transformer_xl.inference import evaluate
+  from transformer_xl.run import workdir as wd
   mesh = sharding.make_mesh(member.config.mesh.shape, member.config.mesh.axis_names)
   step, params = wd.restore_params(member.config, member.workdir, member.model_cfg, mesh)
   out_CxT = np.zeros((len(lengths), corpus.splits[split].num_tokens), np.float32)
@@ -485,11 +484,13 @@ def run(request: Request, log: Callable[[str], None] = print) -> dict:
   every r, writes the outputs into ``--out`` and returns the JSON dict.
 
   Raises:
-    UsageError: see :func:`load_members`; ImportError: no matplotlib.
+    UsageError: see ``load_members``; ImportError: no matplotlib.
   """
   _pyplot()  # fail before any compilation if the plots cannot be made
   from etils import epath
-  from transformer_xl import attention, data, metrics
+  from transformer_xl import data
+  from transformer_xl.model import attention
+  from transformer_xl.run import metrics
   members = load_members(request)
   args = request.args
   try:

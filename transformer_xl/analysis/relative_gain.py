@@ -6,7 +6,7 @@ positions (C.3), the relative loss f_i(c, c') (C.4), the relative gain
 g_i(c, c') (C.5) and the RECL walk with its 0.01 threshold (C.6) come out.
 The definitions, and the details Appendix C leaves open (|T| = ceil(r n),
 ties, the walk's steps, the lower bound), are written out in
-:mod:`transformer_xl.analysis.recl`, the command line that measures the
+``transformer_xl.analysis.recl``, the command line that measures the
 losses; this module holds only the arithmetic, so that it can be read and
 tested on hand-made arrays.
 
@@ -120,7 +120,7 @@ def relative_gain(losses_NxCxT: Any, c: int, c_prime: int, r: float) -> np.ndarr
   g_i(c, c') = (exp f_i(c, c) - exp f_i(c, c')) / exp f_i(c, c): the relative
   perplexity reduction of m_i from c to c' over the group's baseline.
 
-  Args and errors: as :func:`relative_loss`.
+  Args and errors: as ``relative_loss``.
 
   Returns:
     float64 [N], dimensionless (0.01 = 1% lower perplexity).
@@ -179,7 +179,7 @@ def recl(losses_NxCxT: Any, context_lengths: Sequence[int], r: float,
     context_lengths: the C lengths, strictly increasing.
     r: the ratio of (C.3), in (0, 1].
     threshold: the gain threshold of (C.6) (the paper's 0.01).
-    delta: the step Delta (see :func:`walk_indices`); None = every length.
+    delta: the step Delta (see ``walk_indices``); None = every length.
 
   Returns:
     dict of lists (JSON-ready), with S = len(walk) - 1 steps:
@@ -237,6 +237,6 @@ def mean_losses(losses_NxCxT: Any) -> np.ndarray:
     float64 [N, C], nats per token (Figure 4 plots its exp, or bpc).
 
   Raises:
-    ValueError: bad losses (see :func:`baseline`).
+    ValueError: bad losses (see ``baseline``).
   """
   return _losses(losses_NxCxT).mean(axis=2)

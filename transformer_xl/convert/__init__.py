@@ -27,7 +27,7 @@ export holds float32 tensors and the metadata ``{"format": "pt"}``, so
 ``model.safetensors`` beside the model's ``config.json``) read it.
 
 A converted workdir holds ``config.json``, ``model_config.json`` and an orbax
-checkpoint of a full :class:`train_state.TrainState` at step 0, so that
+checkpoint of a full ``train_state.TrainState`` at step 0, so that
 ``python -m transformer_xl.main --workdir=DIR --mode=eval|score`` (and
 ``--mode=train`` with a ``--config`` of the same model, which fine-tunes
 from step 0) load it like a trained run.
@@ -37,79 +37,49 @@ Sources of truth: the reference PyTorch code (Dai et al. 2019,
 its TensorFlow code (``tf/model.py``, whose variable names the released
 models use) and HuggingFace's port (``transformers`` 4.35,
 ``TransfoXLLMHeadModel``, the same names under a ``transformer.`` prefix).
-Where HuggingFace and the reference differ, the reference is followed (below,
-and the README).
+Where HuggingFace and the reference differ, the reference is followed
+(docs/guide/conversion.md).
 
 ``HPARAMS.json`` holds the reference constructor's arguments
 (``MemTransformerLM(n_token, n_layer, n_head, d_model, d_head, d_inner,
 dropout, dropatt, tie_weight, d_embed, div_val, tie_projs, pre_lnorm,
 tgt_len, ext_len, mem_len, cutoffs, adapt_inp, same_length, attn_type,
 clamp_len, sample_softmax)``) plus the TF flags ``untie_r``,
-``proj_share_all_but_first`` and ``proj_same_dim``; see :func:`load_hparams`.
+``proj_share_all_but_first`` and ``proj_same_dim``; see ``load_hparams``.
 
-Differences between the sources, and what is done about them:
-
-* Adaptive-softmax cluster order.  The reference PyTorch code scores tail
-  cluster i with head column -i (reversed); the TF code and HuggingFace
-  4.35 use column ``cutoffs[0] + i - 1`` (forward).  This package follows
-  the PyTorch reference, so rows of ``cluster_weight``/``cluster_bias`` are
-  reversed when reading TF checkpoints and, with ``--cluster_order=forward``
-  (the default for names with HuggingFace's ``transformer.`` prefix), HF
-  state dicts; see :func:`params_from_state_dict`.
-* Tied parameters appear under several names in PyTorch state dicts (the
-  softmax weights and projections tied to the embedding; HuggingFace's shared
-  u, v under every layer).  They are read once, the copies are checked to be
-  equal, and they are written back on export.
-* TF checkpoints always tie the softmax weights to the embedding, and store
-  one softmax bias per cluster (see the notes on ``NAME_TABLE``).  The TF
-  LayerNorm uses epsilon 1e-12 (``tf.contrib.layers.layer_norm``) where the
-  PyTorch reference, HuggingFace and this package use 1e-5; TF's same_length
-  mask lets each query see mem_len + 1 keys (PyTorch: mem_len); TF starts
-  from zero-filled memory (PyTorch: empty).  These are reported on
-  conversion; the converted model follows the PyTorch reference.
-* Vocabularies.  ``--vocab`` (the released model's symbols, one per line)
-  and ``--dataset`` map the model's rows onto our corpus's ids by symbol
-  (enwik8: the reference's decimal byte values onto byte ids; text8: its
-  "_" onto " "); ids the model never saw get a zero embedding and a softmax
-  bias of :data:`UNSEEN_BIAS`, and model symbols we lack are dropped.  The
-  reference's enwik8 vocabulary has no newline byte (its preprocessing
-  removes them; ours keeps them): the converter says so and how to compare.
-
-Parity (what the converter guarantees, checked in float32 on CPU): given the
-same parameters, the converted model's per-token NLL and new memories equal
-HuggingFace's ``TransfoXLLMHeadModel`` (transformers 4.35.2) to 1e-5 over
-consecutive segments from an empty memory (plain softmax, same_length with
-clamp_len, pre_lnorm, untie_r, adaptive softmax with div_val 1 and 4, tied
-and untied), and so do the loss and every gradient of a training step.  A
-reference TF checkpoint converts to the model that the PyTorch reference
-(and HuggingFace) computes with the same tensors, to the same 1e-5 (TF's own
-computation differs as listed above).  State dict -> workdir -> state dict
-is bit-exact, through ``.npz``, torch and ``.safetensors`` files alike
-(``--to=pytorch --layout=hf`` gives back the file, which
-``TransfoXLLMHeadModel`` loads with ``strict=True``).  With ``--vocab``,
-each of our ids scores what the model's id of the same symbol scores
-(renormalised over the symbols kept).
+Where the sources differ (adaptive-softmax cluster order, tied names, the
+TF checkpoints' LayerNorm epsilon, masks and initial memory, the
+vocabularies) and what the converter does about it, and what it
+guarantees (parity to 1e-5 with HuggingFace's port, bit-exact round
+trips): docs/guide/conversion.md.
 
 Modules, one role each.  The converter is off the training path (nothing
 in training imports it); of the package, only ``workdir.py`` calls
 ``default_config``, ``train_state``, ``workdir``, ``sharding`` and
 ``checkpointing``, to write and read workdirs:
-  errors.py    ConvertError, the conversion report printer
-  names.py     NAME_TABLE (ours / reference PyTorch and HuggingFace / TF
-               names, layout kinds), tied aliases, cluster order,
-               flatten_params / unflatten_params
-  hparams.py   load_hparams, ModelConfig <-> reference constructor arguments,
-               expected_param_shapes
-  pytorch.py   params_from_state_dict, state_dict_from_params, state dict files
-               (.npz, .safetensors, torch)
-  tf.py        read_tf_checkpoint, check_tf_checkpoint, state_dict_from_tf
-  vocab.py     read_vocab, dataset_vocab, map_vocab, remap_vocab
-  workdir.py   write_workdir, convert_to_workdir, export_pytorch
-  download.py  fetch (resumed, retried), the checksums recorded at a first download
-  pretrained.py  RELEASES, their files (cache, manual dir, the Hub), convert_release,
-               pretrained_workdir (--pretrained, LanguageModel.from_pretrained)
-  safe_pickle.py  the restricted unpickler of the released vocabularies
-  __main__.py  the command line
+
+* ``errors.py``: ``ConvertError``, the conversion report printer;
+* ``names.py``: ``NAME_TABLE`` (ours / reference PyTorch and HuggingFace /
+  TF names, layout kinds), tied aliases, cluster order, ``flatten_params``
+  / ``unflatten_params``;
+* ``hparams.py``: ``load_hparams``, ``ModelConfig`` <-> reference
+  constructor arguments, ``expected_param_shapes``;
+* ``pytorch.py``: ``params_from_state_dict``, ``state_dict_from_params``,
+  state dict files (.npz, .safetensors, torch);
+* ``tf.py``: ``read_tf_checkpoint``, ``check_tf_checkpoint``,
+  ``state_dict_from_tf``;
+* ``vocab.py``: ``read_vocab``, ``dataset_vocab``, ``map_vocab``,
+  ``remap_vocab``;
+* ``workdir.py``: ``write_workdir``, ``convert_to_workdir``,
+  ``export_pytorch``;
+* ``download.py``: ``fetch`` (resumed, retried), the checksums recorded at
+  a first download;
+* ``pretrained.py``: ``RELEASES``, their files (cache, manual dir, the
+  Hub), ``convert_release``, ``pretrained_workdir`` (``--pretrained``,
+  ``LanguageModel.from_pretrained``);
+* ``safe_pickle.py``: the restricted unpickler of the released
+  vocabularies;
+* ``__main__.py``: the command line.
 """
 from __future__ import annotations
 

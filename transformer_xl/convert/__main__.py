@@ -1,8 +1,8 @@
 """Command line of the converter: ``python -m transformer_xl.convert --help``.
 
-The flags, and :func:`main`, which parses them and calls
-:func:`transformer_xl.convert.convert_to_workdir` (``--from``) or
-:func:`transformer_xl.convert.export_pytorch` (``--to``).
+The flags, and ``main``, which parses them and calls
+``transformer_xl.convert.convert_to_workdir`` (``--from``) or
+``transformer_xl.convert.export_pytorch`` (``--to``).
 """
 from __future__ import annotations
 
@@ -125,7 +125,8 @@ def main(argv: Sequence[str]) -> None:
     sys.exit(f"error: unexpected arguments {rest[1:]}")
   if not flags.FLAGS.is_parsed():  # absl logging in imported modules expects parsed flags
     flags.FLAGS(list(argv[:1]))
-  from transformer_xl import data, process_settings
+  from transformer_xl import data
+  from transformer_xl.cli import process_settings
   process_settings.configure_logging(debug=False)  # orbax logs every file at INFO
   f = {k: v.value for k, v in holders.items()}
   try:
@@ -160,7 +161,7 @@ def main(argv: Sequence[str]) -> None:
 
 
 def _convert_pretrained(f: dict) -> None:
-  """``--pretrained=NAME``: :func:`pretrained.convert_release` with the flags
+  """``--pretrained=NAME``: ``pretrained.convert_release`` with the flags
   (the release's evaluation settings; flags of the other modes refused)."""
   others = [k for k in ("from", "to", "checkpoint", "hparams", "vocab", "dataset", "unit",
                         "eval_tgt_len", "eval_mem_len", "eval_clamp_len", "eval_same_length")

@@ -1,9 +1,9 @@
 """Downloads of the released models' files: resumed, retried, checksummed.
 
-:func:`fetch` downloads a URL through ``<dest>.part``, resuming it with an
-HTTP Range request; :class:`Records` keeps the SHA-256 and size of each file
+``fetch`` downloads a URL through ``<dest>.part``, resuming it with an
+HTTP Range request; ``Records`` keeps the SHA-256 and size of each file
 at its first download (``checksums.json``), against which every later use is
-checked (:func:`matches`).  Used by :mod:`transformer_xl.convert.pretrained`.
+checked (``matches``).  Used by ``transformer_xl.convert.pretrained``.
 """
 from __future__ import annotations
 

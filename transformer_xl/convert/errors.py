@@ -1,22 +1,22 @@
 """The converter's error type and its report printer.
 
 Every input the converter cannot use (a flag, a checkpoint, the hparams,
-a vocabulary, a workdir) raises :class:`ConvertError`, whose message names
+a vocabulary, a workdir) raises ``ConvertError``, whose message names
 the file and says what is wrong and what to do; the command line
 (``__main__.main``) prints it as one ``error: ...`` line on stderr and exits
-with status 1, without a traceback.  :func:`one_line` and :func:`describe`
+with status 1, without a traceback.  ``one_line`` and ``describe``
 keep messages that quote another library's error on one line.
 """
 from __future__ import annotations
 
 import re
 
+from transformer_xl import errors
+
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
-class ConvertError(ValueError):
-  """A conversion input that cannot work; the message names the file, the
-  tensor or the hparam, what was expected and what was found."""
+ConvertError = errors.ConvertError  # re-exported (transformer_xl.errors)
 
 
 def log(msg: str) -> None:

@@ -6,7 +6,7 @@ dropout, dropatt, tie_weight, d_embed, div_val, tie_projs, pre_lnorm,
 tgt_len, ext_len, mem_len, cutoffs, adapt_inp, same_length, attn_type,
 clamp_len, sample_softmax)``, reference ``mem_transformer.py``) plus the TF
 flags ``untie_r``, ``proj_share_all_but_first`` and ``proj_same_dim``; see
-:func:`load_hparams`.
+``load_hparams``.
 """
 from __future__ import annotations
 
@@ -40,8 +40,8 @@ def load_hparams(source: str | Mapping[str, Any]) -> dict:
 
   Args:
     source: path of a JSON file, or the dict itself.  Keys: the reference
-      ``MemTransformerLM`` arguments (:data:`REQUIRED_HPARAMS` and
-      :data:`OPTIONAL_HPARAMS`), plus the TF flags ``untie_r``,
+      ``MemTransformerLM`` arguments (``REQUIRED_HPARAMS`` and
+      ``OPTIONAL_HPARAMS``), plus the TF flags ``untie_r``,
       ``proj_share_all_but_first`` (sets ``tie_projs`` to ``[False] + [True]
       * len(cutoffs)`` when ``tie_projs`` is absent) and ``proj_same_dim``.
       ``adapt_inp`` is accepted and ignored, as in the reference.
@@ -148,19 +148,19 @@ def load_hparams(source: str | Mapping[str, Any]) -> dict:
 
 
 def model_config_from_hparams(hp: Mapping[str, Any], n_token: Optional[int] = None):
-  """The :class:`models.ModelConfig` of validated hparams (:func:`load_hparams`).
+  """The ``models.ModelConfig`` of validated hparams (``load_hparams``).
 
   ``clamp_len`` <= 0 (the reference's -1) becomes 0 (no clamp); ``d_embed``
   equal to d_model becomes None; ``tie_projs`` that tie nothing become ().
 
   Args:
-    hp: hparams as returned by :func:`load_hparams`.
+    hp: hparams as returned by ``load_hparams``.
     n_token: vocabulary size; defaults to ``hp["n_token"]``.
 
   Raises:
     ValueError: sizes the model rejects (see ModelConfig).
   """
-  from transformer_xl import models
+  from transformer_xl.model import models
   tie_projs = tuple(bool(t) for t in hp["tie_projs"])
   return models.ModelConfig(
       n_token=int(hp["n_token"] if n_token is None else n_token),
@@ -178,7 +178,7 @@ def model_config_from_hparams(hp: Mapping[str, Any], n_token: Optional[int] = No
 def hparams_from_model_config(cfg) -> dict:
   """The reference constructor's arguments (plus ``untie_r``) for a ModelConfig.
 
-  Inverse of :func:`model_config_from_hparams` (``clamp_len`` 0 is written
+  Inverse of ``model_config_from_hparams`` (``clamp_len`` 0 is written
   as -1, the reference's "no clamp"; ``tie_projs`` always has one entry per
   cluster).
   """
@@ -202,7 +202,7 @@ def expected_param_shapes(cfg) -> dict[str, tuple[int, ...]]:
   import functools
   import flax.linen as nn
   import jax
-  from transformer_xl import models
+  from transformer_xl.model import models
   init = functools.partial(models.init_params, models.TransformerXL(cfg))
   boxed = jax.eval_shape(init, jax.random.PRNGKey(0))
   flat = jax.tree_util.tree_flatten_with_path(nn.unbox(boxed))[0]

@@ -1,6 +1,6 @@
 """Parameter names: ours, the reference PyTorch / HuggingFace state dicts', TF's.
 
-:data:`NAME_TABLE` lists every parameter of the model under the three naming
+``NAME_TABLE`` lists every parameter of the model under the three naming
 schemes (ours under ``params/``; the reference PyTorch ``MemTransformerLM``
 state dict, which HuggingFace's ``TransfoXLLMHeadModel`` repeats under a
 ``transformer.`` prefix; the reference TF variables under ``transformer/``)
@@ -167,7 +167,7 @@ def aliases(cfg, layout: str) -> list[tuple[str, str]]:
   HuggingFace's state dicts under the softmax's names as well; HuggingFace
   also lists the shared u, v under every layer.
   """
-  from transformer_xl import adaptive
+  from transformer_xl.model import adaptive
   out = []
   n_tables = 1 if cfg.div_val == 1 else len(cfg.cutoffs) + 1
   if cfg.tie_weight:
@@ -236,7 +236,7 @@ def flatten_params(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def unflatten_params(flat: Mapping[str, Any]) -> dict:
-  """Inverse of :func:`flatten_params`: {"a/b": x} -> {"a": {"b": x}} (nested dicts)."""
+  """Inverse of ``flatten_params``: {"a/b": x} -> {"a": {"b": x}} (nested dicts)."""
   out: dict = {}
   for path, v in flat.items():
     node = out

@@ -3,10 +3,10 @@
     python -m transformer_xl.convert --pretrained=wt103 --workdir=/tmp/wt103
     python -m transformer_xl.main --workdir=/tmp/wt103 --mode=eval
 
-    from transformer_xl.language_model import LanguageModel
+    from transformer_xl.inference.language_model import LanguageModel
     lm = LanguageModel.from_pretrained("wt103")
 
-:data:`RELEASES` holds the four models of the reference implementation
+``RELEASES`` holds the four models of the reference implementation
 (Dai et al. 2019; the TF checkpoints that its ``tf/sota/download.sh`` fetches
 from ``http://curtis.ml.cmu.edu/datasets/pretrained_xl``), with the sizes and
 evaluation settings of its ``tf/sota/<name>.sh`` and the paper's result.
@@ -25,7 +25,7 @@ What happens, in order:
    resumed, three tries.
 2. **Integrity.**  The release publishes no checksum, so the SHA-256 and
    size of each file are recorded at its first download
-   (``downloads/<name>/checksums.json``, :mod:`transformer_xl.convert.download`), printed for the user to compare
+   (``downloads/<name>/checksums.json``, ``transformer_xl.convert.download``), printed for the user to compare
    with a copy they trust, and verified on every later use; a file that no
    longer matches is fetched again (from ``--manual_dir``: refused).  The
    TF checkpoint must also read cleanly: every tensor is read once, which
@@ -33,19 +33,19 @@ What happens, in order:
    once.
 3. **Vocabulary.**  The release's only vocabulary is a pickled reference
    ``Corpus`` (``data/cache.pkl``); it is read with
-   :mod:`transformer_xl.convert.safe_pickle`'s restricted unpickler (no code
+   ``transformer_xl.convert.safe_pickle``'s restricted unpickler (no code
    in it can run), checked against ``corpus-info.json`` (size, cutoffs),
    and mapped onto our corpus's ids by symbol
-   (:func:`transformer_xl.convert.vocab.map_vocab`).
-4. **Conversion** (:func:`transformer_xl.convert.convert_to_workdir`) into
+   (``transformer_xl.convert.vocab.map_vocab``).
+4. **Conversion** (``transformer_xl.convert.convert_to_workdir``) into
    the workdir with the release's evaluation settings (``eval.tgt_len``,
    ``mem_len``, ``clamp_len``, ``same_length``, ``global_batch``), so that
    ``--mode=eval`` reproduces the reference's ``tf/sota/<name>.sh``
-   evaluation.  :func:`pretrained_workdir` converts into
+   evaluation.  ``pretrained_workdir`` converts into
    ``<cache>/workdirs/<name>`` once and reuses it.
 
 Errors a user can cause (no network and no ``--manual_dir``, a missing
-file, a file that fails its checksum) raise :class:`ConvertError` with one
+file, a file that fails its checksum) raise ``ConvertError`` with one
 line naming each file, its URL and its recorded checksum.
 """
 from __future__ import annotations
@@ -77,7 +77,7 @@ class Release:
     checkpoint: the TF checkpoint prefix under ``url``.
     dataset: our corpus (``data.CORPUS_NAMES``) its vocabulary maps onto.
     hparams: the reference constructor's arguments and TF flags
-      (:func:`transformer_xl.convert.load_hparams`): the sizes of
+      (``transformer_xl.convert.load_hparams``): the sizes of
       ``tf/sota/<name>.sh``, the training tgt_len and mem_len of
       ``tf/scripts/<name>_large_tpu.sh`` (the converted config's training
       settings, for fine-tuning), dropout 0; without ``n_token`` and
@@ -161,7 +161,7 @@ class HubRelease:
   Attributes:
     name: our name, the Hub repository.
     repo_id: the Hub repository.
-    like: the reference release (a key of :data:`RELEASES`) whose corpus,
+    like: the reference release (a key of ``RELEASES``) whose corpus,
       evaluation settings and paper result apply.
     revision: the Hub revision.
     endpoint: the Hub's address (None: ``huggingface_hub``'s default,
@@ -205,7 +205,7 @@ def release_files(rel: Release, cache_dir: Optional[str] = None,
 
   Args:
     rel: the release.
-    cache_dir: see :func:`cache_root`; downloads go to ``<cache>/downloads/<name>``.
+    cache_dir: see ``cache_root``; downloads go to ``<cache>/downloads/<name>``.
     manual_dir: a directory with the release's files (used in place, never
       downloaded into); checked against the recorded checksums.
     download: may download missing files (``False``: cached files only).
@@ -350,11 +350,11 @@ def convert_release(name: str, workdir: str, *, cache_dir: Optional[str] = None,
   """``--pretrained=NAME``: a released model into ``workdir``, at its evaluation settings.
 
   Args:
-    name: a key of :data:`RELEASES`.
+    name: a key of ``RELEASES``.
     workdir: a new or empty directory.
-    cache_dir: see :func:`cache_root`.
-    manual_dir: the release's files already on disk (:func:`release_files`,
-      :func:`hub_files`).
+    cache_dir: see ``cache_root``.
+    manual_dir: the release's files already on disk (``release_files``,
+      ``hub_files``).
     download: may download the release's files and the dataset's sources.
     data_dir: tfds data dir of the release's dataset (``data.data_dir``).
     dataset_manual_dir: the dataset's source files (``data.manual_dir``).
@@ -362,12 +362,12 @@ def convert_release(name: str, workdir: str, *, cache_dir: Optional[str] = None,
     progress: progress bars.
 
   Returns:
-    :func:`transformer_xl.convert.convert_to_workdir`'s report, plus
+    ``transformer_xl.convert.convert_to_workdir``'s report, plus
     ``"release"`` (the name) and ``"files"`` (their directory).
 
   Raises:
-    ConvertError: see :func:`release_files`, :func:`hub_files`,
-      :func:`release_vocab`; a checkpoint that does not read cleanly twice.
+    ConvertError: see ``release_files``, ``hub_files``,
+      ``release_vocab``; a checkpoint that does not read cleanly twice.
     data.DataError: the dataset cannot be prepared.
   """
   from transformer_xl.convert import safe_pickle
@@ -434,7 +434,7 @@ def hub_files(rel: HubRelease, cache_dir: Optional[str] = None,
   weights, the vocabulary), the git blob SHA-1 of the others
   (``config.json``).  A file that does not match is removed and downloaded
   once more.  From ``manual_dir`` (the files by name): checked against the
-  checksums recorded at their first use, as :func:`release_files` does.
+  checksums recorded at their first use, as ``release_files`` does.
 
   Raises:
     ConvertError: huggingface_hub missing, a file that cannot be had (the
@@ -520,7 +520,7 @@ def hub_hparams(config_json: Path, like: Release) -> dict:
   dropout 0, the training tgt_len and mem_len of ``like``.
 
   Raises:
-    ConvertError: an unreadable file, or values :func:`load_hparams` refuses.
+    ConvertError: an unreadable file, or values ``load_hparams`` refuses.
   """
   from transformer_xl.convert.hparams import OPTIONAL_HPARAMS, load_hparams
   try:
@@ -564,12 +564,12 @@ def pretrained_workdir(name: str, cache_dir: Optional[str] = None, **kwargs) -> 
   so an interrupted conversion is never taken for a finished one).
 
   Args:
-    name: a key of :data:`RELEASES`.
-    cache_dir: see :func:`cache_root`.
-    **kwargs: :func:`convert_release`'s other arguments.
+    name: a key of ``RELEASES``.
+    cache_dir: see ``cache_root``.
+    **kwargs: ``convert_release``'s other arguments.
 
   Raises:
-    ConvertError, data.DataError: see :func:`convert_release`.
+    ConvertError, data.DataError: see ``convert_release``.
   """
   release(name)
   final = cache_root(cache_dir) / "workdirs" / _slug(name)

@@ -3,9 +3,9 @@
 A state dict holds the reference ``MemTransformerLM``'s names (reference
 ``mem_transformer.py``) or HuggingFace's ``TransfoXLLMHeadModel``'s (the same
 under a ``transformer.`` prefix, except ``crit.*``); the names and layouts are
-those of :data:`transformer_xl.convert.names.NAME_TABLE`.  Files are ``.npz``
+those of ``transformer_xl.convert.names.NAME_TABLE``.  Files are ``.npz``
 archives, ``.safetensors`` files or torch files of tensors, told apart by the
-extension (:func:`state_dict_format`); only torch files involve pickle, which
+extension (``state_dict_format``); only torch files involve pickle, which
 ``torch.load(weights_only=True)`` restricts to tensors.  torch and
 safetensors are imported only to read or write their files.
 """
@@ -50,14 +50,14 @@ def params_from_state_dict(state: Mapping[str, Any], cfg, cluster_order: str = "
 
   Args:
     state: name -> array (numpy or anything ``np.asarray`` takes); the
-      reference names of :data:`NAME_TABLE`, optionally with HuggingFace's
-      ``transformer.`` prefix.  Copies of tied tensors (:func:`names.aliases`)
+      reference names of ``NAME_TABLE``, optionally with HuggingFace's
+      ``transformer.`` prefix.  Copies of tied tensors (``names.aliases``)
       and ``pos_emb.inv_freq`` may be present and are checked.
-    cfg: the :class:`models.ModelConfig` the tensors belong to.
+    cfg: the ``models.ModelConfig`` the tensors belong to.
     cluster_order: "reference" (tail cluster i in head column -i), "forward"
       (column cutoffs[0] + i - 1: TF, HuggingFace 4.35; the rows of
       cluster_weight/cluster_bias are reversed) or "auto"
-      (:func:`resolve_cluster_order`).
+      (``resolve_cluster_order``).
 
   Returns:
     Nested dict of float32 numpy arrays, the structure of the model's
@@ -147,7 +147,7 @@ def state_dict_from_params(params: Mapping[str, Any], cfg, layout: str = "refere
 
   Args:
     params: our parameter tree (nested dicts of arrays).
-    cfg: its :class:`models.ModelConfig`.
+    cfg: its ``models.ModelConfig``.
     layout: "reference" (the names of the reference's ``MemTransformerLM``:
       no prefix, shared u, v once) or "hf" (``TransfoXLLMHeadModel``:
       ``transformer.`` prefix except ``crit.*``, shared u, v repeated under
@@ -214,7 +214,7 @@ def state_dict_format(path: str) -> str:
 def read_state_dict(path: str) -> dict[str, np.ndarray]:
   """Reads a state dict: a ``.npz`` of arrays, a ``.safetensors`` file, or a torch file.
 
-  The format is the extension's (:func:`state_dict_format`).  ``.npz``
+  The format is the extension's (``state_dict_format``).  ``.npz``
   files are read without pickles (``allow_pickle=False``): every member
   must be a ``.npy`` array of numbers.  ``.safetensors`` files (HuggingFace's
   pickle-free format: an 8-byte header length, a JSON header of names,
@@ -272,7 +272,7 @@ _NPZ_FIX = "save the state dict with numpy.savez(path, **{name: float32 array})"
 
 
 def _read_npz(path: str) -> dict[str, np.ndarray]:
-  """The arrays of an ``.npz`` (see :func:`read_state_dict`); ConvertError if unreadable."""
+  """The arrays of an ``.npz`` (see ``read_state_dict``); ConvertError if unreadable."""
   if not zipfile.is_zipfile(path):
     with open(path, "rb") as f:
       head = f.read(6)
@@ -317,7 +317,7 @@ def _read_npz(path: str) -> dict[str, np.ndarray]:
 
 
 def _read_torch(path: str) -> dict[str, np.ndarray]:
-  """The tensors of a torch file (see :func:`read_state_dict`); ConvertError if unreadable."""
+  """The tensors of a torch file (see ``read_state_dict``); ConvertError if unreadable."""
   try:
     import torch
   except ImportError:
@@ -379,7 +379,7 @@ def _looks_like_safetensors(path: str) -> bool:
 
 
 def _read_safetensors(path: str) -> dict[str, np.ndarray]:
-  """The tensors of a ``.safetensors`` file (see :func:`read_state_dict`);
+  """The tensors of a ``.safetensors`` file (see ``read_state_dict``);
   ConvertError if unreadable.  safetensors checks the header (its length,
   JSON, dtypes, shapes, offsets) and that the data fills the file exactly
   when it opens the file, so a truncated or padded file fails there."""
@@ -426,12 +426,12 @@ SAFETENSORS_METADATA = {"format": "pt"}
 
 
 def save_state_dict(state: Mapping[str, np.ndarray], path: str) -> None:
-  """Writes a state dict in the format of ``path``'s extension (:func:`state_dict_format`).
+  """Writes a state dict in the format of ``path``'s extension (``state_dict_format``).
 
   ``.npz``: ``numpy.savez``.  ``.safetensors``: ``safetensors.numpy.save_file``
-  with the metadata :data:`SAFETENSORS_METADATA` (``{"format": "pt"}``), each
+  with the metadata ``SAFETENSORS_METADATA`` (``{"format": "pt"}``), each
   tensor C-contiguous and of the state dict's dtype (float32 for the
-  parameters of :func:`state_dict_from_params`), which
+  parameters of ``state_dict_from_params``), which
   ``safetensors.torch.load_file`` and transformers' ``from_pretrained`` read.
   Otherwise a torch file of tensors (``torch.save``).
 

@@ -16,8 +16,8 @@ The released Transformer-XL models ship their vocabulary only as a pickle:
   files that are a legacy ``torch.save`` of that dict).
 
 ``pickle.load`` calls whatever the file names, so a tampered file runs code.
-:func:`load_restricted` instead uses :class:`RestrictedUnpickler`, whose
-``find_class`` admits only the globals of :data:`ALLOWED_GLOBALS`:
+``load_restricted`` instead uses ``RestrictedUnpickler``, whose
+``find_class`` admits only the globals of ``ALLOWED_GLOBALS``:
 
 * ``collections.OrderedDict`` and ``collections.Counter``, ``set`` and
   ``frozenset``, and safe stand-ins for ``bytes``, ``bytearray``,
@@ -30,21 +30,21 @@ The released Transformer-XL models ship their vocabulary only as a pickle:
   HuggingFace's (``TransfoXLTokenizer`` and ``TransfoXLCorpus`` under their
   module names since ``pytorch_pretrained_bert``, and what a 4.35 tokenizer's
   ``__dict__`` holds: ``tokenization_utils.Trie``, ``AddedToken``, the
-  ``sacremoses`` tokenizers and ``re._compile``) become :class:`Inert`
+  ``sacremoses`` tokenizers and ``re._compile``) become ``Inert``
   placeholders: they record the arguments and the pickled state, and no
   method of the original class (or the original function) runs.
 * numpy's array, dtype and scalar reconstruction (``numpy.core`` and numpy
-  2's ``numpy._core`` module names) becomes :class:`InertArray`,
-  :class:`InertDtype` and :class:`InertScalar`, which drop the data (only
+  2's ``numpy._core`` module names) becomes ``InertArray``,
+  ``InertDtype`` and ``InertScalar``, which drop the data (only
   the vocabulary is needed); numpy is never called.
 
 Every other global (``os.system``, ``builtins.eval``, ``subprocess.Popen``,
 ``builtins.getattr``, ``torch._utils._rebuild_tensor_v2``, ...) and every
 persistent id (a tensor of a ``torch.save`` file) is refused with a
-:class:`ConvertError` naming the file and the global; nothing from the file
+``ConvertError`` naming the file and the global; nothing from the file
 has run by then.  Python 2 byte strings stay ``bytes`` in the tree
-(``encoding="bytes"``); :func:`attributes`, :func:`reference_corpus_vocab`
-and :func:`hf_vocab` decode names and symbols as UTF-8.
+(``encoding="bytes"``); ``attributes``, ``reference_corpus_vocab``
+and ``hf_vocab`` decode names and symbols as UTF-8.
 """
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ _FIX = "download it again, or pass the release's own file"
 
 class _Refused(Exception):
   """A global or persistent id the restricted unpickler does not admit;
-  :func:`load_restricted` turns it into a ConvertError naming the file."""
+  ``load_restricted`` turns it into a ConvertError naming the file."""
 
   def __init__(self, what: str, why: str):
     super().__init__(what)
@@ -81,7 +81,7 @@ class Inert:
   Building one runs no code of the original class: ``args`` and ``kwargs``
   are what the pickle passed to the constructor, ``state`` what it passed to
   ``__setstate__`` (for the reference's classes, the instance ``__dict__``;
-  its keys are ``bytes`` in Python 2 pickles, see :func:`attributes`).
+  its keys are ``bytes`` in Python 2 pickles, see ``attributes``).
   ``pickled_global`` is the original class's ``"module.name"``.
   """
 
@@ -105,7 +105,7 @@ class Inert:
 class InertArray(Inert):
   """A numpy array whose data was dropped: ``shape`` (a tuple of ints, or
   None when the pickle did not give one) and ``dtype`` (usually an
-  :class:`InertDtype`) are kept; ``state`` stays None."""
+  ``InertDtype``) are kept; ``state`` stays None."""
 
   pickled_global = "numpy.ndarray"
 
@@ -242,13 +242,13 @@ ALLOWED_GLOBALS: dict[str, Any] = {
     **{f"{m}.numeric._frombuffer": _inert_frombuffer for m in ("numpy.core", "numpy._core")},
     **{name: _placeholder(name) for name in _REFERENCE_CLASSES + _HF_CLASSES},
 }
-"""What :class:`RestrictedUnpickler` admits: ``"module.name"`` (Python 3
+"""What ``RestrictedUnpickler`` admits: ``"module.name"`` (Python 3
 names; Python 2's ``__builtin__`` and ``copy_reg`` are mapped onto them) ->
 the object the pickle gets instead.  Everything else is refused."""
 
 
 class RestrictedUnpickler(pickle.Unpickler):
-  """A ``pickle.Unpickler`` that admits only :data:`ALLOWED_GLOBALS` and no
+  """A ``pickle.Unpickler`` that admits only ``ALLOWED_GLOBALS`` and no
   persistent ids; byte strings of Python 2 pickles stay ``bytes``.
 
   Args:
@@ -303,13 +303,13 @@ def _load_one(f, path: str) -> Any:
 
 
 def load_restricted(path: str) -> Any:
-  """The object pickled in ``path``, built by :class:`RestrictedUnpickler`.
+  """The object pickled in ``path``, built by ``RestrictedUnpickler``.
 
   Plain containers, strings (``bytes`` where a Python 2 pickle has byte
   strings), numbers, booleans and None come back as themselves,
   ``OrderedDict``/``Counter``/sets too; the reference's and HuggingFace's
-  objects come back as :class:`Inert` placeholders and numpy arrays as
-  :class:`InertArray` without their data.  A legacy ``torch.save`` file
+  objects come back as ``Inert`` placeholders and numpy arrays as
+  ``InertArray`` without their data.  A legacy ``torch.save`` file
   (what ``TransfoXLTokenizer`` also reads as ``vocab.pkl``) gives the object
   after its header; its tensors, if any, are refused.
 
@@ -446,7 +446,7 @@ def _info_value(value: Any, what: str, kinds: tuple) -> Any:
 
 def reference_corpus_vocab(path: str) -> tuple[list[str], dict]:
   """The vocabulary of a reference ``data/cache.pkl``, read with
-  :func:`load_restricted`.
+  ``load_restricted``.
 
   Source: the reference's ``tf/data_utils.py`` ``get_lm_corpus`` pickles its
   ``Corpus`` (``pytorch/data_utils.py`` has the same classes);
@@ -465,7 +465,7 @@ def reference_corpus_vocab(path: str) -> tuple[list[str], dict]:
     corpora without adaptive softmax).
 
   Raises:
-    ConvertError: whatever :func:`load_restricted` raises; a file without a
+    ConvertError: whatever ``load_restricted`` raises; a file without a
       ``vocab`` whose ``idx2sym`` is a list of strings, with ``sym2idx``; a
       symbol that is not UTF-8 or appears twice; ``idx2sym`` and ``sym2idx``
       disagreeing; a malformed ``dataset``, ``cutoffs`` or ``lower_case``.
@@ -494,12 +494,12 @@ def reference_corpus_vocab(path: str) -> tuple[list[str], dict]:
 
 HF_INFO_KEYS = ("special", "lower_case", "delimiter", "min_freq", "max_size", "vocab_file",
                 "unk_idx", "eos_idx", "never_split", "language")
-"""The tokenizer attributes :func:`hf_vocab` reports, where the file has them."""
+"""The tokenizer attributes ``hf_vocab`` reports, where the file has them."""
 
 
 def hf_vocab(path: str) -> tuple[list[str], dict]:
   """The vocabulary of HuggingFace's Transformer-XL ``vocab.pkl``, read with
-  :func:`load_restricted`.
+  ``load_restricted``.
 
   Source: ``transformers`` 4.35 ``TransfoXLTokenizer``: ``save_vocabulary``
   pickles the tokenizer's ``__dict__``; ``__init__(pretrained_vocab_file=...)``
@@ -512,15 +512,15 @@ def hf_vocab(path: str) -> tuple[list[str], dict]:
 
   Returns:
     ``(symbols, info)``: ``symbols`` is ``idx2sym`` as a list of str (id =
-    index); ``info`` holds those of :data:`HF_INFO_KEYS` that the file has,
+    index); ``info`` holds those of ``HF_INFO_KEYS`` that the file has,
     e.g. ``{"special": ["<eos>"], "lower_case": False, "delimiter": None,
     ...}``.
 
   Raises:
-    ConvertError: whatever :func:`load_restricted` raises; a file that is not a
+    ConvertError: whatever ``load_restricted`` raises; a file that is not a
       dict (or tokenizer) with an ``idx2sym`` list of strings and a
       ``sym2idx``; a symbol that is not UTF-8 or appears twice; ``idx2sym`` and
-      ``sym2idx`` disagreeing; a malformed attribute of :data:`HF_INFO_KEYS`.
+      ``sym2idx`` disagreeing; a malformed attribute of ``HF_INFO_KEYS``.
   """
   root = load_restricted(path)
   fix = "this is not a Transformer-XL vocab.pkl; pass the release's file (download it again)"

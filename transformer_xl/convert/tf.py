@@ -2,7 +2,7 @@
 
 The released Transformer-XL models are TF checkpoints written by the
 reference ``tf/model.py``; their variable names are the TF column of
-:data:`transformer_xl.convert.names.NAME_TABLE` (and its notes).  Reading
+``transformer_xl.convert.names.NAME_TABLE`` (and its notes).  Reading
 them needs TensorFlow (``pip install ".[convert]"``), imported only here and
 only when a checkpoint is read.
 """
@@ -55,7 +55,7 @@ def check_tf_checkpoint(path: str) -> int:
   that its ``.index`` records.  Returns the number of variables.
 
   Raises:
-    ConvertError: as :func:`read_tf_checkpoint`, for a file that is
+    ConvertError: as ``read_tf_checkpoint``, for a file that is
       truncated or damaged too (the message names the checkpoint).
   """
   reader = _tf_reader(path)
@@ -104,14 +104,14 @@ def state_dict_from_tf(variables: Mapping[str, np.ndarray], hp: Mapping[str, Any
                        cfg) -> dict[str, np.ndarray]:
   """The reference PyTorch state dict of a reference TF checkpoint.
 
-  Variable names: the TF column of :data:`NAME_TABLE` and its notes.
+  Variable names: the TF column of ``NAME_TABLE`` and its notes.
   Optimizer slots (``.../Adam``, ``.../Adam_1``), ``global_step`` and
   everything outside ``transformer/`` are ignored.  The result keeps TF's
   forward cluster order (convert it with ``cluster_order="forward"``).
 
   Args:
-    variables: TF name -> array (:func:`read_tf_checkpoint`).
-    hp: validated hparams (:func:`load_hparams`; ``proj_same_dim`` is used).
+    variables: TF name -> array (``read_tf_checkpoint``).
+    hp: validated hparams (``load_hparams``; ``proj_same_dim`` is used).
     cfg: the ModelConfig of ``hp``.
 
   Returns:
@@ -122,7 +122,7 @@ def state_dict_from_tf(variables: Mapping[str, np.ndarray], hp: Mapping[str, Any
       shapes, hparams that contradict the checkpoint (untie_r, tie_projs),
       an attn_type other than 0.
   """
-  from transformer_xl import adaptive
+  from transformer_xl.model import adaptive
   if cfg.attn_type != 0:
     raise ConvertError(f"attn_type={cfg.attn_type}: the reference TF code (and its checkpoints) "
                        "has the relative attention of attn_type 0 only.")

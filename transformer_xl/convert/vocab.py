@@ -4,7 +4,7 @@
 map the model's rows onto our corpus's ids by symbol (enwik8: the
 reference's decimal byte values onto byte ids; text8: its "_" onto " ");
 ids the model never saw get a zero embedding and a softmax bias of
-:data:`UNSEEN_BIAS`, and model symbols we lack are dropped.
+``UNSEEN_BIAS``, and model symbols we lack are dropped.
 """
 from __future__ import annotations
 
@@ -121,7 +121,7 @@ def map_vocab(ref_vocab: Sequence[str], our_vocab: Sequence[str], dataset: Optio
   Args:
     ref_vocab: the released model's symbols (id = index).
     our_vocab: our corpus's symbols (id = index).
-    dataset: our corpus name, for the symbol spellings (:func:`_our_symbol`).
+    dataset: our corpus name, for the symbol spellings (``_our_symbol``).
 
   Returns:
     (ref_of_ours, report): int64 [len(our_vocab)], the reference id or -1
@@ -163,7 +163,7 @@ def remap_vocab(params: Mapping[str, Any], cfg, ref_of_ours: np.ndarray,
   Args:
     params: our parameter tree for ``cfg`` (reference vocabulary).
     cfg: ModelConfig of the reference model.
-    ref_of_ours: int [V_ours] (:func:`map_vocab`).
+    ref_of_ours: int [V_ours] (``map_vocab``).
     unseen_bias: softmax bias of unseen ids.
 
   Returns:
@@ -173,7 +173,7 @@ def remap_vocab(params: Mapping[str, Any], cfg, ref_of_ours: np.ndarray,
     ConvertError: cutoffs not below V_ours, or a symbol that would change
       cluster.
   """
-  from transformer_xl import adaptive
+  from transformer_xl.model import adaptive
   n_ours = len(ref_of_ours)
   if cfg.cutoffs and cfg.cutoffs[-1] >= n_ours:
     raise ConvertError(f"cutoffs={list(cfg.cutoffs)} do not fit our vocabulary of {n_ours}.")
@@ -212,14 +212,14 @@ def remap_vocab(params: Mapping[str, Any], cfg, ref_of_ours: np.ndarray,
 
 
 def describe_vocab_map(rep: dict, n_ref: int, n_ours: int, dataset: str, bias: float) -> None:
-  """Prints what a :func:`map_vocab` report means for the converted model.
+  """Prints what a ``map_vocab`` report means for the converted model.
 
   Args:
-    rep: the report of :func:`map_vocab`.
+    rep: the report of ``map_vocab``.
     n_ref: the size of the model's vocabulary.
     n_ours: the size of our vocabulary.
     dataset: our corpus name (enwik8 gets a note on the newline byte).
-    bias: the softmax bias of unseen ids (:data:`UNSEEN_BIAS`).
+    bias: the softmax bias of unseen ids (``UNSEEN_BIAS``).
   """
   log(f"Vocabulary: matched {rep['matched']} of the model's {n_ref} symbols onto {dataset}'s "
       f"{n_ours} ids.")

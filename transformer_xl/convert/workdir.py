@@ -43,7 +43,7 @@ def workdir_config(cfg, *, dataset: Optional[str] = None, data_dir: Optional[str
                    eval_mem_len: Optional[int] = None, eval_clamp_len: Optional[int] = None,
                    eval_same_length: Optional[bool] = None, global_batch: int = 1,
                    eval_global_batch: int = 1):
-  """The validated ``config.json`` of a converted workdir (see :func:`write_workdir`).
+  """The validated ``config.json`` of a converted workdir (see ``write_workdir``).
 
   Needs no data and computes nothing, so the converter calls it before the
   long work (reading the checkpoint, preparing the corpus).  The model
@@ -122,7 +122,7 @@ def _check_creatable(path: str, flag: str, file: bool = False) -> None:
 def _check_safetensors_name(flag: str, checkpoint: str) -> None:
   """``--from=safetensors`` / ``--to=safetensors`` name the format: ConvertError
   unless ``checkpoint`` ends in ``.safetensors`` (the format of a state dict
-  file is always its extension's, :func:`state_dict_format`)."""
+  file is always its extension's, ``state_dict_format``)."""
   if state_dict_format(checkpoint) == "safetensors":
     return
   if flag == "--from":
@@ -153,7 +153,7 @@ def write_workdir(workdir: str, params: Mapping[str, Any], cfg, *, dataset: Opti
   ``eval.*`` from the arguments, defaulting to cfg's tgt_len, mem_len,
   clamp_len and same_length; ``data.*`` from the data arguments; train/eval
   global_batch), ``model_config.json`` (cfg with n_token, unit, dataset) and
-  an orbax checkpoint at step 0 of a full :class:`train_state.TrainState`: the
+  an orbax checkpoint at step 0 of a full ``train_state.TrainState``: the
   parameters, ``tx.init(params)`` for the config's optimizer, and an empty
   memory for ``global_batch`` rows, on a 1-device mesh.  The iterator state
   is ``{}`` (training starts the data from the beginning).
@@ -161,7 +161,7 @@ def write_workdir(workdir: str, params: Mapping[str, Any], cfg, *, dataset: Opti
   Args:
     workdir: directory (created); must not hold checkpoints yet.
     params: parameter tree for cfg (nested dicts of arrays).
-    cfg: :class:`models.ModelConfig`.
+    cfg: ``models.ModelConfig``.
     dataset: our corpus name for ``data.dataset`` (None: keep the default).
     data_dir: ``data.data_dir`` (with the next three: where ``--mode=eval``
       finds the corpus).
@@ -200,8 +200,10 @@ def write_workdir(workdir: str, params: Mapping[str, Any], cfg, *, dataset: Opti
     raise ConvertError(f"params do not fit the model config: (got, expected) {bad}; "
                        f"unexpected {extra}.")
 
-  from transformer_xl import checkpointing, models, train_state
-  from transformer_xl import workdir as wd
+  from transformer_xl.run import checkpointing
+  from transformer_xl.model import models
+  from transformer_xl.training import train_state
+  from transformer_xl.run import workdir as wd
   check_new_workdir(workdir)
   os.makedirs(workdir, exist_ok=True)
   manager = checkpointing.make_manager(workdir)
@@ -232,19 +234,19 @@ def convert_to_workdir(source: str, checkpoint: str, hparams: str | Mapping[str,
 
   Args:
     source: "pytorch" (a state dict file of any format,
-      :func:`read_state_dict`: ``.npz``, ``.safetensors`` or torch, by its
+      ``read_state_dict``: ``.npz``, ``.safetensors`` or torch, by its
       extension), "safetensors" (the same, but the file must end in
-      ``.safetensors``) or "tf" (:func:`read_tf_checkpoint`; always forward
+      ``.safetensors``) or "tf" (``read_tf_checkpoint``; always forward
       cluster order).
     checkpoint: the file / TF checkpoint prefix.
-    hparams: JSON path or dict (:func:`load_hparams`).
-    workdir: output directory (:func:`write_workdir`).
-    cluster_order: for "pytorch" and "safetensors" (:func:`params_from_state_dict`).
-    vocab: the released model's vocabulary file (:func:`read_vocab`); its
-      rows are mapped onto ``dataset``'s vocabulary (:func:`map_vocab`,
-      :func:`remap_vocab`).  Without it, the ids are taken as they are (and
+    hparams: JSON path or dict (``load_hparams``).
+    workdir: output directory (``write_workdir``).
+    cluster_order: for "pytorch" and "safetensors" (``params_from_state_dict``).
+    vocab: the released model's vocabulary file (``read_vocab``); its
+      rows are mapped onto ``dataset``'s vocabulary (``map_vocab``,
+      ``remap_vocab``).  Without it, the ids are taken as they are (and
       must number our vocabulary's size when ``dataset`` is given).
-    dataset: our corpus (:func:`dataset_vocab`), also written to the
+    dataset: our corpus (``dataset_vocab``), also written to the
       config's ``data.dataset``.
     data_dir: ``data.data_dir`` of our corpus, likewise.
     manual_dir: ``data.manual_dir``, likewise.
@@ -253,7 +255,7 @@ def convert_to_workdir(source: str, checkpoint: str, hparams: str | Mapping[str,
     unit: "byte", "char" or "word"; default: the dataset's, else "word".
     unseen_bias: softmax bias of our ids the model never saw.
     **workdir_kwargs: eval_tgt_len, eval_mem_len, eval_clamp_len,
-      eval_same_length, global_batch, eval_global_batch (:func:`write_workdir`).
+      eval_same_length, global_batch, eval_global_batch (``write_workdir``).
 
   Returns:
     A report: {"n_token", "params" (count), "vocab" (map_vocab report or None),
@@ -345,13 +347,13 @@ def export_pytorch(workdir: str, checkpoint: str, hparams_path: Optional[str] = 
     workdir: a training (or converted) workdir with config.json,
       model_config.json and checkpoints.
     checkpoint: output file, in its extension's format
-      (:func:`save_state_dict`): ``.npz``, ``.safetensors`` (metadata
+      (``save_state_dict``): ``.npz``, ``.safetensors`` (metadata
       ``{"format": "pt"}``, float32 tensors) or else a torch file.
     hparams_path: output JSON of the constructor arguments
-      (:func:`hparams_from_model_config`); default ``<checkpoint without
+      (``hparams_from_model_config``); default ``<checkpoint without
       extension>.hparams.json``.
-    layout: see :func:`state_dict_from_params`.
-    cluster_order: see :func:`state_dict_from_params`.
+    layout: see ``state_dict_from_params``.
+    cluster_order: see ``state_dict_from_params``.
     to: "pytorch" (any of the formats) or "safetensors" (``checkpoint``
       must end in ``.safetensors``).
 
@@ -366,8 +368,9 @@ def export_pytorch(workdir: str, checkpoint: str, hparams_path: Optional[str] = 
       the restore).
   """
   import jax
-  from transformer_xl import checkpointing, default_config
-  from transformer_xl import workdir as wd
+  from transformer_xl import default_config
+  from transformer_xl.run import checkpointing
+  from transformer_xl.run import workdir as wd
   if to not in ("pytorch", "safetensors"):
     raise ConvertError(f"--to={to!r}: use pytorch or safetensors.")
   if to == "safetensors":

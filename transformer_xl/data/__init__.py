@@ -2,86 +2,89 @@
 
 The rest of the package uses only the names of this module:
 
-* :func:`load_configured` (a config's ``data`` section: a built-in corpus
-  or one's own text files) and :func:`load_corpus` -> :class:`Corpus`: a split is a :class:`TokenSource`
+* ``load_configured`` (a config's ``data`` section: a built-in corpus
+  or one's own text files) and ``load_corpus`` -> ``Corpus``: a split is a ``TokenSource``
   (random access to its int32 token stream); sentence-level corpora (One
-  Billion Word) also have a :class:`SentenceIndex` per split;
+  Billion Word) also have a ``SentenceIndex`` per split;
   ``Corpus.encode`` tokenises new text, ``Corpus.decode`` (and the
-  incremental ``Corpus.decoder``) turns ids back into text; :class:`DataError`;
-  :data:`CORPUS_NAMES`.
-* training batches: :func:`make_train_iterator` (an ordered
-  :class:`TrainIterator`, or a :class:`ShuffledSentenceIterator` for
-  sentence-level corpora); evaluation batches: :class:`EvalIterator`
-  (segments carrying memory) or :class:`SlidingWindowIterator` (the vanilla
+  incremental ``Corpus.decoder``) turns ids back into text; ``DataError``;
+  ``CORPUS_NAMES``.
+* training batches: ``make_train_iterator`` (an ordered
+  ``TrainIterator``, or a ``ShuffledSentenceIterator`` for
+  sentence-level corpora); evaluation batches: ``EvalIterator``
+  (segments carrying memory) or ``SlidingWindowIterator`` (the vanilla
   Transformer's sliding window).
-* several processes: :func:`process_row_ids`, :func:`to_global_batch`.
-* :class:`Prefetcher`: batches made ready on a background thread, each with
+* several processes: ``process_row_ids``, ``to_global_batch``.
+* ``Prefetcher``: batches made ready on a background thread, each with
   the iterator position to checkpoint after it.
 
-Modules, one role each::
+Modules, one role each:
 
-  corpus.py        Corpus, TokenSource/ArraySource, SentenceIndex, DataError
-  tokenizers.py    tokenisation rules (the builders and Corpus.encode) and
-                   their inverses (Corpus.decode)
-  sources.py       locating, downloading and checksumming source files
-  storage.py       chunked array_record storage: base tfds builder, readers
-  enwik8_text8.py  builders of the byte/char corpora of one file
-  ptb_wikitext.py  builders of the corpora of one text file per split
-  lm1b.py          builder of One Billion Word
-  text_files.py    builder of one's own text files (data.dataset="text", "tfds:NAME")
-  text_vocab.py    their vocabularies and tokenizers; the workdir's tokenizer.json
-  text_settings.py their settings (checked without tfds)
-  builders.py      corpus name -> builder
-  checks.py        argument and state checks of the iterators
-  iterators.py     TrainIterator, EvalIterator, SlidingWindowIterator,
-                   make_train_iterator
-  shuffled.py      ShuffledSentenceIterator
-  placement.py     process_row_ids, to_global_batch
-  prefetch.py      Prefetcher (a background thread a few batches ahead)
+* ``corpus.py``: ``Corpus``, ``TokenSource``/``ArraySource``,
+  ``SentenceIndex``, ``DataError``;
+* ``tokenizers.py``: tokenisation rules (the builders and
+  ``Corpus.encode``) and their inverses (``Corpus.decode``);
+* ``sources.py``: locating, downloading and checksumming source files;
+* ``storage.py``: chunked array_record storage: the base tfds builder,
+  readers;
+* ``enwik8_text8.py``: builders of the byte/char corpora of one file;
+* ``ptb_wikitext.py``: builders of the corpora of one text file per split;
+* ``lm1b.py``: the builder of One Billion Word;
+* ``text_files.py``: the builder of one's own text files
+  (``data.dataset="text"``, ``"tfds:NAME"``);
+* ``text_vocab.py``: their vocabularies and tokenizers; the workdir's
+  tokenizer.json;
+* ``text_settings.py``: their settings (checked without tfds);
+* ``builders.py``: corpus name -> builder;
+* ``checks.py``: argument and state checks of the iterators;
+* ``iterators.py``: ``TrainIterator``, ``EvalIterator``,
+  ``SlidingWindowIterator``, ``make_train_iterator``;
+* ``shuffled.py``: ``ShuffledSentenceIterator``;
+* ``placement.py``: ``process_row_ids``, ``to_global_batch``;
+* ``prefetch.py``: ``Prefetcher`` (a background thread a few batches
+  ahead).
 
 Importing this package imports numpy and jax but not tensorflow_datasets:
-tfds is imported by :func:`load_corpus` (``builders.py`` and the builder
+tfds is imported by ``load_corpus`` (``builders.py`` and the builder
 modules import it).
 
-Batch contract
-  Every iterator yields, per ``next()``, a dict of numpy arrays holding only
-  this process's rows of the global batch of ``B = global_batch`` rows:
-  ``b = len(row_ids)`` rows, in the order of ``row_ids`` (all ``B`` when
-  ``row_ids`` is None), of ``T = tgt_len`` positions:
+**Batch contract.** Every iterator yields, per ``next()``, a dict of numpy
+arrays holding only this process's rows of the global batch of
+``B = global_batch`` rows: ``b = len(row_ids)`` rows, in the order of
+``row_ids`` (all ``B`` when ``row_ids`` is None), of ``T = tgt_len``
+positions:
 
-  * ``inputs``  int32   [b, T]  token ids fed to the model;
-  * ``targets`` int32   [b, T]  the next token of each input position;
-  * ``weights`` float32 [b, T]  1 for a real position, 0 for padding (all
-    ones in training; only evaluation pads);
-  * ``reset``   bool    [b]     True where the row's memory must be cleared
-    before this segment.
+* ``inputs``: int32 [b, T], the token ids fed to the model;
+* ``targets``: int32 [b, T], the next token of each input position;
+* ``weights``: float32 [b, T], 1 for a real position, 0 for padding (all
+  ones in training; only evaluation pads);
+* ``reset``: bool [b], True where the row's memory must be cleared before
+  this segment.
 
-  :class:`SlidingWindowIterator` adds ``front_pad`` int32 [b]: how many
-  positions at the front of the row are padding (to be masked as keys).
+``SlidingWindowIterator`` adds ``front_pad`` int32 [b]: how many
+positions at the front of the row are padding (to be masked as keys).
 
-  Transformer-XL (Dai et al. 2019, Sec. 3.2) carries a memory of hidden
-  states from one segment to the next, so row ``r`` of the batch at step
-  ``t + 1`` continues exactly where row ``r`` stopped at step ``t``, unless
-  ``reset`` says otherwise.
+Transformer-XL (Dai et al. 2019, Sec. 3.2) carries a memory of hidden
+states from one segment to the next, so row ``r`` of the batch at step
+``t + 1`` continues exactly where row ``r`` stopped at step ``t``, unless
+``reset`` says otherwise.
 
-Local rows and the global batch
-  Each process builds its iterators with ``row_ids = process_row_ids(
-  sharding, B, T)``, the global rows its addressable devices hold, and reads
-  from the :class:`TokenSource` only those rows' token ranges;
-  ``to_global_batch(local, sharding, B)`` assembles the global ``jax.Array``
-  batch from every process's local rows: ``inputs``, ``targets`` and
-  ``weights`` [B, T] with ``sharding``, ``reset`` [B] sharded like the batch
-  axis.
+**Local rows and the global batch.** Each process builds its iterators with
+``row_ids = process_row_ids(sharding, B, T)``, the global rows its
+addressable devices hold, and reads from the ``TokenSource`` only those
+rows' token ranges; ``to_global_batch(local, sharding, B)`` assembles the
+global ``jax.Array`` batch from every process's local rows: ``inputs``,
+``targets`` and ``weights`` [B, T] with ``sharding``, ``reset`` [B] sharded
+like the batch axis.
 
-Position state
-  ``get_state()`` returns a JSON-serialisable dict and ``set_state()``
-  restores it, so that a restored iterator yields exactly what the original
-  would have yielded next (the checkpoints save it).  The state also
-  records the layout (``global_batch``, ``tgt_len``, ``num_tokens``, ...),
-  so that restoring into an iterator with a different layout raises
-  ValueError instead of silently resuming at a different place of the
-  stream.  It does not depend on ``row_ids``: every process saves and
-  restores the same dict.
+**Position state.** ``get_state()`` returns a JSON-serialisable dict and
+``set_state()`` restores it, so that a restored iterator yields exactly
+what the original would have yielded next (the checkpoints save it).  The
+state also records the layout (``global_batch``, ``tgt_len``,
+``num_tokens``, ...), so that restoring into an iterator with a different
+layout raises ValueError instead of silently resuming at a different place
+of the stream.  It does not depend on ``row_ids``: every process saves and
+restores the same dict.
 """
 from __future__ import annotations
 
@@ -109,14 +112,14 @@ TFDS_PREFIX = "tfds:"  # data.dataset="tfds:NAME[/CONFIG]": a tfds text dataset
 def load_configured(data_cfg: Mapping[str, Any]) -> Corpus:
   """The corpus a config's ``data`` section names (``config.data.to_dict()``).
 
-  ``dataset`` is one of :data:`CORPUS_NAMES` (:func:`load_corpus` with
+  ``dataset`` is one of ``CORPUS_NAMES`` (``load_corpus`` with
   ``data_dir``, ``manual_dir``, ``download``, ``verify_checksums``),
   ``"text"`` or ``"tfds:NAME[/CONFIG]"`` (``text_files.load_text_corpus``
-  with the :data:`TEXT_FIELDS` and ``data_dir``).  Other fields are not the
+  with the ``TEXT_FIELDS`` and ``data_dir``).  Other fields are not the
   corpus's.
 
   Raises:
-    DataError, ValueError: as :func:`load_corpus` / ``load_text_corpus``.
+    DataError, ValueError: as ``load_corpus`` / ``load_text_corpus``.
   """
   dataset = data_cfg["dataset"]
   if dataset == TEXT or dataset.startswith(TFDS_PREFIX):
@@ -149,7 +152,7 @@ def load_corpus(
   loads without its source files.
 
   Args:
-    name: one of :data:`CORPUS_NAMES`: "enwik8" (bytes, 256 ids), "text8"
+    name: one of ``CORPUS_NAMES``: "enwik8" (bytes, 256 ids), "text8"
       (27 chars), "ptb" (words), "ptb_char" (chars of PTB), "wikitext2",
       "wikitext103" (words), "lm1b" (One Billion Word: words, sentences
       ended by ``<S>``, with ``sentence_offsets``; see ``lm1b.TxlLm1b``).
@@ -167,7 +170,7 @@ def load_corpus(
       prepared dataset keeps the chunk size it was written with.
 
   Returns:
-    A :class:`Corpus` whose ``splits`` ("train", "valid", "test") are
+    A ``Corpus`` whose ``splits`` ("train", "valid", "test") are
     TokenSources of int32 ids; splits of enwik8/text8 are 90M/5M/5M symbols
     (Dai et al. 2019, Sec. 4).  Only lm1b has ``sentence_offsets``.  Its
     ``tokenizer`` is set, so ``Corpus.encode`` works.

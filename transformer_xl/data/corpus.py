@@ -1,9 +1,9 @@
 """The corpus types: token streams, sentence boundaries, Corpus, DataError.
 
 Every split of a corpus is one token stream (int32 ids) read by range
-through a :class:`TokenSource`; sentence-level corpora (One Billion Word)
-also have a :class:`SentenceIndex` per split.  The in-memory versions
-(:class:`ArraySource`, :class:`ArraySentenceIndex`) serve tests and small
+through a ``TokenSource``; sentence-level corpora (One Billion Word)
+also have a ``SentenceIndex`` per split.  The in-memory versions
+(``ArraySource``, ``ArraySentenceIndex``) serve tests and small
 corpora; the stored ones are in ``storage.py``.
 """
 from __future__ import annotations
@@ -13,13 +13,10 @@ from typing import Mapping, Protocol, Sequence
 
 import numpy as np
 
+from transformer_xl import errors
 
-class DataError(FileNotFoundError):
-  """A corpus cannot be built or read.
 
-  The message names the missing or bad file, where to put it (the manual
-  dir), and its expected checksum.  Raised before any compilation.
-  """
+DataError = errors.DataError  # re-exported (transformer_xl.errors)
 
 
 class TokenSource(Protocol):
@@ -102,11 +99,11 @@ def sentence_offsets(lengths: np.ndarray) -> np.ndarray:
 
 @dataclasses.dataclass(frozen=True)
 class ArraySentenceIndex:
-  """A :class:`SentenceIndex` over an in-memory offsets array (tests).
+  """A ``SentenceIndex`` over an in-memory offsets array (tests).
 
   Attributes:
     offsets: int64 [num_sentences + 1], strictly increasing from 0; see
-      :func:`sentence_offsets` to build it from lengths.
+      ``sentence_offsets`` to build it from lengths.
 
   Raises:
     ValueError (on construction): ``offsets`` is not 1-D integer, is empty,
@@ -173,15 +170,15 @@ class Corpus:
       every token of the split is scored.
     splits: "train", "valid", "test" -> TokenSource.
     sentence_offsets: for sentence-level corpora (One Billion Word), "train",
-      "valid", "test" -> :class:`SentenceIndex` of that split's stream, so
+      "valid", "test" -> ``SentenceIndex`` of that split's stream, so
       that training can shuffle whole sentences (``ShuffledSentenceIterator``
       in ``shuffled.py``); None for corpora that are one running text (every
       other corpus).
     tokenizer: the rules that turned the source text into ``splits``, for
-      :meth:`encode`; set on every corpus ``load_corpus`` returns, None on a
+      ``encode``; set on every corpus ``load_corpus`` returns, None on a
       corpus built by hand (which then cannot encode).
     documents: for corpora of one's own text (``data.dataset="text"``),
-      "train", "valid", "test" -> :class:`SentenceIndex` of the documents
+      "train", "valid", "test" -> ``SentenceIndex`` of the documents
       of that split's stream (a document's tokens end with its last line's
       end symbol); None for the built-in corpora.
     num_bytes: "train", "valid", "test" -> UTF-8 bytes of the split's text
@@ -206,7 +203,7 @@ class Corpus:
 
   @property
   def unk_id(self) -> int | None:
-    """Id of the unknown-word symbol that :meth:`encode` maps unknown words
+    """Id of the unknown-word symbol that ``encode`` maps unknown words
     to (``<unk>``, lm1b ``<UNK>``); None where the vocabulary has none
     (bytes, characters, a corpus without tokenizer)."""
     symbol = getattr(self.tokenizer, "unk", None)
@@ -255,7 +252,7 @@ class Corpus:
     return self._tokenizer("decode").decoder(self.vocab)
 
   def decode(self, ids) -> str:
-    """The text of token ids (int [N]), the inverse of :meth:`encode`.
+    """The text of token ids (int [N]), the inverse of ``encode``.
 
     Bytes (enwik8) as UTF-8 (invalid or incomplete sequences become
     U+FFFD), characters joined (text8's space; ptb_char's "_" as a space),

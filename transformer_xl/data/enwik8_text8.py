@@ -3,7 +3,7 @@
 Both are Matt Mahoney's Wikipedia extracts; their vocabularies are fixed
 (``tokenizers.ByteTokenizer``, ``tokenizers.AlphabetTokenizer``) and each
 split is a contiguous part of the file: 90M / 5M / 5M symbols (Dai et al.
-2019, Sec. 4; :func:`split_bounds`).
+2019, Sec. 4; ``split_bounds``).
 """
 from __future__ import annotations
 

@@ -6,9 +6,9 @@ al. 2019 code, ``pytorch/data_utils.py``): the split's stream is cut into
 so that each row's memory is the text right before its segment.  Each class
 docstring states its layout and its one deliberate difference from the
 reference, both made to keep every batch the same shape under ``jax.jit``.
-Batches follow the batch contract of :mod:`transformer_xl.data`.
+Batches follow the batch contract of ``transformer_xl.data``.
 
-:func:`make_train_iterator` picks :class:`TrainIterator` or, for corpora
+``make_train_iterator`` picks ``TrainIterator`` or, for corpora
 with sentence boundaries, ``shuffled.ShuffledSentenceIterator``.
 """
 from __future__ import annotations
@@ -78,7 +78,7 @@ class TrainIterator(Iterator[Batch]):
   the row).
 
   With ``documents`` (``data.documents="reset"``) each batch also has
-  ``doc_pos`` int32 [b, T] (:func:`doc_pos`), so that no query attends
+  ``doc_pos`` int32 [b, T] (``doc_pos``), so that no query attends
   across a document boundary.
 
   Attributes:
@@ -171,7 +171,7 @@ class TrainIterator(Iterator[Batch]):
             "num_tokens": self.num_tokens}
 
   def set_state(self, state: Mapping[str, int]) -> None:
-    """Moves to a position returned by :meth:`get_state`.
+    """Moves to a position returned by ``get_state``.
 
     Raises:
       ValueError: state is not a dict with exactly the keys of get_state();
@@ -219,7 +219,7 @@ class EvalIterator(Iterator[Batch]):
   Per step it reads at most ``T + 1`` tokens per local row, only from its
   own rows' ranges (one token before a row's first pair, for that pair's
   input).  With ``documents`` each batch also has ``doc_pos`` (as
-  :class:`TrainIterator`; 0 at padding).
+  ``TrainIterator``; 0 at padding).
 
   Attributes:
     global_batch: B, number of rows of the global batch.
@@ -337,7 +337,7 @@ class EvalIterator(Iterator[Batch]):
             "tgt_len": self.tgt_len, "num_tokens": self.num_tokens}
 
   def set_state(self, state: Mapping[str, int]) -> None:
-    """Moves to a position returned by :meth:`get_state`.
+    """Moves to a position returned by ``get_state``.
 
     Raises:
       ValueError: state is not a dict with exactly the keys of get_state();
@@ -357,7 +357,7 @@ class SlidingWindowIterator(Iterator[Batch]):
   """The vanilla Transformer's evaluation: every token scored by a fresh
   forward pass over a window of its previous tokens (Al-Rfou et al. 2018).
 
-  Pairs ``j`` are as in :class:`EvalIterator` (input ``s[j]``, target
+  Pairs ``j`` are as in ``EvalIterator`` (input ``s[j]``, target
   ``tokens[j]``, ``s = [boundary_id] + tokens``).  Window ``k`` (``0 <= k <
   num_windows = ceil(N / stride)``) scores pairs ``[k * stride, end_k)``,
   ``end_k = min((k + 1) * stride, N)``, and holds as context the ``L -
@@ -483,12 +483,12 @@ def make_train_iterator(corpus: Corpus, split: str, global_batch: int,
   ``split``: One Billion Word) get a ``ShuffledSentenceIterator``
   (reference ``LMMultiFileIterator``/``LMShuffledIterator``) with
   ``boundary_id = corpus.boundary_id``; all others an ordered
-  :class:`TrainIterator` (reference ``LMOrderedIterator``), which ignores
+  ``TrainIterator`` (reference ``LMOrderedIterator``), which ignores
   ``seed``.  Both follow the batch contract and have
   ``get_state``/``set_state``.
 
   Args:
-    corpus: a :class:`~transformer_xl.data.Corpus`.
+    corpus: a ``Corpus``.
     split: the split to train on, usually "train".
     global_batch: B, rows of the global batch, >= 1.
     tgt_len: T, tokens per segment, >= 1.

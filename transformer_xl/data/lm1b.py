@@ -2,8 +2,8 @@
 
 Word level by sentence: each split's stream is its sentences, each followed
 by one ``<S>``, and the sentence lengths are stored beside the stream
-(:class:`TxlLm1b`).  The vocabulary is the reference's file
-``1b_word_vocab.txt`` if present, else built by :func:`build_lm1b_vocab`.
+(``TxlLm1b``).  The vocabulary is the reference's file
+``1b_word_vocab.txt`` if present, else built by ``build_lm1b_vocab``.
 """
 from __future__ import annotations
 
@@ -156,7 +156,7 @@ class TxlLm1b(TokenStreamBuilder):
   stores for each split the splits ``<split>_sentence_lengths``: chunk
   records of int32 sentence lengths (words + 1), in stream order; the
   corpus exposes them as ``Corpus.sentence_offsets[split]``
-  (:class:`~transformer_xl.data.storage.ChunkedSentenceIndex`), which the
+  (``ChunkedSentenceIndex``), which the
   training iterator (``ShuffledSentenceIterator``) shuffles.
 
   Splits: train = every training shard present, in shard order (all 99,
@@ -172,7 +172,7 @@ class TxlLm1b(TokenStreamBuilder):
   ``<UNK>``) is in the manual dir it is used as the reference uses it: one
   entry per line, the first field is the symbol, id = line number (checked
   for 793,471 entries when ``verify_checksums``).  Otherwise the vocabulary
-  is built from the training shards by :func:`build_lm1b_vocab` (count >= 3,
+  is built from the training shards by ``build_lm1b_vocab`` (count >= 3,
   ``<S>`` and ``<UNK>`` always in, by descending count then code point); its
   ids then differ from the reference file's.  The metadata records which
   (``vocab_source``), and the training shards used (``train_shards``).
@@ -184,7 +184,7 @@ class TxlLm1b(TokenStreamBuilder):
   extracted once into ``<data_dir>/downloads/extracted/lm1b`` (about 4 GB;
   may be deleted after the build).  Building reads the training shards
   twice (counting, then encoding): several minutes for the full corpus.
-  Default chunk size :data:`LM1B_CHUNK_SIZE` (training reads short random
+  Default chunk size ``LM1B_CHUNK_SIZE`` (training reads short random
   sentences; smaller records mean less decoding per sentence).
   """
 
@@ -201,13 +201,13 @@ class TxlLm1b(TokenStreamBuilder):
       download: bool = True,
       verify_checksums: bool = True,
   ) -> dict[str, sources.Source]:
-    """Finds the shards (see :func:`sources.locate_sharded`).
+    """Finds the shards (see ``sources.locate_sharded``).
 
     With ``verify_checksums`` all 99 training shards must be present (the
     documented structure; no checksum is published), else at least one.
 
     Returns:
-      file name -> :class:`sources.Source`: the training shards found (in
+      file name -> ``sources.Source``: the training shards found (in
       shard order), the held-out shard, and ``1b_word_vocab.txt`` if it is
       in the manual dir.
 
@@ -302,10 +302,10 @@ class TxlLm1b(TokenStreamBuilder):
         })
 
   def as_corpus(self) -> Corpus:
-    """The prepared dataset as a :class:`Corpus` with ``sentence_offsets``.
+    """The prepared dataset as a ``Corpus`` with ``sentence_offsets``.
 
-    ``splits`` are :class:`ChunkedSource` token streams, as for every
-    corpus; ``sentence_offsets[split]`` is a :class:`ChunkedSentenceIndex`
+    ``splits`` are ``ChunkedSource`` token streams, as for every
+    corpus; ``sentence_offsets[split]`` is a ``ChunkedSentenceIndex``
     over the split's stored sentence lengths.
 
     Raises:

@@ -1,10 +1,10 @@
 """Multi-process row placement: which rows a process reads, and the global batch.
 
 Each process materialises only the global batch rows its addressable
-devices hold (:func:`process_row_ids`, passed to the iterators as
-``row_ids``) and :func:`to_global_batch` assembles the global ``jax.Array``
+devices hold (``process_row_ids``, passed to the iterators as
+``row_ids``) and ``to_global_batch`` assembles the global ``jax.Array``
 batch from every process's local rows; see the batch contract of
-:mod:`transformer_xl.data`.
+``transformer_xl.data``.
 """
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def to_global_batch(local_batch: Mapping[str, np.ndarray],
   """Assembles global ``jax.Array`` batches from each process's local rows.
 
   Every process calls this with its own local batch (rows ``row_ids`` from
-  :func:`process_row_ids` of the same sharding, in that order).  Arrays with
+  ``process_row_ids`` of the same sharding, in that order).  Arrays with
   2 or more dimensions (``inputs``, ``targets``, ``weights``: [b, T]) become
   [global_batch, T] arrays with ``sharding``; 1-D arrays (``reset``: [b])
   become [global_batch] arrays sharded like the batch axis of ``sharding``

@@ -21,7 +21,7 @@ class Prefetcher(Iterator[tuple[Any, dict]]):
   ``iterator.get_state()`` taken right after that batch was drawn.  An
   exception in the thread (a read error, say) is raised by the ``next()``
   that would have returned its batch; ``StopIteration`` passes through.
-  Use as a context manager, or call :meth:`close`, to stop the thread.
+  Use as a context manager, or call ``close``, to stop the thread.
 
   Args:
     iterator: an iterator with ``get_state()`` (the data iterators).

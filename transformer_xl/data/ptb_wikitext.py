@@ -36,7 +36,7 @@ class Expected:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LineCorpusSpec(CorpusSpec):
-  """A :class:`CorpusSpec` of a corpus stored as one text file per split.
+  """A ``CorpusSpec`` of a corpus stored as one text file per split.
 
   Attributes:
     split_files: split -> its file name in ``source``.
@@ -127,7 +127,7 @@ WIKITEXT103 = _line_spec(
 
 
 class _LineBuilder(TokenStreamBuilder, skip_registration=True):
-  """Builds a :class:`LineCorpusSpec` corpus (see the module docstring)."""
+  """Builds a ``LineCorpusSpec`` corpus (see the module docstring)."""
 
   SPEC: LineCorpusSpec
 
@@ -229,7 +229,7 @@ class TxlPtbChar(_LineBuilder):
   ``<eos>``.  A character outside the vocabulary raises DataError, and so
   does a "_" inside a word.
 
-  Source: the same files and md5s as :class:`TxlPtb`.
+  Source: the same files and md5s as ``TxlPtb``.
   """
 
   SPEC = PTB_CHAR
@@ -238,7 +238,7 @@ class TxlPtbChar(_LineBuilder):
 class TxlWikitext2(_LineBuilder):
   """WikiText-2 (v1, tokenized), word level.
 
-  Tokenised as :class:`TxlPtb` (a blank line gives one ``<eos>``).
+  Tokenised as ``TxlPtb`` (a blank line gives one ``<eos>``).
   Expected: 2,088,628 / 217,646 / 245,569 tokens, vocabulary 33,278
   (Merity et al. 2016, Table 1; checked with ``verify_checksums``).
 
@@ -253,7 +253,7 @@ class TxlWikitext2(_LineBuilder):
 class TxlWikitext103(_LineBuilder):
   """WikiText-103 (v1, tokenized), word level.
 
-  Tokenised as :class:`TxlPtb`.  No published checksums are known for these
+  Tokenised as ``TxlPtb``.  No published checksums are known for these
   files, so none are checked; with ``verify_checksums`` the build instead
   checks the documented counts (Merity et al. 2016, Table 1): 103,227,021 /
   217,646 / 245,569 tokens including ``<eos>``, vocabulary 267,735 (the

@@ -4,9 +4,9 @@ The reference trains lm1b with ``LMMultiFileIterator``/``LMShuffledIterator``
 (Dai et al. 2019 code, ``pytorch/data_utils.py``): sentences in random order,
 each row of the batch a stream of whole sentences that takes the next
 sentence of the shared order whenever it runs out, memory carried from step
-to step.  :class:`ShuffledSentenceIterator` states the exact dealing rule,
+to step.  ``ShuffledSentenceIterator`` states the exact dealing rule,
 the epoch handling and the differences from the reference.  Batches follow
-the batch contract of :mod:`transformer_xl.data`.
+the batch contract of ``transformer_xl.data``.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ class ShuffledSentenceIterator(Iterator[Batch]):
   sentence ``<S> w1 ... wk <S>`` read as pairs.
 
   Sentence order: epoch ``e`` deals the sentences in the order
-  :meth:`epoch_order` ``(e)``, a permutation of ``range(n)`` drawn from
+  ``epoch_order`` ``(e)``, a permutation of ``range(n)`` drawn from
   ``np.random.default_rng([seed, e])`` (numpy's PCG64 seeded by
   ``SeedSequence([seed, e])``; same seed and numpy version, same order).
   The orders of epochs 0, 1, 2, ... are concatenated into one endless
@@ -80,7 +80,7 @@ class ShuffledSentenceIterator(Iterator[Batch]):
   and step, one ``source.read`` per sentence piece, of the piece's tokens
   and, for a piece that continues a sentence, the one token before it.
 
-  Position state: :meth:`get_state` is ``{"epoch", "position"}`` (the
+  Position state: ``get_state`` is ``{"epoch", "position"}`` (the
   permutation and the index in it of the next sentence to deal), ``"step"``,
   ``"row_sentence"``/``"row_used"`` (per row: current sentence id, -1
   before the first step, and pairs of it already emitted: ``2 * B`` ints,
@@ -292,7 +292,7 @@ class ShuffledSentenceIterator(Iterator[Batch]):
             "num_sentences": self.num_sentences}
 
   def set_state(self, state: Mapping[str, Any]) -> None:
-    """Moves to a position returned by :meth:`get_state` (of any process).
+    """Moves to a position returned by ``get_state`` (of any process).
 
     Raises:
       ValueError: state is not a dict with exactly the keys of get_state();

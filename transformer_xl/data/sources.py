@@ -1,7 +1,7 @@
 """Finding, fetching and checking the source files of a corpus.
 
 A corpus is distributed as one canonical archive (``enwik8.zip``,
-``simple-examples.tgz``, ...) holding one or more files.  :func:`locate` finds
+``simple-examples.tgz``, ...) holding one or more files.  ``locate`` finds
 those files, in this order:
 
 1. the extracted files in the manual dir (``<manual_dir>/<file>`` or
@@ -9,11 +9,11 @@ those files, in this order:
 2. the canonical archive in the manual dir, then in the download dir (a
    previous download);
 3. if ``download`` is true, the canonical URL, fetched into the download dir.
-   The request must answer within :data:`DOWNLOAD_TIMEOUT_S` seconds, so an
+   The request must answer within ``DOWNLOAD_TIMEOUT_S`` seconds, so an
    unreachable host costs a few seconds, not a hang.
 
 Local copies come first so that a machine without network never waits on it
-when the data is already there.  If all fail, :class:`DataError` names the
+when the data is already there.  If all fail, ``DataError`` names the
 missing files, the manual dir, the canonical URL and the expected checksums;
 this happens before any tokenisation.  With ``verify_checksums`` every file
 found is checked against its published size and checksums (of the extracted
@@ -21,7 +21,7 @@ file, so a file is checked the same way whether it came extracted or inside
 the archive).
 
 One Billion Word comes as a tarball of 100 shard files without published
-checksums: :func:`locate_sharded` finds its shards (extracted in the manual
+checksums: ``locate_sharded`` finds its shards (extracted in the manual
 dir, or extracted once from the tarball into ``<data_dir>/downloads/
 extracted/lm1b``), and checks the documented structure (every training
 shard present) instead of checksums.
@@ -105,7 +105,7 @@ class Source:
   """A located source file: a plain file, or a member of an archive.
 
   Attributes:
-    file: the :class:`SourceFile` this is a copy of.
+    file: the ``SourceFile`` this is a copy of.
     path: the file on disk, or the archive holding it.
     member: name of the member inside ``path`` as stored in the archive, or
       None for a plain file.
@@ -314,10 +314,10 @@ def locate(
       (``<data_dir>/downloads``).
     download: whether to try ``spec.url`` when no local copy exists.
     timeout_s: seconds the host has to answer (default
-      :data:`DOWNLOAD_TIMEOUT_S`); see :func:`_download`.
+      ``DOWNLOAD_TIMEOUT_S``); see ``_download``.
 
   Returns:
-    ``SourceFile.name`` -> :class:`Source`, one per file of ``spec``.
+    ``SourceFile.name`` -> ``Source``, one per file of ``spec``.
 
   Raises:
     DataError: a file is missing (message: the missing names, ``manual_dir``,
@@ -388,7 +388,7 @@ def verify(source: Source) -> None:
 
 
 def verify_all(sources: Mapping[str, Source]) -> None:
-  """:func:`verify` for each source; raises DataError on the first mismatch."""
+  """``verify`` for each source; raises DataError on the first mismatch."""
   for source in sources.values():
     verify(source)
 
@@ -405,7 +405,7 @@ class ShardedSourceSpec:
     archive: file name of the canonical archive (a tar, any compression).
     url: canonical URL of the archive.
     train: the canonical training shards, in stream order (each a
-      :class:`SourceFile` with its path inside the archive).
+      ``SourceFile`` with its path inside the archive).
     heldout: the held-out shard the evaluation splits are built from.
     extras: optional files that do not come with the archive (e.g. a
       vocabulary file), looked for by name in the manual dir only.
@@ -461,7 +461,7 @@ def _extract_shards(spec: ShardedSourceSpec, archive: Path,
   One sequential pass over the (compressed) archive; stops once every shard
   is out.  A shard is recognised by its base name.  ``dest`` is replaced
   as a whole (written as ``dest.part``, then renamed), so it never mixes
-  two archives.  Returns shard name -> :class:`Source` (plain files).
+  two archives.  Returns shard name -> ``Source`` (plain files).
 
   Raises:
     DataError: the archive cannot be read.
@@ -532,7 +532,7 @@ def locate_sharded(
 ) -> dict[str, Source]:
   """Finds the shards of a sharded corpus (One Billion Word).
 
-  Search order (local copies first, as :func:`locate`):
+  Search order (local copies first, as ``locate``):
 
   1. extracted shards in the manual dir, each at ``<manual_dir>/<path in the
      archive>``, ``<manual_dir>/<its directory>/<name>`` or
@@ -557,10 +557,10 @@ def locate_sharded(
     require_all_train: demand every training shard (the documented
       structure; used with ``verify_checksums``).
     timeout_s: seconds the host has to answer (default
-      :data:`DOWNLOAD_TIMEOUT_S`).
+      ``DOWNLOAD_TIMEOUT_S``).
 
   Returns:
-    file name -> :class:`Source` (plain files): the training shards found,
+    file name -> ``Source`` (plain files): the training shards found,
     in ``spec.train`` order, then the held-out shard, then each file of
     ``spec.extras`` present in the manual dir.
 

@@ -10,10 +10,10 @@ token counts are stored in the dataset's ``metadata.json`` (a
 ``tfds.core.MetadataDict``), so a prepared dataset loads without its source
 files.  Reading goes through ``builder.as_data_source()`` (no TensorFlow).
 
-:class:`TokenStreamBuilder` is the base of the corpus builders; each family
+``TokenStreamBuilder`` is the base of the corpus builders; each family
 module (``enwik8_text8.py``, ``ptb_wikitext.py``, ``lm1b.py``) subclasses it
-with a :class:`CorpusSpec` per corpus and a ``_plan`` that tokenises the
-sources.  :class:`ChunkedSource` and :class:`ChunkedSentenceIndex` read a
+with a ``CorpusSpec`` per corpus and a ``_plan`` that tokenises the
+sources.  ``ChunkedSource`` and ``ChunkedSentenceIndex`` read a
 prepared dataset back.
 """
 from __future__ import annotations
@@ -46,7 +46,7 @@ def damaged_message(path: str, what: str) -> str:
 
 
 class ChunkedSource:
-  """A :class:`~transformer_xl.data.TokenSource` over chunk records.
+  """A ``TokenSource`` over chunk records.
 
   Reads only the records that cover a requested range.  Record ``i`` must
   hold tokens ``[i * chunk_size, min((i + 1) * chunk_size, num_tokens))``;
@@ -181,17 +181,17 @@ class ChunkedSource:
 
 
 class ChunkedSentenceIndex:
-  """A :class:`~transformer_xl.data.SentenceIndex` over stored lengths.
+  """A ``SentenceIndex`` over stored lengths.
 
   The lengths (tokens per sentence, int32) are stored like a token stream,
   in the chunk records of the split ``<split>_sentence_lengths``.  The first
-  :meth:`read_offsets` reads all of them (for lm1b train about 30M
+  ``read_offsets`` reads all of them (for lm1b train about 30M
   sentences: 120 MB read, 240 MB of int64 offsets kept) and keeps the
   offsets; later calls slice them.  Thread-safe; pickles without the
   offsets.
 
   Args:
-    lengths: a :class:`ChunkedSource` (or any TokenSource) whose tokens are
+    lengths: a ``ChunkedSource`` (or any TokenSource) whose tokens are
       the sentence lengths; its ``num_tokens`` is the number of sentences.
     num_tokens: tokens of the split's token stream (the lengths' sum).
     name: for error messages, e.g. "lm1b/train".
@@ -262,12 +262,12 @@ class CorpusSpec:
 
   Attributes:
     name: corpus name as given to ``load_corpus`` (e.g. "ptb"); the tfds
-      builder is :attr:`builder_name`.
+      builder is ``builder_name``.
     unit: "byte", "char" or "word".
     boundary: the symbol whose id is ``Corpus.boundary_id``.
     tokenizer: the tokenisation (``tokenizers.py``), attached to the Corpus.
-    source: the source files (:class:`sources.SourceSpec`, or
-      :class:`sources.ShardedSourceSpec` for lm1b).
+    source: the source files (``sources.SourceSpec``, or
+      ``sources.ShardedSourceSpec`` for lm1b).
     homepage: the corpus's web page (tfds ``DatasetInfo.homepage``).
     manual_instructions: what to put into the manual dir (tfds
       ``MANUAL_DOWNLOAD_INSTRUCTIONS``).
@@ -346,10 +346,10 @@ def key_stride(num_tokens: int | None, chunk_size: int) -> int:
 class TokenStreamBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   """Base of the corpus builders: one contiguous token stream per split.
 
-  A concrete subclass sets ``SPEC`` (a :class:`CorpusSpec`), which gives it
+  A concrete subclass sets ``SPEC`` (a ``CorpusSpec``), which gives it
   its tfds name (``SPEC.builder_name``) and manual-download instructions;
   its docstring's first paragraph is the tfds description.  A family base
-  implements :meth:`_plan` (and, for sharded sources, :meth:`locate_sources`).
+  implements ``_plan`` (and, for sharded sources, ``locate_sources``).
 
   Args:
     chunk_size: tokens per record when preparing.  Reading always uses the
@@ -414,11 +414,11 @@ class TokenStreamBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True
   ) -> dict[str, sources.Source]:
     """Finds (and with ``verify_checksums`` checks) the source files.
 
-    See :func:`sources.locate` for the search order.  Fast: reads no file
+    See ``sources.locate`` for the search order.  Fast: reads no file
     unless ``verify_checksums`` (then each file is hashed once).
 
     Returns:
-      source file name -> :class:`sources.Source`.
+      source file name -> ``sources.Source``.
 
     Raises:
       DataError: a file is missing or fails its checksum.
@@ -445,7 +445,7 @@ class TokenStreamBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True
 
     Args:
       manual_dir: directory holding the archive or the extracted files
-        (default :meth:`default_manual_dir`).
+        (default ``default_manual_dir``).
       download: try the canonical URL if no local copy exists.
       verify_checksums: check published sizes/checksums (and, where known,
         token counts and vocabulary size); tiny test files need False.
@@ -525,7 +525,7 @@ class TokenStreamBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True
                                       f"opened ({err})")) from None
 
   def as_corpus(self) -> Corpus:
-    """The prepared dataset as a :class:`Corpus` of :class:`ChunkedSource`.
+    """The prepared dataset as a ``Corpus`` of ``ChunkedSource``.
 
     The corpus carries ``SPEC.tokenizer`` (for ``Corpus.encode``).
 

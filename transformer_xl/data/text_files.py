@@ -8,27 +8,20 @@ twice is read once), each read line by line with universal newlines.  Every line
 becomes its tokens followed by an end symbol, whatever the tokenizer
 (``data.tokenizer``):
 
-=================  ======  ===================================================
-tokenizer          unit    a line is
-=================  ======  ===================================================
-``byte``           byte    its UTF-8 bytes, then the byte ``\\n`` (256 ids)
-``char``           char    its characters, then ``\\n``; vocabulary: ``\\n``,
-                           the training characters by count, ``<unk>``
-``word``           word    ``line.split()``, then ``<eos>``; vocabulary:
-                           ``<eos>``, the training words by count (ties by
-                           first occurrence), ``<unk>`` (the reference's
-                           ``Vocab``, as ptb/wikitext: those files give the
-                           built-in corpora exactly)
-``sentencepiece``  subword a SentencePiece model's pieces, then ``</s>``; the
-                           model (``data.spm_model_type`` unigram or bpe,
-                           ``data.vocab_size`` pieces, byte fallback,
-                           identity normalisation, whitespace kept) is
-                           trained here on a uniform random sample of the
-                           training lines of at most ``data.spm_sample_mb``
-``pretrained:P``   subword P a SentencePiece ``.model``, or a Hugging Face
-                           ``tokenizer.json`` (a line ends with its newline
-                           token)
-=================  ======  ===================================================
+* ``byte`` (unit: byte): its UTF-8 bytes, then the byte ``\\n`` (256 ids);
+* ``char`` (unit: char): its characters, then ``\\n``; vocabulary: ``\\n``,
+  the training characters by count, ``<unk>``;
+* ``word`` (unit: word): ``line.split()``, then ``<eos>``; vocabulary:
+  ``<eos>``, the training words by count (ties by first occurrence),
+  ``<unk>`` (the reference's ``Vocab``, as ptb/wikitext: those files give
+  the built-in corpora exactly);
+* ``sentencepiece`` (unit: subword): a SentencePiece model's pieces, then
+  ``</s>``; the model (``data.spm_model_type`` unigram or bpe,
+  ``data.vocab_size`` pieces, byte fallback, identity normalisation,
+  whitespace kept) is trained here on a uniform random sample of the
+  training lines of at most ``data.spm_sample_mb``;
+* ``pretrained:P`` (unit: subword): P is a SentencePiece ``.model``, or a
+  Hugging Face ``tokenizer.json`` (a line ends with its newline token).
 
 ``data.vocab_size`` caps the word/char vocabularies (0 = every symbol seen
 ``data.min_count`` times; the cap counts the end symbol and ``<unk>``).
@@ -37,8 +30,8 @@ Documents (``data.document_separator``): ``"file"`` (each file one
 document), ``"paragraph"`` (a run of lines up to and including the blank
 lines after it) or ``"line"``.  Documents add no token: their lengths are
 stored beside the stream (split ``<split>_document_lengths``) and the
-Corpus carries them as ``documents`` (a :class:`~transformer_xl.data.
-SentenceIndex` per split), for ``data.documents="reset"``.
+Corpus carries them as ``documents`` (a ``SentenceIndex`` per
+split), for ``data.documents="reset"``.
 
 Preparation streams (peak memory independent of the corpus size): one pass
 over the training files counts symbols (or trains SentencePiece on a
@@ -178,7 +171,7 @@ def _open_binary(path: Path, hashes: dict | None = None):
 
   With ``hashes``, the file's sha256 and size (of the bytes on disk) are
   stored there under ``str(path)`` once the stream closes; ``hashes["_read"]``
-  is the :class:`_Hashing` while it is open (progress).
+  is the ``_Hashing`` while it is open (progress).
   """
   with open(path, "rb") as raw:
     gz = raw.read(2) == b"\x1f\x8b"
@@ -393,10 +386,10 @@ class TxlText(TokenStreamBuilder, skip_registration=True):
     settings: the files (or ``tfds_name``) and the tokenisation.
     files: ``resolve_files(settings)`` if already done.
     **kwargs: ``data_dir`` (tfds data dir), ``chunk_size`` (tokens per
-      record), as :class:`~transformer_xl.data.storage.TokenStreamBuilder`.
+      record), as ``TokenStreamBuilder``.
 
   Raises:
-    DataError: as :func:`resolve_files` (or :class:`TfdsText`).
+    DataError: as ``resolve_files`` (or ``TfdsText``).
   """
 
   name = "txl_text"
@@ -548,7 +541,7 @@ class TxlText(TokenStreamBuilder, skip_registration=True):
         **{k: dict(stats[k]) for k in ("num_bytes", "num_documents", "files")}})
 
   def as_corpus(self) -> Corpus:
-    """The prepared dataset as a :class:`Corpus` with its tokenizer and documents."""
+    """The prepared dataset as a ``Corpus`` with its tokenizer and documents."""
     corpus = super().as_corpus()
     md = self.info.metadata
     path = str(self.data_dir)
@@ -568,8 +561,8 @@ def load_text_corpus(settings: TextSettings, *, data_dir=None, chunk_size: int |
   """Loads (preparing first if needed) the corpus of ``settings``.
 
   Raises:
-    DataError: the files or the tokenizer (see :func:`resolve_files`,
-      :func:`load_pretrained`), or a vocabulary size the text does not allow.
+    DataError: the files or the tokenizer (see ``resolve_files``,
+      ``load_pretrained``), or a vocabulary size the text does not allow.
   """
   problems = settings_problems(settings)
   if problems:

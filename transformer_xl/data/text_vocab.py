@@ -77,7 +77,7 @@ def sample_lines(lines: Iterator[str], max_bytes: int, seed: int = 0) -> list[st
 
 def train_sentencepiece(lines: Iterator[str], s: TextSettings, name: str) -> bytes:
   """A SentencePiece model trained on a random sample of the training lines
-  (:func:`sample_lines`, ``data.spm_sample_mb``).
+  (``sample_lines``, ``data.spm_sample_mb``).
 
   Raises:
     DataError: the library refuses (e.g. a vocabulary larger than the text
@@ -156,7 +156,7 @@ def tokenizer_from_metadata(md: Mapping, name: str):
 
 
 def tokenizer_record(tok) -> dict:
-  """What :func:`tokenizer_from_metadata` rebuilds ``tok`` from (JSON-serialisable)."""
+  """What ``tokenizer_from_metadata`` rebuilds ``tok`` from (JSON-serialisable)."""
   if isinstance(tok, tokenizers.SentencePieceTokenizer):
     return {"kind": "sentencepiece", "model": base64.b64encode(tok.model_proto).decode()}
   if isinstance(tok, tokenizers.HuggingFaceTokenizer):
@@ -172,7 +172,7 @@ TOKENIZER_FILE = "tokenizer.json"  # in a workdir: the text corpus's vocabulary 
 def save_tokenizer(corpus: Corpus, workdir) -> None:
   """Writes ``<workdir>/tokenizer.json`` (vocabulary, unit, boundary, tokenizer)
   for a corpus of one's own text, so that generation and scoring work
-  without its files (:func:`load_saved_tokenizer`); nothing for other corpora."""
+  without its files (``load_saved_tokenizer``); nothing for other corpora."""
   if corpus.name != "text" or corpus.tokenizer is None:
     return
   from etils import epath  # pylint: disable=import-outside-toplevel
@@ -206,7 +206,7 @@ def check_saved_tokenizer(corpus: Corpus, workdir) -> None:
 
 
 def load_saved_tokenizer(workdir) -> Corpus | None:
-  """A vocabulary-only :class:`Corpus` (no splits) from ``<workdir>/tokenizer.json``,
+  """A vocabulary-only ``Corpus`` (no splits) from ``<workdir>/tokenizer.json``,
   or None if the workdir has none: encodes and decodes as the training corpus did."""
   from etils import epath  # pylint: disable=import-outside-toplevel
   path = epath.Path(workdir) / TOKENIZER_FILE

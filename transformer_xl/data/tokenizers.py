@@ -2,14 +2,14 @@
 ``Corpus.encode`` and ``Corpus.decode``.
 
 Each corpus's builder holds one of these objects (in its spec) and attaches
-it to the :class:`~transformer_xl.data.corpus.Corpus` it returns, so that
+it to the ``Corpus`` it returns, so that
 text encoded later (``Corpus.encode``, e.g. ``main.py --mode=score``) gets
 the ids the builder gave the corpus's own files.
 
-* :class:`ByteTokenizer` (enwik8): one token per byte, id = byte value.
-* :class:`AlphabetTokenizer` (text8): one token per character of a fixed
+* ``ByteTokenizer`` (enwik8): one token per byte, id = byte value.
+* ``AlphabetTokenizer`` (text8): one token per character of a fixed
   alphabet (id = position in the alphabet); any other character is an error.
-* :class:`LineTokenizer` (ptb, ptb_char, wikitext*, lm1b): per line, the
+* ``LineTokenizer`` (ptb, ptb_char, wikitext*, lm1b): per line, the
   symbols of ``line.split()`` (no lower-casing; ptb_char: their characters
   with "_" between words), then one end symbol (``<eos>``; lm1b ``<S>``), as
   the reference implementation (Dai et al. 2019, ``pytorch/utils/
@@ -18,14 +18,14 @@ the ids the builder gave the corpus's own files.
   lm1b ``<UNK>``) if the vocabulary has it, else raises DataError.
 
 For one's own text (``data.dataset="text"``, ``text_files.py``):
-:class:`CharTokenizer` (characters, the newline as the end symbol,
-``<unk>``), :class:`SentencePieceTokenizer` (a SentencePiece model, ``</s>``
-ending each line) and :class:`HuggingFaceTokenizer` (a ``tokenizer.json``,
+``CharTokenizer`` (characters, the newline as the end symbol,
+``<unk>``), ``SentencePieceTokenizer`` (a SentencePiece model, ``</s>``
+ending each line) and ``HuggingFaceTokenizer`` (a ``tokenizer.json``,
 its newline token ending each line); ``byte`` and ``word`` reuse
-:class:`ByteTokenizer` and :class:`LineTokenizer`.
+``ByteTokenizer`` and ``LineTokenizer``.
 
 Each tokenizer also has ``decoder(vocab)``: a fresh incremental
-:class:`Decoder` that turns ids back into text as they arrive (generation
+``Decoder`` that turns ids back into text as they arrive (generation
 streams it): bytes as UTF-8 (an incomplete sequence waits for its next
 bytes), alphabet symbols joined, words joined by spaces, ptb_char's "_" as a
 space, the end symbol (``<eos>``, lm1b ``<S>``) as a newline.  Decoding
@@ -34,7 +34,7 @@ and around a line's words (words and ptb_char), a last line's missing
 newline, and words mapped to the unknown-word symbol.
 
 The builders read files line by line with universal newlines
-(``Source.open_text``); :meth:`LineTokenizer.encode` splits a string with
+(``Source.open_text``); ``LineTokenizer.encode`` splits a string with
 ``str.splitlines``, which also splits at the rarer line separators
 (``\\x0b``, ``\\x0c``, ``\\x1c``-``\\x1e``, ``\\x85``, ``\\u2028``,
 ``\\u2029``).
@@ -124,9 +124,9 @@ class LineDecoder:
 
   The end symbol becomes a newline; otherwise words are separated by one
   space (none at the start of a line), or, with ``chars`` (ptb_char), the
-  characters are joined and :data:`WORD_BOUNDARY` becomes a space.  The
+  characters are joined and ``WORD_BOUNDARY`` becomes a space.  The
   state is whether the last symbol ended a line.  The inverse of
-  :meth:`LineTokenizer.encode` (the reference's ``Vocab.tokenize``,
+  ``LineTokenizer.encode`` (the reference's ``Vocab.tokenize``,
   ``pytorch/utils/vocabulary.py``, whose ``convert_to_sent`` joins symbols
   with spaces).
 
@@ -248,7 +248,7 @@ class LineTokenizer:
       corpus's boundary symbol.
     unk: the unknown-word symbol used when the vocabulary has it.
     chars: spell each line as the characters of its words joined by
-      :data:`WORD_BOUNDARY` (ptb_char) instead of the words.
+      ``WORD_BOUNDARY`` (ptb_char) instead of the words.
   """
 
   corpus: str
@@ -303,7 +303,7 @@ class LineTokenizer:
     return np.asarray(ids, dtype=np.int32)
 
   def decoder(self, vocab: Sequence[str]) -> LineDecoder:
-    """A fresh decoder at the start of a line (:class:`LineDecoder`)."""
+    """A fresh decoder at the start of a line (``LineDecoder``)."""
     return LineDecoder(vocab, self.end, self.chars)
 
 
@@ -465,17 +465,17 @@ class SentencePieceTokenizer:
     return self.processor.encode(line)
 
   def batch_line_ids(self, lines: list[str]) -> list[list[int]]:
-    """:meth:`line_ids` of many lines, in one multi-threaded call."""
+    """``line_ids`` of many lines, in one multi-threaded call."""
     return self.processor.encode(lines)
 
   def encode(self, text: str, vocab: Sequence[str], end_last_line: bool = True) -> np.ndarray:
-    """int32 [N]: each line's pieces, then ``</s>`` (see :class:`LineTokenizer`
+    """int32 [N]: each line's pieces, then ``</s>`` (see ``LineTokenizer``
     for ``end_last_line``); ``vocab`` is the model's and not consulted."""
     del vocab
     return _encode_lines(self.line_ids, self.end_id, text, end_last_line)
 
   def decoder(self, vocab: Sequence[str]) -> SubwordDecoder:
-    """A fresh incremental decoder (:class:`SubwordDecoder`)."""
+    """A fresh incremental decoder (``SubwordDecoder``)."""
     return SubwordDecoder(self.processor.decode, self.end_id, len(vocab))
 
 
@@ -527,7 +527,7 @@ class HuggingFaceTokenizer:
     return self.tokenizer.encode(line, add_special_tokens=False).ids
 
   def batch_line_ids(self, lines: list[str]) -> list[list[int]]:
-    """:meth:`line_ids` of many lines, in one (parallel) call."""
+    """``line_ids`` of many lines, in one (parallel) call."""
     return [e.ids for e in self.tokenizer.encode_batch(lines, add_special_tokens=False)]
 
   def encode(self, text: str, vocab: Sequence[str], end_last_line: bool = True) -> np.ndarray:
@@ -536,6 +536,6 @@ class HuggingFaceTokenizer:
     return _encode_lines(self.line_ids, self.end_id, text, end_last_line)
 
   def decoder(self, vocab: Sequence[str]) -> SubwordDecoder:
-    """A fresh incremental decoder (:class:`SubwordDecoder`)."""
+    """A fresh incremental decoder (``SubwordDecoder``)."""
     return SubwordDecoder(lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False),
                           self.end_id, len(vocab))

@@ -1,0 +1,397 @@
+"""The command-line modes: what ``python -m transformer_xl.main`` does with its flags.
+
+``main.py`` reads the flags into a ``Request`` and calls ``run``;
+everything here calls the library (``train``, ``evaluate``,
+``language_model``) and is the only place that prints results for a user,
+reads ``--tokens``/``--text``/``--prompt_file`` or writes ``--out``:
+
+* ``--mode=train``: ``run_train``, which calls ``train.train_and_evaluate``;
+  SIGTERM or Ctrl-C is a clean stop.
+* ``--mode=eval``: ``run_eval``, valid and test of the latest checkpoint.
+* ``--mode=score``: ``run_score``, the per-token NLL of ``--tokens`` or
+  ``--text``.
+* ``--mode=generate``: ``run_generate``, which continues ``--prompt`` or
+  ``--prompt_file``.
+
+Everything that can be checked before compiling is checked first, in this
+order: the output path, the workdir, the config (``default_config.validate``:
+keys, values, the mesh against the devices and batch), then the data files,
+then the checkpoint's model against the config; so bad input fails in
+seconds.  Errors a user can cause end as one ``error: ...`` line with exit
+status 1 (``user_errors.report``; ``--debug`` shows their traceback).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from typing import Optional
+
+import jax
+import ml_collections
+import numpy as np
+from etils import epath
+from jax.sharding import Mesh
+
+from transformer_xl import data, default_config, sharding
+from transformer_xl.run import distributed
+from transformer_xl.inference import evaluate
+from transformer_xl.inference import generate
+from transformer_xl.inference import language_model
+from transformer_xl.run import metrics
+from transformer_xl.cli import process_settings
+from transformer_xl.training import train
+from transformer_xl.cli import user_errors
+from transformer_xl.run import workdir as wd
+from transformer_xl.data import text_vocab
+
+MODES = ("train", "eval", "score", "generate")
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+  """What the command line asked for (``main.py``'s flags, same names).
+
+  Attributes:
+    mode: one of ``MODES``.
+    workdir: the run's directory.
+    config: the ``--config`` file's config (None: the workdir's config.json).
+    tokens, text, out: ``--mode=score`` (and ``out`` of ``--mode=generate``).
+    prompt, prompt_file, num_tokens, num_samples, stop, stop_at_eos:
+      ``--mode=generate``.
+    top_k, top_p, temperature, seed: ``--mode=generate``'s sampling.
+    coordinator_address, num_processes, process_id: a multi-process run.
+  """
+
+  mode: str
+  workdir: str
+  config: Optional[ml_collections.ConfigDict] = None
+  tokens: Optional[str] = None
+  text: Optional[str] = None
+  out: Optional[str] = None
+  prompt: Optional[str] = None
+  prompt_file: Optional[str] = None
+  num_tokens: int = 100
+  stop: tuple[str, ...] = ()
+  stop_at_eos: bool = False
+  top_k: int = 40
+  top_p: float = 1.0
+  temperature: float = 1.0
+  seed: int = 0
+  num_samples: int = 1
+  coordinator_address: Optional[str] = None
+  num_processes: Optional[int] = None
+  process_id: Optional[int] = None
+
+
+def run(request: Request, debug: bool = False) -> None:
+  """Runs one command-line mode; a user's mistake exits with one ``error:``
+  line and status 1 (with ``debug``: its traceback).
+
+  Raises:
+    SystemExit: a user error (``user_errors.USER_ERRORS``, an OSError of the
+      environment).
+  """
+  with user_errors.report(debug):
+    _run(request)
+
+
+def _run(r: Request) -> None:
+  """``run``'s work, in the order of its checks (paths, config, workdir,
+  data, then the mode)."""
+  process_settings.initialize_distributed(r.coordinator_address, r.num_processes, r.process_id)
+  if r.mode == "score":
+    check_output_path(r.out)
+  wd.require_dir(r.workdir)
+  config = r.config if r.config is not None else wd.load_config(r.workdir)
+  tokens = user_errors.load_tokens(r.tokens) if r.mode == "score" and r.tokens else None
+  default_config.validate(config, jax.device_count())
+  if r.mode != "train":
+    _run_mode(r, config, tokens)
+    return
+  wd.check_writable(r.workdir)
+  with wd.training_lock(r.workdir, log=metrics.log):  # before the data: a second run stops now
+    _run_mode(r, config, tokens)
+
+
+def _run_mode(r: Request, config: ml_collections.ConfigDict, tokens: Optional[np.ndarray]
+              ) -> None:
+  """The mesh, the corpus where the mode needs one, then the mode."""
+  mesh = sharding.make_mesh(config.mesh.shape, config.mesh.axis_names)
+  corpus = None
+  if r.mode == "score" and r.text:  # the workdir's saved tokenizer may stand in for the files
+    corpus = language_model.load_corpus(config, wd.load_model_config(r.workdir)[0], r.workdir)
+  elif r.mode in ("train", "eval"):
+    data_cfg = config.data.to_dict()
+    corpus = distributed.process_0_first(
+        lambda: data.load_configured(data_cfg), (data.DataError,))
+    if corpus.name == data.TEXT:  # a resumed or evaluated run: the ids it was trained with
+      text_vocab.check_saved_tokenizer(corpus, r.workdir)
+  if corpus is not None:
+    metrics.log(f"Corpus {corpus.name}: vocab {corpus.vocab_size:,}, " + ", ".join(
+        f"{k} {v.num_tokens:,} tokens" for k, v in corpus.splits.items())
+        + f"; mesh {dict(mesh.shape)}; {jax.process_count()} process(es).")
+  if r.mode == "train":
+    run_train(config, r.workdir, corpus, mesh)
+  elif r.mode == "eval":
+    run_eval(config, r.workdir, corpus, mesh)
+  elif r.mode == "generate":
+    run_generate(config, r.workdir, mesh, prompt=r.prompt, prompt_file=r.prompt_file,
+                 num_tokens=r.num_tokens, stop=r.stop, stop_at_eos=r.stop_at_eos,
+                 top_k=r.top_k, top_p=r.top_p, temperature=r.temperature, seed=r.seed,
+                 num_samples=r.num_samples, out=r.out)
+  else:
+    if tokens is None:
+      tokens = text_tokens(corpus, r.text)
+    run_score(config, r.workdir, mesh, tokens, r.out)
+
+
+def run_train(config: ml_collections.ConfigDict, workdir: str, corpus: data.Corpus,
+              mesh: Mesh) -> dict:
+  """``--mode=train``: ``train.train_and_evaluate``, with SIGTERM (a
+  preempted VM, ``launch/stop.sh``) turned into a checkpoint and a clean
+  exit (``process_settings.StopSignals``).
+
+  Returns:
+    The last logged training metrics.
+  """
+  with process_settings.StopSignals() as signals:
+    return train.train_and_evaluate(config, workdir, corpus, mesh,
+                                    stop_requested=signals.received)
+
+
+def text_tokens(corpus: data.Corpus, path: str) -> np.ndarray:
+  """``--text=FILE`` as a token stream for scoring: int32 [1, N + 1], the
+  boundary symbol then the file's N tokens (``evaluate.text_tokens``); says
+  how many words the vocabulary lacks.
+
+  Raises:
+    evaluate.ScoreInputError: the file is missing or not UTF-8.
+    data.DataError: a symbol the corpus cannot encode.
+  """
+  text = user_errors.read_text(path)
+  tokens = evaluate.text_tokens(corpus, text)
+  unknown = evaluate.unknown_words(corpus, text)
+  metrics.log(f"--text={path}: {tokens.shape[1] - 1:,} tokens; {unknown:,} unknown word(s) "
+              f"({100 * unknown / max(tokens.shape[1] - 1, 1):.2f}%) are scored as the "
+              "vocabulary's unknown-word symbol.")
+  return tokens
+
+
+def run_eval(config: ml_collections.ConfigDict, workdir: str, corpus: data.Corpus,
+             mesh: Mesh) -> dict:
+  """``--mode=eval``: scores valid and test from the latest checkpoint.
+
+  Writes ``<workdir>/eval_results.json``: {"valid": {...}, "test": {...},
+  "step": int}, each split's dict as ``evaluate.Evaluator.evaluate`` returns it,
+  plus ``metrics.corpus_level`` (bits per byte and the number of documents,
+  for corpora of one's own text).
+
+  Raises:
+    FileNotFoundError: no checkpoint in ``workdir``.
+  """
+  model_cfg = default_config.model_config(config, corpus.vocab_size)
+  step, params = wd.restore_params(config, workdir, model_cfg, mesh)
+  evaluator = evaluate.Evaluator(config, model_cfg, corpus, mesh)
+  metric = metrics.metric_name(corpus.unit)
+  results = {}
+  for split in ("valid", "test"):
+    r = results[split] = evaluator.evaluate(params, split)
+    r.update(metrics.corpus_level(r["loss_nats"], r["tokens"], corpus, split))
+    extra = "".join(f", {k} {r[k]:.4f}" for k in ("bits_per_byte",) if k in r) + "".join(
+        f", {r[k]:,} documents" for k in ("documents",) if k in r)
+    metrics.log(f"step {step} {split}: loss {r['loss_nats']:.4f} nats, {metric} "
+                f"{r[metric]:.4f} over {r['tokens']:,} tokens{extra}")
+  results["step"] = int(step)
+  results["eval"] = evaluator.lengths
+  path = wd.write_eval_results(workdir, results)
+  metrics.log(f"Wrote {path}")
+  bad = [s for s in ("valid", "test") if not np.isfinite(results[s]["loss_nats"])]
+  if bad:
+    raise metrics.NonFiniteError(
+        f"the {' and '.join(bad)} loss of checkpoint step {step} is not finite (written as null "
+        f"in {path}), although its parameters are finite: the computation overflowed; with "
+        "--config.model.dtype=bfloat16 try float32.")
+  return results
+
+
+def check_output_path(out_path: str) -> None:
+  """Checks, before any scoring, that ``out_path`` can be written.
+
+  Raises:
+    evaluate.ScoreInputError: it is a directory, its directory does not
+      exist, or it cannot be written there.
+  """
+  path = epath.Path(out_path)
+  if path.is_dir():
+    raise evaluate.ScoreInputError(
+        f"--out={out_path} is a directory; give a file name (e.g. nll.npy).")
+  if not path.parent.is_dir():
+    raise evaluate.ScoreInputError(
+        f"--out={out_path}: the directory {path.parent} does not exist; create it first.")
+  probe = path.parent / f".{path.name}.probe.{jax.process_index()}"
+  try:
+    probe.write_bytes(b"")
+    probe.unlink()
+  except OSError as err:
+    raise evaluate.ScoreInputError(f"--out={out_path} cannot be written "
+                                   f"({err.strerror or err}); choose a writable location."
+                                   ) from None
+
+
+def _save_npy(out_path: str, array: np.ndarray) -> None:
+  """``array`` as .npy at exactly ``out_path``, through a temporary file and a rename."""
+  path = epath.Path(out_path)
+  tmp = path.parent / f".{path.name}.tmp"
+  with tmp.open("wb") as f:
+    np.save(f, array)
+  tmp.replace(path)
+
+
+def run_score(config: ml_collections.ConfigDict, workdir: str, mesh: Mesh,
+              tokens_BxT1: np.ndarray, out_path: str) -> dict:
+  """``--mode=score``: per-token NLL of token streams with the workdir's model.
+
+  Writes float32 [B, T] nats to ``out_path`` (.npy, exactly that path) and
+  returns (and prints) the mean loss in nats, bpc and ppl over all B*T
+  tokens.  The token ids and ``out_path`` are checked before the model is
+  loaded.
+
+  Raises:
+    evaluate.ScoreInputError: a bad token array or ``out_path``;
+    FileNotFoundError: no model_config.json or checkpoint;
+    metrics.NonFiniteError: a score is not finite (nothing is written).
+  """
+  check_output_path(out_path)
+  model_cfg, unit = wd.load_model_config(workdir)
+  evaluate.check_tokens(tokens_BxT1, model_cfg.n_token)
+  step, params = wd.restore_params(config, workdir, model_cfg, mesh)
+  nll_BxT = evaluate.Evaluator(config, model_cfg, None, mesh).score(params, tokens_BxT1)
+  if not np.all(np.isfinite(nll_BxT)):
+    b, t = np.argwhere(~np.isfinite(nll_BxT))[0]
+    raise metrics.NonFiniteError(
+        f"{int(np.sum(~np.isfinite(nll_BxT))):,} of the scores are not finite (the first at row "
+        f"{b}, position {t}) although the parameters of checkpoint step {step} are finite: the "
+        f"computation overflowed; nothing was written to {out_path}.")
+  if jax.process_index() == 0:
+    _save_npy(out_path, nll_BxT)
+  loss = float(np.mean(nll_BxT, dtype=np.float64))
+  result = {"loss_nats": loss, "bpc": loss / float(np.log(2.0)), "ppl": float(np.exp(loss)),
+            "tokens": int(nll_BxT.size), "step": int(step)}
+  metrics.log(f"step {step}: scored {nll_BxT.size:,} tokens ({unit} level): loss {loss:.4f} "
+              f"nats, bpc {result['bpc']:.4f}, ppl {result['ppl']:.3f}; wrote {out_path}")
+  return result
+
+
+def read_prompts(prompt: Optional[str], prompt_file: Optional[str]) -> str | list[str]:
+  """The prompt of ``--prompt`` (a str), or the prompts of ``--prompt_file``
+  (a list: one per line of the UTF-8 file, without the line break; blank
+  lines skipped).  Exactly one of the two.
+
+  Raises:
+    default_config.ConfigError: both or neither given, a file that is not
+      UTF-8 text, or one with no prompt.
+    FileNotFoundError: ``prompt_file`` does not exist.
+  """
+  if (prompt is None) == (prompt_file is None):
+    raise default_config.ConfigError(
+        "--mode=generate needs exactly one of --prompt=TEXT and --prompt_file=FILE (got "
+        f"{'both' if prompt is not None else 'neither'}).")
+  if prompt_file is None:
+    return prompt
+  path = epath.Path(prompt_file)
+  if not path.exists():
+    raise FileNotFoundError(f"--prompt_file={prompt_file} does not exist.")
+  try:
+    text = path.read_bytes().decode("utf-8")
+  except UnicodeDecodeError as err:
+    raise default_config.ConfigError(
+        f"--prompt_file={prompt_file} is not UTF-8 text: {err}.") from None
+  prompts = [line for line in text.splitlines() if line.strip()]
+  if not prompts:
+    raise default_config.ConfigError(
+        f"--prompt_file={prompt_file} has no prompt: write one prompt per line.")
+  return prompts
+
+
+def run_generate(config: ml_collections.ConfigDict, workdir: str, mesh: Mesh, *,
+                 prompt: Optional[str], prompt_file: Optional[str], num_tokens: int,
+                 top_k: int, top_p: float, temperature: float, seed: int, num_samples: int,
+                 out: Optional[str], stop: tuple[str, ...] = (), stop_at_eos: bool = False
+                 ) -> language_model.Generation | list[language_model.Generation]:
+  """``--mode=generate``: continues a prompt, or every line of a prompt
+  file, with the workdir's latest checkpoint (Dai et al. 2019, Appendix E),
+  all rows (prompts x samples) in one batch (``LanguageModel.generate``).
+
+  The settings, the prompt source and the output directory are checked
+  first, then the corpus loaded and the prompts encoded, then the
+  checkpoint restored: bad input stops before anything is compiled.  The
+  generated text of row 0 streams to stdout as it is produced; with
+  several rows, each is headed by ``=== sample s ===`` (one prompt) or
+  ``=== prompt p ===`` / ``=== prompt p, sample s ===`` (a prompt file),
+  and rows 1.. follow when all are done.  What the model read and the
+  settings go to stderr.  ``out`` (a .json path) receives
+  ``language_model.Generation.to_json`` (a prompt file: a list of them,
+  in the file's order).
+
+  Raises:
+    default_config.ConfigError: a bad flag or prompt.
+    FileNotFoundError: no prompt file, config, model_config.json or
+      checkpoint, or no directory for ``out``.
+    data.DataError: the corpus cannot be loaded or cannot encode a prompt.
+  """
+  texts = read_prompts(prompt, prompt_file)
+  generate.SamplingSettings(top_k=top_k, top_p=top_p, temperature=temperature)
+  if num_tokens < 1 or num_samples < 1:
+    raise default_config.ConfigError(f"--num_tokens={num_tokens} and --num_samples={num_samples} "
+                                     "must be >= 1.")
+  if not all(stop):
+    raise default_config.ConfigError("--stop= is empty: give the text that ends a sample.")
+  if out and not epath.Path(out).parent.exists():
+    raise FileNotFoundError(f"--out={out}: the directory {epath.Path(out).parent} does not exist.")
+  model_cfg, _ = wd.load_model_config(workdir)
+  corpus = language_model.load_corpus(config, model_cfg, workdir)
+  many = not isinstance(texts, str)
+  prompt_ids = [language_model.encode_prompt(corpus, t)  # before the checkpoint is read
+                for t in (texts if many else [texts])]
+  lm = language_model.LanguageModel.from_workdir(workdir, config, mesh, corpus)
+  c, main = lm.eval_cfg, jax.process_index() == 0
+  rows = [(p, s) for p in range(len(prompt_ids)) for s in range(num_samples)]
+
+  def header(p: int, s: int) -> str:
+    if not many:
+      return f"=== sample {s} ===\n"
+    return f"=== prompt {p} ===\n" if num_samples == 1 else f"=== prompt {p}, sample {s} ===\n"
+
+  if main:
+    read = (f"the prompt as read ({len(prompt_ids[0])} tokens): "
+            f"{lm.corpus.decode(prompt_ids[0])!r}" if not many else
+            f"{len(prompt_ids)} prompts of {prompt_file} ({min(map(len, prompt_ids))} to "
+            f"{max(map(len, prompt_ids))} tokens as read)")
+    print(f"Step {lm.step} of {workdir} ({lm.corpus.name}); {read}; {len(rows)} rows x up to "
+          f"{num_tokens} tokens, top_k={top_k} top_p={top_p} temperature={temperature} "
+          f"seed={seed}, stop={list(stop)} stop_at_eos={stop_at_eos}; prompt segments of "
+          f"{c.tgt_len}, memory {c.mem_len}, same_length={c.same_length}, clamp_len="
+          f"{c.clamp_len}.", file=sys.stderr, flush=True)
+    if len(rows) > 1:
+      sys.stdout.write(header(0, 0))
+
+  def on_text(pieces: list[str]) -> None:
+    if main:
+      sys.stdout.write(pieces[0])
+      sys.stdout.flush()
+
+  result = lm.generate(texts, num_tokens, top_k=top_k, top_p=top_p, temperature=temperature,
+                       seed=seed, num_samples=num_samples, stop=stop, stop_at_eos=stop_at_eos,
+                       on_text=on_text)
+  results = result if many else [result]
+  if main:
+    for p, s in rows[1:]:
+      sys.stdout.write(f"\n{header(p, s)}{results[p].texts[s]}")
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+  if out and main:
+    obj = [r.to_json() for r in results] if many else result.to_json()
+    epath.Path(out).write_text(json.dumps(obj, ensure_ascii=False) + "\n")
+    print(f"Wrote {out}", file=sys.stderr, flush=True)
+  return result

@@ -1,0 +1,161 @@
+"""What a user can get wrong on the command line, as one ``error: ...`` line.
+
+``main`` runs its work inside ``report``: every error a user can cause
+(config, data, workdir, disk, checkpoints, non-finite training, score or
+generation input) ends the run with one message on stderr and exit status 1,
+before anything is compiled where it can be checked that early; a Python
+traceback means a bug, or that ``--debug`` was given (it shows the traceback
+of these errors too).  ``parse_flags`` does the same for the flags
+themselves (a missing or broken ``--config`` file, an unknown
+``--config.key``, a bad flag value), and ``load_tokens`` /
+``read_text`` read the score inputs with messages that name the file.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import sys
+from typing import Iterator, Optional
+
+import numpy as np
+from absl import flags
+from etils import epath
+
+from transformer_xl import errors
+from transformer_xl.inference import evaluate
+
+# What a user can cause; reported as one "error: ..." line (with --debug: a traceback):
+# every kind of errors.UserError (config, data, workdir, checkpoint, non-finite training,
+# score input, ...) and a missing file.
+USER_ERRORS = (errors.UserError, FileNotFoundError)
+# OSErrors of the environment (disk, permissions), reported the same way.
+OS_ERRNOS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
+             errno.EROFS: "read-only file system", errno.EACCES: "permission denied",
+             errno.EPERM: "operation not permitted", errno.ENOTDIR: "not a directory",
+             errno.EISDIR: "is a directory", errno.EEXIST: "already exists"}
+
+
+@contextlib.contextmanager
+def report(debug: bool) -> Iterator[None]:
+  """Runs the body; a USER_ERRORS exception or an OSError of the environment
+  (OS_ERRNOS) exits with ``error: <message>`` (status 1), Ctrl-C with one
+  line (status 130), or re-raises with ``debug``.  Any other exception propagates (a bug: its traceback is shown)."""
+  try:
+    yield
+  except KeyboardInterrupt:  # Ctrl-C outside training's loop (StopSignals handles it there)
+    if debug:
+      raise
+    sys.stderr.write("\ninterrupted (Ctrl-C); checkpoints already written are intact.\n")
+    sys.exit(130)
+  except USER_ERRORS as err:
+    if debug:
+      raise
+    sys.exit(f"error: {err}")
+  except OSError as err:
+    if debug or err.errno not in OS_ERRNOS:
+      raise
+    sys.exit(f"error: {os_error_message(err)}")
+
+
+def os_error_message(err: OSError) -> str:
+  """One line for an OSError of the environment: the path, what happened, what to do."""
+  path = f"{err.filename}: " if err.filename else ""
+  what = OS_ERRNOS.get(err.errno, err.strerror or str(err))
+  advice = (" Free some space (or use another --workdir); the checkpoints already written are "
+            "intact and the same command resumes from the newest." if err.errno in
+            (errno.ENOSPC, errno.EDQUOT) else " Check the path and its permissions.")
+  return f"{path}{what}.{advice}"
+
+
+def load_tokens(path: str) -> np.ndarray:
+  """The --tokens array, checked (evaluate.check_tokens without the vocabulary).
+
+  Returns:
+    int32 [B, T+1] token ids.
+
+  Raises:
+    evaluate.ScoreInputError: not a readable .npy file, or not a token array.
+  """
+  try:
+    tokens = np.load(path, allow_pickle=False)
+  except FileNotFoundError:
+    raise evaluate.ScoreInputError(f"--tokens={path} does not exist.") from None
+  except (ValueError, OSError, EOFError) as err:
+    raise evaluate.ScoreInputError(f"--tokens={path} is not a .npy array ({err}); write one "
+                                   "with numpy.save.") from None
+  try:
+    return evaluate.check_tokens(tokens)
+  except evaluate.ScoreInputError as err:
+    raise evaluate.ScoreInputError(f"--tokens={path}: {err}") from None
+
+
+def read_text(path: str) -> str:
+  """The --text file as UTF-8.
+
+  Raises:
+    evaluate.ScoreInputError: missing, or not UTF-8.
+  """
+  try:
+    return epath.Path(path).read_text(encoding="utf-8")
+  except FileNotFoundError:
+    raise evaluate.ScoreInputError(f"--text={path} does not exist.") from None
+  except UnicodeDecodeError as err:
+    raise evaluate.ScoreInputError(
+        f"--text={path} is not UTF-8 text (byte {err.object[err.start]:#04x} at offset "
+        f"{err.start}); convert it to UTF-8.") from None
+
+
+def config_file_problem(argv) -> Optional[str]:
+  """What is wrong with the --config file of ``argv`` (missing, a syntax
+  error, unreadable), or None."""
+  for i, arg in enumerate(argv):
+    if arg.startswith("--config="):
+      value = arg[len("--config="):]
+    elif arg == "--config" and i + 1 < len(argv):
+      value = argv[i + 1]
+    else:
+      continue
+    path = value.split(":", 1)[0]
+    if not os.path.isfile(path):
+      return (f"--config={value}: {path} is not a file; the configs are in configs/ "
+              "(e.g. --config=configs/quickstart.py).")
+    try:
+      with open(path, encoding="utf-8") as f:
+        compile(f.read(), path, "exec")
+    except SyntaxError as err:
+      return f"--config={value}: syntax error in {path}, line {err.lineno}: {err.msg}."
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+      return f"--config={value}: {path} cannot be read ({err})."
+  return None
+
+
+def parse_flags(argv):
+  """absl flag parsing for ``app.run(..., flags_parser=parse_flags)``: a bad
+  --config file, an unknown --config.key or a bad flag value becomes a
+  one-line error and exit status 1 (``--debug``: a traceback)."""
+  debug = "--debug" in argv or "--debug=true" in argv
+  problem = config_file_problem(argv)
+  if problem and not debug:
+    sys.exit(f"error: {problem}")
+  try:
+    return flags.FLAGS(argv)
+  except (AttributeError, KeyError) as err:  # raised by ml_collections for unknown keys
+    if debug:
+      raise
+    msg = re.sub(r"[\\'\"]+", " ", str(err).replace("\\n", " ").replace("\n", " ")).split()
+    if "get_config" in msg:
+      sys.exit("error: the --config file has no get_config() function returning the config.")
+    sys.exit(f"error: unknown config key in the --config.* overrides: {' '.join(msg)} "
+             "(every key is listed in transformer_xl/default_config.py)")
+  except flags.Error as err:
+    if debug:
+      raise
+    sys.exit(f"error: {err}")
+  except Exception as err:  # pylint: disable=broad-except
+    # Raised by the code of the --config file itself (its get_config()).
+    if debug:
+      raise
+    sys.exit(f"error: the --config file failed to build the config: {type(err).__name__}: "
+             f"{err} (run with --debug for the traceback).")

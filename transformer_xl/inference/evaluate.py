@@ -1,0 +1,356 @@
+"""Scoring with the evaluation settings (Dai et al. 2019, Sec. 3.2, 4).
+
+Evaluation uses its own segment length, memory length, clamp_len and
+same_length (``config.eval``; longer memory than in training, as in the
+paper), the training parameters, and no dropout.  Rows carry their memory
+from segment to segment, starting empty.  Three entry points:
+
+* ``Evaluator.evaluate``: a corpus split, every token scored exactly once,
+  the tail included (``--mode=eval`` and validation during training);
+* ``Evaluator.score``: the per-token NLL of given token streams
+  (``--mode=score``);
+* ``Evaluator.token_nll``: every token's NLL of a split (RECL).
+
+The command-line modes around them (``--mode=eval``, ``--mode=score``) are
+in ``cli/modes.py``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Iterator, Optional
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from jax.sharding import Mesh
+
+from transformer_xl import data, sharding
+from transformer_xl.run import metrics
+from transformer_xl.model import models
+from transformer_xl import errors
+
+
+ScoreInputError = errors.ScoreInputError  # re-exported (transformer_xl.errors)
+
+
+def check_tokens(tokens: np.ndarray, n_token: Optional[int] = None) -> np.ndarray:
+  """Checks a token array for ``Evaluator.score``.
+
+  Args:
+    tokens: the array, expected integer [B, T+1] with B >= 1, T >= 1.
+    n_token: the vocabulary size, or None to skip the range check.
+
+  Returns:
+    ``tokens`` as a numpy array.
+
+  Raises:
+    ScoreInputError: not an integer array, not 2-D, empty, T < 1, or ids
+      outside [0, n_token).
+  """
+  tokens = np.asarray(tokens)
+  if (tokens.ndim != 2 or tokens.shape[0] < 1 or tokens.shape[1] < 2
+      or not np.issubdtype(tokens.dtype, np.integer)):
+    raise ScoreInputError(f"tokens must be an integer array [B, T+1] with B >= 1 and T >= 1; "
+                          f"got {tokens.dtype} {tokens.shape}.")
+  if n_token is not None and (tokens.min() < 0 or tokens.max() >= n_token):
+    raise ScoreInputError(f"token ids must be in [0, {n_token}) (the model's vocabulary); got "
+                          f"[{tokens.min()}, {tokens.max()}].")
+  return tokens
+
+
+def eval_model_config(config: ml_collections.ConfigDict, train_cfg: models.ModelConfig
+                      ) -> models.ModelConfig:
+  """The model of the segment evaluation: the training ModelConfig with the
+  eval tgt_len, mem_len, clamp_len and same_length, no dropout, and the
+  training tables' length (``max_klen``) kept."""
+  e = config.eval
+  return dataclasses.replace(train_cfg, tgt_len=e.tgt_len, mem_len=e.mem_len,
+                             clamp_len=e.clamp_len, same_length=e.same_length,
+                             dropout=0.0, dropatt=0.0, ext_len=0,
+                             max_klen=train_cfg.pos_table_len)
+
+
+def window_model_config(config: ml_collections.ConfigDict, train_cfg: models.ModelConfig
+                        ) -> models.ModelConfig:
+  """The model of the sliding-window evaluation: segments of ``eval.window``
+  positions (0 = the training attention length tgt_len + mem_len), no
+  memory, the eval clamp_len, no dropout."""
+  window = config.eval.window or train_cfg.tgt_len + train_cfg.mem_len
+  return dataclasses.replace(train_cfg, tgt_len=window, mem_len=0, same_length=False,
+                             clamp_len=config.eval.clamp_len, dropout=0.0, dropatt=0.0,
+                             ext_len=0, max_klen=train_cfg.pos_table_len)
+
+
+def make_eval_step(model: models.TransformerXL, mesh: Mesh) -> Callable:
+  """The jitted eval step: (params, memory, batch) -> (nll_BxT, memory).
+
+  ``batch``: ``inputs``/``targets`` int32 [B, T], ``reset`` bool [B]
+  (rows whose memory is emptied first) and, optionally, ``doc_pos`` int32
+  [B, T] (offsets in the documents, ``models.TransformerXL.hidden``),
+  global arrays with their rows over ``data``.  ``nll_BxT`` is float32,
+  nats, replicated (it is small, so every process can read all of it); the
+  memory stays sharded over the rows and is donated.  No dropout.
+  """
+  # Rows over ``data`` for every array, [B] or [B, T]: a prefix of the batch
+  # dict whatever its keys (``doc_pos`` is optional).
+  batch_shardings = sharding.rows_sharding(mesh)
+  mem_sharding = models.Memory.shardings(mesh)
+
+  def eval_step(params, memory, batch):
+    return model.apply({"params": params}, batch["inputs"], memory, batch["targets"],
+                       deterministic=True, reset_B=batch["reset"],
+                       doc_pos_BxT=batch.get("doc_pos"))
+
+  return jax.jit(sharding.traced_with_mesh(eval_step, mesh),
+                 in_shardings=(None, mem_sharding, batch_shardings),
+                 out_shardings=(sharding.replicated(mesh), mem_sharding), donate_argnums=(1,))
+
+
+def make_window_step(model: models.TransformerXL, mesh: Mesh, stride: int) -> Callable:
+  """The jitted sliding-window step: (params, batch) -> nll_BxL.
+
+  ``batch``: ``inputs``/``targets`` int32 [B, L] and ``front_pad`` int32 [B]
+  (``data.SlidingWindowIterator``).  Every row is a fresh window: no memory
+  (mem_len 0), its first ``front_pad`` positions masked as keys.  Only the
+  last ``stride`` positions of a window are ever scored, so the softmax runs
+  on those alone (as the reference, whose window is ``tgt_len = stride``
+  plus ``ext_len = L - stride`` of context); ``nll_BxL`` float32 nats,
+  replicated, 0 at the other positions.
+  """
+  batch_shardings = {"inputs": sharding.batch_sharding(mesh),
+                     "targets": sharding.batch_sharding(mesh),
+                     "front_pad": sharding.rows_sharding(mesh)}
+
+  def window_step(params, batch):
+    memory = models.init_memory(model.config, batch["inputs"].shape[0], mem_len=0)
+    memory = memory.with_front_padding(batch["front_pad"])
+    variables = {"params": params}
+    hidden_BxLxD, _ = model.apply(variables, batch["inputs"], memory, deterministic=True,
+                                  method=models.TransformerXL.hidden)
+    nll_BxS = model.apply(variables, hidden_BxLxD[:, -stride:],
+                          batch["targets"][:, -stride:], method=models.TransformerXL.nll)
+    window = batch["inputs"].shape[1]
+    return jnp.pad(nll_BxS, ((0, 0), (window - stride, 0)))
+
+  return jax.jit(sharding.traced_with_mesh(window_step, mesh),
+                 in_shardings=(None, batch_shardings),
+                 out_shardings=sharding.replicated(mesh))
+
+
+class Evaluator:
+  """Scores a corpus split or token streams; one compiled step per method, reused.
+
+  ``config.eval.method`` chooses how a split is scored:
+
+  * "segments" (Transformer-XL, Sec. 3.2): ``eval.global_batch`` rows, each
+    a contiguous part of the split, read ``eval.tgt_len`` tokens at a time
+    with a memory of ``eval.mem_len`` (``data.EvalIterator``);
+  * "sliding" (the vanilla Transformer of Al-Rfou et al. 2018; Table 9):
+    every token scored by a fresh forward pass over a window of
+    ``eval.window`` tokens, ``eval.stride`` tokens per window
+    (``data.SlidingWindowIterator``), ``eval.global_batch`` windows a step.
+
+  With ``data.documents="reset"`` ("segments" only) the batches carry
+  ``doc_pos``, so that no query attends across a document boundary: each
+  document is scored as if alone (``data.iterators.doc_pos``).
+
+  Either way every token of the split is scored exactly once.  Any number
+  of rows works on any mesh: rows are padded to a multiple of the
+  data-parallel size with dummy rows of weight 0 (so the reference's eval
+  batch of 10 runs on any slice); each process reads only its own real rows.
+
+  Args:
+    config: full config (``eval`` section used).
+    train_model_cfg: the training ModelConfig (parameters are shared).
+    corpus: the corpus (for ``evaluate``; None when only scoring arrays).
+    mesh: the device mesh; rows go over the data-parallel axes.
+  """
+
+  def __init__(self, config: ml_collections.ConfigDict, train_model_cfg: models.ModelConfig,
+               corpus: Optional[data.Corpus], mesh: Mesh):
+    self.method = config.eval.method
+    self.cfg = eval_model_config(config, train_model_cfg)
+    self.window_cfg = window_model_config(config, train_model_cfg)
+    self.stride = config.eval.stride
+    self.global_batch = config.eval.global_batch
+    self.corpus = corpus
+    self.documents = config.data.get("documents", "stream")  # "reset": batches carry doc_pos
+    self.mesh = mesh
+    self.model = models.TransformerXL(self.cfg)
+    self._batch_sharding = sharding.batch_sharding(mesh)
+    self._mem_sharding = models.Memory.shardings(mesh)
+    self._init_memory = {}  # batch size -> jitted constructor
+    self._eval_step = make_eval_step(self.model, mesh)
+    self._window_step = make_window_step(models.TransformerXL(self.window_cfg), mesh,
+                                         self.stride)
+
+  @property
+  def lengths(self) -> dict:
+    """The evaluation method and its lengths (recorded in eval_results.json)."""
+    if self.method == "sliding":
+      return {"method": "sliding", "window": self.window_cfg.tgt_len, "stride": self.stride,
+              "clamp_len": self.window_cfg.clamp_len}
+    return {"method": "segments", "tgt_len": self.cfg.tgt_len, "mem_len": self.cfg.mem_len,
+            "clamp_len": self.cfg.clamp_len, "same_length": self.cfg.same_length}
+
+  def _rows(self, b: int) -> tuple[int, list[int]]:
+    """(b padded to the data-parallel size, the padded rows this process holds)."""
+    n_data = sharding.data_parallel_size(self.mesh)
+    b_pad = -(-b // n_data) * n_data
+    return b_pad, data.process_row_ids(self._batch_sharding, b_pad, self.cfg.tgt_len)
+
+  def _empty_memory(self, batch_size: int) -> models.Memory:
+    """Empty eval memory for ``batch_size`` rows, made on the devices (one
+    compilation per batch size)."""
+    if batch_size not in self._init_memory:
+      self._init_memory[batch_size] = jax.jit(
+          lambda: models.init_memory(self.cfg, batch_size), out_shardings=self._mem_sharding)
+    return self._init_memory[batch_size]()
+
+  def _scored_batches(self, params: Any, split: str, max_steps: int = 0
+                      ) -> Iterator[tuple[jax.Array, jax.Array, Callable[[], np.ndarray]]]:
+    """Runs the eval method over ``split``; yields per step (nll_BxT on device,
+    weights_BxT on device, pairs() -> int64 [B, T] stream index of every
+    position, -1 where it is not scored), over the padded rows."""
+    source, b, boundary = self.corpus.splits[split], self.global_batch, self.corpus.boundary_id
+    b_pad, rows = self._rows(b)
+    real = [r for r in rows if r < b]
+    sliding = self.method == "sliding"
+    if sliding:
+      make_it = lambda row_ids: data.SlidingWindowIterator(
+          source, b, self.window_cfg.tgt_len, self.stride, boundary, row_ids=row_ids)
+    else:
+      documents = data.split_documents(self.corpus, split, self.documents)
+      make_it = lambda row_ids: data.EvalIterator(source, b, self.cfg.tgt_len, boundary,
+                                                  row_ids=row_ids, documents=documents)
+    layout = make_it([0])  # every process: the global layout (pairs of all rows)
+    num_steps = min(len(layout), max_steps) if max_steps else len(layout)
+    it = make_it(real) if real else None
+    n_dummy, seg = len(rows) - len(real), (self.window_cfg if sliding else self.cfg).tgt_len
+    memory = None if sliding else self._empty_memory(b_pad)
+    for i in range(num_steps):
+      local = next(it) if it is not None else None
+      if n_dummy:
+        dummy = {"inputs": np.zeros((n_dummy, seg), np.int32),
+                 "targets": np.zeros((n_dummy, seg), np.int32),
+                 "weights": np.zeros((n_dummy, seg), np.float32),
+                 "reset": np.full((n_dummy,), i == 0)}
+        if sliding:
+          dummy["front_pad"] = np.zeros((n_dummy,), np.int32)
+        elif self.documents == "reset":
+          dummy["doc_pos"] = np.zeros((n_dummy, seg), np.int32)
+        local = dummy if local is None else {k: np.concatenate([local[k], dummy[k]])
+                                             for k in dummy}
+      batch = data.to_global_batch(local, self._batch_sharding, b_pad)
+      weights = batch.pop("weights")
+      if sliding:
+        batch.pop("reset")
+        nll_BxT = self._window_step(params, batch)
+      else:
+        nll_BxT, memory = self._eval_step(params, memory, batch)
+
+      def pairs(i=i):
+        p = np.full((b_pad, seg), -1, np.int64)
+        p[:b] = layout.pairs(i)
+        return p
+
+      yield nll_BxT, weights, pairs
+
+  def evaluate(self, params: Any, split: str, max_steps: int = 0) -> dict:
+    """Scores ``split`` of the corpus (all of it unless ``max_steps`` > 0).
+
+    Returns:
+      {"loss_nats": mean NLL per token (nats), "bpc" or "ppl": ...,
+        "tokens": number of scored tokens}.
+    """
+    pending = list(self._scored_batches(params, split, max_steps))
+    nll_sum, n_tok = 0.0, 0.0
+    for nll_BxT, w_BxT, _ in pending:  # float64 sums over every scored token
+      w = np.asarray(jax.device_get(_fully_replicated(w_BxT)), np.float64)
+      nll_sum += float(np.sum(np.asarray(jax.device_get(nll_BxT), np.float64) * w))
+      n_tok += float(w.sum())
+    loss = nll_sum / max(n_tok, 1.0)
+    metric = metrics.metric_name(self.corpus.unit)
+    return {"loss_nats": loss, metric: metrics.metric_value(loss, self.corpus.unit),
+            "tokens": int(round(n_tok))}
+
+  def token_nll(self, params: Any, split: str) -> np.ndarray:
+    """The NLL of every token of ``split`` in stream order: float32 [N], nats.
+
+    Entry j is -log p(token j | its context): the boundary symbol and the
+    tokens before j that the eval method shows the model (for RECL and
+    per-token analyses; ``evaluate`` is its mean).
+    """
+    out = np.full((self.corpus.splits[split].num_tokens,), np.nan, np.float32)
+    for nll_BxT, _, pairs in list(self._scored_batches(params, split)):
+      p = pairs()
+      scored = p >= 0
+      out[p[scored]] = np.asarray(jax.device_get(nll_BxT))[scored]
+    return out
+
+  def score(self, params: Any, tokens_BxT1: np.ndarray) -> np.ndarray:
+    """Per-token NLL of contiguous streams, segment by segment with memory.
+
+    Row b of ``tokens_BxT1`` is one stream; segments of the eval tgt_len go
+    left to right, carrying a memory of the eval mem_len that starts empty.
+    Padding (rows, and the last segment to tgt_len) comes after the real
+    tokens of a row, so it cannot change their scores (causality), and is
+    cut off.
+
+    Args:
+      params: model parameters.
+      tokens_BxT1: integer array [B, T + 1] of token ids (all processes pass
+        the same array).
+
+    Returns:
+      float32 [B, T]: entry (b, t) is -log p(token t+1 | tokens <= t), nats.
+
+    Raises:
+      ScoreInputError (a ValueError): not a 2-D integer array with B, T >= 1,
+        or ids outside [0, n_token) (``check_tokens``).
+    """
+    tokens = check_tokens(tokens_BxT1, self.cfg.n_token)
+    b, t1 = tokens.shape
+    t, seg = t1 - 1, self.cfg.tgt_len
+    b_pad, rows = self._rows(b)
+    n_seg = -(-t // seg)
+    padded = np.zeros((b_pad, n_seg * seg + 1), np.int32)
+    padded[:b, :t1] = tokens
+    memory = self._empty_memory(b_pad)
+    out = []
+    for s in range(n_seg):
+      local = {"inputs": padded[rows, s * seg:(s + 1) * seg],
+               "targets": padded[rows, s * seg + 1:(s + 1) * seg + 1],
+               "reset": np.full((len(rows),), s == 0)}
+      batch = data.to_global_batch(local, self._batch_sharding, b_pad)
+      nll_BxT, memory = self._eval_step(params, memory, batch)
+      out.append(nll_BxT)
+    return np.concatenate([np.asarray(jax.device_get(x)) for x in out], axis=1)[:b, :t].astype(
+        np.float32)
+
+
+def _fully_replicated(x: jax.Array) -> jax.Array:
+  """``x`` gathered onto every device, so that any process can read it."""
+  if x.is_fully_replicated:
+    return x
+  return jax.jit(lambda a: a, out_shardings=jax.sharding.NamedSharding(
+      x.sharding.mesh, jax.sharding.PartitionSpec()))(x)
+
+
+def unknown_words(corpus: data.Corpus, text: str) -> int:
+  """How many symbols of ``text`` the corpus's vocabulary lacks (they are
+  encoded as its unknown-word symbol, e.g. ``<unk>``); 0 for byte- and
+  character-level corpora, whose tokenisers take every symbol or raise."""
+  symbols = getattr(corpus.tokenizer, "symbols", None)
+  if symbols is None:
+    return 0
+  vocab = set(corpus.vocab)
+  return sum(s not in vocab for line in text.splitlines() for s in symbols(line))
+
+
+def text_tokens(corpus: data.Corpus, text: str) -> np.ndarray:
+  """int32 [1, N + 1]: the boundary symbol, then ``text`` tokenised for the
+  corpus (N tokens), so that ``Evaluator.score`` scores every token."""
+  ids = corpus.encode(text)
+  return np.concatenate([[corpus.boundary_id], ids]).astype(np.int32)[None, :]

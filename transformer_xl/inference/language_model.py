@@ -1,0 +1,428 @@
+"""A trained model with its vocabulary as one Python object: generate and score text.
+
+    from transformer_xl.inference.language_model import LanguageModel
+    lm = LanguageModel.from_workdir("workdirs/quickstart")
+    out = lm.generate("the company said", num_tokens=50, top_k=40, seed=0)
+    print(out.texts[0])
+    print(lm.score_text("the company said it would sell the unit\\n").ppl)
+
+``LanguageModel`` holds the config, the corpus (vocabulary and
+tokenisation), the restored parameters and the mesh; generation is
+``generate.Generator``'s (the memory, the sampling rule), scoring is
+``evaluate.Evaluator.score``'s.  ``--mode=generate`` of the command line
+(``cli/modes.py``) is this class's ``LanguageModel.generate``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import jax
+import ml_collections
+import numpy as np
+from jax.sharding import Mesh
+
+from transformer_xl import data, default_config, sharding
+from transformer_xl.run import distributed
+from transformer_xl.inference import evaluate
+from transformer_xl.inference import generate
+from transformer_xl.model import models
+from transformer_xl.run import workdir as wd
+from transformer_xl.data import text_vocab
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+  """What ``LanguageModel.generate`` produced.
+
+  Attributes:
+    prompt: the prompt text as given.
+    prompt_tokens: int32 [N + 1], what the model read before generating:
+      the corpus's boundary symbol, then the prompt's ids.
+    tokens: int32 [B, n], the generated ids of each sample; n is
+      num_tokens, or fewer when every sample stopped early (a stop
+      condition), and a sample that stopped before n is padded with -1.
+    texts: B strings, each sample's generated text as it continues the
+      decoded prompt: ``corpus.decode(prompt_tokens + tokens[b]) ==
+      corpus.decode(prompt_tokens) + texts[b]`` (the -1 padding left out).
+      A sample ended by a stop string ends with the token that completed
+      it, so its text holds the stop string (and the rest of that token).
+    settings: seed, top_k, top_p, temperature, num_tokens, num_samples,
+      stop, stop_at_eos, step (of the checkpoint), dataset, and
+      ``context``: the prompt's segment length tgt_len, mem_len,
+      same_length and clamp_len.
+    finish_reasons: B strings, why each sample ended: "length" (num_tokens
+      reached), "eos" (it drew the corpus's boundary symbol, with
+      ``stop_at_eos``) or "stop" (its text reached a stop string).
+  """
+
+  prompt: str
+  prompt_tokens: np.ndarray
+  tokens: np.ndarray
+  texts: tuple[str, ...]
+  settings: Mapping[str, Any]
+  finish_reasons: tuple[str, ...] = ()
+
+  def to_json(self) -> dict:
+    """The ``--out`` file's object: ``prompt``, ``prompt_tokens``, ``tokens``
+    and ``text`` (sample 0), ``samples`` (every sample's
+    ``{"tokens", "text", "finish_reason"}``, sample 0 first, without the -1
+    padding), and the settings' keys."""
+    reasons = self.finish_reasons or ("length",) * len(self.texts)
+    samples = [{"tokens": [int(t) for t in row if t >= 0], "text": text, "finish_reason": why}
+               for row, text, why in zip(self.tokens, self.texts, reasons)]
+    return {"prompt": self.prompt, "prompt_tokens": [int(t) for t in self.prompt_tokens],
+            "tokens": samples[0]["tokens"], "text": samples[0]["text"], "samples": samples,
+            **self.settings}
+
+
+@dataclasses.dataclass(frozen=True)
+class TextScore:
+  """Per-token scores of a text (``LanguageModel.score_text``).
+
+  Attributes:
+    tokens: int32 [N], the text's ids (the boundary symbol before them is
+      their first context, not scored).
+    nll: float32 [N], -log p(token | everything before it), nats.
+    unit: "byte", "char" or "word".
+  """
+
+  tokens: np.ndarray
+  nll: np.ndarray
+  unit: str
+
+  @property
+  def loss_nats(self) -> float:
+    """Mean NLL per token, nats."""
+    return float(np.mean(self.nll, dtype=np.float64))
+
+  @property
+  def bpc(self) -> float:
+    """Mean NLL per token in bits (bits per character for byte/char units)."""
+    return self.loss_nats / float(np.log(2.0))
+
+  @property
+  def ppl(self) -> float:
+    """Perplexity, exp(mean NLL)."""
+    return float(np.exp(self.loss_nats))
+
+
+class LanguageModel:
+  """A trained Transformer-XL with its corpus: text in, text or scores out
+  (generation as in Dai et al. 2019, Appendix E; scoring as Sec. 4's
+  evaluation).
+
+  Generation and scoring use the evaluation settings of the config
+  (``eval.tgt_len``, ``mem_len``, ``clamp_len``, ``same_length``; the
+  context each generated token has is described in ``generate.py``).
+
+  Args:
+    config: the full config (``eval`` section used).
+    model_cfg: the training ModelConfig (parameters are shared).
+    corpus: the corpus whose vocabulary the model was trained on (its
+      tokenizer encodes and decodes).
+    params: the parameters, on ``mesh``.
+    step: the checkpoint's training step.
+    mesh: the device mesh.
+  """
+
+  def __init__(self, config: ml_collections.ConfigDict, model_cfg: models.ModelConfig,
+               corpus: data.Corpus, params: Any, step: int, mesh: Mesh):
+    self.config, self.model_cfg, self.corpus = config, model_cfg, corpus
+    self.params, self.step, self.mesh = params, int(step), mesh
+    self.eval_cfg = evaluate.eval_model_config(config, model_cfg)
+    self._generator: Optional[generate.Generator] = None
+    self._evaluator: Optional[evaluate.Evaluator] = None
+
+  @classmethod
+  def from_workdir(cls, workdir: str, config: Optional[ml_collections.ConfigDict] = None,
+                   mesh: Optional[Mesh] = None, corpus: Optional[data.Corpus] = None
+                   ) -> "LanguageModel":
+    """Loads a training (or converted) run's directory: its config (or
+    ``config``), architecture, corpus and latest checkpoint.
+
+    Args:
+      workdir: the run's ``--workdir``.
+      config: overrides the saved ``config.json`` (e.g. other eval settings).
+      mesh: defaults to the config's mesh over all devices.
+      corpus: the corpus if already loaded (``load_corpus``).
+
+    Raises:
+      FileNotFoundError: no config.json, model_config.json or checkpoint.
+      data.DataError: the corpus cannot be loaded, or its vocabulary is not
+        the model's.
+      default_config.ConfigError: the config does not fit the devices.
+    """
+    config = wd.load_config(workdir) if config is None else config
+    model_cfg, _ = wd.load_model_config(workdir)
+    if mesh is None:
+      default_config.validate(config, jax.device_count())
+      mesh = sharding.make_mesh(config.mesh.shape, config.mesh.axis_names)
+    corpus = load_corpus(config, model_cfg, workdir) if corpus is None else corpus
+    step, params = wd.restore_params(config, workdir, model_cfg, mesh)
+    return cls(config, model_cfg, corpus, params, step, mesh)
+
+  @classmethod
+  def from_pretrained(cls, name: str, cache_dir: Optional[str] = None, *,
+                      manual_dir: Optional[str] = None, download: bool = True,
+                      data_dir: Optional[str] = None, dataset_manual_dir: Optional[str] = None,
+                      verify_checksums: bool = True, mesh: Optional[Mesh] = None
+                      ) -> "LanguageModel":
+    """A released model of the reference implementation (``enwik8``, ``text8``,
+    ``wt103``, ``lm1b``): downloaded, verified, converted once into
+    ``<cache>/workdirs/<name>`` and loaded from there, with the release's
+    evaluation settings (``transformer_xl.convert.pretrained``).
+
+        lm = LanguageModel.from_pretrained("wt103")
+        print(lm.generate("The game", num_tokens=50).texts[0])
+        print(lm.score_text("The game is carried over .\\n").ppl)
+
+    Args:
+      name: a key of ``transformer_xl.convert.pretrained.RELEASES``.
+      cache_dir: the cache (default ``$TRANSFORMER_XL_CACHE``, else
+        ``~/.cache/transformer_xl``).
+      manual_dir: the release's files already on disk (offline).
+      download: may download the release's files and the dataset's sources.
+      data_dir: tfds data dir of the release's corpus (its vocabulary and
+        tokenizer; prepared on first use); overrides the converted config's.
+      dataset_manual_dir: the corpus's source files (``data.manual_dir``).
+      verify_checksums: check the corpus's source files.
+      mesh: defaults to the config's mesh over all devices.
+
+    Raises:
+      transformer_xl.convert.ConvertError: the release's files cannot be
+        had or fail their checks (one line naming each file, its URL and
+        checksum).
+      data.DataError: the corpus cannot be prepared.
+    """
+    from transformer_xl.convert import pretrained  # the converter stays off other paths
+    workdir = str(pretrained.pretrained_workdir(
+        name, cache_dir, manual_dir=manual_dir, download=download, data_dir=data_dir,
+        dataset_manual_dir=dataset_manual_dir, verify_checksums=verify_checksums))
+    config = wd.load_config(workdir)
+    with config.unlocked():
+      config.data.download, config.data.verify_checksums = download, verify_checksums
+      if data_dir is not None:
+        config.data.data_dir = data_dir
+      if dataset_manual_dir is not None:
+        config.data.manual_dir = dataset_manual_dir
+    return cls.from_workdir(workdir, config=config, mesh=mesh)
+
+  @property
+  def generator(self) -> generate.Generator:
+    """The sampler (``generate.Generator``) of the eval model, made on first use."""
+    if self._generator is None:
+      self._generator = generate.Generator(self.eval_cfg, self.mesh)
+    return self._generator
+
+  @property
+  def evaluator(self) -> evaluate.Evaluator:
+    """The scorer (``evaluate.Evaluator``), made on first use."""
+    if self._evaluator is None:
+      self._evaluator = evaluate.Evaluator(self.config, self.model_cfg, self.corpus, self.mesh)
+    return self._evaluator
+
+  def encode_prompt(self, prompt: str) -> np.ndarray:
+    """int32 [N + 1]: the boundary symbol, then the prompt's ids (``encode_prompt``)."""
+    return encode_prompt(self.corpus, prompt)
+
+  def generate(self, prompt: str | Sequence[str], num_tokens: int, *, top_k: int = 40,
+               top_p: float = 1.0, temperature: float = 1.0, seed: int | Sequence[int] = 0,
+               num_samples: int = 1, stop: str | Sequence[str] = (), stop_at_eos: bool = False,
+               on_text: Optional[Callable[[list[str]], None]] = None
+               ) -> Generation | list[Generation]:
+    """Continues ``prompt`` (or each of several prompts) with up to
+    ``num_tokens`` tokens, ``num_samples`` times, all in one batch.
+
+    Each prompt (after the boundary symbol, ``encode_prompt``) fills the
+    memory in segments of the eval tgt_len; prompts of different lengths
+    are padded in front and masked (``generate.py``); every new token is
+    one pass of length 1 against the cached memory.  The defaults are
+    Appendix E's: top-40 sampling at temperature 1.
+
+        outs = lm.generate(["the company said", "stocks fell"], 30, seed=[1, 2])
+        outs[1].texts[0] == lm.generate("stocks fell", 30, seed=2).texts[0]  # True
+
+    A sample ends at ``num_tokens``, or earlier at a stop condition: the
+    corpus's boundary symbol drawn (``stop_at_eos``: ``<eos>``, the end of
+    a line or sentence, or a newline for character corpora), or a stop
+    string in its text; the others go on, and the batch ends when all have
+    ended.  A sample's tokens before its stop are those it gets without
+    stops (same seed).
+
+    Args:
+      prompt: text in the corpus's format (e.g. PTB: lower-case words), or a
+        sequence of such texts.
+      num_tokens: tokens per sample at most, >= 1.
+      top_k: ``generate.SamplingSettings`` (top_k=1 is greedy).
+      top_p: ``generate.SamplingSettings``.
+      temperature: ``generate.SamplingSettings``.
+      seed: PRNG seed; the same seed gives the same samples.  With several
+        prompts (and num_samples 1), one seed per prompt gives each prompt
+        the tokens it gets alone with that seed.
+      num_samples: samples per prompt, drawn together (rows of one batch), >= 1.
+      stop: a string or strings, each non-empty: a sample whose generated
+        text comes to hold one ends with the token that completed it.
+      stop_at_eos: a sample ends with the corpus's boundary symbol.
+      on_text: called after every step with the B new pieces of text (one
+        per row: prompt by prompt, sample by sample; detokenised
+        incrementally: a UTF-8 sequence split over tokens comes out whole;
+        "" for a sample that has ended), and once more at the end if a
+        held-back piece is flushed.
+
+    Returns:
+      A ``Generation``, or one per prompt for a sequence of prompts.
+
+    Raises:
+      default_config.ConfigError: a setting out of range (before anything
+        is compiled), no prompt, seeds that do not fit the prompts, an
+        empty stop string, or a bad prompt (``encode_prompt``).
+      data.DataError: a prompt has a character the corpus lacks.
+    """
+    settings = generate.SamplingSettings(top_k=top_k, top_p=top_p, temperature=temperature)
+    if num_tokens < 1 or num_samples < 1:
+      raise default_config.ConfigError(f"num_tokens={num_tokens} and num_samples={num_samples} "
+                                       "must be >= 1.")
+    stops = [stop] if isinstance(stop, str) else list(stop)
+    if not all(isinstance(x, str) and x for x in stops):
+      raise default_config.ConfigError(f"stop={stop!r}: stop strings must be non-empty strings.")
+    texts = [prompt] if isinstance(prompt, str) else list(prompt)
+    if not texts:
+      raise default_config.ConfigError("no prompt: give a text or a non-empty list of texts.")
+    per_row_seed = np.ndim(seed) > 0
+    if per_row_seed and (num_samples != 1 or np.shape(seed) != (len(texts),)):
+      raise default_config.ConfigError(
+          f"seed={list(seed)}: give one int, or one seed per prompt ({len(texts)}) with "
+          "num_samples=1.")
+    ids = [self.encode_prompt(t) for t in texts]
+    row_ids = [i for i in ids for _ in range(num_samples)]
+    decoders = [self.corpus.decoder() for _ in row_ids]
+    for d, i in zip(decoders, row_ids):  # so that the text continues the prompt
+      d.decode(i)                        # (spaces, UTF-8 state)
+    b = len(row_ids)
+    steps, pieces, done_B = [], [[] for _ in row_ids], np.zeros(b, bool)
+    reasons = ["length"] * b
+    lookback = max((len(x) for x in stops), default=0) - 1
+    tails = [""] * b  # each row's last lookback characters (a stop string may straddle pieces)
+    stream = self.generator.stream(
+        self.params, row_ids, num_tokens, settings, list(seed) if per_row_seed else seed,
+        stop_tokens=[self.corpus.boundary_id] if stop_at_eos else (), done_B=done_B)
+    for token_B in stream:
+      steps.append(token_B)
+      new = [d.decode(token_B[r:r + 1]) if token_B[r] >= 0 else ""
+             for r, d in enumerate(decoders)]
+      for r, piece in enumerate(new):
+        if token_B[r] < 0:
+          continue
+        pieces[r].append(piece)
+        if stop_at_eos and token_B[r] == self.corpus.boundary_id:
+          reasons[r] = "eos"
+        elif stops and piece:  # a stop string that ends in this piece
+          window = tails[r] + piece
+          if any(x in window[max(0, len(window) - len(piece) - len(x) + 1):] for x in stops):
+            reasons[r], done_B[r] = "stop", True
+          tails[r] = window[max(0, len(window) - lookback):] if lookback else ""
+      if on_text is not None:
+        on_text(new)
+    tail = [d.decode([], final=True) for d in decoders]
+    if any(tail):
+      for r, piece in enumerate(tail):
+        pieces[r].append(piece)
+      if on_text is not None:
+        on_text(tail)
+    tokens_BxN, c = np.stack(steps, axis=1), self.eval_cfg
+    out = []
+    for j, (text, prompt_ids) in enumerate(zip(texts, ids)):
+      rows = slice(j * num_samples, (j + 1) * num_samples)
+      out.append(Generation(
+          prompt=text, prompt_tokens=prompt_ids, tokens=tokens_BxN[rows],
+          texts=tuple("".join(p) for p in pieces[rows]),
+          settings={"seed": int(seed[j]) if per_row_seed else int(seed), "top_k": int(top_k),
+                    "top_p": float(top_p), "temperature": float(temperature),
+                    "num_tokens": int(num_tokens), "num_samples": int(num_samples),
+                    "stop": stops, "stop_at_eos": bool(stop_at_eos),
+                    "step": self.step, "dataset": self.corpus.name,
+                    "context": {"tgt_len": c.tgt_len, "mem_len": c.mem_len,
+                                "same_length": c.same_length, "clamp_len": c.clamp_len}},
+          finish_reasons=tuple(reasons[rows])))
+    return out[0] if isinstance(prompt, str) else out
+
+  def score_text(self, text: str) -> TextScore:
+    """Per-token NLL of ``text`` with the evaluation settings
+    (``evaluate.Evaluator.score``; the first token in the context of the
+    boundary symbol, as ``--mode=score --text``).
+
+    Raises:
+      data.DataError: a symbol the corpus cannot encode.
+      ValueError: the text has no token.
+    """
+    tokens_1xT1 = evaluate.text_tokens(self.corpus, text)
+    nll_1xT = self.evaluator.score(self.params, tokens_1xT1)
+    return TextScore(tokens=tokens_1xT1[0, 1:], nll=nll_1xT[0], unit=self.corpus.unit)
+
+
+def load_corpus(config: ml_collections.ConfigDict, model_cfg: models.ModelConfig,
+                workdir: Optional[str] = None) -> data.Corpus:
+  """The corpus of ``config.data`` (prepared first if needed), checked against the model.
+
+  For one's own text (``data.dataset="text"`` or ``"tfds:..."``) whose
+  files or prepared dataset are gone, the tokenizer saved in ``workdir``
+  (``text_vocab.TOKENIZER_FILE``, written by training) stands in: a
+  vocabulary-only corpus that encodes and decodes (generation, scoring
+  text), with a note.
+
+  Raises:
+    data.DataError: the corpus cannot be loaded (and ``workdir`` has no
+      saved tokenizer), tokenises differently from the run in ``workdir``
+      (``text_vocab.check_saved_tokenizer``), or its vocabulary size is not
+      the model's n_token.
+  """
+  data_cfg = config.data.to_dict()
+  try:
+    corpus = distributed.process_0_first(
+        lambda: data.load_configured(data_cfg), (data.DataError,))
+  except data.DataError as err:
+    saved = None
+    if workdir is not None and data_cfg["dataset"] not in data.CORPUS_NAMES:
+      saved = text_vocab.load_saved_tokenizer(workdir)
+    if saved is None:
+      raise
+    if jax.process_index() == 0:  # stderr: generated text owns stdout
+      print(f"Note: the corpus cannot be loaded ({str(err).splitlines()[0]}); using the "
+            f"tokenizer saved in {workdir} (enough to generate and score text).",
+            file=sys.stderr, flush=True)
+    corpus = saved
+  if workdir is not None and corpus.name == data.TEXT:
+    text_vocab.check_saved_tokenizer(corpus, workdir)
+  if corpus.vocab_size != model_cfg.n_token:
+    raise data.DataError(f"the model has {model_cfg.n_token:,} tokens but corpus {corpus.name} "
+                         f"has {corpus.vocab_size:,}: is data.dataset right?")
+  return corpus
+
+
+def encode_prompt(corpus: data.Corpus, prompt: str) -> np.ndarray:
+  """int32 [N + 1]: the boundary symbol, then the prompt's ids.
+
+  The model reads the boundary symbol first, as ``--mode=score --text``
+  does, so the prompt's first token has a context.  A last line without a
+  line break stays open (no end symbol after it), so generation continues
+  it; a prompt ending in a newline ends its line and generation starts a
+  new one.
+
+  Raises:
+    default_config.ConfigError: an empty prompt, or one whose every token
+      is the unknown-word symbol.
+    data.DataError: a character the corpus does not have (text8, ptb_char).
+  """
+  ids = corpus.encode(prompt, end_last_line=False)
+  if not ids.size:
+    raise default_config.ConfigError(
+        f"the prompt {prompt!r} is empty: it has no {corpus.unit} of the {corpus.name} "
+        "vocabulary (give text with --prompt=TEXT or --prompt_file=FILE).")
+  if corpus.unk_id is not None and np.all(ids == corpus.unk_id):
+    raise default_config.ConfigError(
+        f"the prompt {prompt!r} has no known token: every {corpus.unit} would be "
+        f"{corpus.vocab[corpus.unk_id]} in the {corpus.name} vocabulary of "
+        f"{corpus.vocab_size:,}.")
+  return np.concatenate([[corpus.boundary_id], ids]).astype(np.int32)

@@ -1,0 +1,296 @@
+"""The model's hyperparameters (``ModelConfig``) and their validation.
+
+The one definition of the model's hyperparameter names and defaults (the
+reference implementation's names), with the checks that refuse a model that
+cannot work before anything is built: ``config_problems`` (every field) and
+``segment_problems`` (a segment layout: training's or evaluation's).  The
+run config (``transformer_xl.default_config``) derives its ``model``
+section from ``ModelConfig`` and adds the checks of the other sections.
+Nothing here depends on the data, training or run code.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Mapping, Optional
+
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from transformer_xl.model import adaptive, attention, tuning
+
+DTYPES = ("float32", "bfloat16")  # model.dtype
+ATTENTION_IMPLS = ("xla", "pallas")  # model.attention_impl
+# The finite range of each float field, for the message that refuses a NaN or
+# an infinity (the range itself is checked in config_problems).
+FLOAT_RANGES = {
+    "model.dropout": "in [0, 1)", "model.dropatt": "in [0, 1)",
+    "model.init_std": "> 0", "model.proj_init_std": "> 0",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """The model's hyperparameters: the one definition of their names and defaults.
+
+  The run config's ``model`` section (``default_config.get_config().model``) is derived from these fields (all
+  but ``n_token``, which comes from the corpus); the names and meanings are
+  the reference implementation's (``train.py`` arguments).  The defaults
+  are the enwik8 12-layer base model.
+
+  Attributes:
+    n_token: vocabulary size.
+    n_layer, d_model, n_head, d_head, d_inner: sizes (Dai et al. 2019, Sec. 4).
+    dropout: rate at the embeddings, attention output, both feed-forward
+      sites and the final hidden state.
+    dropatt: rate on the attention probabilities.
+    tgt_len: T, tokens predicted per segment.
+    mem_len: M, cached positions per layer.
+    ext_len: positions at the end of a segment that are not cached
+      (reference ``ext_len``; 0 in every reference script).
+    clamp_len: largest relative distance encoded (0 = no clamp).
+    same_length: every query attends to at most mem_len keys.
+    pre_lnorm: LayerNorm before each sub-block (default: after, as in the
+      paper).
+    untie_r: per-layer u, v (``r_w_bias``, ``r_r_bias``) instead of shared.
+    tie_weight: output softmax weights shared with the input embedding
+      (all cluster tables with the adaptive softmax).
+    attn_type: attention variant, the reference's numbering
+      (``attention.ATTENTION_TYPES``): 0 = Transformer-XL (Sec. 3.3), 1 =
+      Shaw et al. (2018) learned relative, 2 = Vaswani et al. (2017)
+      absolute sinusoid, 3 = Al-Rfou et al. (2018) learned absolute per
+      layer (needs n_head * d_head == d_model).
+    max_klen: rows of the learned position tables of types 1 and 3; 0 =
+      the training attention length tgt_len + ext_len + mem_len (the
+      reference's ``max_klen``).  The eval config keeps the training value.
+    attn_block: queries per block of the blockwise attention (0 = the full
+      [B, H, T, K] computation at once); the result is the same, the
+      temporaries O(attn_block x K) (attention_ops.attend).  -1 (the default)
+      = chosen per backend and use by ``tuning.attn_block_size``.
+    attention_impl: how attn_type 0's attention is computed: "xla" (scores
+      and probabilities as [B, H, T, K] tensors, blockwise per
+      ``attn_block``) or "pallas" (the fused kernel of
+      ``pallas_attention``: no [B, H, T, K] tensor; Mosaic on TPU, Triton
+      on GPU, interpret mode elsewhere (exact, slow)).  The same results;
+      a free setting (a workdir trained with one evaluates with the
+      other).  Training steps with dropatt > 0 use "xla" (logged once).
+    scan_unroll: layers per iteration of the ``nn.scan`` loop over layers
+      (1 = one layer per iteration; n_layer or more = fully unrolled); the
+      parameters and results are the same.  -1 (the default) = chosen per
+      backend by ``tuning.scan_unroll_layers``.
+    init_std: std of weight, embedding and u/v initialisation (0.02).
+    dtype: compute dtype name, one of ``DTYPES``; parameters are
+      float32; softmax and loss are float32.
+    remat: rematerialisation policy of each layer in the backward pass, a
+      key of ``tuning.REMAT_POLICIES``: "none", "full" (recompute the layer),
+      "dots" (keep every matmul output), "save_qkv_proj" (keep the q, k, v
+      and W_kR R projections), "save_proj" (keep every projection; the
+      [B, H, T, K] scores are recomputed).
+    d_embed: embedding size of the first cluster; 0 (or None) = d_model.
+      With d_embed != d_model the embedding and softmax are projected
+      (reference ``d_embed``).
+    div_val: cluster i embeds in ``d_embed // div_val**i`` dimensions
+      (Baevski & Auli 2018; reference ``div_val``; 1 = one table).
+    cutoffs: adaptive input/softmax cluster boundaries, strictly increasing
+      and < n_token; () = a plain dense softmax (reference ``cutoffs``).
+    tie_projs: () (nothing tied) or one bool per cluster (len(cutoffs) + 1):
+      the softmax uses the embedding's projection for that cluster
+      (reference ``tie_projs``; wt103 uses (False, True, True, True)).  A
+      no-op where there is no projection (div_val == 1, d_embed == d_model).
+    proj_init_std: std of the embedding/softmax projection init (0.01).
+
+  Raises:
+    ValueError (on construction): every problem ``config_problems``
+      finds, in one message.
+  """
+
+  n_token: int
+  n_layer: int = 12
+  d_model: int = 512
+  n_head: int = 8
+  d_head: int = 64
+  d_inner: int = 2048
+  dropout: float = 0.1
+  dropatt: float = 0.0
+  tgt_len: int = 512
+  mem_len: int = 512
+  ext_len: int = 0
+  clamp_len: int = 0
+  same_length: bool = False
+  pre_lnorm: bool = False
+  untie_r: bool = False
+  tie_weight: bool = True
+  attn_type: int = 0
+  max_klen: int = 0
+  attn_block: int = -1
+  attention_impl: str = "xla"
+  scan_unroll: int = -1
+  init_std: float = 0.02
+  dtype: str = "float32"
+  remat: str = "none"
+  d_embed: Optional[int] = 0
+  div_val: int = 1
+  cutoffs: tuple = ()
+  tie_projs: tuple = ()
+  proj_init_std: float = 0.01
+
+  def __post_init__(self):
+    object.__setattr__(self, "cutoffs", tuple(int(c) for c in (self.cutoffs or ())))
+    object.__setattr__(self, "tie_projs", tuple(bool(t) for t in (self.tie_projs or ())))
+    problems = config_problems(dataclasses.asdict(self))
+    if problems:
+      raise ValueError("Invalid model config: " + " ".join(problems))
+
+  @classmethod
+  def defaults(cls) -> dict[str, Any]:
+    """{field: default} for every field but n_token (``default_config.model``)."""
+    return {f.name: f.default for f in dataclasses.fields(cls) if f.name != "n_token"}
+
+  @property
+  def pos_table_len(self) -> int:
+    """``max_klen`` resolved: tgt_len + ext_len + mem_len when it is 0."""
+    return self.max_klen or self.tgt_len + self.ext_len + self.mem_len
+
+  @property
+  def embed_dim(self) -> int:
+    """``d_embed`` resolved: d_model when d_embed is 0 or None."""
+    return self.d_model if not self.d_embed else int(self.d_embed)
+
+  @property
+  def compute_dtype(self):
+    """``dtype`` as a numpy dtype."""
+    return jnp.dtype(self.dtype)
+
+
+def segment_problems(tgt_len: int, mem_len: int, clamp_len: int, same_length: bool,
+                     ext_len: int = 0, section: str = "model") -> list[str]:
+  """Problems of a segment layout (training ``model.*`` or ``eval.*``).
+
+  Returns:
+    One message per problem, naming ``<section>.<key>`` and the fix; [] if
+    none.
+  """
+  problems = []
+  if tgt_len < 1 or mem_len < 0 or clamp_len < 0:
+    problems.append(f"{section}: tgt_len must be >= 1 and mem_len, clamp_len >= 0 (got "
+                    f"{tgt_len}, {mem_len}, {clamp_len}).")
+  if same_length and mem_len < 1:
+    problems.append(f"{section}.same_length=True needs {section}.mem_len >= 1 (with no memory "
+                    "every key would be masked).")
+  if not 0 <= ext_len < max(tgt_len, 1):
+    problems.append(f"{section}.ext_len={ext_len} must be in [0, tgt_len={tgt_len}).")
+  return problems
+
+
+def config_problems(fields: Mapping[str, Any]) -> list[str]:
+  """Every problem of a set of model hyperparameters, before anything is built.
+
+  Args:
+    fields: ModelConfig fields by name (e.g. ``config.model.to_dict()``);
+      without ``n_token`` (the vocabulary is not known before the corpus is
+      loaded) the checks that need it are skipped.
+
+  Returns:
+    One message per problem, naming ``model.<key>`` and the fix; [] if none.
+  """
+  f = {**ModelConfig.defaults(), **fields}
+  problems, nonfinite = nonfinite_problems(
+      "model", f, default=lambda name: ModelConfig.defaults().get(name.partition(".")[2]),
+      float_ranges=FLOAT_RANGES)
+  for key in ("n_layer", "d_model", "n_head", "d_head", "d_inner"):
+    if f[key] < 1:
+      problems.append(f"model.{key}={f[key]} must be >= 1.")
+  if f["d_model"] % 2:
+    problems.append(f"model.d_model={f['d_model']} must be even (sinusoid encoding).")
+  problems += segment_problems(f["tgt_len"], f["mem_len"], f["clamp_len"], f["same_length"],
+                               f["ext_len"])
+  for key in ("dropout", "dropatt"):
+    if f"model.{key}" not in nonfinite and not 0.0 <= f[key] < 1.0:
+      problems.append(f"model.{key}={f[key]} must be in [0, 1).")
+  for key in ("init_std", "proj_init_std"):
+    if f"model.{key}" not in nonfinite and not 0.0 < f[key]:
+      problems.append(f"model.{key}={f[key]} must be > 0 (the std of a normal initialiser).")
+  if f["dtype"] not in DTYPES:
+    problems.append(f"model.dtype={f['dtype']!r}: use one of {DTYPES}.")
+  if f["remat"] not in tuning.REMAT_POLICIES:
+    problems.append(f"model.remat={f['remat']!r}: use one of {tuple(tuning.REMAT_POLICIES)}.")
+  problems += attention.config_problems(f)
+  if f["attn_block"] < -1:
+    problems.append(f"model.attn_block={f['attn_block']} must be >= -1 (-1 = chosen per "
+                    "backend, 0 = no blocks, N = queries per block).")
+  if f["attention_impl"] not in ATTENTION_IMPLS:
+    problems.append(f"model.attention_impl={f['attention_impl']!r}: use one of "
+                    f"{ATTENTION_IMPLS}.")
+  elif f["attention_impl"] == "pallas" and f["attn_type"] != 0:
+    problems.append(f"model.attention_impl='pallas' is the kernel of attn_type 0 "
+                    f"(Transformer-XL); model.attn_type={f['attn_type']} needs "
+                    "model.attention_impl='xla'.")
+  if f["scan_unroll"] < -1 or f["scan_unroll"] == 0:
+    problems.append(f"model.scan_unroll={f['scan_unroll']} must be -1 (chosen per backend) or "
+                    ">= 1 (layers per iteration of the loop over layers).")
+  if f["max_klen"] < 0:
+    problems.append(f"model.max_klen={f['max_klen']} must be >= 0 (0 = tgt_len + ext_len + "
+                    "mem_len).")
+  embed_dim = f["d_model"] if not f["d_embed"] else int(f["d_embed"])
+  problems += adaptive.config_problems(f.get("n_token"), embed_dim, f["d_model"],
+                                       tuple(f["cutoffs"] or ()), f["div_val"],
+                                       tuple(f["tie_projs"] or ()))
+  return problems
+
+
+def nonfinite_problems(section: str, values: Mapping[str, Any], *,
+                       default: Callable[[str], Any] = lambda name: None,
+                       infinity_allowed: Optional[Mapping[str, str]] = None,
+                       float_ranges: Optional[Mapping[str, str]] = None
+                       ) -> tuple[list[str], set[str]]:
+  """The NaN and infinite floats among a config section's values.
+
+  One generic check of every float (and every float inside a tuple or list;
+  nested sections are walked): NaN is refused everywhere, +-inf everywhere
+  but in ``infinity_allowed``.  The range checks of the run config's ``validate``
+  and ``config_problems`` skip the keys refused here, so that each bad
+  value is named once.
+
+  Args:
+    section: the section's dotted name, e.g. "train" (prefix of the keys;
+      "" for a whole config).
+    values: key -> value (a ConfigDict section or a dict of ModelConfig fields).
+    default: dotted key -> its default (quoted in the message as an example).
+    infinity_allowed: dotted key -> what +inf means there (allowed only there).
+    float_ranges: dotted key -> its finite range, for the message.
+
+  Returns:
+    (problems, names): one message per refused value, naming
+    ``<section>.<key>``, the value and the fix; and the refused
+    ``<section>.<key>`` names.
+  """
+  allowed_inf, ranges = infinity_allowed or {}, float_ranges or {}
+  problems, names = [], set()
+  for key, value in values.items():
+    name = f"{section}.{key}" if section else str(key)
+    if isinstance(value, (ml_collections.ConfigDict, Mapping)):
+      sub_problems, sub_names = nonfinite_problems(name, value, default=default,
+                                                   infinity_allowed=allowed_inf,
+                                                   float_ranges=ranges)
+      problems += sub_problems
+      names |= sub_names
+      continue
+    items = list(value) if isinstance(value, (tuple, list)) else [value]
+    bad = [float(v) for v in items if isinstance(v, (float, np.floating))
+           and not math.isfinite(v) and not (v == math.inf and name in allowed_inf)]
+    if not bad:
+      continue
+    if isinstance(value, (tuple, list)):
+      what = f"holds {bad[0]}"
+    else:
+      what = "is not a number" if math.isnan(bad[0]) else "is infinite"
+    allowed, default_value = allowed_inf.get(name), default(name)
+    notes = [n for n in (allowed, f"e.g. {default_value!r}" if isinstance(default_value, float) else "") if n]
+    fix = ("give finite values" if isinstance(value, (tuple, list)) else
+           f"give a {'' if allowed else 'finite '}value"
+           + (f" {ranges[name]}" if name in ranges else "")
+           + (f" ({'; '.join(notes)})" if notes else ""))
+    problems.append(f"{name}={value} {what}: {fix}.")
+    names.add(name)
+  return problems, names

@@ -1,0 +1,376 @@
+"""What a run's directory holds, and the one way each file is read and written.
+
+A workdir (a local path or gs://) holds:
+
+* ``config.json``: the full config of the training run (``--mode=eval``
+  and ``--mode=score`` use it when --config is omitted);
+* ``model_config.json``: the exact architecture (``ModelConfig`` with
+  n_token) and the corpus's unit and name, so that a checkpoint can be used
+  without the data;
+* ``checkpoints/``: orbax checkpoints (``checkpointing.py``), each with the
+  same information as model_config.json in its record
+  (``checkpoint_meta``);
+* ``checkpoints_rejected/``: checkpoints found damaged when a run resumed,
+  or saved after the last good one when a run diverged (each with its
+  reason.txt);
+* ``checkpoints_verified.json``: the newest checkpoint known good
+  (``checkpointing.Verification``);
+* ``train.lock``: held by the training running in it, if any
+  (``training_lock``);
+* ``eval_results.json``: the last ``--mode=eval`` results;
+* ``metrics.jsonl``, ``tensorboard/``: training metrics (``metrics.py``).
+
+config.json and model_config.json are written only once a run has
+restored its checkpoint or initialised a fresh state (a run that stops
+before, e.g. because its model differs from the checkpoint's, leaves the
+workdir as it was).  Only process 0 writes these files.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import fcntl
+import json
+import os
+import socket
+from typing import Any, Callable, Iterator, Mapping, Optional
+
+import jax
+import ml_collections
+from etils import epath
+from jax.sharding import Mesh
+
+from transformer_xl import default_config
+from transformer_xl.run import checkpointing
+from transformer_xl.run import distributed
+from transformer_xl.run import metrics
+from transformer_xl.model import models
+from transformer_xl.training import train_state
+from transformer_xl.model import tuning
+from transformer_xl import errors
+
+
+WorkdirError = errors.WorkdirError  # re-exported (transformer_xl.errors)
+
+
+def _atomic_write(path: epath.Path, text: str) -> None:
+  """Writes ``text`` to ``path`` through a temporary file and a rename, so a
+  killed run never leaves a half-written file."""
+  tmp = path.parent / f".{path.name}.tmp"
+  tmp.write_text(text)
+  tmp.replace(path)
+
+
+def require_dir(workdir: str) -> epath.Path:
+  """``workdir`` as a path, which must not be a file.
+
+  Raises:
+    WorkdirError: it is an existing file.
+  """
+  path = epath.Path(workdir)
+  if path.exists() and not path.is_dir():
+    raise WorkdirError(f"--workdir={workdir} is a file, not a directory: pass a directory "
+                       "(it is created if it does not exist).")
+  return path
+
+
+def check_writable(workdir: str) -> None:
+  """Makes sure ``workdir`` is (or can be made) a directory this process can write.
+
+  Creates it if needed, then writes and deletes a small probe file (every
+  process: each writes its own checkpoint shards).
+
+  Raises:
+    WorkdirError: a file, a read-only file system, no permission.
+  """
+  path = require_dir(workdir)
+  probe = path / f".txl_write_test.{jax.process_index()}.{os.getpid()}"
+  try:
+    path.mkdir(parents=True, exist_ok=True)
+    probe.write_text("")
+    probe.unlink()
+  except OSError as err:
+    reason = err.strerror or str(err)
+    raise WorkdirError(f"--workdir={workdir} cannot be written ({reason}): pass a directory "
+                       "on a writable file system that you have permission to write to."
+                       ) from err
+
+
+LOCK_FILE = "train.lock"
+_HELD: dict[str, list] = {}  # lock path -> [file descriptor, depth] held by this process
+
+
+def _lock_holder(text: str) -> str:
+  """The holder recorded in a lock file's text, for a message."""
+  try:
+    h = json.loads(text)
+    return f"pid {h['pid']} on host {h['host']}, started {h['started']}"
+  except (ValueError, KeyError, TypeError):
+    return "a process that left no details"
+
+
+def _acquire(path: str) -> tuple[Optional[int], str]:
+  """(fd, text) with an exclusive flock on ``path`` held through fd, and the
+  text a previous holder left (non-empty: it ended without releasing, e.g.
+  kill -9); (None, holder text) when another process holds the lock."""
+  while True:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      text = os.pread(fd, 4096, 0).decode("utf-8", "replace")
+      os.close(fd)
+      return None, text
+    try:  # its holder may have removed the file between our open and flock
+      if os.fstat(fd).st_ino == os.stat(path).st_ino:
+        return fd, os.pread(fd, 4096, 0).decode("utf-8", "replace")
+    except FileNotFoundError:
+      pass
+    os.close(fd)
+
+
+@contextlib.contextmanager
+def training_lock(workdir: str, log: Callable[[str], None] = print) -> Iterator[None]:
+  """Holds ``<workdir>/train.lock``, so that one training at a time writes a workdir.
+
+  Two trainings in one workdir would interleave their metrics and overwrite
+  each other's checkpoints and config.json.  The lock is an exclusive
+  ``flock`` on the file, which the kernel releases when the holder ends
+  however it ends (kill -9 included); the file records the holder's host,
+  PID and start time for the message.  A lock left by a holder that is gone
+  is taken over, with a note.  Re-entrant within a process (the command
+  line takes it before loading data, ``train.train_and_evaluate`` again).
+  With several processes, process 0 holds it and all agree.  Readers
+  (eval, score, generate, the Python API) take no lock: they can run beside
+  a training.  On a non-local workdir (gs://) there is no lock: run one
+  training per workdir yourself.
+
+  Raises:
+    WorkdirError: another training holds the lock (the message names it).
+  """
+  if "://" in str(workdir):
+    yield
+    return
+  path = os.path.realpath(os.path.join(str(workdir), LOCK_FILE))
+  if path in _HELD:
+    _HELD[path][1] += 1
+    try:
+      yield
+    finally:
+      _HELD[path][1] -= 1
+    return
+  fd, text = None, ""
+  if jax.process_index() == 0:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, text = _acquire(path)
+  if distributed.any_process(jax.process_index() == 0 and fd is None):
+    where = _lock_holder(text) if jax.process_index() == 0 else "see process 0's message"
+    raise WorkdirError(
+        f"--workdir={workdir} is in use by another training ({where}; lock {path}): two "
+        "trainings in one workdir would mix their checkpoints and metrics. Wait for it to "
+        "end or stop it (SIGTERM or Ctrl-C: it saves a checkpoint first), or use another "
+        "--workdir. Evaluating, scoring and generating need no lock and can run beside it.")
+  _HELD[path] = [fd, 1]  # on every process, so that the nested calls agree
+  if fd is not None:
+    if text.strip():
+      log(f"Took over {path} from a training that ended without releasing it "
+          f"({_lock_holder(text)}).")
+    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    info = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": started})
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (info + "\n").encode(), 0)
+  try:
+    yield
+  finally:
+    del _HELD[path]
+    if fd is not None:
+      with contextlib.suppress(OSError):
+        os.unlink(path)
+      os.close(fd)
+
+
+def save_config(workdir: str, config: ml_collections.ConfigDict) -> None:
+  """Writes ``<workdir>/config.json`` (process 0)."""
+  if jax.process_index() == 0:
+    _atomic_write(epath.Path(workdir) / "config.json", config.to_json_best_effort(indent=2))
+
+
+def load_config(workdir: str) -> ml_collections.ConfigDict:
+  """The config a training run saved in ``<workdir>/config.json``.
+
+  Raises:
+    FileNotFoundError: no config.json (pass --config instead).
+    WorkdirError: the workdir is a file, or config.json is damaged.
+  """
+  path = require_dir(workdir) / "config.json"
+  if not path.exists():
+    raise FileNotFoundError(f"{path} does not exist: pass --config=configs/<name>.py, or use the "
+                            "--workdir of a training run (it saves its config there).")
+  config = default_config.get_config()
+  try:
+    config.update(json.loads(path.read_text()))
+  except (ValueError, KeyError, TypeError, AttributeError) as err:
+    raise WorkdirError(f"{path} is damaged ({err}): pass --config=configs/<name>.py with the "
+                       "run's settings instead.") from None
+  return config
+
+
+def save_model_config(workdir: str, model_cfg: models.ModelConfig, unit: str,
+                      dataset: str) -> None:
+  """Writes ``<workdir>/model_config.json``: the architecture (with n_token),
+  the corpus unit ("byte", "char", "word" or "subword") and the dataset name
+  (process 0)."""
+  if jax.process_index() == 0:
+    _atomic_write(epath.Path(workdir) / "model_config.json", json.dumps(
+        {"model": dataclasses.asdict(model_cfg), "unit": unit, "dataset": dataset}, indent=2))
+
+
+def load_model_config(workdir: str) -> tuple[models.ModelConfig, str]:
+  """(ModelConfig, unit) from ``<workdir>/model_config.json``.
+
+  Raises:
+    FileNotFoundError: the workdir has no model_config.json.
+    WorkdirError: the workdir is a file, or model_config.json is damaged.
+  """
+  path = require_dir(workdir) / "model_config.json"
+  if not path.exists():
+    raise FileNotFoundError(f"{path} does not exist: train (or convert) into this --workdir first.")
+  try:
+    saved = json.loads(path.read_text())
+    return models.ModelConfig(**saved["model"]), saved["unit"]
+  except (ValueError, KeyError, TypeError) as err:
+    raise WorkdirError(f"{path} is damaged ({err}).") from None
+
+
+def checkpoint_meta(model_cfg: models.ModelConfig, unit: str, dataset: str,
+                    global_batch: int) -> dict:
+  """What a checkpoint records about the run that made it (JSON-serialisable):
+  the model config (with n_token), the corpus's unit and name, and the
+  training batch (the rows of the saved memory)."""
+  return json.loads(json.dumps({"model": dataclasses.asdict(model_cfg), "unit": unit,
+                                "dataset": dataset, "global_batch": int(global_batch)}))
+
+
+def _same_meaning(model: Optional[Mapping[str, Any]]) -> dict:
+  """Model fields with equivalent spellings made equal: d_embed None, 0 and
+  d_model all mean "no projection" (models.ModelConfig.embed_dim)."""
+  model = dict(model or {})
+  if "d_embed" in model and model["d_embed"] in (None, 0, model.get("d_model")):
+    model["d_embed"] = 0
+  return model
+
+
+def run_differences(saved: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[str]:
+  """How a run's ``checkpoint_meta`` differs from a checkpoint's.
+
+  Compared: every model field but ``tuning.FREE_MODEL_KEYS`` (the same
+  parameters and results, computed with another speed/memory trade-off),
+  and, where both have them, the dataset (unless one is "converted", the
+  converter's name for no particular corpus) and ``train.global_batch``.  Eval settings, the
+  number of steps, the learning-rate schedule, the mesh may all differ.
+
+  Returns:
+    One line per differing key, e.g. "the workdir was trained with
+    model.d_model=128; this run asks for 64"; [] if none.
+  """
+  lines = []
+  saved_model, wanted_model = map(_same_meaning, (saved.get("model"), wanted.get("model")))
+  for key in sorted(set(saved_model) | set(wanted_model)):
+    if key in tuning.FREE_MODEL_KEYS or key not in saved_model or key not in wanted_model:
+      continue
+    a, b = saved_model[key], wanted_model[key]
+    if (list(a) if isinstance(a, (list, tuple)) else a) != (
+        list(b) if isinstance(b, (list, tuple)) else b):
+      name = "model.n_token (the vocabulary size)" if key == "n_token" else f"model.{key}"
+      lines.append(f"the workdir was trained with {name}={a!r}; this run asks for {b!r}")
+  for key, name in (("dataset", "data.dataset"), ("global_batch", "train.global_batch")):
+    if key == "dataset" and "converted" in (saved.get(key), wanted.get(key)):
+      continue  # a converted checkpoint of no particular corpus (convert/workdir.py)
+    if key in saved and key in wanted and saved[key] != wanted[key]:
+      lines.append(f"the workdir was trained with {name}={saved[key]!r}; this run asks for "
+                   f"{wanted[key]!r}")
+  return lines
+
+
+def check_same_run(workdir: str, checkpoint: str, saved: Mapping[str, Any],
+                   wanted: Mapping[str, Any]) -> None:
+  """Stops a run whose model (or data, or batch) differs from a checkpoint's.
+
+  Args:
+    workdir: the --workdir.
+    checkpoint: the checkpoint's path (for the message).
+    saved: the checkpoint's ``checkpoint_meta``; {} for a checkpoint
+      without one (then ``<workdir>/model_config.json`` is compared, if any).
+    wanted: this run's ``checkpoint_meta`` (keys it lacks are not compared).
+
+  Raises:
+    default_config.ConfigError: listing every differing key with both values.
+  """
+  if not saved:
+    path = epath.Path(workdir) / "model_config.json"
+    try:
+      saved = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, ValueError):
+      saved = {}
+  lines = run_differences(saved, wanted)
+  if lines:
+    raise default_config.ConfigError(
+        f"--workdir={workdir} holds checkpoints of a different model ({checkpoint}):\n  - "
+        + "\n  - ".join(lines)
+        + f"\nRun with the workdir's settings (they are in {epath.Path(workdir) / 'config.json'}),"
+          " or use a new --workdir for the new model. Nothing in the workdir was changed.")
+
+
+def restore_params(config: ml_collections.ConfigDict, workdir: str,
+                   model_cfg: models.ModelConfig, mesh: Mesh) -> tuple[int, Any]:
+  """(step, parameters) of the newest usable checkpoint in ``workdir``, on ``mesh``.
+
+  Damaged checkpoints are reported and skipped
+  (``checkpointing.restore_latest``); nothing in the workdir is changed,
+  and a training may run in it meanwhile (no lock is taken; a checkpoint
+  its rotation removes while it is read is skipped).
+
+  Raises:
+    FileNotFoundError: no checkpoint.
+    default_config.ConfigError: ``model_cfg`` differs from the checkpoint's model.
+    checkpointing.CheckpointError: checkpoints exist but none is usable.
+  """
+  require_dir(workdir)
+  directory = checkpointing.checkpoint_dir(workdir)
+  if not directory.exists():
+    raise FileNotFoundError(f"No checkpoint in {directory}: train first with the same "
+                            "--workdir (--mode=train).")
+  model = models.TransformerXL(model_cfg)
+  tx = train_state.make_optimizer(config.train)
+  abstract = {}
+
+  def abstract_for(meta):  # the saved memory has the training run's batch rows
+    batch = int(meta.get("global_batch") or config.train.global_batch)
+    if batch not in abstract:
+      abstract[batch] = train_state.abstract_train_state(model, tx, batch, mesh)[0]
+    return abstract[batch]
+
+  wanted = {"model": checkpoint_meta(model_cfg, "", "", 0)["model"]}
+  manager = checkpointing.make_manager(workdir, create=False)
+  try:
+    restored = checkpointing.restore_latest(
+        manager, abstract_for, log=metrics.log,
+        check_meta=lambda path, meta: check_same_run(workdir, path, meta, wanted))
+  finally:
+    manager.close()
+  if restored is None:
+    raise FileNotFoundError(f"No checkpoint in {manager.directory}: train first with the same "
+                            "--workdir (--mode=train).")
+  if restored.rejected:
+    metrics.log(f"Using {restored.path} (step {restored.step}), the newest usable checkpoint.")
+  return restored.step, restored.state.params
+
+
+def write_eval_results(workdir: str, results: Mapping[str, Any]) -> str:
+  """Writes ``<workdir>/eval_results.json`` (process 0; strict JSON, non-finite
+  values as null listed under "nonfinite") and returns its path."""
+  path = epath.Path(workdir) / "eval_results.json"
+  if jax.process_index() == 0:
+    _atomic_write(path, metrics.dumps(results, indent=2, sort_keys=True))
+  return str(path)

@@ -1,0 +1,143 @@
+"""The training state, its optimizer, and the one way it is created on a mesh.
+
+Reference semantics (Dai et al. 2019; reference ``train.py``): Adam with
+linear warmup then cosine decay, global-norm clipping at ``clip``.
+
+One init path (big_vision's): a pure ``init(rng)`` that builds the whole
+``TrainState``; ``jax.eval_shape`` of it gives shapes, the logical axis
+names of the parameters give their shardings (sharding.py), and
+``jax.jit(init, out_shardings=...)`` creates every array directly on its
+devices.  Training, the converter and the benchmarks all go through
+``abstract_train_state`` and ``create_train_state``.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Optional
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from jax.sharding import Mesh, NamedSharding
+
+from transformer_xl import sharding
+from transformer_xl.model import models
+
+Array = jax.Array
+
+
+@flax.struct.dataclass
+class TrainState:
+  """Everything a resumed run needs besides the iterator position.
+
+  Attributes:
+    step: int32 scalar, optimizer steps taken.
+    params: model parameters (float32).
+    opt_state: optax state.
+    memory: the training ``models.Memory`` of every batch row.
+  """
+
+  step: Array
+  params: Any
+  opt_state: Any
+  memory: models.Memory
+
+
+def learning_rate_schedule(train_cfg: ml_collections.ConfigDict) -> optax.Schedule:
+  """Linear warmup from 0 to learning_rate, then cosine decay to min_lr.
+
+  The cosine spans num_steps including the warmup (optax
+  ``warmup_cosine_decay_schedule``; the reference's CosineAnnealingLR over
+  max_step).
+  """
+  return optax.warmup_cosine_decay_schedule(
+      init_value=0.0 if train_cfg.warmup_steps > 0 else train_cfg.learning_rate,
+      peak_value=train_cfg.learning_rate,
+      warmup_steps=train_cfg.warmup_steps,
+      decay_steps=max(train_cfg.num_steps, train_cfg.warmup_steps + 1),
+      end_value=train_cfg.min_lr)
+
+
+def make_optimizer(train_cfg: ml_collections.ConfigDict) -> optax.GradientTransformation:
+  """Global-norm clipping then Adam on ``learning_rate_schedule``."""
+  return optax.chain(
+      optax.clip_by_global_norm(train_cfg.clip),
+      optax.adam(learning_rate_schedule(train_cfg), b1=train_cfg.adam_b1,
+                 b2=train_cfg.adam_b2, eps=train_cfg.adam_eps))
+
+
+def _state_from_params(model: models.TransformerXL, tx, global_batch: int, params) -> TrainState:
+  """Step 0, fresh optimizer state and an empty memory around ``params``."""
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                    memory=models.init_memory(model.config, global_batch))
+
+
+def _init(model: models.TransformerXL, tx, global_batch: int, rng: Array) -> TrainState:
+  """The whole initial state from a PRNG key (reference initialisation)."""
+  params = nn.unbox(models.init_params(model, rng))
+  return _state_from_params(model, tx, global_batch, params)
+
+
+def memory_sharding(mesh: Mesh) -> models.Memory:
+  """Shardings of a ``models.Memory``: its rows split as the batch's
+  (``memory.Memory.shardings``)."""
+  return models.Memory.shardings(mesh)
+
+
+def abstract_train_state(model: models.TransformerXL, tx, global_batch: int, mesh: Mesh):
+  """Shapes and shardings of the state, without allocating anything.
+
+  Parameters are placed by their logical axis names; optimizer moments
+  follow their parameters; scalars are replicated; the memory's rows go
+  over the data-parallel axes.
+
+  Returns:
+    (abstract TrainState of jax.ShapeDtypeStruct with shardings, TrainState
+    of NamedShardings).
+  """
+  rng = jax.random.PRNGKey(0)
+  boxed_params = jax.eval_shape(functools.partial(models.init_params, model), rng)
+  shapes = jax.eval_shape(functools.partial(_init, model, tx, global_batch), rng)
+  param_shardings = sharding.logical_shardings(boxed_params, mesh)
+  opt_shardings = optax.tree_map_params(
+      tx, lambda _, s: s, shapes.opt_state, param_shardings,
+      transform_non_params=lambda _: sharding.replicated(mesh),
+      is_leaf=lambda x: isinstance(x, NamedSharding))
+  shardings = TrainState(step=sharding.replicated(mesh), params=param_shardings,
+                         opt_state=opt_shardings, memory=memory_sharding(mesh))
+  abstract = jax.tree_util.tree_map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, shardings)
+  return abstract, shardings
+
+
+def create_train_state(model: models.TransformerXL, tx, global_batch: int, mesh: Mesh,
+                       rng: Optional[Array] = None, state_shardings=None,
+                       params: Optional[Any] = None) -> TrainState:
+  """A step-0 TrainState created on the mesh, each array on its devices.
+
+  Args:
+    model: as ``abstract_train_state``.
+    tx: as ``abstract_train_state``.
+    global_batch: as ``abstract_train_state``.
+    mesh: as ``abstract_train_state``.
+    rng: PRNG key of the parameter initialisation (when ``params`` is None).
+    state_shardings: from ``abstract_train_state`` (computed if None).
+    params: existing parameters (host arrays, e.g. converted ones) instead
+      of fresh ones; the optimizer state is initialised for them.
+
+  Raises:
+    ValueError: neither ``rng`` nor ``params`` given.
+  """
+  if state_shardings is None:
+    _, state_shardings = abstract_train_state(model, tx, global_batch, mesh)
+  if params is not None:
+    from_params = functools.partial(_state_from_params, model, tx, global_batch)
+    return jax.jit(from_params, in_shardings=(state_shardings.params,),
+                   out_shardings=state_shardings)(params)
+  if rng is None:
+    raise ValueError("create_train_state needs rng (fresh parameters) or params.")
+  init = functools.partial(_init, model, tx, global_batch)
+  return jax.jit(init, out_shardings=state_shardings)(rng)
