@@ -39,6 +39,7 @@ the forward for training.
 **Measured so far: nothing on an accelerator** (no GPU or TPU has been
 available to this project); the docs' benchmark page says so.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -77,8 +78,9 @@ def parse_args(argv=None):
 def load_config(name: str):
   path = os.path.join(common.REPO, "configs", f"{name}.py")
   if not os.path.isfile(path):
-    raise SystemExit(f"error: no config configs/{name}.py (--configs takes names such as "
-                     "enwik8_24l)")
+    raise SystemExit(
+        f"error: no config configs/{name}.py (--configs takes names such as " "enwik8_24l)"
+    )
   spec = importlib.util.spec_from_file_location(f"config_{name}", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
@@ -90,6 +92,7 @@ def softmax_flops_per_token(model_cfg) -> float:
   computes it: for every cluster, the projection to its width (where there
   is one) and its logits, for every token."""
   from transformer_xl.model import adaptive  # noqa: PLC0415
+
   cutoffs, d = tuple(model_cfg.cutoffs), model_cfg.d_model
   bounds = adaptive.cluster_bounds(model_cfg.n_token, cutoffs)
   dims = adaptive.cluster_dims(model_cfg.embed_dim, len(bounds) - 1, model_cfg.div_val)
@@ -103,8 +106,9 @@ def softmax_flops_per_token(model_cfg) -> float:
 
 def model_flops_per_token(model_cfg, batch: int, train: bool) -> float:
   c = model_cfg
-  layers = vs_pytorch.model_flops_per_token(c.n_layer, c.d_model, c.n_head, c.d_head, c.d_inner,
-                                            0, batch, c.tgt_len, c.mem_len, train)
+  layers = vs_pytorch.model_flops_per_token(
+      c.n_layer, c.d_model, c.n_head, c.d_head, c.d_inner, 0, batch, c.tgt_len, c.mem_len, train
+  )
   return layers + (3 if train else 1) * softmax_flops_per_token(c)
 
 
@@ -117,8 +121,16 @@ def _peak_memory(device, compiled) -> dict:
   if stats and "peak_bytes_in_use" in stats:
     return {"peak_device_mib": stats["peak_bytes_in_use"] / 2**20, "source": "device"}
   ma = compiled.memory_analysis()
-  total = (ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes
-           + ma.temp_size_in_bytes) if ma is not None else 0
+  total = (
+      (
+          ma.argument_size_in_bytes
+          + ma.output_size_in_bytes
+          - ma.alias_size_in_bytes
+          + ma.temp_size_in_bytes
+      )
+      if ma is not None
+      else 0
+  )
   return {"peak_device_mib": total / 2**20, "source": "xla_estimate"}
 
 
@@ -128,11 +140,15 @@ def train_timing(args, config, vocab: int):
   ModelConfig)."""
   import jax  # noqa: PLC0415
   import numpy as np  # noqa: PLC0415
+
   from transformer_xl import default_config, sharding
-  from transformer_xl.training import lowering
   from transformer_xl.model import models
-  from transformer_xl.training import train
-  from transformer_xl.training import train_state  # noqa: PLC0415
+  from transformer_xl.training import (
+      lowering,
+      train,
+      train_state,  # noqa: PLC0415
+  )
+
   devices = jax.local_devices()
   device, n = devices[0], len(devices)
   peak = common.PEAK_BF16_FLOPS.get(device.device_kind)
@@ -147,14 +163,17 @@ def train_timing(args, config, vocab: int):
     tx = train_state.make_optimizer(config.train)
     try:
       _, shardings = train_state.abstract_train_state(model, tx, batch, mesh)
-      state = train_state.create_train_state(model, tx, batch, mesh, jax.random.PRNGKey(0),
-                                             shardings)
+      state = train_state.create_train_state(
+          model, tx, batch, mesh, jax.random.PRNGKey(0), shardings
+      )
       step = train.make_train_step(model, tx, mesh, shardings, 1, 0)
       rng = np.random.default_rng(0)
-      data = {"inputs": rng.integers(0, vocab, (batch, mcfg.tgt_len), dtype=np.int32),
-              "targets": rng.integers(0, vocab, (batch, mcfg.tgt_len), dtype=np.int32),
-              "weights": np.ones((batch, mcfg.tgt_len), np.float32),
-              "reset": np.zeros(batch, bool)}
+      data = {
+          "inputs": rng.integers(0, vocab, (batch, mcfg.tgt_len), dtype=np.int32),
+          "targets": rng.integers(0, vocab, (batch, mcfg.tgt_len), dtype=np.int32),
+          "weights": np.ones((batch, mcfg.tgt_len), np.float32),
+          "reset": np.zeros(batch, bool),
+      }
       data = jax.device_put(data, sharding.rows_sharding(mesh))
       t0 = time.perf_counter()
       compiled = step.lower(state, data).compile()
@@ -174,10 +193,18 @@ def train_timing(args, config, vocab: int):
   step_s = statistics.median(times)
   tps = batch * mcfg.tgt_len / step_s
   flops = model_flops_per_token(mcfg, batch, train=True)
-  result = {"global_batch": batch, "tgt_len": mcfg.tgt_len, "mem_len": mcfg.mem_len,
-            "compile_s": compile_s, "step_ms": 1e3 * step_s, "tokens_per_sec": tps,
-            "flops_per_token": flops, "mfu": flops * tps / peak if peak else None,
-            "final_loss": float(metrics["loss"]), **_peak_memory(device, compiled)}
+  result = {
+      "global_batch": batch,
+      "tgt_len": mcfg.tgt_len,
+      "mem_len": mcfg.mem_len,
+      "compile_s": compile_s,
+      "step_ms": 1e3 * step_s,
+      "tokens_per_sec": tps,
+      "flops_per_token": flops,
+      "mfu": flops * tps / peak if peak else None,
+      "final_loss": float(metrics["loss"]),
+      **_peak_memory(device, compiled),
+  }
   return result, state, mesh, mcfg
 
 
@@ -185,10 +212,12 @@ def ours(args, name: str, config, vocab: int) -> dict:
   """Train and eval timings of our model for one config."""
   import jax  # noqa: PLC0415
   import numpy as np  # noqa: PLC0415
+
   from transformer_xl import sharding
   from transformer_xl.inference import evaluate
   from transformer_xl.model import models
   from transformer_xl.training import train_state  # noqa: PLC0415
+
   devices = jax.local_devices()
   out = {"config": name, "device_kind": devices[0].device_kind, "devices": len(devices)}
   out["train"], state, mesh, mcfg = train_timing(args, config, vocab)
@@ -197,23 +226,40 @@ def ours(args, name: str, config, vocab: int) -> dict:
   eval_step = evaluate.make_eval_step(models.TransformerXL(ecfg), mesh)
   eb = -(-config.eval.global_batch // len(devices)) * len(devices)
   rng = np.random.default_rng(1)
-  batches = [jax.device_put(
-      {"inputs": rng.integers(0, vocab, (eb, ecfg.tgt_len), dtype=np.int32),
-       "targets": rng.integers(0, vocab, (eb, ecfg.tgt_len), dtype=np.int32),
-       "reset": np.zeros(eb, bool)}, sharding.rows_sharding(mesh)) for _ in range(2)]
-  memory = jax.jit(lambda: models.init_memory(ecfg, eb),
-                   out_shardings=train_state.memory_sharding(mesh))()
+  batches = [
+      jax.device_put(
+          {
+              "inputs": rng.integers(0, vocab, (eb, ecfg.tgt_len), dtype=np.int32),
+              "targets": rng.integers(0, vocab, (eb, ecfg.tgt_len), dtype=np.int32),
+              "reset": np.zeros(eb, bool),
+          },
+          sharding.rows_sharding(mesh),
+      )
+      for _ in range(2)
+  ]
+  memory = jax.jit(
+      lambda: models.init_memory(ecfg, eb), out_shardings=train_state.memory_sharding(mesh)
+  )()
   run = common.eval_loop(eval_step, state.params, memory, batches)
   run(args.warmup)
   t0 = time.perf_counter()
   run(args.steps)
   eval_tps = args.steps * eb * ecfg.tgt_len / (time.perf_counter() - t0)
-  out["eval"] = {"global_batch": eb, "tgt_len": ecfg.tgt_len, "mem_len": ecfg.mem_len,
-                 "clamp_len": ecfg.clamp_len, "tokens_per_sec": eval_tps}
+  out["eval"] = {
+      "global_batch": eb,
+      "tgt_len": ecfg.tgt_len,
+      "mem_len": ecfg.mem_len,
+      "clamp_len": ecfg.clamp_len,
+      "tokens_per_sec": eval_tps,
+  }
   tr = out["train"]
-  print(f"{name}: train {tr['tokens_per_sec']:,.0f} tokens/s ({tr['step_ms']:.1f} ms/step, "
-        f"batch {tr['global_batch']}" + (f", MFU {100 * tr['mfu']:.1f}%" if tr["mfu"] else "")
-        + f"); eval {eval_tps:,.0f} tokens/s", flush=True)
+  print(
+      f"{name}: train {tr['tokens_per_sec']:,.0f} tokens/s ({tr['step_ms']:.1f} ms/step, "
+      f"batch {tr['global_batch']}"
+      + (f", MFU {100 * tr['mfu']:.1f}%" if tr["mfu"] else "")
+      + f"); eval {eval_tps:,.0f} tokens/s",
+      flush=True,
+  )
   return out
 
 
@@ -221,14 +267,28 @@ def pytorch(args, config, vocab: int, batch: int) -> dict:
   """The HF port of the reference trained with bf16 autocast: tokens/s."""
   import torch  # noqa: PLC0415
   from transformers import TransfoXLConfig, TransfoXLLMHeadModel  # noqa: PLC0415
+
   m = config.model
   device = "cuda" if torch.cuda.is_available() else "cpu"
   hf = TransfoXLConfig(
-      vocab_size=vocab, cutoffs=list(m.cutoffs), div_val=m.div_val, d_model=m.d_model,
-      d_embed=m.d_embed or m.d_model, n_head=m.n_head, d_head=m.d_head, d_inner=m.d_inner,
-      n_layer=m.n_layer, mem_len=m.mem_len, clamp_len=m.clamp_len, same_length=m.same_length,
-      untie_r=m.untie_r, pre_lnorm=m.pre_lnorm, dropout=m.dropout, dropatt=m.dropatt,
-      tie_word_embeddings=m.tie_weight)
+      vocab_size=vocab,
+      cutoffs=list(m.cutoffs),
+      div_val=m.div_val,
+      d_model=m.d_model,
+      d_embed=m.d_embed or m.d_model,
+      n_head=m.n_head,
+      d_head=m.d_head,
+      d_inner=m.d_inner,
+      n_layer=m.n_layer,
+      mem_len=m.mem_len,
+      clamp_len=m.clamp_len,
+      same_length=m.same_length,
+      untie_r=m.untie_r,
+      pre_lnorm=m.pre_lnorm,
+      dropout=m.dropout,
+      dropatt=m.dropatt,
+      tie_word_embeddings=m.tie_weight,
+  )
   model = TransfoXLLMHeadModel(hf).to(device).train()
   opt = torch.optim.Adam(model.parameters(), lr=1e-4)
   x = torch.randint(0, vocab, (batch, m.tgt_len), device=device)
@@ -251,8 +311,12 @@ def pytorch(args, config, vocab: int, batch: int) -> dict:
       times.append(time.perf_counter() - t0)
   tps = batch * m.tgt_len / statistics.median(times)
   print(f"  pytorch ({device}, bf16 autocast): {tps:,.0f} tokens/s", flush=True)
-  return {"device": device, "global_batch": batch, "tokens_per_sec": tps,
-          "torch": torch.__version__}
+  return {
+      "device": device,
+      "global_batch": batch,
+      "tokens_per_sec": tps,
+      "torch": torch.__version__,
+  }
 
 
 def compare(old_path: str, new_path: str) -> int:
@@ -279,35 +343,46 @@ def main(argv=None) -> int:
   if args.compare:
     return compare(args.compare, args.new)
   import jax  # noqa: PLC0415
+
   from transformer_xl.training import lowering  # noqa: PLC0415
+
   results = []
   for name in [n for n in args.configs.split(",") if n]:
     config = load_config(name)
     config.model.update(dtype="bfloat16")
     if args.smoke:
-      config.model.update(n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64, tgt_len=8,
-                          mem_len=8)
+      config.model.update(
+          n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64, tgt_len=8, mem_len=8
+      )
       config.eval.update(tgt_len=8, mem_len=16, global_batch=2)
       config.train.global_batch = 2
     vocab = lowering.vocab_sizes()[config.data.dataset]
     if args.smoke:
       vocab = min(vocab, 300)
       cutoffs = [c for c in config.model.cutoffs if c < vocab // 2][:2] or (
-          [vocab // 4, vocab // 2] if config.model.cutoffs else [])
-      config.model.update(cutoffs=cutoffs, d_embed=32,
-                          tie_projs=list(config.model.tie_projs)[:len(cutoffs) + 1])
+          [vocab // 4, vocab // 2] if config.model.cutoffs else []
+      )
+      config.model.update(
+          cutoffs=cutoffs, d_embed=32, tie_projs=list(config.model.tie_projs)[: len(cutoffs) + 1]
+      )
     res = ours(args, name, config, vocab)
     torch_ok = importlib.util.find_spec("torch") is not None
     if not args.no_pytorch and torch_ok:
       import torch  # noqa: PLC0415
+
       if torch.cuda.is_available() or args.smoke:
         res["pytorch"] = pytorch(args, config, vocab, res["train"]["global_batch"])
     results.append(res)
   machine = common.machine_info(("jax", "jaxlib", "flax", "torch", "transformers"))
-  data = {"args": vars(args), "machine": machine,
-          "devices": [str(d) for d in jax.local_devices()], "results": results}
-  common.write_json(args.json or common.default_json_path(machine["host"], prefix="accelerator_"),
-                    data)
+  data = {
+      "args": vars(args),
+      "machine": machine,
+      "devices": [str(d) for d in jax.local_devices()],
+      "results": results,
+  }
+  common.write_json(
+      args.json or common.default_json_path(machine["host"], prefix="accelerator_"), data
+  )
   return 0
 
 

@@ -8,6 +8,7 @@ Only the standard library is imported at import time: the parent processes
 of vs_pytorch.py and fit.py import neither JAX nor torch, and vs_pytorch's
 PyTorch worker never imports JAX.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -27,9 +28,15 @@ RESULTS_DIR = os.path.join(REPO, "benchmarks", "results")
 # device is a chip, a v5e/v6e device a chip of one core), by device_kind: the
 # denominator of MFU.
 PEAK_BF16_FLOPS = {
-    "NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100 PCIe": 756e12, "NVIDIA H200": 989e12,
-    "NVIDIA A100-SXM4-80GB": 312e12, "NVIDIA A100-SXM4-40GB": 312e12,
-    "TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5p": 459e12,
+    "NVIDIA H100 80GB HBM3": 989e12,
+    "NVIDIA H100 PCIe": 756e12,
+    "NVIDIA H200": 989e12,
+    "NVIDIA A100-SXM4-80GB": 312e12,
+    "NVIDIA A100-SXM4-40GB": 312e12,
+    "TPU v4": 275e12,
+    "TPU v5 lite": 197e12,
+    "TPU v5e": 197e12,
+    "TPU v5p": 459e12,
     "TPU v6 lite": 918e12,
 }
 
@@ -37,6 +44,7 @@ PEAK_BF16_FLOPS = {
 # ---------------------------------------------------------------------------
 # The machine and the library versions (saved with every result).
 # ---------------------------------------------------------------------------
+
 
 def cpu_model() -> str:
   """The CPU's model name (/proc/cpuinfo), or platform.processor()."""
@@ -81,16 +89,22 @@ def machine_info(packages: tuple[str, ...]) -> dict:
   ``packages``."""
   return {
       "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-      "host": platform.node(), "cpu": cpu_model(), "cpu_count": os.cpu_count(),
-      "cpus_available": len(os.sched_getaffinity(0)), "memory_gib": memory_gib(),
-      "loadavg_start": loadavg(), "platform": platform.platform(),
-      "python": platform.python_version(), "versions": {p: version(p) for p in packages},
+      "host": platform.node(),
+      "cpu": cpu_model(),
+      "cpu_count": os.cpu_count(),
+      "cpus_available": len(os.sched_getaffinity(0)),
+      "memory_gib": memory_gib(),
+      "loadavg_start": loadavg(),
+      "platform": platform.platform(),
+      "python": platform.python_version(),
+      "versions": {p: version(p) for p in packages},
   }
 
 
 # ---------------------------------------------------------------------------
 # Result files.
 # ---------------------------------------------------------------------------
+
 
 def default_json_path(host: str, prefix: str = "", folder: str = RESULTS_DIR) -> str:
   """``<folder>/<prefix><date>_<time>_<host>.json``, by default under
@@ -125,6 +139,7 @@ def write_json(path: str, data: dict) -> None:
 # Worker subprocesses.
 # ---------------------------------------------------------------------------
 
+
 def worker_env(xla_flags: list[str] | None = None) -> dict:
   """This process's environment for a worker subprocess, with this checkout
   first on PYTHONPATH.  With ``xla_flags`` (a list, maybe empty), a JAX
@@ -133,8 +148,11 @@ def worker_env(xla_flags: list[str] | None = None) -> dict:
   devices) + ``xla_flags``, and ``JAX_PLATFORMS=cpu``."""
   env = dict(os.environ)
   if xla_flags is not None:
-    flags = [f for f in env.get("XLA_FLAGS", "").split()
-             if not f.startswith("--xla_force_host_platform_device_count")]
+    flags = [
+        f
+        for f in env.get("XLA_FLAGS", "").split()
+        if not f.startswith("--xla_force_host_platform_device_count")
+    ]
     env["XLA_FLAGS"] = " ".join(flags + list(xla_flags))
     env["JAX_PLATFORMS"] = "cpu"
   env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
@@ -150,8 +168,11 @@ def run_script(script: str, argv: list[str], env: dict) -> tuple[int, dict | Non
   """
   with tempfile.TemporaryDirectory() as tmp:
     result_file = os.path.join(tmp, "result.json")
-    proc = subprocess.run([sys.executable, os.path.abspath(script), *argv,
-                           f"--result_file={result_file}"], env=env, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(script), *argv, f"--result_file={result_file}"],
+        env=env,
+        cwd=REPO,
+    )
     if proc.returncode != 0:
       return proc.returncode, None
     with open(result_file) as f:
@@ -162,12 +183,14 @@ def run_script(script: str, argv: list[str], env: dict) -> tuple[int, dict | Non
 # Timed loops.
 # ---------------------------------------------------------------------------
 
+
 def eval_loop(eval_step, params, memory, batches: list):
   """``run(n)``: n calls of ``nll, memory = eval_step(params, memory, batch)``
   (``evaluate.make_eval_step``'s step, memory donated) over ``batches`` in
   turn, the memory carried from call to call and over runs; each run blocks
   until its last results are ready (timing it times the computation)."""
   import jax
+
   holder = {"memory": memory, "i": 0}
 
   def run(n: int) -> None:

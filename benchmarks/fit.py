@@ -72,6 +72,7 @@ a job, ``fit_worker.py`` compiles and searches (in the subprocess), and
 ``common.py`` holds what all benchmark tools share (machine, versions,
 result files, subprocesses).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -84,12 +85,21 @@ BENCHMARKS = os.path.dirname(os.path.abspath(__file__))
 if BENCHMARKS not in sys.path:  # common.py and the parts below, also when loaded from the file
   sys.path.insert(0, BENCHMARKS)
 import common  # noqa: E402
+
 # fit.py's API, for the tests too: bad input, configs and jobs (fit_config.py), the
 # compilation, verdicts and search for a setting that fits (fit_worker.py).
-from fit_config import (DEVICE_MEMORY_GIB, GIB, FitError, Job, apply_overrides,  # noqa: E402,F401
-                        load_config, make_job, split_overrides, vocab_sizes)
-from fit_worker import (REMAT_ORDER, analyse, candidates, classify,  # noqa: E402,F401
-                        search_fit)
+from fit_config import (  # noqa: E402,F401
+    DEVICE_MEMORY_GIB,
+    GIB,
+    FitError,
+    Job,
+    apply_overrides,
+    load_config,
+    make_job,
+    split_overrides,
+    vocab_sizes,
+)
+from fit_worker import REMAT_ORDER, analyse, candidates, classify, search_fit  # noqa: E402,F401
 
 REPO = common.REPO
 PACKAGES = ("jax", "jaxlib", "flax", "optax")  # versions saved with the results
@@ -100,8 +110,7 @@ PACKAGES = ("jax", "jaxlib", "flax", "optax")  # versions saved with the results
 # which have no preset, on one H100 (the config's own mesh, float32), and
 # lm1b_base also on the 4 GPUs of the reference's lm1b_base_gpu.sh.
 ALL_CONFIGS = (
-    ("configs/enwik8_12l.py", ("--devices=8", "--device_kind=v3",
-                               "--config.mesh.shape=(2, 4)")),
+    ("configs/enwik8_12l.py", ("--devices=8", "--device_kind=v3", "--config.mesh.shape=(2, 4)")),
     ("configs/enwik8_24l.py:v3-32", ()),
     ("configs/text8_24l.py:v3-32", ()),
     ("configs/wt103_base.py", ()),
@@ -117,6 +126,7 @@ ALL_CONFIGS = (
 # Jobs in subprocesses, the table, the JSON.
 # ---------------------------------------------------------------------------
 
+
 def run_job(job: Job) -> dict:
   """Runs ``analyse`` for ``job`` in a subprocess with job.devices
   simulated CPU devices; returns its result.
@@ -125,8 +135,7 @@ def run_job(job: Job) -> dict:
     FitError: the subprocess failed (its output is above the message).
   """
   env = common.worker_env([f"--xla_force_host_platform_device_count={job.devices}"])
-  code, res = common.run_script(__file__, [f"--worker={json.dumps(dataclasses.asdict(job))}"],
-                                env)
+  code, res = common.run_script(__file__, [f"--worker={json.dumps(dataclasses.asdict(job))}"], env)
   if code != 0:
     raise FitError(f"compiling {job.spec} failed (exit code {code}; its output is above)")
   return res
@@ -157,15 +166,19 @@ def verdict_text(step_result: dict, margin: float) -> tuple[str, str]:
   if search is None:
     return verdict, "not searched (--no_search)"
   if not search["tried"]:
-    return verdict, ("already the most frugal remat / attn_block setting: fewer rows or "
-                     "less state per device (more devices, or arguments sharded further)")
+    return verdict, (
+        "already the most frugal remat / attn_block setting: fewer rows or "
+        "less state per device (more devices, or arguments sharded further)"
+    )
   fix = search["fix"]
   if fix is None:
     low = search["tried"][0]
-    return verdict, (f"no remat / attn_block setting gets below {100 * (1 - margin):g}% "
-                     f"(remat={low['remat']}, attn_block={low['attn_block']}: "
-                     f"{_gib(low['total_bytes'])} GiB): fewer rows or less state per device "
-                     "(more devices, or arguments sharded further)")
+    return verdict, (
+        f"no remat / attn_block setting gets below {100 * (1 - margin):g}% "
+        f"(remat={low['remat']}, attn_block={low['attn_block']}: "
+        f"{_gib(low['total_bytes'])} GiB): fewer rows or less state per device "
+        "(more devices, or arguments sharded further)"
+    )
   note = "" if search["cheapest"] else "; --max_tries reached, a cheaper one may fit"
   flags = _flags(fix, step_result["as_configured"])
   return verdict, f"{flags} ({_gib(fix['total_bytes'])} GiB{note})"
@@ -173,10 +186,12 @@ def verdict_text(step_result: dict, margin: float) -> tuple[str, str]:
 
 def format_table(results: list[dict]) -> str:
   """Markdown: one row per config and step, per-device GiB."""
-  rows = ["| config | slice | mesh | step | remat | attn_block | arguments | outputs "
-          "| aliased | temporaries | total | device | % of device | verdict "
-          "| what makes it fit |",
-          "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+  rows = [
+      "| config | slice | mesh | step | remat | attn_block | arguments | outputs "
+      "| aliased | temporaries | total | device | % of device | verdict "
+      "| what makes it fit |",
+      "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+  ]
   for res in results:
     job = res["job"]
     mesh = "(" + ", ".join(f"{k} {v}" for k, v in res["mesh"].items()) + ")"
@@ -189,37 +204,72 @@ def format_table(results: list[dict]) -> str:
           f"| {rep['attn_block']} | {_gib(rep['argument_bytes'])} | {_gib(rep['output_bytes'])} "
           f"| {_gib(rep['alias_bytes'])} | {_gib(rep['temp_bytes'])} "
           f"| **{_gib(rep['total_bytes'])}** | {job['device_memory_gib']:g} | {pct:.0f}% "
-          f"| {verdict} | {fix} |")
+          f"| {verdict} | {fix} |"
+      )
   return "\n".join(rows)
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str, str]]]:
   """The flags and the ``--config.<key>=<value>`` overrides, as (key, value text)."""
   rest, overrides = split_overrides(argv)
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-  p.add_argument("--config", default="",
-                 help="configs/FILE.py[:PRESET], as for transformer_xl.main")
-  p.add_argument("--all", action="store_true",
-                 help="every paper config on its slice (benchmarks/fit.py ALL_CONFIGS)")
-  p.add_argument("--devices", type=int, default=None,
-                 help="simulated devices (default: the preset's count, else 1)")
-  p.add_argument("--device_kind", default=None,
-                 help=f"one of {sorted(DEVICE_MEMORY_GIB)} (default: the preset's, else h100)")
-  p.add_argument("--device_memory", type=float, default=None,
-                 help="memory of one device in GiB (default: by --device_kind: "
-                      + ", ".join(f"{k} {v}" for k, v in DEVICE_MEMORY_GIB.items()) + ")")
-  p.add_argument("--vocab", type=int, default=None,
-                 help="vocabulary size (default: the dataset's, fit.vocab_sizes)")
-  p.add_argument("--margin", type=float, default=10.0,
-                 help="percent of the device memory kept free for FITS (below: TIGHT)")
-  p.add_argument("--no_search", action="store_true",
-                 help="only the config as given: no remat / attn_block search")
-  p.add_argument("--max_tries", type=int, default=12,
-                 help="compilations per step at most while searching for a fit")
-  p.add_argument("--json", default="",
-                 help="write the results here (default: "
-                      "benchmarks/results/fit_<date>_<time>_<host>.json)")
+  p = argparse.ArgumentParser(
+      description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+  )
+  p.add_argument(
+      "--config", default="", help="configs/FILE.py[:PRESET], as for transformer_xl.main"
+  )
+  p.add_argument(
+      "--all",
+      action="store_true",
+      help="every paper config on its slice (benchmarks/fit.py ALL_CONFIGS)",
+  )
+  p.add_argument(
+      "--devices",
+      type=int,
+      default=None,
+      help="simulated devices (default: the preset's count, else 1)",
+  )
+  p.add_argument(
+      "--device_kind",
+      default=None,
+      help=f"one of {sorted(DEVICE_MEMORY_GIB)} (default: the preset's, else h100)",
+  )
+  p.add_argument(
+      "--device_memory",
+      type=float,
+      default=None,
+      help="memory of one device in GiB (default: by --device_kind: "
+      + ", ".join(f"{k} {v}" for k, v in DEVICE_MEMORY_GIB.items())
+      + ")",
+  )
+  p.add_argument(
+      "--vocab",
+      type=int,
+      default=None,
+      help="vocabulary size (default: the dataset's, fit.vocab_sizes)",
+  )
+  p.add_argument(
+      "--margin",
+      type=float,
+      default=10.0,
+      help="percent of the device memory kept free for FITS (below: TIGHT)",
+  )
+  p.add_argument(
+      "--no_search",
+      action="store_true",
+      help="only the config as given: no remat / attn_block search",
+  )
+  p.add_argument(
+      "--max_tries",
+      type=int,
+      default=12,
+      help="compilations per step at most while searching for a fit",
+  )
+  p.add_argument(
+      "--json",
+      default="",
+      help="write the results here (default: " "benchmarks/results/fit_<date>_<time>_<host>.json)",
+  )
   p.add_argument("--worker", default="", help=argparse.SUPPRESS)  # the Job as JSON
   p.add_argument("--result_file", default="", help=argparse.SUPPRESS)
   args = p.parse_args(rest)
@@ -245,25 +295,41 @@ def main(argv=None) -> int:
     return 0
 
   try:
-    specs = ([(spec, list(extra)) for spec, extra in ALL_CONFIGS] if args.all
-             else [(args.config, [])])
+    specs = (
+        [(spec, list(extra)) for spec, extra in ALL_CONFIGS] if args.all else [(args.config, [])]
+    )
     jobs = []
     for spec, extra in specs:
       rest, extra_overrides = split_overrides(extra)
       opts = dict(a.lstrip("-").split("=", 1) for a in rest)
       devices = int(opts["devices"]) if "devices" in opts else args.devices
-      jobs.append(make_job(spec, extra_overrides + overrides, devices,
-                           opts.get("device_kind", args.device_kind), args.device_memory,
-                           args.vocab, not args.no_search, args.max_tries,
-                           args.margin / 100))
+      jobs.append(
+          make_job(
+              spec,
+              extra_overrides + overrides,
+              devices,
+              opts.get("device_kind", args.device_kind),
+              args.device_memory,
+              args.vocab,
+              not args.no_search,
+              args.max_tries,
+              args.margin / 100,
+          )
+      )
     info = common.machine_info(PACKAGES)
     info["loadavg"] = info.pop("loadavg_start")  # fit's JSON calls it so
-    print(f"{info['date']}  {info['cpu']}, {info['cpu_count']} CPUs, load average "
-          f"{' '.join(map(str, info['loadavg']))}; jax {info['versions']['jax']}", flush=True)
+    print(
+        f"{info['date']}  {info['cpu']}, {info['cpu_count']} CPUs, load average "
+        f"{' '.join(map(str, info['loadavg']))}; jax {info['versions']['jax']}",
+        flush=True,
+    )
     results = []
     for job in jobs:
-      print(f"compiling {job.spec} on {job.devices} simulated device(s) "
-            f"({job.slice_name}, {job.device_memory_gib:g} GiB each) ...", flush=True)
+      print(
+          f"compiling {job.spec} on {job.devices} simulated device(s) "
+          f"({job.slice_name}, {job.device_memory_gib:g} GiB each) ...",
+          flush=True,
+      )
       results.append(run_job(job))
   except FitError as err:
     sys.exit(f"error: {err}")
@@ -272,15 +338,22 @@ def main(argv=None) -> int:
   print()
   print(table)
   print()
-  print("GiB per device (2**30 bytes) from XLA's compile-time memory analysis on simulated CPU "
-        "devices, not measured on the accelerator; total = arguments + outputs - aliased + "
-        f"temporaries + generated code; FITS below {100 - args.margin:g}% of the device, TIGHT "
-        "up to 100%.")
-  common.write_json(args.json or common.default_json_path(info["host"], prefix="fit_"),
-                    {"args": {k: v for k, v in vars(args).items()
-                              if k not in ("worker", "result_file")},
-                     "overrides": overrides, "machine": info, "results": results,
-                     "table": table})
+  print(
+      "GiB per device (2**30 bytes) from XLA's compile-time memory analysis on simulated CPU "
+      "devices, not measured on the accelerator; total = arguments + outputs - aliased + "
+      f"temporaries + generated code; FITS below {100 - args.margin:g}% of the device, TIGHT "
+      "up to 100%."
+  )
+  common.write_json(
+      args.json or common.default_json_path(info["host"], prefix="fit_"),
+      {
+          "args": {k: v for k, v in vars(args).items() if k not in ("worker", "result_file")},
+          "overrides": overrides,
+          "machine": info,
+          "results": results,
+          "table": table,
+      },
+  )
   return 0
 
 

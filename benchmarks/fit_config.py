@@ -6,6 +6,7 @@ Bad input raises ``FitError``, whose message ``fit.py`` prints as one
 ``error: ...`` line.  Nothing heavy is imported at import time (the config
 files and ``transformer_xl`` are imported when a config is loaded).
 """
+
 from __future__ import annotations
 
 import ast
@@ -13,7 +14,7 @@ import dataclasses
 import importlib.util
 import os
 import re
-from typing import Any, Optional
+from typing import Any
 
 import common
 
@@ -34,12 +35,14 @@ def vocab_sizes() -> dict[str, int]:
   """Vocabulary size of each corpus whose size is fixed
   (``transformer_xl.training.lowering.vocab_sizes``)."""
   from transformer_xl.training import lowering
+
   return lowering.vocab_sizes()
 
 
 # ---------------------------------------------------------------------------
 # Loading (as ml_collections' config_flags does) and overrides.
 # ---------------------------------------------------------------------------
+
 
 def load_config(spec: str):
   """``path[:arg]`` -> the ConfigDict of ``get_config(arg)`` (``get_config()``
@@ -54,7 +57,8 @@ def load_config(spec: str):
   if not os.path.isfile(full):
     raise FitError(f"config file not found: {path} (e.g. --config=configs/enwik8_24l.py:v3-32)")
   module_spec = importlib.util.spec_from_file_location(
-      "fit_config_" + re.sub(r"\W", "_", os.path.basename(path)), full)
+      "fit_config_" + re.sub(r"\W", "_", os.path.basename(path)), full
+  )
   module = importlib.util.module_from_spec(module_spec)
   try:
     module_spec.loader.exec_module(module)
@@ -66,9 +70,11 @@ def load_config(spec: str):
     return module.get_config(arg) if arg else module.get_config()
   except TypeError as err:
     if arg and "argument" in str(err):
-      raise FitError(f"{path} takes no argument (no slice preset), got {arg!r}: use "
-                     f"--config={path} with --devices=N --device_kind=KIND (and "
-                     "--config.mesh.* overrides)") from None
+      raise FitError(
+          f"{path} takes no argument (no slice preset), got {arg!r}: use "
+          f"--config={path} with --devices=N --device_kind=KIND (and "
+          "--config.mesh.* overrides)"
+      ) from None
     raise FitError(f"{spec}: {err}") from None
   except ValueError as err:  # e.g. presets.apply_slice: unknown preset, batch not divisible
     raise FitError(str(err)) from None
@@ -92,8 +98,10 @@ def _parse_value(text: str, current: Any, key: str) -> Any:
         raise ValueError(text)
       return tuple(value)
   except (ValueError, SyntaxError):
-    raise FitError(f"--config.{key}={text!r}: expected a value of type {type(current).__name__} "
-                   f"like the current value {current!r}") from None
+    raise FitError(
+        f"--config.{key}={text!r}: expected a value of type {type(current).__name__} "
+        f"like the current value {current!r}"
+    ) from None
   return text
 
 
@@ -111,8 +119,10 @@ def apply_overrides(config, overrides: list[tuple[str, str]]) -> None:
         node = node[part]
       current = node[last]
     except (KeyError, AttributeError, TypeError):
-      raise FitError(f"unknown config key --config.{key} (every key is listed in "
-                     "transformer_xl/default_config.py)") from None
+      raise FitError(
+          f"unknown config key --config.{key} (every key is listed in "
+          "transformer_xl/default_config.py)"
+      ) from None
     try:
       node[last] = _parse_value(text, current, key)
     except (TypeError, ValueError) as err:
@@ -142,27 +152,36 @@ def split_overrides(argv: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
 class Job:
   """One config to analyse: where it comes from and on which devices."""
 
-  spec: str                      # path[:preset]
-  overrides: list                # [(key, value text)]
+  spec: str  # path[:preset]
+  overrides: list  # [(key, value text)]
   devices: int
   device_kind: str
   device_memory_gib: float
   vocab: int
   search: bool = True
   max_tries: int = 12
-  margin: float = 0.1            # FITS below (1 - margin) x device memory
+  margin: float = 0.1  # FITS below (1 - margin) x device memory
 
   @property
   def slice_name(self) -> str:
     """The preset (v3-32), else "N x KIND" (4 x h100) or the kind alone."""
     preset = self.spec.partition(":")[2]
-    return preset or (f"{self.devices} x {self.device_kind}" if self.devices > 1
-                      else self.device_kind)
+    return preset or (
+        f"{self.devices} x {self.device_kind}" if self.devices > 1 else self.device_kind
+    )
 
 
-def make_job(spec: str, overrides: list[tuple[str, str]], devices: Optional[int],
-             device_kind: Optional[str], device_memory: Optional[float],
-             vocab: Optional[int], search: bool, max_tries: int, margin: float = 0.1) -> Job:
+def make_job(
+    spec: str,
+    overrides: list[tuple[str, str]],
+    devices: int | None,
+    device_kind: str | None,
+    device_memory: float | None,
+    vocab: int | None,
+    search: bool,
+    max_tries: int,
+    margin: float = 0.1,
+) -> Job:
   """Checks a config on its devices in this process (no compilation) and
   returns its Job.
 
@@ -171,6 +190,7 @@ def make_job(spec: str, overrides: list[tuple[str, str]], devices: Optional[int]
       invalid config for the device count (default_config.validate's message).
   """
   from transformer_xl import default_config, presets
+
   config = load_config(spec)
   apply_overrides(config, overrides)
   preset = spec.partition(":")[2]
@@ -180,8 +200,10 @@ def make_job(spec: str, overrides: list[tuple[str, str]], devices: Optional[int]
   else:
     kind, n = device_kind or "h100", devices or 1
   if kind not in DEVICE_MEMORY_GIB and device_memory is None:
-    raise FitError(f"--device_kind={kind!r}: choose one of {sorted(DEVICE_MEMORY_GIB)} "
-                   "or give --device_memory=GiB")
+    raise FitError(
+        f"--device_kind={kind!r}: choose one of {sorted(DEVICE_MEMORY_GIB)} "
+        "or give --device_memory=GiB"
+    )
   if n < 1:
     raise FitError(f"--devices={n} must be >= 1")
   if not 0 <= margin < 1:
@@ -192,11 +214,18 @@ def make_job(spec: str, overrides: list[tuple[str, str]], devices: Optional[int]
     raise FitError(f"{spec} on {n} device(s): " + str(err).replace("\n", " ")) from None
   sizes = vocab_sizes()
   if vocab is None and config.data.dataset not in sizes:
-    raise FitError(f"no fixed vocabulary size is known for data.dataset="
-                   f"{config.data.dataset!r}; pass --vocab=N")
-  return Job(spec=spec, overrides=list(overrides), devices=n, device_kind=kind,
-             device_memory_gib=(device_memory if device_memory is not None
-                                else DEVICE_MEMORY_GIB[kind]),
-             vocab=vocab or sizes[config.data.dataset], search=search, max_tries=max_tries,
-             margin=margin)
-
+    raise FitError(
+        f"no fixed vocabulary size is known for data.dataset="
+        f"{config.data.dataset!r}; pass --vocab=N"
+    )
+  return Job(
+      spec=spec,
+      overrides=list(overrides),
+      devices=n,
+      device_kind=kind,
+      device_memory_gib=(device_memory if device_memory is not None else DEVICE_MEMORY_GIB[kind]),
+      vocab=vocab or sizes[config.data.dataset],
+      search=search,
+      max_tries=max_tries,
+      margin=margin,
+  )

@@ -7,6 +7,7 @@ settings for one that does.
 ``XLA_FLAGS=--xla_force_host_platform_device_count=N``.  JAX is imported
 inside the functions, so the parent process can import this module.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,11 +31,20 @@ def memory_report(compiled) -> dict:
   ma = compiled.memory_analysis()
   if ma is None:
     raise RuntimeError("this backend gives no memory analysis")
-  rep = {"argument_bytes": ma.argument_size_in_bytes, "output_bytes": ma.output_size_in_bytes,
-         "alias_bytes": ma.alias_size_in_bytes, "temp_bytes": ma.temp_size_in_bytes,
-         "generated_code_bytes": ma.generated_code_size_in_bytes}
-  rep["total_bytes"] = (rep["argument_bytes"] + rep["output_bytes"] - rep["alias_bytes"]
-                        + rep["temp_bytes"] + rep["generated_code_bytes"])
+  rep = {
+      "argument_bytes": ma.argument_size_in_bytes,
+      "output_bytes": ma.output_size_in_bytes,
+      "alias_bytes": ma.alias_size_in_bytes,
+      "temp_bytes": ma.temp_size_in_bytes,
+      "generated_code_bytes": ma.generated_code_size_in_bytes,
+  }
+  rep["total_bytes"] = (
+      rep["argument_bytes"]
+      + rep["output_bytes"]
+      - rep["alias_bytes"]
+      + rep["temp_bytes"]
+      + rep["generated_code_bytes"]
+  )
   return rep
 
 
@@ -44,11 +54,12 @@ class StepCompiler:
 
   def __init__(self, config, vocab: int):
     import jax
+
     from transformer_xl import sharding
     from transformer_xl.training import lowering
+
     self.config = config
-    self.mesh = sharding.make_mesh(config.mesh.shape, config.mesh.axis_names,
-                                   devices=jax.devices())
+    self.mesh = sharding.make_mesh(config.mesh.shape, config.mesh.axis_names, devices=jax.devices())
     # "per backend" settings (-1) as an accelerator's, not these CPUs'
     self.model_cfg = lowering.resolved_model_config(config, vocab)
 
@@ -56,22 +67,31 @@ class StepCompiler:
     """The model's parameter count (shapes only, nothing allocated)."""
     import jax
     import numpy as np
+
     from transformer_xl.model import models
-    shapes = jax.eval_shape(lambda r: models.init_params(models.TransformerXL(self.model_cfg), r),
-                            jax.random.PRNGKey(0))
+
+    shapes = jax.eval_shape(
+        lambda r: models.init_params(models.TransformerXL(self.model_cfg), r), jax.random.PRNGKey(0)
+    )
     return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(shapes)))
 
   def compile(self, step: str, remat: str, attn_block: int) -> dict:
     """Lower + compile ``step`` ("train" or "eval") with model.remat and
     model.attn_block replaced; returns memory_report plus compile seconds."""
     from transformer_xl.training import lowering
+
     mcfg = dataclasses.replace(self.model_cfg, remat=remat, attn_block=attn_block)
     t0 = time.perf_counter()
     fn, args = lowering.abstract_step(self.config, mcfg, self.mesh, step)
     rep = memory_report(fn.lower(*args).compile())
     batch = args[-1]["inputs"].shape
-    rep.update(remat=remat, attn_block=attn_block, batch=batch[0], tgt_len=batch[1],
-               compile_seconds=round(time.perf_counter() - t0, 1))
+    rep.update(
+        remat=remat,
+        attn_block=attn_block,
+        batch=batch[0],
+        tgt_len=batch[1],
+        compile_seconds=round(time.perf_counter() - t0, 1),
+    )
     return rep
 
 
@@ -94,8 +114,16 @@ def candidates(step: str, remat: str, attn_block: int, tgt_len: int) -> list[tup
   return [frugal] + [o for o in ordered if o != frugal]
 
 
-def search_fit(try_setting, step: str, remat: str, attn_block: int, tgt_len: int,
-               target: float, max_tries: int, log=print) -> dict:
+def search_fit(
+    try_setting,
+    step: str,
+    remat: str,
+    attn_block: int,
+    tgt_len: int,
+    target: float,
+    max_tries: int,
+    log=print,
+) -> dict:
   """Finds the first (remat, attn_block) of ``candidates`` whose total
   is at most ``target`` bytes.
 
@@ -145,27 +173,45 @@ def analyse(job: Job, log=print) -> dict:
   """Compiles the job's train and eval steps (and, when one does not fit,
   the candidates of ``search_fit``) on this process's devices."""
   import jax
+
   config = load_config(job.spec)
   apply_overrides(config, job.overrides)
   if jax.device_count() != job.devices:
-    raise RuntimeError(f"expected {job.devices} devices, jax has {jax.device_count()} "
-                       "(XLA_FLAGS must be set before jax is imported)")
+    raise RuntimeError(
+        f"expected {job.devices} devices, jax has {jax.device_count()} "
+        "(XLA_FLAGS must be set before jax is imported)"
+    )
   comp = StepCompiler(config, job.vocab)
   capacity = job.device_memory_gib * GIB
   target = capacity * (1 - job.margin)
-  out = {"job": dataclasses.asdict(job), "mesh": dict(comp.mesh.shape),
-         "dtype": comp.model_cfg.dtype, "n_params": comp.n_params(), "steps": {}}
+  out = {
+      "job": dataclasses.asdict(job),
+      "mesh": dict(comp.mesh.shape),
+      "dtype": comp.model_cfg.dtype,
+      "n_params": comp.n_params(),
+      "steps": {},
+  }
   for step in ("train", "eval"):
     m = comp.model_cfg
     t0 = time.perf_counter()
     rep = comp.compile(step, m.remat, m.attn_block)
     verdict = classify(rep["total_bytes"], capacity, job.margin)
-    log(f"  {job.spec} {step}: {rep['total_bytes'] / GIB:.2f} GiB of "
+    log(
+        f"  {job.spec} {step}: {rep['total_bytes'] / GIB:.2f} GiB of "
         f"{job.device_memory_gib:g} GiB per device, {verdict} "
-        f"(compiled in {time.perf_counter() - t0:.0f} s)")
+        f"(compiled in {time.perf_counter() - t0:.0f} s)"
+    )
     res = {"as_configured": rep, "verdict": verdict}
     if verdict != "FITS" and job.search:
-      res["search"] = search_fit(lambda r, b, s=step: comp.compile(s, r, b), step, m.remat,
-                                 m.attn_block, rep["tgt_len"], target, job.max_tries, log)
+      res["search"] = search_fit(
+          lambda r, b, s=step: comp.compile(s, r, b),
+          step,
+          m.remat,
+          m.attn_block,
+          rep["tgt_len"],
+          target,
+          job.max_tries,
+          log,
+      )
     out["steps"][step] = res
   return out

@@ -95,6 +95,7 @@ it compares two saved runs and runs nothing.
 Numbers belong in ``benchmarks/results/REPORT.md`` with the command that
 produced them, measured on a quiet machine, never estimated.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -109,9 +110,10 @@ import time
 BENCHMARKS = os.path.dirname(os.path.abspath(__file__))
 if BENCHMARKS not in sys.path:  # common.py and the parts below, also when loaded from the file
   sys.path.insert(0, BENCHMARKS)
+from vs_pytorch_compare import compare_runs, load_json  # noqa: E402
+
 import common  # noqa: E402
 import generation_workers as workers  # noqa: E402  (nothing heavy at import)
-from vs_pytorch_compare import compare_runs, load_json  # noqa: E402
 
 REPO = common.REPO
 IMPLEMENTATIONS = ("ours", "pytorch")  # "pytorch": HuggingFace's TransfoXLLMHeadModel
@@ -121,12 +123,23 @@ DEFAULT_GRID = "128:1,8,32;1600:1,8"
 TARGET_RATIO = 2.0  # the target: ours >= 2x HF's tokens/s in every cell
 
 # --smoke: tiny sizes (explicit flags still win), so the whole tool runs in seconds.
-SMOKE = dict(n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64, vocab=50, tgt_len=4,
-             prompt_len=8, num_tokens=5, repeats=1, grid="8:1,2;16:1,2")
+SMOKE = dict(
+    n_layer=2,
+    d_model=32,
+    n_head=2,
+    d_head=16,
+    d_inner=64,
+    vocab=50,
+    tgt_len=4,
+    prompt_len=8,
+    num_tokens=5,
+    repeats=1,
+    grid="8:1,2;16:1,2",
+)
 
 
 def parse_grid(text: str) -> list[tuple[int, int]]:
-  """"128:1,8,32;1600:1,8" -> [(batch, mem_len), ...] in that order.
+  """ "128:1,8,32;1600:1,8" -> [(batch, mem_len), ...] in that order.
 
   Raises:
     ValueError: not of that form, or a number < 1.
@@ -151,8 +164,9 @@ def cell_key(batch: int, mem_len: int) -> str:
 def parse_args(argv=None) -> argparse.Namespace:
   """The flags; ``--smoke`` changes the defaults to ``SMOKE``'s tiny sizes."""
   argv = sys.argv[1:] if argv is None else argv
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  p = argparse.ArgumentParser(
+      description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+  )
   g = p.add_argument_group("model (the same sizes for both; default: configs/quickstart.py)")
   g.add_argument("--n_layer", type=int, default=4)
   g.add_argument("--d_model", type=int, default=128)
@@ -160,42 +174,79 @@ def parse_args(argv=None) -> argparse.Namespace:
   g.add_argument("--d_head", type=int, default=32)
   g.add_argument("--d_inner", type=int, default=512)
   g.add_argument("--vocab", type=int, default=10000, help="n_token (PTB); dense tied softmax")
-  g.add_argument("--tgt_len", type=int, default=32,
-                 help="our Generator's segment length for the prompt (eval tgt_len)")
+  g.add_argument(
+      "--tgt_len",
+      type=int,
+      default=32,
+      help="our Generator's segment length for the prompt (eval tgt_len)",
+  )
   g = p.add_argument_group("sampling")
-  g.add_argument("--grid", default=DEFAULT_GRID,
-                 help="cells as MEM_LEN:BATCH,BATCH;MEM_LEN:BATCH,...")
+  g.add_argument(
+      "--grid", default=DEFAULT_GRID, help="cells as MEM_LEN:BATCH,BATCH;MEM_LEN:BATCH,..."
+  )
   g.add_argument("--prompt_len", type=int, default=64, help="random prompt tokens per row")
   g.add_argument("--num_tokens", type=int, default=200, help="new tokens per row and call")
   g.add_argument("--top_k", type=int, default=40)
   g.add_argument("--temperature", type=float, default=1.0)
   g = p.add_argument_group("measurement")
   g.add_argument("--repeats", type=int, default=3, help="timed calls; the median is reported")
-  g.add_argument("--threads", type=int, default=0,
-                 help="threads for both (0 = all CPUs this process may use)")
-  g.add_argument("--which", default="ours,pytorch",
-                 help="comma list of ours, pytorch (HF's TransfoXLLMHeadModel)")
+  g.add_argument(
+      "--threads", type=int, default=0, help="threads for both (0 = all CPUs this process may use)"
+  )
+  g.add_argument(
+      "--which",
+      default="ours,pytorch",
+      help="comma list of ours, pytorch (HF's TransfoXLLMHeadModel)",
+  )
   g.add_argument("--order", default="ours_first", choices=("ours_first", "pytorch_first"))
   g.add_argument("--xla_flags", default="", help="extra XLA_FLAGS for our subprocesses")
-  g.add_argument("--malloc_hugepages", type=int, default=1, choices=(0, 1),
-                 help="1: glibc.malloc.hugetlb=1 for our subprocesses, as our command line")
-  g.add_argument("--pytorch_malloc_hugepages", type=int, default=0, choices=(0, 1),
-                 help="1: the same for the PyTorch subprocesses")
+  g.add_argument(
+      "--malloc_hugepages",
+      type=int,
+      default=1,
+      choices=(0, 1),
+      help="1: glibc.malloc.hugetlb=1 for our subprocesses, as our command line",
+  )
+  g.add_argument(
+      "--pytorch_malloc_hugepages",
+      type=int,
+      default=0,
+      choices=(0, 1),
+      help="1: the same for the PyTorch subprocesses",
+  )
   g.add_argument("--seed", type=int, default=0)
-  g.add_argument("--smoke", action="store_true",
-                 help="tiny model, 5 tokens, 1 repeat, 4 small cells: checks the tool in "
-                      "seconds; the numbers mean nothing")
+  g.add_argument(
+      "--smoke",
+      action="store_true",
+      help="tiny model, 5 tokens, 1 repeat, 4 small cells: checks the tool in "
+      "seconds; the numbers mean nothing",
+  )
   g = p.add_argument_group("results")
-  g.add_argument("--json", default="",
-                 help="write settings, machine, versions and results here (default: "
-                      "benchmarks/results/generation_<date>_<time>_<host>.json; "
-                      "--smoke: a temp dir)")
-  g.add_argument("--compare", default="", metavar="OLD.json",
-                 help="print every number beside OLD.json's, with the change")
-  g.add_argument("--new", default="", metavar="NEW.json",
-                 help="with --compare: compare NEW.json to OLD.json and run nothing")
-  g.add_argument("--tolerance", type=float, default=5.0,
-                 help="--compare flags changes for the worse beyond this many percent")
+  g.add_argument(
+      "--json",
+      default="",
+      help="write settings, machine, versions and results here (default: "
+      "benchmarks/results/generation_<date>_<time>_<host>.json; "
+      "--smoke: a temp dir)",
+  )
+  g.add_argument(
+      "--compare",
+      default="",
+      metavar="OLD.json",
+      help="print every number beside OLD.json's, with the change",
+  )
+  g.add_argument(
+      "--new",
+      default="",
+      metavar="NEW.json",
+      help="with --compare: compare NEW.json to OLD.json and run nothing",
+  )
+  g.add_argument(
+      "--tolerance",
+      type=float,
+      default=5.0,
+      help="--compare flags changes for the worse beyond this many percent",
+  )
   # Internal: the subprocess entry point.
   p.add_argument("--worker", default="", choices=("",) + IMPLEMENTATIONS, help=argparse.SUPPRESS)
   p.add_argument("--batch", type=int, default=0, help=argparse.SUPPRESS)
@@ -217,8 +268,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     if getattr(args, name) < 1:
       p.error(f"--{name}={getattr(args, name)} must be >= 1")
   if args.top_k < 1:
-    p.error(f"--top_k={args.top_k} must be >= 1 (HF's top_k=0 means no cut, ours too, but the "
-            "comparison is about top-k sampling)")
+    p.error(
+        f"--top_k={args.top_k} must be >= 1 (HF's top_k=0 means no cut, ours too, but the "
+        "comparison is about top-k sampling)"
+    )
   return args
 
 
@@ -226,12 +279,17 @@ def git_commit() -> dict:
   """{"commit": HEAD's hash, "dirty": the files that differ from it (git
   status --porcelain, untracked files too)}; "unknown" outside a git
   checkout."""
+
   def git(*cmd):
-    return subprocess.run(["git", *cmd], cwd=REPO, capture_output=True, text=True,
-                          timeout=30, check=True).stdout
+    return subprocess.run(
+        ["git", *cmd], cwd=REPO, capture_output=True, text=True, timeout=30, check=True
+    ).stdout
+
   try:
-    return {"commit": git("rev-parse", "HEAD").strip(),
-            "dirty": [line[3:] for line in git("status", "--porcelain").splitlines()]}
+    return {
+        "commit": git("rev-parse", "HEAD").strip(),
+        "dirty": [line[3:] for line in git("status", "--porcelain").splitlines()],
+    }
   except (OSError, subprocess.SubprocessError):
     return {"commit": "unknown", "dirty": []}
 
@@ -244,6 +302,7 @@ def _worker_env(args, which: str) -> dict:
     if REPO not in sys.path:  # this checkout's transformer_xl (process_settings: stdlib only)
       sys.path.insert(0, REPO)
     from transformer_xl.cli import process_settings
+
     env = process_settings.hugepages_environ(env) or env
   return env
 
@@ -255,15 +314,22 @@ def run_worker(args, argv: list[str], which: str, batch: int, mem_len: int) -> d
   Raises:
     SystemExit: the subprocess failed (its output is above the message).
   """
-  worker_argv = [*argv, f"--worker={which}", f"--threads={args.threads}", f"--batch={batch}",
-                 f"--mem_len={mem_len}"]
+  worker_argv = [
+      *argv,
+      f"--worker={which}",
+      f"--threads={args.threads}",
+      f"--batch={batch}",
+      f"--mem_len={mem_len}",
+  ]
   load_before = common.loadavg()
   t0 = time.perf_counter()
   env = _worker_env(args, which)
   code, res = common.run_script(__file__, worker_argv, env)
   if code != 0:
-    raise SystemExit(f"error: the {which} benchmark subprocess (batch {batch}, mem_len "
-                     f"{mem_len}) failed with exit code {code} (its output is above)")
+    raise SystemExit(
+        f"error: the {which} benchmark subprocess (batch {batch}, mem_len "
+        f"{mem_len}) failed with exit code {code} (its output is above)"
+    )
   res["env"] = {k: env[k] for k in ("XLA_FLAGS", "GLIBC_TUNABLES", "OMP_NUM_THREADS") if k in env}
   res["wall_seconds"] = round(time.perf_counter() - t0, 1)
   res["loadavg_before"] = load_before
@@ -285,19 +351,22 @@ def ratios(results: dict) -> dict:
     if not t:
       continue
     r = o["median_tokens_per_sec"] / t["median_tokens_per_sec"]
-    out[key] = {"tokens_per_sec": r,
-                "first_token": (t["median_first_token_latency_s"]
-                                / o["median_first_token_latency_s"]),
-                "target_met": r >= TARGET_RATIO}
+    out[key] = {
+        "tokens_per_sec": r,
+        "first_token": (t["median_first_token_latency_s"] / o["median_first_token_latency_s"]),
+        "target_met": r >= TARGET_RATIO,
+    }
   return out
 
 
 def format_table(cells: list[tuple[int, int]], results: dict) -> str:
   """The markdown table: one row per cell."""
-  rows = ["| batch | mem_len | ours tokens/s | HF tokens/s | ours/HF "
-          f"| >= {TARGET_RATIO:g}x | ours first token s | HF first token s "
-          "| HF/ours first token | ours warm-up (compile) s |",
-          "|---:|---:|---:|---:|---:|:---:|---:|---:|---:|---:|"]
+  rows = [
+      "| batch | mem_len | ours tokens/s | HF tokens/s | ours/HF "
+      f"| >= {TARGET_RATIO:g}x | ours first token s | HF first token s "
+      "| HF/ours first token | ours warm-up (compile) s |",
+      "|---:|---:|---:|---:|---:|:---:|---:|---:|---:|---:|",
+  ]
   rat = ratios(results)
   for batch, mem_len in cells:
     key = cell_key(batch, mem_len)
@@ -311,7 +380,8 @@ def format_table(cells: list[tuple[int, int]], results: dict) -> str:
         f"| {_fmt(o.get('median_first_token_latency_s'), 4)} "
         f"| {_fmt(t.get('median_first_token_latency_s'), 4)} "
         f"| {'-' if r is None else format(r['first_token'], '.2f') + 'x'} "
-        f"| {_fmt(o.get('compile_seconds'), 2)} |")
+        f"| {_fmt(o.get('compile_seconds'), 2)} |"
+    )
   return "\n".join(rows)
 
 
@@ -345,10 +415,13 @@ def main(argv=None) -> int:
   if not json_path:
     folder = tempfile.mkdtemp(prefix="generation_smoke_") if args.smoke else common.RESULTS_DIR
     json_path = common.default_json_path(platform.node(), "generation_", folder)
-  print(f"{info['date']}  {info['cpu']}, {info['cpu_count']} CPUs ({info['cpus_available']} "
-        f"available), {info['memory_gib']} GiB, {args.threads} threads for all; load average "
-        f"{' '.join(map(str, info['loadavg_start']))}; commit {info['commit'][:12]}"
-        + (f" + {len(info['dirty'])} changed file(s)" if info["dirty"] else ""), flush=True)
+  print(
+      f"{info['date']}  {info['cpu']}, {info['cpu_count']} CPUs ({info['cpus_available']} "
+      f"available), {info['memory_gib']} GiB, {args.threads} threads for all; load average "
+      f"{' '.join(map(str, info['loadavg_start']))}; commit {info['commit'][:12]}"
+      + (f" + {len(info['dirty'])} changed file(s)" if info["dirty"] else ""),
+      flush=True,
+  )
 
   results = {w: {} for w in which}
   for batch, mem_len in args.cells:
@@ -356,12 +429,16 @@ def main(argv=None) -> int:
     for w in which:
       print(f"running {w} batch {batch}, mem_len {mem_len} ...", flush=True)
       r = results[w][key] = run_worker(args, argv, w, batch, mem_len)
-      print(f"  {w} B={batch} M={mem_len}: median {r['median_tokens_per_sec']:,.1f} tokens/s "
-            "(repeats: " + ", ".join(f"{x:,.1f}" for x in r["tokens_per_sec"])
-            + f"); first token {r['median_first_token_latency_s']:.4f} s; warm-up "
-            f"{r['warmup_seconds']:.2f} s; CPU/wall: "
-            + ", ".join(f"{x:.2f}" for x in r["cpu_per_wall"])
-            + f"; peak RSS {r['peak_rss_mib']:,.0f} MiB", flush=True)
+      print(
+          f"  {w} B={batch} M={mem_len}: median {r['median_tokens_per_sec']:,.1f} tokens/s "
+          "(repeats: "
+          + ", ".join(f"{x:,.1f}" for x in r["tokens_per_sec"])
+          + f"); first token {r['median_first_token_latency_s']:.4f} s; warm-up "
+          f"{r['warmup_seconds']:.2f} s; CPU/wall: "
+          + ", ".join(f"{x:.2f}" for x in r["cpu_per_wall"])
+          + f"; peak RSS {r['peak_rss_mib']:,.0f} MiB",
+          flush=True,
+      )
   info["loadavg_end"] = common.loadavg()
 
   table = format_table(args.cells, results)
@@ -371,35 +448,54 @@ def main(argv=None) -> int:
   print()
   if rat:
     met = sum(r["target_met"] for r in rat.values())
-    print(f"target ours >= {TARGET_RATIO:g}x HF tokens/s: met in {met} of {len(rat)} cells"
-          + (" (--smoke: the numbers mean nothing)" if args.smoke else ""))
+    print(
+        f"target ours >= {TARGET_RATIO:g}x HF tokens/s: met in {met} of {len(rat)} cells"
+        + (" (--smoke: the numbers mean nothing)" if args.smoke else "")
+    )
   counts = {w: next(iter(results[w].values()))["n_params"] for w in which}
-  same = "" if len(counts) < 2 else (" (equal)" if len(set(counts.values())) == 1
-                                     else " (DIFFERENT)")
+  same = (
+      "" if len(counts) < 2 else (" (equal)" if len(set(counts.values())) == 1 else " (DIFFERENT)")
+  )
   print("parameters: " + ", ".join(f"{LABELS[w]} {n:,}" for w, n in counts.items()) + same)
   v = info["versions"]
-  print(f"model: n_layer {args.n_layer}, d_model {args.d_model}, {args.n_head}x{args.d_head} "
-        f"heads, d_inner {args.d_inner}, vocab {args.vocab:,}, fp32; prompt {args.prompt_len} "
-        f"tokens (ours in segments of {args.tgt_len}), {args.num_tokens} new tokens, top-k "
-        f"{args.top_k}, temperature {args.temperature:g}; {args.repeats} repeat(s) (median)")
-  print(f"machine: {info['cpu']}, {info['cpu_count']} CPUs, {args.threads} threads; load average "
-        + "; ".join(f"{w} {cell_key(b, m)} {results[w][cell_key(b, m)]['loadavg_before'][0]}->"
-                    f"{results[w][cell_key(b, m)]['loadavg_after'][0]}"
-                    for b, m in args.cells for w in which)
-        + f" (1-min, before->after); python {info['python']}, jax {v['jax']}, "
-        f"flax {v['flax']}, torch {v['torch']}, transformers {v['transformers']}")
+  print(
+      f"model: n_layer {args.n_layer}, d_model {args.d_model}, {args.n_head}x{args.d_head} "
+      f"heads, d_inner {args.d_inner}, vocab {args.vocab:,}, fp32; prompt {args.prompt_len} "
+      f"tokens (ours in segments of {args.tgt_len}), {args.num_tokens} new tokens, top-k "
+      f"{args.top_k}, temperature {args.temperature:g}; {args.repeats} repeat(s) (median)"
+  )
+  print(
+      f"machine: {info['cpu']}, {info['cpu_count']} CPUs, {args.threads} threads; load average "
+      + "; ".join(
+          f"{w} {cell_key(b, m)} {results[w][cell_key(b, m)]['loadavg_before'][0]}->"
+          f"{results[w][cell_key(b, m)]['loadavg_after'][0]}"
+          for b, m in args.cells
+          for w in which
+      )
+      + f" (1-min, before->after); python {info['python']}, jax {v['jax']}, "
+      f"flax {v['flax']}, torch {v['torch']}, transformers {v['transformers']}"
+  )
   for w in which:
     env = next(iter(results[w].values()))["env"]
     if env:
       print(f"{w} environment: " + ", ".join(f"{k}={val!r}" for k, val in env.items()))
-  run = {"args": {k: v for k, v in vars(args).items()
-                  if k not in ("worker", "batch", "mem_len", "result_file", "cells")},
-         "settings": {"cells": [{"batch": b, "mem_len": m} for b, m in args.cells],
-                      "target_ratio": TARGET_RATIO,
-                      "ours": "generate.Generator.generate / .stream (num_tokens=1)",
-                      "pytorch": "transformers TransfoXLLMHeadModel.generate "
-                                 "(max_new_tokens=N / =1)"},
-         "machine": info, "results": results, "ratios": rat, "table": table}
+  run = {
+      "args": {
+          k: v
+          for k, v in vars(args).items()
+          if k not in ("worker", "batch", "mem_len", "result_file", "cells")
+      },
+      "settings": {
+          "cells": [{"batch": b, "mem_len": m} for b, m in args.cells],
+          "target_ratio": TARGET_RATIO,
+          "ours": "generate.Generator.generate / .stream (num_tokens=1)",
+          "pytorch": "transformers TransfoXLLMHeadModel.generate " "(max_new_tokens=N / =1)",
+      },
+      "machine": info,
+      "results": results,
+      "ratios": rat,
+      "table": table,
+  }
   common.write_json(json_path, run)
   if old is not None:
     print()

@@ -9,6 +9,7 @@ returns a result dict that the parent saves in its JSON.
 them.  Nothing heavy is imported at import time: the parent imports this
 module, and the PyTorch worker never imports JAX.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -25,11 +26,13 @@ REPO = common.REPO
 # Shared by both workers (no jax / torch imports here).
 # ---------------------------------------------------------------------------
 
+
 def prompt_tokens(args, batch: int):
   """The prompt: int32 numpy [batch, prompt_len] random token ids in
   [0, vocab), the same for both implementations (one generator seeded with
   ``--seed``, so the rows of batch 8 begin with those of batch 1)."""
   import numpy as np
+
   rng = np.random.default_rng(args.seed)
   return rng.integers(0, args.vocab, size=(batch, args.prompt_len)).astype(np.int32)
 
@@ -73,21 +76,29 @@ def measure(args, batch: int, generate_all, first_token) -> dict:
     cpu.append(c / wall)
     latencies.append(first_token(args.seed + 1 + r))
   tps = [batch * n / s for s in seconds]
-  return {"batch": batch, "num_tokens": n, "prompt_len": args.prompt_len,
-          "seconds": seconds, "tokens_per_sec": tps,
-          "median_tokens_per_sec": statistics.median(tps),
-          "min_tokens_per_sec": min(tps), "max_tokens_per_sec": max(tps),
-          "first_token_latency_s": latencies,
-          "median_first_token_latency_s": statistics.median(latencies),
-          "min_first_token_latency_s": min(latencies),
-          "max_first_token_latency_s": max(latencies),
-          "warmup_seconds": warm_s, "first_token_warmup_seconds": first_warm_s,
-          "cpu_per_wall": cpu}
+  return {
+      "batch": batch,
+      "num_tokens": n,
+      "prompt_len": args.prompt_len,
+      "seconds": seconds,
+      "tokens_per_sec": tps,
+      "median_tokens_per_sec": statistics.median(tps),
+      "min_tokens_per_sec": min(tps),
+      "max_tokens_per_sec": max(tps),
+      "first_token_latency_s": latencies,
+      "median_first_token_latency_s": statistics.median(latencies),
+      "min_first_token_latency_s": min(latencies),
+      "max_first_token_latency_s": max(latencies),
+      "warmup_seconds": warm_s,
+      "first_token_warmup_seconds": first_warm_s,
+      "cpu_per_wall": cpu,
+  }
 
 
 # ---------------------------------------------------------------------------
 # Ours (JAX / Flax).
 # ---------------------------------------------------------------------------
+
 
 def model_config(args, mem_len: int):
   """Our evaluation ModelConfig of the benchmark model: the sizes of the
@@ -95,11 +106,27 @@ def model_config(args, mem_len: int):
   dropout, fp32, tgt_len = ``--tgt_len`` (the prompt's segment), the cell's
   mem_len, no clamp, same_length off."""
   from transformer_xl.model import models
+
   return models.ModelConfig(
-      n_token=args.vocab, n_layer=args.n_layer, d_model=args.d_model, n_head=args.n_head,
-      d_head=args.d_head, d_inner=args.d_inner, dropout=0.0, dropatt=0.0,
-      tgt_len=args.tgt_len, mem_len=mem_len, clamp_len=0, same_length=False,
-      untie_r=False, tie_weight=True, dtype="float32", remat="none", cutoffs=(), div_val=1)
+      n_token=args.vocab,
+      n_layer=args.n_layer,
+      d_model=args.d_model,
+      n_head=args.n_head,
+      d_head=args.d_head,
+      d_inner=args.d_inner,
+      dropout=0.0,
+      dropatt=0.0,
+      tgt_len=args.tgt_len,
+      mem_len=mem_len,
+      clamp_len=0,
+      same_length=False,
+      untie_r=False,
+      tie_weight=True,
+      dtype="float32",
+      remat="none",
+      cutoffs=(),
+      div_val=1,
+  )
 
 
 def run_ours(args, batch: int, mem_len: int) -> dict:
@@ -109,18 +136,19 @@ def run_ours(args, batch: int, mem_len: int) -> dict:
   import flax.linen as nn
   import jax
   import numpy as np
+
   from transformer_xl import sharding
+  from transformer_xl.cli import process_settings
   from transformer_xl.inference import generate
   from transformer_xl.model import models
-  from transformer_xl.cli import process_settings
+
   rss_imports = rss_mib("VmRSS")
   process_settings.release_after_compiles()  # as our command line does
 
   cfg = model_config(args, mem_len)
   mesh = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
   model = models.TransformerXL(cfg)
-  params = jax.jit(lambda r: nn.unbox(models.init_params(model, r)))(
-      jax.random.PRNGKey(args.seed))
+  params = jax.jit(lambda r: nn.unbox(models.init_params(model, r)))(jax.random.PRNGKey(args.seed))
   jax.block_until_ready(params)
   gen = generate.Generator(cfg, mesh)
   settings = generate.SamplingSettings(top_k=args.top_k, temperature=args.temperature)
@@ -139,9 +167,16 @@ def run_ours(args, batch: int, mem_len: int) -> dict:
     return seconds
 
   out = measure(args, batch, generate_all, first_token)
-  out.update({"mem_len": mem_len, "tgt_len": args.tgt_len, "device": str(jax.devices()[0]),
-              "n_params": sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params)),
-              "rss_after_imports_mib": rss_imports, "peak_rss_mib": rss_mib("VmHWM")})
+  out.update(
+      {
+          "mem_len": mem_len,
+          "tgt_len": args.tgt_len,
+          "device": str(jax.devices()[0]),
+          "n_params": sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params)),
+          "rss_after_imports_mib": rss_imports,
+          "peak_rss_mib": rss_mib("VmHWM"),
+      }
+  )
   out["compile_seconds"] = out["warmup_seconds"]  # the warm-up call: compilation + one call
   return out
 
@@ -150,18 +185,22 @@ def run_ours(args, batch: int, mem_len: int) -> dict:
 # PyTorch (HuggingFace transformers).
 # ---------------------------------------------------------------------------
 
+
 def run_pytorch(args, batch: int, mem_len: int) -> dict:
   """Times ``TransfoXLLMHeadModel.generate`` for one cell: tokens/s of
   ``max_new_tokens=num_tokens``, first-token latency = the whole call with
   ``max_new_tokens=1``."""
   import warnings
+
   warnings.filterwarnings("ignore")
   import torch
   from transformers import TransfoXLLMHeadModel
   from transformers.utils import logging as hf_logging
+
   hf_logging.set_verbosity_error()
   sys.path.insert(0, REPO)
   from transformer_xl.cli import process_settings  # stdlib only: no jax in this process
+
   rss_imports = rss_mib("VmRSS")
 
   torch.set_num_threads(args.threads)
@@ -175,10 +214,17 @@ def run_pytorch(args, batch: int, mem_len: int) -> dict:
     torch.manual_seed(seed)
     with torch.no_grad():
       # eos = pad = 0 and min_new_tokens = n: never stops before n new tokens.
-      out = model.generate(prompt, do_sample=True, top_k=args.top_k,
-                           temperature=args.temperature, max_new_tokens=n, min_new_tokens=n,
-                           pad_token_id=0, eos_token_id=0)
-    return out[:, prompt.shape[1]:]
+      out = model.generate(
+          prompt,
+          do_sample=True,
+          top_k=args.top_k,
+          temperature=args.temperature,
+          max_new_tokens=n,
+          min_new_tokens=n,
+          pad_token_id=0,
+          eos_token_id=0,
+      )
+    return out[:, prompt.shape[1] :]
 
   def first_token(seed):
     t0 = time.perf_counter()
@@ -186,10 +232,16 @@ def run_pytorch(args, batch: int, mem_len: int) -> dict:
     return time.perf_counter() - t0
 
   out = measure(args, batch, lambda seed: call(args.num_tokens, seed), first_token)
-  out.update({"mem_len": mem_len, "n_params": sum(p.numel() for p in model.parameters()),
-              "torch_threads": torch.get_num_threads(),
-              "hf_mem_len": model.transformer.mem_len,
-              "hf_same_length": model.transformer.same_length,
-              "hf_clamp_len": model.transformer.clamp_len,
-              "rss_after_imports_mib": rss_imports, "peak_rss_mib": rss_mib("VmHWM")})
+  out.update(
+      {
+          "mem_len": mem_len,
+          "n_params": sum(p.numel() for p in model.parameters()),
+          "torch_threads": torch.get_num_threads(),
+          "hf_mem_len": model.transformer.mem_len,
+          "hf_same_length": model.transformer.same_length,
+          "hf_clamp_len": model.transformer.clamp_len,
+          "rss_after_imports_mib": rss_imports,
+          "peak_rss_mib": rss_mib("VmHWM"),
+      }
+  )
   return out

@@ -15,6 +15,7 @@ so the ratio says what tokenising and writing cost on top.  Results go to
 ``benchmarks/results/prepare_text_<date>_<host>.json``; the target is a
 peak RSS under 2 GB whatever the corpus size.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,9 +76,18 @@ def make_corpus(source: str, folder: str, target_mb: float, files: int) -> int:
 
 def run_worker(mode: str, settings: dict, data_dir: str) -> dict:
   """The worker's JSON line; raises RuntimeError if it failed."""
-  proc = subprocess.run([sys.executable, "-c", _WORKER, json.dumps(
-      {"mode": mode, "settings": settings, "data_dir": data_dir})],
-      env=common.worker_env(), cwd=common.REPO, capture_output=True, text=True)
+  proc = subprocess.run(
+      [
+          sys.executable,
+          "-c",
+          _WORKER,
+          json.dumps({"mode": mode, "settings": settings, "data_dir": data_dir}),
+      ],
+      env=common.worker_env(),
+      cwd=common.REPO,
+      capture_output=True,
+      text=True,
+  )
   if proc.returncode != 0:
     raise RuntimeError(f"{mode} worker failed:\n{proc.stderr[-3000:]}")
   return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -87,10 +97,17 @@ def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--source", required=True, help="a text file to repeat (UTF-8)")
   p.add_argument("--target_mb", type=float, default=512.0, help="corpus size, MB of text")
-  p.add_argument("--files", type=int, default=64,
-                 help="files to spread the corpus over, at most (whole copies of --source each)")
-  p.add_argument("--tokenizers", default="word,sentencepiece",
-                 help="comma-separated data.tokenizer values to prepare with")
+  p.add_argument(
+      "--files",
+      type=int,
+      default=64,
+      help="files to spread the corpus over, at most (whole copies of --source each)",
+  )
+  p.add_argument(
+      "--tokenizers",
+      default="word,sentencepiece",
+      help="comma-separated data.tokenizer values to prepare with",
+  )
   p.add_argument("--vocab_size", type=int, default=8000, help="for sentencepiece")
   p.add_argument("--workdir", default=None, help="where the corpus is built (default: a temp dir)")
   p.add_argument("--out", default=None, help="result JSON (default: benchmarks/results/...)")
@@ -103,27 +120,46 @@ def main(argv=None) -> int:
     n_bytes = make_corpus(args.source, corpus_dir, args.target_mb, args.files)
     mb = n_bytes / 1e6
     print(f"corpus: {mb:,.1f} MB of text in {len(os.listdir(corpus_dir))} files")
-    base = {"train_files": f"{corpus_dir}/*", "valid_files": args.source,
-            "test_files": args.source}
+    base = {"train_files": f"{corpus_dir}/*", "valid_files": args.source, "test_files": args.source}
     rows = []
     read = run_worker("read", dict(base), os.path.join(tmp, "tfds"))
-    rows.append({"what": "baseline: read, decompress, split lines", "seconds": read["seconds"],
-                 "mb_per_s": mb / read["seconds"], "peak_rss_mib": read["peak_rss_mib"]})
+    rows.append(
+        {
+            "what": "baseline: read, decompress, split lines",
+            "seconds": read["seconds"],
+            "mb_per_s": mb / read["seconds"],
+            "peak_rss_mib": read["peak_rss_mib"],
+        }
+    )
     for tok in args.tokenizers.split(","):
-      settings = dict(base, tokenizer=tok,
-                      vocab_size=args.vocab_size if tok == "sentencepiece" else 0)
+      settings = dict(
+          base, tokenizer=tok, vocab_size=args.vocab_size if tok == "sentencepiece" else 0
+      )
       data_dir = os.path.join(tmp, f"tfds_{tok}")
       shutil.rmtree(data_dir, ignore_errors=True)
       r = run_worker("prepare", settings, data_dir)
-      rows.append({"what": f"prepare, tokenizer={tok}", "seconds": r["seconds"],
-                   "mb_per_s": mb / r["seconds"], "peak_rss_mib": r["peak_rss_mib"],
-                   "train_tokens": r["tokens"], "vocab": r["vocab"],
-                   "x_baseline_time": r["seconds"] / read["seconds"]})
+      rows.append(
+          {
+              "what": f"prepare, tokenizer={tok}",
+              "seconds": r["seconds"],
+              "mb_per_s": mb / r["seconds"],
+              "peak_rss_mib": r["peak_rss_mib"],
+              "train_tokens": r["tokens"],
+              "vocab": r["vocab"],
+              "x_baseline_time": r["seconds"] / read["seconds"],
+          }
+      )
       print(json.dumps(rows[-1]))
-    result = {"machine": info, "corpus_mb": mb, "files": args.files, "source": args.source,
-              "rows": rows, "loadavg_end": common.loadavg(),
-              "peak_rss_target_mib": 2048,
-              "all_under_target": all(r["peak_rss_mib"] < 2048 for r in rows)}
+    result = {
+        "machine": info,
+        "corpus_mb": mb,
+        "files": args.files,
+        "source": args.source,
+        "rows": rows,
+        "loadavg_end": common.loadavg(),
+        "peak_rss_target_mib": 2048,
+        "all_under_target": all(r["peak_rss_mib"] < 2048 for r in rows),
+    }
     common.write_json(args.out or common.default_json_path(info["host"], "prepare_text_"), result)
     print(f"{'what':<44} {'s':>8} {'MB/s':>8} {'peak RSS MiB':>13}")
     for r in rows:

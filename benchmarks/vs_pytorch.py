@@ -115,6 +115,7 @@ workers are in ``vs_pytorch_workers.py``, ``--compare`` in
 ``vs_pytorch_compare.py``, and what all benchmark tools share (machine,
 versions, result files) in ``common.py``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -127,9 +128,10 @@ import time
 BENCHMARKS = os.path.dirname(os.path.abspath(__file__))
 if BENCHMARKS not in sys.path:  # common.py and the parts below, also when loaded from the file
   sys.path.insert(0, BENCHMARKS)
+from vs_pytorch_compare import compare_runs, load_json  # noqa: E402
+
 import common  # noqa: E402
 import vs_pytorch_workers as workers  # noqa: E402  (workers: nothing heavy at import)
-from vs_pytorch_compare import compare_runs, load_json  # noqa: E402
 
 REPO = common.REPO
 PHASES = ("train", "eval", "eval_long")
@@ -137,16 +139,33 @@ IMPLEMENTATIONS = ("ours", "pytorch")
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "torch", "transformers", "numpy")  # versions saved
 
 # --smoke: tiny sizes (explicit flags still win), so the whole tool runs in seconds.
-SMOKE = dict(n_layer=1, d_model=32, n_head=2, d_head=16, d_inner=64, vocab=32, batch=2,
-             tgt_len=8, mem_len=8, eval_tgt_len=8, eval_mem_len=16, eval_long_mem_len=32,
-             steps=2, repeats=1, warmup=1, matmul_n=256, matmul_repeats=2)
+SMOKE = dict(
+    n_layer=1,
+    d_model=32,
+    n_head=2,
+    d_head=16,
+    d_inner=64,
+    vocab=32,
+    batch=2,
+    tgt_len=8,
+    mem_len=8,
+    eval_tgt_len=8,
+    eval_mem_len=16,
+    eval_long_mem_len=32,
+    steps=2,
+    repeats=1,
+    warmup=1,
+    matmul_n=256,
+    matmul_repeats=2,
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
   """The flags; ``--smoke`` changes the defaults to ``SMOKE``'s tiny sizes."""
   argv = sys.argv[1:] if argv is None else argv
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  p = argparse.ArgumentParser(
+      description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+  )
   g = p.add_argument_group("model (the same for both)")
   g.add_argument("--n_layer", type=int, default=6)
   g.add_argument("--d_model", type=int, default=256)
@@ -156,13 +175,21 @@ def parse_args(argv=None) -> argparse.Namespace:
   g.add_argument("--vocab", type=int, default=256, help="n_token; dense softmax (no cutoffs)")
   g.add_argument("--dropout", type=float, default=0.1)
   g.add_argument("--dropatt", type=float, default=0.0)
-  g.add_argument("--block", type=int, default=None,
-                 help="our model.attn_block: queries per attention block (0 = the full "
-                      "[B, H, T, K] computation); default: default_config's -1, per "
-                      "backend and phase")
-  g.add_argument("--scan_unroll", type=int, default=None,
-                 help="our model.scan_unroll: layers per iteration of the loop over layers; "
-                      "default: default_config's -1, per backend")
+  g.add_argument(
+      "--block",
+      type=int,
+      default=None,
+      help="our model.attn_block: queries per attention block (0 = the full "
+      "[B, H, T, K] computation); default: default_config's -1, per "
+      "backend and phase",
+  )
+  g.add_argument(
+      "--scan_unroll",
+      type=int,
+      default=None,
+      help="our model.scan_unroll: layers per iteration of the loop over layers; "
+      "default: default_config's -1, per backend",
+  )
   g = p.add_argument_group("training")
   g.add_argument("--batch", type=int, default=8)
   g.add_argument("--tgt_len", type=int, default=128)
@@ -173,48 +200,88 @@ def parse_args(argv=None) -> argparse.Namespace:
   g.add_argument("--eval_batch", type=int, default=0, help="0 = --batch")
   g.add_argument("--eval_tgt_len", type=int, default=128)
   g.add_argument("--eval_mem_len", type=int, default=512, help="memory of the eval phase")
-  g.add_argument("--eval_long_mem_len", type=int, default=2048,
-                 help="memory of the eval_long phase")
-  g.add_argument("--eval_same_length", type=int, default=1, choices=(0, 1),
-                 help="same_length attention in eval (our eval default)")
+  g.add_argument(
+      "--eval_long_mem_len", type=int, default=2048, help="memory of the eval_long phase"
+  )
+  g.add_argument(
+      "--eval_same_length",
+      type=int,
+      default=1,
+      choices=(0, 1),
+      help="same_length attention in eval (our eval default)",
+  )
   g = p.add_argument_group("measurement")
   g.add_argument("--steps", type=int, default=10, help="timed steps per repeat")
   g.add_argument("--repeats", type=int, default=5, help="timed repeats; the median is reported")
-  g.add_argument("--warmup", type=int, default=3,
-                 help="untimed steps first (compilation; memory filling up)")
-  g.add_argument("--threads", type=int, default=0,
-                 help="threads for both (0 = all CPUs this process may use)")
+  g.add_argument(
+      "--warmup", type=int, default=3, help="untimed steps first (compilation; memory filling up)"
+  )
+  g.add_argument(
+      "--threads", type=int, default=0, help="threads for both (0 = all CPUs this process may use)"
+  )
   g.add_argument("--phases", default=",".join(PHASES), help="comma list of " + ", ".join(PHASES))
   g.add_argument("--which", default="ours,pytorch", help="comma list of ours, pytorch")
   g.add_argument("--order", default="ours_first", choices=("ours_first", "pytorch_first"))
-  g.add_argument("--matmul_n", type=int, default=2048,
-                 help="N of the N x N float32 matmul that measures the machine's limit")
-  g.add_argument("--matmul_repeats", type=int, default=5,
-                 help="timed matmuls per library (the fastest counts)")
+  g.add_argument(
+      "--matmul_n",
+      type=int,
+      default=2048,
+      help="N of the N x N float32 matmul that measures the machine's limit",
+  )
+  g.add_argument(
+      "--matmul_repeats", type=int, default=5, help="timed matmuls per library (the fastest counts)"
+  )
   g.add_argument("--xla_flags", default="", help="extra XLA_FLAGS for our subprocess")
-  g.add_argument("--malloc_hugepages", type=int, default=1, choices=(0, 1),
-                 help="1: glibc.malloc.hugetlb=1 in GLIBC_TUNABLES for our subprocess, "
-                      "as our command line sets it (transformer_xl.cli.process_settings)")
-  g.add_argument("--pytorch_malloc_hugepages", type=int, default=0, choices=(0, 1),
-                 help="1: the same for the PyTorch subprocess (it slowed torch's training "
-                      "down 2x on a 2-core CPU VM, benchmarks/results/REPORT.md)")
+  g.add_argument(
+      "--malloc_hugepages",
+      type=int,
+      default=1,
+      choices=(0, 1),
+      help="1: glibc.malloc.hugetlb=1 in GLIBC_TUNABLES for our subprocess, "
+      "as our command line sets it (transformer_xl.cli.process_settings)",
+  )
+  g.add_argument(
+      "--pytorch_malloc_hugepages",
+      type=int,
+      default=0,
+      choices=(0, 1),
+      help="1: the same for the PyTorch subprocess (it slowed torch's training "
+      "down 2x on a 2-core CPU VM, benchmarks/results/REPORT.md)",
+  )
   g.add_argument("--seed", type=int, default=0)
-  g.add_argument("--smoke", action="store_true",
-                 help="tiny model, 1 repeat of 2 steps, small matmul: checks the tool in "
-                      "seconds; the numbers mean nothing")
+  g.add_argument(
+      "--smoke",
+      action="store_true",
+      help="tiny model, 1 repeat of 2 steps, small matmul: checks the tool in "
+      "seconds; the numbers mean nothing",
+  )
   g = p.add_argument_group("results")
-  g.add_argument("--json", default="",
-                 help="write settings, machine, versions and results here (default: "
-                      "benchmarks/results/<date>_<time>_<host>.json; --smoke: a temp dir)")
-  g.add_argument("--compare", default="", metavar="OLD.json",
-                 help="print every number beside OLD.json's, with the change")
-  g.add_argument("--new", default="", metavar="NEW.json",
-                 help="with --compare: compare NEW.json to OLD.json and run nothing")
-  g.add_argument("--tolerance", type=float, default=5.0,
-                 help="--compare flags changes for the worse beyond this many percent")
+  g.add_argument(
+      "--json",
+      default="",
+      help="write settings, machine, versions and results here (default: "
+      "benchmarks/results/<date>_<time>_<host>.json; --smoke: a temp dir)",
+  )
+  g.add_argument(
+      "--compare",
+      default="",
+      metavar="OLD.json",
+      help="print every number beside OLD.json's, with the change",
+  )
+  g.add_argument(
+      "--new",
+      default="",
+      metavar="NEW.json",
+      help="with --compare: compare NEW.json to OLD.json and run nothing",
+  )
+  g.add_argument(
+      "--tolerance",
+      type=float,
+      default=5.0,
+      help="--compare flags changes for the worse beyond this many percent",
+  )
   # Internal: the subprocess entry point.
-  p.add_argument("--worker", default="", choices=("", "ours", "pytorch"),
-                 help=argparse.SUPPRESS)
+  p.add_argument("--worker", default="", choices=("", "ours", "pytorch"), help=argparse.SUPPRESS)
   p.add_argument("--phase", default="", choices=("",) + PHASES, help=argparse.SUPPRESS)
   p.add_argument("--result_file", default="", help=argparse.SUPPRESS)
   if "--smoke" in argv:
@@ -243,9 +310,18 @@ def phase_lengths(args, phase: str) -> tuple[int, int, int]:
   return args.eval_batch, args.eval_tgt_len, mem_len
 
 
-def model_flops_per_token(n_layer: int, d_model: int, n_head: int, d_head: int, d_inner: int,
-                          vocab: int, batch: int, tgt_len: int, mem_len: int,
-                          train: bool) -> float:
+def model_flops_per_token(
+    n_layer: int,
+    d_model: int,
+    n_head: int,
+    d_head: int,
+    d_inner: int,
+    vocab: int,
+    batch: int,
+    tgt_len: int,
+    mem_len: int,
+    train: bool,
+) -> float:
   """Matrix-multiply FLOPs per predicted token of a Transformer-XL step.
 
   2 FLOPs per multiply-add; T = tgt_len, M = mem_len, K = T + M keys,
@@ -266,9 +342,14 @@ def model_flops_per_token(n_layer: int, d_model: int, n_head: int, d_head: int, 
     FLOPs per token (batch * tgt_len tokens a step).
   """
   hd, k = n_head * d_head, tgt_len + mem_len
-  per_layer = (2 * d_model * hd + 4 * d_model * hd * k / tgt_len
-               + 2 * d_model * hd * k / (batch * tgt_len) + 3 * 2 * hd * k
-               + 2 * hd * d_model + 4 * d_model * d_inner)
+  per_layer = (
+      2 * d_model * hd
+      + 4 * d_model * hd * k / tgt_len
+      + 2 * d_model * hd * k / (batch * tgt_len)
+      + 3 * 2 * hd * k
+      + 2 * hd * d_model
+      + 4 * d_model * d_inner
+  )
   forward = n_layer * per_layer + 2 * d_model * vocab
   return 3 * forward if train else forward
 
@@ -281,6 +362,7 @@ def _worker_env(args, which: str) -> dict:
     if REPO not in sys.path:  # this checkout's transformer_xl (process_settings: stdlib only)
       sys.path.insert(0, REPO)
     from transformer_xl.cli import process_settings
+
     env = process_settings.hugepages_environ(env) or env
   return env
 
@@ -300,8 +382,10 @@ def run_worker(args, which: str, argv: list[str], phase: str = "") -> dict:
   env = _worker_env(args, which)
   code, res = common.run_script(__file__, worker_argv, env)
   if code != 0:
-    raise SystemExit(f"error: the {which} {phase} benchmark subprocess failed with exit code "
-                     f"{code} (its output is above)")
+    raise SystemExit(
+        f"error: the {which} {phase} benchmark subprocess failed with exit code "
+        f"{code} (its output is above)"
+    )
   res["env"] = {k: env[k] for k in ("XLA_FLAGS", "GLIBC_TUNABLES", "OMP_NUM_THREADS") if k in env}
   res["wall_seconds"] = round(time.perf_counter() - t0, 1)
   res["loadavg_before"] = load_before
@@ -322,18 +406,22 @@ def phase_label(args, phase: str) -> str:
 def format_table(args, results: dict) -> str:
   """The markdown table: one row per phase; tokens/s of ours and PyTorch,
   ours/PyTorch, % of the matmul limit and peak RSS (MiB) of both."""
-  rows = ["| phase | ours tokens/s | PyTorch tokens/s | ratio ours/PyTorch "
-          "| ours % of matmul limit | PyTorch % of matmul limit "
-          "| ours peak RSS MiB | PyTorch peak RSS MiB |",
-          "|---|---:|---:|---:|---:|---:|---:|---:|"]
+  rows = [
+      "| phase | ours tokens/s | PyTorch tokens/s | ratio ours/PyTorch "
+      "| ours % of matmul limit | PyTorch % of matmul limit "
+      "| ours peak RSS MiB | PyTorch peak RSS MiB |",
+      "|---|---:|---:|---:|---:|---:|---:|---:|",
+  ]
   for phase in args.phases.split(","):
     r = {w: results.get(w, {}).get(phase, {}) for w in IMPLEMENTATIONS}
     o, t = (r[w].get("median_tokens_per_sec") for w in IMPLEMENTATIONS)
     ratio = f"{o / t:.2f}x" if o and t else "-"
     pct = [_fmt(r[w].get("pct_of_matmul_limit"), 1) for w in IMPLEMENTATIONS]
     rss = [_fmt(r[w].get("peak_rss_mib")) for w in IMPLEMENTATIONS]
-    rows.append(f"| {phase_label(args, phase)} | {_fmt(o)} | {_fmt(t)} | {ratio} "
-                f"| {pct[0]} | {pct[1]} | {rss[0]} | {rss[1]} |")
+    rows.append(
+        f"| {phase_label(args, phase)} | {_fmt(o)} | {_fmt(t)} | {ratio} "
+        f"| {pct[0]} | {pct[1]} | {rss[0]} | {rss[1]} |"
+    )
   return "\n".join(rows)
 
 
@@ -367,9 +455,12 @@ def main(argv=None) -> int:
   if not json_path:  # benchmarks/results/<date>_<time>_<host>.json (--smoke: a temp dir)
     folder = tempfile.mkdtemp(prefix="vs_pytorch_smoke_") if args.smoke else common.RESULTS_DIR
     json_path = common.default_json_path(info["host"], folder=folder)
-  print(f"{info['date']}  {info['cpu']}, {info['cpu_count']} CPUs ({info['cpus_available']} "
-        f"available), {info['memory_gib']} GiB, {args.threads} threads for all; load average "
-        f"{' '.join(map(str, info['loadavg_start']))}", flush=True)
+  print(
+      f"{info['date']}  {info['cpu']}, {info['cpu_count']} CPUs ({info['cpus_available']} "
+      f"available), {info['memory_gib']} GiB, {args.threads} threads for all; load average "
+      f"{' '.join(map(str, info['loadavg_start']))}",
+      flush=True,
+  )
 
   results = {w: {} for w in which}
   for phase in phases:
@@ -377,20 +468,23 @@ def main(argv=None) -> int:
       print(f"running {w} {phase} ...", flush=True)
       r = results[w][phase] = run_worker(args, w, argv, phase)
       results[w].setdefault("n_params", r["n_params"])
-      print(f"  {w} {phase}: median {r['median_tokens_per_sec']:,.0f} tokens/s "
-            f"({r['median_ms_per_step']:.1f} ms/step; repeats: "
-            + ", ".join(f"{x:,.0f}" for x in r["tokens_per_sec"]) + "; CPU/wall: "
-            + ", ".join(f"{x:.2f}" for x in r["cpu_per_wall"])
-            + f"; per step: {r['sys_ms_per_step']:.0f} ms system time, "
-            f"{r['minor_faults_per_step']:,.0f} page faults; peak RSS "
-            f"{r['peak_rss_mib']:,.0f} MiB, {r['rss_after_imports_mib']:,.0f} after imports)",
-            flush=True)
+      print(
+          f"  {w} {phase}: median {r['median_tokens_per_sec']:,.0f} tokens/s "
+          f"({r['median_ms_per_step']:.1f} ms/step; repeats: "
+          + ", ".join(f"{x:,.0f}" for x in r["tokens_per_sec"])
+          + "; CPU/wall: "
+          + ", ".join(f"{x:.2f}" for x in r["cpu_per_wall"])
+          + f"; per step: {r['sys_ms_per_step']:.0f} ms system time, "
+          f"{r['minor_faults_per_step']:,.0f} page faults; peak RSS "
+          f"{r['peak_rss_mib']:,.0f} MiB, {r['rss_after_imports_mib']:,.0f} after imports)",
+          flush=True,
+      )
   best = {}  # library -> its best GFLOP/s over all workers
   for w in which:
     for phase in phases:
       for k, v in results[w][phase]["matmul"].items():
         if k.endswith("_gflops"):
-          best[k[:-len("_gflops")]] = max(best.get(k[:-len("_gflops")], 0.0), v)
+          best[k[: -len("_gflops")]] = max(best.get(k[: -len("_gflops")], 0.0), v)
   limit = max(best.values())
   matmul = {"n": args.matmul_n, "best_gflops": best, "limit_gflops": limit}
   for w in which:
@@ -398,10 +492,20 @@ def main(argv=None) -> int:
       r = results[w][phase]
       batch, tgt_len, mem_len = phase_lengths(args, phase)
       r["flops_per_token"] = model_flops_per_token(
-          args.n_layer, args.d_model, args.n_head, args.d_head, args.d_inner, args.vocab,
-          batch, tgt_len, mem_len, train=phase == "train")
-      r["pct_of_matmul_limit"] = (100 * r["flops_per_token"] * r["median_tokens_per_sec"]
-                                  / (limit * 1e9))
+          args.n_layer,
+          args.d_model,
+          args.n_head,
+          args.d_head,
+          args.d_inner,
+          args.vocab,
+          batch,
+          tgt_len,
+          mem_len,
+          train=phase == "train",
+      )
+      r["pct_of_matmul_limit"] = (
+          100 * r["flops_per_token"] * r["median_tokens_per_sec"] / (limit * 1e9)
+      )
   info["loadavg_end"] = common.loadavg()
 
   table = format_table(args, results)
@@ -410,39 +514,69 @@ def main(argv=None) -> int:
   print()
   counts = {w: results[w]["n_params"] for w in results}
   same = len(set(counts.values())) == 1
-  print("parameters: " + ", ".join(f"{w} {n:,}" for w, n in counts.items())
-        + ("" if len(counts) < 2 else (" (equal)" if same else " (DIFFERENT)")))
+  print(
+      "parameters: "
+      + ", ".join(f"{w} {n:,}" for w, n in counts.items())
+      + ("" if len(counts) < 2 else (" (equal)" if same else " (DIFFERENT)"))
+  )
   if "ours" in results:
-    print("ours: model.attn_block " + ", ".join(
-        f"{ph} {results['ours'][ph]['attn_block']}" for ph in phases if ph in results["ours"])
-          + (" (--block)" if args.block is not None else " (default_config's -1, per backend)"))
-    print("ours: model.scan_unroll " + ", ".join(
-        f"{ph} {results['ours'][ph].get('scan_unroll', '-')}" for ph in phases
-        if ph in results["ours"])
-          + (" (--scan_unroll)" if args.scan_unroll is not None
-             else " (default_config's -1, per backend)"))
-  print(f"matmul limit (float32, N={args.matmul_n}, best of every worker): "
-        + ", ".join(f"{k} {v:,.0f}" for k, v in best.items())
-        + f" GFLOP/s; limit {limit:,.0f} GFLOP/s")
-  print("model FLOPs per token (matmuls; train = 3x forward): " + ", ".join(
-      f"{p} {results[which[0]][p]['flops_per_token'] / 1e6:,.1f} M" for p in phases))
+    print(
+        "ours: model.attn_block "
+        + ", ".join(
+            f"{ph} {results['ours'][ph]['attn_block']}" for ph in phases if ph in results["ours"]
+        )
+        + (" (--block)" if args.block is not None else " (default_config's -1, per backend)")
+    )
+    print(
+        "ours: model.scan_unroll "
+        + ", ".join(
+            f"{ph} {results['ours'][ph].get('scan_unroll', '-')}"
+            for ph in phases
+            if ph in results["ours"]
+        )
+        + (
+            " (--scan_unroll)"
+            if args.scan_unroll is not None
+            else " (default_config's -1, per backend)"
+        )
+    )
+  print(
+      f"matmul limit (float32, N={args.matmul_n}, best of every worker): "
+      + ", ".join(f"{k} {v:,.0f}" for k, v in best.items())
+      + f" GFLOP/s; limit {limit:,.0f} GFLOP/s"
+  )
+  print(
+      "model FLOPs per token (matmuls; train = 3x forward): "
+      + ", ".join(f"{p} {results[which[0]][p]['flops_per_token'] / 1e6:,.1f} M" for p in phases)
+  )
   v = info["versions"]
-  print(f"machine: {info['cpu']}, {info['cpu_count']} CPUs, {args.threads} threads; load average "
-        + "; ".join(f"{w} {p} {results[w][p]['loadavg_before'][0]}->"
-                    f"{results[w][p]['loadavg_after'][0]}" for p in phases for w in which)
-        + f" (1-min, before->after); python {info['python']}, jax {v['jax']}, "
-        f"flax {v['flax']}, optax {v['optax']}, torch {v['torch']}, "
-        f"transformers {v['transformers']}")
-  print(f"steps {args.steps} x repeats {args.repeats} (median), warmup {args.warmup}; "
-        "one subprocess per implementation and phase, in the order: "
-        + ", ".join(f"{w} {p}" for p in phases for w in which))
+  print(
+      f"machine: {info['cpu']}, {info['cpu_count']} CPUs, {args.threads} threads; load average "
+      + "; ".join(
+          f"{w} {p} {results[w][p]['loadavg_before'][0]}->" f"{results[w][p]['loadavg_after'][0]}"
+          for p in phases
+          for w in which
+      )
+      + f" (1-min, before->after); python {info['python']}, jax {v['jax']}, "
+      f"flax {v['flax']}, optax {v['optax']}, torch {v['torch']}, "
+      f"transformers {v['transformers']}"
+  )
+  print(
+      f"steps {args.steps} x repeats {args.repeats} (median), warmup {args.warmup}; "
+      "one subprocess per implementation and phase, in the order: "
+      + ", ".join(f"{w} {p}" for p in phases for w in which)
+  )
   envs = {w: results[w][phases[0]]["env"] for w in which}
   for w, env in envs.items():
     if env:
       print(f"{w} environment: " + ", ".join(f"{k}={v!r}" for k, v in env.items()))
-  run = {"args": {k: v for k, v in vars(args).items()
-                  if k not in ("worker", "phase", "result_file")},
-         "machine": info, "matmul": matmul, "results": results, "table": table}
+  run = {
+      "args": {k: v for k, v in vars(args).items() if k not in ("worker", "phase", "result_file")},
+      "machine": info,
+      "matmul": matmul,
+      "results": results,
+      "table": table,
+  }
   common.write_json(json_path, run)
   if old is not None:
     print()

@@ -5,6 +5,7 @@ Stdlib only; the runs are the JSON files that ``vs_pytorch.py`` writes
 (``benchmarks/results/<date>_<time>_<host>.json``), and ``generation.py``'s
 (the same layout: ``results.<ours|pytorch>.<cell>``).
 """
+
 from __future__ import annotations
 
 import json
@@ -73,13 +74,17 @@ def compare_runs(old: dict, new: dict, tolerance: float) -> tuple[list[str], int
   lines = []
   o_args, n_args = old.get("args", {}), new.get("args", {})
   skip = ("json", "compare", "new", "tolerance")
-  diff = [f"{k}: {o_args.get(k)!r} -> {n_args.get(k)!r}"
-          for k in sorted(set(o_args) | set(n_args))
-          if k not in skip and o_args.get(k) != n_args.get(k)]
+  diff = [
+      f"{k}: {o_args.get(k)!r} -> {n_args.get(k)!r}"
+      for k in sorted(set(o_args) | set(n_args))
+      if k not in skip and o_args.get(k) != n_args.get(k)
+  ]
   om, nm = old.get("machine", {}), new.get("machine", {})
-  lines.append(f"compare: old {om.get('date', '?')} ({om.get('cpu', '?')}, load "
-               f"{om.get('loadavg_start', '?')}) -> new {nm.get('date', '?')} "
-               f"({nm.get('cpu', '?')}, load {nm.get('loadavg_start', '?')})")
+  lines.append(
+      f"compare: old {om.get('date', '?')} ({om.get('cpu', '?')}, load "
+      f"{om.get('loadavg_start', '?')}) -> new {nm.get('date', '?')} "
+      f"({nm.get('cpu', '?')}, load {nm.get('loadavg_start', '?')})"
+  )
   lines.append("settings that differ: " + ("; ".join(diff) if diff else "none"))
   o_num, n_num = comparable_numbers(old), comparable_numbers(new)
   names = sorted(set(o_num) | set(n_num))
@@ -90,8 +95,9 @@ def compare_runs(old: dict, new: dict, tolerance: float) -> tuple[list[str], int
     if name not in o_num or name not in n_num:
       where = "old" if name in o_num else "new"
       value = o_num.get(name, n_num.get(name))
-      lines.append(f"{name:<{width}}  {'':>12}  {'':>12}  {'':>8}  only in {where}: "
-                   f"{_num(value)}")
+      lines.append(
+          f"{name:<{width}}  {'':>12}  {'':>12}  {'':>8}  only in {where}: " f"{_num(value)}"
+      )
       continue
     a, b = o_num[name], n_num[name]
     change = (b - a) / abs(a) * 100 if a else None
@@ -103,8 +109,9 @@ def compare_runs(old: dict, new: dict, tolerance: float) -> tuple[list[str], int
         verdict = "better"
     ch = "n/a" if change is None else f"{change:+.1f}%"
     lines.append(f"{name:<{width}}  {_num(a):>12}  {_num(b):>12}  {ch:>8}  {verdict}".rstrip())
-  lines.append(f"{regressions} regression(s) beyond {tolerance:g}% "
-               "(throughput down, or time / memory up)")
+  lines.append(
+      f"{regressions} regression(s) beyond {tolerance:g}% " "(throughput down, or time / memory up)"
+  )
   return lines, regressions
 
 
@@ -119,4 +126,3 @@ def load_json(path: str) -> dict:
       return json.load(f)
   except (OSError, json.JSONDecodeError) as err:
     raise SystemExit(f"error: cannot read {path}: {err}") from None
-

@@ -10,6 +10,7 @@ parent saves in its JSON.
 Nothing heavy is imported at import time: the parent imports this module,
 and the PyTorch worker never imports JAX.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,14 +28,21 @@ REPO = common.REPO
 # Shared by both workers (no jax / torch imports here).
 # ---------------------------------------------------------------------------
 
+
 def _token_batches(args, batch: int, tgt_len: int, n: int = 4):
   """n distinct (inputs, targets) int32 numpy pairs [batch, tgt_len], from one
   random stream per row (targets = inputs shifted by one)."""
   import numpy as np
+
   rng = np.random.default_rng(args.seed)
   stream = rng.integers(0, args.vocab, size=(batch, n * tgt_len + 1), dtype=np.int64)
-  return [(stream[:, i * tgt_len:(i + 1) * tgt_len].astype(np.int32),
-           stream[:, i * tgt_len + 1:(i + 1) * tgt_len + 1].astype(np.int32)) for i in range(n)]
+  return [
+      (
+          stream[:, i * tgt_len : (i + 1) * tgt_len].astype(np.int32),
+          stream[:, i * tgt_len + 1 : (i + 1) * tgt_len + 1].astype(np.int32),
+      )
+      for i in range(n)
+  ]
 
 
 def _time_repeats(run_steps, args) -> dict:
@@ -55,8 +63,12 @@ def _time_repeats(run_steps, args) -> dict:
     times.append(time.perf_counter() - t0)
     cpu.append(time.process_time() - c0)
   ru1 = resource.getrusage(resource.RUSAGE_SELF)
-  return {"seconds": times, "cpu_seconds": cpu, "sys_seconds": ru1.ru_stime - ru0.ru_stime,
-          "minor_faults": ru1.ru_minflt - ru0.ru_minflt}
+  return {
+      "seconds": times,
+      "cpu_seconds": cpu,
+      "sys_seconds": ru1.ru_stime - ru0.ru_stime,
+      "minor_faults": ru1.ru_minflt - ru0.ru_minflt,
+  }
 
 
 def _summary(timing: dict, tokens_per_step: int, steps: int) -> dict:
@@ -70,13 +82,19 @@ def _summary(timing: dict, tokens_per_step: int, steps: int) -> dict:
   """
   times, n = timing["seconds"], steps * len(timing["seconds"])
   tps = [tokens_per_step * steps / t for t in times]
-  return {"tokens_per_step": tokens_per_step, "steps": steps, "seconds": times,
-          "tokens_per_sec": tps, "median_tokens_per_sec": statistics.median(tps),
-          "min_tokens_per_sec": min(tps), "max_tokens_per_sec": max(tps),
-          "median_ms_per_step": 1e3 * statistics.median(times) / steps,
-          "cpu_per_wall": [c / t for c, t in zip(timing["cpu_seconds"], times)],
-          "sys_ms_per_step": 1e3 * timing["sys_seconds"] / n,
-          "minor_faults_per_step": timing["minor_faults"] / n}
+  return {
+      "tokens_per_step": tokens_per_step,
+      "steps": steps,
+      "seconds": times,
+      "tokens_per_sec": tps,
+      "median_tokens_per_sec": statistics.median(tps),
+      "min_tokens_per_sec": min(tps),
+      "max_tokens_per_sec": max(tps),
+      "median_ms_per_step": 1e3 * statistics.median(times) / steps,
+      "cpu_per_wall": [c / t for c, t in zip(timing["cpu_seconds"], times)],
+      "sys_ms_per_step": 1e3 * timing["sys_seconds"] / n,
+      "minor_faults_per_step": timing["minor_faults"] / n,
+  }
 
 
 def rss_mib(field: str = "VmHWM") -> float:
@@ -107,6 +125,7 @@ def measure_matmul(args, products: dict) -> dict:
     {"n": N, "<name>_gflops": GFLOP/s for each library}.
   """
   import numpy as np
+
   n = args.matmul_n
   rng = np.random.default_rng(args.seed)
   a, b = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
@@ -125,12 +144,14 @@ def measure_matmul(args, products: dict) -> dict:
 
 def _numpy_dot(a, b):
   import numpy as np
+
   return lambda: np.dot(a, b)
 
 
 # ---------------------------------------------------------------------------
 # Ours (JAX / Flax).
 # ---------------------------------------------------------------------------
+
 
 def run_ours(args, phase: str, batch: int, tgt_len: int, mem_len: int) -> dict:
   """Times our jitted train step or eval step for one phase, of ``batch`` rows
@@ -140,51 +161,91 @@ def run_ours(args, phase: str, batch: int, tgt_len: int, mem_len: int) -> dict:
   import flax.linen as nn
   import jax
   import numpy as np
+
   from transformer_xl import default_config, sharding
-  from transformer_xl.inference import evaluate
-  from transformer_xl.model import models
   from transformer_xl.cli import process_settings
-  from transformer_xl.training import train
-  from transformer_xl.training import train_state
-  from transformer_xl.model import tuning
+  from transformer_xl.inference import evaluate
+  from transformer_xl.model import models, tuning
+  from transformer_xl.training import train, train_state
+
   rss_imports = rss_mib("VmRSS")
   process_settings.release_after_compiles()  # as our command line and training loop do
 
   config = default_config.get_config()
-  config.model.update(n_layer=args.n_layer, d_model=args.d_model, n_head=args.n_head,
-                      d_head=args.d_head, d_inner=args.d_inner, dropout=args.dropout,
-                      dropatt=args.dropatt, tgt_len=args.tgt_len, mem_len=args.mem_len,
-                      clamp_len=0, same_length=False, untie_r=False, tie_weight=True,
-                      dtype="float32", remat="none", cutoffs=(), div_val=1)
+  config.model.update(
+      n_layer=args.n_layer,
+      d_model=args.d_model,
+      n_head=args.n_head,
+      d_head=args.d_head,
+      d_inner=args.d_inner,
+      dropout=args.dropout,
+      dropatt=args.dropatt,
+      tgt_len=args.tgt_len,
+      mem_len=args.mem_len,
+      clamp_len=0,
+      same_length=False,
+      untie_r=False,
+      tie_weight=True,
+      dtype="float32",
+      remat="none",
+      cutoffs=(),
+      div_val=1,
+  )
   if args.block is not None:
     config.model.attn_block = args.block
   if args.scan_unroll is not None:
     config.model.scan_unroll = args.scan_unroll
-  config.train.update(global_batch=args.batch, batch_chunk=1, warmup_steps=0,
-                      learning_rate=args.lr, min_lr=args.lr, clip=args.clip,
-                      num_steps=10**9, seed=args.seed)
-  config.eval.update(tgt_len=tgt_len, mem_len=mem_len, clamp_len=0,
-                     same_length=bool(args.eval_same_length), global_batch=args.eval_batch)
+  config.train.update(
+      global_batch=args.batch,
+      batch_chunk=1,
+      warmup_steps=0,
+      learning_rate=args.lr,
+      min_lr=args.lr,
+      clip=args.clip,
+      num_steps=10**9,
+      seed=args.seed,
+  )
+  config.eval.update(
+      tgt_len=tgt_len,
+      mem_len=mem_len,
+      clamp_len=0,
+      same_length=bool(args.eval_same_length),
+      global_batch=args.eval_batch,
+  )
   mcfg = default_config.model_config(config, args.vocab)
   mesh = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
   model = models.TransformerXL(mcfg)
   tx = train_state.make_optimizer(config.train)
   rng = jax.random.PRNGKey(args.seed)
   _, state_shardings = train_state.abstract_train_state(model, tx, args.batch, mesh)
-  out = {"device": str(jax.devices()[0]), "xla_flags": os.environ.get("XLA_FLAGS", ""),
-         "attn_block": tuning.attn_block_size(mcfg.attn_block, deterministic=phase != "train"),
-         "scan_unroll": tuning.scan_unroll_layers(mcfg.scan_unroll, mcfg.n_layer),
-         "rss_after_imports_mib": rss_imports}
+  out = {
+      "device": str(jax.devices()[0]),
+      "xla_flags": os.environ.get("XLA_FLAGS", ""),
+      "attn_block": tuning.attn_block_size(mcfg.attn_block, deterministic=phase != "train"),
+      "scan_unroll": tuning.scan_unroll_layers(mcfg.scan_unroll, mcfg.n_layer),
+      "rss_after_imports_mib": rss_imports,
+  }
 
   if phase == "train":
     state = train_state.create_train_state(model, tx, args.batch, mesh, rng, state_shardings)
     out["n_params"] = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(state.params))
-    batches = [jax.device_put(
-        {"inputs": x, "targets": y, "weights": np.ones(x.shape, np.float32),
-         "reset": np.zeros((batch,), bool)},
-        {"inputs": sharding.batch_sharding(mesh), "targets": sharding.batch_sharding(mesh),
-         "weights": sharding.batch_sharding(mesh), "reset": sharding.rows_sharding(mesh)})
-        for x, y in _token_batches(args, batch, tgt_len)]
+    batches = [
+        jax.device_put(
+            {
+                "inputs": x,
+                "targets": y,
+                "weights": np.ones(x.shape, np.float32),
+                "reset": np.zeros((batch,), bool),
+            },
+            {
+                "inputs": sharding.batch_sharding(mesh),
+                "targets": sharding.batch_sharding(mesh),
+                "weights": sharding.batch_sharding(mesh),
+                "reset": sharding.rows_sharding(mesh),
+            },
+        )
+        for x, y in _token_batches(args, batch, tgt_len)
+    ]
     train_step = train.make_train_step(model, tx, mesh, state_shardings, 1, args.seed)
     holder = {"state": state, "i": 0}
     del state  # donated by the first step
@@ -202,25 +263,34 @@ def run_ours(args, phase: str, batch: int, tgt_len: int, mem_len: int) -> dict:
     out["last_loss"] = holder["loss"]
   else:
     # Parameters only (no optimizer state): what an evaluation holds.
-    params = jax.jit(lambda r: nn.unbox(models.init_params(model, r)),
-                     out_shardings=state_shardings.params)(rng)
+    params = jax.jit(
+        lambda r: nn.unbox(models.init_params(model, r)), out_shardings=state_shardings.params
+    )(rng)
     out["n_params"] = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
     ecfg = evaluate.eval_model_config(config, mcfg)
     eval_step = evaluate.make_eval_step(models.TransformerXL(ecfg), mesh)  # the Evaluator's
     batch_sharding = sharding.batch_sharding(mesh)
-    batches = [jax.device_put(
-        {"inputs": x, "targets": y, "reset": np.zeros((batch,), bool)},
-        {"inputs": batch_sharding, "targets": batch_sharding,
-         "reset": sharding.rows_sharding(mesh)})
-        for x, y in _token_batches(args, batch, tgt_len)]
-    init_memory = jax.jit(lambda: models.init_memory(ecfg, batch),
-                          out_shardings=train_state.memory_sharding(mesh))
+    batches = [
+        jax.device_put(
+            {"inputs": x, "targets": y, "reset": np.zeros((batch,), bool)},
+            {
+                "inputs": batch_sharding,
+                "targets": batch_sharding,
+                "reset": sharding.rows_sharding(mesh),
+            },
+        )
+        for x, y in _token_batches(args, batch, tgt_len)
+    ]
+    init_memory = jax.jit(
+        lambda: models.init_memory(ecfg, batch), out_shardings=train_state.memory_sharding(mesh)
+    )
     run_eval = common.eval_loop(eval_step, params, init_memory(), batches)
     out.update(_summary(_time_repeats(run_eval, args), batch * tgt_len, args.steps))
   out["peak_rss_mib"] = rss_mib("VmHWM")
 
   def jax_dot(a, b):
     import jax.numpy as jnp
+
     dot, xa, xb = jax.jit(jnp.dot), jax.device_put(a), jax.device_put(b)
     return lambda: dot(xa, xb).block_until_ready()
 
@@ -232,17 +302,36 @@ def run_ours(args, phase: str, batch: int, tgt_len: int, mem_len: int) -> dict:
 # PyTorch (HuggingFace transformers).
 # ---------------------------------------------------------------------------
 
+
 def hf_config(args, mem_len: int, same_length: bool):
   """The TransfoXLConfig equal to our model: dense softmax (no cutoffs,
   div_val 1, d_embed = d_model), tied output weights with a bias, shared
   u/v (untie_r=False), no clamp."""
   from transformers import TransfoXLConfig
+
   return TransfoXLConfig(
-      vocab_size=args.vocab, cutoffs=[], div_val=1, adaptive=True, d_model=args.d_model,
-      d_embed=args.d_model, n_head=args.n_head, d_head=args.d_head, d_inner=args.d_inner,
-      n_layer=args.n_layer, mem_len=mem_len, clamp_len=0, same_length=same_length,
-      untie_r=False, pre_lnorm=False, attn_type=0, dropout=args.dropout, dropatt=args.dropatt,
-      tie_word_embeddings=True, proj_share_all_but_first=False, sample_softmax=-1)
+      vocab_size=args.vocab,
+      cutoffs=[],
+      div_val=1,
+      adaptive=True,
+      d_model=args.d_model,
+      d_embed=args.d_model,
+      n_head=args.n_head,
+      d_head=args.d_head,
+      d_inner=args.d_inner,
+      n_layer=args.n_layer,
+      mem_len=mem_len,
+      clamp_len=0,
+      same_length=same_length,
+      untie_r=False,
+      pre_lnorm=False,
+      attn_type=0,
+      dropout=args.dropout,
+      dropatt=args.dropatt,
+      tie_word_embeddings=True,
+      proj_share_all_but_first=False,
+      sample_softmax=-1,
+  )
 
 
 def run_pytorch(args, phase: str, batch: int, tgt_len: int, mem_len: int) -> dict:
@@ -250,22 +339,27 @@ def run_pytorch(args, phase: str, batch: int, tgt_len: int, mem_len: int) -> dic
   ``batch`` rows of ``tgt_len`` tokens with a memory of ``mem_len``; returns
   its result dict (tokens/s, ms per step, peak RSS in MiB, matmul GFLOP/s, ...)."""
   import warnings
+
   warnings.filterwarnings("ignore")
   import torch
   from transformers import TransfoXLLMHeadModel
   from transformers.utils import logging as hf_logging
+
   hf_logging.set_verbosity_error()
   sys.path.insert(0, REPO)
   from transformer_xl.cli import process_settings  # stdlib only: no jax in this process
+
   rss_imports = rss_mib("VmRSS")
 
   torch.set_num_threads(args.threads)
   torch.manual_seed(args.seed)
   model = TransfoXLLMHeadModel(hf_config(args, args.mem_len, same_length=False))
-  out = {"n_params": sum(p.numel() for p in model.parameters()),  # tied weights counted once
-         "torch_threads": torch.get_num_threads(),
-         "torch_config": torch.__config__.parallel_info(),
-         "rss_after_imports_mib": rss_imports}
+  out = {
+      "n_params": sum(p.numel() for p in model.parameters()),  # tied weights counted once
+      "torch_threads": torch.get_num_threads(),
+      "torch_config": torch.__config__.parallel_info(),
+      "rss_after_imports_mib": rss_imports,
+  }
   # HF shifts labels inside (hidden t predicts labels t+1): pass the inputs.
   batches = [torch.from_numpy(x).long() for x, _ in _token_batches(args, batch, tgt_len)]
   holder = {"mems": None, "i": 0}
@@ -314,5 +408,3 @@ def run_pytorch(args, phase: str, batch: int, tgt_len: int, mem_len: int) -> dic
 
   out["matmul"] = measure_matmul(args, {"numpy": _numpy_dot, "torch": torch_mm})
   return out
-
-

@@ -37,6 +37,7 @@ memory of 64 with same_length, so every query sees 64 keys; without, the
 training's segments of 32); a longer attention at evaluation is a matter of
 ``--config.eval.mem_len`` (or ``--config.eval.window`` for "vanilla").
 """
+
 from transformer_xl import default_config
 
 # variant -> (attn_type, mem_len, loss_span, eval method)
@@ -58,19 +59,50 @@ def get_config(variant="xl"):
     ValueError: an unknown variant (the message lists them).
   """
   if variant not in VARIANTS:
-    raise ValueError(f"Unknown ablation variant {variant!r}; choose one of {list(VARIANTS)} "
-                     "(e.g. --config=configs/ablation_wt2.py:xl_half).")
+    raise ValueError(
+        f"Unknown ablation variant {variant!r}; choose one of {list(VARIANTS)} "
+        "(e.g. --config=configs/ablation_wt2.py:xl_half)."
+    )
   attn_type, mem_len, loss_span, method = VARIANTS[variant]
   c = default_config.get_config()
   c.data.dataset = "wikitext2"
-  c.model.update(n_layer=4, d_model=128, n_head=4, d_head=32, d_inner=512,
-                 dropout=0.1, dropatt=0.0, tgt_len=32, mem_len=mem_len, attn_type=attn_type,
-                 cutoffs=(2000, 8000), div_val=2, tie_weight=True, tie_projs=(False, True, True))
-  c.train.update(global_batch=16, num_steps=2000, warmup_steps=100, learning_rate=1e-3,
-                 log_every=100, eval_every=1000, eval_max_steps=50, loss_span=loss_span)
+  c.model.update(
+      n_layer=4,
+      d_model=128,
+      n_head=4,
+      d_head=32,
+      d_inner=512,
+      dropout=0.1,
+      dropatt=0.0,
+      tgt_len=32,
+      mem_len=mem_len,
+      attn_type=attn_type,
+      cutoffs=(2000, 8000),
+      div_val=2,
+      tie_weight=True,
+      tie_projs=(False, True, True),
+  )
+  c.train.update(
+      global_batch=16,
+      num_steps=2000,
+      warmup_steps=100,
+      learning_rate=1e-3,
+      log_every=100,
+      eval_every=1000,
+      eval_max_steps=50,
+      loss_span=loss_span,
+  )
   # "PPL init": the training attention length; with recurrence every query
   # sees exactly 32 + 32 keys (same_length), without it is scored as trained.
-  c.eval.update(method=method, tgt_len=32, mem_len=2 * mem_len, clamp_len=0,
-                same_length=mem_len > 0, window=32, stride=1, global_batch=16)
+  c.eval.update(
+      method=method,
+      tgt_len=32,
+      mem_len=2 * mem_len,
+      clamp_len=0,
+      same_length=mem_len > 0,
+      window=32,
+      stride=1,
+      global_batch=16,
+  )
   c.checkpoint.update(every_steps=1000, max_to_keep=1)
   return c

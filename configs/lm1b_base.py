@@ -13,16 +13,28 @@ rows are streams of whole sentences in a new random order every epoch
 (reference LMShuffledIterator); valid and test are held-out shard 00000, as
 in the reference.
 """
+
 from transformer_xl import default_config
 
 
 def get_config():
   c = default_config.get_config()
   c.data.dataset = "lm1b"
-  c.model.update(n_layer=18, d_model=1024, n_head=8, d_head=128, d_inner=4096,
-                 dropout=0.0, dropatt=0.0, tgt_len=32, mem_len=32,
-                 cutoffs=(60000, 100000, 640000), div_val=4,
-                 tie_weight=False, tie_projs=(False, False, False, False))
+  c.model.update(
+      n_layer=18,
+      d_model=1024,
+      n_head=8,
+      d_head=128,
+      d_inner=4096,
+      dropout=0.0,
+      dropatt=0.0,
+      tgt_len=32,
+      mem_len=32,
+      cutoffs=(60000, 100000, 640000),
+      div_val=4,
+      tie_weight=False,
+      tie_projs=(False, False, False, False),
+  )
   c.train.update(global_batch=224, num_steps=500_000, warmup_steps=20_000, learning_rate=2.5e-4)
   c.eval.update(tgt_len=32, mem_len=128, clamp_len=0, same_length=True, global_batch=16)
   c.paper.update(n_params=int(460e6), result="23.5 ppl (test)")

@@ -18,16 +18,28 @@ untied projections, output weights tied to the embedding: 841,295,982
 parameters, the closest to the paper's 0.8B (untied output weights would
 give 977M).  lr 1e-4 as in the TPU script.
 """
+
 from transformer_xl import default_config, presets
 
 
 def get_config(preset=None):
   c = default_config.get_config()
   c.data.dataset = "lm1b"
-  c.model.update(n_layer=24, d_model=1280, n_head=16, d_head=80, d_inner=8192,
-                 dropout=0.05, dropatt=0.05, tgt_len=32, mem_len=32,
-                 cutoffs=(60000, 100000, 640000), div_val=4,
-                 tie_weight=True, tie_projs=(False, False, False, False))
+  c.model.update(
+      n_layer=24,
+      d_model=1280,
+      n_head=16,
+      d_head=80,
+      d_inner=8192,
+      dropout=0.05,
+      dropatt=0.05,
+      tgt_len=32,
+      mem_len=32,
+      cutoffs=(60000, 100000, 640000),
+      div_val=4,
+      tie_weight=True,
+      tie_projs=(False, False, False, False),
+  )
   c.train.update(global_batch=512, num_steps=1_200_000, warmup_steps=30_000, learning_rate=1e-4)
   c.eval.update(tgt_len=32, mem_len=128, clamp_len=0, same_length=True, global_batch=16)
   c.paper.update(n_params=int(800e6), result="21.8 ppl (test)")

@@ -20,17 +20,38 @@ heads, d_inner 512, tgt_len = mem_len = 64; eval with tgt_len 64, mem_len
 256, same_length.  Expected result (the WikiText-2 files above, 2 CPU
 cores): see the guide "Train on your own text" (docs/guide/own_text.md).
 """
+
 from transformer_xl import default_config
 
 
 def get_config():
   c = default_config.get_config()
-  c.data.update(dataset="text", tokenizer="sentencepiece", vocab_size=8000,
-                document_separator="paragraph", documents="stream")
-  c.model.update(n_layer=4, d_model=128, n_head=4, d_head=32, d_inner=512,
-                 dropout=0.1, dropatt=0.0, tgt_len=64, mem_len=64)
-  c.train.update(global_batch=16, num_steps=2000, warmup_steps=100, learning_rate=1e-3,
-                 log_every=100, eval_every=1000)
+  c.data.update(
+      dataset="text",
+      tokenizer="sentencepiece",
+      vocab_size=8000,
+      document_separator="paragraph",
+      documents="stream",
+  )
+  c.model.update(
+      n_layer=4,
+      d_model=128,
+      n_head=4,
+      d_head=32,
+      d_inner=512,
+      dropout=0.1,
+      dropatt=0.0,
+      tgt_len=64,
+      mem_len=64,
+  )
+  c.train.update(
+      global_batch=16,
+      num_steps=2000,
+      warmup_steps=100,
+      learning_rate=1e-3,
+      log_every=100,
+      eval_every=1000,
+  )
   c.eval.update(tgt_len=64, mem_len=256, clamp_len=0, same_length=True, global_batch=16)
   c.checkpoint.update(every_steps=1000, max_to_keep=2)
   return c

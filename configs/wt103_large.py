@@ -20,18 +20,29 @@ count is lower, presumably from a differently tied or sized softmax that
 the released scripts do not show.  The TF TPU script also sets
 init_std 0.005 and untie_r; this config follows the PyTorch script.
 """
+
 from transformer_xl import default_config, presets
 
 
 def get_config(preset=None):
   c = default_config.get_config()
   c.data.dataset = "wikitext103"
-  c.model.update(n_layer=18, d_model=1024, n_head=16, d_head=64, d_inner=4096,
-                 dropout=0.2, dropatt=0.2, tgt_len=384, mem_len=384,
-                 cutoffs=(20000, 40000, 200000), div_val=4,
-                 tie_weight=True, tie_projs=(False, True, True, True))
-  c.train.update(global_batch=128, num_steps=4_000_000, warmup_steps=16_000,
-                 learning_rate=2.5e-4)
+  c.model.update(
+      n_layer=18,
+      d_model=1024,
+      n_head=16,
+      d_head=64,
+      d_inner=4096,
+      dropout=0.2,
+      dropatt=0.2,
+      tgt_len=384,
+      mem_len=384,
+      cutoffs=(20000, 40000, 200000),
+      div_val=4,
+      tie_weight=True,
+      tie_projs=(False, True, True, True),
+  )
+  c.train.update(global_batch=128, num_steps=4_000_000, warmup_steps=16_000, learning_rate=2.5e-4)
   c.eval.update(tgt_len=128, mem_len=1600, clamp_len=1000, same_length=True, global_batch=10)
   c.paper.update(n_params=int(257e6), result="18.3 ppl (test)")
   return presets.apply_slice(c, preset)

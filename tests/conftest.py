@@ -2,6 +2,7 @@
 
 Must run before jax is imported anywhere, which is why it lives in conftest.
 """
+
 import gc
 import os
 
@@ -18,10 +19,12 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 def pytest_configure(config):
   config.addinivalue_line(
-      "markers", "slow: an end-to-end or tooling test (command line, several processes, "
+      "markers",
+      "slow: an end-to-end or tooling test (command line, several processes, "
       "launch scripts, notebook, study, benchmarks, docs), or a case of more than ~20 s on "
       "2 cores beside a faster one that covers the same path; left out of the fast tier, "
-      "python -m pytest -q -n 2 -m 'not slow'")
+      "python -m pytest -q -n 2 -m 'not slow'",
+  )
 
 
 _MAPS_LIMIT = 20_000  # of the kernel's default vm.max_map_count of 65,530
@@ -47,6 +50,7 @@ def _release_compiled_code():
   yield
   if _mapped_regions() > _MAPS_LIMIT:
     import jax  # after the XLA_FLAGS above are set
+
     jax.clear_caches()
     gc.collect()
 
@@ -60,6 +64,7 @@ def _restore_process_logging():
   no filter behind for a later test in the same worker."""
   import logging
   import sys
+
   loggers = [logging.getLogger(name) for name in ("absl", "asyncio")]
   saved = [(lg, list(lg.filters), lg.level) for lg in loggers]
   hook = sys.unraisablehook

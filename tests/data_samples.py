@@ -5,6 +5,7 @@ The data tests (``test_data_*.py``) and the tests that build a small corpus
 builder is fed a tiny file in its canonical archive format and the decoded
 streams are compared with an independent tokenisation of the same text.
 """
+
 from __future__ import annotations
 
 import collections
@@ -80,13 +81,19 @@ def _check_corpus(corpus, name, data_dir, unit, vocab, boundary_id, expected):
     for i in range(len(records)):
       got = records[i]["tokens"]
       assert got.dtype == np.int32
-      np.testing.assert_array_equal(got, want[i * CHUNK:(i + 1) * CHUNK])
+      np.testing.assert_array_equal(got, want[i * CHUNK : (i + 1) * CHUNK])
     full = src.read(0, n)
     assert full.dtype == np.int32 and full.shape == (n,)
     np.testing.assert_array_equal(full, want)
     # Ranges across chunk boundaries, inside one chunk, empty, at the end.
-    for start, stop in [(CHUNK - 3, CHUNK + 5), (1, 2 * CHUNK + 1),
-                        (CHUNK, 2 * CHUNK), (5, 5), (n - 1, n), (0, n)]:
+    for start, stop in [
+        (CHUNK - 3, CHUNK + 5),
+        (1, 2 * CHUNK + 1),
+        (CHUNK, 2 * CHUNK),
+        (5, 5),
+        (n - 1, n),
+        (0, n),
+    ]:
       stop = min(stop, n)
       start = min(start, stop)
       np.testing.assert_array_equal(src.read(start, stop), want[start:stop])
@@ -121,23 +128,25 @@ def _enwik8_bytes(n: int = 6000) -> bytes:
   rng = np.random.default_rng(0)
   data = bytearray(rng.integers(0, 256, n, dtype=np.uint8).tobytes())
   data[:256] = bytes(range(256))  # every byte value, incl. non-ASCII
-  page = "<page>\n  <title>Città</title>\n".encode("utf-8")
-  data[300:300 + len(page)] = page  # UTF-8 text with newlines (id 10)
+  page = "<page>\n  <title>Città</title>\n".encode()
+  data[300 : 300 + len(page)] = page  # UTF-8 text with newlines (id 10)
   return bytes(data)
 
 
 def _text8_text(n_words: int = 700) -> str:
   rng = np.random.default_rng(1)
   letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
-  words = ["".join(rng.choice(letters, rng.integers(1, 9)))
-           for _ in range(n_words)]
+  words = ["".join(rng.choice(letters, rng.integers(1, 9))) for _ in range(n_words)]
   return " " + " ".join(words)
 
 
 _PTB = {
-    "train": (" the cat sat on the mat \n the dog <unk> on a log \n"
-              " N dogs and N cats \n a cat is not a dog \n") * 9
-             + " rare words here once quiz bulb \n the end \n",
+    "train": (
+        " the cat sat on the mat \n the dog <unk> on a log \n"
+        " N dogs and N cats \n a cat is not a dog \n"
+    )
+    * 9
+    + " rare words here once quiz bulb \n the end \n",
     "valid": " the cat saw a zebra \n N dogs <unk> \n the end \n" * 5,
     "test": " a dog sat on the cat \n on a mat N times \n" * 6,
 }
@@ -145,18 +154,21 @@ _PTB = {
 
 def _ptb_tgz(manual: Path, texts=_PTB) -> Path:
   manual.mkdir(parents=True, exist_ok=True)
-  return _tgz(manual / "simple-examples.tgz", {
-      f"./simple-examples/data/ptb.{s}.txt": t.encode()
-      for s, t in texts.items()
-  })
+  return _tgz(
+      manual / "simple-examples.tgz",
+      {f"./simple-examples/data/ptb.{s}.txt": t.encode() for s, t in texts.items()},
+  )
 
 
 _WIKI = {
-    "train": (" \n = Valkyria Chronicles III = \n \n"
-              " Senjō no Valkyria 3 : <unk> Chronicles ( 戦場のヴァルキュリア3 ) , "
-              "commonly referred to as Valkyria Chronicles III . \n \n"
-              " = = Gameplay = = \n \n"
-              " The game 's battle system , the <unk> , is carried over . \n") * 6,
+    "train": (
+        " \n = Valkyria Chronicles III = \n \n"
+        " Senjō no Valkyria 3 : <unk> Chronicles ( 戦場のヴァルキュリア3 ) , "
+        "commonly referred to as Valkyria Chronicles III . \n \n"
+        " = = Gameplay = = \n \n"
+        " The game 's battle system , the <unk> , is carried over . \n"
+    )
+    * 6,
     "valid": " \n = Tower Building = \n \n The tower is tall . \n \n" * 8,
     "test": " \n = Robert Boulter = \n \n Robert is an English actor . \n" * 8,
 }
@@ -164,9 +176,10 @@ _WIKI = {
 
 def _wiki_zip(manual: Path, top: str, texts=_WIKI) -> Path:
   manual.mkdir(parents=True, exist_ok=True)
-  return _zip(manual / f"{top}-v1.zip", {
-      f"{top}/wiki.{s}.tokens": t.encode("utf-8") for s, t in texts.items()
-  })
+  return _zip(
+      manual / f"{top}-v1.zip",
+      {f"{top}/wiki.{s}.tokens": t.encode("utf-8") for s, t in texts.items()},
+  )
 
 
 # -- One Billion Word shards --------------------------------------------------
@@ -185,24 +198,26 @@ def _heldout_name(i: int) -> str:
 # train become <UNK>; a tab and repeated spaces are whitespace; "Città" is
 # non-ASCII.
 _TRAIN = {
-    1: ("The cat sat on the mat .\n"
+    1: (
+        "The cat sat on the mat .\n"
         "The dog ate the cat 's food .\n"
         "Città is a city .\n"
-        "the  cat\tsat .\n") * 2,
-    2: ("Stocks fell on Monday .\n"
+        "the  cat\tsat .\n"
+    )
+    * 2,
+    2: (
+        "Stocks fell on Monday .\n"
         "The cat sat .\n"
         "A very long sentence with many words that goes on and on and on "
-        "and on until it is longer than one segment .\n") * 2,
-    3: ("zebra\n"
-        "The dog sat on the cat .\n"
-        "Monday is a day .\n") * 3,
+        "and on until it is longer than one segment .\n"
+    )
+    * 2,
+    3: ("zebra\n" "The dog sat on the cat .\n" "Monday is a day .\n") * 3,
 }
 
 
 _HELDOUT = {
-    0: ("The cat sat on a zebra .\n"
-        "An unseen word appears : aardvark .\n"
-        "the dog\n"),
+    0: ("The cat sat on a zebra .\n" "An unseen word appears : aardvark .\n" "the dog\n"),
     1: "This shard is not used .\n",
 }
 
@@ -214,8 +229,7 @@ def _sentences(text: str) -> list[list[str]]:
 def _members(train=(1, 2, 3), heldout=(0, 1)) -> dict[str, bytes]:
   members = {f"{TOP}/README": b"One Billion Word benchmark\n"}
   for i in train:
-    members[f"{TRAIN_DIR}/{_train_name(i)}"] = _TRAIN.get(
-        i, "a b c\n").encode("utf-8")
+    members[f"{TRAIN_DIR}/{_train_name(i)}"] = _TRAIN.get(i, "a b c\n").encode("utf-8")
   for i in heldout:
     members[f"{HELDOUT_DIR}/{_heldout_name(i)}"] = _HELDOUT[i].encode("utf-8")
   return members

@@ -8,6 +8,7 @@ rest on ``model``).  Prints
 one JSON line per (job, step, platform): ``{"job", "step", "platform", "ok",
 "error"}``.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -31,8 +32,10 @@ def load(spec: str):
 
 def run(job: str, n_devices: int) -> None:
   from jax import export  # noqa: PLC0415
+
   from transformer_xl import default_config, sharding
   from transformer_xl.training import lowering  # noqa: PLC0415
+
   spec, mesh_kind, dtype, impl = job.split("@")
   config = load(spec)
   if mesh_kind == "gpu8":  # fsdp over what the batch allows, the rest on "model"
@@ -43,19 +46,24 @@ def run(job: str, n_devices: int) -> None:
   config.model.update(dtype=dtype, attention_impl=impl)
   shape = default_config.validate(config, n_devices)
   mesh = sharding.make_mesh(shape, config.mesh.axis_names)
-  model_cfg = lowering.resolved_model_config(config,
-                                             lowering.vocab_sizes()[config.data.dataset])
+  model_cfg = lowering.resolved_model_config(config, lowering.vocab_sizes()[config.data.dataset])
   for step in lowering.STEPS:
     for platform in ("tpu", "cuda"):  # one at a time: the kernel's branches are per platform
       row = {"job": job, "step": step, "platform": platform, "ok": True, "error": ""}
       try:
         fn, args = lowering.abstract_step(config, model_cfg, mesh, step)
-        exported = export.export(fn, platforms=(platform,), disabled_checks=[
-            export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])(*args)
+        exported = export.export(
+            fn,
+            platforms=(platform,),
+            disabled_checks=[export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")],
+        )(*args)
         assert exported.platforms == (platform,)
       except Exception as err:  # reported per step; the test fails with the job's name
-        row.update(ok=False, error=f"{type(err).__name__}: {err}"[:3000],
-                   traceback=traceback.format_exc()[-3000:])
+        row.update(
+            ok=False,
+            error=f"{type(err).__name__}: {err}"[:3000],
+            traceback=traceback.format_exc()[-3000:],
+        )
       print(json.dumps(row), flush=True)
 
 

@@ -12,6 +12,7 @@ reference's ``mems_i += ...`` and ``core_out += ...`` do.
 Only what the tests need: no dropout, no adaptive softmax (one embedding
 table tied to the softmax, with a bias), ext_len 0.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -40,8 +41,21 @@ def _table_row(table, dist, clamp_len=0):
 class NaiveTransformerXL:
   """The reference model in numpy; ``p`` is our parameter tree (numpy)."""
 
-  def __init__(self, p, *, n_layer, n_head, d_head, d_model, mem_len, attn_type,
-               clamp_len=0, same_length=False, pre_lnorm=False, untie_r=False):
+  def __init__(
+      self,
+      p,
+      *,
+      n_layer,
+      n_head,
+      d_head,
+      d_model,
+      mem_len,
+      attn_type,
+      clamp_len=0,
+      same_length=False,
+      pre_lnorm=False,
+      untie_r=False,
+  ):
     self.p = {k: v for k, v in p.items()}
     self.n_layer, self.n_head, self.d_head, self.d_model = n_layer, n_head, d_head, d_model
     self.mem_len, self.attn_type, self.clamp_len = mem_len, attn_type, clamp_len
@@ -94,8 +108,7 @@ class NaiveTransformerXL:
           elif self.attn_type == 1:
             r_emb = _table_row(lp["attn/r_emb"], dist, self.clamp_len)
             r_bias = _table_row(lp["attn/r_bias"], dist, self.clamp_len)
-            s = ((q[i, hh] + lp["attn/r_w_bias"][hh]) @ k[j, hh] + q[i, hh] @ r_emb[hh]
-                 + r_bias[hh])
+            s = (q[i, hh] + lp["attn/r_w_bias"][hh]) @ k[j, hh] + q[i, hh] @ r_emb[hh] + r_bias[hh]
           else:
             s = q[i, hh] @ k[j, hh]
           score[hh, j] = s / np.sqrt(Dh)
@@ -142,7 +155,7 @@ class NaiveTransformerXL:
       lp = self._layer_params(i)
       mems_i = self.mems[i]
       if self.attn_type == 2 and i == 0:
-        mems_i += pos_emb[:mlen]                          # in place, as the reference
+        mems_i += pos_emb[:mlen]  # in place, as the reference
       if self.attn_type == 3:
         r_emb = lp["r_emb"].reshape(lp["r_emb"].shape[0], -1)  # [max_klen, D]
         if mlen > 0:
@@ -151,8 +164,8 @@ class NaiveTransformerXL:
             cur = np.concatenate([np.repeat(cur[:1], mlen - cur.shape[0], 0), cur], 0)
           else:
             cur = cur[-mlen:]
-          mems_i += cur                                   # in place
-        core_out += r_emb[-qlen:]                         # in place: hids[i] sees it
+          mems_i += cur  # in place
+        core_out += r_emb[-qlen:]  # in place: hids[i] sees it
       core_out = np.stack([self._layer(lp, i, core_out[bb], mems_i[bb]) for bb in range(b)])
       hids.append(core_out)
     end = mlen + qlen

@@ -1,5 +1,6 @@
 """Attention maps (analysis/attention.py): distance alignment, normalisation,
 a forced uniform attention's known profile, and the command end to end."""
+
 import json
 
 import flax.linen as nn
@@ -9,9 +10,10 @@ import numpy as np
 import pytest
 
 from transformer_xl import data, sharding
+from transformer_xl.analysis import attention as attention_maps
 from transformer_xl.inference import evaluate
 from transformer_xl.model import models
-from transformer_xl.analysis import attention as attention_maps
+
 from test_train import REPO, run_main, small_args, tiny_config, write_ptb_sample
 
 VOCAB = 30
@@ -36,19 +38,26 @@ def _setup(uniform=False, attn_type=0):
   config = tiny_config()
   config.model.update(attn_type=attn_type, tgt_len=5, mem_len=7, dropout=0.0, dropatt=0.0)
   config.eval.update(tgt_len=5, mem_len=7, same_length=False, clamp_len=0, global_batch=2)
-  mcfg = evaluate.eval_model_config(config, models.ModelConfig(n_token=VOCAB,
-                                                               **config.model.to_dict()))
+  mcfg = evaluate.eval_model_config(
+      config, models.ModelConfig(n_token=VOCAB, **config.model.to_dict())
+  )
   params = nn.unbox(models.init_params(models.TransformerXL(mcfg), jax.random.PRNGKey(1)))
   params = jax.tree_util.tree_map(  # sharper attention than at initialisation
-      lambda x: x + 0.3 * jax.random.normal(jax.random.PRNGKey(x.size), x.shape), params)
+      lambda x: x + 0.3 * jax.random.normal(jax.random.PRNGKey(x.size), x.shape), params
+  )
   if uniform:  # q = 0 and u = v = 0: every allowed key gets the same score
     qkv = params["layers"]["attn"]["qkv_net"]["kernel"]
     params["layers"]["attn"]["qkv_net"]["kernel"] = qkv.at[:, :, 0].set(0.0)
     params["r_w_bias"] = jnp.zeros_like(params["r_w_bias"])
     params["r_r_bias"] = jnp.zeros_like(params["r_r_bias"])
   stream = np.random.default_rng(2).integers(1, VOCAB, size=53).astype(np.int32)
-  corpus = data.Corpus(name="toy", unit="word", vocab=[str(i) for i in range(VOCAB)],
-                       boundary_id=0, splits={"valid": data.ArraySource(stream)})
+  corpus = data.Corpus(
+      name="toy",
+      unit="word",
+      vocab=[str(i) for i in range(VOCAB)],
+      boundary_id=0,
+      splits={"valid": data.ArraySource(stream)},
+  )
   return mcfg, params, corpus
 
 
@@ -86,22 +95,32 @@ def test_forced_uniform_attention_has_the_expected_distance_profile():
     for b in range(2):
       for i in range(t):
         if batch["weights"][b, i]:
-          want[:mlen + i + 1] += 1.0 / (mlen + i + 1)
+          want[: mlen + i + 1] += 1.0 / (mlen + i + 1)
           n += 1
   want /= n
   for name in ("prob", "prob_b", "prob_d"):  # term (a) is q.k: also 0 here
-    np.testing.assert_allclose(maps["average"][name], np.broadcast_to(want, (2, 2, k)),
-                               rtol=1e-5, atol=1e-7, err_msg=name)
+    np.testing.assert_allclose(
+        maps["average"][name], np.broadcast_to(want, (2, 2, k)), rtol=1e-5, atol=1e-7, err_msg=name
+    )
 
 
 @pytest.mark.slow
 def test_attention_command_end_to_end(tmp_path):
   manual = write_ptb_sample(tmp_path / "ptb")
   workdir = tmp_path / "wd"
-  tiny = ["--config.model.n_layer=2", "--config.model.d_model=32", "--config.model.n_head=2",
-          "--config.model.d_head=16", "--config.model.d_inner=64", "--config.train.num_steps=2",
-          "--config.train.warmup_steps=1", "--config.train.eval_every=0", "--config.train.log_every=1",
-          "--config.eval.tgt_len=8", "--config.eval.mem_len=16"]
+  tiny = [
+      "--config.model.n_layer=2",
+      "--config.model.d_model=32",
+      "--config.model.n_head=2",
+      "--config.model.d_head=16",
+      "--config.model.d_inner=64",
+      "--config.train.num_steps=2",
+      "--config.train.warmup_steps=1",
+      "--config.train.eval_every=0",
+      "--config.train.log_every=1",
+      "--config.eval.tgt_len=8",
+      "--config.eval.mem_len=16",
+  ]
   r = run_main(small_args(tmp_path, workdir, manual, *tiny))
   assert r.returncode == 0, r.stderr[-3000:]
   out = tmp_path / "maps"
@@ -118,9 +137,24 @@ def test_attention_command_end_to_end(tmp_path):
   weights = [e["weight"] for e in listing]
   assert weights == sorted(weights, reverse=True)
   # Bad input: one line, non-zero exit.
-  import subprocess, sys, os
+  import os
+  import subprocess
+  import sys
+
   env = dict(os.environ, PYTHONPATH=str(REPO))
-  r = subprocess.run([sys.executable, "-m", "transformer_xl.analysis.attention",
-                      f"--workdir={workdir}", f"--out={out}", "--heads=9:0"], cwd=REPO, env=env,
-                     capture_output=True, text=True, timeout=300)
+  r = subprocess.run(
+      [
+          sys.executable,
+          "-m",
+          "transformer_xl.analysis.attention",
+          f"--workdir={workdir}",
+          f"--out={out}",
+          "--heads=9:0",
+      ],
+      cwd=REPO,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
   assert r.returncode != 0 and "--heads" in r.stderr and "Traceback" not in r.stderr

@@ -10,6 +10,7 @@ config on 4 simulated devices.  generation.py samples with both
 implementations in every cell of its --smoke grid.  No test checks speed.  Needs torch and
 transformers (in the ``test`` extra; required, not skipped).
 """
+
 import importlib.util
 import json
 import os
@@ -50,36 +51,61 @@ def _cells(out: str, start: str) -> list[str]:
 # vs_pytorch.py
 # ---------------------------------------------------------------------------
 
+
 def _saved_run(tokens_per_sec: float, rss: float, eval_mem_len: int = 16) -> dict:
   """A minimal saved run in the JSON layout of vs_pytorch.py."""
-  return {"args": {"eval_mem_len": eval_mem_len, "steps": 2},
-          "machine": {"date": "2026-01-01T00:00:00", "cpu": "test CPU", "loadavg_start": [0.1]},
-          "matmul": {"limit_gflops": 100.0},
-          "results": {"ours": {"n_params": 10, "train": {"median_tokens_per_sec": tokens_per_sec,
-                                                         "peak_rss_mib": rss, "steps": 2}},
-                      "pytorch": {"n_params": 10, "train": {"median_tokens_per_sec": 1000.0,
-                                                            "peak_rss_mib": 500.0}}}}
+  return {
+      "args": {"eval_mem_len": eval_mem_len, "steps": 2},
+      "machine": {"date": "2026-01-01T00:00:00", "cpu": "test CPU", "loadavg_start": [0.1]},
+      "matmul": {"limit_gflops": 100.0},
+      "results": {
+          "ours": {
+              "n_params": 10,
+              "train": {"median_tokens_per_sec": tokens_per_sec, "peak_rss_mib": rss, "steps": 2},
+          },
+          "pytorch": {
+              "n_params": 10,
+              "train": {"median_tokens_per_sec": 1000.0, "peak_rss_mib": 500.0},
+          },
+      },
+  }
 
 
 def test_benchmark_runs_and_prints_table(tmp_path):
   out_json, old_json = tmp_path / "bench.json", tmp_path / "old.json"
   old_json.write_text(json.dumps(_saved_run(tokens_per_sec=1e12, rss=1.0)))
-  proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--phases=train,eval_long",
-                         f"--json={out_json}", f"--compare={old_json}"],
-                        cwd=REPO, capture_output=True, text=True, timeout=600)
+  proc = subprocess.run(
+      [
+          sys.executable,
+          str(SCRIPT),
+          "--smoke",
+          "--phases=train,eval_long",
+          f"--json={out_json}",
+          f"--compare={old_json}",
+      ],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=600,
+  )
   assert proc.returncode == 0, proc.stdout + proc.stderr
   out = proc.stdout
-  assert ("| phase | ours tokens/s | PyTorch tokens/s | ratio ours/PyTorch "
-          "| ours % of matmul limit | PyTorch % of matmul limit "
-          "| ours peak RSS MiB | PyTorch peak RSS MiB |") in out, out
+  assert (
+      "| phase | ours tokens/s | PyTorch tokens/s | ratio ours/PyTorch "
+      "| ours % of matmul limit | PyTorch % of matmul limit "
+      "| ours peak RSS MiB | PyTorch peak RSS MiB |"
+  ) in out, out
   for phase in ("train", "eval_long"):
     cells = _cells(out, f"| {phase} (")
     assert all(re.fullmatch(NUMBER, c) for c in cells[1:3] + cells[4:8]), cells
     assert re.fullmatch(r"\d+\.\d\dx", cells[3]), cells
   assert "| eval_long (B=2, tgt_len=8, mem_len=32) |" in out, out
   assert re.search(r"parameters: ours [\d,]+, pytorch [\d,]+ \(equal\)", out), out
-  assert re.search(r"matmul limit \(float32, N=256, best of every worker\): numpy [\d,]+, "
-                   r"jax [\d,]+, torch [\d,]+ GFLOP/s; limit [\d,]+ GFLOP/s", out), out
+  assert re.search(
+      r"matmul limit \(float32, N=256, best of every worker\): numpy [\d,]+, "
+      r"jax [\d,]+, torch [\d,]+ GFLOP/s; limit [\d,]+ GFLOP/s",
+      out,
+  ), out
   assert "ours: model.attn_block train " in out and "load average" in out
 
   res = json.loads(out_json.read_text())
@@ -92,10 +118,14 @@ def test_benchmark_runs_and_prints_table(tmp_path):
       assert r["median_tokens_per_sec"] > 0 and r["peak_rss_mib"] >= r["rss_after_imports_mib"] > 0
       batch, tgt_len, mem_len = vs_pytorch.phase_lengths(vs_pytorch.parse_args(["--smoke"]), phase)
       assert r["flops_per_token"] == vs_pytorch.model_flops_per_token(
-          1, 32, 2, 16, 64, 32, batch, tgt_len, mem_len, train=phase == "train")
+          1, 32, 2, 16, 64, 32, batch, tgt_len, mem_len, train=phase == "train"
+      )
       assert r["pct_of_matmul_limit"] == pytest.approx(
-          100 * r["flops_per_token"] * r["median_tokens_per_sec"]
-          / (res["matmul"]["limit_gflops"] * 1e9))
+          100
+          * r["flops_per_token"]
+          * r["median_tokens_per_sec"]
+          / (res["matmul"]["limit_gflops"] * 1e9)
+      )
   assert res["machine"]["versions"]["transformers"] == "4.35.2"
   # --compare: the old run was "faster" and "smaller", so both are regressions.
   assert re.search(r"results\.ours\.train\.median_tokens_per_sec .* REGRESSION", out), out
@@ -107,12 +137,18 @@ def test_compare_two_saved_runs(tmp_path):
   old, new = tmp_path / "old.json", tmp_path / "new.json"
   old.write_text(json.dumps(_saved_run(tokens_per_sec=2000.0, rss=800.0)))
   new.write_text(json.dumps(_saved_run(tokens_per_sec=1000.0, rss=600.0, eval_mem_len=2048)))
-  proc = subprocess.run([sys.executable, str(SCRIPT), f"--compare={old}", f"--new={new}"],
-                        cwd=REPO, capture_output=True, text=True, timeout=60)
+  proc = subprocess.run(
+      [sys.executable, str(SCRIPT), f"--compare={old}", f"--new={new}"],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=60,
+  )
   assert proc.returncode == 0, proc.stdout + proc.stderr
   lines = {line.split()[0]: line for line in proc.stdout.splitlines() if line.strip()}
-  assert re.search(r"2,000\s+1,000\s+-50\.0%\s+REGRESSION$",
-                   lines["results.ours.train.median_tokens_per_sec"])
+  assert re.search(
+      r"2,000\s+1,000\s+-50\.0%\s+REGRESSION$", lines["results.ours.train.median_tokens_per_sec"]
+  )
   assert re.search(r"800\s+600\s+-25\.0%\s+better$", lines["results.ours.train.peak_rss_mib"])
   assert re.search(r"2\s+1\s+-50\.0%\s+REGRESSION$", lines["ratio.train"])
   assert lines["results.pytorch.train.median_tokens_per_sec"].endswith("+0.0%")
@@ -122,9 +158,18 @@ def test_compare_two_saved_runs(tmp_path):
 
 
 def test_compare_bad_file_is_one_error_line(tmp_path):
-  proc = subprocess.run([sys.executable, str(SCRIPT), f"--compare={tmp_path / 'no.json'}",
-                         f"--new={tmp_path / 'no.json'}"],
-                        cwd=REPO, capture_output=True, text=True, timeout=60)
+  proc = subprocess.run(
+      [
+          sys.executable,
+          str(SCRIPT),
+          f"--compare={tmp_path / 'no.json'}",
+          f"--new={tmp_path / 'no.json'}",
+      ],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=60,
+  )
   assert proc.returncode != 0
   assert proc.stderr.strip().startswith("error: cannot read") and proc.stderr.count("\n") == 1
 
@@ -145,10 +190,17 @@ def test_model_flops_per_token_by_hand():
 # fit.py
 # ---------------------------------------------------------------------------
 
-TINY_FIT = ["--config=configs/quickstart.py", "--devices=4", "--config.mesh.shape=(4, 1)",
-            "--config.model.n_layer=1", "--config.model.d_model=32", "--config.model.n_head=2",
-            "--config.model.d_head=16", "--config.model.d_inner=64",
-            "--config.eval.global_batch=4"]
+TINY_FIT = [
+    "--config=configs/quickstart.py",
+    "--devices=4",
+    "--config.mesh.shape=(4, 1)",
+    "--config.model.n_layer=1",
+    "--config.model.d_model=32",
+    "--config.model.n_head=2",
+    "--config.model.d_head=16",
+    "--config.model.d_inner=64",
+    "--config.eval.global_batch=4",
+]
 
 
 def test_fit_smoke_fits_and_does_not_fit(tmp_path):
@@ -158,14 +210,19 @@ def test_fit_smoke_fits_and_does_not_fit(tmp_path):
   setting, remat "full" (the logits are outside the layers; tgt_len 32
   leaves no smaller attention block to try)."""
   out_json = tmp_path / "fit.json"
-  proc = subprocess.run([sys.executable, str(FIT), *TINY_FIT, "--device_memory=0.008",
-                         f"--json={out_json}"],
-                        cwd=REPO, capture_output=True, text=True, timeout=600)
+  proc = subprocess.run(
+      [sys.executable, str(FIT), *TINY_FIT, "--device_memory=0.008", f"--json={out_json}"],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=600,
+  )
   assert proc.returncode == 0, proc.stdout + proc.stderr
   out = proc.stdout
   assert "| config | slice | mesh | step | remat | attn_block |" in out, out
-  train, ev = _cells(out, "| `configs/quickstart.py` | 4 x h100 | (data 4, model 1) | train"), \
-      _cells(out, "| `configs/quickstart.py` | 4 x h100 | (data 4, model 1) | eval")
+  train, ev = _cells(
+      out, "| `configs/quickstart.py` | 4 x h100 | (data 4, model 1) | train"
+  ), _cells(out, "| `configs/quickstart.py` | 4 x h100 | (data 4, model 1) | eval")
   assert train[13] == "DOES NOT FIT" and ev[13] == "FITS", out
   assert train[14].startswith("no remat / attn_block setting gets below 90% (remat=full"), out
   assert "not measured on the accelerator" in out
@@ -173,26 +230,54 @@ def test_fit_smoke_fits_and_does_not_fit(tmp_path):
   assert res["mesh"] == {"data": 4, "model": 1} and res["n_params"] > 0
   for step in ("train", "eval"):
     rep = res["steps"][step]["as_configured"]
-    assert rep["total_bytes"] == (rep["argument_bytes"] + rep["output_bytes"]
-                                  - rep["alias_bytes"] + rep["temp_bytes"]
-                                  + rep["generated_code_bytes"]) > 0
+    assert (
+        rep["total_bytes"]
+        == (
+            rep["argument_bytes"]
+            + rep["output_bytes"]
+            - rep["alias_bytes"]
+            + rep["temp_bytes"]
+            + rep["generated_code_bytes"]
+        )
+        > 0
+    )
     assert res["steps"][step]["verdict"] == fit.classify(rep["total_bytes"], 0.008 * 2**30, 0.1)
   assert res["steps"]["train"]["as_configured"]["alias_bytes"] > 0  # the state is donated
-  assert [(t["remat"], t["attn_block"]) for t in res["steps"]["train"]["search"]["tried"]] \
-      == [("full", 0)]
+  assert [(t["remat"], t["attn_block"]) for t in res["steps"]["train"]["search"]["tried"]] == [
+      ("full", 0)
+  ]
 
 
-@pytest.mark.parametrize("spec, overrides, devices, kind, message", [
-    ("configs/nope.py", [], None, None, "config file not found: configs/nope.py"),
-    ("configs/enwik8_24l.py:v9-32", [], None, None, "Unknown TPU slice preset 'v9-32'"),
-    ("configs/enwik8_12l.py:v3-8", [], None, None, "configs/enwik8_12l.py takes no argument"),
-    ("configs/enwik8_24l.py:v3-32", [("model.bogus", "1")], None, None,
-     "unknown config key --config.model.bogus"),
-    ("configs/enwik8_24l.py:v3-32", [("model.n_layer", "x")], None, None,
-     "--config.model.n_layer='x': expected a value of type int"),
-    ("configs/enwik8_12l.py", [], None, "tpu", "--device_kind='tpu'"),
-    ("configs/enwik8_12l.py", [], 8, None, "configs/enwik8_12l.py on 8 device(s): Invalid config"),
-])
+@pytest.mark.parametrize(
+    "spec, overrides, devices, kind, message",
+    [
+        ("configs/nope.py", [], None, None, "config file not found: configs/nope.py"),
+        ("configs/enwik8_24l.py:v9-32", [], None, None, "Unknown TPU slice preset 'v9-32'"),
+        ("configs/enwik8_12l.py:v3-8", [], None, None, "configs/enwik8_12l.py takes no argument"),
+        (
+            "configs/enwik8_24l.py:v3-32",
+            [("model.bogus", "1")],
+            None,
+            None,
+            "unknown config key --config.model.bogus",
+        ),
+        (
+            "configs/enwik8_24l.py:v3-32",
+            [("model.n_layer", "x")],
+            None,
+            None,
+            "--config.model.n_layer='x': expected a value of type int",
+        ),
+        ("configs/enwik8_12l.py", [], None, "tpu", "--device_kind='tpu'"),
+        (
+            "configs/enwik8_12l.py",
+            [],
+            8,
+            None,
+            "configs/enwik8_12l.py on 8 device(s): Invalid config",
+        ),
+    ],
+)
 def test_fit_bad_input(spec, overrides, devices, kind, message):
   with pytest.raises(fit.FitError) as err:
     fit.make_job(spec, overrides, devices, kind, None, None, True, 8)
@@ -200,31 +285,63 @@ def test_fit_bad_input(spec, overrides, devices, kind, message):
 
 
 def test_fit_bad_input_is_one_error_line():
-  proc = subprocess.run([sys.executable, str(FIT), "--config=configs/enwik8_24l.py:v9-32"],
-                        cwd=REPO, capture_output=True, text=True, timeout=120)
+  proc = subprocess.run(
+      [sys.executable, str(FIT), "--config=configs/enwik8_24l.py:v9-32"],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=120,
+  )
   assert proc.returncode == 1
   assert proc.stderr.startswith("error: Unknown TPU slice preset 'v9-32'")
   assert proc.stderr.count("\n") == 1, proc.stderr
 
 
 def test_fit_overrides_and_jobs():
-  rest, overrides = fit.split_overrides(["--all", "--config.model.remat=full",
-                                         "--config.mesh.shape", "(2, 4)"])
+  rest, overrides = fit.split_overrides(
+      ["--all", "--config.model.remat=full", "--config.mesh.shape", "(2, 4)"]
+  )
   assert rest == ["--all"] and overrides == [("model.remat", "full"), ("mesh.shape", "(2, 4)")]
-  job = fit.make_job("configs/enwik8_24l.py:v3-32", [("model.attn_block", "128")], None, None,
-                     None, None, True, 8)
+  job = fit.make_job(
+      "configs/enwik8_24l.py:v3-32", [("model.attn_block", "128")], None, None, None, None, True, 8
+  )
   assert (job.devices, job.device_kind, job.device_memory_gib, job.vocab) == (32, "v3", 16, 256)
   job = fit.make_job("configs/lm1b_base.py", [], None, None, 40.0, None, True, 8)
-  assert (job.devices, job.device_kind, job.device_memory_gib, job.vocab) == (1, "h100", 40.0,
-                                                                               793_471)
+  assert (job.devices, job.device_kind, job.device_memory_gib, job.vocab) == (
+      1,
+      "h100",
+      40.0,
+      793_471,
+  )
   config = fit.load_config("configs/wt103_large.py:v3-64")
-  fit.apply_overrides(config, [("model.remat", "save_proj"), ("model.cutoffs", "(10, 20)"),
-                               ("model.untie_r", "true"), ("train.clip", "0.5")])
-  assert (config.model.remat, config.model.cutoffs, config.model.untie_r, config.train.clip) \
-      == ("save_proj", (10, 20), True, 0.5)
+  fit.apply_overrides(
+      config,
+      [
+          ("model.remat", "save_proj"),
+          ("model.cutoffs", "(10, 20)"),
+          ("model.untie_r", "true"),
+          ("train.clip", "0.5"),
+      ],
+  )
+  assert (config.model.remat, config.model.cutoffs, config.model.untie_r, config.train.clip) == (
+      "save_proj",
+      (10, 20),
+      True,
+      0.5,
+  )
   assert {spec.partition(":")[0] for spec, _ in fit.ALL_CONFIGS} == {
-      f"configs/{n}.py" for n in ("enwik8_12l", "enwik8_24l", "text8_24l", "wt103_base",
-                                  "wt103_large", "lm1b_base", "lm1b_large", "ptb")}
+      f"configs/{n}.py"
+      for n in (
+          "enwik8_12l",
+          "enwik8_24l",
+          "text8_24l",
+          "wt103_base",
+          "wt103_large",
+          "lm1b_base",
+          "lm1b_large",
+          "ptb",
+      )
+  }
 
 
 def test_fit_search_order_and_verdicts():
@@ -236,7 +353,8 @@ def test_fit_search_order_and_verdicts():
   assert fit.candidates("eval", "none", 0, 32) == []  # no block below tgt_len, no remat
   assert fit.candidates("train", "full", 0, 32) == []  # the most frugal already
   assert fit.candidates("train", "full", 0, 64) == [("full", 32)] + [
-      (r, b) for r in fit.REMAT_ORDER[:-1] for b in (0, 32)]
+      (r, b) for r in fit.REMAT_ORDER[:-1] for b in (0, 32)
+  ]
 
   sizes = {("full", 32): 5, ("none", 64): 12, ("none", 32): 8, ("dots", 0): 7}
   calls = []
@@ -260,34 +378,61 @@ def test_fit_search_order_and_verdicts():
   assert (s["fix"]["remat"], s["fix"]["attn_block"], s["cheapest"]) == ("full", 32, False)
 
   assert [fit.classify(x, 100, 0.1) for x in (50, 90, 90.5, 100, 101)] == [
-      "FITS", "FITS", "TIGHT", "TIGHT", "DOES NOT FIT"]
+      "FITS",
+      "FITS",
+      "TIGHT",
+      "TIGHT",
+      "DOES NOT FIT",
+  ]
   configured = {"remat": "none", "attn_block": 0, "total_bytes": 20 * 2**30}
   fix = {"remat": "none", "attn_block": 16, "total_bytes": 3 * 2**30}
   assert fit.verdict_text({"verdict": "FITS", "as_configured": configured}, 0.1) == ("FITS", "")
-  assert fit.verdict_text({"verdict": "TIGHT", "as_configured": configured,
-                           "search": {"fix": fix, "cheapest": True, "tried": [fix]}}, 0.1) == (
-      "TIGHT", "`--config.model.attn_block=16` (3.00 GiB)")
+  assert fit.verdict_text(
+      {
+          "verdict": "TIGHT",
+          "as_configured": configured,
+          "search": {"fix": fix, "cheapest": True, "tried": [fix]},
+      },
+      0.1,
+  ) == ("TIGHT", "`--config.model.attn_block=16` (3.00 GiB)")
   frugal = {"remat": "full", "attn_block": 16, "total_bytes": 17 * 2**30}
-  verdict, text = fit.verdict_text({"verdict": "DOES NOT FIT", "as_configured": configured,
-                                    "search": {"fix": None, "cheapest": True, "tried": [frugal]}},
-                                   0.1)
+  verdict, text = fit.verdict_text(
+      {
+          "verdict": "DOES NOT FIT",
+          "as_configured": configured,
+          "search": {"fix": None, "cheapest": True, "tried": [frugal]},
+      },
+      0.1,
+  )
   assert verdict == "DOES NOT FIT" and "remat=full, attn_block=16: 17.00 GiB" in text
-  assert fit.verdict_text({"verdict": "DOES NOT FIT", "as_configured": configured}, 0.1)[1] \
-      .startswith("not searched")
+  assert fit.verdict_text({"verdict": "DOES NOT FIT", "as_configured": configured}, 0.1)[
+      1
+  ].startswith("not searched")
 
 
 # ---------------------------------------------------------------------------
 # attention_kernel.py
 # ---------------------------------------------------------------------------
 
+
 def test_attention_kernel_smoke_writes_both_paths(tmp_path):
   """The kernel benchmark at --smoke sizes (interpret mode on CPU): both
   implementations timed for every length and the training step, a table
   and the JSON; no speed is checked."""
   out_json = tmp_path / "kernel.json"
-  proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "attention_kernel.py"),
-                         "--smoke", "--train_configs=enwik8_12l", f"--json={out_json}"],
-                        capture_output=True, text=True, cwd=REPO, timeout=900)
+  proc = subprocess.run(
+      [
+          sys.executable,
+          str(REPO / "benchmarks" / "attention_kernel.py"),
+          "--smoke",
+          "--train_configs=enwik8_12l",
+          f"--json={out_json}",
+      ],
+      capture_output=True,
+      text=True,
+      cwd=REPO,
+      timeout=900,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "| T | K | fwd ms xla | fwd ms pallas |" in proc.stdout
   res = json.loads(out_json.read_text())
@@ -306,15 +451,20 @@ def test_attention_kernel_smoke_writes_both_paths(tmp_path):
 # accelerator.py
 # ---------------------------------------------------------------------------
 
+
 def test_accelerator_smoke_trains_evaluates_and_compares(tmp_path):
   """The accelerator benchmark at --smoke sizes on CPU: our train and eval
   steps, the PyTorch port with bf16 autocast (CPU in smoke mode), an
   adaptive-softmax config among them; the JSON, and --compare on it."""
   out_json = tmp_path / "acc.json"
   script = str(REPO / "benchmarks" / "accelerator.py")
-  proc = subprocess.run([sys.executable, script, "--smoke", "--configs=enwik8_12l,wt103_base",
-                         f"--json={out_json}"], capture_output=True, text=True, cwd=REPO,
-                        timeout=900)
+  proc = subprocess.run(
+      [sys.executable, script, "--smoke", "--configs=enwik8_12l,wt103_base", f"--json={out_json}"],
+      capture_output=True,
+      text=True,
+      cwd=REPO,
+      timeout=900,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   res = {r["config"]: r for r in json.loads(out_json.read_text())["results"]}
   assert set(res) == {"enwik8_12l", "wt103_base"}
@@ -323,9 +473,16 @@ def test_accelerator_smoke_trains_evaluates_and_compares(tmp_path):
     assert r["train"]["flops_per_token"] > 0 and r["train"]["mfu"] is None  # CPU: no peak
     assert r["train"]["source"] in ("device", "xla_estimate")
     assert r["pytorch"]["tokens_per_sec"] > 0 and r["pytorch"]["device"] == "cpu"
-  proc = subprocess.run([sys.executable, script, f"--compare={out_json}", f"--new={out_json}"],
-                        capture_output=True, text=True, cwd=REPO, timeout=120)
-  assert proc.returncode == 0 and "| wt103_base | train |" in proc.stdout and "| 1.00 |" in proc.stdout
+  proc = subprocess.run(
+      [sys.executable, script, f"--compare={out_json}", f"--new={out_json}"],
+      capture_output=True,
+      text=True,
+      cwd=REPO,
+      timeout=120,
+  )
+  assert (
+      proc.returncode == 0 and "| wt103_base | train |" in proc.stdout and "| 1.00 |" in proc.stdout
+  )
 
 
 def test_accelerator_softmax_flops_by_hand():
@@ -335,18 +492,29 @@ def test_accelerator_softmax_flops_by_hand():
   acc = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(acc)
   from transformer_xl.model import models
+
   dense = models.ModelConfig(n_token=100, d_model=8, n_head=2, d_head=4, d_inner=16)
   assert acc.softmax_flops_per_token(dense) == 2 * 8 * 100
   # d_embed 16 != d_model 8, div_val 2: cluster widths 16, 8, 4 each projected from 8
-  adaptive = models.ModelConfig(n_token=100, d_model=8, n_head=2, d_head=4, d_inner=16,
-                                cutoffs=(20, 50), div_val=2, d_embed=16)
+  adaptive = models.ModelConfig(
+      n_token=100,
+      d_model=8,
+      n_head=2,
+      d_head=4,
+      d_inner=16,
+      cutoffs=(20, 50),
+      div_val=2,
+      d_embed=16,
+  )
   assert acc.softmax_flops_per_token(adaptive) == (
-      (2 * 8 * 16 + 2 * 16 * 22) + (2 * 8 * 8 + 2 * 8 * 30) + (2 * 8 * 4 + 2 * 4 * 50))
+      (2 * 8 * 16 + 2 * 16 * 22) + (2 * 8 * 8 + 2 * 8 * 30) + (2 * 8 * 4 + 2 * 4 * 50)
+  )
 
 
 # ---------------------------------------------------------------------------
 # generation.py
 # ---------------------------------------------------------------------------
+
 
 def test_generation_smoke_times_both_in_every_cell(tmp_path):
   """The sampling benchmark at --smoke sizes: ours (Generator) and HF's
@@ -355,14 +523,26 @@ def test_generation_smoke_times_both_in_every_cell(tmp_path):
   table; then --compare of the file with itself.  No speed is checked."""
   out_json = tmp_path / "generation.json"
   script = str(REPO / "benchmarks" / "generation.py")
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-      [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-  proc = subprocess.run([sys.executable, script, "--smoke", f"--json={out_json}"],
-                        capture_output=True, text=True, cwd=REPO, env=env, timeout=900)
+  env = dict(
+      os.environ,
+      PYTHONPATH=os.pathsep.join(
+          [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+      ),
+  )
+  proc = subprocess.run(
+      [sys.executable, script, "--smoke", f"--json={out_json}"],
+      capture_output=True,
+      text=True,
+      cwd=REPO,
+      env=env,
+      timeout=900,
+  )
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  assert ("| batch | mem_len | ours tokens/s | HF tokens/s | ours/HF | >= 2x "
-          "| ours first token s | HF first token s | HF/ours first token "
-          "| ours warm-up (compile) s |") in proc.stdout, proc.stdout
+  assert (
+      "| batch | mem_len | ours tokens/s | HF tokens/s | ours/HF | >= 2x "
+      "| ours first token s | HF first token s | HF/ours first token "
+      "| ours warm-up (compile) s |"
+  ) in proc.stdout, proc.stdout
   res = json.loads(out_json.read_text())
   cells = [(1, 8), (2, 8), (1, 16), (2, 16)]
   assert [(c["batch"], c["mem_len"]) for c in res["settings"]["cells"]] == cells
@@ -382,11 +562,18 @@ def test_generation_smoke_times_both_in_every_cell(tmp_path):
     ratio = res["ratios"][key]
     assert ratio["tokens_per_sec"] == pytest.approx(
         res["results"]["ours"][key]["median_tokens_per_sec"]
-        / res["results"]["pytorch"][key]["median_tokens_per_sec"])
+        / res["results"]["pytorch"][key]["median_tokens_per_sec"]
+    )
     assert ratio["first_token"] > 0 and isinstance(ratio["target_met"], bool)
   assert re.search(r"parameters: ours [\d,]+, HF [\d,]+", proc.stdout), proc.stdout
-  proc = subprocess.run([sys.executable, script, f"--compare={out_json}", f"--new={out_json}"],
-                        capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+  proc = subprocess.run(
+      [sys.executable, script, f"--compare={out_json}", f"--new={out_json}"],
+      capture_output=True,
+      text=True,
+      cwd=REPO,
+      env=env,
+      timeout=120,
+  )
   assert proc.returncode == 0, proc.stderr
   assert re.search(r"ratio\.B2_M16 .* \+0\.0%", proc.stdout), proc.stdout
   assert "0 regression(s)" in proc.stdout

@@ -1,11 +1,13 @@
 """Every paper config starts, prints its parameter count beside the paper's,
 and trains two steps on a tiny canonical-format sample (shapes overridden down)."""
+
 import importlib.util
 import re
 
 import pytest
 
 from transformer_xl.data import load_corpus
+
 from data_samples import _WIKI, _wiki_zip
 from test_train import REPO, run_main
 
@@ -25,21 +27,37 @@ def tiny_overrides(n_token, n_clusters):
   """Small shapes; cutoffs spread over this sample's vocabulary."""
   step = n_token // (n_clusters + 2)
   cutoffs = tuple(step * (i + 1) for i in range(n_clusters))
-  return ["--config.model.n_layer=2", "--config.model.d_model=64", "--config.model.n_head=2",
-          "--config.model.d_head=32", "--config.model.d_inner=64", "--config.model.tgt_len=8",
-          "--config.model.mem_len=8", f"--config.model.cutoffs={cutoffs}",
-          "--config.train.global_batch=8", "--config.train.num_steps=2",
-          "--config.train.log_every=1", "--config.train.eval_every=0",
-          "--config.train.warmup_steps=0", "--config.eval.global_batch=8",
-          "--config.eval.tgt_len=8", "--config.eval.mem_len=16", "--config.eval.clamp_len=4"]
+  return [
+      "--config.model.n_layer=2",
+      "--config.model.d_model=64",
+      "--config.model.n_head=2",
+      "--config.model.d_head=32",
+      "--config.model.d_inner=64",
+      "--config.model.tgt_len=8",
+      "--config.model.mem_len=8",
+      f"--config.model.cutoffs={cutoffs}",
+      "--config.train.global_batch=8",
+      "--config.train.num_steps=2",
+      "--config.train.log_every=1",
+      "--config.train.eval_every=0",
+      "--config.train.warmup_steps=0",
+      "--config.eval.global_batch=8",
+      "--config.eval.tgt_len=8",
+      "--config.eval.mem_len=16",
+      "--config.eval.clamp_len=4",
+  ]
 
 
 def check_start(tmp_path, name, manual, dataset):
   config = load_config(name)
-  data = [f"--config.data.manual_dir={manual}", f"--config.data.data_dir={tmp_path / 'tfds'}",
-          "--config.data.verify_checksums=False"]
-  corpus = load_corpus(dataset, data_dir=str(tmp_path / "tfds"), manual_dir=str(manual),
-                       verify_checksums=False)
+  data = [
+      f"--config.data.manual_dir={manual}",
+      f"--config.data.data_dir={tmp_path / 'tfds'}",
+      "--config.data.verify_checksums=False",
+  ]
+  corpus = load_corpus(
+      dataset, data_dir=str(tmp_path / "tfds"), manual_dir=str(manual), verify_checksums=False
+  )
   overrides = tiny_overrides(corpus.vocab_size, len(config.model.cutoffs))
   workdir = tmp_path / name
   r = run_main([f"--config={CONFIGS / (name + '.py')}", f"--workdir={workdir}", *data, *overrides])
@@ -62,13 +80,23 @@ def test_wt103_configs_start_and_train_two_steps(tmp_path, name):
 
 @pytest.mark.parametrize("name", ["lm1b_base", "lm1b_large"])
 def test_lm1b_configs_start_and_train_two_steps(tmp_path, name):
-  from data_samples import ARCHIVE, HELDOUT_DIR, TRAIN_DIR, _HELDOUT, _TRAIN, _heldout_name, \
-      _tarball, _train_name
+  from data_samples import (
+      _HELDOUT,
+      _TRAIN,
+      ARCHIVE,
+      HELDOUT_DIR,
+      TRAIN_DIR,
+      _heldout_name,
+      _tarball,
+      _train_name,
+  )
+
   manual = tmp_path / "manual"
   manual.mkdir()
   members = {f"{TRAIN_DIR}/{_train_name(i)}": (t * 4).encode() for i, t in _TRAIN.items()}
-  members.update({f"{HELDOUT_DIR}/{_heldout_name(i)}": (t * 4).encode()
-                  for i, t in _HELDOUT.items()})
+  members.update(
+      {f"{HELDOUT_DIR}/{_heldout_name(i)}": (t * 4).encode() for i, t in _HELDOUT.items()}
+  )
   _tarball(manual / ARCHIVE, members)
   check_start(tmp_path, name, manual, "lm1b")
 
@@ -77,12 +105,17 @@ def test_lm1b_configs_start_and_train_two_steps(tmp_path, name):
 # The ablation variants (configs/ablation_wt2.py): start, train two steps and
 # evaluate with both evaluators (in-process, on a small WikiText-format sample).
 
+
 @pytest.fixture(scope="module")
 def wiki_sample(tmp_path_factory):
   tmp = tmp_path_factory.mktemp("wiki")
   _wiki_zip(tmp / "manual", "wikitext-2", _WIKI)
-  corpus = load_corpus("wikitext2", data_dir=str(tmp / "tfds"), manual_dir=str(tmp / "manual"),
-                       verify_checksums=False)
+  corpus = load_corpus(
+      "wikitext2",
+      data_dir=str(tmp / "tfds"),
+      manual_dir=str(tmp / "manual"),
+      verify_checksums=False,
+  )
   return tmp, corpus
 
 
@@ -92,21 +125,33 @@ def _ablation(variant, vocab):
   spec.loader.exec_module(module)
   c = module.get_config(variant)
   cut = vocab // 3
-  c.model.update(n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=32, tgt_len=8,
-                 mem_len=min(c.model.mem_len, 8), cutoffs=(cut, 2 * cut))
+  c.model.update(
+      n_layer=2,
+      d_model=32,
+      n_head=2,
+      d_head=16,
+      d_inner=32,
+      tgt_len=8,
+      mem_len=min(c.model.mem_len, 8),
+      cutoffs=(cut, 2 * cut),
+  )
   c.train.update(global_batch=8, num_steps=2, log_every=1, eval_every=0, warmup_steps=0)
   c.eval.update(tgt_len=8, mem_len=2 * c.model.mem_len, window=8, global_batch=8)
   return c
 
 
-@pytest.mark.parametrize("variant", ["xl", "xl_half", "shaw", "no_recurrence", "vaswani_half",
-                                     "alrfou_half", "vanilla"])
+@pytest.mark.parametrize(
+    "variant", ["xl", "xl_half", "shaw", "no_recurrence", "vaswani_half", "alrfou_half", "vanilla"]
+)
 def test_ablation_variants_train_and_evaluate_with_both_methods(variant, wiki_sample, tmp_path):
-  import jax
   import json
+
+  import jax
+
   from transformer_xl import default_config, sharding
   from transformer_xl.cli import modes as cli
   from transformer_xl.training import train
+
   _, corpus = wiki_sample
   config = _ablation(variant, corpus.vocab_size)
   mesh = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
@@ -125,14 +170,29 @@ def test_ablation_variants_train_and_evaluate_with_both_methods(variant, wiki_sa
 
 def test_ablation_variant_from_the_command_line(wiki_sample, tmp_path):
   import json
+
   tmp, _ = wiki_sample
-  data = [f"--config.data.manual_dir={tmp / 'manual'}", f"--config.data.data_dir={tmp / 'tfds'}",
-          "--config.data.verify_checksums=False"]
-  tiny = ["--config.model.n_layer=2", "--config.model.d_model=32", "--config.model.d_head=16",
-          "--config.model.n_head=2", "--config.model.d_inner=32", "--config.model.tgt_len=8",
-          "--config.model.cutoffs=(8, 16)", "--config.train.num_steps=2",
-          "--config.train.warmup_steps=1", "--config.train.log_every=1", "--config.train.eval_every=0", "--config.eval.window=8",
-          "--config.eval.global_batch=8", "--config.train.global_batch=8"]
+  data = [
+      f"--config.data.manual_dir={tmp / 'manual'}",
+      f"--config.data.data_dir={tmp / 'tfds'}",
+      "--config.data.verify_checksums=False",
+  ]
+  tiny = [
+      "--config.model.n_layer=2",
+      "--config.model.d_model=32",
+      "--config.model.d_head=16",
+      "--config.model.n_head=2",
+      "--config.model.d_inner=32",
+      "--config.model.tgt_len=8",
+      "--config.model.cutoffs=(8, 16)",
+      "--config.train.num_steps=2",
+      "--config.train.warmup_steps=1",
+      "--config.train.log_every=1",
+      "--config.train.eval_every=0",
+      "--config.eval.window=8",
+      "--config.eval.global_batch=8",
+      "--config.train.global_batch=8",
+  ]
   args = [f"--config={CONFIGS / 'ablation_wt2.py'}:vanilla", f"--workdir={tmp_path}", *data, *tiny]
   r = run_main(args)
   assert r.returncode == 0, r.stderr[-3000:]

@@ -6,6 +6,7 @@ The HuggingFace helpers (random models, segment-by-segment NLL with the
 reference's empty initial memory) and the known HF-vs-reference differences
 are in test_parity.py.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,18 +21,28 @@ import flax.linen as nn
 import jax
 import numpy as np
 import pytest
-
 import torch  # noqa: E402  (test extra: missing is an error, not a skip)
 import transformers  # noqa: E402,F401
 
 from transformer_xl import convert
 from transformer_xl.run import workdir as wd  # noqa: E402
-from test_parity import (B, BASE, hf_model, hf_segments, hparams, our_segments,  # noqa: E402
-                         random_tokens, state_dict)
+
+from test_parity import (  # noqa: E402
+    BASE,
+    B,
+    hf_model,
+    hf_segments,
+    hparams,
+    our_segments,
+    random_tokens,
+    state_dict,
+)
 
 REPO = Path(__file__).resolve().parents[1]
-TF_REASON = ("TensorFlow is not installed: reading the reference TF checkpoints needs the "
-             "convert extra (pip install -e '.[convert]')")
+TF_REASON = (
+    "TensorFlow is not installed: reading the reference TF checkpoints needs the "
+    "convert extra (pip install -e '.[convert]')"
+)
 
 
 def restored(workdir):
@@ -56,11 +67,14 @@ def write_json(path, obj):
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case,extra", [
-    ("adaptive_div4_tied", {}),                      # shared u, v repeated per layer in HF
-    ("adaptive_div1_untied", {"untie_r": True}),
-    ("plain_projected", {"pre_lnorm": True}),
-])
+@pytest.mark.parametrize(
+    "case,extra",
+    [
+        ("adaptive_div4_tied", {}),  # shared u, v repeated per layer in HF
+        ("adaptive_div1_untied", {"untie_r": True}),
+        ("plain_projected", {"pre_lnorm": True}),
+    ],
+)
 def test_round_trip_pytorch_to_ours_and_back_is_identical(case, extra):
   hp = hparams(case, **extra)
   cfg = convert.model_config_from_hparams(hp)
@@ -84,6 +98,7 @@ def test_round_trip_pytorch_to_ours_and_back_is_identical(case, extra):
 
 def test_exported_hf_layout_loads_strictly_into_huggingface(tmp_path):
   from transformers import TransfoXLLMHeadModel
+
   hp = hparams("adaptive_div4_tied")
   cfg = convert.model_config_from_hparams(hp)
   source = hf_model(hp, seed=12)
@@ -95,8 +110,10 @@ def test_exported_hf_layout_loads_strictly_into_huggingface(tmp_path):
     fresh = TransfoXLLMHeadModel(source.config).eval()
   fresh.load_state_dict(torch.load(path, weights_only=True), strict=True)
   tokens = random_tokens(hp["n_token"], 2 * hp["tgt_len"] + 1, seed=13)
-  np.testing.assert_array_equal(hf_segments(fresh, hp, tokens, hp["tgt_len"])[0],
-                                hf_segments(source, hp, tokens, hp["tgt_len"])[0])
+  np.testing.assert_array_equal(
+      hf_segments(fresh, hp, tokens, hp["tgt_len"])[0],
+      hf_segments(source, hp, tokens, hp["tgt_len"])[0],
+  )
 
 
 def test_state_dict_files(tmp_path):
@@ -105,8 +122,9 @@ def test_state_dict_files(tmp_path):
     convert.save_state_dict(sd, str(tmp_path / name))
     got = convert.read_state_dict(str(tmp_path / name))
     assert set(got) == set(sd) and all(np.array_equal(got[k], sd[k]) for k in sd)
-  torch.save({"state_dict": {k: torch.from_numpy(v) for k, v in sd.items()}},
-             tmp_path / "wrapped.pt")
+  torch.save(
+      {"state_dict": {k: torch.from_numpy(v) for k, v in sd.items()}}, tmp_path / "wrapped.pt"
+  )
   assert set(convert.read_state_dict(str(tmp_path / "wrapped.pt"))) == set(sd)
   torch.save(torch.nn.Linear(2, 2), tmp_path / "module.pt")  # what the reference train.py saves
   with pytest.raises(convert.ConvertError, match="state dict"):
@@ -128,23 +146,53 @@ def test_every_attention_type_round_trips_with_the_reference_names(attn_type, tm
   max_klen, H]; 2 and 3 have q_net / kv_net; 3 has r_emb; 0 and 2 the
   sinusoid's inv_freq buffer."""
   from transformer_xl.model import models
-  hp = convert.load_hparams({**BASE, "attn_type": attn_type, "d_model": 16, "n_head": 2,
-                             "d_head": 8, "tgt_len": 5, "mem_len": 7})
+
+  hp = convert.load_hparams(
+      {
+          **BASE,
+          "attn_type": attn_type,
+          "d_model": 16,
+          "n_head": 2,
+          "d_head": 8,
+          "tgt_len": 5,
+          "mem_len": 7,
+      }
+  )
   cfg = convert.model_config_from_hparams(hp)
   assert cfg.attn_type == attn_type and cfg.pos_table_len == 12
-  params = jax.tree_util.tree_map(np.asarray, jax.device_get(nn.unbox(
-      models.init_params(models.TransformerXL(cfg), jax.random.PRNGKey(attn_type)))))
+  params = jax.tree_util.tree_map(
+      np.asarray,
+      jax.device_get(
+          nn.unbox(models.init_params(models.TransformerXL(cfg), jax.random.PRNGKey(attn_type)))
+      ),
+  )
   sd = convert.state_dict_from_params(params, cfg, layout="reference")
   L, H, Dh, K = cfg.n_layer, 2, 8, 12
-  want = {0: {"r_w_bias": (H, Dh), "r_r_bias": (H, Dh), "pos_emb.inv_freq": (8,),
-              "layers.0.dec_attn.qkv_net.weight": (3 * H * Dh, 16),
-              "layers.0.dec_attn.r_net.weight": (H * Dh, 16)},
-          1: {"r_emb": (L, K, H, Dh), "r_w_bias": (L, H, Dh), "r_bias": (L, K, H),
-              "layers.0.dec_attn.qkv_net.weight": (3 * H * Dh, 16)},
-          2: {"pos_emb.inv_freq": (8,), "layers.0.dec_attn.q_net.weight": (H * Dh, 16),
-              "layers.0.dec_attn.kv_net.weight": (2 * H * Dh, 16)},
-          3: {"r_emb": (L, K, H, Dh), "layers.0.dec_attn.q_net.weight": (H * Dh, 16),
-              "layers.0.dec_attn.kv_net.weight": (2 * H * Dh, 16)}}[attn_type]
+  want = {
+      0: {
+          "r_w_bias": (H, Dh),
+          "r_r_bias": (H, Dh),
+          "pos_emb.inv_freq": (8,),
+          "layers.0.dec_attn.qkv_net.weight": (3 * H * Dh, 16),
+          "layers.0.dec_attn.r_net.weight": (H * Dh, 16),
+      },
+      1: {
+          "r_emb": (L, K, H, Dh),
+          "r_w_bias": (L, H, Dh),
+          "r_bias": (L, K, H),
+          "layers.0.dec_attn.qkv_net.weight": (3 * H * Dh, 16),
+      },
+      2: {
+          "pos_emb.inv_freq": (8,),
+          "layers.0.dec_attn.q_net.weight": (H * Dh, 16),
+          "layers.0.dec_attn.kv_net.weight": (2 * H * Dh, 16),
+      },
+      3: {
+          "r_emb": (L, K, H, Dh),
+          "layers.0.dec_attn.q_net.weight": (H * Dh, 16),
+          "layers.0.dec_attn.kv_net.weight": (2 * H * Dh, 16),
+      },
+  }[attn_type]
   for name, shape in want.items():
     assert sd[name].shape == shape, name
   assert ("pos_emb.inv_freq" in sd) == (attn_type in (0, 2))
@@ -173,16 +221,29 @@ def test_hparams_validation(tmp_path):
     convert.load_hparams({**BASE, "cutoffs": [50]})  # not < n_token
   with pytest.raises(convert.ConvertError, match="nope.json does not exist"):
     convert.load_hparams(str(tmp_path / "nope.json"))
-  hp = convert.load_hparams(write_json(tmp_path / "hp.json", {
-      **BASE, "cutoffs": [10, 20], "proj_share_all_but_first": True, "d_embed": None,
-      "clamp_len": -1}))
+  hp = convert.load_hparams(
+      write_json(
+          tmp_path / "hp.json",
+          {
+              **BASE,
+              "cutoffs": [10, 20],
+              "proj_share_all_but_first": True,
+              "d_embed": None,
+              "clamp_len": -1,
+          },
+      )
+  )
   assert hp["tie_projs"] == [False, True, True] and hp["d_embed"] == BASE["d_model"]
   cfg = convert.model_config_from_hparams(hp)
   assert cfg.clamp_len == 0 and cfg.tie_projs == (False, True, True) and cfg.d_embed is None
   assert convert.load_hparams({**BASE, "tie_projs": [True]})["tie_projs"] == [True]
   # Round trip of the hparams through a ModelConfig.
-  assert convert.model_config_from_hparams(
-      convert.load_hparams(convert.hparams_from_model_config(cfg))) == cfg
+  assert (
+      convert.model_config_from_hparams(
+          convert.load_hparams(convert.hparams_from_model_config(cfg))
+      )
+      == cfg
+  )
 
 
 def test_state_dict_validation_names_tensor_and_shapes():
@@ -191,11 +252,16 @@ def test_state_dict_validation_names_tensor_and_shapes():
   sd = state_dict(hf_model(hp, seed=15))
   bad = dict(sd)
   bad["transformer.layers.1.dec_attn.qkv_net.weight"] = np.zeros((47, 16), np.float32)
-  with pytest.raises(convert.ConvertError, match=r"layers\.1\.dec_attn\.qkv_net\.weight: expected "
-                     r"shape \(48, 16\) from the hparams, got \(47, 16\)"):
+  with pytest.raises(
+      convert.ConvertError,
+      match=r"layers\.1\.dec_attn\.qkv_net\.weight: expected "
+      r"shape \(48, 16\) from the hparams, got \(47, 16\)",
+  ):
     convert.params_from_state_dict(bad, cfg)
   missing = {k: v for k, v in sd.items() if k != "crit.out_projs.2"}
-  with pytest.raises(convert.ConvertError, match=r"lacks 'crit\.out_projs\.2' \(expected shape \(16, 2\)\)"):
+  with pytest.raises(
+      convert.ConvertError, match=r"lacks 'crit\.out_projs\.2' \(expected shape \(16, 2\)\)"
+  ):
     convert.params_from_state_dict(missing, cfg)
   with pytest.raises(convert.ConvertError, match="do not account for.*extra.weight"):
     convert.params_from_state_dict({**sd, "extra.weight": np.zeros(3)}, cfg)
@@ -212,18 +278,24 @@ def test_state_dict_validation_names_tensor_and_shapes():
   with pytest.raises(convert.ConvertError, match="lacks 'r_._bias'.*set untie_r=true"):
     convert.params_from_state_dict(untied_sd, shared)
   # The reference's names hold shared u, v once; hparams that untie them find none per layer.
-  reference_names = convert.state_dict_from_params(convert.params_from_state_dict(
-      state_dict(hf_model(hparams("plain"), seed=16)), shared), shared, layout="reference")
-  with pytest.raises(convert.ConvertError, match="lacks 'layers.0.dec_attn.r_._bias'.*set "
-                     "untie_r=false"):
-    convert.params_from_state_dict(reference_names, convert.model_config_from_hparams(
-        hparams("plain", untie_r=True)))
+  reference_names = convert.state_dict_from_params(
+      convert.params_from_state_dict(state_dict(hf_model(hparams("plain"), seed=16)), shared),
+      shared,
+      layout="reference",
+  )
+  with pytest.raises(
+      convert.ConvertError, match="lacks 'layers.0.dec_attn.r_._bias'.*set " "untie_r=false"
+  ):
+    convert.params_from_state_dict(
+        reference_names, convert.model_config_from_hparams(hparams("plain", untie_r=True))
+    )
   # Tied copies must really be tied.
   tied_cfg = convert.model_config_from_hparams(hparams("adaptive_div4_tied"))
   tied_sd = state_dict(hf_model(hparams("adaptive_div4_tied"), seed=17))
   tied_sd["crit.out_projs.1"] = tied_sd["crit.out_projs.1"] + 1.0
-  with pytest.raises(convert.ConvertError, match="crit.out_projs.1 should be tied to "
-                     "word_emb.emb_projs.1"):
+  with pytest.raises(
+      convert.ConvertError, match="crit.out_projs.1 should be tied to " "word_emb.emb_projs.1"
+  ):
     convert.params_from_state_dict(tied_sd, tied_cfg)
 
 
@@ -238,7 +310,7 @@ def tf_variables(sd: dict, hp: dict) -> dict:
   Written independently of transformer_xl.convert; TF order of clusters = HF 4.35's.
   Adds optimizer slots and global_step, which the converter must skip.
   """
-  sd = {k[len("transformer."):] if k.startswith("transformer.") else k: v for k, v in sd.items()}
+  sd = {k[len("transformer.") :] if k.startswith("transformer.") else k: v for k, v in sd.items()}
   L, cut, V = hp["n_layer"], hp["cutoffs"], hp["n_token"]
   out = {}
 
@@ -246,8 +318,7 @@ def tf_variables(sd: dict, hp: dict) -> dict:
     out["transformer/" + name] = np.asarray(value, np.float32)
 
   for b in ("r_w_bias", "r_r_bias"):
-    put(b, np.stack([sd[f"layers.{l}.dec_attn.{b}"] for l in range(L)]) if hp["untie_r"]
-        else sd[b])
+    put(b, np.stack([sd[f"layers.{l}.dec_attn.{b}"] for l in range(L)]) if hp["untie_r"] else sd[b])
   if hp["div_val"] == 1:
     put("adaptive_embed/lookup_table", sd["word_emb.emb_layers.0.weight"])
     if "word_emb.emb_projs.0" in sd:
@@ -274,9 +345,12 @@ def tf_variables(sd: dict, hp: dict) -> dict:
   else:
     bounds = [0] + cut + [V]
     for i in range(len(cut) + 1):
-      put(f"adaptive_softmax/cutoff_{i}/b",
-          sd["crit.out_layers.0.bias"][bounds[i]:bounds[i + 1]] if hp["div_val"] == 1
-          else sd[f"crit.out_layers.{i}.bias"])
+      put(
+          f"adaptive_softmax/cutoff_{i}/b",
+          sd["crit.out_layers.0.bias"][bounds[i] : bounds[i + 1]]
+          if hp["div_val"] == 1
+          else sd[f"crit.out_layers.{i}.bias"],
+      )
       if not hp["tie_projs"][i] and f"crit.out_projs.{i}" in sd:
         put(f"adaptive_softmax/cutoff_{i}/proj", sd[f"crit.out_projs.{i}"].T)
     put("adaptive_softmax/cutoff_0/cluster_W", sd["crit.cluster_weight"])
@@ -303,14 +377,16 @@ def write_tf_checkpoint(variables: dict, directory: Path) -> str:
 TF_CASES = {
     # The released wt103 model's structure: div_val 4, projections tied but
     # the first, per-layer u, v.
-    "wt103_like": dict(cutoffs=[10, 25], d_embed=32, div_val=4, tie_projs=[False, True, True],
-                       untie_r=True),
+    "wt103_like": dict(
+        cutoffs=[10, 25], d_embed=32, div_val=4, tie_projs=[False, True, True], untie_r=True
+    ),
     # enwik8 / text8: one table, no cutoffs, d_embed = d_model, shared u, v.
     "enwik8_like": dict(),
     # div_val 1 with a projection and cutoffs: no cutoff scope in the embedding,
     # per-cluster softmax biases concatenated, one untied softmax projection.
-    "div1_projected": dict(cutoffs=[10, 25], d_embed=24, div_val=1,
-                           tie_projs=[False, True, True], untie_r=True),
+    "div1_projected": dict(
+        cutoffs=[10, 25], d_embed=24, div_val=1, tie_projs=[False, True, True], untie_r=True
+    ),
 }
 
 
@@ -334,6 +410,7 @@ def test_tf_checkpoint_converts_to_the_same_model(case, tmp_path):
     # HuggingFace's own TF loader reads the same names into the same tensors.
     from transformers import TransfoXLLMHeadModel
     from transformers.models.transfo_xl.modeling_transfo_xl import load_tf_weights_in_transfo_xl
+
     with warnings.catch_warnings():
       warnings.simplefilter("ignore")
       fresh = TransfoXLLMHeadModel(model.config)
@@ -348,14 +425,19 @@ def test_tf_checkpoint_validation(tmp_path):
   variables = tf_variables(state_dict(hf_model(hp, seed=23)), hp)
   cfg = convert.model_config_from_hparams(hp)
   with pytest.raises(convert.ConvertError, match="untie_r=false; set untie_r=true"):
-    convert.state_dict_from_tf(variables, hp, convert.model_config_from_hparams(
-        {**hp, "untie_r": False}))
+    convert.state_dict_from_tf(
+        variables, hp, convert.model_config_from_hparams({**hp, "untie_r": False})
+    )
   with pytest.raises(convert.ConvertError, match="do not account for.*layer_9"):
-    convert.state_dict_from_tf({**variables, "transformer/layer_9/ff/layer_1/bias":
-                                np.zeros(3)}, hp, cfg)
+    convert.state_dict_from_tf(
+        {**variables, "transformer/layer_9/ff/layer_1/bias": np.zeros(3)}, hp, cfg
+    )
   with pytest.raises(convert.ConvertError, match="lacks transformer/layer_1/rel_attn/o/kernel"):
-    convert.state_dict_from_tf({k: v for k, v in variables.items()
-                                if k != "transformer/layer_1/rel_attn/o/kernel"}, hp, cfg)
+    convert.state_dict_from_tf(
+        {k: v for k, v in variables.items() if k != "transformer/layer_1/rel_attn/o/kernel"},
+        hp,
+        cfg,
+    )
   untied = convert.load_hparams({**hp, "tie_projs": [False, False, False]})
   extra_proj = dict(variables)
   extra_proj["transformer/adaptive_softmax/cutoff_1/proj"] = np.zeros((8, 16), np.float32)
@@ -369,18 +451,21 @@ def test_tf_checkpoint_validation(tmp_path):
   # Damaged files: the index (read on opening) and the data (read per tensor).
   prefix = write_tf_checkpoint(variables, tmp_path / "tf")
   data = Path(prefix + ".data-00000-of-00001")
-  data.write_bytes(data.read_bytes()[:data.stat().st_size // 2])
+  data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
   opening = f"cannot read the TF checkpoint {re.escape(prefix)} "
-  with pytest.raises(convert.ConvertError,
-                     match=opening + r"\(.*\); pass the prefix of a complete checkpoint"):
+  with pytest.raises(
+      convert.ConvertError, match=opening + r"\(.*\); pass the prefix of a complete checkpoint"
+  ):
     convert.read_tf_checkpoint(prefix)
-  strings = write_tf_checkpoint({**variables, "transformer/notes": np.array([b"x"])},
-                                tmp_path / "tf_strings")
-  with pytest.raises(convert.ConvertError, match="transformer/notes has dtype object, not a real "
-                     "number type"):
+  strings = write_tf_checkpoint(
+      {**variables, "transformer/notes": np.array([b"x"])}, tmp_path / "tf_strings"
+  )
+  with pytest.raises(
+      convert.ConvertError, match="transformer/notes has dtype object, not a real " "number type"
+  ):
     convert.read_tf_checkpoint(strings)
   index = Path(prefix + ".index")
-  index.write_bytes(index.read_bytes()[:index.stat().st_size // 2])
+  index.write_bytes(index.read_bytes()[: index.stat().st_size // 2])
   with pytest.raises(convert.ConvertError, match=opening):
     convert.read_tf_checkpoint(prefix)
 
@@ -402,8 +487,13 @@ def test_enwik8_reference_vocabulary_maps_onto_bytes(tmp_path, capsys):
   np.savez(tmp_path / "sd.npz", **state_dict(model))
   (tmp_path / "vocab.txt").write_text("".join(f"{s} 123\n" for s in ref_symbols))
   report = convert.convert_to_workdir(
-      "pytorch", str(tmp_path / "sd.npz"), hp, str(tmp_path / "wd"),
-      vocab=str(tmp_path / "vocab.txt"), dataset="enwik8")
+      "pytorch",
+      str(tmp_path / "sd.npz"),
+      hp,
+      str(tmp_path / "wd"),
+      vocab=str(tmp_path / "vocab.txt"),
+      dataset="enwik8",
+  )
   out = capsys.readouterr().out
   assert report["vocab"]["matched"] == 204 and len(report["vocab"]["ours_unseen"]) == 52
   assert "matched 204 of the model's 204 symbols onto enwik8's 256 ids" in out
@@ -423,6 +513,7 @@ def test_enwik8_reference_vocabulary_maps_onto_bytes(tmp_path, capsys):
 
 def test_text8_and_word_vocabulary_symbols():
   from transformer_xl.data import tokenizers
+
   ref = ["_"] + list("etaoinshrdlcumwfgypbvkxjqz")
   ref_of_ours, rep = convert.map_vocab(ref, tokenizers.TEXT8_VOCAB, "text8")
   assert rep["matched"] == 27 and ref_of_ours[0] == 0  # " " <- "_"
@@ -438,36 +529,55 @@ def test_vocabulary_remap_keeps_adaptive_clusters(tmp_path):
   params = convert.params_from_state_dict(state_dict(hf_model(hp, seed=33)), cfg, "reference")
   # Permute inside each cluster and leave one id of the last cluster unseen.
   rng = np.random.default_rng(34)
-  ref_of_ours = np.concatenate([rng.permutation(np.arange(lo, hi)) for lo, hi in
-                                ((0, 10), (10, 25), (25, 40))])
+  ref_of_ours = np.concatenate(
+      [rng.permutation(np.arange(lo, hi)) for lo, hi in ((0, 10), (10, 25), (25, 40))]
+  )
   ref_of_ours[30] = -1
   new, new_cfg = convert.remap_vocab(params, cfg, ref_of_ours)
   assert new_cfg.n_token == 40
   j, r = 17, ref_of_ours[17]  # cluster 1: local rows
-  np.testing.assert_array_equal(new["word_emb"]["emb_layers_1"][j - 10],
-                                params["word_emb"]["emb_layers_1"][r - 10])
-  np.testing.assert_array_equal(new["crit"]["out_weight_1"][j - 10],
-                                params["crit"]["out_weight_1"][r - 10])
+  np.testing.assert_array_equal(
+      new["word_emb"]["emb_layers_1"][j - 10], params["word_emb"]["emb_layers_1"][r - 10]
+  )
+  np.testing.assert_array_equal(
+      new["crit"]["out_weight_1"][j - 10], params["crit"]["out_weight_1"][r - 10]
+  )
   assert new["crit"]["out_bias_2"][30 - 25] == convert.UNSEEN_BIAS
   assert not new["word_emb"]["emb_layers_2"][30 - 25].any()
   swapped = np.arange(40)
   swapped[[3, 30]] = [30, 3]
-  with pytest.raises(convert.ConvertError, match="2 symbols would change adaptive-softmax "
-                     "cluster"):
+  with pytest.raises(
+      convert.ConvertError, match="2 symbols would change adaptive-softmax " "cluster"
+  ):
     convert.remap_vocab(params, cfg, swapped)
   # A vocabulary needs a dataset to map onto, and must fit the hparams.
   np.savez(tmp_path / "sd.npz", **state_dict(hf_model(hparams("plain"), seed=35)))
   (tmp_path / "v.txt").write_text("a\nb\n")
   with pytest.raises(convert.ConvertError, match="--vocab needs --dataset"):
-    convert.convert_to_workdir("pytorch", str(tmp_path / "sd.npz"), hparams("plain"),
-                               str(tmp_path / "wd"), vocab=str(tmp_path / "v.txt"))
+    convert.convert_to_workdir(
+        "pytorch",
+        str(tmp_path / "sd.npz"),
+        hparams("plain"),
+        str(tmp_path / "wd"),
+        vocab=str(tmp_path / "v.txt"),
+    )
   with pytest.raises(convert.ConvertError, match="has 2 symbols but hparams n_token=40"):
-    convert.convert_to_workdir("pytorch", str(tmp_path / "sd.npz"), hparams("plain"),
-                               str(tmp_path / "wd"), vocab=str(tmp_path / "v.txt"),
-                               dataset="enwik8")
+    convert.convert_to_workdir(
+        "pytorch",
+        str(tmp_path / "sd.npz"),
+        hparams("plain"),
+        str(tmp_path / "wd"),
+        vocab=str(tmp_path / "v.txt"),
+        dataset="enwik8",
+    )
   with pytest.raises(convert.ConvertError, match="enwik8 has a vocabulary of 256"):
-    convert.convert_to_workdir("pytorch", str(tmp_path / "sd.npz"), hparams("plain"),
-                               str(tmp_path / "wd"), dataset="enwik8")
+    convert.convert_to_workdir(
+        "pytorch",
+        str(tmp_path / "sd.npz"),
+        hparams("plain"),
+        str(tmp_path / "wd"),
+        dataset="enwik8",
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -477,8 +587,14 @@ def test_vocabulary_remap_keeps_adaptive_clusters(tmp_path):
 
 def run_module(module: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
   env = dict(os.environ, PYTHONPATH=str(REPO))  # keeps the 8 simulated CPU devices
-  return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env,
-                        capture_output=True, text=True, timeout=timeout)
+  return subprocess.run(
+      [sys.executable, "-m", module, *args],
+      cwd=REPO,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=timeout,
+  )
 
 
 # ---------------------------------------------------------------------------
@@ -492,8 +608,9 @@ def good_inputs(tmp_path_factory):
   (zero tensors from the expected shapes: no HuggingFace model)."""
   root = tmp_path_factory.mktemp("inputs")
   cfg = convert.model_config_from_hparams(convert.load_hparams(BASE))
-  params = convert.unflatten_params({p: np.zeros(s, np.float32) for p, s in
-                                     convert.expected_param_shapes(cfg).items()})
+  params = convert.unflatten_params(
+      {p: np.zeros(s, np.float32) for p, s in convert.expected_param_shapes(cfg).items()}
+  )
   sd = convert.state_dict_from_params(params, cfg)
   np.savez(root / "good.npz", **sd)
   return root, write_json(root / "hparams.json", BASE), sd
@@ -507,11 +624,12 @@ def _damaged_member(root, path, sd):  # pylint: disable=unused-argument
   """good.npz with bytes of its first array's data overwritten (stored
   uncompressed by np.savez: the zip's CRC no longer matches)."""
   import zipfile
+
   data = bytearray(_npz_bytes(root))
   with zipfile.ZipFile(root / "good.npz") as z:
     info = z.infolist()[0]
   start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra) + 128
-  data[start:start + 8] = b"\xff" * 8
+  data[start : start + 8] = b"\xff" * 8
   path.write_bytes(bytes(data))
 
 
@@ -519,8 +637,8 @@ def _damaged_directory(root, path, sd):  # pylint: disable=unused-argument
   """good.npz with its zip directory's first entry damaged (its end record intact)."""
   data = bytearray(_npz_bytes(root))
   end = data.rfind(b"PK\x05\x06")
-  directory = int.from_bytes(data[end + 16:end + 20], "little")
-  data[directory:directory + 4] = b"\0\0\0\0"
+  directory = int.from_bytes(data[end + 16 : end + 20], "little")
+  data[directory : directory + 4] = b"\0\0\0\0"
   path.write_bytes(bytes(data))
 
 
@@ -532,60 +650,123 @@ def _with(sd, **changes):
 # is one kind of bad file; --from=pytorch unless the name says otherwise.
 BAD_INPUTS = {
     "npz cut at 0 bytes": ("sd.npz", lambda r, p, sd: p.write_bytes(b""), "is empty"),
-    "npz cut at 10 bytes": ("sd.npz", lambda r, p, sd: p.write_bytes(_npz_bytes(r)[:10]),
-                            "is truncated or damaged"),
-    "npz cut at half": ("sd.npz", lambda r, p, sd: p.write_bytes(
-        _npz_bytes(r)[:len(_npz_bytes(r)) // 2]), "is truncated or damaged"),
-    "npz cut 10 bytes short": ("sd.npz", lambda r, p, sd: p.write_bytes(_npz_bytes(r)[:-10]),
-                               "is truncated or damaged"),
-    "not a zip": ("sd.npz", lambda r, p, sd: p.write_text("name,value\nw,1.0\n"),
-                  "is not an .npz archive (not a zip file)"),
-    "a .npy named .npz": ("sd.npz", lambda r, p, sd: np.save(open(p, "wb"), np.zeros(3)),
-                          "is a single .npy array"),
-    "object array": ("sd.npz", lambda r, p, sd: np.savez(
-        p, **_with(sd, r_w_bias=np.array([{"w": 1}], dtype=object))),
-                     "array 'r_w_bias' holds Python objects (dtype=object)"),
+    "npz cut at 10 bytes": (
+        "sd.npz",
+        lambda r, p, sd: p.write_bytes(_npz_bytes(r)[:10]),
+        "is truncated or damaged",
+    ),
+    "npz cut at half": (
+        "sd.npz",
+        lambda r, p, sd: p.write_bytes(_npz_bytes(r)[: len(_npz_bytes(r)) // 2]),
+        "is truncated or damaged",
+    ),
+    "npz cut 10 bytes short": (
+        "sd.npz",
+        lambda r, p, sd: p.write_bytes(_npz_bytes(r)[:-10]),
+        "is truncated or damaged",
+    ),
+    "not a zip": (
+        "sd.npz",
+        lambda r, p, sd: p.write_text("name,value\nw,1.0\n"),
+        "is not an .npz archive (not a zip file)",
+    ),
+    "a .npy named .npz": (
+        "sd.npz",
+        lambda r, p, sd: np.save(open(p, "wb"), np.zeros(3)),
+        "is a single .npy array",
+    ),
+    "object array": (
+        "sd.npz",
+        lambda r, p, sd: np.savez(p, **_with(sd, r_w_bias=np.array([{"w": 1}], dtype=object))),
+        "array 'r_w_bias' holds Python objects (dtype=object)",
+    ),
     "damaged member": ("sd.npz", _damaged_member, "is damaged (BadZipFile: Bad CRC-32"),
-    "damaged zip directory": ("sd.npz", _damaged_directory,
-                              "is not a readable .npz archive (BadZipFile"),
-    "member not .npy": ("sd.npz", lambda r, p, sd: torch.save(
-        {"w": torch.zeros(2)}, p), "it looks like a torch file"),
+    "damaged zip directory": (
+        "sd.npz",
+        _damaged_directory,
+        "is not a readable .npz archive (BadZipFile",
+    ),
+    "member not .npy": (
+        "sd.npz",
+        lambda r, p, sd: torch.save({"w": torch.zeros(2)}, p),
+        "it looks like a torch file",
+    ),
     "no arrays": ("sd.npz", lambda r, p, sd: np.savez(p), "holds no tensors"),
-    "missing key": ("sd.npz", lambda r, p, sd: np.savez(
-        p, **_with(sd, **{"layers.1.dec_attn.o_net.weight": None})),
-                    "state dict lacks 'layers.1.dec_attn.o_net.weight' (expected shape (16, 16))"),
-    "wrong shape": ("sd.npz", lambda r, p, sd: np.savez(
-        p, **_with(sd, **{"layers.1.pos_ff.CoreNet.0.weight": np.zeros((31, 16), np.float32)})),
-                    "layers.1.pos_ff.CoreNet.0.weight: expected shape (32, 16) from the hparams, "
-                    "got (31, 16); the state dict and the hparams describe different models"),
-    "string dtype": ("sd.npz", lambda r, p, sd: np.savez(
-        p, **_with(sd, r_w_bias=np.full((2, 8), "0.5"))), "'r_w_bias' has dtype <U3"),
-    "NaN values": ("sd.npz", lambda r, p, sd: np.savez(
-        p, **_with(sd, r_w_bias=np.full((2, 8), np.nan, np.float32))),
-                   "r_w_bias holds 16 NaN or infinite values"),
+    "missing key": (
+        "sd.npz",
+        lambda r, p, sd: np.savez(p, **_with(sd, **{"layers.1.dec_attn.o_net.weight": None})),
+        "state dict lacks 'layers.1.dec_attn.o_net.weight' (expected shape (16, 16))",
+    ),
+    "wrong shape": (
+        "sd.npz",
+        lambda r, p, sd: np.savez(
+            p, **_with(sd, **{"layers.1.pos_ff.CoreNet.0.weight": np.zeros((31, 16), np.float32)})
+        ),
+        "layers.1.pos_ff.CoreNet.0.weight: expected shape (32, 16) from the hparams, "
+        "got (31, 16); the state dict and the hparams describe different models",
+    ),
+    "string dtype": (
+        "sd.npz",
+        lambda r, p, sd: np.savez(p, **_with(sd, r_w_bias=np.full((2, 8), "0.5"))),
+        "'r_w_bias' has dtype <U3",
+    ),
+    "NaN values": (
+        "sd.npz",
+        lambda r, p, sd: np.savez(p, **_with(sd, r_w_bias=np.full((2, 8), np.nan, np.float32))),
+        "r_w_bias holds 16 NaN or infinite values",
+    ),
     "a directory": ("sd.npz", lambda r, p, sd: p.mkdir(), "is a directory"),
-    "torch: pickled module": ("sd.pt", lambda r, p, sd: torch.save(torch.nn.Linear(2, 2), p),
-                              "holds pickled Python objects"),
-    "torch: truncated": ("sd.pt", lambda r, p, sd: (torch.save(
-        {k: torch.from_numpy(v) for k, v in sd.items()}, p),
-        p.write_bytes(p.read_bytes()[:p.stat().st_size // 2])), "is damaged or not a torch file"),
-    "torch: nested dict": ("sd.pt", lambda r, p, sd: torch.save(
-        {"model": {k: torch.from_numpy(v) for k, v in sd.items()}, "step": 3}, p),
-                           "is not a state dict (a flat dict name -> tensor) (its keys: "
-                           "['model', 'step'])"),
-    "hparams: not JSON": ("hp.json", lambda r, p, sd: p.write_text("{n_token: 40}"),
-                          "is not valid JSON"),
-    "hparams: not UTF-8": ("hp.json", lambda r, p, sd: p.write_bytes(b"\xff\xfe{}"),
-                           "is not UTF-8 text"),
-    "hparams: not an object": ("hp.json", lambda r, p, sd: p.write_text("[40, 2]"),
-                               "expected a JSON object of constructor arguments, got list"),
-    "vocab: not UTF-8": ("vocab.txt", lambda r, p, sd: p.write_bytes(b"a\nb\n\xff\n"),
-                         "is not UTF-8 text (line 3, byte 4"),
-    "vocab: repeated symbol": ("vocab.txt", lambda r, p, sd: p.write_text("a\nb\na\n"),
-                               ":3: symbol 'a' repeats line 1"),
+    "torch: pickled module": (
+        "sd.pt",
+        lambda r, p, sd: torch.save(torch.nn.Linear(2, 2), p),
+        "holds pickled Python objects",
+    ),
+    "torch: truncated": (
+        "sd.pt",
+        lambda r, p, sd: (
+            torch.save({k: torch.from_numpy(v) for k, v in sd.items()}, p),
+            p.write_bytes(p.read_bytes()[: p.stat().st_size // 2]),
+        ),
+        "is damaged or not a torch file",
+    ),
+    "torch: nested dict": (
+        "sd.pt",
+        lambda r, p, sd: torch.save(
+            {"model": {k: torch.from_numpy(v) for k, v in sd.items()}, "step": 3}, p
+        ),
+        "is not a state dict (a flat dict name -> tensor) (its keys: " "['model', 'step'])",
+    ),
+    "hparams: not JSON": (
+        "hp.json",
+        lambda r, p, sd: p.write_text("{n_token: 40}"),
+        "is not valid JSON",
+    ),
+    "hparams: not UTF-8": (
+        "hp.json",
+        lambda r, p, sd: p.write_bytes(b"\xff\xfe{}"),
+        "is not UTF-8 text",
+    ),
+    "hparams: not an object": (
+        "hp.json",
+        lambda r, p, sd: p.write_text("[40, 2]"),
+        "expected a JSON object of constructor arguments, got list",
+    ),
+    "vocab: not UTF-8": (
+        "vocab.txt",
+        lambda r, p, sd: p.write_bytes(b"a\nb\n\xff\n"),
+        "is not UTF-8 text (line 3, byte 4",
+    ),
+    "vocab: repeated symbol": (
+        "vocab.txt",
+        lambda r, p, sd: p.write_text("a\nb\na\n"),
+        ":3: symbol 'a' repeats line 1",
+    ),
     "tf: no checkpoint": ("model.ckpt-0", lambda r, p, sd: None, "no TF checkpoint at"),
-    "tf: the .index file": ("model.ckpt-0.index", lambda r, p, sd: p.write_bytes(b"x"),
-                            "pass the prefix without the extension"),
+    "tf: the .index file": (
+        "model.ckpt-0.index",
+        lambda r, p, sd: p.write_bytes(b"x"),
+        "pass the prefix without the extension",
+    ),
 }
 
 
@@ -603,8 +784,15 @@ def _bad_input(case, good_inputs, tmp_path):
     vocab, dataset = str(bad), "enwik8"
   else:
     checkpoint = str(bad)
-  return ("tf" if case.startswith("tf:") else "pytorch", checkpoint, hparams, vocab, dataset,
-          bad, expected)
+  return (
+      "tf" if case.startswith("tf:") else "pytorch",
+      checkpoint,
+      hparams,
+      vocab,
+      dataset,
+      bad,
+      expected,
+  )
 
 
 @pytest.mark.parametrize("case", list(BAD_INPUTS))
@@ -612,11 +800,13 @@ def test_bad_input_file_is_a_one_line_error_naming_it(case, good_inputs, tmp_pat
   """Every bad input is a ConvertError, raised before anything is written,
   whose message is one line naming the file, what is wrong and what to do."""
   source, checkpoint, hparams, vocab, dataset, bad, expected = _bad_input(
-      case, good_inputs, tmp_path)
+      case, good_inputs, tmp_path
+  )
   workdir = tmp_path / "wd"
   with pytest.raises(convert.ConvertError) as err:
-    convert.convert_to_workdir(source, checkpoint, hparams, str(workdir), vocab=vocab,
-                               dataset=dataset)
+    convert.convert_to_workdir(
+        source, checkpoint, hparams, str(workdir), vocab=vocab, dataset=dataset
+    )
   message = str(err.value)
   assert "\n" not in message and str(bad) in message and expected in message, message
   assert "; " in message, message  # "<what is wrong>; <what to do>"
@@ -624,8 +814,15 @@ def test_bad_input_file_is_a_one_line_error_naming_it(case, good_inputs, tmp_pat
 
 
 # The command line, in fresh processes (~3 s each): the cases of the issue.
-CLI_CASES = ["npz cut at 0 bytes", "npz cut at 10 bytes", "npz cut at half", "not a zip",
-             "object array", "missing key", "wrong shape"]
+CLI_CASES = [
+    "npz cut at 0 bytes",
+    "npz cut at 10 bytes",
+    "npz cut at half",
+    "not a zip",
+    "object array",
+    "missing key",
+    "wrong shape",
+]
 
 
 @pytest.mark.parametrize("case", CLI_CASES)
@@ -634,8 +831,14 @@ def test_bad_input_file_on_the_command_line_is_one_error_line(case, good_inputs,
   traceback, nothing written to --workdir."""
   source, checkpoint, hparams, _, _, bad, expected = _bad_input(case, good_inputs, tmp_path)
   workdir = tmp_path / "wd"
-  r = run_module("transformer_xl.convert", f"--from={source}", f"--checkpoint={checkpoint}",
-                 f"--hparams={hparams}", f"--workdir={workdir}", timeout=120)
+  r = run_module(
+      "transformer_xl.convert",
+      f"--from={source}",
+      f"--checkpoint={checkpoint}",
+      f"--hparams={hparams}",
+      f"--workdir={workdir}",
+      timeout=120,
+  )
   assert r.returncode == 1, (r.returncode, r.stderr[-3000:])
   assert "Traceback" not in r.stderr, r.stderr[-3000:]
   lines = r.stderr.splitlines()
@@ -647,9 +850,14 @@ def test_bad_input_file_on_the_command_line_is_one_error_line(case, good_inputs,
 def test_a_file_name_with_a_line_break_still_gives_one_error_line(good_inputs, tmp_path):
   """The command line prints every message on one line, whatever it quotes."""
   _, hparams, _ = good_inputs
-  r = run_module("transformer_xl.convert", "--from=pytorch",
-                 f"--checkpoint={tmp_path / 'two'}\nlines.npz", f"--hparams={hparams}",
-                 f"--workdir={tmp_path / 'wd'}", timeout=120)
+  r = run_module(
+      "transformer_xl.convert",
+      "--from=pytorch",
+      f"--checkpoint={tmp_path / 'two'}\nlines.npz",
+      f"--hparams={hparams}",
+      f"--workdir={tmp_path / 'wd'}",
+      timeout=120,
+  )
   assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
   lines = r.stderr.splitlines()
   assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
@@ -667,10 +875,11 @@ def test_settings_and_small_inputs_are_checked_before_the_checkpoint(good_inputs
   cases = [
       (dict(global_batch=0), "train.global_batch=0 must be >= 1"),
       (dict(eval_tgt_len=0), "eval: tgt_len must be >= 1"),
-      (dict(vocab=str(tmp_path / "big_vocab.txt"), dataset="enwik8"),
-       "big_vocab.txt has 41 symbols but hparams n_token=40"),
-      (dict(vocab=str(tmp_path / "no_vocab.txt"), dataset="enwik8"),
-       "no_vocab.txt does not exist"),
+      (
+          dict(vocab=str(tmp_path / "big_vocab.txt"), dataset="enwik8"),
+          "big_vocab.txt has 41 symbols but hparams n_token=40",
+      ),
+      (dict(vocab=str(tmp_path / "no_vocab.txt"), dataset="enwik8"), "no_vocab.txt does not exist"),
       (dict(dataset="enwik9"), "dataset='enwik9': choose one of"),
       (dict(unit="bits"), "unit='bits': use byte, char or word"),
       (dict(workdir=str(tmp_path / "used")), "already holds checkpoints (step 0)"),
@@ -689,10 +898,16 @@ def test_export_inputs_are_checked_before_the_restore(tmp_path):
   (tmp_path / "empty").mkdir()
   (tmp_path / "a_file").write_text("")
   cases = [
-      (tmp_path / "nowhere", tmp_path / "out.npz", "--workdir=" + str(tmp_path / "nowhere")
-       + " is not a directory"),
-      (tmp_path / "empty", tmp_path / "out.npz",
-       str(tmp_path / "empty" / "config.json") + " does not exist"),
+      (
+          tmp_path / "nowhere",
+          tmp_path / "out.npz",
+          "--workdir=" + str(tmp_path / "nowhere") + " is not a directory",
+      ),
+      (
+          tmp_path / "empty",
+          tmp_path / "out.npz",
+          str(tmp_path / "empty" / "config.json") + " does not exist",
+      ),
       (tmp_path / "empty", tmp_path / "a_file" / "out.npz", "a_file is a file"),
       (tmp_path / "empty", tmp_path / "empty", "is a directory; pass the path of the file"),
   ]
@@ -707,8 +922,13 @@ def test_export_from_a_damaged_workdir_is_one_error_line(tmp_path):
   """workdir.WorkdirError (a damaged config.json) used to end in a traceback."""
   (tmp_path / "wd").mkdir()
   (tmp_path / "wd" / "config.json").write_text("{not json")
-  r = run_module("transformer_xl.convert", "--to=pytorch", f"--workdir={tmp_path / 'wd'}",
-                 f"--checkpoint={tmp_path / 'out.npz'}", timeout=120)
+  r = run_module(
+      "transformer_xl.convert",
+      "--to=pytorch",
+      f"--workdir={tmp_path / 'wd'}",
+      f"--checkpoint={tmp_path / 'out.npz'}",
+      timeout=120,
+  )
   assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
   lines = r.stderr.splitlines()
   assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
@@ -721,8 +941,14 @@ def test_an_os_error_is_one_error_line(good_inputs, tmp_path):
   allows) is one line naming the path, not a traceback."""
   root, hparams, _ = good_inputs
   workdir = tmp_path / ("x" * 300)
-  r = run_module("transformer_xl.convert", "--from=pytorch", f"--checkpoint={root / 'good.npz'}",
-                 f"--hparams={hparams}", f"--workdir={workdir}", timeout=120)
+  r = run_module(
+      "transformer_xl.convert",
+      "--from=pytorch",
+      f"--checkpoint={root / 'good.npz'}",
+      f"--hparams={hparams}",
+      f"--workdir={workdir}",
+      timeout=120,
+  )
   assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
   lines = r.stderr.splitlines()
   assert len(lines) == 1 and lines[0].startswith(f"error: {workdir}: "), r.stderr
@@ -731,8 +957,14 @@ def test_an_os_error_is_one_error_line(good_inputs, tmp_path):
 
 @pytest.mark.slow
 def test_end_to_end_convert_then_score_matches_huggingface(tmp_path):
-  raw = {**BASE, "cutoffs": [10, 25], "d_embed": 24, "tie_projs": [False, True, False],
-         "same_length": True, "clamp_len": 4}
+  raw = {
+      **BASE,
+      "cutoffs": [10, 25],
+      "d_embed": 24,
+      "tie_projs": [False, True, False],
+      "same_length": True,
+      "clamp_len": 4,
+  }
   hp = convert.load_hparams(raw)
   model = hf_model(hp, seed=41)
   sd = state_dict(model)
@@ -741,8 +973,14 @@ def test_end_to_end_convert_then_score_matches_huggingface(tmp_path):
   hp_path = write_json(tmp_path / "hparams.json", raw)
   # 1. The command line, from the .npz (8 simulated devices: global batch 8).
   wd_npz, wd_torch = tmp_path / "wd_npz", tmp_path / "wd_torch"
-  r = run_module("transformer_xl.convert", "--from=pytorch", f"--checkpoint={tmp_path / 'sd.npz'}",
-                 f"--hparams={hp_path}", f"--workdir={wd_npz}", "--global_batch=8")
+  r = run_module(
+      "transformer_xl.convert",
+      "--from=pytorch",
+      f"--checkpoint={tmp_path / 'sd.npz'}",
+      f"--hparams={hp_path}",
+      f"--workdir={wd_npz}",
+      "--global_batch=8",
+  )
   assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
   assert "cluster order: forward" in r.stdout
   config = json.loads((wd_npz / "config.json").read_text())
@@ -756,16 +994,26 @@ def test_end_to_end_convert_then_score_matches_huggingface(tmp_path):
   # 3. Score with main in a subprocess: eval segments of 5, memory 7, same_length, clamp 4.
   tokens = random_tokens(hp["n_token"], 18, seed=42, batch=3)  # T = 17: last segment padded
   np.save(tmp_path / "tokens.npy", tokens)
-  r = run_module("transformer_xl.main", f"--workdir={wd_npz}", "--mode=score",
-                 f"--tokens={tmp_path / 'tokens.npy'}", f"--out={tmp_path / 'nll.npy'}")
+  r = run_module(
+      "transformer_xl.main",
+      f"--workdir={wd_npz}",
+      "--mode=score",
+      f"--tokens={tmp_path / 'tokens.npy'}",
+      f"--out={tmp_path / 'nll.npy'}",
+  )
   assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
   nll = np.load(tmp_path / "nll.npy")
   ref, _ = hf_segments(model, hp, tokens, hp["tgt_len"])
   assert nll.shape == ref.shape == (3, 17)
   np.testing.assert_allclose(nll, ref, rtol=1e-5, atol=1e-5)
   # 4. Export back (command line), HF names: the file HF was converted from.
-  r = run_module("transformer_xl.convert", "--to=pytorch", f"--workdir={wd_npz}",
-                 f"--checkpoint={tmp_path / 'out.bin'}", "--layout=hf")
+  r = run_module(
+      "transformer_xl.convert",
+      "--to=pytorch",
+      f"--workdir={wd_npz}",
+      f"--checkpoint={tmp_path / 'out.bin'}",
+      "--layout=hf",
+  )
   assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
   back = torch.load(tmp_path / "out.bin", weights_only=True)
   assert set(back) == set(sd)
@@ -773,8 +1021,14 @@ def test_end_to_end_convert_then_score_matches_huggingface(tmp_path):
   exported_hp = convert.load_hparams(str(tmp_path / "out.hparams.json"))
   assert convert.model_config_from_hparams(exported_hp) == convert.model_config_from_hparams(hp)
   # 5. Errors are one line naming the problem; a converted workdir is not overwritten.
-  r = run_module("transformer_xl.convert", "--from=pytorch", f"--checkpoint={tmp_path / 'sd.npz'}",
-                 f"--hparams={hp_path}", f"--workdir={wd_npz}", "--global_batch=8")
+  r = run_module(
+      "transformer_xl.convert",
+      "--from=pytorch",
+      f"--checkpoint={tmp_path / 'sd.npz'}",
+      f"--hparams={hp_path}",
+      f"--workdir={wd_npz}",
+      "--global_batch=8",
+  )
   assert r.returncode != 0 and "already holds checkpoints" in r.stderr
 
 
@@ -782,24 +1036,37 @@ def test_end_to_end_convert_then_score_matches_huggingface(tmp_path):
 def test_converted_word_model_with_a_mapped_vocabulary_runs_main_eval(tmp_path):
   """--vocab + --dataset on a word corpus (a PTB-format sample), then
   ``main --mode=eval``: its valid loss is HF's NLL of the valid stream."""
-  from test_train import write_ptb_sample
   from transformer_xl import data
+
+  from test_train import write_ptb_sample
+
   manual, data_dir = write_ptb_sample(tmp_path / "ptb"), tmp_path / "tfds"
-  corpus = data.load_corpus("ptb", data_dir=str(data_dir), manual_dir=str(manual),
-                            download=False, verify_checksums=False)
+  corpus = data.load_corpus(
+      "ptb", data_dir=str(data_dir), manual_dir=str(manual), download=False, verify_checksums=False
+  )
   ours = list(corpus.vocab)
   # The released model's vocabulary: another order and one symbol we do not have.
   ref_vocab = ["@not-in-ptb@"] + [ours[i] for i in np.random.default_rng(51).permutation(len(ours))]
   (tmp_path / "vocab.txt").write_text("\n".join(ref_vocab) + "\n")
-  hp = convert.load_hparams({**BASE, "n_token": len(ref_vocab), "tgt_len": 16, "mem_len": 24,
-                             "same_length": True})
+  hp = convert.load_hparams(
+      {**BASE, "n_token": len(ref_vocab), "tgt_len": 16, "mem_len": 24, "same_length": True}
+  )
   model = hf_model(hp, seed=52)
   np.savez(tmp_path / "sd.npz", **state_dict(model))
   wd = tmp_path / "wd"
   report = convert.convert_to_workdir(
-      "pytorch", str(tmp_path / "sd.npz"), hp, str(wd), vocab=str(tmp_path / "vocab.txt"),
-      dataset="ptb", data_dir=str(data_dir), manual_dir=str(manual), download=False,
-      verify_checksums=False, global_batch=8)
+      "pytorch",
+      str(tmp_path / "sd.npz"),
+      hp,
+      str(wd),
+      vocab=str(tmp_path / "vocab.txt"),
+      dataset="ptb",
+      data_dir=str(data_dir),
+      manual_dir=str(manual),
+      download=False,
+      verify_checksums=False,
+      global_batch=8,
+  )
   assert report["vocab"]["matched"] == len(ours)
   assert report["vocab"]["ref_unmatched"] == ["@not-in-ptb@"]
   r = run_module("transformer_xl.main", f"--workdir={wd}", "--mode=eval")

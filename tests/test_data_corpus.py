@@ -3,6 +3,7 @@
 The builders' streams are checked against ``Corpus.encode`` in
 ``test_score.py``; here the rules and their errors, without any tfds.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -12,13 +13,25 @@ import numpy as np
 import pytest
 
 from transformer_xl.data import ArraySource, Corpus, DataError
-from transformer_xl.data.tokenizers import (LM1B_S, LM1B_UNK, TEXT8_VOCAB, AlphabetTokenizer,
-                                            ByteTokenizer, LineTokenizer)
+from transformer_xl.data.tokenizers import (
+    LM1B_S,
+    LM1B_UNK,
+    TEXT8_VOCAB,
+    AlphabetTokenizer,
+    ByteTokenizer,
+    LineTokenizer,
+)
 
 
 def _corpus(vocab, tokenizer=None, name="toy"):
-  return Corpus(name=name, unit="word", vocab=tuple(vocab), boundary_id=0,
-                splits={"train": ArraySource(np.zeros([1], np.int32))}, tokenizer=tokenizer)
+  return Corpus(
+      name=name,
+      unit="word",
+      vocab=tuple(vocab),
+      boundary_id=0,
+      splits={"train": ArraySource(np.zeros([1], np.int32))},
+      tokenizer=tokenizer,
+  )
 
 
 def test_words_per_line_with_unk():
@@ -63,8 +76,8 @@ def test_enwik8_bytes():
   tokenizer = ByteTokenizer()
   corpus = _corpus(tokenizer.vocab, tokenizer)
   ids = corpus.encode("Città\n")
-  assert bytes(ids.astype(np.uint8)) == "Città\n".encode("utf-8")
-  assert "".join(corpus.vocab[t] for t in ids).encode("latin-1") == "Città\n".encode("utf-8")
+  assert bytes(ids.astype(np.uint8)) == "Città\n".encode()
+  assert "".join(corpus.vocab[t] for t in ids).encode("latin-1") == "Città\n".encode()
 
 
 def test_corpus_without_tokenizer_cannot_encode():
@@ -73,8 +86,10 @@ def test_corpus_without_tokenizer_cannot_encode():
 
 
 def test_importing_the_package_does_not_import_tfds():
-  code = ("import sys, transformer_xl.data; "
-          "assert 'tensorflow_datasets' not in sys.modules, 'tfds imported'")
+  code = (
+      "import sys, transformer_xl.data; "
+      "assert 'tensorflow_datasets' not in sys.modules, 'tfds imported'"
+  )
   r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
   assert r.returncode == 0, r.stderr[-2000:]
 
@@ -87,14 +102,32 @@ def _normalised(text):
   return "".join(" ".join(line.split()) + "\n" for line in text.splitlines())
 
 
-@pytest.mark.parametrize("name, vocab, tokenizer, text, expected", [
-    ("ptb", ["<eos>", "the", "cat", "sat", "<unk>"], LineTokenizer("ptb"),
-     " the cat  sat \n\n the zebra", "the cat sat\n\nthe <unk>\n"),
-    ("ptb_char", ["<eos>", "a", "b", "_"], LineTokenizer("ptb_char", chars=True),
-     " ab  b \nba", "ab b\nba\n"),
-    ("lm1b", [LM1B_UNK, LM1B_S, "The", "cat"], LineTokenizer("lm1b", end=LM1B_S, unk=LM1B_UNK),
-     "The cat\nThe aardvark\n", "The cat\nThe <UNK>\n"),
-])
+@pytest.mark.parametrize(
+    "name, vocab, tokenizer, text, expected",
+    [
+        (
+            "ptb",
+            ["<eos>", "the", "cat", "sat", "<unk>"],
+            LineTokenizer("ptb"),
+            " the cat  sat \n\n the zebra",
+            "the cat sat\n\nthe <unk>\n",
+        ),
+        (
+            "ptb_char",
+            ["<eos>", "a", "b", "_"],
+            LineTokenizer("ptb_char", chars=True),
+            " ab  b \nba",
+            "ab b\nba\n",
+        ),
+        (
+            "lm1b",
+            [LM1B_UNK, LM1B_S, "The", "cat"],
+            LineTokenizer("lm1b", end=LM1B_S, unk=LM1B_UNK),
+            "The cat\nThe aardvark\n",
+            "The cat\nThe <UNK>\n",
+        ),
+    ],
+)
 def test_decode_inverts_encode_for_lines(name, vocab, tokenizer, text, expected):
   corpus = _corpus(vocab, tokenizer, name=name)
   assert corpus.decode(corpus.encode(text)) == expected
@@ -119,11 +152,11 @@ def test_streaming_decode_holds_back_incomplete_utf8():
   corpus = _corpus(ByteTokenizer().vocab, ByteTokenizer())
   ids = corpus.encode("aà日\U0001F600b")
   decoder = corpus.decoder()
-  pieces = [decoder.decode(ids[i:i + 1]) for i in range(len(ids))] + [decoder.decode([], True)]
+  pieces = [decoder.decode(ids[i : i + 1]) for i in range(len(ids))] + [decoder.decode([], True)]
   assert "".join(pieces) == "aà日\U0001F600b"
   assert pieces[1] == "" and pieces[2] == "à"  # the 2-byte "à" comes out once complete
   assert corpus.decode(ids[:-2]) == "aà日\ufffd"  # an incomplete final sequence, replaced
-  assert corpus.decode([0xff, 0x61]) == "\ufffda"  # an invalid byte
+  assert corpus.decode([0xFF, 0x61]) == "\ufffda"  # an invalid byte
 
 
 def test_streaming_decode_of_words_continues_lines():

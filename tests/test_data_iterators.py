@@ -1,4 +1,5 @@
 """Tests of transformer_xl.data.iterators (ordered Transformer-XL segments)."""
+
 from __future__ import annotations
 
 import json
@@ -6,9 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from data_samples import RecordingSource, _assert_batches_equal, _take
 from transformer_xl import data
 from transformer_xl.data import ArraySource
+
+from data_samples import RecordingSource, _assert_batches_equal, _take
 
 BOUNDARY = 7
 
@@ -22,8 +24,9 @@ def _random_stream(n, seed=0):
 
 
 @pytest.mark.smoke
-@pytest.mark.parametrize("n,batch,tgt_len", [(100, 4, 5), (103, 4, 5), (64, 2, 7),
-                                             (41, 3, 3), (12, 1, 11)])
+@pytest.mark.parametrize(
+    "n,batch,tgt_len", [(100, 4, 5), (103, 4, 5), (64, 2, 7), (41, 3, 3), (12, 1, 11)]
+)
 def test_train_rows_are_contiguous_and_targets_shifted(n, batch, tgt_len):
   tokens = _random_stream(n, seed=n)
   it = data.TrainIterator(ArraySource(tokens), batch, tgt_len)
@@ -37,14 +40,14 @@ def test_train_rows_are_contiguous_and_targets_shifted(n, batch, tgt_len):
     assert b["weights"].dtype == np.float32 and np.all(b["weights"] == 1.0)
     assert b["reset"].shape == (batch,) and b["reset"].dtype == np.bool_
   for r in range(batch):
-    row = tokens[r * row_len:(r + 1) * row_len]
+    row = tokens[r * row_len : (r + 1) * row_len]
     inputs = np.concatenate([b["inputs"][r] for b in batches])
     targets = np.concatenate([b["targets"][r] for b in batches])
     # Concatenating a row's inputs over an epoch reproduces the row's stream
     # (each step starts right after the previous one ended) ...
-    np.testing.assert_array_equal(inputs, row[:spe * tgt_len])
+    np.testing.assert_array_equal(inputs, row[: spe * tgt_len])
     # ... and targets are the inputs shifted by one, within the same row.
-    np.testing.assert_array_equal(targets, row[1:spe * tgt_len + 1])
+    np.testing.assert_array_equal(targets, row[1 : spe * tgt_len + 1])
 
 
 def test_train_with_arange_positions():
@@ -109,12 +112,12 @@ def test_train_errors():
 
 
 EVAL_SHAPES = [
-    (100, 4, 5),   # N divisible by B and by row_len's T.
-    (100, 4, 7),   # row_len 25 not divisible by T.
-    (103, 4, 5),   # N not divisible by B.
-    (101, 3, 4),   # neither.
-    (10, 8, 3),    # B > N / T.
-    (5, 8, 4),     # B > N: some rows entirely padding.
+    (100, 4, 5),  # N divisible by B and by row_len's T.
+    (100, 4, 7),  # row_len 25 not divisible by T.
+    (103, 4, 5),  # N not divisible by B.
+    (101, 3, 4),  # neither.
+    (10, 8, 3),  # B > N / T.
+    (5, 8, 4),  # B > N: some rows entirely padding.
     (1, 1, 1),
     (1, 3, 2),
     (37, 1, 37),
@@ -335,10 +338,10 @@ def test_set_state_validation():
 
 
 @pytest.mark.smoke
-@pytest.mark.parametrize("n,batch,window,stride", [(23, 4, 6, 4), (17, 3, 5, 1), (9, 8, 4, 4),
-                                                    (30, 2, 7, 7)])
-def test_sliding_windows_score_every_pair_once_with_its_window_as_context(n, batch, window,
-                                                                          stride):
+@pytest.mark.parametrize(
+    "n,batch,window,stride", [(23, 4, 6, 4), (17, 3, 5, 1), (9, 8, 4, 4), (30, 2, 7, 7)]
+)
+def test_sliding_windows_score_every_pair_once_with_its_window_as_context(n, batch, window, stride):
   tokens = np.arange(1, n + 1, dtype=np.int32)  # token j is j + 1: positions are readable
   s = np.concatenate([[0], tokens])
   it = data.SlidingWindowIterator(data.ArraySource(tokens), batch, window, stride, boundary_id=0)
@@ -360,9 +363,10 @@ def test_sliding_windows_score_every_pair_once_with_its_window_as_context(n, bat
       seen.extend(pairs[r][pairs[r] >= 0].tolist())
   assert sorted(seen) == list(range(n))
   # A process holding some rows gets exactly those rows.
-  part = data.SlidingWindowIterator(data.ArraySource(tokens), batch, window, stride, 0,
-                                    row_ids=[batch - 1])
+  part = data.SlidingWindowIterator(
+      data.ArraySource(tokens), batch, window, stride, 0, row_ids=[batch - 1]
+  )
   full = data.SlidingWindowIterator(data.ArraySource(tokens), batch, window, stride, 0)
   for a, b in zip(part, full):
     for k in a:
-      np.testing.assert_array_equal(a[k], b[k][batch - 1:])
+      np.testing.assert_array_equal(a[k], b[k][batch - 1 :])

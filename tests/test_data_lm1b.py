@@ -5,6 +5,7 @@ The builder is fed tiny shards with the canonical names and directories
 sentence offsets and vocabulary are compared with an independent
 tokenisation.
 """
+
 from __future__ import annotations
 
 import collections
@@ -13,10 +14,21 @@ import time
 import numpy as np
 import pytest
 
-from data_samples import (ARCHIVE, URL, _HELDOUT, _TRAIN, _heldout_name, _lines, _members,
-                          _sentences, _tarball, _train_name, _write_files)
-from transformer_xl.data import Corpus, DataError, load_corpus, sentence_offsets
-from transformer_xl.data import lm1b
+from transformer_xl.data import Corpus, DataError, lm1b, load_corpus, sentence_offsets
+
+from data_samples import (
+    _HELDOUT,
+    _TRAIN,
+    ARCHIVE,
+    URL,
+    _heldout_name,
+    _lines,
+    _members,
+    _sentences,
+    _tarball,
+    _train_name,
+    _write_files,
+)
 
 CHUNK = 16
 
@@ -26,11 +38,9 @@ def _vocab_by_rule(train_sentences: list[list[str]]) -> list[str]:
   once per sentence, <UNK> = sum of the rest, by count then code point."""
   counts = collections.Counter(w for s in train_sentences for w in s)
   counts["<S>"] += len(train_sentences)
-  keep = {w: c for w, c in counts.items()
-          if c >= 3 and w not in ("<S>", "<UNK>")}
+  keep = {w: c for w, c in counts.items() if c >= 3 and w not in ("<S>", "<UNK>")}
   keep["<S>"] = counts["<S>"]
-  keep["<UNK>"] = sum(c for w, c in counts.items()
-                      if w not in keep and w != "<S>")
+  keep["<UNK>"] = sum(c for w, c in counts.items() if w not in keep and w != "<S>")
   return sorted(keep, key=lambda w: (-keep[w], w))
 
 
@@ -57,8 +67,14 @@ def _expected(shards=(1, 2, 3), vocab=None):
 
 def _load(tmp_path, manual, **kwargs):
   kwargs.setdefault("verify_checksums", False)
-  return load_corpus("lm1b", data_dir=tmp_path / "tfds", manual_dir=manual,
-                     download=False, chunk_size=CHUNK, **kwargs)
+  return load_corpus(
+      "lm1b",
+      data_dir=tmp_path / "tfds",
+      manual_dir=manual,
+      download=False,
+      chunk_size=CHUNK,
+      **kwargs,
+  )
 
 
 def _check(corpus: Corpus, vocab, tokens, lengths):
@@ -102,8 +118,7 @@ def test_builds_from_canonical_layouts(tmp_path, layout):
   # valid == test == held-out shard 00000 (00001 unused).
   n = corpus.splits["valid"].num_tokens
   assert corpus.splits["test"].num_tokens == n
-  np.testing.assert_array_equal(corpus.splits["valid"].read(0, n),
-                                corpus.splits["test"].read(0, n))
+  np.testing.assert_array_equal(corpus.splits["valid"].read(0, n), corpus.splits["test"].read(0, n))
   words = [corpus.vocab[t] for t in corpus.splits["test"].read(0, 8)]
   assert words == ["The", "cat", "sat", "on", "a", "zebra", ".", "<S>"]
   builder = lm1b.TxlLm1b(data_dir=tmp_path / "tfds")
@@ -136,10 +151,8 @@ def test_vocabulary_file_is_used_as_the_reference_does(tmp_path):
   _tarball(manual / ARCHIVE, _members())
   # "symbol count" lines; the reference takes the first field; a repeated
   # symbol keeps its first id.
-  entries = ["the 100", ", 90", "<S> 80", "cat 70", "<UNK> 60", "Città 5",
-             "cat 3", "zebra 1"]
-  (manual / "1b_word_vocab.txt").write_text("\n".join(entries) + "\n",
-                                            encoding="utf-8")
+  entries = ["the 100", ", 90", "<S> 80", "cat 70", "<UNK> 60", "Città 5", "cat 3", "zebra 1"]
+  (manual / "1b_word_vocab.txt").write_text("\n".join(entries) + "\n", encoding="utf-8")
   corpus = _load(tmp_path, manual)
   vocab = ["the", ",", "<S>", "cat", "<UNK>", "Città", "zebra"]
   _check(corpus, vocab, *_expected(vocab=vocab)[1:])
@@ -162,22 +175,26 @@ def test_build_vocab_rule():
   assert lm1b.build_lm1b_vocab(counts) == ["<S>", "a", "b", "<UNK>", "e"]
   assert lm1b.build_lm1b_vocab({"x": 1}) == ["<UNK>", "<S>"]
   # <S> and <UNK> (count 0) are always in.
-  assert lm1b.build_lm1b_vocab({"x": 1}, min_freq=1) == ["x", "<S>",
-                                                             "<UNK>"]
+  assert lm1b.build_lm1b_vocab({"x": 1}, min_freq=1) == ["x", "<S>", "<UNK>"]
 
 
 def test_missing_files_fail_fast(tmp_path):
   manual = tmp_path / "manual"
   start = time.monotonic()
   with pytest.raises(DataError) as err:
-    load_corpus("lm1b", data_dir=tmp_path / "tfds", manual_dir=manual,
-                download=False)
+    load_corpus("lm1b", data_dir=tmp_path / "tfds", manual_dir=manual, download=False)
   assert time.monotonic() - start < 5
   message = str(err.value)
-  for piece in ["news.en-00001-of-00100", "news.en.heldout-00000-of-00050",
-                str(manual), ARCHIVE, URL, "No published checksum",
-                "training-monolingual.tokenized.shuffled",
-                "1b_word_vocab.txt"]:
+  for piece in [
+      "news.en-00001-of-00100",
+      "news.en.heldout-00000-of-00050",
+      str(manual),
+      ARCHIVE,
+      URL,
+      "No published checksum",
+      "training-monolingual.tokenized.shuffled",
+      "1b_word_vocab.txt",
+  ]:
     assert piece in message
   assert not (tmp_path / "tfds" / "txl_lm1b").exists()
 
@@ -185,8 +202,7 @@ def test_missing_files_fail_fast(tmp_path):
 def test_missing_heldout_shard(tmp_path):
   manual = tmp_path / "manual"
   _write_files(manual, _members(heldout=(1,)), flat=False)
-  with pytest.raises(DataError,
-                     match=r"news\.en\.heldout-00000-of-00050 not found"):
+  with pytest.raises(DataError, match=r"news\.en\.heldout-00000-of-00050 not found"):
     _load(tmp_path, manual)
 
 
@@ -215,11 +231,17 @@ def test_verify_with_the_documented_structure(tmp_path):
   assert md["checksums_verified"] is True
   assert len(md["train_shards"]) == 99
   assert corpus.sentence_offsets["train"].num_sentences == (
-      sum(len(_lines(_TRAIN.get(i, "a b c\n"))) for i in range(1, 100)))
+      sum(len(_lines(_TRAIN.get(i, "a b c\n"))) for i in range(1, 100))
+  )
   (manual / "1b_word_vocab.txt").write_text("<S> 2\n<UNK> 1\nthe 1\n")
   with pytest.raises(DataError, match="793,471"):
-    load_corpus("lm1b", data_dir=tmp_path / "other", manual_dir=manual,
-                download=False, verify_checksums=True)
+    load_corpus(
+        "lm1b",
+        data_dir=tmp_path / "other",
+        manual_dir=manual,
+        download=False,
+        verify_checksums=True,
+    )
 
 
 def test_prepared_dataset_loads_without_sources(tmp_path):

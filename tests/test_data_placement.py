@@ -1,4 +1,5 @@
 """Tests of transformer_xl.data.placement on 8 simulated CPU devices."""
+
 import os
 
 _FLAG = "--xla_force_host_platform_device_count=8"
@@ -8,18 +9,22 @@ if _FLAG not in os.environ.get("XLA_FLAGS", ""):
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+from jax.sharding import Mesh, NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P
 
-from test_data_iterators import BOUNDARY, _random_stream  # noqa: E402
 from transformer_xl import data  # noqa: E402
 from transformer_xl.data import ArraySource  # noqa: E402
+
+from test_data_iterators import BOUNDARY, _random_stream  # noqa: E402
 
 
 @pytest.fixture
 def mesh():
   if jax.device_count() < 8:
-    pytest.fail(f"expected 8 simulated CPU devices, got {jax.device_count()}; "
-                f"XLA_FLAGS must be set before jax is imported.")
+    pytest.fail(
+        f"expected 8 simulated CPU devices, got {jax.device_count()}; "
+        f"XLA_FLAGS must be set before jax is imported."
+    )
   return Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("data", "model"))
 
 
@@ -68,8 +73,7 @@ def test_to_global_batch_values_and_sharding(mesh, spec):
   sharding = NamedSharding(mesh, spec)
   global_batch = 8
   rows = data.process_row_ids(sharding, global_batch)
-  it = data.EvalIterator(ArraySource(_random_stream(150)), global_batch, 6, BOUNDARY,
-                       row_ids=rows)
+  it = data.EvalIterator(ArraySource(_random_stream(150)), global_batch, 6, BOUNDARY, row_ids=rows)
   for local in list(it)[:2]:
     out = data.to_global_batch(local, sharding, global_batch)
     assert set(out) == set(local)

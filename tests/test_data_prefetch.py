@@ -1,4 +1,5 @@
 """Tests of transformer_xl.data.prefetch: order, states, errors, shutdown."""
+
 import threading
 import time
 
@@ -44,6 +45,7 @@ def test_the_transform_runs_in_the_thread_and_the_end_passes_through():
 
 def test_an_error_in_the_thread_is_raised_by_next():
   class Failing:
+
     def __init__(self):
       self.i = 0
 

@@ -5,6 +5,7 @@ The iterator is compared with a line-by-line port of the reference's
 (every sentence once per epoch, continuous rows, processes, resumption,
 reads); then with a built One Billion Word corpus.
 """
+
 from __future__ import annotations
 
 import collections
@@ -14,24 +15,31 @@ import json
 import numpy as np
 import pytest
 
-from data_samples import (ARCHIVE, RecordingSource, _HELDOUT, _assert_batches_equal, _members,
-                          _sentences, _take, _tarball)
-from test_data_lm1b import _load
 from transformer_xl import data
 from transformer_xl.data import ArraySentenceIndex, ArraySource, Corpus, sentence_offsets
+
+from data_samples import (
+    _HELDOUT,
+    ARCHIVE,
+    RecordingSource,
+    _assert_batches_equal,
+    _members,
+    _sentences,
+    _take,
+    _tarball,
+)
+from test_data_lm1b import _load
 
 BOUNDARY = 1
 
 
-def _sentence_corpus(n_sentences=23, seed=0, max_words=12, long_every=7,
-                     tgt_len=5):
+def _sentence_corpus(n_sentences=23, seed=0, max_words=12, long_every=7, tgt_len=5):
   """Sentence i: a word unique to it (1000 + i), random words in [10, 99],
   then BOUNDARY; every ``long_every``-th sentence spans several segments."""
   rng = np.random.default_rng(seed)
   sentences = []
   for i in range(n_sentences):
-    k = (3 * tgt_len + 2) if i % long_every == 3 else int(
-        rng.integers(0, max_words))
+    k = (3 * tgt_len + 2) if i % long_every == 3 else int(rng.integers(0, max_words))
     words = [1000 + i] + rng.integers(10, 100, size=k).tolist()
     sentences.append(words + [BOUNDARY])
   tokens = np.array([t for s in sentences for t in s], np.int32)
@@ -39,21 +47,26 @@ def _sentence_corpus(n_sentences=23, seed=0, max_words=12, long_every=7,
   return tokens, offsets
 
 
-def _iterator(tokens, offsets, batch, tgt_len, seed=0, row_ids=None,
-              source=None):
+def _iterator(tokens, offsets, batch, tgt_len, seed=0, row_ids=None, source=None):
   return data.ShuffledSentenceIterator(
       source if source is not None else ArraySource(tokens),
-      ArraySentenceIndex(offsets), batch, tgt_len, seed=seed,
-      boundary_id=BOUNDARY, row_ids=row_ids)
+      ArraySentenceIndex(offsets),
+      batch,
+      tgt_len,
+      seed=seed,
+      boundary_id=BOUNDARY,
+      row_ids=row_ids,
+  )
 
 
 def _reference_batches(tokens, offsets, order, bsz, bptt):
   """The reference's LMShuffledIterator.stream_iterator (ext_len = 0),
   ported line by line to lists; sentences are ``<S> w1 .. wn <S>``
   (add_double_eos), dealt in ``order``.  Yields batch-major (data, target)."""
+
   def sentences():
     for sid in order:
-      words = tokens[offsets[sid]:offsets[sid + 1] - 1].tolist()
+      words = tokens[offsets[sid] : offsets[sid + 1] - 1].tolist()
       yield [BOUNDARY] + words + [BOUNDARY]
 
   sent_stream = sentences()
@@ -67,27 +80,26 @@ def _reference_batches(tokens, offsets, order, bsz, bptt):
         if streams[i] is None or len(streams[i]) <= 1:
           streams[i] = next(sent_stream)
         n_new = min(len(streams[i]) - 1, bptt - n_filled)
-        data[n_filled:n_filled + n_new, i] = streams[i][:n_new]
-        target[n_filled:n_filled + n_new, i] = streams[i][1:n_new + 1]
+        data[n_filled : n_filled + n_new, i] = streams[i][:n_new]
+        target[n_filled : n_filled + n_new, i] = streams[i][1 : n_new + 1]
         streams[i] = streams[i][n_new:]
         n_filled += n_new
     yield data.T, target.T
 
 
 def _endless_order(it):
-  return itertools.chain.from_iterable(it.epoch_order(e)
-                                       for e in itertools.count())
+  return itertools.chain.from_iterable(it.epoch_order(e) for e in itertools.count())
 
 
-@pytest.mark.parametrize("batch,tgt_len,n_sentences", [(4, 5, 23), (3, 8, 9),
-                                                       (1, 4, 5), (6, 3, 40)])
+@pytest.mark.parametrize(
+    "batch,tgt_len,n_sentences", [(4, 5, 23), (3, 8, 9), (1, 4, 5), (6, 3, 40)]
+)
 def test_matches_the_reference_stream_iterator(batch, tgt_len, n_sentences):
   tokens, offsets = _sentence_corpus(n_sentences, tgt_len=tgt_len)
   it = _iterator(tokens, offsets, batch, tgt_len, seed=3)
   # Enough steps for about three epochs.
   n_steps = 3 * len(tokens) // (batch * tgt_len) + 2
-  ref = _reference_batches(tokens, offsets, _endless_order(it), batch,
-                           tgt_len)
+  ref = _reference_batches(tokens, offsets, _endless_order(it), batch, tgt_len)
   for step in range(n_steps):
     got = next(it)
     data, target = next(ref)
@@ -109,8 +121,7 @@ def test_epoch_order_is_a_seeded_permutation():
   for e in range(3):
     np.testing.assert_array_equal(np.sort(a.epoch_order(e)), np.arange(50))
     np.testing.assert_array_equal(a.epoch_order(e), b.epoch_order(e))
-    np.testing.assert_array_equal(
-        a.epoch_order(e), np.random.default_rng([7, e]).permutation(50))
+    np.testing.assert_array_equal(a.epoch_order(e), np.random.default_rng([7, e]).permutation(50))
   assert not np.array_equal(a.epoch_order(0), a.epoch_order(1))
   assert not np.array_equal(a.epoch_order(0), c.epoch_order(0))
 
@@ -134,9 +145,9 @@ def _dealt_sentences(batches, tokens, offsets):
     while k < len(row):
       sid = int(row[k]) - 1000
       assert 0 <= sid < len(offsets) - 1, "a sentence must start here"
-      want = tokens[offsets[sid]:offsets[sid + 1]]
-      got = row[k:k + len(want)]
-      np.testing.assert_array_equal(got, want[:len(got)])
+      want = tokens[offsets[sid] : offsets[sid + 1]]
+      got = row[k : k + len(want)]
+      np.testing.assert_array_equal(got, want[: len(got)])
       started.append((k // tgt_len, r, k % tgt_len, sid))
       k += len(want)
   started.sort()
@@ -154,7 +165,7 @@ def test_every_sentence_once_per_epoch_and_rows_continue():
   assert len(dealt) >= 2 * n
   # Sentences are dealt in (step, row) order: epoch 0's n sentences are a
   # permutation (each exactly once), then epoch 1's, in a different order.
-  epoch0, epoch1 = dealt[:n], dealt[n:2 * n]
+  epoch0, epoch1 = dealt[:n], dealt[n : 2 * n]
   assert sorted(epoch0) == list(range(n)) == sorted(epoch1)
   assert epoch0 != epoch1
   assert epoch0 == it.epoch_order(0).tolist()
@@ -167,25 +178,21 @@ def test_every_sentence_once_per_epoch_and_rows_continue():
   np.testing.assert_array_equal(inputs[:, 1:], targets[:, :-1])
   assert np.all(inputs[:, 0] == BOUNDARY)
   for t in range(steps - 1):
-    np.testing.assert_array_equal(batches[t + 1]["inputs"][:, 0],
-                                  batches[t]["targets"][:, -1])
+    np.testing.assert_array_equal(batches[t + 1]["inputs"][:, 0], batches[t]["targets"][:, -1])
   # Same seed, same batches; another seed, other batches.
   again = _take(_iterator(tokens, offsets, batch, tgt_len, seed=11), steps)
   for a, b in zip(batches, again):
     _assert_batches_equal(a, b)
   other = _take(_iterator(tokens, offsets, batch, tgt_len, seed=12), steps)
-  assert any(not np.array_equal(a["targets"], b["targets"])
-             for a, b in zip(batches, other))
+  assert any(not np.array_equal(a["targets"], b["targets"]) for a, b in zip(batches, other))
 
 
-@pytest.mark.parametrize("row_ids", [[[0, 1, 2], [3, 4, 5]],
-                                     [[1, 4], [0, 2, 3, 5]]])
+@pytest.mark.parametrize("row_ids", [[[0, 1, 2], [3, 4, 5]], [[1, 4], [0, 2, 3, 5]]])
 def test_processes_together_see_one_process(row_ids):
   batch, tgt_len = 6, 4
   tokens, offsets = _sentence_corpus(31, tgt_len=tgt_len)
   full = _iterator(tokens, offsets, batch, tgt_len)
-  parts = [_iterator(tokens, offsets, batch, tgt_len, row_ids=r)
-           for r in row_ids]
+  parts = [_iterator(tokens, offsets, batch, tgt_len, row_ids=r) for r in row_ids]
   for _ in range(3 * len(tokens) // (batch * tgt_len)):
     want = next(full)
     got = [next(p) for p in parts]
@@ -268,8 +275,7 @@ def test_set_state_validation():
   bad(row_sentence=[0])
   bad(row_sentence=[10, 0])
   bad(row_used=[0, 10**6])
-  bad(row_sentence=[-1, good["row_sentence"][1]], row_used=[1,
-                                                            good["row_used"][1]])
+  bad(row_sentence=[-1, good["row_sentence"][1]], row_used=[1, good["row_used"][1]])
   with pytest.raises(ValueError, match="missing"):
     it.set_state({k: v for k, v in good.items() if k != "epoch"})
   with pytest.raises(ValueError):
@@ -287,11 +293,9 @@ def test_constructor_errors():
   with pytest.raises(ValueError, match="SentenceIndex"):
     data.ShuffledSentenceIterator(src, src, 2, 4, seed=0, boundary_id=1)
   with pytest.raises(ValueError, match="does not belong"):
-    data.ShuffledSentenceIterator(ArraySource(tokens[:-1]), index, 2, 4, seed=0,
-                                boundary_id=1)
+    data.ShuffledSentenceIterator(ArraySource(tokens[:-1]), index, 2, 4, seed=0, boundary_id=1)
   with pytest.raises(ValueError, match="row_ids"):
-    data.ShuffledSentenceIterator(src, index, 2, 4, seed=0, boundary_id=1,
-                                row_ids=[2])
+    data.ShuffledSentenceIterator(src, index, 2, 4, seed=0, boundary_id=1, row_ids=[2])
   with pytest.raises(ValueError):
     ArraySentenceIndex(np.array([0, 3, 3, 5]))
 
@@ -322,14 +326,23 @@ def test_failed_read_leaves_the_position_unchanged():
 
 def test_make_train_iterator_picks_by_corpus():
   tokens, offsets = _sentence_corpus(20)
-  plain = Corpus(name="x", unit="word", vocab=tuple(map(str, range(2000))),
-                 boundary_id=BOUNDARY,
-                 splits={"train": ArraySource(tokens)})
+  plain = Corpus(
+      name="x",
+      unit="word",
+      vocab=tuple(map(str, range(2000))),
+      boundary_id=BOUNDARY,
+      splits={"train": ArraySource(tokens)},
+  )
   it = data.make_train_iterator(plain, "train", 2, 4, seed=0)
   assert type(it) is data.TrainIterator
-  sentences = Corpus(name="x", unit="word", vocab=plain.vocab,
-                     boundary_id=BOUNDARY, splits=plain.splits,
-                     sentence_offsets={"train": ArraySentenceIndex(offsets)})
+  sentences = Corpus(
+      name="x",
+      unit="word",
+      vocab=plain.vocab,
+      boundary_id=BOUNDARY,
+      splits=plain.splits,
+      sentence_offsets={"train": ArraySentenceIndex(offsets)},
+  )
   it = data.make_train_iterator(sentences, "train", 4, 5, seed=3, row_ids=[1, 2])
   assert isinstance(it, data.ShuffledSentenceIterator)
   assert it.row_ids == (1, 2) and it.seed == 3

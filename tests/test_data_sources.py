@@ -4,6 +4,7 @@ Through ``load_corpus``: missing files fail fast with a message naming the
 files, the manual dir, the canonical URL and the checksums; downloads time
 out; checksums and archive contents are checked before any tokenisation.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,11 +16,12 @@ import time
 
 import pytest
 
-from data_samples import CHUNK, _PTB, _enwik8_bytes, _ptb_tgz, _text8_text, _zip
 from transformer_xl.data import DataError, load_corpus, sources
 from transformer_xl.data.builders import BUILDERS
 from transformer_xl.data.enwik8_text8 import TxlText8
 from transformer_xl.data.ptb_wikitext import TxlPtb
+
+from data_samples import _PTB, CHUNK, _enwik8_bytes, _ptb_tgz, _text8_text, _zip
 
 
 def _with_url(builder, url):
@@ -28,24 +30,31 @@ def _with_url(builder, url):
   return dataclasses.replace(spec, source=dataclasses.replace(spec.source, url=url))
 
 
-@pytest.mark.parametrize("name,files,checksum", [
-    ("enwik8", ["enwik8"], "a1fa5ffddb56f4953e226637dabbb36a"),
-    ("text8", ["text8"],
-     "6e890197040d37d85beb962ae1f041ff1d9a9ca8d20c7d99c85027eebf51dca7"),
-    ("ptb", ["ptb.train.txt", "ptb.valid.txt", "ptb.test.txt"],
-     "f26c4b92c5fdc7b3f8c7cdcb991d8420"),
-    ("ptb_char", ["ptb.train.txt"], "8b80168b89c18661a38ef683c0dc3721"),
-    ("wikitext2", ["wiki.train.tokens", "wiki.test.tokens"],
-     "781c9418ab9414bd09e4aad825aae752"),
-    ("wikitext103", ["wiki.valid.tokens"], "No published checksum"),
-])
+@pytest.mark.parametrize(
+    "name,files,checksum",
+    [
+        ("enwik8", ["enwik8"], "a1fa5ffddb56f4953e226637dabbb36a"),
+        ("text8", ["text8"], "6e890197040d37d85beb962ae1f041ff1d9a9ca8d20c7d99c85027eebf51dca7"),
+        (
+            "ptb",
+            ["ptb.train.txt", "ptb.valid.txt", "ptb.test.txt"],
+            "f26c4b92c5fdc7b3f8c7cdcb991d8420",
+        ),
+        ("ptb_char", ["ptb.train.txt"], "8b80168b89c18661a38ef683c0dc3721"),
+        (
+            "wikitext2",
+            ["wiki.train.tokens", "wiki.test.tokens"],
+            "781c9418ab9414bd09e4aad825aae752",
+        ),
+        ("wikitext103", ["wiki.valid.tokens"], "No published checksum"),
+    ],
+)
 def test_missing_files(tmp_path, name, files, checksum):
   manual = tmp_path / "manual"
   spec = BUILDERS[name].SPEC.source
   start = time.monotonic()
   with pytest.raises(DataError) as err:
-    load_corpus(name, data_dir=tmp_path / "tfds", manual_dir=manual,
-                download=False)
+    load_corpus(name, data_dir=tmp_path / "tfds", manual_dir=manual, download=False)
   assert time.monotonic() - start < 5
   message = str(err.value)
   for piece in files + [str(manual), spec.archive, spec.url, checksum]:
@@ -65,8 +74,9 @@ def test_partial_extracted_files_name_the_missing_one(tmp_path):
   (manual / "ptb.train.txt").write_text(_PTB["train"])
   (manual / "ptb.valid.txt").write_text(_PTB["valid"])
   with pytest.raises(DataError, match=r"ptb\.test\.txt not found"):
-    load_corpus("ptb", data_dir=tmp_path / "tfds", manual_dir=manual,
-                download=False, verify_checksums=False)
+    load_corpus(
+        "ptb", data_dir=tmp_path / "tfds", manual_dir=manual, download=False, verify_checksums=False
+    )
 
 
 def test_unreachable_url_fails_fast(tmp_path, monkeypatch):
@@ -75,14 +85,14 @@ def test_unreachable_url_fails_fast(tmp_path, monkeypatch):
   server.bind(("127.0.0.1", 0))
   server.listen(8)
   port = server.getsockname()[1]
-  monkeypatch.setattr(TxlPtb, "SPEC", _with_url(
-      TxlPtb, f"http://127.0.0.1:{port}/simple-examples.tgz"))
+  monkeypatch.setattr(
+      TxlPtb, "SPEC", _with_url(TxlPtb, f"http://127.0.0.1:{port}/simple-examples.tgz")
+  )
   monkeypatch.setattr(sources, "DOWNLOAD_TIMEOUT_S", 1.0)
   try:
     start = time.monotonic()
     with pytest.raises(DataError) as err:
-      load_corpus("ptb", data_dir=tmp_path / "tfds",
-                  manual_dir=tmp_path / "manual")
+      load_corpus("ptb", data_dir=tmp_path / "tfds", manual_dir=tmp_path / "manual")
     assert time.monotonic() - start < 5
   finally:
     server.close()
@@ -104,8 +114,7 @@ def test_canonical_url_fails_fast(tmp_path):
     pass
   start = time.monotonic()
   with pytest.raises(DataError, match="Downloading http://mattmahoney.net"):
-    load_corpus("enwik8", data_dir=tmp_path / "tfds",
-                manual_dir=tmp_path / "manual")
+    load_corpus("enwik8", data_dir=tmp_path / "tfds", manual_dir=tmp_path / "manual")
   assert time.monotonic() - start < 3 * sources.DOWNLOAD_TIMEOUT_S
 
 
@@ -115,17 +124,21 @@ def test_download_from_url(tmp_path, monkeypatch):
   served.mkdir()
   text = _text8_text(300)
   _zip(served / "text8.zip", {"text8": text.encode()})
-  handler = functools.partial(http.server.SimpleHTTPRequestHandler,
-                              directory=str(served))
+  handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
   handler.log_message = lambda *args: None
   server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
   threading.Thread(target=server.serve_forever, daemon=True).start()
-  monkeypatch.setattr(TxlText8, "SPEC", _with_url(
-      TxlText8, f"http://127.0.0.1:{server.server_port}/text8.zip"))
+  monkeypatch.setattr(
+      TxlText8, "SPEC", _with_url(TxlText8, f"http://127.0.0.1:{server.server_port}/text8.zip")
+  )
   try:
-    corpus = load_corpus("text8", data_dir=tmp_path / "tfds",
-                         manual_dir=tmp_path / "manual",
-                         verify_checksums=False, chunk_size=CHUNK)
+    corpus = load_corpus(
+        "text8",
+        data_dir=tmp_path / "tfds",
+        manual_dir=tmp_path / "manual",
+        verify_checksums=False,
+        chunk_size=CHUNK,
+    )
   finally:
     server.shutdown()
     server.server_close()
@@ -140,8 +153,9 @@ def test_checksum_mismatch(tmp_path):
   manual = tmp_path / "manual"
   _ptb_tgz(manual)
   with pytest.raises(DataError) as err:
-    load_corpus("ptb", data_dir=tmp_path / "tfds", manual_dir=manual,
-                download=False, verify_checksums=True)
+    load_corpus(
+        "ptb", data_dir=tmp_path / "tfds", manual_dir=manual, download=False, verify_checksums=True
+    )
   message = str(err.value)
   actual = __import__("hashlib").md5(_PTB["train"].encode()).hexdigest()
   assert "ptb.train.txt" in message
@@ -154,8 +168,7 @@ def test_size_mismatch_enwik8(tmp_path):
   manual.mkdir()
   _zip(manual / "enwik8.zip", {"enwik8": _enwik8_bytes(1000)})
   with pytest.raises(DataError, match="expected size 100000000, got 1000"):
-    load_corpus("enwik8", data_dir=tmp_path / "tfds", manual_dir=manual,
-                download=False)
+    load_corpus("enwik8", data_dir=tmp_path / "tfds", manual_dir=manual, download=False)
 
 
 def test_archive_without_the_member(tmp_path):
@@ -163,5 +176,10 @@ def test_archive_without_the_member(tmp_path):
   manual.mkdir()
   _zip(manual / "wikitext-2-v1.zip", {"wikitext-2/wiki.train.tokens": b"a\n"})
   with pytest.raises(DataError, match="does not contain wikitext-2/wiki.valid"):
-    load_corpus("wikitext2", data_dir=tmp_path / "tfds", manual_dir=manual,
-                download=False, verify_checksums=False)
+    load_corpus(
+        "wikitext2",
+        data_dir=tmp_path / "tfds",
+        manual_dir=manual,
+        download=False,
+        verify_checksums=False,
+    )

@@ -4,6 +4,7 @@ The generic path is checked against the built-in corpora it must reproduce
 (PTB and WikiText-2 given as plain files), the stream and the documents
 against a naive reading of the files, and every tokenizer by round trips.
 """
+
 import contextlib
 import gzip
 import hashlib
@@ -86,7 +87,8 @@ def test_word_stream_documents_and_bytes_equal_a_naive_reading(tmp_path):
   lines = _naive_lines(TRAIN_ORDER)
   for separator in ("file", "paragraph", "line"):
     corpus = text_files.load_text_corpus(
-        _settings(folder, document_separator=separator), data_dir=tmp_path / "tfds", chunk_size=7)
+        _settings(folder, document_separator=separator), data_dir=tmp_path / "tfds", chunk_size=7
+    )
     vocab = list(corpus.vocab)
     assert vocab[0] == "<eos>" and vocab[-1] == "<unk>" and corpus.boundary_id == 0
     words = [w for line in lines for w in line.split()]
@@ -105,14 +107,17 @@ def test_word_stream_documents_and_bytes_equal_a_naive_reading(tmp_path):
 
 
 def test_gzip_and_plain_files_give_the_same_stream_and_a_change_rebuilds(tmp_path):
-  plain = _write(tmp_path / "plain", {"x.txt": DOCS["b.txt.gz"], "c.txt": DOCS["c.txt"],
-                                      "a.txt": DOCS["a.txt"]})
-  gz = _write(tmp_path / "gz", {"x.txt.gz": DOCS["b.txt.gz"], "c.txt": DOCS["c.txt"],
-                                "a.txt": DOCS["a.txt"]})
+  plain = _write(
+      tmp_path / "plain",
+      {"x.txt": DOCS["b.txt.gz"], "c.txt": DOCS["c.txt"], "a.txt": DOCS["a.txt"]},
+  )
+  gz = _write(
+      tmp_path / "gz",
+      {"x.txt.gz": DOCS["b.txt.gz"], "c.txt": DOCS["c.txt"], "a.txt": DOCS["a.txt"]},
+  )
   tfds_dir = tmp_path / "tfds"
   read = lambda c: c.splits["train"].read(0, c.splits["train"].num_tokens)  # noqa: E731
-  a = text_files.load_text_corpus(_settings(plain, train_files=f"{plain}/x.txt"),
-                                  data_dir=tfds_dir)
+  a = text_files.load_text_corpus(_settings(plain, train_files=f"{plain}/x.txt"), data_dir=tfds_dir)
   b = text_files.load_text_corpus(_settings(gz, train_files=f"{gz}/x.txt.gz"), data_dir=tfds_dir)
   np.testing.assert_array_equal(read(a), read(b))
   assert list(a.vocab) == list(b.vocab)
@@ -122,31 +127,45 @@ def test_gzip_and_plain_files_give_the_same_stream_and_a_change_rebuilds(tmp_pat
   (plain / "x.txt").write_text("entirely different words\n")
   builder = text_files.TxlText(_settings(plain, train_files=f"{plain}/x.txt"), data_dir=tfds_dir)
   assert not builder.is_prepared()
-  c = text_files.load_text_corpus(_settings(plain, train_files=f"{plain}/x.txt"),
-                                  data_dir=tfds_dir)
+  c = text_files.load_text_corpus(_settings(plain, train_files=f"{plain}/x.txt"), data_dir=tfds_dir)
   assert c.decode(read(c)) == "entirely different words\n"
-  md = text_files.TxlText(_settings(plain, train_files=f"{plain}/x.txt"),
-                          data_dir=tfds_dir).info.metadata
+  md = text_files.TxlText(
+      _settings(plain, train_files=f"{plain}/x.txt"), data_dir=tfds_dir
+  ).info.metadata
   (record,) = md["files"]["train"]
   assert record["size"] == len("entirely different words\n")
   assert record["sha256"] == hashlib.sha256(b"entirely different words\n").hexdigest()
 
 
-@pytest.mark.parametrize("name,split_files,builtin", [
-    ("ptb", {s: f"ptb/ptb.{s}.txt" for s in ("train", "valid", "test")}, "ptb"),
-    pytest.param("wikitext2", {s: f"wikitext-2/wiki.{s}.tokens" for s in ("train", "valid",
-                                                                          "test")},
-                 "wikitext2", marks=pytest.mark.slow),
-])
-def test_the_real_files_as_text_give_exactly_the_builtin_corpus(tmp_path, name, split_files,
-                                                                 builtin):
+@pytest.mark.parametrize(
+    "name,split_files,builtin",
+    [
+        ("ptb", {s: f"ptb/ptb.{s}.txt" for s in ("train", "valid", "test")}, "ptb"),
+        pytest.param(
+            "wikitext2",
+            {s: f"wikitext-2/wiki.{s}.tokens" for s in ("train", "valid", "test")},
+            "wikitext2",
+            marks=pytest.mark.slow,
+        ),
+    ],
+)
+def test_the_real_files_as_text_give_exactly_the_builtin_corpus(
+    tmp_path, name, split_files, builtin
+):
   del name
   if not SHARED.is_dir():
     pytest.skip("no ../shared/data")
-  cfg = dict(dataset="text", data_dir=str(tmp_path / "tfds"), tokenizer="word", vocab_size=0,
-             min_count=1, document_separator="file", spm_model_type="unigram",
-             spm_sample_mb=1.0,
-             **{f"{s}_files": str(SHARED / f) for s, f in split_files.items()})
+  cfg = dict(
+      dataset="text",
+      data_dir=str(tmp_path / "tfds"),
+      tokenizer="word",
+      vocab_size=0,
+      min_count=1,
+      document_separator="file",
+      spm_model_type="unigram",
+      spm_sample_mb=1.0,
+      **{f"{s}_files": str(SHARED / f) for s, f in split_files.items()},
+  )
   text = data.load_configured(cfg)
   manual = SHARED / Path(split_files["train"]).parent
   ref = data.load_corpus(builtin, data_dir=tmp_path / "tfds", manual_dir=manual)
@@ -160,16 +179,18 @@ def test_the_real_files_as_text_give_exactly_the_builtin_corpus(tmp_path, name, 
 def test_char_and_byte_tokenizers(tmp_path):
   folder = _write(tmp_path / "files", DOCS)
   lines = _naive_lines(TRAIN_ORDER)
-  char = text_files.load_text_corpus(_settings(folder, tokenizer="char"),
-                                     data_dir=tmp_path / "tfds")
+  char = text_files.load_text_corpus(
+      _settings(folder, tokenizer="char"), data_dir=tmp_path / "tfds"
+  )
   vocab = list(char.vocab)
   assert vocab[0] == "\n" and vocab[-1] == "<unk>" and char.unit == "char"
   assert sorted(vocab[1:-1]) == sorted(set("".join(lines)))
   train = char.splits["train"].read(0, char.splits["train"].num_tokens)
   assert char.decode(train) == "".join(line + "\n" for line in lines)
   assert char.decode(char.encode("über Ω\n")) == "über \ufffd\n"  # Ω was not in train
-  byte = text_files.load_text_corpus(_settings(folder, tokenizer="byte"),
-                                     data_dir=tmp_path / "tfds")
+  byte = text_files.load_text_corpus(
+      _settings(folder, tokenizer="byte"), data_dir=tmp_path / "tfds"
+  )
   train = byte.splits["train"].read(0, byte.splits["train"].num_tokens)
   assert bytes(train.astype(np.uint8)) == "".join(line + "\n" for line in lines).encode()
   assert byte.vocab_size == 256 and byte.boundary_id == 10 and byte.unit == "byte"
@@ -178,8 +199,9 @@ def test_char_and_byte_tokenizers(tmp_path):
 
 def test_word_vocab_size_and_min_count(tmp_path):
   folder = _write(tmp_path / "files", {"t.txt": "a a a b b c\nd\n", "v.txt": "a z\n"})
-  s = dict(train_files=f"{folder}/t.txt", valid_files=f"{folder}/v.txt",
-           test_files=f"{folder}/v.txt")
+  s = dict(
+      train_files=f"{folder}/t.txt", valid_files=f"{folder}/v.txt", test_files=f"{folder}/v.txt"
+  )
   corpus = text_files.load_text_corpus(TextSettings(**s, vocab_size=4), data_dir=tmp_path / "t")
   assert list(corpus.vocab) == ["<eos>", "a", "b", "<unk>"]
   np.testing.assert_array_equal(corpus.splits["valid"].read(0, 3), [1, 3, 0])
@@ -191,17 +213,25 @@ def test_word_vocab_size_and_min_count(tmp_path):
     text_files.load_text_corpus(TextSettings(**s, vocab_size=7), data_dir=tmp_path / "t")
 
 
-UNICODE = ("Grüße aus Köln! Ça va? 東京タワー  double  spaces\n"
-           "tabs\tand trailing space \n" "emoji 🙂 and digits 12345\n") * 30
+UNICODE = (
+    "Grüße aus Köln! Ça va? 東京タワー  double  spaces\n"
+    "tabs\tand trailing space \n"
+    "emoji 🙂 and digits 12345\n"
+) * 30
 
 
 @pytest.fixture(scope="module")
 def spm_corpus(tmp_path_factory):
   tmp = tmp_path_factory.mktemp("spm")
   folder = _write(tmp / "files", {"train.txt": UNICODE, "valid.txt": "Köln 12 🙂\n"})
-  settings = TextSettings(train_files=f"{folder}/train.txt", valid_files=f"{folder}/valid.txt",
-                          test_files=f"{folder}/valid.txt", tokenizer="sentencepiece",
-                          vocab_size=300, spm_model_type="bpe")
+  settings = TextSettings(
+      train_files=f"{folder}/train.txt",
+      valid_files=f"{folder}/valid.txt",
+      test_files=f"{folder}/valid.txt",
+      tokenizer="sentencepiece",
+      vocab_size=300,
+      spm_model_type="bpe",
+  )
   return text_files.load_text_corpus(settings, data_dir=tmp / "tfds"), folder, tmp
 
 
@@ -225,21 +255,34 @@ def test_a_pretrained_sentencepiece_model_and_tokenizer_json(spm_corpus, tmp_pat
   corpus, folder, _ = spm_corpus
   model = tmp_path / "m.model"
   model.write_bytes(corpus.tokenizer.model_proto)
-  settings = TextSettings(train_files=f"{folder}/train.txt", valid_files=f"{folder}/valid.txt",
-                          test_files=f"{folder}/valid.txt", tokenizer=f"pretrained:{model}")
+  settings = TextSettings(
+      train_files=f"{folder}/train.txt",
+      valid_files=f"{folder}/valid.txt",
+      test_files=f"{folder}/valid.txt",
+      tokenizer=f"pretrained:{model}",
+  )
   again = text_files.load_text_corpus(settings, data_dir=tmp_path / "tfds")
   n = corpus.splits["train"].num_tokens
   np.testing.assert_array_equal(again.splits["train"].read(0, n), corpus.splits["train"].read(0, n))
   import tokenizers as hf
+
   bpe = hf.Tokenizer(hf.models.BPE())
   bpe.pre_tokenizer = hf.pre_tokenizers.ByteLevel(add_prefix_space=False)
   bpe.decoder = hf.decoders.ByteLevel()
-  bpe.train_from_iterator([UNICODE], hf.trainers.BpeTrainer(
-      vocab_size=400, initial_alphabet=hf.pre_tokenizers.ByteLevel.alphabet()))
+  bpe.train_from_iterator(
+      [UNICODE],
+      hf.trainers.BpeTrainer(
+          vocab_size=400, initial_alphabet=hf.pre_tokenizers.ByteLevel.alphabet()
+      ),
+  )
   path = tmp_path / "tokenizer.json"
   bpe.save(str(path))
-  settings = TextSettings(train_files=f"{folder}/train.txt", valid_files=f"{folder}/valid.txt",
-                          test_files=f"{folder}/valid.txt", tokenizer=f"pretrained:{path}")
+  settings = TextSettings(
+      train_files=f"{folder}/train.txt",
+      valid_files=f"{folder}/valid.txt",
+      test_files=f"{folder}/valid.txt",
+      tokenizer=f"pretrained:{path}",
+  )
   hf_corpus = text_files.load_text_corpus(settings, data_dir=tmp_path / "tfds")
   train = hf_corpus.splits["train"].read(0, hf_corpus.splits["train"].num_tokens)
   assert hf_corpus.decode(train) == UNICODE
@@ -266,10 +309,12 @@ def test_bad_inputs_name_the_problem(tmp_path):
   # Past the first 8 KiB the reading itself finds it, naming the line.
   (bad / "late.txt").write_bytes(b"fine words\n" * 2000 + "caf\xe9\n".encode("latin-1"))
   assert "late.txt is not UTF-8 text (line 2,001: byte 0xe9 at offset 22,003)" in _bad(
-      tmp_path, folder, valid_files=f"{bad}/late.txt")
+      tmp_path, folder, valid_files=f"{bad}/late.txt"
+  )
   assert "larger than" in _bad(tmp_path, folder, vocab_size=10_000)
-  assert "SentencePiece cannot be trained" in _bad(tmp_path, folder, tokenizer="sentencepiece",
-                                                   vocab_size=5000)
+  assert "SentencePiece cannot be trained" in _bad(
+      tmp_path, folder, tokenizer="sentencepiece", vocab_size=5000
+  )
   (bad / "junk.model").write_bytes(b"not a model")
   assert "does not load" in _bad(tmp_path, folder, tokenizer=f"pretrained:{bad}/junk.model")
   assert "no such file" in _bad(tmp_path, folder, tokenizer=f"pretrained:{folder}/none.model")
@@ -287,20 +332,34 @@ def test_bad_input_on_the_command_line_is_one_line(tmp_path):
       (["--config.data.vocab_size=100000"], "SentencePiece cannot be trained"),
       (["--config.data.dataset=ptb"], "apply only to data.dataset='text'"),
       ([f"--config.data.valid_files={folder}/binary.txt"], "is not UTF-8 text"),
-      (["--config.data.dataset=tfds:pg19", "--config.data.text_key=nope",
-        "--config.data.train_files=", "--config.data.valid_files=",
-        "--config.data.test_files="], "no such feature"),
+      (
+          [
+              "--config.data.dataset=tfds:pg19",
+              "--config.data.text_key=nope",
+              "--config.data.train_files=",
+              "--config.data.valid_files=",
+              "--config.data.test_files=",
+          ],
+          "no such feature",
+      ),
   ]:
-    r = _main([f"--config={REPO / 'configs/text.py'}", f"--workdir={tmp_path / 'run'}",
-               f"--config.data.data_dir={tmp_path / 'tfds'}",
-               f"--config.data.train_files={folder}/[ac].txt",
-               f"--config.data.valid_files={folder}/c.txt",
-               f"--config.data.test_files={folder}/a.txt", *extra], timeout=300)
+    r = _main(
+        [
+            f"--config={REPO / 'configs/text.py'}",
+            f"--workdir={tmp_path / 'run'}",
+            f"--config.data.data_dir={tmp_path / 'tfds'}",
+            f"--config.data.train_files={folder}/[ac].txt",
+            f"--config.data.valid_files={folder}/c.txt",
+            f"--config.data.test_files={folder}/a.txt",
+            *extra,
+        ],
+        timeout=300,
+    )
     assert r.returncode != 0, r.stderr
     assert "Traceback" not in r.stderr, r.stderr
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     # One message: a line, or the config's list of problems under its one line.
-    assert len(errors) == 1 and needle in r.stderr[r.stderr.index("error:"):], r.stderr
+    assert len(errors) == 1 and needle in r.stderr[r.stderr.index("error:") :], r.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
@@ -315,33 +374,50 @@ def test_subword_decoder_holds_back_an_incomplete_character():
 
 
 BOOKS = {
-    "train": ["Call me Ishmael.\nSome years ago, never mind how long.", "It was the best of times,\n"
-              "it was the worst of times.", "Happy families are all alike."],
+    "train": [
+        "Call me Ishmael.\nSome years ago, never mind how long.",
+        "It was the best of times,\n" "it was the worst of times.",
+        "Happy families are all alike.",
+    ],
     "validation": ["It is a truth universally acknowledged."],
     "test": ["All this happened, more or less.\nThe war parts, anyway."],
 }
 
 
 def _tfds_cfg(tmp_path, name, **kw):
-  cfg = dict(dataset=f"tfds:{name}", data_dir=str(tmp_path / "tfds"), train_files="",
-             valid_files="", test_files="", tokenizer="word", vocab_size=0, min_count=1,
-             document_separator="file", spm_model_type="unigram", spm_sample_mb=1.0,
-             text_key="text", tfds_splits="train,validation,test")
+  cfg = dict(
+      dataset=f"tfds:{name}",
+      data_dir=str(tmp_path / "tfds"),
+      train_files="",
+      valid_files="",
+      test_files="",
+      tokenizer="word",
+      vocab_size=0,
+      min_count=1,
+      document_separator="file",
+      spm_model_type="unigram",
+      spm_sample_mb=1.0,
+      text_key="text",
+      tfds_splits="train,validation,test",
+  )
   cfg.update(kw)
   return cfg
 
 
 def _check_books(corpus, split, books):
   vocab = list(corpus.vocab)
-  expected = [i for book in books for line in book.splitlines()
-              for i in [vocab.index(w) if w in vocab else vocab.index("<unk>")
-                        for w in line.split()] + [0]]
+  expected = [
+      i
+      for book in books
+      for line in book.splitlines()
+      for i in [vocab.index(w) if w in vocab else vocab.index("<unk>") for w in line.split()] + [0]
+  ]
   source = corpus.splits[split]
   np.testing.assert_array_equal(source.read(0, source.num_tokens), expected)
   offsets = corpus.documents[split].read_offsets(0, len(books) + 1)
-  np.testing.assert_array_equal(np.diff(offsets),
-                                [sum(len(line.split()) + 1 for line in b.splitlines())
-                                 for b in books])
+  np.testing.assert_array_equal(
+      np.diff(offsets), [sum(len(line.split()) + 1 for line in b.splitlines()) for b in books]
+  )
 
 
 @contextlib.contextmanager
@@ -350,7 +426,9 @@ def _mock_tfds_but_ours(**kwargs):
   which must be written and read for real: mock_data replaces ``__init__``'s data_dir,
   ``download_and_prepare`` and ``as_data_source`` of every builder."""
   import tensorflow_datasets as tfds
+
   from transformer_xl.data.storage import TokenStreamBuilder
+
   cls = tfds.core.DatasetBuilder
   names = ("__init__", "download_and_prepare", "as_data_source")
   real = {n: getattr(cls, n) for n in names}
@@ -361,6 +439,7 @@ def _mock_tfds_but_ours(**kwargs):
       def method(self, *args, **kw):
         fn = real[name] if isinstance(self, TokenStreamBuilder) else mocked[name]
         return fn(self, *args, **kw)
+
       return method
 
     with contextlib.ExitStack() as stack:
@@ -371,10 +450,13 @@ def _mock_tfds_but_ours(**kwargs):
 
 def test_a_tfds_text_dataset_under_mock_data(tmp_path):
   import tensorflow_datasets as tfds
+
   with _mock_tfds_but_ours(num_examples=4):
     corpus = data.load_configured(_tfds_cfg(tmp_path, "pg19", text_key="book_text"))
-    books = {split: [ex["book_text"] for ex in tfds.builder("pg19").as_data_source(split)]
-             for split in ("train", "validation", "test")}
+    books = {
+        split: [ex["book_text"] for ex in tfds.builder("pg19").as_data_source(split)]
+        for split in ("train", "validation", "test")
+    }
     with pytest.raises(data.DataError, match=r"no such feature; its text features are \["):
       data.load_configured(_tfds_cfg(tmp_path, "pg19", text_key="text"))
   assert len(books["train"]) == 4 and all(isinstance(b, str) and b for b in books["train"])
@@ -391,11 +473,14 @@ def test_a_local_tfds_builder_is_prepared_by_tfds_and_read(tmp_path):
 
   class TxlTestLocalBooks(tfds.core.GeneratorBasedBuilder):
     """Three splits of short books (a test's own builder)."""
+
     VERSION = tfds.core.Version("1.0.0")
 
     def _info(self):
-      return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(
-          {"text": tfds.features.Text(), "id": np.int32}))
+      return tfds.core.DatasetInfo(
+          builder=self,
+          features=tfds.features.FeaturesDict({"text": tfds.features.Text(), "id": np.int32}),
+      )
 
     def _split_generators(self, dl_manager):
       return {split: self._generate_examples(split) for split in BOOKS}
@@ -448,17 +533,34 @@ def _main(args, timeout=600):
   # can time out when the machine is loaded (XLA aborts the process).
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   env.update(PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
-  return subprocess.run([sys.executable, "-m", "transformer_xl.main", *args], cwd=REPO, env=env,
-                        capture_output=True, text=True, timeout=timeout)
+  return subprocess.run(
+      [sys.executable, "-m", "transformer_xl.main", *args],
+      cwd=REPO,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=timeout,
+  )
 
 
-TINY = ["--config.model.n_layer=2", "--config.model.d_model=32", "--config.model.n_head=2",
-        "--config.model.d_head=16", "--config.model.d_inner=64", "--config.model.tgt_len=16",
-        "--config.model.mem_len=16", "--config.train.global_batch=8", "--config.train.num_steps=3",
-        "--config.train.warmup_steps=0",
-        "--config.train.log_every=1", "--config.train.eval_every=0", "--config.eval.tgt_len=16",
-        "--config.eval.mem_len=32", "--config.eval.global_batch=8",
-        "--config.checkpoint.every_steps=3"]
+TINY = [
+    "--config.model.n_layer=2",
+    "--config.model.d_model=32",
+    "--config.model.n_head=2",
+    "--config.model.d_head=16",
+    "--config.model.d_inner=64",
+    "--config.model.tgt_len=16",
+    "--config.model.mem_len=16",
+    "--config.train.global_batch=8",
+    "--config.train.num_steps=3",
+    "--config.train.warmup_steps=0",
+    "--config.train.log_every=1",
+    "--config.train.eval_every=0",
+    "--config.eval.tgt_len=16",
+    "--config.eval.mem_len=32",
+    "--config.eval.global_batch=8",
+    "--config.checkpoint.every_steps=3",
+]
 
 
 @pytest.mark.slow
@@ -474,18 +576,31 @@ def test_train_eval_score_generate_on_own_files_with_sentencepiece(tmp_path, cor
       text = "\n".join(" ".join(rng.choice(words, 12)) for _ in range(300)) + "\n\n"
       _write(folder, {f"train/part{i}.txt.gz": text})
     _write(folder, {"valid.txt": UNICODE[:2000], "test.txt": UNICODE[2000:4000]})
-    files = [f"--config.data.train_files={folder}/train/*.gz",
-             f"--config.data.valid_files={folder}/valid.txt",
-             f"--config.data.test_files={folder}/test.txt", "--config.data.vocab_size=300"]
+    files = [
+        f"--config.data.train_files={folder}/train/*.gz",
+        f"--config.data.valid_files={folder}/valid.txt",
+        f"--config.data.test_files={folder}/test.txt",
+        "--config.data.vocab_size=300",
+    ]
   else:
     if not SHARED.is_dir():
       pytest.skip("no ../shared/data")
-    files = [f"--config.data.{s}_files={SHARED}/wikitext-2/wiki.{s}.tokens"
-             for s in ("train", "valid", "test")]
+    files = [
+        f"--config.data.{s}_files={SHARED}/wikitext-2/wiki.{s}.tokens"
+        for s in ("train", "valid", "test")
+    ]
     files += ["--config.data.vocab_size=2000", "--config.data.spm_sample_mb=2"]
   workdir, tfds_dir = tmp_path / "run", tmp_path / "tfds"
-  r = _main([f"--config={REPO / 'configs/text.py'}", f"--workdir={workdir}",
-             f"--config.data.data_dir={tfds_dir}", "--config.data.documents=reset", *files, *TINY])
+  r = _main(
+      [
+          f"--config={REPO / 'configs/text.py'}",
+          f"--workdir={workdir}",
+          f"--config.data.data_dir={tfds_dir}",
+          "--config.data.documents=reset",
+          *files,
+          *TINY,
+      ]
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   assert (workdir / "tokenizer.json").is_file()
   r = _main([f"--workdir={workdir}", "--mode=eval"])
@@ -494,28 +609,52 @@ def test_train_eval_score_generate_on_own_files_with_sentencepiece(tmp_path, cor
   for split in ("valid", "test"):
     assert results[split]["documents"] >= 1 and 0 < results[split]["bits_per_byte"] < 20
   (tmp_path / "some.txt").write_text("Grüße aus Köln, and the a of.\n")
-  r = _main([f"--workdir={workdir}", "--mode=score", f"--text={tmp_path / 'some.txt'}",
-             f"--out={tmp_path / 'nll.npy'}"])
+  r = _main(
+      [
+          f"--workdir={workdir}",
+          "--mode=score",
+          f"--text={tmp_path / 'some.txt'}",
+          f"--out={tmp_path / 'nll.npy'}",
+      ]
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   assert np.load(tmp_path / "nll.npy").shape[1] >= 10
-  r = _main([f"--workdir={workdir}", "--mode=generate", "--prompt=Grüße aus", "--num_tokens=12",
-             "--seed=1"])
+  r = _main(
+      [
+          f"--workdir={workdir}",
+          "--mode=generate",
+          "--prompt=Grüße aus",
+          "--num_tokens=12",
+          "--seed=1",
+      ]
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   first = r.stdout  # an untrained model's byte pieces may not be UTF-8: U+FFFD allowed
   assert first.strip()
   shutil.rmtree(tfds_dir)
   if corpus == "gzip_files":
     shutil.rmtree(tmp_path / "files")
-    r = _main([f"--workdir={workdir}", "--mode=generate", "--prompt=Grüße aus",
-               "--num_tokens=12", "--seed=1"])
+    r = _main(
+        [
+            f"--workdir={workdir}",
+            "--mode=generate",
+            "--prompt=Grüße aus",
+            "--num_tokens=12",
+            "--seed=1",
+        ]
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "using the tokenizer saved in" in r.stderr and r.stdout == first
 
 
 def test_a_corpus_that_tokenises_differently_from_the_run_is_refused(tmp_path):
   folder = _write(tmp_path / "files", DOCS)
-  settings = _settings(folder, train_files=f"{folder}/a.txt,{folder}/b.txt.gz",
-                       valid_files=f"{folder}/c.txt", test_files=f"{folder}/c.txt")
+  settings = _settings(
+      folder,
+      train_files=f"{folder}/a.txt,{folder}/b.txt.gz",
+      valid_files=f"{folder}/c.txt",
+      test_files=f"{folder}/c.txt",
+  )
   load = lambda: text_files.load_text_corpus(settings, data_dir=tmp_path / "tfds")  # noqa: E731
   corpus = load()
   workdir = tmp_path / "run"

@@ -1,5 +1,6 @@
 """Config schema and validation: one error that lists every problem, the model
 section derived from ModelConfig, and the converter's inverse."""
+
 import dataclasses
 import math
 import os
@@ -30,7 +31,10 @@ def test_check_config_errors():
   cases = [
       (dict(mesh=dict(shape=(3, 1))), "has 3 devices but 8"),
       (dict(mesh=dict(shape=(1, 8)), model=dict(n_head=12)), "n_head=12 is not divisible"),
-      (dict(mesh=dict(shape=(8, 1)), train=dict(global_batch=20)), "global_batch=20 is not divisible"),
+      (
+          dict(mesh=dict(shape=(8, 1)), train=dict(global_batch=20)),
+          "global_batch=20 is not divisible",
+      ),
       (dict(eval=dict(global_batch=0)), "eval.global_batch=0 must be >= 1"),
       (dict(mesh=dict(shape=(2, 4)), model=dict(n_head=6)), "n_head=6"),
       (dict(eval=dict(mem_len=0, same_length=True)), "same_length=True needs eval.mem_len"),
@@ -43,8 +47,10 @@ def test_check_config_errors():
     c = _ptb_config()
     for section, values in overrides.items():
       c[section].update(values)
-    with pytest.raises(default_config.ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")
-                       if "\\" not in message else message):
+    with pytest.raises(
+        default_config.ConfigError,
+        match=message.replace("(", r"\(").replace(")", r"\)") if "\\" not in message else message,
+    ):
       default_config.validate(c, 8)
 
 
@@ -73,9 +79,15 @@ def test_one_error_lists_every_problem():
   with pytest.raises(default_config.ConfigError) as err:
     default_config.validate(c, 8)
   message = str(err.value)
-  for needle in ("model.dropout=1.5", "model.d_model=15", "model.remat='everything'",
-                 "train.learning_rate=-1.0", "train.clip=0.0", "eval: tgt_len must be >= 1",
-                 "data.dataset='enwik9'"):
+  for needle in (
+      "model.dropout=1.5",
+      "model.d_model=15",
+      "model.remat='everything'",
+      "train.learning_rate=-1.0",
+      "train.clip=0.0",
+      "eval: tgt_len must be >= 1",
+      "data.dataset='enwik9'",
+  ):
     assert needle in message, (needle, message)
   assert message.count("\n  - ") == 7
 
@@ -97,10 +109,25 @@ def test_vocabulary_checks_come_with_the_corpus():
 
 
 def test_set_model_config_is_the_inverse_of_model_config():
-  cfg = models.ModelConfig(n_token=100, n_layer=3, d_model=32, n_head=4, d_head=8, d_inner=64,
-                           dropout=0.2, init_std=0.03, dtype="bfloat16", remat="save_proj",
-                           proj_init_std=0.02, d_embed=16, div_val=2, cutoffs=(10, 50),
-                           tie_projs=(False, True, True), clamp_len=7, same_length=True)
+  cfg = models.ModelConfig(
+      n_token=100,
+      n_layer=3,
+      d_model=32,
+      n_head=4,
+      d_head=8,
+      d_inner=64,
+      dropout=0.2,
+      init_std=0.03,
+      dtype="bfloat16",
+      remat="save_proj",
+      proj_init_std=0.02,
+      d_embed=16,
+      div_val=2,
+      cutoffs=(10, 50),
+      tie_projs=(False, True, True),
+      clamp_len=7,
+      same_length=True,
+  )
   c = default_config.get_config()
   default_config.set_model_config(c, cfg)
   assert default_config.model_config(c, 100) == cfg
@@ -109,27 +136,44 @@ def test_set_model_config_is_the_inverse_of_model_config():
 def test_ranges_a_user_could_get_wrong_are_each_named_once():
   c = _ptb_config()
   c.model.update(dropatt=1.0, init_std=0.0)
-  c.train.update(warmup_steps=10, num_steps=5, adam_b1=1.0, adam_b2=-0.1, adam_eps=0.0,
-                 min_lr=1.0, nonfinite="ignore", max_skipped_steps=0, global_batch=0)
+  c.train.update(
+      warmup_steps=10,
+      num_steps=5,
+      adam_b1=1.0,
+      adam_b2=-0.1,
+      adam_eps=0.0,
+      min_lr=1.0,
+      nonfinite="ignore",
+      max_skipped_steps=0,
+      global_batch=0,
+  )
   c.eval.update(tgt_len=0)
   with pytest.raises(default_config.ConfigError) as err:
     default_config.validate(c, 8)
   message = str(err.value)
-  for needle in ("model.dropatt=1.0 must be in [0, 1)", "model.init_std=0.0 must be > 0",
-                 "train.warmup_steps=10 must be <= train.num_steps=5",
-                 "train.adam_b1=1.0 must be in [0, 1)", "train.adam_b2=-0.1 must be in [0, 1)",
-                 "train.adam_eps=0.0 must be > 0",
-                 "train.min_lr=1.0 must be <= train.learning_rate=0.00025",
-                 "train.nonfinite='ignore': use one of ('stop', 'skip')",
-                 "train.max_skipped_steps=0 must be >= 1", "train.global_batch=0 must be >= 1",
-                 "eval: tgt_len must be >= 1"):
+  for needle in (
+      "model.dropatt=1.0 must be in [0, 1)",
+      "model.init_std=0.0 must be > 0",
+      "train.warmup_steps=10 must be <= train.num_steps=5",
+      "train.adam_b1=1.0 must be in [0, 1)",
+      "train.adam_b2=-0.1 must be in [0, 1)",
+      "train.adam_eps=0.0 must be > 0",
+      "train.min_lr=1.0 must be <= train.learning_rate=0.00025",
+      "train.nonfinite='ignore': use one of ('stop', 'skip')",
+      "train.max_skipped_steps=0 must be >= 1",
+      "train.global_batch=0 must be >= 1",
+      "eval: tgt_len must be >= 1",
+  ):
     assert message.count(needle) == 1, (needle, message)
   assert message.count("\n  - ") == 11, message
   # Infinite rates are caught too.
   c = _ptb_config()
   c.train.learning_rate = float("inf")
-  with pytest.raises(default_config.ConfigError, match=r"train\.learning_rate=inf is infinite: "
-                     r"give a finite value > 0 \(e\.g\. 0\.00025\)\."):
+  with pytest.raises(
+      default_config.ConfigError,
+      match=r"train\.learning_rate=inf is infinite: "
+      r"give a finite value > 0 \(e\.g\. 0\.00025\)\.",
+  ):
     default_config.validate(c, 8)
 
 
@@ -153,9 +197,18 @@ FLOAT_KEYS = _float_keys(default_config.get_config())
 
 
 def test_the_float_keys_are_found():
-  assert {"model.dropout", "model.dropatt", "model.init_std", "model.proj_init_std",
-          "train.learning_rate", "train.min_lr", "train.clip", "train.adam_b1",
-          "train.adam_b2", "train.adam_eps"} <= set(FLOAT_KEYS)
+  assert {
+      "model.dropout",
+      "model.dropatt",
+      "model.init_std",
+      "model.proj_init_std",
+      "train.learning_rate",
+      "train.min_lr",
+      "train.clip",
+      "train.adam_b1",
+      "train.adam_b2",
+      "train.adam_eps",
+  } <= set(FLOAT_KEYS)
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])
@@ -184,6 +237,7 @@ def test_nonfinite_floats_are_refused(key, value):
 def test_infinite_clip_means_no_clipping():
   import jax.numpy as jnp
   import optax
+
   assert set(default_config.INFINITY_ALLOWED) == {"train.clip"}
   g = {"w": jnp.asarray([3e10, -4e10])}  # any finite norm is < inf
   clip = optax.clip_by_global_norm(math.inf)
@@ -204,12 +258,22 @@ def test_nan_min_lr_on_the_command_line_stops_before_compiling(tmp_path):
   workdir = tmp_path / "wd"
   start = time.monotonic()
   r = subprocess.run(
-      [sys.executable, "-m", "transformer_xl.main",
-       f"--config={REPO / 'configs' / 'quickstart.py'}", f"--workdir={workdir}",
-       "--config.train.min_lr=nan",
-       f"--config.data.data_dir={tmp_path / 'no_tfds'}", "--config.data.download=false"],
-      cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True,
-      timeout=120)
+      [
+          sys.executable,
+          "-m",
+          "transformer_xl.main",
+          f"--config={REPO / 'configs' / 'quickstart.py'}",
+          f"--workdir={workdir}",
+          "--config.train.min_lr=nan",
+          f"--config.data.data_dir={tmp_path / 'no_tfds'}",
+          "--config.data.download=false",
+      ],
+      cwd=REPO,
+      env=dict(os.environ, PYTHONPATH=str(REPO)),
+      capture_output=True,
+      text=True,
+      timeout=120,
+  )
   elapsed = time.monotonic() - start
   assert r.returncode == 1, r.stderr[-3000:]
   assert "Traceback" not in r.stderr, r.stderr[-3000:]

@@ -7,6 +7,7 @@ give another document's keys exactly zero attention; no ``doc_pos`` (or an
 inert one) changes nothing; the blockwise attention, the train step and the
 eval step honour it.
 """
+
 import functools
 
 import flax.linen as nn
@@ -16,11 +17,9 @@ import numpy as np
 import pytest
 
 from transformer_xl import data, default_config, sharding
-from transformer_xl.model import attention_ops
 from transformer_xl.inference import evaluate
-from transformer_xl.model import models
-from transformer_xl.training import train
-from transformer_xl.training import train_state
+from transformer_xl.model import attention_ops, models
+from transformer_xl.training import train, train_state
 
 SLOW = pytest.mark.slow  # a case left out of the fast tier (-m "not slow")
 
@@ -32,9 +31,21 @@ DOC_LENGTHS = ([2, 3, 7, 12, 1, 9], [5, 1, 4, 10, 3])  # one stream per batch ro
 def tiny_config(**kw):
   # A larger init_std than the reference's 0.02, so that the context matters
   # (at 0.02 a tiny model's scores barely depend on it).
-  base = dict(n_token=N_TOKEN, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32,
-              dropout=0.0, dropatt=0.0, tgt_len=5, mem_len=4, same_length=True, attn_block=0,
-              init_std=0.3)
+  base = dict(
+      n_token=N_TOKEN,
+      n_layer=2,
+      d_model=16,
+      n_head=2,
+      d_head=8,
+      d_inner=32,
+      dropout=0.0,
+      dropatt=0.0,
+      tgt_len=5,
+      mem_len=4,
+      same_length=True,
+      attn_block=0,
+      init_std=0.3,
+  )
   base.update(kw)
   return models.ModelConfig(**base)
 
@@ -71,11 +82,14 @@ def stream_arrays(docs_per_row, n_seg, tgt_len):
   return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def segment_step(model, mutable=()):
   """The jitted (variables, inputs, memory, targets, doc_pos) -> model outputs."""
-  return jax.jit(lambda p, x, mem, y, d: model.apply(p, x, mem, y, doc_pos_BxT=d,
-                                                     mutable=list(mutable) or False))
+  return jax.jit(
+      lambda p, x, mem, y, d: model.apply(
+          p, x, mem, y, doc_pos_BxT=d, mutable=list(mutable) or False
+      )
+  )
 
 
 def score_segments(model, params, inputs_BxN, targets_BxN, doc_pos_BxN=None):
@@ -85,9 +99,10 @@ def score_segments(model, params, inputs_BxN, targets_BxN, doc_pos_BxN=None):
   step = segment_step(model)
   memory, out = models.init_memory(cfg, b), []
   for s in range(0, n, cfg.tgt_len):
-    seg = lambda a: None if a is None else jnp.asarray(a[:, s:s + cfg.tgt_len])
-    nll_BxT, memory = step({"params": params}, seg(inputs_BxN), memory, seg(targets_BxN),
-                           seg(doc_pos_BxN))
+    seg = lambda a: None if a is None else jnp.asarray(a[:, s : s + cfg.tgt_len])
+    nll_BxT, memory = step(
+        {"params": params}, seg(inputs_BxN), memory, seg(targets_BxN), seg(doc_pos_BxN)
+    )
     out.append(np.asarray(nll_BxT))
   return np.concatenate(out, axis=1)
 
@@ -98,8 +113,8 @@ def score_alone(model, params, doc):
   t = model.config.tgt_len
   n_seg = -(-len(doc) // t)
   inputs, targets = np.zeros((2, 1, n_seg * t), np.int32)
-  inputs[0, :len(doc)], targets[0, :len(doc)] = [SEP] + doc[:-1], doc
-  return score_segments(model, params, inputs, targets)[0, :len(doc)]
+  inputs[0, : len(doc)], targets[0, : len(doc)] = [SEP] + doc[:-1], doc
+  return score_segments(model, params, inputs, targets)[0, : len(doc)]
 
 
 def assert_stream_matches_alone(model, params, docs_per_row):
@@ -110,31 +125,45 @@ def assert_stream_matches_alone(model, params, docs_per_row):
   for b, docs in enumerate(docs_per_row):
     start = 0
     for doc in docs:
-      np.testing.assert_allclose(nll[b, start:start + len(doc)], score_alone(model, params, doc),
-                                 rtol=0, atol=1e-5, err_msg=f"row {b}, document {doc}")
+      np.testing.assert_allclose(
+          nll[b, start : start + len(doc)],
+          score_alone(model, params, doc),
+          rtol=0,
+          atol=1e-5,
+          err_msg=f"row {b}, document {doc}",
+      )
       start += len(doc)
   return nll, (inputs, targets)
 
 
-@pytest.mark.parametrize("attn_type,same_length,mem_len,clamp_len,pre_lnorm", [
-    (0, True, 4, 0, False),
-    (1, True, 4, 0, False),
-    pytest.param(0, True, 4, 3, False, marks=SLOW),
-    pytest.param(1, True, 4, 3, False, marks=SLOW),
-    # Without same_length a query sees distances up to M + i: exact only when
-    # the memory holds the longest document.
-    (0, False, 12, 0, False),
-    pytest.param(1, False, 12, 3, False, marks=SLOW),
-    pytest.param(0, True, 4, 0, True, marks=SLOW),
-])
-def test_each_document_in_the_stream_scores_as_it_does_alone(attn_type, same_length, mem_len,
-                                                             clamp_len, pre_lnorm):
-  cfg = tiny_config(attn_type=attn_type, same_length=same_length, mem_len=mem_len,
-                    clamp_len=clamp_len, pre_lnorm=pre_lnorm)
+@pytest.mark.parametrize(
+    "attn_type,same_length,mem_len,clamp_len,pre_lnorm",
+    [
+        (0, True, 4, 0, False),
+        (1, True, 4, 0, False),
+        pytest.param(0, True, 4, 3, False, marks=SLOW),
+        pytest.param(1, True, 4, 3, False, marks=SLOW),
+        # Without same_length a query sees distances up to M + i: exact only when
+        # the memory holds the longest document.
+        (0, False, 12, 0, False),
+        pytest.param(1, False, 12, 3, False, marks=SLOW),
+        pytest.param(0, True, 4, 0, True, marks=SLOW),
+    ],
+)
+def test_each_document_in_the_stream_scores_as_it_does_alone(
+    attn_type, same_length, mem_len, clamp_len, pre_lnorm
+):
+  cfg = tiny_config(
+      attn_type=attn_type,
+      same_length=same_length,
+      mem_len=mem_len,
+      clamp_len=clamp_len,
+      pre_lnorm=pre_lnorm,
+  )
   model, params = init_model(cfg)
   docs = [make_documents(lengths, seed) for seed, lengths in enumerate(DOC_LENGTHS)]
   nll_1, (inputs, targets) = assert_stream_matches_alone(model, params, docs[:1])  # B = 1
-  nll_2, _ = assert_stream_matches_alone(model, params, docs)                      # B = 2
+  nll_2, _ = assert_stream_matches_alone(model, params, docs)  # B = 2
   np.testing.assert_allclose(nll_2[:1], nll_1, rtol=0, atol=1e-5)
   # Not vacuous: the same stream without doc_pos scores the later documents otherwise.
   plain = score_segments(model, params, inputs, targets)
@@ -147,15 +176,15 @@ def recorded_probs(model, params, inputs_BxN, targets_BxN, doc_pos_BxN):
   step = segment_step(model, ("intermediates",))
   memory, out = models.init_memory(cfg, inputs_BxN.shape[0]), []
   for s in range(0, inputs_BxN.shape[1], cfg.tgt_len):
-    seg = lambda a: None if a is None else jnp.asarray(a[:, s:s + cfg.tgt_len])
-    (_, memory), inter = step({"params": params}, seg(inputs_BxN), memory, seg(targets_BxN),
-                              seg(doc_pos_BxN))
+    seg = lambda a: None if a is None else jnp.asarray(a[:, s : s + cfg.tgt_len])
+    (_, memory), inter = step(
+        {"params": params}, seg(inputs_BxN), memory, seg(targets_BxN), seg(doc_pos_BxN)
+    )
     out.append({k: np.asarray(v[0]) for k, v in inter["intermediates"]["layers"]["attn"].items()})
   return out
 
 
-@pytest.mark.parametrize("attn_type", [2, pytest.param(3, marks=SLOW),
-                                       pytest.param(0, marks=SLOW)])
+@pytest.mark.parametrize("attn_type", [2, pytest.param(3, marks=SLOW), pytest.param(0, marks=SLOW)])
 def test_no_attention_to_another_document(attn_type):
   """Absolute positions (types 2, 3) are not those of a document alone, so
   the scores differ; but every query gives keys of another document
@@ -171,7 +200,7 @@ def test_no_attention_to_another_document(attn_type):
   plain = recorded_probs(model, params, inputs, targets, None)
   leaked_without = 0.0
   for s, (probs, plain_probs) in enumerate(zip(with_docs, plain)):
-    other_BxTxK = dist_TxK[None] > doc_pos[:, s * t:(s + 1) * t, None]
+    other_BxTxK = dist_TxK[None] > doc_pos[:, s * t : (s + 1) * t, None]
     other_1xBx1xTxK = other_BxTxK[None, :, None]
     for name, prob_LxBxHxTxK in probs.items():
       assert np.all(np.where(other_1xBx1xTxK, prob_LxBxHxTxK, 0.0) == 0.0), (s, name)
@@ -187,25 +216,31 @@ def test_no_doc_pos_and_an_inert_doc_pos_change_nothing():
   tok = jnp.asarray(rng.integers(0, N_TOKEN, (2, cfg.tgt_len)), jnp.int32)
   memory = models.init_memory(cfg, 2).replace(
       mems_LxBxMxD=jnp.asarray(rng.normal(size=(2, 2, cfg.mem_len, cfg.d_model)), jnp.float32),
-      mlen_B=jnp.array([cfg.mem_len, 2], jnp.int32))
+      mlen_B=jnp.array([cfg.mem_len, 2], jnp.int32),
+  )
   apply = jax.jit(lambda *a, **kw: model.apply({"params": params}, *a, **kw))
   ref, ref_mem = apply(tok, memory, tok)
-  for kw in ({"doc_pos_BxT": None},
-             {"doc_pos_BxT": jnp.full(tok.shape, cfg.mem_len + cfg.tgt_len - 1, jnp.int32)},
-             {"doc_pos_BxT": jnp.full(tok.shape, 10_000, jnp.int32)}):
+  for kw in (
+      {"doc_pos_BxT": None},
+      {"doc_pos_BxT": jnp.full(tok.shape, cfg.mem_len + cfg.tgt_len - 1, jnp.int32)},
+      {"doc_pos_BxT": jnp.full(tok.shape, 10_000, jnp.int32)},
+  ):
     nll, new_mem = apply(tok, memory, tok, **kw)
     np.testing.assert_array_equal(np.asarray(nll), np.asarray(ref))
-    np.testing.assert_array_equal(np.asarray(new_mem.mems_LxBxMxD),
-                                  np.asarray(ref_mem.mems_LxBxMxD))
+    np.testing.assert_array_equal(
+        np.asarray(new_mem.mems_LxBxMxD), np.asarray(ref_mem.mems_LxBxMxD)
+    )
   # The mask term itself: inert at the largest distance, M + T - 1; active below.
   mlen_B = jnp.array([cfg.mem_len, 2])
   plain = attention_ops.attention_mask(cfg.tgt_len, cfg.mem_len, mlen_B, False)
   top = cfg.mem_len + cfg.tgt_len - 1
-  inert = attention_ops.attention_mask(cfg.tgt_len, cfg.mem_len, mlen_B, False,
-                                       jnp.full((2, cfg.tgt_len), top))
+  inert = attention_ops.attention_mask(
+      cfg.tgt_len, cfg.mem_len, mlen_B, False, jnp.full((2, cfg.tgt_len), top)
+  )
   np.testing.assert_array_equal(inert, plain)
-  below = attention_ops.attention_mask(cfg.tgt_len, cfg.mem_len, mlen_B, False,
-                                       jnp.full((2, cfg.tgt_len), top - 1))
+  below = attention_ops.attention_mask(
+      cfg.tgt_len, cfg.mem_len, mlen_B, False, jnp.full((2, cfg.tgt_len), top - 1)
+  )
   assert below.shape == (2, 1, cfg.tgt_len, top + 1)
   assert not np.array_equal(below, plain)
 
@@ -217,14 +252,21 @@ def test_attention_mask_with_doc_pos_by_a_loop():
   mlen_B = np.array([3, 1])
   doc_pos_BxT = np.array([[5, 0, 1, 2], [0, 1, 0, 3]])
   for same_length in (False, True):
-    mask = np.asarray(attention_ops.attention_mask(t, m, jnp.asarray(mlen_B), same_length,
-                                                   jnp.asarray(doc_pos_BxT)))
+    mask = np.asarray(
+        attention_ops.attention_mask(
+            t, m, jnp.asarray(mlen_B), same_length, jnp.asarray(doc_pos_BxT)
+        )
+    )
     for b in range(2):
       for i in range(t):
         for j in range(m + t):
           d = i + m - j
-          want = (d >= 0 and j >= m - mlen_B[b] and (d < m or not same_length)
-                  and d <= doc_pos_BxT[b, i])
+          want = (
+              d >= 0
+              and j >= m - mlen_B[b]
+              and (d < m or not same_length)
+              and d <= doc_pos_BxT[b, i]
+          )
           assert mask[b, 0, i, j] == want, (same_length, b, i, j)
 
 
@@ -232,8 +274,9 @@ def test_attention_mask_with_doc_pos_by_a_loop():
 def test_blockwise_attention_honours_doc_pos(attn_type):
   full_cfg = tiny_config(attn_type=attn_type, same_length=False, mem_len=6)
   model_full, params = init_model(full_cfg)
-  model_blocks = models.TransformerXL(tiny_config(attn_type=attn_type, same_length=False,
-                                                  mem_len=6, attn_block=2))
+  model_blocks = models.TransformerXL(
+      tiny_config(attn_type=attn_type, same_length=False, mem_len=6, attn_block=2)
+  )
   assert attention_ops.query_blocks(5, 11, 2) == [(0, 2, 8), (2, 4, 10), (4, 5, 11)]
   docs = [make_documents(lengths, seed) for seed, lengths in enumerate(DOC_LENGTHS)]
   n_seg = max(-(-sum(map(len, d)) // full_cfg.tgt_len) for d in docs)
@@ -248,10 +291,22 @@ def test_train_and_eval_steps_pass_doc_pos():
   """The train step (dropout 0, micro-batches, 8 devices) reports the mean NLL
   that the model gives with doc_pos; so does the eval step."""
   config = default_config.get_config()
-  config.model.update(n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0,
-                      dropatt=0.0, tgt_len=5, mem_len=4, same_length=True, init_std=0.3)
-  config.train.update(global_batch=8, num_steps=10, warmup_steps=2, learning_rate=1e-3,
-                      batch_chunk=2)
+  config.model.update(
+      n_layer=2,
+      d_model=16,
+      n_head=2,
+      d_head=8,
+      d_inner=32,
+      dropout=0.0,
+      dropatt=0.0,
+      tgt_len=5,
+      mem_len=4,
+      same_length=True,
+      init_std=0.3,
+  )
+  config.train.update(
+      global_batch=8, num_steps=10, warmup_steps=2, learning_rate=1e-3, batch_chunk=2
+  )
   mcfg = default_config.model_config(config, N_TOKEN)
   model = models.TransformerXL(mcfg)
   tx = train_state.make_optimizer(config.train)
@@ -262,17 +317,31 @@ def test_train_and_eval_steps_pass_doc_pos():
 
   lengths = [[3, 2, 4, 1, 6], [1, 1, 8, 2], [5, 5, 2], [2, 2, 2, 2, 2, 2]] * 2
   docs = [make_documents(row, seed) for seed, row in enumerate(lengths)]
-  inputs, targets, doc_pos = stream_arrays(docs, 4, mcfg.tgt_len)[:, :, :mcfg.tgt_len]
+  inputs, targets, doc_pos = stream_arrays(docs, 4, mcfg.tgt_len)[:, :, : mcfg.tgt_len]
   weights = (np.arange(mcfg.tgt_len) < 4).astype(np.float32)[None].repeat(8, 0)
-  host = {"inputs": inputs, "targets": targets, "weights": weights,
-          "reset": np.ones((8,), bool), "doc_pos": doc_pos}
+  host = {
+      "inputs": inputs,
+      "targets": targets,
+      "weights": weights,
+      "reset": np.ones((8,), bool),
+      "doc_pos": doc_pos,
+  }
   batch = data.to_global_batch(host, sharding.batch_sharding(mesh), 8)
 
-  nll = np.asarray(model.apply({"params": params}, jnp.asarray(inputs),
-                               models.init_memory(mcfg, 8), jnp.asarray(targets),
-                               doc_pos_BxT=jnp.asarray(doc_pos))[0])
-  plain = np.asarray(model.apply({"params": params}, jnp.asarray(inputs),
-                                 models.init_memory(mcfg, 8), jnp.asarray(targets))[0])
+  nll = np.asarray(
+      model.apply(
+          {"params": params},
+          jnp.asarray(inputs),
+          models.init_memory(mcfg, 8),
+          jnp.asarray(targets),
+          doc_pos_BxT=jnp.asarray(doc_pos),
+      )[0]
+  )
+  plain = np.asarray(
+      model.apply(
+          {"params": params}, jnp.asarray(inputs), models.init_memory(mcfg, 8), jnp.asarray(targets)
+      )[0]
+  )
   want = (nll * weights).sum() / weights.sum()
   assert abs(want - (plain * weights).sum() / weights.sum()) > 1e-4  # doc_pos matters here
 
@@ -294,9 +363,20 @@ def test_the_evaluator_scores_each_document_of_a_split_as_alone(attn_type):
   4 x 2 mesh with the rows padded (3 rows to 4): every token's NLL equals the
   document's scoring alone (Evaluator.score of [SEP] + document), to 1e-5."""
   config = default_config.get_config()
-  config.model.update(n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0,
-                      dropatt=0.0, tgt_len=5, mem_len=4, init_std=0.3, attn_type=attn_type,
-                      clamp_len=3)
+  config.model.update(
+      n_layer=2,
+      d_model=16,
+      n_head=2,
+      d_head=8,
+      d_inner=32,
+      dropout=0.0,
+      dropatt=0.0,
+      tgt_len=5,
+      mem_len=4,
+      init_std=0.3,
+      attn_type=attn_type,
+      clamp_len=3,
+  )
   config.eval.update(tgt_len=4, mem_len=6, clamp_len=3, same_length=True, global_batch=3)
   config.data.documents = "reset"
   config.mesh.shape = (4, 2)
@@ -306,9 +386,13 @@ def test_the_evaluator_scores_each_document_of_a_split_as_alone(attn_type):
   docs = make_documents(lengths, seed=3)
   stream = np.asarray([t for d in docs for t in d], np.int32)
   corpus = data.Corpus(
-      name="text", unit="word", vocab=[str(i) for i in range(N_TOKEN)], boundary_id=SEP,
+      name="text",
+      unit="word",
+      vocab=[str(i) for i in range(N_TOKEN)],
+      boundary_id=SEP,
       splits={"valid": data.ArraySource(stream)},
-      documents={"valid": data.ArraySentenceIndex(data.sentence_offsets(np.asarray(lengths)))})
+      documents={"valid": data.ArraySentenceIndex(data.sentence_offsets(np.asarray(lengths)))},
+  )
   mesh = sharding.make_mesh(config.mesh.shape, config.mesh.axis_names)
   evaluator = evaluate.Evaluator(config, mcfg, corpus, mesh)
   nll = np.full(len(stream), np.nan)
@@ -319,7 +403,7 @@ def test_the_evaluator_scores_each_document_of_a_split_as_alone(attn_type):
   start = 0
   for doc in docs:
     alone = evaluator.score(params, np.asarray([[SEP] + doc], np.int32))[0]
-    np.testing.assert_allclose(nll[start:start + len(doc)], alone, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(nll[start : start + len(doc)], alone, rtol=0, atol=1e-5)
     start += len(doc)
   stream_config = config.copy_and_resolve_references()
   stream_config.data.documents = "stream"

@@ -1,4 +1,5 @@
 """One base class for what a user can get wrong, reported as one line."""
+
 from __future__ import annotations
 
 import inspect
@@ -12,22 +13,40 @@ from transformer_xl.convert import errors as convert_errors
 from transformer_xl.inference import evaluate
 from transformer_xl.run import checkpointing, metrics, workdir
 
-KINDS = [cls for _, cls in inspect.getmembers(errors, inspect.isclass)
-         if issubclass(cls, errors.UserError) and cls is not errors.UserError]
+KINDS = [
+    cls
+    for _, cls in inspect.getmembers(errors, inspect.isclass)
+    if issubclass(cls, errors.UserError) and cls is not errors.UserError
+]
 
 
 def test_every_kind_is_reexported_by_the_module_that_raises_it():
-  reexports = {data.DataError, default_config.ConfigError, evaluate.ScoreInputError,
-               checkpointing.CheckpointError, metrics.NonFiniteError, workdir.WorkdirError,
-               convert_errors.ConvertError, recl.UsageError}
+  reexports = {
+      data.DataError,
+      default_config.ConfigError,
+      evaluate.ScoreInputError,
+      checkpointing.CheckpointError,
+      metrics.NonFiniteError,
+      workdir.WorkdirError,
+      convert_errors.ConvertError,
+      recl.UsageError,
+  }
   assert reexports == set(KINDS)
 
 
-@pytest.mark.parametrize("kind, builtin", [
-    (errors.ConfigError, ValueError), (errors.DataError, FileNotFoundError),
-    (errors.WorkdirError, RuntimeError), (errors.CheckpointError, RuntimeError),
-    (errors.NonFiniteError, RuntimeError), (errors.ScoreInputError, ValueError),
-    (errors.ConvertError, ValueError), (errors.UsageError, ValueError)])
+@pytest.mark.parametrize(
+    "kind, builtin",
+    [
+        (errors.ConfigError, ValueError),
+        (errors.DataError, FileNotFoundError),
+        (errors.WorkdirError, RuntimeError),
+        (errors.CheckpointError, RuntimeError),
+        (errors.NonFiniteError, RuntimeError),
+        (errors.ScoreInputError, ValueError),
+        (errors.ConvertError, ValueError),
+        (errors.UsageError, ValueError),
+    ],
+)
 def test_each_kind_keeps_its_builtin_base(kind, builtin):
   assert issubclass(kind, errors.UserError) and issubclass(kind, builtin)
   with pytest.raises(builtin):  # ``except <builtin>`` code keeps catching it

@@ -8,6 +8,7 @@ that the slowdown grows with the attention length (the vanilla model
 recomputes a window of L per token, Transformer-XL attends to L cached
 states).  Bad input is one error line.
 """
+
 import json
 import os
 import re
@@ -25,18 +26,27 @@ SCRIPT = REPO / "benchmarks" / "eval_speed.py"
 
 def _run(*args, timeout=180):
   env = dict(os.environ, PYTHONPATH=str(REPO))
-  env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
-                              if "device_count" not in f)
-  return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=REPO, env=env,
-                        capture_output=True, text=True, timeout=timeout)
+  env["XLA_FLAGS"] = " ".join(
+      f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f
+  )
+  return subprocess.run(
+      [sys.executable, str(SCRIPT), *args],
+      cwd=REPO,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=timeout,
+  )
 
 
 def test_eval_speed_smoke_slowdown_grows_with_attention_length(tmp_path):
   out_json = tmp_path / "speed.json"
   r = _run("--smoke", f"--json={out_json}")
   assert r.returncode == 0, r.stdout + r.stderr
-  assert "| attn len L | Transformer-XL tokens/s" in r.stdout and "slowdown (paper, Table 9)" \
-      in r.stdout, r.stdout
+  assert (
+      "| attn len L | Transformer-XL tokens/s" in r.stdout
+      and "slowdown (paper, Table 9)" in r.stdout
+  ), r.stdout
   table_rows = [l for l in r.stdout.splitlines() if re.match(r"\| [\d,]+ \|", l)]
   assert [row.split("|")[1].strip() for row in table_rows] == ["32", "384"], r.stdout
   assert "3,800: 1,874x" in r.stdout
@@ -50,8 +60,9 @@ def test_eval_speed_smoke_slowdown_grows_with_attention_length(tmp_path):
     assert row["xl"]["tokens_per_step"] == 2 * 8 and row["vanilla"]["tokens_per_step"] == 2
     assert len(row["xl"]["s_per_token"]) == 3
     assert row["slowdown"] > 1.0, row
-    assert row["slowdown"] == (row["vanilla"]["median_s_per_token"]
-                               / row["xl"]["median_s_per_token"])
+    assert row["slowdown"] == (
+        row["vanilla"]["median_s_per_token"] / row["xl"]["median_s_per_token"]
+    )
   assert res["machine"]["platform"] == "cpu"
 
 

@@ -1,4 +1,5 @@
 """The evaluator's two methods: segments with memory and the vanilla sliding window."""
+
 import dataclasses
 
 import flax.linen as nn
@@ -10,6 +11,7 @@ import pytest
 from transformer_xl import data, default_config, sharding
 from transformer_xl.inference import evaluate
 from transformer_xl.model import models
+
 from test_train import tiny_config
 
 SLOW = pytest.mark.slow  # a case left out of the fast tier (-m "not slow")
@@ -19,33 +21,54 @@ VOCAB = 64
 
 def _corpus(n=61, seed=0):
   stream = np.random.default_rng(seed).integers(1, VOCAB, size=n).astype(np.int32)
-  return data.Corpus(name="toy", unit="word", vocab=[str(i) for i in range(VOCAB)],
-                     boundary_id=0, splits={"valid": data.ArraySource(stream)}), stream
+  return (
+      data.Corpus(
+          name="toy",
+          unit="word",
+          vocab=[str(i) for i in range(VOCAB)],
+          boundary_id=0,
+          splits={"valid": data.ArraySource(stream)},
+      ),
+      stream,
+  )
 
 
 def _setup(attn_type, mem_len=0, tgt_len=6, **eval_kw):
   config = tiny_config()
-  config.model.update(attn_type=attn_type, tgt_len=tgt_len, mem_len=mem_len, dropout=0.0,
-                      dropatt=0.0, same_length=False)
-  config.eval.update(tgt_len=tgt_len, mem_len=mem_len, same_length=False, clamp_len=0,
-                     global_batch=4)
+  config.model.update(
+      attn_type=attn_type,
+      tgt_len=tgt_len,
+      mem_len=mem_len,
+      dropout=0.0,
+      dropatt=0.0,
+      same_length=False,
+  )
+  config.eval.update(
+      tgt_len=tgt_len, mem_len=mem_len, same_length=False, clamp_len=0, global_batch=4
+  )
   config.eval.update(**eval_kw)
   mcfg = default_config.model_config(config, VOCAB)
   model = models.TransformerXL(mcfg)
   params = nn.unbox(models.init_params(model, jax.random.PRNGKey(attn_type)))
   params = jax.tree_util.tree_map(  # larger position terms, so that positions matter
-      lambda x: x + 0.2 * jax.random.normal(jax.random.PRNGKey(x.size), x.shape), params)
+      lambda x: x + 0.2 * jax.random.normal(jax.random.PRNGKey(x.size), x.shape), params
+  )
   return config, mcfg, params
 
 
 def _direct_nll(mcfg, params, s, a, z, j):
   """-log p(s[j + 1] | ...) from one forward pass over exactly the inputs
   s[a:z] (targets s[a + 1:z + 1]), no memory, no padding."""
-  cfg = dataclasses.replace(mcfg, tgt_len=z - a, mem_len=0, same_length=False,
-                            max_klen=mcfg.pos_table_len)
+  cfg = dataclasses.replace(
+      mcfg, tgt_len=z - a, mem_len=0, same_length=False, max_klen=mcfg.pos_table_len
+  )
   model = models.TransformerXL(cfg)
-  nll, _ = model.apply({"params": params}, jnp.asarray(s[None, a:z], jnp.int32),
-                       models.init_memory(cfg, 1), jnp.asarray(s[None, a + 1:z + 1], jnp.int32))
+  nll, _ = model.apply(
+      {"params": params},
+      jnp.asarray(s[None, a:z], jnp.int32),
+      models.init_memory(cfg, 1),
+      jnp.asarray(s[None, a + 1 : z + 1], jnp.int32),
+  )
   return float(nll[0, j - a])
 
 
@@ -128,7 +151,11 @@ def test_eval_settings_differing_from_training_are_used():
   s = np.concatenate([[0], stream, [0, 0, 0, 0]])
   memory, want = models.init_memory(cfg, 1), []
   for a in range(0, 20, 4):
-    nll, memory = model.apply({"params": params}, jnp.asarray(s[None, a:a + 4]), memory,
-                              jnp.asarray(s[None, a + 1:a + 5]))
+    nll, memory = model.apply(
+        {"params": params},
+        jnp.asarray(s[None, a : a + 4]),
+        memory,
+        jnp.asarray(s[None, a + 1 : a + 5]),
+    )
     want.append(np.asarray(nll[0]))
   np.testing.assert_allclose(got, np.concatenate(want)[:20], rtol=1e-5, atol=1e-6)

@@ -1,4 +1,5 @@
 """Generation with the cached memory: exactness against re-scoring, sampling, compilation."""
+
 import dataclasses
 
 import flax.linen as nn
@@ -8,23 +9,31 @@ import numpy as np
 import pytest
 
 from transformer_xl import default_config, sharding
-from transformer_xl.inference import evaluate
-from transformer_xl.inference import generate
+from transformer_xl.inference import evaluate, generate
 from transformer_xl.model import models
 
-V = 48          # vocabulary
-PROMPT = 23     # prompt tokens: 4 segments of tgt_len 5 and 3 single steps
-NEW = 10        # generated tokens: more than the memory of 7, which rolls over
+V = 48  # vocabulary
+PROMPT = 23  # prompt tokens: 4 segments of tgt_len 5 and 3 single steps
+NEW = 10  # generated tokens: more than the memory of 7, which rolls over
 
 
 def tiny(same_length=True, clamp_len=0, attn_type=0):
   """(config, training ModelConfig, eval ModelConfig, params) of a random tiny model whose
   distributions are peaked enough (init_std 0.5) for greedy decoding to vary with the context."""
   c = default_config.get_config()
-  c.model.update(n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0,
-                 tgt_len=6, mem_len=6, init_std=0.5, attn_type=attn_type)
-  c.eval.update(tgt_len=5, mem_len=7, clamp_len=clamp_len, same_length=same_length,
-                global_batch=V)
+  c.model.update(
+      n_layer=2,
+      d_model=16,
+      n_head=2,
+      d_head=8,
+      d_inner=32,
+      dropout=0.0,
+      tgt_len=6,
+      mem_len=6,
+      init_std=0.5,
+      attn_type=attn_type,
+  )
+  c.eval.update(tgt_len=5, mem_len=7, clamp_len=clamp_len, same_length=same_length, global_batch=V)
   mcfg = default_config.model_config(c, V)
   params = nn.unbox(models.init_params(models.TransformerXL(mcfg), jax.random.PRNGKey(0)))
   return c, mcfg, evaluate.eval_model_config(c, mcfg), params
@@ -46,8 +55,9 @@ def prompt(b=1, n=PROMPT, seed=0):
 
 
 def greedy(gen, params, prompt_1xN, num_tokens=NEW):
-  steps = list(gen.stream(params, prompt_1xN, num_tokens, generate.SamplingSettings(top_k=1),
-                          log_probs=True))
+  steps = list(
+      gen.stream(params, prompt_1xN, num_tokens, generate.SamplingSettings(top_k=1), log_probs=True)
+  )
   return np.array([t[0] for t, _ in steps]), np.stack([lp[0] for _, lp in steps])
 
 
@@ -70,8 +80,9 @@ def test_greedy_equals_rescoring_the_growing_context_with_the_evaluator(model, m
 
 
 @pytest.mark.parametrize("attn_type, clamp_len", [(0, 0), (0, 3), (1, 0)])
-def test_score_gives_sampled_tokens_the_distributions_they_were_drawn_from(mesh, attn_type,
-                                                                           clamp_len):
+def test_score_gives_sampled_tokens_the_distributions_they_were_drawn_from(
+    mesh, attn_type, clamp_len
+):
   """same_length: prompts of 3, 23 and 9 tokens in one batch, 12 tokens sampled (top_k 0)
   with the decoding cache in chunks of 4; Evaluator.score (what --mode=score runs) over each
   row's prompt + its tokens, read from the start in segments, gives every sampled token the
@@ -80,24 +91,36 @@ def test_score_gives_sampled_tokens_the_distributions_they_were_drawn_from(mesh,
   gen = generate.Generator(ecfg, mesh, chunk=4)
   assert gen.use_cache
   rows = [prompt(n=n, seed=n)[0] for n in (3, PROMPT, 9)]
-  steps = list(gen.stream(params, rows, 12, generate.SamplingSettings(top_k=0), seed=[1, 2, 3],
-                          log_probs=True))
+  steps = list(
+      gen.stream(
+          params, rows, 12, generate.SamplingSettings(top_k=0), seed=[1, 2, 3], log_probs=True
+      )
+  )
   ev = evaluate.Evaluator(c, mcfg, None, mesh)
   for b, row in enumerate(rows):
     tokens = np.array([t[b] for t, _ in steps])
     drawn = np.array([lp[b, t[b]] for t, lp in steps])
     assert len(set(tokens.tolist())) > 3
     nll = ev.score(params, np.concatenate([row, tokens])[None].astype(np.int32))[0]
-    np.testing.assert_allclose(-nll[len(row) - 1:], drawn, atol=2e-5)
+    np.testing.assert_allclose(-nll[len(row) - 1 :], drawn, atol=2e-5)
 
 
-@pytest.mark.parametrize("same_length, clamp_len, attn_type, n_prompt", [
-    pytest.param(True, 3, 1, PROMPT,  # Shaw et al.'s learned relative positions, clamped
-                 marks=pytest.mark.slow),
-    (False, 0, 0, 4),       # no same_length: every position of the context sees M + 1 keys
-])
-def test_greedy_equals_one_pass_over_the_growing_context(mesh, same_length, clamp_len,
-                                                         attn_type, n_prompt):
+@pytest.mark.parametrize(
+    "same_length, clamp_len, attn_type, n_prompt",
+    [
+        pytest.param(
+            True,
+            3,
+            1,
+            PROMPT,  # Shaw et al.'s learned relative positions, clamped
+            marks=pytest.mark.slow,
+        ),
+        (False, 0, 0, 4),  # no same_length: every position of the context sees M + 1 keys
+    ],
+)
+def test_greedy_equals_one_pass_over_the_growing_context(
+    mesh, same_length, clamp_len, attn_type, n_prompt
+):
   """Each step re-runs the whole growing context from scratch in one segment, with no
   memory and the same attention window: the last M keys with same_length (M - 1 before
   the query and itself), the last M + 1 without (as a same_length model with M + 1 slots;
@@ -111,12 +134,13 @@ def test_greedy_equals_one_pass_over_the_growing_context(mesh, same_length, clam
   ref_cfg = dataclasses.replace(ecfg, mem_len=window, same_length=True)
   ref = models.TransformerXL(ref_cfg)
   length = n_prompt + NEW  # padded on the right: causality keeps earlier positions exact
-  one_pass = jax.jit(lambda x: ref.apply({"params": params}, x, models.init_memory(
-      ref_cfg, 1))[0][0])
+  one_pass = jax.jit(
+      lambda x: ref.apply({"params": params}, x, models.init_memory(ref_cfg, 1))[0][0]
+  )
   for k in range(NEW):
     context = np.concatenate([p[0], tokens[:k]])
     padded = np.zeros((1, length), np.int32)
-    padded[0, :len(context)] = context
+    padded[0, : len(context)] = context
     logp_V = np.asarray(one_pass(padded))[len(context) - 1]
     assert int(np.argmax(logp_V)) == tokens[k], k
     np.testing.assert_allclose(logp_V, logp_NxV[k], atol=2e-5)
@@ -142,9 +166,9 @@ def test_greedy_without_same_length_equals_segments_then_single_tokens(mesh):
     assert r > 0
     logp, memory = apply(context[:, :r], memory)
     for s in range(r, PROMPT, t):
-      logp, memory = apply(context[:, s:s + t], memory)
+      logp, memory = apply(context[:, s : s + t], memory)
     for j in range(PROMPT, context.shape[1]):
-      logp, memory = apply(context[:, j:j + 1], memory)
+      logp, memory = apply(context[:, j : j + 1], memory)
     logp_V = np.asarray(logp)[0, -1]
     assert int(np.argmax(logp_V)) == tokens[k], k
     np.testing.assert_allclose(logp_V, logp_NxV[k], atol=2e-5)
@@ -162,15 +186,19 @@ def test_sampling_is_reproducible_with_a_seed(model):
   assert not np.array_equal(a[0], a[1])  # the rows of a batch are different draws
 
 
-@pytest.mark.parametrize("attn_type, same_length, clamp_len, pre_lnorm, n_prompt", [
-    (0, True, 0, False, 4),      # a prompt shorter than mem_len (7): one padded segment
-    (0, False, 3, True, PROMPT),  # longer: 5 segments of 5, the first one padded
-    (1, True, 2, False, PROMPT),
-    (1, False, 0, True, 4),
-    pytest.param(0, True, 4, True, 10, marks=pytest.mark.smoke),  # 2 segments, no padding
-])
-def test_the_decoding_cache_gives_the_uncached_distributions(mesh, attn_type, same_length,
-                                                              clamp_len, pre_lnorm, n_prompt):
+@pytest.mark.parametrize(
+    "attn_type, same_length, clamp_len, pre_lnorm, n_prompt",
+    [
+        (0, True, 0, False, 4),  # a prompt shorter than mem_len (7): one padded segment
+        (0, False, 3, True, PROMPT),  # longer: 5 segments of 5, the first one padded
+        (1, True, 2, False, PROMPT),
+        (1, False, 0, True, 4),
+        pytest.param(0, True, 4, True, 10, marks=pytest.mark.smoke),  # 2 segments, no padding
+    ],
+)
+def test_the_decoding_cache_gives_the_uncached_distributions(
+    mesh, attn_type, same_length, clamp_len, pre_lnorm, n_prompt
+):
   """Sampled (top_k 0, temperature 1.3) with the decoding cache and the on-device chunks
   (of 3 tokens, so that passes cross chunk boundaries) and without them (every token
   projects the memory again): the same tokens, each drawn from the same distribution."""
@@ -181,8 +209,9 @@ def test_the_decoding_cache_gives_the_uncached_distributions(mesh, attn_type, sa
   for use_cache in (True, False):
     gen = generate.Generator(ecfg, mesh, use_cache=use_cache, chunk=3)
     assert gen.use_cache == use_cache
-    steps = list(gen.stream(params, prompt(b=3, n=n_prompt), 2 * NEW, settings, seed=5,
-                            log_probs=True))
+    steps = list(
+        gen.stream(params, prompt(b=3, n=n_prompt), 2 * NEW, settings, seed=5, log_probs=True)
+    )
     runs[use_cache] = (np.stack([t for t, _ in steps]), np.stack([lp for _, lp in steps]))
   (cached, logp_cached), (plain, logp_plain) = runs[True], runs[False]
   assert cached.shape == (2 * NEW, 3) and len(set(cached.ravel().tolist())) > 3
@@ -219,7 +248,7 @@ def stopped(tokens_BxN, stop):
     end = hits[0] + 1 if hits.size else len(row)
     out[b, :end] = row[:end]
     ends.append(end)
-  return out[:, :max(ends)], ends
+  return out[:, : max(ends)], ends
 
 
 @pytest.mark.parametrize("use_cache", [True, False])
@@ -235,20 +264,23 @@ def test_a_row_ends_at_its_stop_token_and_the_batch_when_all_have(mesh, use_cach
   free_BxN = np.stack(list(gen.stream(params, rows, num, settings, seed=3)), axis=1)
   counts = np.bincount(free_BxN.ravel(), minlength=V)
   # a token every row draws, late enough in some row that the rows end apart
-  firsts = {s: [np.flatnonzero(r == s)[0] for r in free_BxN] for s in np.flatnonzero(counts)
-            if all((r == s).any() for r in free_BxN)}
+  firsts = {
+      s: [np.flatnonzero(r == s)[0] for r in free_BxN]
+      for s in np.flatnonzero(counts)
+      if all((r == s).any() for r in free_BxN)
+  }
   stop = max(firsts, key=lambda s: max(firsts[s]) - min(firsts[s]))
   want_BxN, ends = stopped(free_BxN, stop)
   assert len(set(ends)) > 1 and max(ends) < num, ends
   done_B = np.zeros(4, bool)
-  got = list(gen.stream(params, rows, num, settings, seed=3, stop_tokens=[stop],
-                        done_B=done_B))
+  got = list(gen.stream(params, rows, num, settings, seed=3, stop_tokens=[stop], done_B=done_B))
   np.testing.assert_array_equal(np.stack(got, axis=1), want_BxN)
   assert done_B.all()
   never = int(np.flatnonzero(counts == 0)[0])
   np.testing.assert_array_equal(
-      np.stack(list(gen.stream(params, rows, num, settings, seed=3, stop_tokens=[never])),
-               axis=1), free_BxN)
+      np.stack(list(gen.stream(params, rows, num, settings, seed=3, stop_tokens=[never])), axis=1),
+      free_BxN,
+  )
 
 
 @pytest.mark.parametrize("use_cache", [True, False])
@@ -286,8 +318,9 @@ def test_rows_left_alone_go_on_as_in_the_whole_batch(mesh, compact):
   free = list(gen.stream(params, rows, 24, settings, seed=4, log_probs=True))
   free_BxN = np.stack([t for t, _ in free], axis=1)
   done_B, got = np.zeros(8, bool), []
-  for i, (token_B, logp_BxV) in enumerate(gen.stream(params, rows, 24, settings, seed=4,
-                                                     log_probs=True, done_B=done_B)):
+  for i, (token_B, logp_BxV) in enumerate(
+      gen.stream(params, rows, 24, settings, seed=4, log_probs=True, done_B=done_B)
+  ):
     got.append((token_B, logp_BxV))
     if i == 3:
       done_B[[0, 1, 3, 4, 6, 7]] = True
@@ -297,8 +330,9 @@ def test_rows_left_alone_go_on_as_in_the_whole_batch(mesh, compact):
   np.testing.assert_array_equal(got_BxN[live], free_BxN[live])
   np.testing.assert_array_equal(got_BxN[[0, 1, 3, 4, 6, 7], 4:], -1)
   np.testing.assert_array_equal(got_BxN[:, :4], free_BxN[:, :4])
-  np.testing.assert_allclose(np.stack([lp[live] for _, lp in got]),
-                             np.stack([lp[live] for _, lp in free]), atol=1e-5)
+  np.testing.assert_allclose(
+      np.stack([lp[live] for _, lp in got]), np.stack([lp[live] for _, lp in free]), atol=1e-5
+  )
   assert gen.chunk_step._cache_size() == (2 if compact else 1)
 
 
@@ -326,10 +360,12 @@ def test_the_per_token_steps_compile_once(mesh, use_cache):
   number of tokens (chunks of every length included)."""
   _, _, ecfg, params = tiny()
   gen = generate.Generator(ecfg, mesh, use_cache=use_cache, chunk=8)
-  for n, settings, seed, num in [(PROMPT, generate.SamplingSettings(), 0, 9),
-                                 (7, generate.SamplingSettings(top_k=1), 1, 3),
-                                 (15, generate.SamplingSettings(0, 0.7, 0.5), 2, 20),
-                                 (2, generate.SamplingSettings(5, 1.0, 2.0), 3, 1)]:
+  for n, settings, seed, num in [
+      (PROMPT, generate.SamplingSettings(), 0, 9),
+      (7, generate.SamplingSettings(top_k=1), 1, 3),
+      (15, generate.SamplingSettings(0, 0.7, 0.5), 2, 20),
+      (2, generate.SamplingSettings(5, 1.0, 2.0), 3, 1),
+  ]:
     gen.generate(params, prompt(b=2, n=n), num, settings, seed)
   steps = {"token": gen.token_step, "start": gen.start_step, "chunk": gen.chunk_step}
   used = {"start", "chunk"} if use_cache else {"token"}
@@ -349,24 +385,34 @@ def draws(top_k, top_p, temperature, seed=0):
   logp_V[ORDER] = np.log(PROBS)
   logits = jnp.asarray(np.tile(logp_V, (N_DRAWS, 1)))
   fn = jax.jit(generate.sample_tokens)
-  out = np.asarray(fn(jax.random.split(jax.random.PRNGKey(seed), N_DRAWS), logits,
-                      np.int32(top_k), np.float32(top_p), np.float32(temperature)))
+  out = np.asarray(
+      fn(
+          jax.random.split(jax.random.PRNGKey(seed), N_DRAWS),
+          logits,
+          np.int32(top_k),
+          np.float32(top_p),
+          np.float32(temperature),
+      )
+  )
   return np.bincount(out, minlength=len(PROBS)) / N_DRAWS
 
 
-@pytest.mark.parametrize("top_k, top_p, temperature, support", [
-    (3, 1.0, 1.0, 3),     # top-k
-    (0, 0.55, 1.0, 3),    # 0.3 + 0.2 < 0.55 <= 0.3 + 0.2 + 0.15
-    (0, 0.25, 1.0, 1),    # the most probable token alone reaches 0.25
-    (4, 0.8, 1.0, 3),     # top-p over the renormalised top-4: 0.65 / 0.77 = 0.84 >= 0.8
-    (0, 1.0, 0.5, 8),     # temperature: p^2, renormalised
-    (1, 1.0, 3.0, 1),     # greedy whatever the temperature
-])
+@pytest.mark.parametrize(
+    "top_k, top_p, temperature, support",
+    [
+        (3, 1.0, 1.0, 3),  # top-k
+        (0, 0.55, 1.0, 3),  # 0.3 + 0.2 < 0.55 <= 0.3 + 0.2 + 0.15
+        (0, 0.25, 1.0, 1),  # the most probable token alone reaches 0.25
+        (4, 0.8, 1.0, 3),  # top-p over the renormalised top-4: 0.65 / 0.77 = 0.84 >= 0.8
+        (0, 1.0, 0.5, 8),  # temperature: p^2, renormalised
+        (1, 1.0, 3.0, 1),  # greedy whatever the temperature
+    ],
+)
 def test_top_k_and_top_p_restrict_the_support_and_cover_it(top_k, top_p, temperature, support):
   freq = draws(top_k, top_p, temperature)
   inside = ORDER[:support]
   assert freq[ORDER[support:]].sum() == 0  # never outside the set
-  assert np.all(freq[inside] > 0)          # every member drawn
+  assert np.all(freq[inside] > 0)  # every member drawn
   want = PROBS[:support] ** (1.0 / temperature)
   np.testing.assert_allclose(freq[inside], want / want.sum(), atol=0.015)
 
@@ -390,8 +436,9 @@ def naive_support(x_V: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
   return x_V >= top[n_keep - 1]
 
 
-@pytest.mark.parametrize("top_k", [0, 1, 7, generate.TOP_K_FAST, generate.TOP_K_FAST + 1,
-                                   300, 5000])
+@pytest.mark.parametrize(
+    "top_k", [0, 1, 7, generate.TOP_K_FAST, generate.TOP_K_FAST + 1, 300, 5000]
+)
 @pytest.mark.parametrize("top_p", [1.0, 0.9, 0.3])
 def test_filter_logits_keeps_the_support_of_the_whole_sorted_vocabulary(top_k, top_p):
   """Whichever way the cut is found (lax.top_k for a small top_k, the sorted vocabulary
@@ -399,15 +446,22 @@ def test_filter_logits_keeps_the_support_of_the_whole_sorted_vocabulary(top_k, t
   rng = np.random.default_rng(top_k)
   x_BxV = rng.normal(0, 2, (3, 300)).astype(np.float32)
   x_BxV[1, :40] = x_BxV[1, 0]  # a run of ties across the cut
-  out = np.asarray(jax.jit(generate.filter_logits)(
-      x_BxV, np.int32(top_k), np.float32(top_p), np.float32(1.0)))
+  out = np.asarray(
+      jax.jit(generate.filter_logits)(x_BxV, np.int32(top_k), np.float32(top_p), np.float32(1.0))
+  )
   for b in range(3):
     np.testing.assert_array_equal(np.isfinite(out[b]), naive_support(x_BxV[b], top_k, top_p))
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(top_k=-1), "top_k=-1"), (dict(top_p=0.0), r"top_p=0.0 must be in \(0, 1\]"),
-    (dict(top_p=1.5), "top_p=1.5"), (dict(temperature=0.0), "temperature=0.0 must be > 0")])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(top_k=-1), "top_k=-1"),
+        (dict(top_p=0.0), r"top_p=0.0 must be in \(0, 1\]"),
+        (dict(top_p=1.5), "top_p=1.5"),
+        (dict(temperature=0.0), "temperature=0.0 must be > 0"),
+    ],
+)
 def test_bad_settings_are_config_errors(kwargs, match):
   with pytest.raises(default_config.ConfigError, match=match):
     generate.SamplingSettings(**kwargs)

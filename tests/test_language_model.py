@@ -1,4 +1,5 @@
 """LanguageModel and --mode=generate end to end, on a tiny model trained on a PTB sample."""
+
 import json
 import os
 import shutil
@@ -8,9 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from transformer_xl import default_config
+from transformer_xl import LanguageModel, default_config
 from transformer_xl.inference import generate
-from transformer_xl import LanguageModel
+
 from test_train import REPO, run_main, small_args, write_ptb_sample
 
 pytestmark = pytest.mark.slow  # end to end: a model trained by the command line
@@ -24,11 +25,21 @@ def trained(tmp_path_factory):
   tmp = tmp_path_factory.mktemp("lm")
   manual = write_ptb_sample(tmp / "ptb")
   workdir = tmp / "wd"
-  tiny = ["--config.model.n_layer=2", "--config.model.d_model=32", "--config.model.n_head=2",
-          "--config.model.d_head=16", "--config.model.d_inner=64", "--config.model.tgt_len=8",
-          "--config.model.mem_len=8", "--config.train.num_steps=2", "--config.train.warmup_steps=1",
-          "--config.train.eval_every=0",
-          "--config.train.log_every=1", "--config.eval.tgt_len=4", "--config.eval.mem_len=6"]
+  tiny = [
+      "--config.model.n_layer=2",
+      "--config.model.d_model=32",
+      "--config.model.n_head=2",
+      "--config.model.d_head=16",
+      "--config.model.d_inner=64",
+      "--config.model.tgt_len=8",
+      "--config.model.mem_len=8",
+      "--config.train.num_steps=2",
+      "--config.train.warmup_steps=1",
+      "--config.train.eval_every=0",
+      "--config.train.log_every=1",
+      "--config.eval.tgt_len=4",
+      "--config.eval.mem_len=6",
+  ]
   r = run_main(small_args(tmp, workdir, manual, *tiny))
   assert r.returncode == 0, r.stderr[-3000:]
   return tmp, workdir
@@ -55,15 +66,24 @@ def test_generate_and_score_text_agree(lm):
   assert ids[0] == lm.corpus.boundary_id and ids[-1] != lm.corpus.boundary_id  # line left open
   for b in range(2):
     assert lm.corpus.decode(np.concatenate([ids, out.tokens[b]])) == (
-        lm.corpus.decode(ids) + out.texts[b])
-  steps = list(lm.generator.stream(lm.params, np.tile(ids, (2, 1)), 9,
-                                   generate.SamplingSettings(top_k=0), seed=4, log_probs=True))
+        lm.corpus.decode(ids) + out.texts[b]
+    )
+  steps = list(
+      lm.generator.stream(
+          lm.params,
+          np.tile(ids, (2, 1)),
+          9,
+          generate.SamplingSettings(top_k=0),
+          seed=4,
+          log_probs=True,
+      )
+  )
   np.testing.assert_array_equal(np.stack([t for t, _ in steps], 1), out.tokens)
   logp = np.stack([lp[0][t[0]] for t, lp in steps])
   score = lm.score_text(lm.corpus.decode(ids[1:]) + out.texts[0])
   n = len(ids) - 1
-  np.testing.assert_array_equal(score.tokens[n:n + 9], out.tokens[0])
-  np.testing.assert_allclose(-score.nll[n:n + 9], logp, atol=2e-5)
+  np.testing.assert_array_equal(score.tokens[n : n + 9], out.tokens[0])
+  np.testing.assert_allclose(-score.nll[n : n + 9], logp, atol=2e-5)
   assert score.ppl == pytest.approx(np.exp(score.nll.mean()), rel=1e-6)
 
 
@@ -105,21 +125,29 @@ def test_samples_end_at_their_stop_conditions(lm):
       assert o.tokens.shape[1] == n
       np.testing.assert_array_equal(o.tokens[so], np.r_[g.tokens[s, :end], [-1] * (n - end)])
       assert lm.corpus.decode(np.r_[o.prompt_tokens, o.tokens[so, :end]]) == (
-          lm.corpus.decode(o.prompt_tokens) + o.texts[so])
+          lm.corpus.decode(o.prompt_tokens) + o.texts[so]
+      )
 
-  ends = [int(np.argmax(g.tokens[s] == eos)) + 1 if (g.tokens[s] == eos).any() else 40
-          for g, s in free_rows]
+  ends = [
+      int(np.argmax(g.tokens[s] == eos)) + 1 if (g.tokens[s] == eos).any() else 40
+      for g, s in free_rows
+  ]
   assert 40 in ends and min(ends) < 40, ends  # some samples stop, not all
   outs = lm.generate(prompts, 40, stop_at_eos=True, **kw)
   check(outs, ends)
   assert [o.finish_reasons[s] for o in outs for s in range(2)] == [
       "length" if e == 40 and (g.tokens[s] != eos).all() else "eos"
-      for (g, s), e in zip(free_rows, ends)]
+      for (g, s), e in zip(free_rows, ends)
+  ]
 
   def first_end(g, s, word):  # the tokens up to the one whose text completes ` word`
     for end in range(1, 41):
-      if word in lm.corpus.decode(np.r_[g.prompt_tokens, g.tokens[s, :end]])[
-          len(lm.corpus.decode(g.prompt_tokens)):]:
+      if (
+          word
+          in lm.corpus.decode(np.r_[g.prompt_tokens, g.tokens[s, :end]])[
+              len(lm.corpus.decode(g.prompt_tokens)) :
+          ]
+      ):
         return end
     return 40
 
@@ -145,14 +173,17 @@ def test_text_streams_step_by_step(lm):
   assert "".join(p[0] for p in seen) == out.texts[0] == out.texts[1]  # greedy: identical rows
 
 
-@pytest.mark.parametrize("prompt, kwargs, match", [
-    ("", {}, "is empty"),
-    ("   ", {}, "is empty"),
-    ("zzqx qqzx", {}, "has no known token: every word would be <unk>"),
-    ("the", dict(num_tokens=0), "num_tokens=0"),
-    ("the", dict(top_p=1.5), "top_p=1.5"),
-    ("the", dict(temperature=-1.0), "temperature=-1.0"),
-])
+@pytest.mark.parametrize(
+    "prompt, kwargs, match",
+    [
+        ("", {}, "is empty"),
+        ("   ", {}, "is empty"),
+        ("zzqx qqzx", {}, "has no known token: every word would be <unk>"),
+        ("the", dict(num_tokens=0), "num_tokens=0"),
+        ("the", dict(top_p=1.5), "top_p=1.5"),
+        ("the", dict(temperature=-1.0), "temperature=-1.0"),
+    ],
+)
 def test_bad_generation_input_is_a_config_error(lm, prompt, kwargs, match):
   args = {"num_tokens": 3, **kwargs}
   with pytest.raises(default_config.ConfigError, match=match):
@@ -163,15 +194,33 @@ def test_bad_generation_input_is_a_config_error(lm, prompt, kwargs, match):
 def test_generate_from_the_command_line(trained, lm):
   tmp, workdir = trained
   out = tmp / "gen.json"
-  r = run_main([f"--workdir={workdir}", "--mode=generate", f"--prompt={words(lm)}",
-                "--num_tokens=7", "--num_samples=2", "--top_k=5", "--top_p=0.9",
-                "--temperature=0.8", "--seed=3", f"--out={out}"])
+  r = run_main(
+      [
+          f"--workdir={workdir}",
+          "--mode=generate",
+          f"--prompt={words(lm)}",
+          "--num_tokens=7",
+          "--num_samples=2",
+          "--top_k=5",
+          "--top_p=0.9",
+          "--temperature=0.8",
+          "--seed=3",
+          f"--out={out}",
+      ]
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   assert "Traceback" not in r.stderr
   got = json.loads(out.read_text())
   assert got["prompt"] == words(lm)
-  assert (got["seed"], got["top_k"], got["top_p"], got["temperature"], got["num_tokens"],
-          got["num_samples"], got["step"]) == (3, 5, 0.9, 0.8, 7, 2, 2)
+  assert (
+      got["seed"],
+      got["top_k"],
+      got["top_p"],
+      got["temperature"],
+      got["num_tokens"],
+      got["num_samples"],
+      got["step"],
+  ) == (3, 5, 0.9, 0.8, 7, 2, 2)
   assert got["context"] == {"tgt_len": 4, "mem_len": 6, "same_length": True, "clamp_len": 0}
   assert len(got["samples"]) == 2
   assert got["tokens"] == got["samples"][0]["tokens"] and got["text"] == got["samples"][0]["text"]
@@ -195,9 +244,19 @@ def test_generate_a_prompt_file_from_the_command_line(trained, lm, tmp_path):
   prompt_file = tmp_path / "prompts.txt"
   prompt_file.write_text(f"{prompts[0]}\n\n{prompts[1]}\n")
   out = tmp_path / "gen.json"
-  r = run_main([f"--workdir={workdir}", "--mode=generate", f"--prompt_file={prompt_file}",
-                "--num_tokens=12", "--top_k=0", "--seed=2", "--stop_at_eos", f"--stop={v[5]}",
-                f"--out={out}"])
+  r = run_main(
+      [
+          f"--workdir={workdir}",
+          "--mode=generate",
+          f"--prompt_file={prompt_file}",
+          "--num_tokens=12",
+          "--top_k=0",
+          "--seed=2",
+          "--stop_at_eos",
+          f"--stop={v[5]}",
+          f"--out={out}",
+      ]
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   api = lm.generate(prompts, 12, top_k=0, seed=2, stop_at_eos=True, stop=[v[5]])
   got = json.loads(out.read_text())
@@ -209,9 +268,17 @@ def test_generate_a_prompt_file_from_the_command_line(trained, lm, tmp_path):
 def _run_all(arg_lists):
   """Runs the command lines at once (each a separate process) and waits for all."""
   env = dict(os.environ, PYTHONPATH=str(REPO), JAX_LOG_COMPILES="1")
-  procs = [subprocess.Popen([sys.executable, "-m", "transformer_xl.main", *args], cwd=REPO,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-           for args in arg_lists]
+  procs = [
+      subprocess.Popen(
+          [sys.executable, "-m", "transformer_xl.main", *args],
+          cwd=REPO,
+          env=env,
+          stdout=subprocess.PIPE,
+          stderr=subprocess.PIPE,
+          text=True,
+      )
+      for args in arg_lists
+  ]
   return [p.communicate(timeout=300) + (p.returncode,) for p in procs]
 
 
@@ -228,8 +295,10 @@ def test_bad_input_from_the_command_line(trained, tmp_path):
   gen = ["--mode=generate", f"--workdir={workdir}"]
   cases = [
       (["--mode=generate", f"--workdir={bare}", "--prompt=the"], "No checkpoint in"),
-      (["--mode=generate", f"--workdir={tmp_path / 'nothing'}", "--prompt=the"],
-       "config.json does not exist"),
+      (
+          ["--mode=generate", f"--workdir={tmp_path / 'nothing'}", "--prompt=the"],
+          "config.json does not exist",
+      ),
       (gen + ["--prompt="], "is empty"),
       (gen + ["--prompt=zzqx qqzx"], "has no known token"),
       (gen + ["--prompt=the", "--num_tokens=0"], "--num_tokens=0"),

@@ -13,6 +13,7 @@ Rules (docs/architecture.md):
 The imports are read from the source (``ast``), every import statement of
 every module (inside functions too), so a lazy import breaks a rule as well.
 """
+
 from __future__ import annotations
 
 import ast
@@ -51,10 +52,9 @@ def package_imports(path: pathlib.Path, known: set[str], root: pathlib.Path = PA
       base = node.module or ""
       if node.level:  # relative import
         anchor = this.split(".") if is_pkg else this.split(".")[:-1]
-        anchor = anchor[:len(anchor) - node.level + 1]
+        anchor = anchor[: len(anchor) - node.level + 1]
         base = ".".join(anchor + ([base] if base else []))
-      names = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base
-               for a in node.names]
+      names = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
     else:
       continue
     for name in names:
@@ -85,9 +85,12 @@ def rule_violations(graph: dict[str, set[str]]) -> list[str]:
         problems.append(f"{mod} (model/) imports {imp} (outside model/)")
       if in_wing(mod, "inference") and in_wing(imp, "training"):
         problems.append(f"{mod} (inference/) imports {imp} (training/)")
-      if in_wing(imp, "cli") and not (in_wing(mod, "cli") or mod == "transformer_xl.main"
-                                      or mod == "transformer_xl.convert.__main__"
-                                      or mod.endswith("__main__")):
+      if in_wing(imp, "cli") and not (
+          in_wing(mod, "cli")
+          or mod == "transformer_xl.main"
+          or mod == "transformer_xl.convert.__main__"
+          or mod.endswith("__main__")
+      ):
         problems.append(f"{mod} (library) imports {imp} (cli/)")
   return problems
 
@@ -99,8 +102,9 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
   the package is the usual re-export pattern, so the edges from a module to
   a package that contains it are left out.
   """
-  edges = {m: {i for i in imps if i in graph and not m.startswith(i + ".")}
-           for m, imps in graph.items()}
+  edges = {
+      m: {i for i in imps if i in graph and not m.startswith(i + ".")} for m, imps in graph.items()
+  }
   index, low, stack, on_stack, found, counter = {}, {}, [], set(), [], [0]
 
   def strongconnect(v):
@@ -147,32 +151,68 @@ def test_the_top_level_holds_at_most_six_modules():
 
 
 def test_importing_the_model_loads_only_model_modules():
-  code = ("import sys, transformer_xl.model.models, transformer_xl.model.config; "
-          "print('\\n'.join(sorted(m for m in sys.modules if m.startswith('transformer_xl'))))")
-  out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
-                       cwd=PACKAGE.parent).stdout.split()
+  code = (
+      "import sys, transformer_xl.model.models, transformer_xl.model.config; "
+      "print('\\n'.join(sorted(m for m in sys.modules if m.startswith('transformer_xl'))))"
+  )
+  out = subprocess.run(
+      [sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=PACKAGE.parent
+  ).stdout.split()
   assert out and all(m == "transformer_xl" or in_wing(m, "model") for m in out), out
 
 
-@pytest.mark.parametrize("source, expected", [
-    # model/ reaching into data/: the rule that keeps the model usable alone.
-    ({"model/models.py": "from transformer_xl import data\n", "data/__init__.py": ""},
-     ["transformer_xl.model.models (model/) imports transformer_xl.data (outside model/)"]),
-    # a lazy import inside a function counts too.
-    ({"model/models.py": "def f():\n  from transformer_xl.data import corpus\n",
-      "data/__init__.py": "", "data/corpus.py": ""},
-     ["transformer_xl.model.models (model/) imports transformer_xl.data.corpus (outside model/)"]),
-    ({"inference/evaluate.py": "from transformer_xl.training import train\n",
-      "training/__init__.py": "", "training/train.py": "", "inference/__init__.py": ""},
-     ["transformer_xl.inference.evaluate (inference/) imports transformer_xl.training.train "
-      "(training/)"]),
-    ({"run/workdir.py": "from transformer_xl.cli import user_errors\n", "run/__init__.py": "",
-      "cli/__init__.py": "", "cli/user_errors.py": ""},
-     ["transformer_xl.run.workdir (library) imports transformer_xl.cli.user_errors (cli/)"]),
-    ({"model/models.py": "from transformer_xl.model import attention\n",
-      "model/attention.py": "import jax\n", "main.py": "from transformer_xl.cli import modes\n",
-      "cli/__init__.py": "", "cli/modes.py": ""}, []),
-])
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        # model/ reaching into data/: the rule that keeps the model usable alone.
+        (
+            {"model/models.py": "from transformer_xl import data\n", "data/__init__.py": ""},
+            ["transformer_xl.model.models (model/) imports transformer_xl.data (outside model/)"],
+        ),
+        # a lazy import inside a function counts too.
+        (
+            {
+                "model/models.py": "def f():\n  from transformer_xl.data import corpus\n",
+                "data/__init__.py": "",
+                "data/corpus.py": "",
+            },
+            [
+                "transformer_xl.model.models (model/) imports transformer_xl.data.corpus (outside model/)"
+            ],
+        ),
+        (
+            {
+                "inference/evaluate.py": "from transformer_xl.training import train\n",
+                "training/__init__.py": "",
+                "training/train.py": "",
+                "inference/__init__.py": "",
+            },
+            [
+                "transformer_xl.inference.evaluate (inference/) imports transformer_xl.training.train "
+                "(training/)"
+            ],
+        ),
+        (
+            {
+                "run/workdir.py": "from transformer_xl.cli import user_errors\n",
+                "run/__init__.py": "",
+                "cli/__init__.py": "",
+                "cli/user_errors.py": "",
+            },
+            ["transformer_xl.run.workdir (library) imports transformer_xl.cli.user_errors (cli/)"],
+        ),
+        (
+            {
+                "model/models.py": "from transformer_xl.model import attention\n",
+                "model/attention.py": "import jax\n",
+                "main.py": "from transformer_xl.cli import modes\n",
+                "cli/__init__.py": "",
+                "cli/modes.py": "",
+            },
+            [],
+        ),
+    ],
+)
 def test_the_rule_checker_catches_a_broken_rule(tmp_path, source, expected):
   """The checker itself: each broken rule is found (and the allowed ones are not)."""
   root = tmp_path / "transformer_xl"
@@ -189,4 +229,6 @@ def test_the_cycle_finder_finds_a_cycle(tmp_path):
   (root / "a.py").write_text("from transformer_xl import b\n")
   (root / "b.py").write_text("import transformer_xl.c\n")
   (root / "c.py").write_text("def f():\n  from transformer_xl import a\n")
-  assert cycles(import_graph(root)) == [["transformer_xl.a", "transformer_xl.b", "transformer_xl.c"]]
+  assert cycles(import_graph(root)) == [
+      ["transformer_xl.a", "transformer_xl.b", "transformer_xl.c"]
+  ]

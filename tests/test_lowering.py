@@ -12,6 +12,7 @@ a rented slice.  Nothing is compiled or run: XLA's TPU and GPU compilers
 (memory per device, Mosaic's and Triton's code generation) are not
 exercised.
 """
+
 import json
 import os
 import subprocess
@@ -27,10 +28,22 @@ pytestmark = pytest.mark.slow  # subprocesses with up to 512 simulated devices: 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = REPO / "tests" / "lowering_worker.py"
 
-PAPER = ["enwik8_12l", "enwik8_24l", "text8_24l", "wt103_base", "wt103_large", "lm1b_base",
-         "lm1b_large", "ptb"]
-PRESETS = {"enwik8_24l": "v3-32", "text8_24l": "v3-32", "wt103_large": "v3-64",
-           "lm1b_large": "v3-512"}
+PAPER = [
+    "enwik8_12l",
+    "enwik8_24l",
+    "text8_24l",
+    "wt103_base",
+    "wt103_large",
+    "lm1b_base",
+    "lm1b_large",
+    "ptb",
+]
+PRESETS = {
+    "enwik8_24l": "v3-32",
+    "text8_24l": "v3-32",
+    "wt103_large": "v3-64",
+    "lm1b_large": "v3-512",
+}
 DEVICES = {"v3-32": 32, "v3-64": 64, "v3-512": 512}
 
 
@@ -50,11 +63,20 @@ def jobs() -> list:
 
 
 def run_worker(n_devices: int, job_list: list[str]) -> list[dict]:
-  env = dict(os.environ, PYTHONPATH=str(REPO),
-             XLA_FLAGS=f"--xla_force_host_platform_device_count={n_devices}",
-             JAX_PLATFORMS="cpu")
-  proc = subprocess.run([sys.executable, str(WORKER), str(n_devices), *job_list], env=env,
-                        capture_output=True, text=True, timeout=1500, cwd=REPO)
+  env = dict(
+      os.environ,
+      PYTHONPATH=str(REPO),
+      XLA_FLAGS=f"--xla_force_host_platform_device_count={n_devices}",
+      JAX_PLATFORMS="cpu",
+  )
+  proc = subprocess.run(
+      [sys.executable, str(WORKER), str(n_devices), *job_list],
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=1500,
+      cwd=REPO,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
@@ -64,9 +86,9 @@ def test_paper_configs_lower_for_tpu_and_cuda(n_devices, job_list):
   results = run_worker(n_devices, job_list)
   steps = lowering.STEPS
   assert sorted((r["job"], r["step"], r["platform"]) for r in results) == sorted(
-      (j, s, p) for j in job_list for s in steps for p in ("tpu", "cuda"))
-  failed = [f"{r['job']} {r['step']} {r['platform']}: {r['error']}" for r in results
-            if not r["ok"]]
+      (j, s, p) for j in job_list for s in steps for p in ("tpu", "cuda")
+  )
+  failed = [f"{r['job']} {r['step']} {r['platform']}: {r['error']}" for r in results if not r["ok"]]
   assert not failed, "\n".join(failed)
 
 
@@ -75,23 +97,39 @@ def test_a_host_callback_in_a_step_fails_the_lowering(tmp_path):
   in the model, through a patched worker) is reported with the config's
   name."""
   patched = tmp_path / "worker.py"
-  patched.write_text(WORKER.read_text().replace(
-      "REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))",
-      f"REPO = {str(REPO)!r}").replace(
-      "def run(job: str, n_devices: int) -> None:",
-      "def run(job: str, n_devices: int) -> None:\n"
-      "  import jax\n"
-      "  from transformer_xl.model import models\n"
-      "  orig = models.TransformerXL.nll\n"
-      "  def nll(self, *a, **k):\n"
-      "    out = orig(self, *a, **k)\n"
-      "    jax.debug.print('nll {}', out.sum())\n"
-      "    return out\n"
-      "  models.TransformerXL.nll = nll\n"))
-  env = dict(os.environ, PYTHONPATH=str(REPO),
-             XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-  proc = subprocess.run([sys.executable, str(patched), "8", "configs/ptb.py@gpu8@float32@xla"],
-                        env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+  patched.write_text(
+      WORKER.read_text()
+      .replace(
+          "REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))",
+          f"REPO = {str(REPO)!r}",
+      )
+      .replace(
+          "def run(job: str, n_devices: int) -> None:",
+          "def run(job: str, n_devices: int) -> None:\n"
+          "  import jax\n"
+          "  from transformer_xl.model import models\n"
+          "  orig = models.TransformerXL.nll\n"
+          "  def nll(self, *a, **k):\n"
+          "    out = orig(self, *a, **k)\n"
+          "    jax.debug.print('nll {}', out.sum())\n"
+          "    return out\n"
+          "  models.TransformerXL.nll = nll\n",
+      )
+  )
+  env = dict(
+      os.environ,
+      PYTHONPATH=str(REPO),
+      XLA_FLAGS="--xla_force_host_platform_device_count=8",
+      JAX_PLATFORMS="cpu",
+  )
+  proc = subprocess.run(
+      [sys.executable, str(patched), "8", "configs/ptb.py@gpu8@float32@xla"],
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=600,
+      cwd=REPO,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   results = {(r["step"], r["platform"]): r for r in map(json.loads, proc.stdout.splitlines())}
   for key in (("train", "tpu"), ("train", "cuda"), ("eval", "tpu"), ("eval", "cuda")):

@@ -1,4 +1,5 @@
 """The memory module: row axes, shardings, the per-layer update, reset and advance."""
+
 import dataclasses
 
 import jax
@@ -18,8 +19,10 @@ L, B, M, D = 3, 8, 5, 4
 
 def _memory(seed: int = 0) -> models.Memory:
   rng = np.random.default_rng(seed)
-  return models.Memory(mems_LxBxMxD=jnp.asarray(rng.normal(size=(L, B, M, D)), jnp.float32),
-                       mlen_B=jnp.asarray(rng.integers(-2, M + 1, size=B), jnp.int32))
+  return models.Memory(
+      mems_LxBxMxD=jnp.asarray(rng.normal(size=(L, B, M, D)), jnp.float32),
+      mlen_B=jnp.asarray(rng.integers(-2, M + 1, size=B), jnp.int32),
+  )
 
 
 def _assert_memory_equal(a: models.Memory, b: models.Memory):
@@ -40,8 +43,9 @@ def test_pytree_is_unchanged_and_reexported():
 
 
 def test_init_memory_and_mem_len():
-  cfg = models.ModelConfig(n_token=10, n_layer=L, d_model=D, n_head=2, d_head=2, d_inner=8,
-                           tgt_len=3, mem_len=M)
+  cfg = models.ModelConfig(
+      n_token=10, n_layer=L, d_model=D, n_head=2, d_head=2, d_inner=8, tgt_len=3, mem_len=M
+  )
   memory = models.init_memory(cfg, B)
   assert memory.mems_LxBxMxD.shape == (L, B, M, D) and memory.mlen_B.shape == (B,)
   assert memory.mlen_B.dtype == jnp.int32 and not np.any(memory.mlen_B)
@@ -58,7 +62,8 @@ def test_map_rows_gathers_the_rows_of_every_field():
   # The inverse permutation brings the rows back.
   perm = jnp.asarray(np.random.default_rng(1).permutation(B))
   back = memory.map_rows(lambda x, axis: jnp.take(x, perm, axis=axis)).map_rows(
-      lambda x, axis: jnp.take(x, jnp.argsort(perm), axis=axis))
+      lambda x, axis: jnp.take(x, jnp.argsort(perm), axis=axis)
+  )
   _assert_memory_equal(back, memory)
 
 
@@ -78,18 +83,23 @@ def test_map_rows_chunks_round_trip(n_chunk):
 def _old_memory_sharding(mesh: Mesh) -> models.Memory:
   """What train_state.memory_sharding built before the memory module."""
   rows = sharding.batch_axes(mesh)
-  return models.Memory(mems_LxBxMxD=NamedSharding(mesh, P(None, rows, None, None)),
-                       mlen_B=sharding.rows_sharding(mesh))
+  return models.Memory(
+      mems_LxBxMxD=NamedSharding(mesh, P(None, rows, None, None)),
+      mlen_B=sharding.rows_sharding(mesh),
+  )
 
 
-@pytest.mark.parametrize("shape,names", [
-    ((1,), ("data",)),
-    ((2, 4), ("data", "model")),
-    ((4, 2), ("fsdp", "model")),
-    ((2, 2, 2), ("data", "fsdp", "model")),
-    ((2, 2, 2), ("model", "fsdp", "data")),
-    ((8,), ("model",)),
-])
+@pytest.mark.parametrize(
+    "shape,names",
+    [
+        ((1,), ("data",)),
+        ((2, 4), ("data", "model")),
+        ((4, 2), ("fsdp", "model")),
+        ((2, 2, 2), ("data", "fsdp", "model")),
+        ((2, 2, 2), ("model", "fsdp", "data")),
+        ((8,), ("model",)),
+    ],
+)
 def test_shardings_split_rows_over_the_batch_axes(shape, names):
   n = int(np.prod(shape))
   mesh = Mesh(np.asarray(jax.devices()[:n]).reshape(shape), names)
@@ -122,11 +132,12 @@ def _old_layer_update(mem_BxMxD, h_BxTxD, ext_len):
   mem_BxMxD = jax.lax.stop_gradient(mem_BxMxD)
   cat_BxKxD = jnp.concatenate([mem_BxMxD, h_BxTxD], axis=1)
   end = mem_len + tgt_len - ext_len
-  return jax.lax.stop_gradient(cat_BxKxD[:, end - mem_len:end])
+  return jax.lax.stop_gradient(cat_BxKxD[:, end - mem_len : end])
 
 
-@pytest.mark.parametrize("mem_len,tgt_len,ext_len", [
-    (5, 3, 0), (5, 3, 2), (2, 6, 0), (2, 6, 3), (0, 4, 0), (4, 4, 1)])
+@pytest.mark.parametrize(
+    "mem_len,tgt_len,ext_len", [(5, 3, 0), (5, 3, 2), (2, 6, 0), (2, 6, 3), (0, 4, 0), (4, 4, 1)]
+)
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_layer_update_equals_the_inline_fifo(mem_len, tgt_len, ext_len, dtype):
   rng = np.random.default_rng(mem_len * 100 + tgt_len * 10 + ext_len)
@@ -139,7 +150,7 @@ def test_layer_update_equals_the_inline_fifo(mem_len, tgt_len, ext_len, dtype):
   # The last M inputs before the ext_len tail, by hand.
   full = np.concatenate([np.asarray(mem, np.float32), np.asarray(h, np.float32)], axis=1)
   end = mem_len + tgt_len - ext_len
-  np.testing.assert_array_equal(np.asarray(new, np.float32), full[:, end - mem_len:end])
+  np.testing.assert_array_equal(np.asarray(new, np.float32), full[:, end - mem_len : end])
 
 
 def test_layer_read_and_update_stop_the_gradient():
@@ -147,11 +158,12 @@ def test_layer_read_and_update_stop_the_gradient():
   mem = jnp.asarray(rng.normal(size=(2, 3, D)), jnp.float32)
   h = jnp.asarray(rng.normal(size=(2, 4, D)), jnp.float32)
   g_read = jax.grad(lambda m: jnp.sum(memory_lib.layer_read(m) ** 2))(mem)
-  g_mem, g_h = jax.grad(lambda m, x: jnp.sum(memory_lib.layer_update(m, x, 1) ** 2),
-                        argnums=(0, 1))(mem, h)
+  g_mem, g_h = jax.grad(
+      lambda m, x: jnp.sum(memory_lib.layer_update(m, x, 1) ** 2), argnums=(0, 1)
+  )(mem, h)
   assert not np.any(g_read) and not np.any(g_mem) and not np.any(g_h)
   # Without the stop-gradient the same function has a gradient: the test can fail.
-  assert np.any(jax.grad(lambda x: jnp.sum(x ** 2))(mem))
+  assert np.any(jax.grad(lambda x: jnp.sum(x**2))(mem))
 
 
 def test_reset_empties_only_the_flagged_rows():
@@ -178,8 +190,9 @@ def test_advance_counts_the_valid_slots():
 
 
 def test_with_front_padding_masks_the_padded_positions():
-  cfg = models.ModelConfig(n_token=20, n_layer=2, d_model=8, n_head=2, d_head=4, d_inner=16,
-                           tgt_len=6, mem_len=0)
+  cfg = models.ModelConfig(
+      n_token=20, n_layer=2, d_model=8, n_head=2, d_head=4, d_inner=16, tgt_len=6, mem_len=0
+  )
   pad_B = np.asarray([0, 2, 5], np.int32)
   memory = models.init_memory(cfg, 3, mem_len=0).with_front_padding(pad_B)
   np.testing.assert_array_equal(memory.mlen_B, -pad_B)
@@ -190,8 +203,9 @@ def test_with_front_padding_masks_the_padded_positions():
   tokens = jnp.asarray(np.random.default_rng(0).integers(1, 20, size=(3, 6)), jnp.int32)
   log_probs, _ = model.apply({"params": params}, tokens, memory)
   for b, p in enumerate(pad_B):
-    alone, _ = model.apply({"params": params}, tokens[b:b + 1, p:],
-                           models.init_memory(cfg, 1, mem_len=0))
+    alone, _ = model.apply(
+        {"params": params}, tokens[b : b + 1, p:], models.init_memory(cfg, 1, mem_len=0)
+    )
     np.testing.assert_allclose(log_probs[b, p:], alone[0], rtol=1e-5, atol=1e-5)
 
 
@@ -203,6 +217,7 @@ AUX = 0.75  # the scalar the test modules sow
 
 class _SowingModel(models.TransformerXL):
   """Sows AUX plus ``scale`` times the mean nll (so it has a gradient)."""
+
   scale: float = 0.0
 
   def __call__(self, *args, **kwargs):
@@ -222,14 +237,16 @@ class _SowingLayer(models.DecoderLayer):
 
 def _one_step(model_cls, weight, batch_chunk=1, **model_kw):
   from test_train import tiny_config
+
   config = tiny_config(batch_chunk=batch_chunk)
   mesh = sharding.make_mesh((2, 1), ("data", "model"), devices=jax.devices()[:2])
   model = model_cls(default_config.model_config(config, 64), **model_kw)
   tx = train_state.make_optimizer(config.train)
   _, shardings = train_state.abstract_train_state(model, tx, 8, mesh)
   state = train_state.create_train_state(model, tx, 8, mesh, jax.random.PRNGKey(0), shardings)
-  step_fn = train.make_train_step(model, tx, mesh, shardings, batch_chunk, 7,
-                                  aux_loss_weight=weight)
+  step_fn = train.make_train_step(
+      model, tx, mesh, shardings, batch_chunk, 7, aux_loss_weight=weight
+  )
   tokens = np.random.default_rng(0).integers(0, 64, size=8 * 6 + 8).astype(np.int32)
   it = data.TrainIterator(data.ArraySource(tokens), 8, 6)
   batch = data.to_global_batch(next(it), sharding.batch_sharding(mesh), 8)

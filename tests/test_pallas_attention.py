@@ -8,6 +8,7 @@ Sec. 3.3 computation) (values and every gradient) over a grid of
 shapes, the whole model against the XLA model, and the train and eval steps
 lower for TPU and CUDA with ``jax.export``.
 """
+
 import dataclasses
 import logging
 
@@ -17,15 +18,10 @@ import numpy as np
 import pytest
 from jax import export
 
-from transformer_xl import default_config, sharding
-from transformer_xl.model import attention
-from transformer_xl.model import attention_ops
-from transformer_xl.training import lowering
-from transformer_xl.model import models
-from transformer_xl.model import pallas_attention
-from transformer_xl.training import train
-from transformer_xl.training import train_state
 from tests.test_attention import tiny_model_inputs
+from transformer_xl import default_config, sharding
+from transformer_xl.model import attention, attention_ops, models, pallas_attention
+from transformer_xl.training import lowering, train, train_state
 
 SLOW = pytest.mark.slow
 TPU_I = pallas_attention.Flavor("tpu", 8, interpret=True)
@@ -35,16 +31,16 @@ GPU_I = pallas_attention.Flavor("gpu", 8, interpret=True)
 def random_inputs(b, t, m, h, dh, dtype, seed=0):
   ks = jax.random.split(jax.random.PRNGKey(seed), 6)
   k_len = m + t
-  shapes = [(b, t, h, dh), (b, k_len, h, dh), (b, k_len, h, dh), (k_len, h, dh), (h, dh),
-            (h, dh)]
+  shapes = [(b, t, h, dh), (b, k_len, h, dh), (b, k_len, h, dh), (k_len, h, dh), (h, dh), (h, dh)]
   scales = [1, 1, 1, 1, 0.3, 0.3]
-  return tuple((s * jax.random.normal(kk, shape)).astype(dtype)
-               for kk, shape, s in zip(ks, shapes, scales))
+  return tuple(
+      (s * jax.random.normal(kk, shape)).astype(dtype) for kk, shape, s in zip(ks, shapes, scales)
+  )
 
 
 GRID = [
     # (flavor, B, T, M, H, Dh, same_length, mlen_B, documents, dtype)
-    (TPU_I, 2, 13, 7, 2, 8, False, [7, 3], False, "float32"),        # T, K not multiples
+    (TPU_I, 2, 13, 7, 2, 8, False, [7, 3], False, "float32"),  # T, K not multiples
     (GPU_I, 2, 13, 7, 2, 8, False, [7, 3], False, "float32"),
     pytest.param(TPU_I, 2, 8, 0, 2, 8, False, [0, 0], False, "float32", marks=SLOW),  # K = T
     pytest.param(GPU_I, 1, 16, 16, 3, 8, True, [16], False, "float32", marks=SLOW),
@@ -56,8 +52,9 @@ GRID = [
     pytest.param(TPU_I, 2, 17, 9, 2, 16, False, [9, 1], False, "bfloat16", marks=SLOW),
     pytest.param(GPU_I, 2, 17, 9, 2, 16, True, [9, 5], True, "bfloat16", marks=SLOW),
     # several tiles per row and column, the default interpret block (0 = auto)
-    pytest.param(pallas_attention.INTERPRET, 2, 40, 24, 2, 8, False, [24, 10], True, "float32",
-                 marks=SLOW),
+    pytest.param(
+        pallas_attention.INTERPRET, 2, 40, 24, 2, 8, False, [24, 10], True, "float32", marks=SLOW
+    ),
 ]
 
 
@@ -71,7 +68,7 @@ def test_kernel_equals_the_xla_path(flavor, b, t, m, h, dh, same_length, mlen, d
   if documents:  # documents start at several places, before and inside the segment
     starts = np.random.default_rng(1).integers(-m, t, size=(b, 3))
     pos = np.arange(t)[None, :, None] - np.sort(starts, 1)[:, None, :]
-    doc = jnp.asarray(np.where(pos >= 0, pos, 10 ** 6).min(-1), jnp.int32)
+    doc = jnp.asarray(np.where(pos >= 0, pos, 10**6).min(-1), jnp.int32)
   mask = attention_ops.attention_mask(t, m, mlen_B, same_length, doc)
   has_keys = jnp.any(mask[:, 0], axis=-1)[:, :, None, None]
   assert bool(jnp.any(~has_keys)) == (min(mlen) < 0)
@@ -80,16 +77,21 @@ def test_kernel_equals_the_xla_path(flavor, b, t, m, h, dh, same_length, mlen, d
   def loss(fn):
     return lambda *a: jnp.sum(jnp.where(has_keys, fn(*a).astype(jnp.float32), 0) * weights)
 
-  ref = lambda *a: pallas_attention.xla_reference(*a, mlen_B, doc, mem_len=m,
-                                                  same_length=same_length)
-  got = lambda *a: pallas_attention.rel_attention(*a, mlen_B, doc, mem_len=m,
-                                                  same_length=same_length, flavor=flavor)
+  ref = lambda *a: pallas_attention.xla_reference(
+      *a, mlen_B, doc, mem_len=m, same_length=same_length
+  )
+  got = lambda *a: pallas_attention.rel_attention(
+      *a, mlen_B, doc, mem_len=m, same_length=same_length, flavor=flavor
+  )
   tol = 1e-5 if dtype == "float32" else 3e-2
   out_ref, out = ref(*args), got(*args)
   assert out.dtype == out_ref.dtype == jnp.dtype(dtype)
-  np.testing.assert_allclose(np.where(has_keys, np.asarray(out, np.float32), 0),
-                             np.where(has_keys, np.asarray(out_ref, np.float32), 0),
-                             rtol=tol, atol=tol)
+  np.testing.assert_allclose(
+      np.where(has_keys, np.asarray(out, np.float32), 0),
+      np.where(has_keys, np.asarray(out_ref, np.float32), 0),
+      rtol=tol,
+      atol=tol,
+  )
   g_ref = jax.grad(loss(ref), argnums=range(6))(*args)
   g = jax.grad(loss(got), argnums=range(6))(*args)
   for name, a, r in zip(("q", "k", "v", "r", "u", "v-bias"), g, g_ref):
@@ -103,8 +105,9 @@ def test_kernel_equals_the_xla_path(flavor, b, t, m, h, dh, same_length, mlen, d
 def test_kernel_refuses_shapes_that_do_not_agree():
   q, k, v, r, u, rr = random_inputs(1, 4, 2, 1, 8, jnp.float32)
   with pytest.raises(ValueError, match="need K = mem_len \\+ T"):
-    pallas_attention.rel_attention(q, k, v, r, u, rr, jnp.zeros(1, jnp.int32), mem_len=3,
-                                   same_length=False)
+    pallas_attention.rel_attention(
+        q, k, v, r, u, rr, jnp.zeros(1, jnp.int32), mem_len=3, same_length=False
+    )
 
 
 # --------------------------------------------------------------------------- #
@@ -123,17 +126,33 @@ MODEL_CASES = [
 @pytest.mark.parametrize("options,memory,documents", MODEL_CASES)
 def test_model_with_the_kernel_equals_the_xla_model(options, memory, documents):
   """Per-token NLL, the next memory and every parameter's gradient."""
-  cfg = models.ModelConfig(n_token=37, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=24,
-                           dropout=0.0, tgt_len=7, mem_len=5, **options)
+  cfg = models.ModelConfig(
+      n_token=37,
+      n_layer=2,
+      d_model=16,
+      n_head=2,
+      d_head=8,
+      d_inner=24,
+      dropout=0.0,
+      tgt_len=7,
+      mem_len=5,
+      **options,
+  )
   xla_model = models.TransformerXL(cfg)
   pallas_model = models.TransformerXL(dataclasses.replace(cfg, attention_impl="pallas"))
   params, tokens, mem = tiny_model_inputs(cfg, memory)
   doc = jnp.asarray([[9, 10, 11, 0, 1, 2, 3], [0, 1, 0, 1, 2, 0, 1]]) if documents else None
 
   def loss(p, model):
-    nll, new_mem = model.apply({"params": p}, tokens[:, :-1], mem, tokens[:, 1:],
-                               deterministic=False, rngs={"dropout": jax.random.PRNGKey(5)},
-                               doc_pos_BxT=doc)
+    nll, new_mem = model.apply(
+        {"params": p},
+        tokens[:, :-1],
+        mem,
+        tokens[:, 1:],
+        deterministic=False,
+        rngs={"dropout": jax.random.PRNGKey(5)},
+        doc_pos_BxT=doc,
+    )
     return nll.mean(), (nll, new_mem)
 
   grad = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)
@@ -141,10 +160,13 @@ def test_model_with_the_kernel_equals_the_xla_model(options, memory, documents):
   (_, (nll_p, mem_p)), g_p = grad(params, pallas_model)
   tol = 2e-2 if options.get("dtype") == "bfloat16" else 1e-5
   np.testing.assert_allclose(np.asarray(nll_p), np.asarray(nll_x), rtol=tol, atol=tol)
-  np.testing.assert_allclose(np.asarray(mem_p.mems_LxBxMxD, np.float32),
-                             np.asarray(mem_x.mems_LxBxMxD, np.float32), rtol=tol, atol=tol)
-  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(g_p),
-                          jax.tree_util.tree_leaves(g_x)):
+  np.testing.assert_allclose(
+      np.asarray(mem_p.mems_LxBxMxD, np.float32),
+      np.asarray(mem_x.mems_LxBxMxD, np.float32),
+      rtol=tol,
+      atol=tol,
+  )
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(g_p), jax.tree_util.tree_leaves(g_x)):
     a, b = np.asarray(a), np.asarray(b)
     assert np.abs(a - b).max() <= 10 * tol * max(np.abs(b).max(), 1e-3), path
 
@@ -152,13 +174,29 @@ def test_model_with_the_kernel_equals_the_xla_model(options, memory, documents):
 def test_dropatt_in_training_falls_back_to_xla_and_says_so_once(caplog):
   """The kernel has no dropatt: a training step with dropatt > 0 computes
   exactly the XLA path's numbers (same dropout masks), logged once."""
-  cfg = models.ModelConfig(n_token=37, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=24,
-                           dropout=0.1, dropatt=0.3, tgt_len=7, mem_len=5)
+  cfg = models.ModelConfig(
+      n_token=37,
+      n_layer=2,
+      d_model=16,
+      n_head=2,
+      d_head=8,
+      d_inner=24,
+      dropout=0.1,
+      dropatt=0.3,
+      tgt_len=7,
+      mem_len=5,
+  )
   xla_model = models.TransformerXL(cfg)
   pallas_model = models.TransformerXL(dataclasses.replace(cfg, attention_impl="pallas"))
   params, tokens, mem = tiny_model_inputs(cfg, "empty")
-  run = lambda model: model.apply({"params": params}, tokens[:, :-1], mem, tokens[:, 1:],
-                                  deterministic=False, rngs={"dropout": jax.random.PRNGKey(5)})[0]
+  run = lambda model: model.apply(
+      {"params": params},
+      tokens[:, :-1],
+      mem,
+      tokens[:, 1:],
+      deterministic=False,
+      rngs={"dropout": jax.random.PRNGKey(5)},
+  )[0]
   pallas_attention_log = "model.attention_impl='pallas' has no dropatt"
   attention._log_dropatt_fallback.cache_clear()  # noqa: SLF001 (once per process)
   with caplog.at_level(logging.WARNING):
@@ -168,8 +206,9 @@ def test_dropatt_in_training_falls_back_to_xla_and_says_so_once(caplog):
   assert caplog.text.count(pallas_attention_log) == 1
   # evaluation (deterministic) uses the kernel: the same numbers as XLA's evaluation
   ev = lambda model: model.apply({"params": params}, tokens[:, :-1], mem, tokens[:, 1:])[0]
-  np.testing.assert_allclose(np.asarray(ev(pallas_model)), np.asarray(ev(xla_model)),
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+      np.asarray(ev(pallas_model)), np.asarray(ev(xla_model)), rtol=1e-5, atol=1e-5
+  )
 
 
 def test_attention_impl_is_validated():
@@ -183,37 +222,55 @@ def test_attention_impl_is_validated():
 # --------------------------------------------------------------------------- #
 # The train and eval steps with the kernel lower for TPU and CUDA.
 
+
 def _steps(mesh):
   """The train and eval steps with the kernel (``lowering.abstract_step``),
   their batches with documents."""
   config = default_config.get_config()
-  config.model.update(n_layer=2, d_model=32, n_head=4, d_head=8, d_inner=64, dropout=0.1,
-                      dropatt=0.0, tgt_len=16, mem_len=16, attention_impl="pallas",
-                      dtype="bfloat16")
+  config.model.update(
+      n_layer=2,
+      d_model=32,
+      n_head=4,
+      d_head=8,
+      d_inner=64,
+      dropout=0.1,
+      dropatt=0.0,
+      tgt_len=16,
+      mem_len=16,
+      attention_impl="pallas",
+      dtype="bfloat16",
+  )
   config.train.update(global_batch=8)
   mcfg = lowering.resolved_model_config(config, 64)
   steps = {}
   for step in ("train", "eval"):
     fn, args = lowering.abstract_step(config, mcfg, mesh, step)
     batch = args[-1]
-    batch["doc_pos"] = jax.ShapeDtypeStruct(batch["inputs"].shape, jnp.int32,
-                                            sharding=batch["inputs"].sharding)
+    batch["doc_pos"] = jax.ShapeDtypeStruct(
+        batch["inputs"].shape, jnp.int32, sharding=batch["inputs"].sharding
+    )
     steps[step] = (fn, args)
   return steps
 
 
-@pytest.mark.parametrize("platform,custom_call", [("tpu", "tpu_custom_call"),
-                                                  ("cuda", "__gpu$xla.gpu.triton")])
+@pytest.mark.parametrize(
+    "platform,custom_call", [("tpu", "tpu_custom_call"), ("cuda", "__gpu$xla.gpu.triton")]
+)
 def test_train_and_eval_steps_lower_for_accelerators(platform, custom_call):
   """``jax.export`` for the real targets from this CPU machine: Mosaic and
   Triton lower every kernel (forward; dq, dk/dv and dr in training), the
   steps sharded over 8 devices."""
   mesh = sharding.make_mesh((4, 2), ("data", "model"))
-  kernels = {"train": ["txl_attention_fwd", "txl_attention_dq", "txl_attention_dkv",
-                       "txl_attention_dr"], "eval": ["txl_attention_fwd"]}
+  kernels = {
+      "train": ["txl_attention_fwd", "txl_attention_dq", "txl_attention_dkv", "txl_attention_dr"],
+      "eval": ["txl_attention_fwd"],
+  }
   for step, (fn, args) in _steps(mesh).items():
-    exported = export.export(fn, platforms=(platform,), disabled_checks=[
-        export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])(*args)
+    exported = export.export(
+        fn,
+        platforms=(platform,),
+        disabled_checks=[export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")],
+    )(*args)
     text = exported.mlir_module()
     assert exported.platforms == (platform,)
     assert custom_call in text, step
@@ -227,11 +284,13 @@ def test_sharded_training_with_the_kernel_equals_xla_on_one_device():
   shard_map in interpret mode, documents on: the XLA path's losses and
   parameters on one device."""
   from tests.test_train import tiny_config  # noqa: PLC0415 (the same tiny run)
+
   tokens = np.random.default_rng(0).integers(0, 64, size=8 * 6 * 2 + 8).astype(np.int32)
   results = {}
-  for impl, mesh in (("xla", sharding.make_mesh((1, 1), ("data", "model"),
-                                                devices=jax.devices()[:1])),
-                     ("pallas", sharding.make_mesh((4, 2), ("data", "model")))):
+  for impl, mesh in (
+      ("xla", sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])),
+      ("pallas", sharding.make_mesh((4, 2), ("data", "model"))),
+  ):
     config = tiny_config()
     config.model.update(attention_impl=impl, dropatt=0.0)
     mcfg = default_config.model_config(config, 64)
@@ -242,16 +301,22 @@ def test_sharded_training_with_the_kernel_equals_xla_on_one_device():
     step_fn = train.make_train_step(model, tx, mesh, shardings, 1, 7)
     losses = []
     for s in range(2):
-      rows = tokens[s * 48:s * 48 + 56].reshape(8, 7)
-      batch = {"inputs": rows[:, :6], "targets": rows[:, 1:], "weights": np.ones((8, 6), np.float32),
-               "reset": np.zeros(8, bool), "doc_pos": np.tile(np.arange(6) + 2 * s, (8, 1)).astype(np.int32)}
+      rows = tokens[s * 48 : s * 48 + 56].reshape(8, 7)
+      batch = {
+          "inputs": rows[:, :6],
+          "targets": rows[:, 1:],
+          "weights": np.ones((8, 6), np.float32),
+          "reset": np.zeros(8, bool),
+          "doc_pos": np.tile(np.arange(6) + 2 * s, (8, 1)).astype(np.int32),
+      }
       batch = jax.device_put(batch, sharding.rows_sharding(mesh))
       state, metrics = step_fn(state, batch)
       losses.append(float(metrics["loss"]))
     results[impl] = (losses, jax.device_get(state.params))
   np.testing.assert_allclose(results["pallas"][0], results["xla"][0], rtol=1e-5)
-  for a, b in zip(jax.tree_util.tree_leaves(results["pallas"][1]),
-                  jax.tree_util.tree_leaves(results["xla"][1])):
+  for a, b in zip(
+      jax.tree_util.tree_leaves(results["pallas"][1]), jax.tree_util.tree_leaves(results["xla"][1])
+  ):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
 
 
@@ -263,40 +328,92 @@ def test_command_line_trains_evaluates_scores_and_generates_with_the_kernel(tmp_
   import json  # noqa: PLC0415
 
   from tests.test_train import run_main, small_args, write_ptb_sample  # noqa: PLC0415
+
   manual = write_ptb_sample(tmp_path / "ptb", n_lines=(300, 40, 40))
   workdir = tmp_path / "wd"
-  r = run_main(small_args(tmp_path, workdir, manual, "--config.model.attention_impl=pallas",
-                          "--config.model.attn_type=2"))
+  r = run_main(
+      small_args(
+          tmp_path,
+          workdir,
+          manual,
+          "--config.model.attention_impl=pallas",
+          "--config.model.attn_type=2",
+      )
+  )
   assert r.returncode == 1 and "Traceback" not in r.stderr
   assert "model.attn_type=2 needs model.attention_impl='xla'" in r.stderr
   assert not workdir.exists()
-  tiny = ["--config.model.n_layer=2", "--config.model.d_model=32", "--config.model.n_head=2",
-          "--config.model.d_head=16", "--config.model.d_inner=64", "--config.model.tgt_len=8",
-          "--config.model.mem_len=8", "--config.model.dropatt=0.0", "--config.eval.tgt_len=8",
-          "--config.eval.mem_len=16", "--config.train.global_batch=8",
-          "--config.train.eval_every=0", "--config.train.warmup_steps=2"]
-  r = run_main(small_args(tmp_path, workdir, manual, *tiny, "--config.train.num_steps=4",
-                          "--config.model.attention_impl=pallas"), timeout=900)
+  tiny = [
+      "--config.model.n_layer=2",
+      "--config.model.d_model=32",
+      "--config.model.n_head=2",
+      "--config.model.d_head=16",
+      "--config.model.d_inner=64",
+      "--config.model.tgt_len=8",
+      "--config.model.mem_len=8",
+      "--config.model.dropatt=0.0",
+      "--config.eval.tgt_len=8",
+      "--config.eval.mem_len=16",
+      "--config.train.global_batch=8",
+      "--config.train.eval_every=0",
+      "--config.train.warmup_steps=2",
+  ]
+  r = run_main(
+      small_args(
+          tmp_path,
+          workdir,
+          manual,
+          *tiny,
+          "--config.train.num_steps=4",
+          "--config.model.attention_impl=pallas",
+      ),
+      timeout=900,
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   assert "has no dropatt" not in r.stderr
   results = {}
   for impl in ("pallas", "xla"):
-    r = run_main(small_args(tmp_path, workdir, manual, *tiny, "--mode=eval",
-                            f"--config.model.attention_impl={impl}"), timeout=900)
+    r = run_main(
+        small_args(
+            tmp_path, workdir, manual, *tiny, "--mode=eval", f"--config.model.attention_impl={impl}"
+        ),
+        timeout=900,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     results[impl] = json.loads((workdir / "eval_results.json").read_text())
   for split in ("valid", "test"):
     assert results["pallas"][split]["tokens"] == results["xla"][split]["tokens"] > 0
     assert results["pallas"][split]["loss_nats"] == pytest.approx(
-        results["xla"][split]["loss_nats"], rel=1e-5)
+        results["xla"][split]["loss_nats"], rel=1e-5
+    )
   (tmp_path / "some.txt").write_text("the house saw a bird\n")
-  r = run_main(small_args(tmp_path, workdir, manual, *tiny, "--mode=score",
-                          f"--text={tmp_path / 'some.txt'}", f"--out={tmp_path / 'nll.npy'}",
-                          "--config.model.attention_impl=pallas"), timeout=900)
+  r = run_main(
+      small_args(
+          tmp_path,
+          workdir,
+          manual,
+          *tiny,
+          "--mode=score",
+          f"--text={tmp_path / 'some.txt'}",
+          f"--out={tmp_path / 'nll.npy'}",
+          "--config.model.attention_impl=pallas",
+      ),
+      timeout=900,
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   assert np.isfinite(np.load(tmp_path / "nll.npy")).all()
-  r = run_main(small_args(tmp_path, workdir, manual, *tiny, "--mode=generate",
-                          "--prompt=the house", "--num_tokens=5",
-                          "--config.model.attention_impl=pallas"), timeout=900)
+  r = run_main(
+      small_args(
+          tmp_path,
+          workdir,
+          manual,
+          *tiny,
+          "--mode=generate",
+          "--prompt=the house",
+          "--num_tokens=5",
+          "--config.model.attention_impl=pallas",
+      ),
+      timeout=900,
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   assert r.stdout.strip()

@@ -20,6 +20,7 @@ All parameters are redrawn at N(0, 0.2) (LayerNorm weights 1 + N(0, 0.1)) so
 the outputs are far from uniform; dropout is off; three consecutive segments
 are run with memory starting empty.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,6 +33,7 @@ import pytest
 
 # torch and transformers are in the test extra: a missing one is an error, not a skip.
 import torch  # noqa: E402
+
 with warnings.catch_warnings():  # transformers 4.35 uses a deprecated torch pytree API
   warnings.simplefilter("ignore", FutureWarning)
   import transformers  # noqa: E402,F401  (a missing one fails the module here)
@@ -39,22 +41,36 @@ with warnings.catch_warnings():  # transformers 4.35 uses a deprecated torch pyt
 from transformer_xl import convert
 from transformer_xl.model import models  # noqa: E402
 
-BASE = dict(n_token=40, n_layer=2, n_head=2, d_model=16, d_head=8, d_inner=32, dropout=0.0,
-            dropatt=0.0, tgt_len=5, mem_len=7)
+BASE = dict(
+    n_token=40,
+    n_layer=2,
+    n_head=2,
+    d_model=16,
+    d_head=8,
+    d_inner=32,
+    dropout=0.0,
+    dropatt=0.0,
+    tgt_len=5,
+    mem_len=7,
+)
 CASES = {
     "plain": dict(tie_weight=False),
     "plain_projected": dict(d_embed=24, tie_projs=[False]),
     "same_length_clamp": dict(same_length=True, clamp_len=3),
     "pre_lnorm": dict(pre_lnorm=True),
     "untie_r": dict(untie_r=True),
-    "adaptive_div1_tied": dict(cutoffs=[10, 25], d_embed=24, div_val=1,
-                               tie_projs=[False, True, True]),
-    "adaptive_div1_untied": dict(cutoffs=[10, 25], d_embed=24, div_val=1,
-                                 tie_projs=[False, False, False], tie_weight=False),
-    "adaptive_div4_tied": dict(cutoffs=[10, 25], d_embed=32, div_val=4,
-                               tie_projs=[False, True, True]),
-    "adaptive_div4_untied": dict(cutoffs=[10, 25], d_embed=32, div_val=4,
-                                 tie_projs=[False, False, False], tie_weight=False),
+    "adaptive_div1_tied": dict(
+        cutoffs=[10, 25], d_embed=24, div_val=1, tie_projs=[False, True, True]
+    ),
+    "adaptive_div1_untied": dict(
+        cutoffs=[10, 25], d_embed=24, div_val=1, tie_projs=[False, False, False], tie_weight=False
+    ),
+    "adaptive_div4_tied": dict(
+        cutoffs=[10, 25], d_embed=32, div_val=4, tie_projs=[False, True, True]
+    ),
+    "adaptive_div4_untied": dict(
+        cutoffs=[10, 25], d_embed=32, div_val=4, tie_projs=[False, False, False], tie_weight=False
+    ),
 }
 B = 2
 N_SEG = 3
@@ -70,12 +86,26 @@ def hf_model(hp: dict, seed: int = 0):
   with warnings.catch_warnings():  # deprecation warnings of transformers 4.35's TransfoXL
     warnings.simplefilter("ignore")
     from transformers import TransfoXLConfig, TransfoXLLMHeadModel
+
     config = TransfoXLConfig(
-        vocab_size=hp["n_token"], cutoffs=list(hp["cutoffs"]), d_model=hp["d_model"],
-        d_embed=hp["d_embed"], n_head=hp["n_head"], d_head=hp["d_head"], d_inner=hp["d_inner"],
-        div_val=hp["div_val"], pre_lnorm=hp["pre_lnorm"], n_layer=hp["n_layer"],
-        mem_len=hp["mem_len"], clamp_len=hp["clamp_len"], same_length=hp["same_length"],
-        dropout=0.0, dropatt=0.0, untie_r=hp["untie_r"], tie_word_embeddings=hp["tie_weight"])
+        vocab_size=hp["n_token"],
+        cutoffs=list(hp["cutoffs"]),
+        d_model=hp["d_model"],
+        d_embed=hp["d_embed"],
+        n_head=hp["n_head"],
+        d_head=hp["d_head"],
+        d_inner=hp["d_inner"],
+        div_val=hp["div_val"],
+        pre_lnorm=hp["pre_lnorm"],
+        n_layer=hp["n_layer"],
+        mem_len=hp["mem_len"],
+        clamp_len=hp["clamp_len"],
+        same_length=hp["same_length"],
+        dropout=0.0,
+        dropatt=0.0,
+        untie_r=hp["untie_r"],
+        tie_word_embeddings=hp["tie_weight"],
+    )
     config.tie_projs = list(hp["tie_projs"])
     model = TransfoXLLMHeadModel(config).eval()
   gen = torch.Generator().manual_seed(seed)
@@ -120,8 +150,8 @@ def hf_segments(model, hp: dict, tokens: np.ndarray, seg_len: int, mems=None):
   t = tokens.shape[1] - 1
   with torch.no_grad():
     for s in range(0, t, seg_len):
-      x = torch.from_numpy(tokens[:, s:min(s + seg_len, t)]).long()
-      y = torch.from_numpy(tokens[:, s + 1:min(s + seg_len, t) + 1]).long()
+      x = torch.from_numpy(tokens[:, s : min(s + seg_len, t)]).long()
+      y = torch.from_numpy(tokens[:, s + 1 : min(s + seg_len, t) + 1]).long()
       out = model(input_ids=x, mems=mems)
       mems = out.mems
       nlls.append(-out.prediction_scores.gather(-1, y[..., None])[..., 0].numpy())
@@ -136,11 +166,11 @@ def our_segments(params, cfg, tokens: np.ndarray, seg_len: int):
   memory = models.init_memory(cfg, tokens.shape[0])
   nlls, all_mems = [], []
   for s in range(0, tokens.shape[1] - 1, seg_len):
-    x, y = tokens[:, s:s + seg_len], tokens[:, s + 1:s + seg_len + 1]
+    x, y = tokens[:, s : s + seg_len], tokens[:, s + 1 : s + seg_len + 1]
     nll, memory = step(params, jnp.asarray(x, jnp.int32), memory, jnp.asarray(y, jnp.int32))
     nlls.append(np.asarray(nll))
     mlen = int(np.asarray(memory.mlen_B)[0])
-    all_mems.append(np.asarray(memory.mems_LxBxMxD)[:, :, cfg.mem_len - mlen:])
+    all_mems.append(np.asarray(memory.mems_LxBxMxD)[:, :, cfg.mem_len - mlen :])
   return np.concatenate(nlls, axis=1), all_mems
 
 
@@ -172,8 +202,7 @@ def _impl_cases(cases, fast_pallas=FAST_PALLAS):
     marks = case.marks if hasattr(case, "marks") else ()
     name = case.values[0] if hasattr(case, "values") else case
     out.append(pytest.param(name, "xla", marks=marks))
-    out.append(pytest.param(name, "pallas",
-                            marks=() if name in fast_pallas else pytest.mark.slow))
+    out.append(pytest.param(name, "pallas", marks=() if name in fast_pallas else pytest.mark.slow))
   return out
 
 
@@ -196,10 +225,17 @@ def _rel_err(a: np.ndarray, b: np.ndarray) -> float:
   return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-@pytest.mark.parametrize("case,impl", _impl_cases([
-    pytest.param("adaptive_div4_tied", marks=pytest.mark.slow),
-    pytest.param("adaptive_div1_untied", marks=pytest.mark.slow), "pre_lnorm",
-    pytest.param("untie_r", marks=pytest.mark.slow)]))
+@pytest.mark.parametrize(
+    "case,impl",
+    _impl_cases(
+        [
+            pytest.param("adaptive_div4_tied", marks=pytest.mark.slow),
+            pytest.param("adaptive_div1_untied", marks=pytest.mark.slow),
+            "pre_lnorm",
+            pytest.param("untie_r", marks=pytest.mark.slow),
+        ]
+    ),
+)
 def test_training_step_loss_and_gradients_match_huggingface(case, impl):
   """Loss (mean NLL of a segment that attends to the previous one's memory)
   and the gradient of every parameter, to 1e-5 relative."""
@@ -207,15 +243,25 @@ def test_training_step_loss_and_gradients_match_huggingface(case, impl):
   cfg = dataclasses.replace(cfg, attention_impl=impl)
   t = hp["tgt_len"]
   tokens = random_tokens(hp["n_token"], 2 * t + 1, seed=3)
-  x1, x2, y2 = tokens[:, :t], tokens[:, t:2 * t], tokens[:, t + 1:2 * t + 1]
+  x1, x2, y2 = tokens[:, :t], tokens[:, t : 2 * t], tokens[:, t + 1 : 2 * t + 1]
   # Ours.
   net = models.TransformerXL(cfg)
-  _, memory = net.apply({"params": params}, jnp.asarray(x1), models.init_memory(cfg, B),
-                        jnp.asarray(tokens[:, 1:t + 1]))
+  _, memory = net.apply(
+      {"params": params},
+      jnp.asarray(x1),
+      models.init_memory(cfg, B),
+      jnp.asarray(tokens[:, 1 : t + 1]),
+  )
 
   def loss_fn(p):
-    nll, _ = net.apply({"params": p}, jnp.asarray(x2), memory, jnp.asarray(y2),
-                       deterministic=False, rngs={"dropout": jax.random.PRNGKey(0)})
+    nll, _ = net.apply(
+        {"params": p},
+        jnp.asarray(x2),
+        memory,
+        jnp.asarray(y2),
+        deterministic=False,
+        rngs={"dropout": jax.random.PRNGKey(0)},
+    )
     return jnp.mean(nll)
 
   loss, grads = jax.jit(jax.value_and_grad(loss_fn))(params)
@@ -227,8 +273,10 @@ def test_training_step_loss_and_gradients_match_huggingface(case, impl):
   ref_loss = -out.prediction_scores.gather(-1, torch.from_numpy(y2)[..., None]).mean()
   ref_loss.backward()
   assert float(loss) == pytest.approx(float(ref_loss.detach()), rel=1e-5)
-  grad_sd = {k: (v.grad if v.grad is not None else torch.zeros_like(v)).numpy().copy()
-             for k, v in model.state_dict(keep_vars=True).items()}
+  grad_sd = {
+      k: (v.grad if v.grad is not None else torch.zeros_like(v)).numpy().copy()
+      for k, v in model.state_dict(keep_vars=True).items()
+  }
   for k in ("crit.cluster_weight", "crit.cluster_bias"):  # back to reference order
     if k in grad_sd:
       grad_sd[k] = grad_sd[k][::-1].copy()
@@ -249,8 +297,9 @@ def test_known_difference_zero_filled_initial_memory():
   ours, _ = our_segments(params, cfg, tokens, hp["tgt_len"])
   with torch.no_grad():
     out = model(input_ids=torch.from_numpy(tokens[:, :-1]))  # mems=None: zeros
-  zero_filled = -out.prediction_scores.gather(
-      -1, torch.from_numpy(tokens[:, 1:])[..., None])[..., 0].numpy()
+  zero_filled = -out.prediction_scores.gather(-1, torch.from_numpy(tokens[:, 1:])[..., None])[
+      ..., 0
+  ].numpy()
   assert np.abs(zero_filled - ours).max() > 1e-2
   empty, _ = hf_segments(model, hp, tokens, hp["tgt_len"])
   np.testing.assert_allclose(ours, empty, rtol=1e-5, atol=1e-5)
@@ -265,12 +314,14 @@ def test_known_difference_cluster_order():
   sd = state_dict(model)
   tokens = random_tokens(hp["n_token"], 2 * hp["tgt_len"] + 1, seed=6)
   ref, _ = hf_segments(model, hp, tokens, hp["tgt_len"])  # HF's own (forward) order
-  same_rows, _ = our_segments(convert.params_from_state_dict(sd, cfg, "reference"), cfg, tokens,
-                              hp["tgt_len"])
+  same_rows, _ = our_segments(
+      convert.params_from_state_dict(sd, cfg, "reference"), cfg, tokens, hp["tgt_len"]
+  )
   assert np.abs(same_rows - ref).max() > 1e-2
   # Converting HF's dict as forward order reverses the rows: the same function.
-  forward, _ = our_segments(convert.params_from_state_dict(sd, cfg, "forward"), cfg, tokens,
-                            hp["tgt_len"])
+  forward, _ = our_segments(
+      convert.params_from_state_dict(sd, cfg, "forward"), cfg, tokens, hp["tgt_len"]
+  )
   np.testing.assert_allclose(forward, ref, rtol=1e-5, atol=1e-5)
 
 
@@ -281,8 +332,11 @@ def test_known_difference_hf_losses_are_grouped_by_cluster():
   t = hp["tgt_len"]
   tokens = random_tokens(hp["n_token"], t, seed=8)
   with torch.no_grad():
-    out = model(input_ids=torch.from_numpy(tokens), labels=torch.from_numpy(tokens),
-                mems=empty_hf_mems(hp, B))
+    out = model(
+        input_ids=torch.from_numpy(tokens),
+        labels=torch.from_numpy(tokens),
+        mems=empty_hf_mems(hp, B),
+    )
   # HF predicts tokens[:, 1:] from positions 0..t-2 and returns [B, t-1] losses.
   ours, _ = our_segments(params, cfg, tokens, t - 1)
   targets = tokens[:, 1:].reshape(-1)

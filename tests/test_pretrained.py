@@ -9,6 +9,7 @@ whose NLL is the oracle; a pickled reference ``Corpus`` whose vocabulary is
 our WikiText-103 sample's in another order.  The server can cut a response
 short or flip a byte, and logs every request (with its Range header).
 """
+
 from __future__ import annotations
 
 import collections
@@ -95,14 +96,14 @@ class ReleaseServer:
         chunk = body[start:]
         if fault == "corrupt":
           mid = len(chunk) // 2
-          chunk = chunk[:mid] + bytes([chunk[mid] ^ 0xFF]) + chunk[mid + 1:]
+          chunk = chunk[:mid] + bytes([chunk[mid] ^ 0xFF]) + chunk[mid + 1 :]
         self.send_response(206 if rng else 200)
         self.send_header("Content-Length", str(len(chunk)))
         if rng:
           self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
         self.end_headers()
         if fault == "truncate":
-          self.wfile.write(chunk[:len(chunk) // 2])
+          self.wfile.write(chunk[: len(chunk) // 2])
           self.wfile.flush()
           self.close_connection = True
           return
@@ -147,13 +148,26 @@ def reference_cache_pickle(idx2sym: list[str], dataset: str, cutoffs: list[int])
   try:
     vocab = Vocab()
     vocab.__dict__.update(
-        counter=collections.Counter({s: 3 for s in idx2sym}), special=["<eos>"], min_freq=0,
-        max_size=None, lower_case=False, delimiter=None, vocab_file=None, idx2sym=list(idx2sym),
-        sym2idx=collections.OrderedDict((s, i) for i, s in enumerate(idx2sym)))
+        counter=collections.Counter({s: 3 for s in idx2sym}),
+        special=["<eos>"],
+        min_freq=0,
+        max_size=None,
+        lower_case=False,
+        delimiter=None,
+        vocab_file=None,
+        idx2sym=list(idx2sym),
+        sym2idx=collections.OrderedDict((s, i) for i, s in enumerate(idx2sym)),
+    )
     corpus = Corpus()
     ids = np.arange(50, dtype=np.int64) % len(idx2sym)
-    corpus.__dict__.update(dataset=dataset, vocab=vocab, train=ids, valid=ids[:20],
-                           test=ids[:30], cutoffs=[0, *cutoffs, len(idx2sym)])
+    corpus.__dict__.update(
+        dataset=dataset,
+        vocab=vocab,
+        train=ids,
+        valid=ids[:20],
+        test=ids[:30],
+        cutoffs=[0, *cutoffs, len(idx2sym)],
+    )
     return pickle.dumps(corpus, protocol=2)
   finally:
     for k, v in saved.items():
@@ -166,11 +180,11 @@ def reference_cache_pickle(idx2sym: list[str], dataset: str, cutoffs: list[int])
 @dataclasses.dataclass
 class SmallRelease:
   release: pretrained.Release
-  files: dict[str, bytes]      # path under the release's url -> bytes
-  model: object                # the HF model with the release's tensors
+  files: dict[str, bytes]  # path under the release's url -> bytes
+  model: object  # the HF model with the release's tensors
   hp: dict
   ref_vocab: list[str]
-  manual: Path                 # our WikiText-103 sample (data.manual_dir)
+  manual: Path  # our WikiText-103 sample (data.manual_dir)
   data_dir: Path
 
 
@@ -179,8 +193,13 @@ def small_release(tmp_path_factory) -> SmallRelease:
   tmp = tmp_path_factory.mktemp("release")
   manual, data_dir = tmp / "wiki", tmp / "tfds"
   _wiki_zip(manual, "wikitext-103")
-  corpus = data.load_corpus("wikitext103", data_dir=str(data_dir), manual_dir=str(manual),
-                            download=False, verify_checksums=False)
+  corpus = data.load_corpus(
+      "wikitext103",
+      data_dir=str(data_dir),
+      manual_dir=str(manual),
+      download=False,
+      verify_checksums=False,
+  )
   ours = list(corpus.vocab)
   cutoffs = [8, 16]
   # The release's ids: ours shuffled within each adaptive-softmax cluster.
@@ -189,24 +208,38 @@ def small_release(tmp_path_factory) -> SmallRelease:
   ref_vocab = []
   for lo, hi in zip(bounds[:-1], bounds[1:]):
     ref_vocab += [ours[lo + i] for i in rng.permutation(hi - lo)]
-  sizes = dict(BASE, n_layer=2, d_embed=32, div_val=4, untie_r=True,
-               proj_share_all_but_first=True, tgt_len=EVAL["tgt_len"], mem_len=EVAL["mem_len"],
-               clamp_len=EVAL["clamp_len"], same_length=True)
+  sizes = dict(
+      BASE,
+      n_layer=2,
+      d_embed=32,
+      div_val=4,
+      untie_r=True,
+      proj_share_all_but_first=True,
+      tgt_len=EVAL["tgt_len"],
+      mem_len=EVAL["mem_len"],
+      clamp_len=EVAL["clamp_len"],
+      same_length=True,
+  )
   sizes.pop("n_token")
   hp = convert.load_hparams({**sizes, "n_token": len(ref_vocab), "cutoffs": cutoffs})
   model = hf_model(hp, seed=31)
   prefix = write_tf_checkpoint(tf_variables(state_dict(model), hp), tmp / "tf")
   files = {
       "data/cache.pkl": reference_cache_pickle(ref_vocab, "wt103", cutoffs),
-      "data/corpus-info.json": json.dumps({"vocab_size": len(ref_vocab),
-                                           "cutoffs": bounds, "dataset": "wt103"}).encode(),
+      "data/corpus-info.json": json.dumps(
+          {"vocab_size": len(ref_vocab), "cutoffs": bounds, "dataset": "wt103"}
+      ).encode(),
       "model/model.ckpt-0.index": Path(prefix + ".index").read_bytes(),
-      "model/model.ckpt-0.data-00000-of-00001":
-          Path(prefix + ".data-00000-of-00001").read_bytes(),
+      "model/model.ckpt-0.data-00000-of-00001": Path(prefix + ".data-00000-of-00001").read_bytes(),
   }
-  rel = dataclasses.replace(pretrained.RELEASES["wt103"], hparams=sizes,
-                            n_token=len(ref_vocab), cutoffs=tuple(cutoffs), eval=EVAL,
-                            train_global_batch=8)
+  rel = dataclasses.replace(
+      pretrained.RELEASES["wt103"],
+      hparams=sizes,
+      n_token=len(ref_vocab),
+      cutoffs=tuple(cutoffs),
+      eval=EVAL,
+      train_global_batch=8,
+  )
   return SmallRelease(rel, files, model, hp, ref_vocab, manual, data_dir)
 
 
@@ -215,8 +248,11 @@ def server(small_release, monkeypatch):
   srv = ReleaseServer()
   for name, body in small_release.files.items():
     srv.files[f"/tf_wt103/{name}"] = body
-  monkeypatch.setitem(pretrained.RELEASES, "wt103",
-                      dataclasses.replace(small_release.release, url=f"{srv.url}/tf_wt103"))
+  monkeypatch.setitem(
+      pretrained.RELEASES,
+      "wt103",
+      dataclasses.replace(small_release.release, url=f"{srv.url}/tf_wt103"),
+  )
   yield srv
   srv.close()
 
@@ -226,14 +262,22 @@ def cli(*args: str) -> None:
 
 
 def data_flags(r: SmallRelease) -> list[str]:
-  return [f"--data_dir={r.data_dir}", f"--dataset_manual_dir={r.manual}",
-          "--verify_checksums=false"]
+  return [
+      f"--data_dir={r.data_dir}",
+      f"--dataset_manual_dir={r.manual}",
+      "--verify_checksums=false",
+  ]
 
 
 def hf_valid_nll(r: SmallRelease) -> np.ndarray:
   """HF's per-token NLL of our valid stream in the release's ids (the oracle)."""
-  corpus = data.load_corpus("wikitext103", data_dir=str(r.data_dir), manual_dir=str(r.manual),
-                            download=False, verify_checksums=False)
+  corpus = data.load_corpus(
+      "wikitext103",
+      data_dir=str(r.data_dir),
+      manual_dir=str(r.manual),
+      download=False,
+      verify_checksums=False,
+  )
   valid = corpus.splits["valid"]
   stream = np.concatenate([[corpus.boundary_id], valid.read(0, valid.num_tokens)])
   ref_id = {s: i for i, s in enumerate(r.ref_vocab)}
@@ -249,10 +293,10 @@ def hf_valid_nll(r: SmallRelease) -> np.ndarray:
 
 @pytest.mark.slow
 def test_pretrained_wt103_downloads_converts_and_evaluates_at_the_release_settings(
-    small_release, server, tmp_path, capsys):
+    small_release, server, tmp_path, capsys
+):
   cache, wd = tmp_path / "cache", tmp_path / "wd"
-  cli("--pretrained=wt103", f"--workdir={wd}", f"--cache_dir={cache}",
-      *data_flags(small_release))
+  cli("--pretrained=wt103", f"--workdir={wd}", f"--cache_dir={cache}", *data_flags(small_release))
   out = capsys.readouterr().out
   records = json.loads((cache / "downloads/wt103/checksums.json").read_text())["files"]
   for name, body in small_release.files.items():
@@ -271,8 +315,12 @@ def test_pretrained_wt103_downloads_converts_and_evaluates_at_the_release_settin
   assert results["valid"]["loss_nats"] == pytest.approx(float(ref.mean()), rel=1e-5)
   # A second conversion uses the cache: no request, the same files verified.
   n = len(server.requests)
-  cli("--pretrained=wt103", f"--workdir={tmp_path / 'wd2'}", f"--cache_dir={cache}",
-      *data_flags(small_release))
+  cli(
+      "--pretrained=wt103",
+      f"--workdir={tmp_path / 'wd2'}",
+      f"--cache_dir={cache}",
+      *data_flags(small_release),
+  )
   assert len(server.requests) == n
 
 
@@ -281,40 +329,53 @@ def test_manual_dir_offline_and_its_missing_files_named(small_release, server, t
   for name, body in small_release.files.items():
     (manual / name).parent.mkdir(parents=True, exist_ok=True)
     (manual / name).write_bytes(body)
-  base = pretrained.release_files(pretrained.release("wt103"), str(tmp_path / "cache"),
-                                  manual_dir=str(manual))
+  base = pretrained.release_files(
+      pretrained.release("wt103"), str(tmp_path / "cache"), manual_dir=str(manual)
+  )
   assert base == manual and server.requests == []
   # Offline end to end: the conversion reads the manual dir, never the network.
   wd = tmp_path / "wd_offline"
-  cli("--pretrained=wt103", f"--workdir={wd}", f"--cache_dir={tmp_path / 'cache'}",
-      f"--manual_dir={manual}", "--download=false", *data_flags(small_release))
+  cli(
+      "--pretrained=wt103",
+      f"--workdir={wd}",
+      f"--cache_dir={tmp_path / 'cache'}",
+      f"--manual_dir={manual}",
+      "--download=false",
+      *data_flags(small_release),
+  )
   config = json.loads((wd / "config.json").read_text())
   assert {k: config["eval"][k] for k in EVAL} == EVAL and server.requests == []
   (manual / "data/cache.pkl").unlink()
   (manual / "model/model.ckpt-0.index").unlink()
   with pytest.raises(SystemExit) as exc:
-    cli("--pretrained=wt103", f"--workdir={tmp_path / 'wd'}", f"--cache_dir={tmp_path / 'cache'}",
-        f"--manual_dir={manual}", *data_flags(small_release))
+    cli(
+        "--pretrained=wt103",
+        f"--workdir={tmp_path / 'wd'}",
+        f"--cache_dir={tmp_path / 'cache'}",
+        f"--manual_dir={manual}",
+        *data_flags(small_release),
+    )
   msg = str(exc.value)
   assert msg.startswith("error: release wt103: 2 of its files missing") and "\n" not in msg
   for name in ("data/cache.pkl", "model/model.ckpt-0.index"):
-    sha = json.loads((tmp_path / "cache/downloads/wt103/checksums.json").read_text()
-                     )["files"][name]["sha256"]
+    sha = json.loads((tmp_path / "cache/downloads/wt103/checksums.json").read_text())["files"][
+        name
+    ]["sha256"]
     assert f"{name} from {server.url}/tf_wt103/{name} (sha256 {sha}" in msg
   assert server.requests == []
   # A file of the manual dir that differs from its record is refused.
   (manual / "data/cache.pkl").write_bytes(small_release.files["data/cache.pkl"] + b" ")
   with pytest.raises(convert.ConvertError, match="differs from the data/cache.pkl recorded"):
-    pretrained.release_files(pretrained.release("wt103"), str(tmp_path / "cache"),
-                             manual_dir=str(manual))
+    pretrained.release_files(
+        pretrained.release("wt103"), str(tmp_path / "cache"), manual_dir=str(manual)
+    )
 
 
 def test_a_download_cut_short_is_resumed_with_a_range_request(small_release, server, tmp_path):
   name = "model/model.ckpt-0.data-00000-of-00001"
   body = small_release.files[name]
   server.faults[f"/tf_wt103/{name}"] = ["truncate"]
-  base = pretrained.release_files(pretrained.release("wt103"), str(tmp_path / "c"),
-                                  progress=False)
+  base = pretrained.release_files(pretrained.release("wt103"), str(tmp_path / "c"), progress=False)
   assert (base / name).read_bytes() == body
   assert server.gets(name) == [None, f"bytes={len(body) // 2}-"]
 
@@ -325,8 +386,7 @@ def test_a_partial_file_of_an_interrupted_run_is_resumed(small_release, server, 
   part = tmp_path / "c/downloads/wt103/data/cache.pkl.part"
   part.parent.mkdir(parents=True)
   part.write_bytes(body[:100])
-  base = pretrained.release_files(pretrained.release("wt103"), str(tmp_path / "c"),
-                                  progress=False)
+  base = pretrained.release_files(pretrained.release("wt103"), str(tmp_path / "c"), progress=False)
   assert (base / name).read_bytes() == body and not part.exists()
   assert server.gets(name) == ["bytes=100-"]
 
@@ -349,13 +409,19 @@ def test_a_cached_file_that_changed_is_fetched_again(small_release, server, tmp_
 
 @pytest.mark.slow
 def test_a_corrupted_first_download_is_caught_by_the_checkpoint_crc_and_fetched_again(
-    small_release, server, tmp_path):
+    small_release, server, tmp_path
+):
   name = "model/model.ckpt-0.data-00000-of-00001"
   server.faults[f"/tf_wt103/{name}"] = ["corrupt"]
   report = pretrained.convert_release(
-      "wt103", str(tmp_path / "wd"), cache_dir=str(tmp_path / "c"), progress=False,
-      data_dir=str(small_release.data_dir), dataset_manual_dir=str(small_release.manual),
-      verify_checksums=False)
+      "wt103",
+      str(tmp_path / "wd"),
+      cache_dir=str(tmp_path / "c"),
+      progress=False,
+      data_dir=str(small_release.data_dir),
+      dataset_manual_dir=str(small_release.manual),
+      verify_checksums=False,
+  )
   assert server.gets(name) == [None, None]
   downloaded = Path(report["files"]) / name
   assert downloaded.read_bytes() == small_release.files[name]
@@ -367,14 +433,20 @@ def test_a_malicious_vocabulary_cache_is_refused_and_never_run(small_release, se
   marker = tmp_path / "pwned"
 
   class Evil:
+
     def __reduce__(self):
       import os
+
       return os.system, (f"touch {marker}",)
 
   server.files["/tf_wt103/data/cache.pkl"] = pickle.dumps({"vocab": Evil()}, protocol=2)
   with pytest.raises(SystemExit) as exc:
-    cli("--pretrained=wt103", f"--workdir={tmp_path / 'wd'}", f"--cache_dir={tmp_path / 'c'}",
-        *data_flags(small_release))
+    cli(
+        "--pretrained=wt103",
+        f"--workdir={tmp_path / 'wd'}",
+        f"--cache_dir={tmp_path / 'c'}",
+        *data_flags(small_release),
+    )
   assert str(exc.value).startswith("error: ") and "system" in str(exc.value)
   assert not marker.exists() and not (tmp_path / "wd" / "config.json").exists()
 
@@ -382,34 +454,51 @@ def test_a_malicious_vocabulary_cache_is_refused_and_never_run(small_release, se
 def test_unknown_release_and_unreachable_server_are_one_line_errors(tmp_path, monkeypatch):
   with pytest.raises(SystemExit) as exc:
     cli("--pretrained=wt104", f"--workdir={tmp_path / 'wd'}")
-  assert str(exc.value) == ("error: flag --pretrained=wt104: value should be one of "
-                            "<enwik8|lm1b|text8|transfo-xl/transfo-xl-wt103|wt103>")
+  assert str(exc.value) == (
+      "error: flag --pretrained=wt104: value should be one of "
+      "<enwik8|lm1b|text8|transfo-xl/transfo-xl-wt103|wt103>"
+  )
   with pytest.raises(convert.ConvertError, match=r"choose one of \['enwik8', 'lm1b'"):
     pretrained.convert_release("wt104", str(tmp_path / "wd"))
   # A port nothing listens on: three tries, then the URL and the way out.
-  monkeypatch.setitem(pretrained.RELEASES, "text8", dataclasses.replace(
-      pretrained.RELEASES["text8"], url="http://127.0.0.1:9/tf_text8"))
+  monkeypatch.setitem(
+      pretrained.RELEASES,
+      "text8",
+      dataclasses.replace(pretrained.RELEASES["text8"], url="http://127.0.0.1:9/tf_text8"),
+  )
   with pytest.raises(SystemExit) as exc:
     cli("--pretrained=text8", f"--workdir={tmp_path / 'wd'}", f"--cache_dir={tmp_path / 'c'}")
   msg = str(exc.value)
-  assert msg.startswith("error: cannot download http://127.0.0.1:9/tf_text8/data/corpus-info"
-                        ".json") and "--manual_dir" in msg and "\n" not in msg
+  assert (
+      msg.startswith("error: cannot download http://127.0.0.1:9/tf_text8/data/corpus-info" ".json")
+      and "--manual_dir" in msg
+      and "\n" not in msg
+  )
 
 
 @pytest.mark.slow
 def test_from_pretrained_scores_and_generates_in_three_lines(small_release, server, tmp_path):
   from transformer_xl import LanguageModel
+
   lm = LanguageModel.from_pretrained(
-      "wt103", cache_dir=str(tmp_path / "c"), data_dir=str(small_release.data_dir),
-      dataset_manual_dir=str(small_release.manual), verify_checksums=False)
+      "wt103",
+      cache_dir=str(tmp_path / "c"),
+      data_dir=str(small_release.data_dir),
+      dataset_manual_dir=str(small_release.manual),
+      verify_checksums=False,
+  )
   score = lm.score_text("The game is carried over .\n")
   out = lm.generate("The game", num_tokens=5, seed=0)
   assert score.nll.shape == (7,) and np.all(np.isfinite(score.nll))
   assert out.tokens.shape == (1, 5) and out.texts[0]
   n = len(server.requests)  # the second call reuses the converted workdir in the cache
   again = LanguageModel.from_pretrained(
-      "wt103", cache_dir=str(tmp_path / "c"), data_dir=str(small_release.data_dir),
-      dataset_manual_dir=str(small_release.manual), verify_checksums=False)
+      "wt103",
+      cache_dir=str(tmp_path / "c"),
+      data_dir=str(small_release.data_dir),
+      dataset_manual_dir=str(small_release.manual),
+      verify_checksums=False,
+  )
   assert len(server.requests) == n
   np.testing.assert_array_equal(again.score_text("The game is carried over .\n").nll, score.nll)
 
@@ -429,6 +518,7 @@ def hub(small_release, server, hf_tokenization, tmp_path, monkeypatch):  # noqa:
   ``save_vocabulary``); ETags as the Hub sends them (git blob SHA-1 for
   config.json, SHA-256 for the LFS files)."""
   import torch
+
   r = small_release
   (tmp_path / "vocab.txt").write_text("\n".join(r.ref_vocab) + "\n", encoding="utf-8")
   with warnings.catch_warnings():
@@ -436,26 +526,38 @@ def hub(small_release, server, hf_tokenization, tmp_path, monkeypatch):  # noqa:
     tok = hf_tokenization.TransfoXLTokenizer(vocab_file=str(tmp_path / "vocab.txt"))
     (vocab_pkl,) = tok.save_vocabulary(str(tmp_path))
   torch.save(r.model.state_dict(), tmp_path / "pytorch_model.bin")
-  files = {"config.json": r.model.config.to_json_string().encode(),
-           "vocab.pkl": Path(vocab_pkl).read_bytes(),
-           "pytorch_model.bin": (tmp_path / "pytorch_model.bin").read_bytes()}
+  files = {
+      "config.json": r.model.config.to_json_string().encode(),
+      "vocab.pkl": Path(vocab_pkl).read_bytes(),
+      "pytorch_model.bin": (tmp_path / "pytorch_model.bin").read_bytes(),
+  }
   for name, body in files.items():
     server.files[f"{HUB}/{name}"] = body
     server.etags[f"{HUB}/{name}"] = (
-        hashlib.sha1(f"blob {len(body)}\0".encode() + body).hexdigest() if name == "config.json"
-        else hashlib.sha256(body).hexdigest())
-  monkeypatch.setitem(pretrained.RELEASES, "transfo-xl/transfo-xl-wt103", dataclasses.replace(
-      pretrained.RELEASES["transfo-xl/transfo-xl-wt103"], endpoint=server.url))
+        hashlib.sha1(f"blob {len(body)}\0".encode() + body).hexdigest()
+        if name == "config.json"
+        else hashlib.sha256(body).hexdigest()
+    )
+  monkeypatch.setitem(
+      pretrained.RELEASES,
+      "transfo-xl/transfo-xl-wt103",
+      dataclasses.replace(pretrained.RELEASES["transfo-xl/transfo-xl-wt103"], endpoint=server.url),
+  )
   return files
 
 
 @pytest.mark.slow
 def test_the_hub_release_converts_checks_its_checksums_and_evaluates(
-    small_release, server, hub, tmp_path):
+    small_release, server, hub, tmp_path
+):
   server.faults[f"{HUB}/pytorch_model.bin"] = ["corrupt"]
   wd = tmp_path / "wd"
-  cli("--pretrained=transfo-xl/transfo-xl-wt103", f"--workdir={wd}",
-      f"--cache_dir={tmp_path / 'c'}", *data_flags(small_release))
+  cli(
+      "--pretrained=transfo-xl/transfo-xl-wt103",
+      f"--workdir={wd}",
+      f"--cache_dir={tmp_path / 'c'}",
+      *data_flags(small_release),
+  )
   # The corrupted weights failed the Hub's SHA-256 and were downloaded again.
   assert server.gets("pytorch_model.bin") == [None, None]
   assert server.gets("vocab.pkl") == [None] and server.gets("config.json") == [None]
@@ -477,6 +579,8 @@ def test_the_hub_release_offline_from_manual_dir(small_release, server, hub, tmp
   paths = pretrained.hub_files(rel, str(tmp_path / "c"), manual_dir=str(manual))
   assert {n: p.read_bytes() for n, p in paths.items()} == hub and server.requests == []
   (manual / "vocab.pkl").unlink()
-  with pytest.raises(convert.ConvertError, match=r"1 of its files missing .*vocab.pkl from "
-                     + re.escape(f"{server.url}{HUB}/vocab.pkl")):
+  with pytest.raises(
+      convert.ConvertError,
+      match=r"1 of its files missing .*vocab.pkl from " + re.escape(f"{server.url}{HUB}/vocab.pkl"),
+  ):
     pretrained.hub_files(rel, str(tmp_path / "c"), manual_dir=str(manual))

@@ -1,4 +1,5 @@
 """process_settings: the command line restarts once with glibc's huge pages; logging, signals."""
+
 import json
 import os
 import platform
@@ -9,6 +10,7 @@ import time
 import pytest
 
 from transformer_xl.cli import process_settings
+
 from test_train import REPO
 
 GLIBC = platform.libc_ver()[0] == "glibc"
@@ -18,31 +20,49 @@ THP = process_settings.thp_mode() in ("always", "madvise")
 def test_hugepages_environ_adds_the_tunable_once():
   env = process_settings.hugepages_environ({"A": "1"}, "glibc", "madvise")
   assert env == {"A": "1", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
-  kept = process_settings.hugepages_environ({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=9"},
-                                       "glibc", "always")
+  kept = process_settings.hugepages_environ(
+      {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=9"}, "glibc", "always"
+  )
   assert kept["GLIBC_TUNABLES"] == "glibc.malloc.trim_threshold=9:glibc.malloc.hugetlb=1"
   # Never twice (the restarted process sees the tunable), nor where it cannot help.
   assert process_settings.hugepages_environ(env, "glibc", "madvise") is None
-  assert process_settings.hugepages_environ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, "glibc",
-                                       "madvise") is None
+  assert (
+      process_settings.hugepages_environ(
+          {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, "glibc", "madvise"
+      )
+      is None
+  )
   assert process_settings.hugepages_environ({}, "glibc", "never") is None
   assert process_settings.hugepages_environ({}, "glibc", "") is None
   assert process_settings.hugepages_environ({}, "", "madvise") is None
-  assert process_settings.hugepages_environ({"TRANSFORMER_XL_HUGEPAGES": "0"}, "glibc",
-                                       "madvise") is None
+  assert (
+      process_settings.hugepages_environ({"TRANSFORMER_XL_HUGEPAGES": "0"}, "glibc", "madvise")
+      is None
+  )
 
 
-_SHOW = ("from transformer_xl.cli import process_settings; process_settings.reexec_with_hugepages(); "
-         "import os, sys; print(os.environ.get('GLIBC_TUNABLES'), sys.argv[1:])")
+_SHOW = (
+    "from transformer_xl.cli import process_settings; process_settings.reexec_with_hugepages(); "
+    "import os, sys; print(os.environ.get('GLIBC_TUNABLES'), sys.argv[1:])"
+)
 
 
-@pytest.mark.skipif(not (GLIBC and THP and sys.platform.startswith("linux")),
-                    reason="needs glibc and transparent huge pages")
+@pytest.mark.skipif(
+    not (GLIBC and THP and sys.platform.startswith("linux")),
+    reason="needs glibc and transparent huge pages",
+)
 def test_the_process_restarts_with_the_tunable_and_its_arguments():
-  env = {k: v for k, v in os.environ.items()
-         if k not in ("GLIBC_TUNABLES", "TRANSFORMER_XL_HUGEPAGES")}
-  run = lambda e: subprocess.run([sys.executable, "-c", _SHOW, "x", "--y=1"], cwd=REPO, env=e,
-                                 capture_output=True, text=True, timeout=60)
+  env = {
+      k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "TRANSFORMER_XL_HUGEPAGES")
+  }
+  run = lambda e: subprocess.run(
+      [sys.executable, "-c", _SHOW, "x", "--y=1"],
+      cwd=REPO,
+      env=e,
+      capture_output=True,
+      text=True,
+      timeout=60,
+  )
   r = run(env)
   assert r.returncode == 0 and r.stdout.strip() == "glibc.malloc.hugetlb=1 ['x', '--y=1']", r
   r = run(dict(env, TRANSFORMER_XL_HUGEPAGES="0"))
@@ -51,8 +71,14 @@ def test_the_process_restarts_with_the_tunable_and_its_arguments():
 
 def test_the_command_line_restarts_once_and_still_reports_bad_input():
   env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
-  r = subprocess.run([sys.executable, "-m", "transformer_xl.main", "--mode=train"], cwd=REPO,
-                     env=env, capture_output=True, text=True, timeout=120)
+  r = subprocess.run(
+      [sys.executable, "-m", "transformer_xl.main", "--mode=train"],
+      cwd=REPO,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=120,
+  )
   assert r.returncode == 1 and "--config" in r.stderr and "Traceback" not in r.stderr, r
 
 
@@ -78,8 +104,9 @@ print(ran, before, rss_mib())
 
 @pytest.mark.skipif(not (GLIBC and sys.platform.startswith("linux")), reason="needs glibc")
 def test_release_free_memory_returns_the_freed_heap_to_the_kernel():
-  r = subprocess.run([sys.executable, "-c", _FRAGMENT], cwd=REPO, capture_output=True,
-                     text=True, timeout=60)
+  r = subprocess.run(
+      [sys.executable, "-c", _FRAGMENT], cwd=REPO, capture_output=True, text=True, timeout=60
+  )
   ran, before, after = r.stdout.split()
   assert ran == "True", r
   # ~280 MiB were freed but stayed resident; the call hands them back.
@@ -89,6 +116,7 @@ def test_release_free_memory_returns_the_freed_heap_to_the_kernel():
 def test_release_after_compiles_runs_after_every_compilation(monkeypatch):
   import jax
   import jax.numpy as jnp
+
   x, y = jnp.arange(7.0), jnp.arange(5.0)  # compiled before counting
   calls = []
   monkeypatch.setattr(process_settings, "release_free_memory", lambda: calls.append(1) or True)
@@ -142,8 +170,14 @@ def test_the_library_changes_nothing_process_wide(tmp_path):
   checkpoint leave logging, hooks, signal handlers, the environment and
   jax's settings as they were (only the entry points change them)."""
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]))
-  r = subprocess.run([sys.executable, "-c", _LIBRARY_RUN, str(tmp_path / "wd")], cwd=REPO,
-                     env=env, capture_output=True, text=True, timeout=600)
+  r = subprocess.run(
+      [sys.executable, "-c", _LIBRARY_RUN, str(tmp_path / "wd")],
+      cwd=REPO,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=600,
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   result = json.loads(r.stdout.strip().splitlines()[-1])
   assert result["step"] == 2
@@ -152,6 +186,7 @@ def test_the_library_changes_nothing_process_wide(tmp_path):
 
 def test_configure_logging_drops_orbax_failures_and_keeps_the_rest(monkeypatch):
   import logging
+
   absl, asyncio_logger = logging.getLogger("absl"), logging.getLogger("asyncio")
   monkeypatch.setattr(absl, "filters", list(absl.filters))
   monkeypatch.setattr(asyncio_logger, "filters", list(asyncio_logger.filters))
@@ -171,11 +206,13 @@ def test_configure_logging_drops_orbax_failures_and_keeps_the_rest(monkeypatch):
   assert absl.filter(record("absl", "our own warning", ours))
   assert not asyncio_logger.filter(record("asyncio", "Task exception was never retrieved", ""))
   # a failed gather of several writes (seen when a full disk fails orbax's save)
-  assert not asyncio_logger.filter(record(
-      "asyncio", "_GatheringFuture exception was never retrieved\nfuture: <...>", ""))
+  assert not asyncio_logger.filter(
+      record("asyncio", "_GatheringFuture exception was never retrieved\nfuture: <...>", "")
+  )
   assert asyncio_logger.filter(record("asyncio", "Executing <Task> took 2 s", ""))
 
   class Unraisable:
+
     def __init__(self, exc, obj=None):
       self.exc_value, self.object = exc, obj
 
@@ -193,6 +230,7 @@ def test_configure_logging_drops_orbax_failures_and_keeps_the_rest(monkeypatch):
 
 def test_debug_logging_filters_nothing(monkeypatch):
   import logging
+
   absl = logging.getLogger("absl")
   monkeypatch.setattr(absl, "filters", [])
   hook = sys.unraisablehook
@@ -202,6 +240,7 @@ def test_debug_logging_filters_nothing(monkeypatch):
 
 def test_stop_signals_turn_sigterm_into_a_flag_and_restore_the_handler():
   import signal
+
   previous = signal.getsignal(signal.SIGTERM)
   with process_settings.StopSignals() as stop:
     assert not stop.received()
@@ -227,18 +266,26 @@ def test_ctrl_c_once_is_a_flag_twice_quits_at_once():
   """The first SIGINT sets the flag (named) with one line on stderr; the
   second exits 130 at once, without a traceback."""
   t = time.monotonic()
-  r = subprocess.run([sys.executable, "-c", _TWO_CTRL_C], cwd=REPO, capture_output=True,
-                     text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(REPO)))
+  r = subprocess.run(
+      [sys.executable, "-c", _TWO_CTRL_C],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=60,
+      env=dict(os.environ, PYTHONPATH=str(REPO)),
+  )
   assert r.returncode == 130 and r.stdout == "first: SIGINT\n", (r.stdout, r.stderr)
   assert time.monotonic() - t < 9  # did not sleep out the 10 s
   lines = [line for line in r.stderr.splitlines() if line]
   assert lines == [
       "SIGINT: stopping after the current step with a checkpoint (Ctrl-C again quits at once, "
       "without one).",
-      "SIGINT again: quitting without a checkpoint (the newest one written is intact)."]
+      "SIGINT again: quitting without a checkpoint (the newest one written is intact).",
+  ]
 
 
 def test_an_incomplete_multi_process_setup_is_a_config_error():
   from transformer_xl import default_config
+
   with pytest.raises(default_config.ConfigError, match="go together"):
     process_settings.initialize_distributed("127.0.0.1:1234", None, 0)

@@ -27,6 +27,7 @@ of freedom ~1e-7).  Each helper first asserts that its bound is tight
 enough to reject the bug it is there for (identical masks, a missing
 1/keep), so that it cannot pass by chance.
 """
+
 import functools
 import json
 from typing import Any
@@ -39,14 +40,12 @@ import optax
 import pytest
 
 from transformer_xl import data, sharding
-from transformer_xl.model import attention
-from transformer_xl.model import attention_ops
-from transformer_xl.inference import generate
-from transformer_xl.model import models
-from transformer_xl.training import train
-from transformer_xl.training import train_state
 from transformer_xl.analysis import relative_gain as rg
 from transformer_xl.convert.names import flatten_params
+from transformer_xl.inference import generate
+from transformer_xl.model import attention, attention_ops, models
+from transformer_xl.training import train, train_state
+
 from test_train import tiny_config
 
 SIGMAS = 6.0  # the bound of every statistical check, in standard errors
@@ -70,8 +69,9 @@ def random_params(init_fn, std=0.1, seed=0):
 
 def model_params(cfg):
   """random_params of a TransformerXL of ``cfg``."""
-  return random_params(functools.partial(models.init_params, models.TransformerXL(cfg),
-                                         jax.random.PRNGKey(0)))
+  return random_params(
+      functools.partial(models.init_params, models.TransformerXL(cfg), jax.random.PRNGKey(0))
+  )
 
 
 # --------------------------------------------------------------------------- #
@@ -87,8 +87,9 @@ def assert_rate(kept, keep, what):
   # Power: a rate off by a third of the dropout rate (e.g. 0.1 for 0.3) is rejected.
   assert n >= 1000 and tol < (1 - keep) / 3, f"{what}: too few entries ({n}) to test the rate"
   frac = kept.mean()
-  assert abs(frac - keep) <= tol, (
-      f"{what}: kept {frac:.4f} of {n} entries, want {keep} +- {tol:.4f} ({SIGMAS:g} sigma)")
+  assert (
+      abs(frac - keep) <= tol
+  ), f"{what}: kept {frac:.4f} of {n} entries, want {keep} +- {tol:.4f} ({SIGMAS:g} sigma)"
 
 
 def assert_independent(kept_a, kept_b, keep, what):
@@ -105,7 +106,8 @@ def assert_independent(kept_a, kept_b, keep, what):
   both = np.mean(a & b)
   assert abs(both - p2) <= tol, (
       f"{what}: both kept in {both:.4f} of {n} pairs, want keep^2 = {p2:.4f} +- {tol:.4f} "
-      f"(identical masks give {keep})")
+      f"(identical masks give {keep})"
+  )
 
 
 def split_pairs(x, axis):
@@ -126,7 +128,8 @@ def assert_mean_is(samples_NxE, want_E, dropout, what):
   assert len(a_N) >= 64 and SIGMAS * se < dropout / 2, f"{what}: too few draws to test the scale"
   assert abs(a_N.mean() - 1.0) <= SIGMAS * se, (
       f"{what}: the mean over {len(a_N)} keys is {a_N.mean():.4f} x the deterministic output, "
-      f"want 1 +- {SIGMAS * se:.4f} (unscaled dropout gives {1 - dropout})")
+      f"want 1 +- {SIGMAS * se:.4f} (unscaled dropout gives {1 - dropout})"
+  )
 
 
 # --------------------------------------------------------------------------- #
@@ -154,11 +157,10 @@ class _ProbsProbe(nn.Module):
     b, k = k_BxKxHxDh.shape[:2]
     v_BxKxHxK = jnp.broadcast_to(jnp.eye(k)[None, :, None, :], (b, k, self.n_head, k))
     score = lambda q, kk, pos: attention_ops.content_scores(q, kk)
-    return attention_ops.attend(self, score, q_BxTxHxDh, k_BxKxHxDh, v_BxKxHxK, (),
-                                mask_Bx1xTxK)
+    return attention_ops.attend(self, score, q_BxTxHxDh, k_BxKxHxDh, v_BxKxHxK, (), mask_Bx1xTxK)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _probs_fn(dropatt, block_size, b=4, h=2, t=16, m=16, dh=8):
   """key -> (probs after dropatt, probs without dropout, allowed), each
   [B, H, T, K] numpy, for fixed random queries and keys (full memory)."""
@@ -170,10 +172,17 @@ def _probs_fn(dropatt, block_size, b=4, h=2, t=16, m=16, dh=8):
   params = {"o_net": {"kernel": jnp.eye(h * k).reshape(h, k, h * k)}}
 
   def probs(deterministic, key):
-    probe = _ProbsProbe(n_head=h, d_head=dh, d_model=h * k, dropatt=dropatt,
-                        deterministic=deterministic, block_size=block_size)
-    out_BxTxHK = probe.apply({"params": params}, q_BxTxHxDh, k_BxKxHxDh, mask_Bx1xTxK,
-                             rngs={"dropout": key})
+    probe = _ProbsProbe(
+        n_head=h,
+        d_head=dh,
+        d_model=h * k,
+        dropatt=dropatt,
+        deterministic=deterministic,
+        block_size=block_size,
+    )
+    out_BxTxHK = probe.apply(
+        {"params": params}, q_BxTxHxDh, k_BxKxHxDh, mask_Bx1xTxK, rngs={"dropout": key}
+    )
     return jnp.transpose(out_BxTxHK.reshape(b, t, h, k), (0, 2, 1, 3))
 
   jitted = jax.jit(lambda key: (probs(False, key), probs(True, key)))
@@ -193,8 +202,12 @@ def test_dropatt_zeroes_probabilities_at_its_rate_and_rescales_the_rest_by_one_o
   dropped, full, allowed = _probs_fn(dropatt, 0)(jax.random.PRNGKey(0))
   assert np.all(full[allowed] > 0) and np.all(dropped[~allowed] == 0)
   kept = dropped[allowed] != 0
-  np.testing.assert_allclose(dropped[allowed][kept], full[allowed][kept] / keep, rtol=1e-6,
-                             err_msg="kept probabilities are not rescaled by 1 / keep")
+  np.testing.assert_allclose(
+      dropped[allowed][kept],
+      full[allowed][kept] / keep,
+      rtol=1e-6,
+      err_msg="kept probabilities are not rescaled by 1 / keep",
+  )
   assert_rate(kept, keep, "dropatt")
 
 
@@ -202,10 +215,21 @@ def test_dropatt_output_averaged_over_keys_equals_the_deterministic_attention():
   """The attention output of the Transformer-XL variant averaged over 256 dropout keys
   equals its output without dropout (E[mask / keep] = 1)."""
   dropatt, b, t, m = 0.3, 2, 8, 8
-  cfg = models.ModelConfig(n_token=16, n_layer=1, d_model=16, n_head=2, d_head=8, d_inner=32,
-                           dropout=0.0, dropatt=dropatt, tgt_len=t, mem_len=m)
+  cfg = models.ModelConfig(
+      n_token=16,
+      n_layer=1,
+      d_model=16,
+      n_head=2,
+      d_head=8,
+      d_inner=32,
+      dropout=0.0,
+      dropatt=dropatt,
+      tgt_len=t,
+      mem_len=m,
+  )
   make = lambda det: attention.RelPartialLearnableAttention.from_config(
-      cfg, deterministic=det, record=False, block_size=0, name=None)
+      cfg, deterministic=det, record=False, block_size=0, name=None
+  )
   rng = np.random.default_rng(1)
   mem_BxMxD, seg_BxTxD = (jnp.asarray(rng.normal(size=(b, n, 16)), jnp.float32) for n in (m, t))
   uv = jnp.asarray(rng.normal(size=(2, 2, 8)), jnp.float32)
@@ -252,10 +276,19 @@ def test_dropatt_masks_are_independent_across_query_blocks_and_do_not_depend_on_
   t = kept.shape[2]
   first = np.array([i for i in range(t) if (i // 4) % 2 == 0])
   valid = allowed[:, :, first]
-  assert_independent(kept[:, :, first][valid], kept[:, :, first + 4][valid], keep,
-                     "query rows i, i + 4 of consecutive blocks")
-  np.testing.assert_allclose(blocked, one_block, rtol=1e-6, atol=1e-7,
-                             err_msg="the blockwise dropatt differs from the one-block one")
+  assert_independent(
+      kept[:, :, first][valid],
+      kept[:, :, first + 4][valid],
+      keep,
+      "query rows i, i + 4 of consecutive blocks",
+  )
+  np.testing.assert_allclose(
+      blocked,
+      one_block,
+      rtol=1e-6,
+      atol=1e-7,
+      err_msg="the blockwise dropatt differs from the one-block one",
+  )
 
 
 # --------------------------------------------------------------------------- #
@@ -271,8 +304,12 @@ def _sow_dropout(next_fun, args, kwargs, context):
   sows its input "x" and output "y" (stacked over layers by the scan)."""
   y = next_fun(*args, **kwargs)
   mod = context.module
-  if (isinstance(mod, nn.Dropout) and context.method_name == "__call__"
-      and not kwargs.get("deterministic", mod.deterministic) and mod.rate > 0):
+  if (
+      isinstance(mod, nn.Dropout)
+      and context.method_name == "__call__"
+      and not kwargs.get("deterministic", mod.deterministic)
+      and mod.rate > 0
+  ):
     mod.sow("intermediates", "x", args[0])
     mod.sow("intermediates", "y", y)
   return y
@@ -282,12 +319,14 @@ def _sow_dropout(next_fun, args, kwargs, context):
 # its input after the leading key axis (the layers' are stacked over n_layer = 2 by the scan).
 ROWS = ("batch row", "position", "feature")
 SITES = {
-    "drop": [("position", "feature"),  # the sinusoid R of attn_type 0 (models.py, reference)
-             ROWS,                     # the embeddings
-             ROWS],                    # the last layer's output: the final hidden states
-    "layers/Dropout_0": [("layer",) + ROWS],          # the attention output, before the residual
-    "layers/pos_ff/Dropout_0": [("layer",) + ROWS],   # feed-forward, after the ReLU
-    "layers/pos_ff/Dropout_1": [("layer",) + ROWS],   # feed-forward output
+    "drop": [
+        ("position", "feature"),  # the sinusoid R of attn_type 0 (models.py, reference)
+        ROWS,  # the embeddings
+        ROWS,
+    ],  # the last layer's output: the final hidden states
+    "layers/Dropout_0": [("layer",) + ROWS],  # the attention output, before the residual
+    "layers/pos_ff/Dropout_0": [("layer",) + ROWS],  # feed-forward, after the ReLU
+    "layers/pos_ff/Dropout_1": [("layer",) + ROWS],  # feed-forward output
 }
 
 
@@ -296,44 +335,65 @@ def dropout_calls():
   """({site: [(x, y) per call]}, hidden): the input x and output y of every nn.Dropout
   call of a 2-layer model, numpy [N_KEYS, ...] over N_KEYS dropout keys, and the final
   hidden states [N_KEYS, B, T, D] (TransformerXL.hidden) of the same calls."""
-  cfg = models.ModelConfig(n_token=64, n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64,
-                           dropout=DROPOUT, dropatt=0.0, tgt_len=8, mem_len=8)
+  cfg = models.ModelConfig(
+      n_token=64,
+      n_layer=2,
+      d_model=32,
+      n_head=2,
+      d_head=16,
+      d_inner=64,
+      dropout=DROPOUT,
+      dropatt=0.0,
+      tgt_len=8,
+      mem_len=8,
+  )
   model = models.TransformerXL(cfg)
   params = model_params(cfg)
   rng = np.random.default_rng(0)
   tokens_BxT = jnp.asarray(rng.integers(0, 64, (4, 8)), jnp.int32)
-  memory = models.Memory(mems_LxBxMxD=jnp.asarray(rng.normal(size=(2, 4, 8, 32)), jnp.float32),
-                         mlen_B=jnp.full((4,), 8, jnp.int32))
+  memory = models.Memory(
+      mems_LxBxMxD=jnp.asarray(rng.normal(size=(2, 4, 8, 32)), jnp.float32),
+      mlen_B=jnp.full((4,), 8, jnp.int32),
+  )
 
   def one(key):
     with nn.intercept_methods(_sow_dropout):
       (hidden_BxTxD, _), state = model.apply(
-          {"params": params}, tokens_BxT, memory, False, method=models.TransformerXL.hidden,
-          rngs={"dropout": key}, mutable=["intermediates"])
+          {"params": params},
+          tokens_BxT,
+          memory,
+          False,
+          method=models.TransformerXL.hidden,
+          rngs={"dropout": key},
+          mutable=["intermediates"],
+      )
     return hidden_BxTxD, state["intermediates"]
 
   keys = jax.random.split(jax.random.PRNGKey(1), N_KEYS)
   hidden, sown = jax.device_get(jax.jit(jax.vmap(one))(keys))
   flat = flatten_params(sown)  # {"a/b/name": tuple of sown arrays}
-  calls = {site: list(zip(flat[site + "/x"], flat[site + "/y"]))
-           for site in {p.rsplit("/", 1)[0] for p in flat}}
+  calls = {
+      site: list(zip(flat[site + "/x"], flat[site + "/y"]))
+      for site in {p.rsplit("/", 1)[0] for p in flat}
+  }
   return calls, hidden
 
 
-def test_every_dropout_of_the_model_zeroes_at_its_rate_and_rescales_by_one_over_keep(
-    dropout_calls):
+def test_every_dropout_of_the_model_zeroes_at_its_rate_and_rescales_by_one_over_keep(dropout_calls):
   """Every dropout site keeps an entry with probability 1 - dropout and scales it by 1 / keep;
   where its input is the same for every key, the mean over keys is that input."""
   calls, _ = dropout_calls
   assert {s: [x.ndim - 1 for x, _ in c] for s, c in calls.items()} == {
-      s: [len(axes) for axes in c] for s, c in SITES.items()}, "not the model's dropout sites"
+      s: [len(axes) for axes in c] for s, c in SITES.items()
+  }, "not the model's dropout sites"
   keep = 1 - DROPOUT
   for site, site_calls in calls.items():
     for i, (x, y) in enumerate(site_calls):
       what = f"{site} call {i}"
       kept = y != 0
-      np.testing.assert_allclose(y[kept], x[kept] / keep, rtol=1e-6,
-                                 err_msg=f"{what}: kept entries are not x / keep")
+      np.testing.assert_allclose(
+          y[kept], x[kept] / keep, rtol=1e-6, err_msg=f"{what}: kept entries are not x / keep"
+      )
       assert_rate(kept[x != 0], keep, what)
       if np.all(x == x[:1]):  # an input that no earlier dropout touched
         assert_mean_is(y, x[0], DROPOUT, what)
@@ -342,7 +402,8 @@ def test_every_dropout_of_the_model_zeroes_at_its_rate_and_rescales_by_one_over_
 
 
 def test_dropout_masks_are_independent_across_rows_positions_features_layers_and_calls(
-    dropout_calls):
+    dropout_calls,
+):
   """Every dropout site draws independent masks for every batch row, position, feature
   and layer, and the model's dropout draws anew at each of its three calls."""
   calls, _ = dropout_calls
@@ -379,21 +440,34 @@ def train_setup():
   """(mesh, shardings, step-0 TrainState, the jitted train step with batch_chunk 2,
   batch(rows_Bx9)) of a 1-layer model; global batch 8, tgt_len 8."""
   config = tiny_config(global_batch=8, batch_chunk=2, warmup_steps=0)
-  config.model.update(n_layer=1, d_model=32, n_head=2, d_head=16, d_inner=64, tgt_len=8, mem_len=8,
-                      dropout=DROPOUT, dropatt=0.0)
+  config.model.update(
+      n_layer=1,
+      d_model=32,
+      n_head=2,
+      d_head=16,
+      d_inner=64,
+      tgt_len=8,
+      mem_len=8,
+      dropout=DROPOUT,
+      dropatt=0.0,
+  )
   mesh = one_device_mesh()
   mcfg = models.ModelConfig(n_token=64, **config.model.to_dict())
   model = models.TransformerXL(mcfg)
   tx = train_state.make_optimizer(config.train)
   _, shardings = train_state.abstract_train_state(model, tx, 8, mesh)
-  state = train_state.create_train_state(model, tx, 8, mesh, state_shardings=shardings,
-                                         params=model_params(mcfg))
+  state = train_state.create_train_state(
+      model, tx, 8, mesh, state_shardings=shardings, params=model_params(mcfg)
+  )
   step_fn = train.make_train_step(model, tx, mesh, shardings, batch_chunk=2, dropout_seed=7)
 
   def batch(tokens_Bx9):
-    rows = {"inputs": tokens_Bx9[:, :-1].astype(np.int32),
-            "targets": tokens_Bx9[:, 1:].astype(np.int32),
-            "weights": np.ones((8, 8), np.float32), "reset": np.zeros((8,), bool)}
+    rows = {
+        "inputs": tokens_Bx9[:, :-1].astype(np.int32),
+        "targets": tokens_Bx9[:, 1:].astype(np.int32),
+        "weights": np.ones((8, 8), np.float32),
+        "reset": np.zeros((8,), bool),
+    }
     return data.to_global_batch(rows, sharding.batch_sharding(mesh), 8)
 
   return mesh, shardings, state, step_fn, batch
@@ -437,8 +511,17 @@ def test_each_generated_token_has_its_own_reproducible_key(monkeypatch):
   """Token i of row b is drawn with fold_in(fold_in(PRNGKey(seed), b), i)
   (generate.Generator.stream): one distinct key per token and row, the same ones for the
   same seed, others for another seed."""
-  cfg = models.ModelConfig(n_token=64, n_layer=1, d_model=16, n_head=2, d_head=8, d_inner=32,
-                           dropout=0.0, tgt_len=4, mem_len=4)
+  cfg = models.ModelConfig(
+      n_token=64,
+      n_layer=1,
+      d_model=16,
+      n_head=2,
+      d_head=8,
+      d_inner=32,
+      dropout=0.0,
+      tgt_len=4,
+      mem_len=4,
+  )
   params = model_params(cfg)
   keys = []  # the key of every draw, in dispatch order (ordered effects)
   real = generate.sample_tokens
@@ -463,8 +546,10 @@ def test_each_generated_token_has_its_own_reproducible_key(monkeypatch):
 
   tokens, used = run(3)
   row_key = lambda seed, b: jax.random.fold_in(jax.random.PRNGKey(seed), b)
-  want = [tuple(tuple(np.asarray(jax.random.fold_in(row_key(3, b), i)).tolist())
-                for b in range(2)) for i in range(n)]
+  want = [
+      tuple(tuple(np.asarray(jax.random.fold_in(row_key(3, b), i)).tolist()) for b in range(2))
+      for i in range(n)
+  ]
   assert len({k for draw in used for k in draw}) == 2 * n, f"tokens share keys: {used}"
   assert used == want
   tokens_again, used_again = run(3)
@@ -492,16 +577,20 @@ def test_nonfinite_guard_rejects_an_update_that_overflows_the_parameters(train_s
   # overflows, so the update is -inf, while the loss and the gradient (of the unchanged,
   # finite parameters) are finite.
   is_adam = lambda x: isinstance(x, optax.ScaleByAdamState)
-  poison = lambda s: s._replace(mu=jax.tree_util.tree_map(lambda m: jnp.full_like(m, 3e38),
-                                                          s.mu)) if is_adam(s) else s
-  poisoned = jax.device_put(state.replace(opt_state=jax.tree_util.tree_map(
-      poison, state.opt_state, is_leaf=is_adam)), shardings)
+  poison = (
+      lambda s: s._replace(mu=jax.tree_util.tree_map(lambda m: jnp.full_like(m, 3e38), s.mu))
+      if is_adam(s)
+      else s
+  )
+  poisoned = jax.device_put(
+      state.replace(opt_state=jax.tree_util.tree_map(poison, state.opt_state, is_leaf=is_adam)),
+      shardings,
+  )
   before = jax.device_get(poisoned)
   # Control: the same step without the poison is finite and applied (the memory moves on).
   control, control_metrics = step_fn(copy_state(state), batch2)
   assert bool(control_metrics["finite"])
-  assert not np.array_equal(np.asarray(control.memory.mems_LxBxMxD),
-                            before.memory.mems_LxBxMxD)
+  assert not np.array_equal(np.asarray(control.memory.mems_LxBxMxD), before.memory.mems_LxBxMxD)
 
   after, metrics = step_fn(poisoned, batch2)
   assert np.isfinite(float(metrics["loss"])) and np.isfinite(float(metrics["grad_norm"]))
@@ -509,8 +598,10 @@ def test_nonfinite_guard_rejects_an_update_that_overflows_the_parameters(train_s
   after = jax.device_get(after)
   assert int(after.step) == int(before.step) + 1
   for name in ("params", "opt_state", "memory"):
-    for a, b in zip(jax.tree_util.tree_leaves(getattr(after, name)),
-                    jax.tree_util.tree_leaves(getattr(before, name))):
+    for a, b in zip(
+        jax.tree_util.tree_leaves(getattr(after, name)),
+        jax.tree_util.tree_leaves(getattr(before, name)),
+    ):
       np.testing.assert_array_equal(a, b, err_msg=f"the rejected step changed {name}")
 
 
@@ -536,15 +627,20 @@ def test_logged_learning_rate_is_the_rate_applied_at_that_step(tmp_path):
   """metrics.jsonl's train/learning_rate at step s is the rate of the s-th update, as the
   optimizer applied it (warmup: it changes at every step)."""
   n_steps = 4
-  config = tiny_config(num_steps=n_steps, warmup_steps=3, learning_rate=3e-3, min_lr=1e-4,
-                       log_every=1, eval_every=0)
+  config = tiny_config(
+      num_steps=n_steps, warmup_steps=3, learning_rate=3e-3, min_lr=1e-4, log_every=1, eval_every=0
+  )
   config.model.update(n_layer=1, dropout=0.0, dropatt=0.0)  # no dropout: a faster compile
   config.checkpoint.update(every_steps=100)
   rng = np.random.default_rng(0)
   stream = lambda n: data.ArraySource(rng.integers(0, 32, size=n).astype(np.int32))
-  corpus = data.Corpus(name="toy", unit="word", vocab=[f"w{i}" for i in range(32)],
-                       boundary_id=0, splits={"train": stream(8 * 6 * 8 + 8),
-                                              "valid": stream(100), "test": stream(100)})
+  corpus = data.Corpus(
+      name="toy",
+      unit="word",
+      vocab=[f"w{i}" for i in range(32)],
+      boundary_id=0,
+      splits={"train": stream(8 * 6 * 8 + 8), "valid": stream(100), "test": stream(100)},
+  )
   train.train_and_evaluate(config, str(tmp_path), corpus, one_device_mesh())
   rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   logged = {r["step"]: r["train/learning_rate"] for r in rows if "train/learning_rate" in r}
@@ -553,8 +649,13 @@ def test_logged_learning_rate_is_the_rate_applied_at_that_step(tmp_path):
   assert applied[0] == 0.0 and all(abs(b - a) > 1e-4 for a, b in zip(applied, applied[1:]))
   # rtol 1e-4: Adam's float32 bias correction 1 - b2^t (t = 2: 0.002) carries a relative
   # rounding error of ~3e-5 into the measured rate; consecutive rates differ by >= 30 %.
-  np.testing.assert_allclose([logged[s] for s in range(1, n_steps + 1)], applied, rtol=1e-4,
-                             atol=1e-12, err_msg="logged rates (steps 1..) vs applied")
+  np.testing.assert_allclose(
+      [logged[s] for s in range(1, n_steps + 1)],
+      applied,
+      rtol=1e-4,
+      atol=1e-12,
+      err_msg="logged rates (steps 1..) vs applied",
+  )
 
 
 # --------------------------------------------------------------------------- #

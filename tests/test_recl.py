@@ -10,6 +10,7 @@
 * The command end to end on two tiny models (configs/ablation_wt2.py:xl and
   :vanilla) trained two steps on a WikiText-format sample; and its errors.
 """
+
 import json
 import math
 import os
@@ -21,6 +22,7 @@ import pytest
 
 from transformer_xl.analysis import recl
 from transformer_xl.analysis import relative_gain as rg
+
 from data_samples import _wiki_zip
 from test_configs import _ablation
 from test_train import REPO
@@ -31,17 +33,20 @@ from test_train import REPO
 # the easy tokens; neither improves from 20 to 30.
 
 LENGTHS = [10, 20, 30]
-HAND = np.array([
-    # X: c = 10, 20, 30
-    [[4, 1, 1, 1, 1], [2, 1, 1, 1, 1], [2, 1, 1, 1, 1]],
-    # Y
-    [[4, 1, 1, 1, 1], [4, .5, .5, .5, .5], [4, .5, .5, .5, .5]],
-], np.float64)
+HAND = np.array(
+    [
+        # X: c = 10, 20, 30
+        [[4, 1, 1, 1, 1], [2, 1, 1, 1, 1], [2, 1, 1, 1, 1]],
+        # Y
+        [[4, 1, 1, 1, 1], [4, 0.5, 0.5, 0.5, 0.5], [4, 0.5, 0.5, 0.5, 0.5]],
+    ],
+    np.float64,
+)
 
 
 def test_baseline_is_the_groups_minimum():
   # b(20, t) = min(X, Y) = [2, .5, .5, .5, .5]
-  np.testing.assert_array_equal(rg.baseline(HAND)[1], [2, .5, .5, .5, .5])
+  np.testing.assert_array_equal(rg.baseline(HAND)[1], [2, 0.5, 0.5, 0.5, 0.5])
 
 
 def test_hand_computed_group_at_r_one_fifth():
@@ -60,8 +65,9 @@ def test_hand_computed_group_at_r_one_fifth():
   np.testing.assert_allclose(res["f_self"], [[4, 2], [4, 2]])
   np.testing.assert_allclose(res["f_next"], [[2, 2], [4, 2]])
   np.testing.assert_allclose(res["gain"], [[1 - math.exp(-2), 0], [0, 0]], atol=1e-15)
-  np.testing.assert_allclose(res["unnormalized_gain"],
-                             [[math.exp(4) - math.exp(2), 0], [0, 0]], atol=1e-12)
+  np.testing.assert_allclose(
+      res["unnormalized_gain"], [[math.exp(4) - math.exp(2), 0], [0, 0]], atol=1e-12
+  )
   np.testing.assert_allclose(res["baseline_ppl"], [math.exp(4), math.exp(2)])
 
 
@@ -77,10 +83,13 @@ def test_hand_computed_group_at_r_one():
   np.testing.assert_allclose(rg.relative_loss(HAND, 1, 2, 1.0), [0.8, 0.8])
   res = rg.recl(HAND, LENGTHS, 1.0)
   assert res["recl"] == [20, 20] and res["top_r_count"] == [5, 5]
-  table = recl.format_table(["X", "Y"], [0.2, 1.0], {0.2: rg.recl(HAND, LENGTHS, 0.2),
-                                                     1.0: res})
-  assert table.splitlines() == ["| model | r=0.2 | r=1.0 |", "|---|---:|---:|",
-                                "| X | 20 | 20 |", "| Y | 10 | 20 |"]
+  table = recl.format_table(["X", "Y"], [0.2, 1.0], {0.2: rg.recl(HAND, LENGTHS, 0.2), 1.0: res})
+  assert table.splitlines() == [
+      "| model | r=0.2 | r=1.0 |",
+      "|---|---:|---:|",
+      "| X | 20 | 20 |",
+      "| Y | 10 | 20 |",
+  ]
 
 
 def test_threshold_is_strict_and_configurable():
@@ -160,6 +169,7 @@ def test_bad_losses_are_rejected():
 # --------------------------------------------------------------------------- #
 # What c means for each evaluation method.
 
+
 @pytest.mark.slow
 def test_context_length_means_the_same_for_segments_and_sliding_windows():
   """One layer, relative attention: with same_length and mem_len = c every
@@ -168,10 +178,13 @@ def test_context_length_means_the_same_for_segments_and_sliding_windows():
   depend on context).  With c + 1 or c - 1 on one side they differ."""
   import flax.linen as nn
   import jax
+
   from transformer_xl import data, default_config, sharding
   from transformer_xl.inference import evaluate
   from transformer_xl.model import models
+
   from test_train import tiny_config
+
   vocab = 40
   config = tiny_config()
   config.model.update(n_layer=1, attn_type=0, tgt_len=6, mem_len=6, dropout=0.0, dropatt=0.0)
@@ -179,10 +192,16 @@ def test_context_length_means_the_same_for_segments_and_sliding_windows():
   mcfg = default_config.model_config(config, vocab)
   params = nn.unbox(models.init_params(models.TransformerXL(mcfg), jax.random.PRNGKey(0)))
   params = jax.tree_util.tree_map(
-      lambda x: x + 0.3 * jax.random.normal(jax.random.PRNGKey(x.size), x.shape), params)
+      lambda x: x + 0.3 * jax.random.normal(jax.random.PRNGKey(x.size), x.shape), params
+  )
   stream = np.random.default_rng(0).integers(1, vocab, size=47).astype(np.int32)
-  corpus = data.Corpus(name="toy", unit="word", vocab=[str(i) for i in range(vocab)],
-                       boundary_id=0, splits={"valid": data.ArraySource(stream)})
+  corpus = data.Corpus(
+      name="toy",
+      unit="word",
+      vocab=[str(i) for i in range(vocab)],
+      boundary_id=0,
+      splits={"valid": data.ArraySource(stream)},
+  )
   mesh = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
 
   def nll(method, c):
@@ -192,20 +211,28 @@ def test_context_length_means_the_same_for_segments_and_sliding_windows():
   c = 7  # longer than the eval tgt_len (5): the memory carries context over segments
   seg = nll("segments", c)
   np.testing.assert_allclose(seg, nll("sliding", c), rtol=2e-5, atol=2e-5)
-  assert not np.allclose(seg[c + 1:], nll("sliding", c + 1)[c + 1:], rtol=1e-3)
-  assert not np.allclose(seg[c + 1:], nll("sliding", c - 1)[c + 1:], rtol=1e-3)
+  assert not np.allclose(seg[c + 1 :], nll("sliding", c + 1)[c + 1 :], rtol=1e-3)
+  assert not np.allclose(seg[c + 1 :], nll("sliding", c - 1)[c + 1 :], rtol=1e-3)
   assert config.eval.method == "segments" and config.eval.mem_len != c  # not modified
 
 
 # --------------------------------------------------------------------------- #
 # The command.
 
+
 def _run(args, timeout=240):
   env = dict(os.environ, PYTHONPATH=str(REPO), JAX_LOG_COMPILES="1")
-  env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
-                              if "device_count" not in f)  # one CPU device: faster
-  return subprocess.run([sys.executable, "-m", "transformer_xl.analysis.recl", *args], cwd=REPO,
-                        env=env, capture_output=True, text=True, timeout=timeout)
+  env["XLA_FLAGS"] = " ".join(
+      f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f
+  )  # one CPU device: faster
+  return subprocess.run(
+      [sys.executable, "-m", "transformer_xl.analysis.recl", *args],
+      cwd=REPO,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=timeout,
+  )
 
 
 @pytest.fixture(scope="module")
@@ -213,19 +240,26 @@ def group(tmp_path_factory):
   """Two tiny models of configs/ablation_wt2.py, xl and vanilla, trained two
   steps on a WikiText-format sample; their workdirs."""
   import jax
+
   from transformer_xl import sharding
-  from transformer_xl.training import train
   from transformer_xl.data import load_corpus
+  from transformer_xl.training import train
+
   tmp = tmp_path_factory.mktemp("recl")
   _wiki_zip(tmp / "manual", "wikitext-2")
-  corpus = load_corpus("wikitext2", data_dir=str(tmp / "tfds"), manual_dir=str(tmp / "manual"),
-                       verify_checksums=False)
+  corpus = load_corpus(
+      "wikitext2",
+      data_dir=str(tmp / "tfds"),
+      manual_dir=str(tmp / "manual"),
+      verify_checksums=False,
+  )
   mesh = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
   workdirs = []
   for variant in ("xl", "vanilla"):
     config = _ablation(variant, corpus.vocab_size)
-    config.data.update(data_dir=str(tmp / "tfds"), manual_dir=str(tmp / "manual"),
-                       verify_checksums=False)
+    config.data.update(
+        data_dir=str(tmp / "tfds"), manual_dir=str(tmp / "manual"), verify_checksums=False
+    )
     workdir = tmp / variant
     workdir.mkdir()
     train.train_and_evaluate(config, str(workdir), corpus, mesh)
@@ -237,8 +271,15 @@ def group(tmp_path_factory):
 def test_recl_command_end_to_end(group, tmp_path):
   _, (xl, vanilla), corpus = group
   out = tmp_path / "out"
-  r = _run([f"--workdirs={xl},{vanilla}", "--split=valid", "--context_lengths=2,4,8",
-            "--r=0.1,0.5,1.0", f"--out={out}"])
+  r = _run(
+      [
+          f"--workdirs={xl},{vanilla}",
+          "--split=valid",
+          "--context_lengths=2,4,8",
+          "--r=0.1,0.5,1.0",
+          f"--out={out}",
+      ]
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   n = corpus.splits["valid"].num_tokens
   res = json.loads((out / "recl.json").read_text())
@@ -260,27 +301,32 @@ def test_recl_command_end_to_end(group, tmp_path):
     assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   lines = r.stdout.splitlines()
   head = lines.index("| model | r=0.1 | r=0.5 | r=1.0 |")
-  rows = lines[head + 2:head + 4]
+  rows = lines[head + 2 : head + 4]
   assert [row.split("|")[1].strip() for row in rows] == ["xl", "vanilla"]
   for i, row in enumerate(rows):
     cells = [c.strip() for c in row.strip("|").split("|")[1:]]
-    assert cells == [(">=" if res["results"][k]["lower_bound"][i] else "")
-                     + str(res["results"][k]["recl"][i]) for k in ("0.1", "0.5", "1.0")], row
+    assert cells == [
+        (">=" if res["results"][k]["lower_bound"][i] else "") + str(res["results"][k]["recl"][i])
+        for k in ("0.1", "0.5", "1.0")
+    ], row
   assert res["table"] in r.stdout
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--workdirs="], "--workdirs is empty"),
-    (["--workdirs=/nonexistent/w1"], "does not exist"),
-    (["--workdirs={xl}", "--r=0.1,1.5"], "must be in (0, 1]"),
-    (["--workdirs={xl}", "--r=0"], "must be in (0, 1]"),
-    (["--workdirs={xl}", "--context_lengths=8,4"], "strictly increasing"),
-    (["--workdirs={xl}", "--context_lengths=4,4"], "strictly increasing"),
-    (["--workdirs={xl}", "--context_lengths=8"], "at least 2"),
-    (["--workdirs={xl}", "--delta=3"], "not in --context_lengths"),
-    (["--workdirs={xl},{xl}"], "names must differ"),
-    (["--workdirs={tmp}"], "config.json does not exist"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--workdirs="], "--workdirs is empty"),
+        (["--workdirs=/nonexistent/w1"], "does not exist"),
+        (["--workdirs={xl}", "--r=0.1,1.5"], "must be in (0, 1]"),
+        (["--workdirs={xl}", "--r=0"], "must be in (0, 1]"),
+        (["--workdirs={xl}", "--context_lengths=8,4"], "strictly increasing"),
+        (["--workdirs={xl}", "--context_lengths=4,4"], "strictly increasing"),
+        (["--workdirs={xl}", "--context_lengths=8"], "at least 2"),
+        (["--workdirs={xl}", "--delta=3"], "not in --context_lengths"),
+        (["--workdirs={xl},{xl}"], "names must differ"),
+        (["--workdirs={tmp}"], "config.json does not exist"),
+    ],
+)
 @pytest.mark.slow
 def test_recl_command_bad_input(group, args, message):
   tmp, (xl, _), _ = group

@@ -6,6 +6,7 @@ non-finite policies, checkpoint verification and fallback; command-line
 runs (``python -m transformer_xl.main`` over a small PTB sample, one trained
 workdir shared by the module) cover the messages a user sees.
 """
+
 import asyncio
 import errno
 import gc
@@ -26,13 +27,11 @@ import numpy as np
 import pytest
 
 from transformer_xl import data, default_config, sharding
-from transformer_xl.run import checkpointing
-from transformer_xl.run import fingerprints
-from transformer_xl.run import metrics
-from transformer_xl.model import models
 from transformer_xl.cli import process_settings
-from transformer_xl.training import train
-from transformer_xl.training import train_state
+from transformer_xl.model import models
+from transformer_xl.run import checkpointing, fingerprints, metrics
+from transformer_xl.training import train, train_state
+
 from test_train import REPO, read_metrics, run_main, small_args, tiny_config, write_ptb_sample
 
 SLOW = pytest.mark.slow  # a case left out of the fast tier (-m "not slow")
@@ -44,14 +43,19 @@ N_STEPS = 12
 def toy_corpus():
   rng = np.random.default_rng(0)
   stream = lambda n: data.ArraySource(rng.integers(0, VOCAB, size=n).astype(np.int32))
-  return data.Corpus(name="toy", unit="word", vocab=[f"w{i}" for i in range(VOCAB)],
-                     boundary_id=0, splits={"train": stream(8 * 6 * 40 + 8), "valid": stream(300),
-                                            "test": stream(300)})
+  return data.Corpus(
+      name="toy",
+      unit="word",
+      vocab=[f"w{i}" for i in range(VOCAB)],
+      boundary_id=0,
+      splits={"train": stream(8 * 6 * 40 + 8), "valid": stream(300), "test": stream(300)},
+  )
 
 
 def toy_config(**train_kw):
-  c = tiny_config(**{**dict(num_steps=N_STEPS, warmup_steps=2, log_every=1, eval_every=0),
-                     **train_kw})
+  c = tiny_config(
+      **{**dict(num_steps=N_STEPS, warmup_steps=2, log_every=1, eval_every=0), **train_kw}
+  )
   c.checkpoint.update(every_steps=2, max_to_keep=10)
   return c
 
@@ -61,9 +65,11 @@ def compilation_cache(tmp_path_factory):
   """JAX's persistent compilation cache for this module's runs, in-process and
   in subprocesses: the same tiny train step is compiled by many runs here."""
   directory = str(tmp_path_factory.mktemp("jax_cache"))
-  options = {"jax_compilation_cache_dir": directory,
-             "jax_persistent_cache_min_compile_time_secs": 0,
-             "jax_persistent_cache_min_entry_size_bytes": 0}
+  options = {
+      "jax_compilation_cache_dir": directory,
+      "jax_persistent_cache_min_compile_time_secs": 0,
+      "jax_persistent_cache_min_entry_size_bytes": 0,
+  }
   saved = {k: getattr(jax.config, k) for k in options}
   saved_env = {k.upper(): os.environ.get(k.upper()) for k in options}
   for k, v in options.items():
@@ -108,8 +114,7 @@ class Poisoned:
 
 def poison(monkeypatch, steps):
   make = data.make_train_iterator
-  monkeypatch.setattr(data, "make_train_iterator",
-                      lambda *a, **k: Poisoned(make(*a, **k), steps))
+  monkeypatch.setattr(data, "make_train_iterator", lambda *a, **k: Poisoned(make(*a, **k), steps))
 
 
 def train_toy(workdir, mesh, config=None):
@@ -146,8 +151,11 @@ def copy_upto(src, dst, last_step):
 def abstract_state(config, mesh):
   mcfg = default_config.model_config(config, VOCAB)
   return train_state.abstract_train_state(
-      models.TransformerXL(mcfg), train_state.make_optimizer(config.train),
-      config.train.global_batch, mesh)[0]
+      models.TransformerXL(mcfg),
+      train_state.make_optimizer(config.train),
+      config.train.global_batch,
+      mesh,
+  )[0]
 
 
 # --------------------------------------------------------------------------- #
@@ -172,20 +180,26 @@ def test_fingerprint_sees_one_and_two_bit_flips_and_ignores_placement():
   assert fingerprints.fingerprint({"x": jnp.asarray(swapped)})[0]["['x']"] != base
   # The same values sharded over 8 devices give the same fingerprint.
   mesh8 = sharding.make_mesh((4, 2), ("data", "model"))
-  spread = jax.device_put(x, jax.sharding.NamedSharding(
-      mesh8, jax.sharding.PartitionSpec("data", "model")))
+  spread = jax.device_put(
+      x, jax.sharding.NamedSharding(mesh8, jax.sharding.PartitionSpec("data", "model"))
+  )
   assert fingerprints.fingerprint({"x": spread})[0]["['x']"] == base
-  fps, finite = fingerprints.fingerprint({"x": jnp.asarray(x), "y": jnp.asarray([1.0, np.inf]),
-                                           "n": jnp.asarray([1, 2], jnp.int32),
-                                           "h": jnp.asarray(x, jnp.bfloat16)})
+  fps, finite = fingerprints.fingerprint(
+      {
+          "x": jnp.asarray(x),
+          "y": jnp.asarray([1.0, np.inf]),
+          "n": jnp.asarray([1, 2], jnp.int32),
+          "h": jnp.asarray(x, jnp.bfloat16),
+      }
+  )
   assert finite == {"['h']": True, "['n']": True, "['x']": True, "['y']": False}
 
 
 def test_strict_json_replaces_non_finite_values_and_says_so():
-  out = metrics.strict_json({"a": 1.0, "b": float("nan"), "c": {"d": float("inf"), "e": 2},
-                             "f": np.float32(3.5)})
-  assert out == {"a": 1.0, "b": None, "c": {"d": None, "e": 2}, "f": 3.5,
-                 "nonfinite": ["b", "c.d"]}
+  out = metrics.strict_json(
+      {"a": 1.0, "b": float("nan"), "c": {"d": float("inf"), "e": 2}, "f": np.float32(3.5)}
+  )
+  assert out == {"a": 1.0, "b": None, "c": {"d": None, "e": 2}, "f": 3.5, "nonfinite": ["b", "c.d"]}
   text = metrics.dumps({"loss": float("-inf")})
   assert json.loads(text) == {"loss": None, "nonfinite": ["loss"]}
   assert "Infinity" not in text and "NaN" not in text
@@ -219,17 +233,21 @@ def test_a_non_finite_step_changes_nothing(mesh):
   before_3, after_3 = snapshots[2], snapshots[3]
   assert int(after_3.step) == int(before_3.step) + 1
   for name in ("params", "opt_state", "memory"):
-    for a, b in zip(jax.tree_util.tree_leaves(getattr(before_3, name)),
-                    jax.tree_util.tree_leaves(getattr(after_3, name))):
+    for a, b in zip(
+        jax.tree_util.tree_leaves(getattr(before_3, name)),
+        jax.tree_util.tree_leaves(getattr(after_3, name)),
+    ):
       np.testing.assert_array_equal(a, b, err_msg=name)
   assert all(np.all(np.isfinite(x)) for x in jax.tree_util.tree_leaves(after.params))
-  assert not np.allclose(jax.tree_util.tree_leaves(after.params)[0],
-                         jax.tree_util.tree_leaves(after_3.params)[0])
+  assert not np.allclose(
+      jax.tree_util.tree_leaves(after.params)[0], jax.tree_util.tree_leaves(after_3.params)[0]
+  )
 
 
 @pytest.mark.parametrize("poisoned,good,moved", [({7}, 6, None), ({7, 8}, 4, 6)])
 def test_stop_names_the_newest_verified_checkpoint_and_sets_aside_the_rest(
-    tmp_path, mesh, monkeypatch, clean, poisoned, good, moved):
+    tmp_path, mesh, monkeypatch, clean, poisoned, good, moved
+):
   """train.nonfinite=stop, checkpoints every 2 steps, two kept, steps checked
   at step 5 and before saving step 8.  Step 7 alone diverges: step 8,
   computed from checkpoint 6's parameters (step 7 was not applied), is
@@ -244,7 +262,9 @@ def test_stop_names_the_newest_verified_checkpoint_and_sets_aside_the_rest(
     train_toy(tmp_path, mesh, config)
   message = str(err.value)
   assert "step 7:" in message and "loss is nan" in message and "learning_rate" in message
-  assert f"The last good checkpoint is {tmp_path / 'checkpoints' / str(good)} (step {good})" in message
+  assert (
+      f"The last good checkpoint is {tmp_path / 'checkpoints' / str(good)} (step {good})" in message
+  )
   assert json.loads((tmp_path / "checkpoints_verified.json").read_text()) == {"step": good}
   kept = {4, 6} - {moved}
   assert records(tmp_path) == {s: records(clean)[s] for s in kept}
@@ -273,8 +293,11 @@ def test_skip_goes_on_and_stops_after_max_skipped_in_a_row(tmp_path, mesh, monke
   rows = read_metrics(tmp_path / "two")
   assert sorted(rows) == list(range(1, N_STEPS + 1))
   assert [s for s, r in rows.items() if r["train/skipped_steps"]] == [5, 9]
-  assert rows[5]["train/loss"] is None and rows[5]["nonfinite"] == ["train/loss", "train/ppl",
-                                                                    "train/grad_norm"]
+  assert rows[5]["train/loss"] is None and rows[5]["nonfinite"] == [
+      "train/loss",
+      "train/ppl",
+      "train/grad_norm",
+  ]
   # Before the first skipped step the run equals the clean one.
   assert records(tmp_path / "two")[4] == records(clean)[4]
   assert set(records(tmp_path / "two")) == set(range(2, N_STEPS + 1, 2))
@@ -293,8 +316,10 @@ def test_skip_goes_on_and_stops_after_max_skipped_in_a_row(tmp_path, mesh, monke
 
 
 def _data_files(step_dir):
-  return sorted((p for p in (step_dir / "state" / "d").iterdir() if p.is_file()),
-                key=lambda p: -p.stat().st_size)
+  return sorted(
+      (p for p in (step_dir / "state" / "d").iterdir() if p.is_file()),
+      key=lambda p: -p.stat().st_size,
+  )
 
 
 def _damage(step_dir, kind, previous_dir):
@@ -312,7 +337,7 @@ def _damage(step_dir, kind, previous_dir):
     f.write_bytes(bytes(b))
   elif kind == "truncated":
     f = _data_files(step_dir)[0]
-    f.write_bytes(f.read_bytes()[:f.stat().st_size // 2])
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
   elif kind == "data_file_deleted":
     _data_files(step_dir)[0].unlink()
   elif kind == "metadata_deleted":
@@ -336,15 +361,22 @@ def resumed_from_4(tmp_path_factory, mesh, clean):
   return workdir
 
 
-@pytest.mark.parametrize("kind", [
-    pytest.param("xor_400_bytes", marks=SLOW),
-    pytest.param("two_bit_flips", marks=SLOW),
-    pytest.param("truncated", marks=SLOW), "data_file_deleted",
-    pytest.param("metadata_deleted", marks=SLOW),
-    pytest.param("other_arrays", marks=SLOW), pytest.param("record_damaged", marks=SLOW),
-    "record_deleted"])
-def test_a_damaged_latest_checkpoint_falls_back_to_the_previous(tmp_path, mesh, clean,
-                                                                resumed_from_4, kind, capsys):
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pytest.param("xor_400_bytes", marks=SLOW),
+        pytest.param("two_bit_flips", marks=SLOW),
+        pytest.param("truncated", marks=SLOW),
+        "data_file_deleted",
+        pytest.param("metadata_deleted", marks=SLOW),
+        pytest.param("other_arrays", marks=SLOW),
+        pytest.param("record_damaged", marks=SLOW),
+        "record_deleted",
+    ],
+)
+def test_a_damaged_latest_checkpoint_falls_back_to_the_previous(
+    tmp_path, mesh, clean, resumed_from_4, kind, capsys
+):
   workdir = copy_upto(clean, tmp_path / "wd", 6)
   step6 = workdir / "checkpoints" / "6"
   _damage(step6, kind, workdir / "checkpoints" / "4")
@@ -398,8 +430,10 @@ def abandon_a_failed_task(exc: BaseException) -> None:
   fail too and are dropped unretrieved with their event loop, so asyncio
   logs "Task exception was never retrieved" (a traceback) when they are
   garbage collected."""
+
   async def write():
     raise exc
+
   loop = asyncio.new_event_loop()
   task = loop.create_task(write())
   loop.run_until_complete(asyncio.sleep(0))
@@ -408,8 +442,7 @@ def abandon_a_failed_task(exc: BaseException) -> None:
   gc.collect()
 
 
-def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path, mesh, clean, monkeypatch,
-                                                      caplog):
+def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path, mesh, clean, monkeypatch, caplog):
   """The writer raising ENOSPC (as on a full disk): one message with the path,
   the space needed and the intact previous checkpoint, which then resumes;
   no traceback logged for the write tasks orbax abandons."""
@@ -446,11 +479,21 @@ def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path, mesh, clean, mon
 # --------------------------------------------------------------------------- #
 # Through the command line.
 
-TINY = ["--config.model.n_layer=2", "--config.model.d_model=32", "--config.model.n_head=2",
-        "--config.model.d_head=16", "--config.model.d_inner=64", "--config.model.tgt_len=8",
-        "--config.model.mem_len=8", "--config.train.global_batch=8", "--config.train.log_every=1",
-        "--config.train.eval_every=0", "--config.train.warmup_steps=2",
-        "--config.checkpoint.every_steps=2", "--config.eval.global_batch=8"]
+TINY = [
+    "--config.model.n_layer=2",
+    "--config.model.d_model=32",
+    "--config.model.n_head=2",
+    "--config.model.d_head=16",
+    "--config.model.d_inner=64",
+    "--config.model.tgt_len=8",
+    "--config.model.mem_len=8",
+    "--config.train.global_batch=8",
+    "--config.train.log_every=1",
+    "--config.train.eval_every=0",
+    "--config.train.warmup_steps=2",
+    "--config.checkpoint.every_steps=2",
+    "--config.eval.global_batch=8",
+]
 
 
 @pytest.fixture(scope="module")
@@ -466,8 +509,11 @@ def cli(tmp_path_factory):
 
 
 def file_hashes(directory):
-  return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
-          for p in Path(directory).rglob("*") if p.is_file()}
+  return {
+      str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+      for p in Path(directory).rglob("*")
+      if p.is_file()
+  }
 
 
 @pytest.mark.slow
@@ -476,9 +522,10 @@ def test_a_different_model_over_a_trained_workdir_changes_nothing(cli, tmp_path)
   copy = tmp_path / "wd"
   shutil.copytree(workdir, copy)
   before = file_hashes(copy)
-  r = run_main([a.replace(str(workdir), str(copy)) for a in args]
-               + ["--config.model.d_model=64", "--config.model.n_head=4",
-                  "--config.train.num_steps=6"])
+  r = run_main(
+      [a.replace(str(workdir), str(copy)) for a in args]
+      + ["--config.model.d_model=64", "--config.model.n_head=4", "--config.train.num_steps=6"]
+  )
   assert r.returncode == 1
   assert "Traceback" not in r.stderr
   assert "the workdir was trained with model.d_model=32; this run asks for 64" in r.stderr
@@ -493,8 +540,9 @@ def _ro_workdir(tmp_path):
   path = tmp_path / "ro"
   path.mkdir()
   if os.geteuid() == 0:
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(path)],
-                       capture_output=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(path)], capture_output=True
+    )
     return path if r.returncode == 0 else None
   path.chmod(0o555)
   return path
@@ -502,7 +550,7 @@ def _ro_workdir(tmp_path):
 
 def _cases(root, manual, workdir, tmp):
   """(name, argv, expected substrings of stderr) of each bad input."""
-  np.save(tmp / "ids_out_of_range.npy", np.array([[1, 2, 10 ** 6]]))
+  np.save(tmp / "ids_out_of_range.npy", np.array([[1, 2, 10**6]]))
   np.save(tmp / "floats.npy", np.ones((2, 5), np.float32))
   np.save(tmp / "one_d.npy", np.arange(5))
   np.save(tmp / "empty.npy", np.zeros((0, 5), np.int64))
@@ -517,59 +565,128 @@ def _cases(root, manual, workdir, tmp):
   damaged = tmp / "tfds_damaged"
   shutil.copytree(root / "tfds", damaged)
   (valid,) = damaged.rglob("*valid.array_record*")
-  valid.write_bytes(valid.read_bytes()[:valid.stat().st_size // 2])
+  valid.write_bytes(valid.read_bytes()[: valid.stat().st_size // 2])
   (tmp / "a_file").write_text("")
   (tmp / "syntax.py").write_text("def get_config(:\n  pass\n")
   (tmp / "raises.py").write_text("def get_config():\n  return 1 / 0\n")
   ro = _ro_workdir(tmp)
   quick = f"--config={REPO / 'configs' / 'quickstart.py'}"
-  data_flags = [f"--config.data.manual_dir={manual}", f"--config.data.data_dir={root / 'tfds'}",
-                "--config.data.verify_checksums=false"]
+  data_flags = [
+      f"--config.data.manual_dir={manual}",
+      f"--config.data.data_dir={root / 'tfds'}",
+      "--config.data.verify_checksums=false",
+  ]
   train = [quick, *data_flags, *TINY, "--config.train.num_steps=4"]
   cases = [
-      ("score ids out of range", score + [f"--tokens={tmp / 'ids_out_of_range.npy'}"],
-       ["token ids must be in [0, "]),
-      ("score float array", score + [f"--tokens={tmp / 'floats.npy'}"],
-       ["floats.npy", "integer array [B, T+1]", "float32 (2, 5)"]),
+      (
+          "score ids out of range",
+          score + [f"--tokens={tmp / 'ids_out_of_range.npy'}"],
+          ["token ids must be in [0, "],
+      ),
+      (
+          "score float array",
+          score + [f"--tokens={tmp / 'floats.npy'}"],
+          ["floats.npy", "integer array [B, T+1]", "float32 (2, 5)"],
+      ),
       ("score 1-D array", score + [f"--tokens={tmp / 'one_d.npy'}"], ["int64 (5,)"]),
       ("score empty array", score + [f"--tokens={tmp / 'empty.npy'}"], ["B >= 1", "(0, 5)"]),
       ("score not .npy", score + [f"--tokens={tmp / 'not_npy.npy'}"], ["is not a .npy array"]),
-      ("score --out checked first",
-       [f"--workdir={workdir}", "--mode=score", f"--tokens={good}",
-        f"--out={tmp / 'missing_dir' / 'nll.npy'}"], ["missing_dir does not exist"]),
-      ("non-UTF-8 source, checksums off",
-       [quick, f"--workdir={tmp / 'w1'}", f"--config.data.manual_dir={bad_source}",
-        f"--config.data.data_dir={tmp / 'tfds1'}", "--config.data.verify_checksums=false",
-        *TINY], [f"{bad_source / 'ptb.train.txt'} is not UTF-8 text (line ", "byte 0xff"]),
-      ("checksum error names the flag",
-       [quick, f"--workdir={tmp / 'w2'}", f"--config.data.manual_dir={bad_source}",
-        f"--config.data.data_dir={tmp / 'tfds2'}", *TINY],
-       ["Checksum mismatch for ptb.train.txt", "--config.data.verify_checksums=false"]),
-      ("damaged prepared dataset",
-       [quick, f"--workdir={workdir}", "--mode=eval", f"--config.data.manual_dir={manual}",
-        f"--config.data.data_dir={damaged}", "--config.data.verify_checksums=false", *TINY],
-       ["is damaged", "Delete it to rebuild it", str(damaged / "txl_ptb" / "1.0.0")]),
-      ("workdir is a file", [f"--workdir={tmp / 'a_file'}", *train],
-       [f"--workdir={tmp / 'a_file'} is a file"]),
-      ("missing config file", [f"--config={tmp / 'nope.py'}", f"--workdir={tmp / 'w3'}"],
-       [f"{tmp / 'nope.py'} is not a file", "configs/quickstart.py"]),
-      ("config syntax error", [f"--config={tmp / 'syntax.py'}", f"--workdir={tmp / 'w3'}"],
-       [f"syntax error in {tmp / 'syntax.py'}, line 1"]),
-      ("config that raises", [f"--config={tmp / 'raises.py'}", f"--workdir={tmp / 'w3'}"],
-       ["failed to build the config: ZeroDivisionError"]),
-      ("bad flag value", [f"--workdir={tmp / 'w3'}", *train, "--config.train.num_steps=abc"],
-       ["--config.train.num_steps=abc"]),
-      ("values that cannot work",
-       [f"--workdir={tmp / 'w3'}", *train, "--config.model.dropout=1.5",
-        "--config.train.learning_rate=-1", "--config.train.warmup_steps=9"],
-       ["model.dropout=1.5 must be in [0, 1)", "train.learning_rate=-1.0 must be > 0",
-        "train.warmup_steps=9 must be <= train.num_steps=4"]),
-      ("eval without a checkpoint", [f"--workdir={tmp / 'w3'}", "--mode=eval", *train],
-       ["No checkpoint in"]),
+      (
+          "score --out checked first",
+          [
+              f"--workdir={workdir}",
+              "--mode=score",
+              f"--tokens={good}",
+              f"--out={tmp / 'missing_dir' / 'nll.npy'}",
+          ],
+          ["missing_dir does not exist"],
+      ),
+      (
+          "non-UTF-8 source, checksums off",
+          [
+              quick,
+              f"--workdir={tmp / 'w1'}",
+              f"--config.data.manual_dir={bad_source}",
+              f"--config.data.data_dir={tmp / 'tfds1'}",
+              "--config.data.verify_checksums=false",
+              *TINY,
+          ],
+          [f"{bad_source / 'ptb.train.txt'} is not UTF-8 text (line ", "byte 0xff"],
+      ),
+      (
+          "checksum error names the flag",
+          [
+              quick,
+              f"--workdir={tmp / 'w2'}",
+              f"--config.data.manual_dir={bad_source}",
+              f"--config.data.data_dir={tmp / 'tfds2'}",
+              *TINY,
+          ],
+          ["Checksum mismatch for ptb.train.txt", "--config.data.verify_checksums=false"],
+      ),
+      (
+          "damaged prepared dataset",
+          [
+              quick,
+              f"--workdir={workdir}",
+              "--mode=eval",
+              f"--config.data.manual_dir={manual}",
+              f"--config.data.data_dir={damaged}",
+              "--config.data.verify_checksums=false",
+              *TINY,
+          ],
+          ["is damaged", "Delete it to rebuild it", str(damaged / "txl_ptb" / "1.0.0")],
+      ),
+      (
+          "workdir is a file",
+          [f"--workdir={tmp / 'a_file'}", *train],
+          [f"--workdir={tmp / 'a_file'} is a file"],
+      ),
+      (
+          "missing config file",
+          [f"--config={tmp / 'nope.py'}", f"--workdir={tmp / 'w3'}"],
+          [f"{tmp / 'nope.py'} is not a file", "configs/quickstart.py"],
+      ),
+      (
+          "config syntax error",
+          [f"--config={tmp / 'syntax.py'}", f"--workdir={tmp / 'w3'}"],
+          [f"syntax error in {tmp / 'syntax.py'}, line 1"],
+      ),
+      (
+          "config that raises",
+          [f"--config={tmp / 'raises.py'}", f"--workdir={tmp / 'w3'}"],
+          ["failed to build the config: ZeroDivisionError"],
+      ),
+      (
+          "bad flag value",
+          [f"--workdir={tmp / 'w3'}", *train, "--config.train.num_steps=abc"],
+          ["--config.train.num_steps=abc"],
+      ),
+      (
+          "values that cannot work",
+          [
+              f"--workdir={tmp / 'w3'}",
+              *train,
+              "--config.model.dropout=1.5",
+              "--config.train.learning_rate=-1",
+              "--config.train.warmup_steps=9",
+          ],
+          [
+              "model.dropout=1.5 must be in [0, 1)",
+              "train.learning_rate=-1.0 must be > 0",
+              "train.warmup_steps=9 must be <= train.num_steps=4",
+          ],
+      ),
+      (
+          "eval without a checkpoint",
+          [f"--workdir={tmp / 'w3'}", "--mode=eval", *train],
+          ["No checkpoint in"],
+      ),
   ]
   if ro is not None:
-    cases.append(("read-only workdir", [f"--workdir={ro}", *train],
-                  [f"--workdir={ro} cannot be written"]))
+    cases.append(
+        ("read-only workdir", [f"--workdir={ro}", *train], [f"--workdir={ro} cannot be written"])
+    )
   return cases, ro
 
 
@@ -602,8 +719,9 @@ def test_bad_inputs_get_one_message_and_exit_status_1(cli, tmp_path):
 @pytest.mark.slow
 def test_debug_shows_the_traceback(tmp_path):
   (tmp_path / "raises.py").write_text("def get_config():\n  return 1 / 0\n")
-  r = run_main([f"--config={tmp_path / 'raises.py'}", f"--workdir={tmp_path / 'w'}",
-                "--debug"], timeout=120)
+  r = run_main(
+      [f"--config={tmp_path / 'raises.py'}", f"--workdir={tmp_path / 'w'}", "--debug"], timeout=120
+  )
   assert r.returncode == 1 and "Traceback" in r.stderr and "ZeroDivisionError" in r.stderr
 
 
@@ -634,8 +752,9 @@ def test_score_text_reports_unknown_words(cli, tmp_path):
   _, manual, workdir, _ = cli
   text = tmp_path / "text.txt"
   text.write_text(" the cat sat on the zebra \n the giraffe ran \n")
-  r = run_main([f"--workdir={workdir}", "--mode=score", f"--text={text}",
-                f"--out={tmp_path / 'nll.npy'}"])
+  r = run_main(
+      [f"--workdir={workdir}", "--mode=score", f"--text={text}", f"--out={tmp_path / 'nll.npy'}"]
+  )
   assert r.returncode == 0, r.stderr[-2000:]
   # the cat sat on the zebra <eos> the giraffe ran <eos>: 11 tokens, 2 unknown.
   assert "11 tokens; 2 unknown word(s) (18.18%)" in r.stdout
@@ -648,22 +767,34 @@ def test_a_full_disk_stops_with_the_previous_checkpoint_intact(cli, tmp_path):
   patched writer of test_a_failed_write_keeps_the_previous_checkpoint covers
   the rest)."""
   root, manual, workdir, args = cli
-  pages = lambda d: sum(-(-p.stat().st_size // 4096) * 4096 for p in d.rglob("*")
-                        if p.is_file())  # tmpfs holds whole pages
+  pages = lambda d: sum(
+      -(-p.stat().st_size // 4096) * 4096 for p in d.rglob("*") if p.is_file()
+  )  # tmpfs holds whole pages
   # Without checkpoint 2, which the rotation could delete while 6 is written (and so
   # make room for it, depending on timing): only 4 is there, and it must stay.
   older = workdir / "checkpoints" / "2"
   size, step_size = pages(workdir) - pages(older), pages(workdir / "checkpoints" / "4")
   disk = tmp_path / "disk"
   disk.mkdir()
-  if os.geteuid() != 0 or subprocess.run(
-      ["mount", "-t", "tmpfs", "-o", f"size={(size + step_size // 2) // 1024 + 8}k", "tmpfs",
-       str(disk)], capture_output=True).returncode:
+  if (
+      os.geteuid() != 0
+      or subprocess.run(
+          [
+              "mount",
+              "-t",
+              "tmpfs",
+              "-o",
+              f"size={(size + step_size // 2) // 1024 + 8}k",
+              "tmpfs",
+              str(disk),
+          ],
+          capture_output=True,
+      ).returncode
+  ):
     pytest.skip("needs root and mount -t tmpfs")
   try:
     full = disk / "wd"
-    shutil.copytree(workdir, full, ignore=lambda d, names: ["2"] if Path(d) == older.parent
-                    else [])
+    shutil.copytree(workdir, full, ignore=lambda d, names: ["2"] if Path(d) == older.parent else [])
     before = file_hashes(full / "checkpoints" / "4")
     run_args = [a.replace(str(workdir), str(full)) for a in args]
     r = run_main(run_args + ["--config.train.num_steps=8"])
@@ -677,8 +808,7 @@ def test_a_full_disk_stops_with_the_previous_checkpoint_intact(cli, tmp_path):
     shutil.copytree(full, moved)
   finally:
     subprocess.run(["umount", str(disk)], check=False)
-  r = run_main([a.replace(str(workdir), str(moved)) for a in args]
-               + ["--config.train.num_steps=8"])
+  r = run_main([a.replace(str(workdir), str(moved)) for a in args] + ["--config.train.num_steps=8"])
   assert r.returncode == 0, r.stderr[-3000:]
   assert f"Resumed from {moved / 'checkpoints' / '4'} at step 4" in r.stdout
 
@@ -690,31 +820,43 @@ def test_a_checkpoint_with_non_finite_values_is_not_used(tmp_path, mesh, clean):
   manager = checkpointing.make_manager(str(workdir))
   state = checkpointing.restore(manager, 4, abstract_state(toy_config(), mesh)).state
   params = jax.tree_util.tree_map(lambda x: x.at[(0,) * x.ndim].set(jnp.nan), state.params)
-  manager.save(6, args=checkpointing.ocp.args.Composite(
-      state=checkpointing.ocp.args.StandardSave(state.replace(params=params)),
-      iterator=checkpointing.ocp.args.JsonSave({})))
+  manager.save(
+      6,
+      args=checkpointing.ocp.args.Composite(
+          state=checkpointing.ocp.args.StandardSave(state.replace(params=params)),
+          iterator=checkpointing.ocp.args.JsonSave({}),
+      ),
+  )
   manager.wait_until_finished()
   logged = []
-  restored = checkpointing.restore_latest(manager, abstract_state(toy_config(), mesh),
-                                          log=logged.append)
+  restored = checkpointing.restore_latest(
+      manager, abstract_state(toy_config(), mesh), log=logged.append
+  )
   assert restored.step == 4 and restored.verified
   assert "non-finite values in .params[" in logged[0] and "/checkpoints/6" in logged[0]
 
 
 def test_run_differences_lists_what_a_checkpoint_cannot_take():
   from transformer_xl.run import workdir as wd
+
   cfg = models.ModelConfig(n_token=32, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32)
   saved = wd.checkpoint_meta(cfg, "word", "ptb", 8)
-  same = wd.checkpoint_meta(models.ModelConfig(**{**cfg.__dict__, "remat": "full"}), "word",
-                            "ptb", 8)
+  same = wd.checkpoint_meta(
+      models.ModelConfig(**{**cfg.__dict__, "remat": "full"}), "word", "ptb", 8
+  )
   assert wd.run_differences(saved, same) == []  # remat only changes how it is computed
-  other = wd.checkpoint_meta(models.ModelConfig(**{**cfg.__dict__, "d_model": 64,
-                                                   "cutoffs": (10,)}), "word", "wikitext2", 16)
+  other = wd.checkpoint_meta(
+      models.ModelConfig(**{**cfg.__dict__, "d_model": 64, "cutoffs": (10,)}),
+      "word",
+      "wikitext2",
+      16,
+  )
   assert wd.run_differences(saved, other) == [
       "the workdir was trained with model.cutoffs=[]; this run asks for [10]",
       "the workdir was trained with model.d_model=16; this run asks for 64",
       "the workdir was trained with data.dataset='ptb'; this run asks for 'wikitext2'",
-      "the workdir was trained with train.global_batch=8; this run asks for 16"]
+      "the workdir was trained with train.global_batch=8; this run asks for 16",
+  ]
   converted = wd.checkpoint_meta(cfg, "word", "converted", 8)
   assert wd.run_differences(converted, saved) == []
   assert wd.run_differences(saved, {"model": saved["model"]}) == []  # eval: the model only
@@ -741,15 +883,17 @@ def test_a_torn_metrics_line_is_moved_aside_and_every_step_stays_once(tmp_path, 
   path = tmp_path / "metrics.jsonl"
   text = path.read_text()
   start = text.index('{"step": 3')
-  path.write_text(text[:start + cut] if cut > 0 else text[:len(text) + cut])
+  path.write_text(text[: start + cut] if cut > 0 else text[: len(text) + cut])
   torn = path.read_text()[start:]
   logged = []
   writer = metrics.MetricWriter(str(tmp_path), start_step=2, log=logged.append)
   for step in (3, 4):
     writer.write_scalars(step, {"train/loss": 3.0 - 0.1 * step})
   writer.close()
-  rows = [json.loads(line, parse_constant=lambda c: pytest.fail(c))
-          for line in path.read_text().split("\n")[:-1]]
+  rows = [
+      json.loads(line, parse_constant=lambda c: pytest.fail(c))
+      for line in path.read_text().split("\n")[:-1]
+  ]
   assert [r["step"] for r in rows] == [1, 2, 3, 4] and path.read_text().endswith("\n")
   assert (tmp_path / "metrics.jsonl.corrupt").read_text() == torn + "\n"
   assert len(logged) == 1 and "metrics.jsonl.corrupt" in logged[0]
@@ -759,11 +903,15 @@ def test_metrics_lines_that_are_not_rows_or_repeat_a_step_are_cleaned(tmp_path):
   """Lines that are not strict-JSON rows go to the side file; a step written
   twice (two runs in one workdir before locks) keeps its last row."""
   path = tmp_path / "metrics.jsonl"
-  path.write_text('{"step": 1, "a": 1}\n{"step": 2, "a": NaN}\n[1, 2]\n{"step": 1, "a": 2}\n'
-                  '{"step": 2, "a": 3}\n')
+  path.write_text(
+      '{"step": 1, "a": 1}\n{"step": 2, "a": NaN}\n[1, 2]\n{"step": 1, "a": 2}\n'
+      '{"step": 2, "a": 3}\n'
+  )
   metrics.MetricWriter(str(tmp_path), start_step=5, log=lambda m: None).close()
-  assert [json.loads(l) for l in path.read_text().splitlines()] == [{"step": 1, "a": 2},
-                                                                   {"step": 2, "a": 3}]
+  assert [json.loads(l) for l in path.read_text().splitlines()] == [
+      {"step": 1, "a": 2},
+      {"step": 2, "a": 3},
+  ]
   assert (tmp_path / "metrics.jsonl.corrupt").read_text() == '{"step": 2, "a": NaN}\n[1, 2]\n'
 
 
@@ -780,15 +928,20 @@ with workdir.training_lock(sys.argv[1]):
 
 
 def _hold_lock(directory):
-  proc = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(directory)], cwd=REPO,
-                          stdout=subprocess.PIPE, text=True,
-                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+  proc = subprocess.Popen(
+      [sys.executable, "-c", HOLD_LOCK, str(directory)],
+      cwd=REPO,
+      stdout=subprocess.PIPE,
+      text=True,
+      env=dict(os.environ, PYTHONPATH=str(REPO)),
+  )
   assert proc.stdout.readline().strip() == "held"
   return proc
 
 
 def test_the_training_lock_names_its_holder_and_is_taken_over_when_it_is_gone(tmp_path):
   from transformer_xl.run import workdir as wd
+
   holder = _hold_lock(tmp_path)
   try:
     with pytest.raises(wd.WorkdirError) as err:
@@ -826,23 +979,33 @@ def test_a_second_training_stops_and_readers_work_beside_a_training(cli, tmp_pat
   then the first training is killed (-9) and the next one takes its lock
   over."""
   from transformer_xl.run import workdir as wd
+
   root, manual, workdir, args = cli
   copy = tmp_path / "wd"
   shutil.copytree(workdir, copy)
   args = [a.replace(str(workdir), str(copy)) for a in args] + [
-      "--config.checkpoint.every_steps=1", "--config.checkpoint.max_to_keep=2"]
-  first = subprocess.Popen([sys.executable, "-m", "transformer_xl.main", *args,
-                            "--config.train.num_steps=100000"], cwd=REPO, text=True,
-                           env=dict(os.environ, PYTHONPATH=str(REPO)),
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+      "--config.checkpoint.every_steps=1",
+      "--config.checkpoint.max_to_keep=2",
+  ]
+  first = subprocess.Popen(
+      [sys.executable, "-m", "transformer_xl.main", *args, "--config.train.num_steps=100000"],
+      cwd=REPO,
+      text=True,
+      env=dict(os.environ, PYTHONPATH=str(REPO)),
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.PIPE,
+  )
   try:
-    _wait_for(lambda: (copy / "checkpoints" / "8").exists() or first.poll() is not None,
-              "the first training's checkpoints")
+    _wait_for(
+        lambda: (copy / "checkpoints" / "8").exists() or first.poll() is not None,
+        "the first training's checkpoints",
+    )
     assert first.poll() is None, first.stderr.read()[-3000:]
     metrics_before = (copy / "config.json").read_text()
     t = time.monotonic()
-    second = run_main(args + ["--config.train.num_steps=100000",
-                              "--config.train.learning_rate=0.5"])
+    second = run_main(
+        args + ["--config.train.num_steps=100000", "--config.train.learning_rate=0.5"]
+    )
     assert second.returncode == 1 and "Traceback" not in second.stderr
     assert time.monotonic() - t < 60
     assert f"is in use by another training (pid {first.pid} on host" in second.stderr
@@ -864,16 +1027,24 @@ def test_a_second_training_stops_and_readers_work_beside_a_training(cli, tmp_pat
     assert first.poll() is None
     assert not [m for m in logged if "not usable" in m], logged
     assert len(steps) == 20 and steps == sorted(steps)  # (how far it got depends on load)
-    r = run_main([f"--workdir={copy}", "--mode=score", f"--text={manual / 'ptb.valid.txt'}",
-                  f"--out={tmp_path / 'nll.npy'}"])
+    r = run_main(
+        [
+            f"--workdir={copy}",
+            "--mode=score",
+            f"--text={manual / 'ptb.valid.txt'}",
+            f"--out={tmp_path / 'nll.npy'}",
+        ]
+    )
     assert r.returncode == 0 and "not usable" not in r.stdout + r.stderr, r.stderr[-2000:]
   finally:
     first.kill()
     first.wait()
   r = run_main(args + ["--config.train.num_steps=2"])
   assert r.returncode == 0, r.stderr[-2000:]
-  assert f"Took over {copy / 'train.lock'} from a training that ended without releasing it " \
-         f"(pid {first.pid} on host" in r.stdout
+  assert (
+      f"Took over {copy / 'train.lock'} from a training that ended without releasing it "
+      f"(pid {first.pid} on host" in r.stdout
+  )
 
 
 # --------------------------------------------------------------------------- #
@@ -881,9 +1052,14 @@ def test_a_second_training_stops_and_readers_work_beside_a_training(cli, tmp_pat
 
 
 def _start(args):
-  return subprocess.Popen([sys.executable, "-m", "transformer_xl.main", *args], cwd=REPO,
-                          text=True, env=dict(os.environ, PYTHONPATH=str(REPO)),
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  return subprocess.Popen(
+      [sys.executable, "-m", "transformer_xl.main", *args],
+      cwd=REPO,
+      text=True,
+      env=dict(os.environ, PYTHONPATH=str(REPO)),
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+  )
 
 
 @pytest.mark.slow
@@ -899,8 +1075,12 @@ def test_ctrl_c_saves_and_the_resumed_run_is_exact(cli, tmp_path):
     shutil.copytree(workdir, d)
   run_args = lambda d: [a.replace(str(workdir), str(d)) for a in args] + constant
   proc = _start(run_args(stopped) + ["--config.train.num_steps=100000"])
-  _wait_for(lambda: proc.poll() is not None or (stopped / "metrics.jsonl").exists() and max(
-      read_metrics(stopped), default=0) >= 6, "training steps")
+  _wait_for(
+      lambda: proc.poll() is not None
+      or (stopped / "metrics.jsonl").exists()
+      and max(read_metrics(stopped), default=0) >= 6,
+      "training steps",
+  )
   proc.send_signal(signal.SIGINT)
   out, err = proc.communicate(timeout=120)
   assert proc.returncode == 0 and "Traceback" not in err, err[-3000:]
@@ -929,8 +1109,15 @@ def test_a_diverged_run_names_a_used_checkpoint_and_a_lower_rate_resumes_from_it
   and trains to the end, finite; eval then uses the new checkpoints."""
   root, manual, _, _ = cli
   workdir = tmp_path / "wd"
-  args = small_args(root, workdir, manual, *TINY, "--config.checkpoint.every_steps=1",
-                    "--config.checkpoint.max_to_keep=2", "--config.train.num_steps=8")
+  args = small_args(
+      root,
+      workdir,
+      manual,
+      *TINY,
+      "--config.checkpoint.every_steps=1",
+      "--config.checkpoint.max_to_keep=2",
+      "--config.train.num_steps=8",
+  )
   r = run_main(args + ["--config.train.learning_rate=1e30"])
   assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
   error = [line for line in r.stderr.splitlines() if line.startswith("error:")]
@@ -961,12 +1148,16 @@ class _Steps:
     return list(self._steps)
 
 
-@pytest.mark.parametrize("recorded,restored,good", [
-    (6, 4, 4),      # resumed from an older good one: the later history is redone
-    (6, 6, 6),
-    (4, 6, 4),      # resumed from a checkpoint no finite step has come from yet
-    (None, 6, 4),   # no record (an older version): the ones before the restored one
-    (6, None, None)])  # a fresh start: the record of an earlier run is removed
+@pytest.mark.parametrize(
+    "recorded,restored,good",
+    [
+        (6, 4, 4),  # resumed from an older good one: the later history is redone
+        (6, 6, 6),
+        (4, 6, 4),  # resumed from a checkpoint no finite step has come from yet
+        (None, 6, 4),  # no record (an older version): the ones before the restored one
+        (6, None, None),
+    ],
+)  # a fresh start: the record of an earlier run is removed
 def test_which_checkpoint_a_resumed_run_counts_as_good(tmp_path, recorded, restored, good):
   if recorded is not None:
     (tmp_path / checkpointing.VERIFIED_FILE).write_text(json.dumps({"step": recorded}))
@@ -975,12 +1166,12 @@ def test_which_checkpoint_a_resumed_run_counts_as_good(tmp_path, recorded, resto
   assert v.newest() == good
   record = tmp_path / checkpointing.VERIFIED_FILE  # rewritten at once: what this run counts
   assert (json.loads(record.read_text()) if record.exists() else None) == (
-      None if good is None else {"step": good})
+      None if good is None else {"step": good}
+  )
   if restored:
     v.params_good(restored)  # a finite step came from the restored checkpoint
     v.write()
-    assert json.loads((tmp_path / checkpointing.VERIFIED_FILE).read_text()) == {
-        "step": restored}
+    assert json.loads((tmp_path / checkpointing.VERIFIED_FILE).read_text()) == {"step": restored}
 
 
 def test_listing_checkpoints_while_the_rotation_removes_some(tmp_path):
@@ -991,14 +1182,21 @@ def test_listing_checkpoints_while_the_rotation_removes_some(tmp_path):
   of listings failed).  A thread saves and rotates as fast as it can
   while readers are made and reloaded for 8 s: no listing may fail."""
   import threading
+
   import orbax.checkpoint as ocp
+
   writer = checkpointing.make_manager(str(tmp_path))
   directory = tmp_path / "checkpoints"
 
   def save(step):
-    writer.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave({"a": jnp.ones(3)}), iterator=ocp.args.JsonSave({}),
-        integrity=ocp.args.JsonSave({"format": 0})))
+    writer.save(
+        step,
+        args=ocp.args.Composite(
+            state=ocp.args.StandardSave({"a": jnp.ones(3)}),
+            iterator=ocp.args.JsonSave({}),
+            integrity=ocp.args.JsonSave({"format": 0}),
+        ),
+    )
 
   for step in range(3):
     save(step)

@@ -9,6 +9,7 @@ written by transformers' own ``TransfoXLTokenizer.save_vocabulary``, and
 malicious, truncated and foreign files.  A repository-wide check keeps
 ``pickle.load`` and unrestricted ``torch.load`` out of the package.
 """
+
 from __future__ import annotations
 
 import ast
@@ -46,8 +47,9 @@ TEXT = {
 class Vocab:
   """The reference's ``tf/vocabulary.py`` ``Vocab``, cut to what a cache holds."""
 
-  def __init__(self, special=(), min_freq=0, max_size=None, lower_case=True, delimiter=None,
-               vocab_file=None):
+  def __init__(
+      self, special=(), min_freq=0, max_size=None, lower_case=True, delimiter=None, vocab_file=None
+  ):
     self.counter = collections.Counter()
     self.special = list(special)
     self.min_freq, self.max_size = min_freq, max_size
@@ -77,8 +79,12 @@ class Vocab:
         self.sym2idx[sym] = len(self.idx2sym) - 1
 
   def encode(self, text):
-    return np.concatenate([np.array([self.sym2idx[s] for s in self.tokenize(line)], np.int64)
-                           for line in text.splitlines()])
+    return np.concatenate(
+        [
+            np.array([self.sym2idx[s] for s in self.tokenize(line)], np.int64)
+            for line in text.splitlines()
+        ]
+    )
 
   def __setstate__(self, state):  # the restricted unpickler must never get here
     raise AssertionError("the original class's code ran")
@@ -109,6 +115,7 @@ class Corpus:
 def reference_modules(monkeypatch):
   """Registers Corpus and Vocab as ``<corpus_module>.Corpus`` and
   ``vocabulary.Vocab`` while the test runs (pickle looks them up there)."""
+
   def register(corpus_module="data_utils"):
     vocabulary = types.ModuleType("vocabulary")
     monkeypatch.setattr(Vocab, "__module__", "vocabulary")
@@ -121,6 +128,7 @@ def reference_modules(monkeypatch):
       data_utils = types.ModuleType(corpus_module)
       data_utils.Corpus = Corpus
       monkeypatch.setitem(sys.modules, corpus_module, data_utils)
+
   return register
 
 
@@ -137,8 +145,11 @@ def test_reference_cache_python3(tmp_path, reference_modules, protocol):
   path = write_reference_cache(tmp_path / "cache.pkl", corpus, protocol)
   symbols, info = safe_pickle.reference_corpus_vocab(str(path))
   assert symbols == corpus.vocab.idx2sym and "Fürth" in symbols and symbols[0] == "<eos>"
-  assert info == {"dataset": "wt103", "cutoffs": [0, 20000, 40000, 200000, len(symbols)],
-                  "lower_case": False}
+  assert info == {
+      "dataset": "wt103",
+      "cutoffs": [0, 20000, 40000, 200000, len(symbols)],
+      "lower_case": False,
+  }
 
   root = safe_pickle.load_restricted(str(path))
   assert isinstance(root, safe_pickle.Inert) and root.pickled_global == "data_utils.Corpus"
@@ -153,11 +164,18 @@ def test_reference_cache_python3(tmp_path, reference_modules, protocol):
   assert vocab["eos_idx"] == 0
 
 
-@pytest.mark.parametrize("dataset,corpus_module,kwargs", [
-    ("ptb", "data_utils", dict(special=["<eos>"], lower_case=True)),
-    ("lm1b", "__main__", dict(special=[], lower_case=False, vocab_file="/data/1b_word_vocab.txt")),
-    ("enwik8", "__main__", {}),
-])
+@pytest.mark.parametrize(
+    "dataset,corpus_module,kwargs",
+    [
+        ("ptb", "data_utils", dict(special=["<eos>"], lower_case=True)),
+        (
+            "lm1b",
+            "__main__",
+            dict(special=[], lower_case=False, vocab_file="/data/1b_word_vocab.txt"),
+        ),
+        ("enwik8", "__main__", {}),
+    ],
+)
 def test_reference_cache_variants(tmp_path, reference_modules, dataset, corpus_module, kwargs):
   """ptb (no cutoffs), lm1b (train is a list of file names) and enwik8 (default
   Vocab); ``python data_utils.py`` pickles the corpus as ``__main__.Corpus``."""
@@ -167,8 +185,11 @@ def test_reference_cache_variants(tmp_path, reference_modules, dataset, corpus_m
   assert f"c{corpus_module}\nCorpus\n".encode() in path.read_bytes()
   symbols, info = safe_pickle.reference_corpus_vocab(str(path))
   assert symbols == corpus.vocab.idx2sym
-  assert info == {"dataset": dataset, "cutoffs": corpus.cutoffs,
-                  "lower_case": kwargs.get("lower_case", True)}
+  assert info == {
+      "dataset": dataset,
+      "cutoffs": corpus.cutoffs,
+      "lower_case": kwargs.get("lower_case", True),
+  }
 
 
 # ---------------------------------------------------------------------------
@@ -241,8 +262,11 @@ def py2_array(values):
   """A numpy int64 array as Python 2's numpy pickles it."""
   dtype = Reduce(G("numpy", "dtype"), (b"i8", 0, 1), (3, b"<", None, None, None, -1, -1, 0))
   raw = np.asarray(values, "<i8").tobytes()
-  return Reduce(G("numpy.core.multiarray", "_reconstruct"), (G("numpy", "ndarray"), (0,), b"b"),
-                (1, (len(values),), dtype, False, raw))
+  return Reduce(
+      G("numpy.core.multiarray", "_reconstruct"),
+      (G("numpy", "ndarray"), (0,), b"b"),
+      (1, (len(values),), dtype, False, raw),
+  )
 
 
 PY2_SYMBOLS = ["<eos>", "the", "Fürth", "team", "naïve", "€", "end"]
@@ -252,19 +276,37 @@ def write_py2_cache(path, symbols=PY2_SYMBOLS, sym2idx=None, extra=None, first=N
   """A wt103 ``cache.pkl`` as the reference's TF code writes it under Python
   2: symbols are UTF-8 byte strings (one, "naïve", a unicode object), names
   are byte strings, OrderedDict and Counter are reduced as Python 2 does."""
+
   def py2(s):
     return s if s == "naïve" else s.encode("utf-8")
+
   idx2sym = [py2(s) for s in symbols]
   if sym2idx is None:
     sym2idx = [[s, i] for i, s in enumerate(idx2sym)]
-  vocab = Obj(G("vocabulary", "Vocab"), {
-      b"counter": Reduce(G("collections", "Counter"), ({s: 3 for s in idx2sym[1:]},)),
-      b"special": [b"<eos>"], b"min_freq": 0, b"max_size": None, b"lower_case": False,
-      b"delimiter": None, b"vocab_file": None, b"idx2sym": idx2sym,
-      b"sym2idx": Reduce(G("collections", "OrderedDict"), (sym2idx,)), b"eos_idx": 0})
-  corpus = {**(first or {}), b"dataset": b"wt103", b"vocab": vocab, b"train": py2_array(range(300)),
-            b"valid": py2_array([1, 2, 3]), b"test": py2_array([3, 2, 1]),
-            b"cutoffs": [0, 20000, 40000, 200000, len(symbols)]}
+  vocab = Obj(
+      G("vocabulary", "Vocab"),
+      {
+          b"counter": Reduce(G("collections", "Counter"), ({s: 3 for s in idx2sym[1:]},)),
+          b"special": [b"<eos>"],
+          b"min_freq": 0,
+          b"max_size": None,
+          b"lower_case": False,
+          b"delimiter": None,
+          b"vocab_file": None,
+          b"idx2sym": idx2sym,
+          b"sym2idx": Reduce(G("collections", "OrderedDict"), (sym2idx,)),
+          b"eos_idx": 0,
+      },
+  )
+  corpus = {
+      **(first or {}),
+      b"dataset": b"wt103",
+      b"vocab": vocab,
+      b"train": py2_array(range(300)),
+      b"valid": py2_array([1, 2, 3]),
+      b"test": py2_array([3, 2, 1]),
+      b"cutoffs": [0, 20000, 40000, 200000, len(symbols)],
+  }
   corpus.update(extra or {})
   buf = io.BytesIO()
   Py2Pickler(buf, protocol=2).dump(Obj(G("__main__", "Corpus"), corpus))
@@ -277,8 +319,8 @@ def test_reference_cache_python2(tmp_path):
   data = path.read_bytes()
   ops = [(op.name, arg) for op, arg, _ in pickletools.genops(data)]
   # What makes it a Python 2 pickle: byte-string symbols and names, py2 globals.
-  assert ("SHORT_BINSTRING", "Fürth".encode("utf-8")) not in ops  # genops shows latin-1 text
-  assert ("SHORT_BINSTRING", "Fürth".encode("utf-8").decode("latin-1")) in ops
+  assert ("SHORT_BINSTRING", "Fürth".encode()) not in ops  # genops shows latin-1 text
+  assert ("SHORT_BINSTRING", "Fürth".encode().decode("latin-1")) in ops
   assert ("SHORT_BINSTRING", "idx2sym") in ops and ("BINUNICODE", "naïve") in ops
   assert ("GLOBAL", "numpy.core.multiarray _reconstruct") in ops
   assert not any(name == "GLOBAL" and arg.startswith("_codecs") for name, arg in ops)
@@ -290,8 +332,7 @@ def test_reference_cache_python2(tmp_path):
   symbols, info = safe_pickle.reference_corpus_vocab(str(path))
   assert set(sys.modules) == before  # nothing was imported
   assert symbols == PY2_SYMBOLS
-  assert info == {"dataset": "wt103", "cutoffs": [0, 20000, 40000, 200000, 7],
-                  "lower_case": False}
+  assert info == {"dataset": "wt103", "cutoffs": [0, 20000, 40000, 200000, 7], "lower_case": False}
   root = safe_pickle.load_restricted(str(path))
   assert root.pickled_global == "__main__.Corpus" and isinstance(root.state, dict)
   assert b"vocab" in root.state  # the tree keeps Python 2's byte strings
@@ -300,13 +341,16 @@ def test_reference_cache_python2(tmp_path):
   assert isinstance(train.dtype, safe_pickle.InertDtype) and train.dtype.args == (b"i8", 0, 1)
 
 
-@pytest.mark.parametrize("change,expected", [
-    (dict(symbols=["a", "b", "a"]), "'a' twice (ids 0 and 2)"),
-    (dict(sym2idx=[[b"<eos>", 0], [b"the", 2]]), "maps 'the' to 2"),
-    (dict(symbols=["a", "b"], sym2idx=[[b"a", 0]]), "vocab.idx2sym[1] = 'b' is missing"),
-    (dict(symbols=["a"], sym2idx=[[b"a", 0], [b"z", 1]]), "'z' is only in vocab.sym2idx"),
-    (dict(extra={b"cutoffs": b"0,1"}), "cutoffs is a bytes"),
-])
+@pytest.mark.parametrize(
+    "change,expected",
+    [
+        (dict(symbols=["a", "b", "a"]), "'a' twice (ids 0 and 2)"),
+        (dict(sym2idx=[[b"<eos>", 0], [b"the", 2]]), "maps 'the' to 2"),
+        (dict(symbols=["a", "b"], sym2idx=[[b"a", 0]]), "vocab.idx2sym[1] = 'b' is missing"),
+        (dict(symbols=["a"], sym2idx=[[b"a", 0], [b"z", 1]]), "'z' is only in vocab.sym2idx"),
+        (dict(extra={b"cutoffs": b"0,1"}), "cutoffs is a bytes"),
+    ],
+)
 def test_reference_cache_inconsistent(tmp_path, change, expected):
   path = write_py2_cache(tmp_path / "cache.pkl", **change)
   with pytest.raises(ConvertError) as err:
@@ -318,7 +362,7 @@ def test_reference_cache_inconsistent(tmp_path, change, expected):
 def test_reference_cache_non_utf8_symbol(tmp_path):
   path = tmp_path / "cache.pkl"
   write_py2_cache(path)
-  data = path.read_bytes().replace("Fürth".encode("utf-8"), "Fürth".encode("latin-1") + b"!")
+  data = path.read_bytes().replace("Fürth".encode(), "Fürth".encode("latin-1") + b"!")
   path.write_bytes(data)
   with pytest.raises(ConvertError, match=r"vocab.idx2sym\[2\] b'F\\xfcrth!' is not UTF-8"):
     safe_pickle.reference_corpus_vocab(str(path))
@@ -351,13 +395,21 @@ def hf_tokenization(monkeypatch):
     except ImportError:  # newer transformers moved it
       import transformers.models.deprecated.transfo_xl.tokenization_transfo_xl as tok
   from transformers.utils import import_utils
+
   pkg = types.ModuleType("sacremoses")
-  submodules = {"tokenize": types.ModuleType("sacremoses.tokenize"),
-                "normalize": types.ModuleType("sacremoses.normalize")}
-  for sub, name in (("tokenize", "MosesTokenizer"), ("tokenize", "MosesDetokenizer"),
-                    ("normalize", "MosesPunctNormalizer")):
+  submodules = {
+      "tokenize": types.ModuleType("sacremoses.tokenize"),
+      "normalize": types.ModuleType("sacremoses.normalize"),
+  }
+  for sub, name in (
+      ("tokenize", "MosesTokenizer"),
+      ("tokenize", "MosesDetokenizer"),
+      ("normalize", "MosesPunctNormalizer"),
+  ):
+
     def init(self, lang="en"):
       self.lang, self.NONBREAKING_PREFIXES = lang, ["Mr", "Dr"]
+
     cls = type(name, (), {"__init__": init, "__module__": f"sacremoses.{sub}"})
     setattr(submodules[sub], name, cls)
     setattr(pkg, name, cls)
@@ -385,9 +437,17 @@ def test_hf_vocab_written_by_transformers(tmp_path, hf_tokenization):
   ids = list(range(len(symbols)))
   assert tokenizer.convert_tokens_to_ids(symbols) == ids
   assert reread.convert_tokens_to_ids(symbols) == ids  # 4.35 reads the ids from sym2idx
-  assert info == {"special": ["<eos>"], "lower_case": False, "delimiter": None, "min_freq": 0,
-                  "max_size": None, "vocab_file": str(vocab_file), "unk_idx": 4,
-                  "never_split": tokenizer.never_split, "language": "en"}
+  assert info == {
+      "special": ["<eos>"],
+      "lower_case": False,
+      "delimiter": None,
+      "min_freq": 0,
+      "max_size": None,
+      "vocab_file": str(vocab_file),
+      "unk_idx": 4,
+      "never_split": tokenizer.never_split,
+      "language": "en",
+  }
   root = safe_pickle.load_restricted(saved)
   assert type(root) is dict and isinstance(root["moses_tokenizer"], safe_pickle.Inert)
   assert root["moses_tokenizer"].pickled_global == "sacremoses.tokenize.MosesTokenizer"
@@ -399,16 +459,34 @@ def test_hf_vocab_legacy_torch_save(tmp_path):
   """Older vocab.pkl files are a legacy torch.save of the tokenizer's dict."""
   torch = pytest.importorskip("torch")
   symbols = ["<eos>", "the", "Fürth"]
-  vocab = {"special": ["<eos>"], "min_freq": 0, "max_size": None, "lower_case": False,
-           "delimiter": None, "vocab_file": None, "never_split": ["<unk>", "<eos>"],
-           "counter": collections.Counter({"the": 2, "Fürth": 1}), "idx2sym": symbols,
-           "sym2idx": collections.OrderedDict((s, i) for i, s in enumerate(symbols)),
-           "eos_idx": 0}
+  vocab = {
+      "special": ["<eos>"],
+      "min_freq": 0,
+      "max_size": None,
+      "lower_case": False,
+      "delimiter": None,
+      "vocab_file": None,
+      "never_split": ["<unk>", "<eos>"],
+      "counter": collections.Counter({"the": 2, "Fürth": 1}),
+      "idx2sym": symbols,
+      "sym2idx": collections.OrderedDict((s, i) for i, s in enumerate(symbols)),
+      "eos_idx": 0,
+  }
   path = tmp_path / "vocab.pkl"
   torch.save(vocab, path, _use_new_zipfile_serialization=False)
-  assert safe_pickle.hf_vocab(str(path)) == (symbols, {
-      "special": ["<eos>"], "min_freq": 0, "max_size": None, "lower_case": False,
-      "delimiter": None, "vocab_file": None, "never_split": ["<unk>", "<eos>"], "eos_idx": 0})
+  assert safe_pickle.hf_vocab(str(path)) == (
+      symbols,
+      {
+          "special": ["<eos>"],
+          "min_freq": 0,
+          "max_size": None,
+          "lower_case": False,
+          "delimiter": None,
+          "vocab_file": None,
+          "never_split": ["<unk>", "<eos>"],
+          "eos_idx": 0,
+      },
+  )
   torch.save(vocab, path)  # the zip format
   with pytest.raises(ConvertError, match="is a zip archive"):
     safe_pickle.hf_vocab(str(path))
@@ -423,6 +501,7 @@ def test_hf_vocab_legacy_torch_save(tmp_path):
 
 
 class Evil:
+
   def __init__(self, func, *args):
     self.func, self.args = func, args
 
@@ -443,18 +522,32 @@ def malicious_files(tmp_path, marker):
       "os.system py2 protocol": (pickle.dumps(Evil(os.system, touch), protocol=2), system),
       "os.system by name": (f"cos\nsystem\n(S'{touch}'\ntR.".encode(), "os.system"),
       "builtins.eval": (pickle.dumps(Evil(eval, _eval_payload(marker))), "builtins.eval"),
-      "__builtin__.eval": (pickle.dumps(Evil(eval, _eval_payload(marker)), protocol=2),
-                           "__builtin__.eval"),
-      "subprocess.Popen": (pickle.dumps(Evil(subprocess.Popen, ["touch", str(marker)])),
-                           "subprocess.Popen"),
-      "getattr chain": ((b"cbuiltins\ngetattr\n(cbuiltins\n__import__\n(Vos\ntRVsystem\ntR"
-                         + f"(V{touch}\ntR.".encode()), "builtins.getattr"),
-      "torch rebuild": (b"\x80\x02ctorch._utils\n_rebuild_tensor_v2\n)R.",
-                        "torch._utils._rebuild_tensor_v2"),
-      "numpy gadget": (b"\x80\x02cnumpy.testing._private.utils\nrunstring\nX"
-                       + struct.pack("<I", len(_eval_payload(marker).encode()))
-                       + _eval_payload(marker).encode() + b"}\x86R.",
-                       "numpy.testing._private.utils.runstring"),
+      "__builtin__.eval": (
+          pickle.dumps(Evil(eval, _eval_payload(marker)), protocol=2),
+          "__builtin__.eval",
+      ),
+      "subprocess.Popen": (
+          pickle.dumps(Evil(subprocess.Popen, ["touch", str(marker)])),
+          "subprocess.Popen",
+      ),
+      "getattr chain": (
+          (
+              b"cbuiltins\ngetattr\n(cbuiltins\n__import__\n(Vos\ntRVsystem\ntR"
+              + f"(V{touch}\ntR.".encode()
+          ),
+          "builtins.getattr",
+      ),
+      "torch rebuild": (
+          b"\x80\x02ctorch._utils\n_rebuild_tensor_v2\n)R.",
+          "torch._utils._rebuild_tensor_v2",
+      ),
+      "numpy gadget": (
+          b"\x80\x02cnumpy.testing._private.utils\nrunstring\nX"
+          + struct.pack("<I", len(_eval_payload(marker).encode()))
+          + _eval_payload(marker).encode()
+          + b"}\x86R.",
+          "numpy.testing._private.utils.runstring",
+      ),
   }
   return files
 
@@ -464,8 +557,11 @@ def test_malicious_files_are_refused(tmp_path):
   for what, (data, name) in malicious_files(tmp_path, marker).items():
     path = tmp_path / "cache.pkl"
     path.write_bytes(data)
-    for read in (safe_pickle.load_restricted, safe_pickle.reference_corpus_vocab,
-                 safe_pickle.hf_vocab):
+    for read in (
+        safe_pickle.load_restricted,
+        safe_pickle.reference_corpus_vocab,
+        safe_pickle.hf_vocab,
+    ):
       with pytest.raises(ConvertError) as err:
         read(str(path))
       msg = str(err.value)
@@ -503,11 +599,11 @@ def test_refused_arguments(tmp_path):
   pickles of these files."""
   path = tmp_path / "x.pkl"
   cases = {
-      b"\x80\x02c_codecs\nencode\nX\x03\x00\x00\x00abcX\x05\x00\x00\x00rot13\x86R.":
-          "_codecs.encode with encoding 'rot13'",
-      (b"\x80\x02ccopy_reg\n_reconstructor\nccollections\nOrderedDict\n"
-       b"c__builtin__\nobject\nN\x87R."):
-          "copyreg._reconstructor with arguments the class",
+      b"\x80\x02c_codecs\nencode\nX\x03\x00\x00\x00abcX\x05\x00\x00\x00rot13\x86R.": "_codecs.encode with encoding 'rot13'",
+      (
+          b"\x80\x02ccopy_reg\n_reconstructor\nccollections\nOrderedDict\n"
+          b"c__builtin__\nobject\nN\x87R."
+      ): "copyreg._reconstructor with arguments the class",
       b"\x80\x02c__builtin__\nbytes\nJ\x00\xe1\xf5\x05\x85R.": "builtins.bytes",
       b"\x80\x02X\x01\x00\x00\x00aQ.": "refused a persistent id",
   }
@@ -531,7 +627,7 @@ def test_truncated_empty_and_foreign_files(tmp_path):
       safe_pickle.reference_corpus_vocab(str(path))
     msg = str(err.value)
     assert str(path) in msg and "\n" not in msg, (cut, msg)
-  path.write_bytes(good[:len(good) // 2])
+  path.write_bytes(good[: len(good) // 2])
   with pytest.raises(ConvertError, match="not a readable pickle .*truncated or damaged"):
     safe_pickle.load_restricted(str(path))
   path.write_bytes(b"")
@@ -558,11 +654,24 @@ def test_deeply_nested_pickle(tmp_path):
 # No unrestricted unpickling in the package
 # ---------------------------------------------------------------------------
 
-_PICKLE_MODULES = {"pickle": "pickle", "_pickle": "pickle", "cPickle": "pickle",
-                   "dill": "pickle", "torch": "torch", "numpy": "numpy"}
-_UNSAFE = {("pickle", "load"), ("pickle", "loads"), ("pickle", "Unpickler"),
-           ("pickle", "_load"), ("pickle", "_loads"), ("pickle", "_Unpickler"),
-           ("torch", "load"), ("numpy", "load")}
+_PICKLE_MODULES = {
+    "pickle": "pickle",
+    "_pickle": "pickle",
+    "cPickle": "pickle",
+    "dill": "pickle",
+    "torch": "torch",
+    "numpy": "numpy",
+}
+_UNSAFE = {
+    ("pickle", "load"),
+    ("pickle", "loads"),
+    ("pickle", "Unpickler"),
+    ("pickle", "_load"),
+    ("pickle", "_loads"),
+    ("pickle", "_Unpickler"),
+    ("torch", "load"),
+    ("numpy", "load"),
+}
 
 
 def unsafe_loads(source: str, filename: str) -> list[str]:
@@ -585,8 +694,11 @@ def unsafe_loads(source: str, filename: str) -> list[str]:
     if not isinstance(node, ast.Call):
       continue
     func, target = node.func, None
-    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and \
-        func.value.id in modules:
+    if (
+        isinstance(func, ast.Attribute)
+        and isinstance(func.value, ast.Name)
+        and func.value.id in modules
+    ):
       target = (modules[func.value.id], func.attr)
     elif isinstance(func, ast.Name) and func.id in names:
       target = names[func.id]
@@ -594,8 +706,10 @@ def unsafe_loads(source: str, filename: str) -> list[str]:
       continue
     keywords = {k.arg: k.value for k in node.keywords}
     if target == ("torch", "load"):
-      safe = isinstance(keywords.get("weights_only"), ast.Constant) and \
-          keywords["weights_only"].value is True
+      safe = (
+          isinstance(keywords.get("weights_only"), ast.Constant)
+          and keywords["weights_only"].value is True
+      )
     elif target == ("numpy", "load"):
       flag = keywords.get("allow_pickle")
       safe = flag is None or (isinstance(flag, ast.Constant) and flag.value is False)
@@ -636,5 +750,7 @@ def test_no_unrestricted_unpickling_in_package():
     if path == package / "convert" / "safe_pickle.py":
       continue
     offenders += unsafe_loads(path.read_text(encoding="utf-8"), str(path.relative_to(REPO)))
-  assert not offenders, ("unrestricted unpickling (use transformer_xl.convert.safe_pickle, or "
-                         "torch.load(..., weights_only=True)):\n" + "\n".join(offenders))
+  assert not offenders, (
+      "unrestricted unpickling (use transformer_xl.convert.safe_pickle, or "
+      "torch.load(..., weights_only=True)):\n" + "\n".join(offenders)
+  )

@@ -1,4 +1,5 @@
 """The fsdp mesh axis: placement of parameters and rows, and equivalence with one device."""
+
 import jax
 import numpy as np
 import pytest
@@ -7,6 +8,7 @@ from jax.sharding import PartitionSpec as P
 from transformer_xl import default_config, sharding
 from transformer_xl.model import models
 from transformer_xl.training import train_state
+
 from test_train import run_steps, tiny_config
 
 MESH3 = ((2, 2, 2), ("data", "fsdp", "model"))
@@ -39,19 +41,26 @@ def test_fsdp_train_step_matches_single_device():
   losses3, state3 = run_steps(config, mesh3, tokens, 3)
   np.testing.assert_allclose(losses3, losses1, rtol=1e-5)
   for a, b in zip(jax.tree_util.tree_leaves(state3), jax.tree_util.tree_leaves(state1)):
-    np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64),
-                               rtol=2e-4, atol=2e-6)
+    np.testing.assert_allclose(
+        np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=2e-4, atol=2e-6
+    )
 
 
-@pytest.mark.parametrize("name,preset,devices,per_device,mesh,eval_batch", [
-    ("enwik8_24l", "v3-32", 32, 2, (1, 32, 1), 8), ("text8_24l", "v4-32", 16, 4, (1, 16, 1), 8),
-    # 512 does not divide d_model 1280: a model axis of 2, so that fsdp (256) shards it.
-    ("lm1b_large", "v3-512", 512, 2, (1, 256, 2), 16)])
-def test_slice_presets_give_valid_pod_configs(name, preset, devices, per_device, mesh,
-                                              eval_batch):
+@pytest.mark.parametrize(
+    "name,preset,devices,per_device,mesh,eval_batch",
+    [
+        ("enwik8_24l", "v3-32", 32, 2, (1, 32, 1), 8),
+        ("text8_24l", "v4-32", 16, 4, (1, 16, 1), 8),
+        # 512 does not divide d_model 1280: a model axis of 2, so that fsdp (256) shards it.
+        ("lm1b_large", "v3-512", 512, 2, (1, 256, 2), 16),
+    ],
+)
+def test_slice_presets_give_valid_pod_configs(name, preset, devices, per_device, mesh, eval_batch):
   import importlib.util
   from pathlib import Path
+
   from transformer_xl import presets
+
   path = Path(__file__).resolve().parents[1] / "configs" / f"{name}.py"
   spec = importlib.util.spec_from_file_location(name, path)
   module = importlib.util.module_from_spec(spec)

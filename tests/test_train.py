@@ -1,4 +1,5 @@
 """Training: sharded == single device, accumulation, resume, end to end, errors."""
+
 import json
 import os
 import subprocess
@@ -14,8 +15,7 @@ from jax.sharding import PartitionSpec as P
 
 from transformer_xl import data, default_config, sharding
 from transformer_xl.model import models
-from transformer_xl.training import train
-from transformer_xl.training import train_state
+from transformer_xl.training import train, train_state
 
 SLOW = pytest.mark.slow  # a case left out of the fast tier (-m "not slow")
 
@@ -24,8 +24,17 @@ REPO = Path(__file__).resolve().parents[1]
 
 def tiny_config(**train_kw):
   c = default_config.get_config()
-  c.model.update(n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.1,
-                 dropatt=0.1, tgt_len=6, mem_len=6)
+  c.model.update(
+      n_layer=2,
+      d_model=16,
+      n_head=2,
+      d_head=8,
+      d_inner=32,
+      dropout=0.1,
+      dropatt=0.1,
+      tgt_len=6,
+      mem_len=6,
+  )
   c.train.update(global_batch=8, num_steps=100, warmup_steps=2, learning_rate=1e-3)
   c.train.update(**train_kw)
   return c
@@ -36,14 +45,14 @@ def run_steps(config, mesh, tokens, n_steps):
   model = models.TransformerXL(mcfg)
   tx = train_state.make_optimizer(config.train)
   _, shardings = train_state.abstract_train_state(model, tx, config.train.global_batch, mesh)
-  state = train_state.create_train_state(model, tx, config.train.global_batch, mesh,
-                                         jax.random.PRNGKey(0), shardings)
+  state = train_state.create_train_state(
+      model, tx, config.train.global_batch, mesh, jax.random.PRNGKey(0), shardings
+  )
   step_fn = train.make_train_step(model, tx, mesh, shardings, config.train.batch_chunk, 7)
   it = data.TrainIterator(data.ArraySource(tokens), config.train.global_batch, mcfg.tgt_len)
   losses = []
   for _ in range(n_steps):
-    batch = data.to_global_batch(next(it), sharding.batch_sharding(mesh),
-                                 config.train.global_batch)
+    batch = data.to_global_batch(next(it), sharding.batch_sharding(mesh), config.train.global_batch)
     state, metrics = step_fn(state, batch)
     losses.append(float(metrics["loss"]))
   # Static shapes: one compilation while the memory fills up.
@@ -66,8 +75,9 @@ def test_sharded_step_matches_single_device(tokens):
   losses8, state8 = run_steps(config, mesh8, tokens, 3)
   np.testing.assert_allclose(losses8, losses1, rtol=1e-5)
   for a, b in zip(jax.tree_util.tree_leaves(state8), jax.tree_util.tree_leaves(state1)):
-    np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64),
-                               rtol=2e-4, atol=2e-6)
+    np.testing.assert_allclose(
+        np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=2e-4, atol=2e-6
+    )
   assert losses1[-1] != losses1[0]
 
 
@@ -82,8 +92,9 @@ def test_sharded_step_matches_single_device_for_the_learned_position_types(token
   losses8, state8 = run_steps(config, mesh8, tokens, 2)
   np.testing.assert_allclose(losses8, losses1, rtol=1e-5)
   for a, b in zip(jax.tree_util.tree_leaves(state8), jax.tree_util.tree_leaves(state1)):
-    np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64),
-                               rtol=2e-4, atol=2e-6)
+    np.testing.assert_allclose(
+        np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=2e-4, atol=2e-6
+    )
 
 
 @pytest.mark.smoke
@@ -114,8 +125,9 @@ def test_gradient_accumulation_equals_full_batch():
   losses2, state2 = run_steps(c2, mesh, tokens, 3)
   np.testing.assert_allclose(losses2, losses1, rtol=1e-5)
   for a, b in zip(jax.tree_util.tree_leaves(state2), jax.tree_util.tree_leaves(state1)):
-    np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64),
-                               rtol=2e-4, atol=2e-6)
+    np.testing.assert_allclose(
+        np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=2e-4, atol=2e-6
+    )
 
 
 @pytest.mark.parametrize("attn_type", [0, pytest.param(2, marks=SLOW)])
@@ -129,9 +141,12 @@ def test_half_loss_is_the_mean_nll_of_the_last_half_only(attn_type):
   _, shardings = train_state.abstract_train_state(model, tx, 8, mesh)
   step_fn = train.make_train_step(model, tx, mesh, shardings, 1, 7, loss_span="half")
   rng = np.random.default_rng(4)
-  batch = {"inputs": rng.integers(0, 64, (8, 7)).astype(np.int32),
-           "targets": rng.integers(0, 64, (8, 7)).astype(np.int32),
-           "weights": np.ones((8, 7), np.float32), "reset": np.ones((8,), bool)}
+  batch = {
+      "inputs": rng.integers(0, 64, (8, 7)).astype(np.int32),
+      "targets": rng.integers(0, 64, (8, 7)).astype(np.int32),
+      "weights": np.ones((8, 7), np.float32),
+      "reset": np.ones((8,), bool),
+  }
 
   def run(b):
     state = train_state.create_train_state(model, tx, 8, mesh, jax.random.PRNGKey(0), shardings)
@@ -140,23 +155,28 @@ def test_half_loss_is_the_mean_nll_of_the_last_half_only(attn_type):
     return params, jax.device_get(state), float(metrics["loss"])
 
   params, after, loss = run(batch)
-  nll, _ = model.apply({"params": params}, batch["inputs"], models.init_memory(mcfg, 8),
-                       batch["targets"])
+  nll, _ = model.apply(
+      {"params": params}, batch["inputs"], models.init_memory(mcfg, 8), batch["targets"]
+  )
   assert loss == pytest.approx(float(np.mean(np.asarray(nll)[:, 3:])), rel=1e-5)  # 7 // 2 = 3
   # The first half's targets get no gradient: other targets there, the same update.
   other = dict(batch, targets=batch["targets"].copy())
   other["targets"][:, :3] = (other["targets"][:, :3] + 1) % 64
   _, after2, loss2 = run(other)
   assert loss2 == loss
-  for a, b in zip(jax.tree_util.tree_leaves(after.params), jax.tree_util.tree_leaves(after2.params)):
+  for a, b in zip(
+      jax.tree_util.tree_leaves(after.params), jax.tree_util.tree_leaves(after2.params)
+  ):
     np.testing.assert_array_equal(a, b)
 
 
 # --------------------------------------------------------------------------- #
 # Through the command line, in fresh processes.
 
-WORDS = ("the a cat dog sat ran on under mat rug and then N <unk> big small red blue "
-         "quickly slowly house tree saw ate fish bird").split()
+WORDS = (
+    "the a cat dog sat ran on under mat rug and then N <unk> big small red blue "
+    "quickly slowly house tree saw ate fish bird"
+).split()
 
 
 def write_ptb_sample(directory: Path, n_lines=(1200, 80, 90), seed=0):
@@ -177,14 +197,25 @@ def write_ptb_sample(directory: Path, n_lines=(1200, 80, 90), seed=0):
 
 def run_main(args, timeout=300):
   env = dict(os.environ, PYTHONPATH=str(REPO))
-  return subprocess.run([sys.executable, "-m", "transformer_xl.main", *args], cwd=REPO, env=env,
-                        capture_output=True, text=True, timeout=timeout)
+  return subprocess.run(
+      [sys.executable, "-m", "transformer_xl.main", *args],
+      cwd=REPO,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=timeout,
+  )
 
 
 def small_args(tmp_path, workdir, manual, *extra):
-  return [f"--config={REPO / 'configs' / 'quickstart.py'}", f"--workdir={workdir}",
-          f"--config.data.manual_dir={manual}", f"--config.data.data_dir={tmp_path / 'tfds'}",
-          "--config.data.verify_checksums=False", *extra]
+  return [
+      f"--config={REPO / 'configs' / 'quickstart.py'}",
+      f"--workdir={workdir}",
+      f"--config.data.manual_dir={manual}",
+      f"--config.data.data_dir={tmp_path / 'tfds'}",
+      "--config.data.verify_checksums=False",
+      *extra,
+  ]
 
 
 def read_metrics(workdir):
@@ -195,11 +226,20 @@ def read_metrics(workdir):
 @pytest.mark.slow
 def test_resume_in_new_process_equals_straight_run(tmp_path):
   manual = write_ptb_sample(tmp_path / "ptb")
-  tiny = ["--config.model.n_layer=2", "--config.model.d_model=32", "--config.model.n_head=2",
-          "--config.model.d_head=16", "--config.model.d_inner=64", "--config.model.tgt_len=8",
-          "--config.model.mem_len=8", "--config.train.global_batch=8", "--config.train.log_every=1",
-          "--config.train.eval_every=0", "--config.checkpoint.every_steps=3",
-          "--config.train.warmup_steps=2"]
+  tiny = [
+      "--config.model.n_layer=2",
+      "--config.model.d_model=32",
+      "--config.model.n_head=2",
+      "--config.model.d_head=16",
+      "--config.model.d_inner=64",
+      "--config.model.tgt_len=8",
+      "--config.model.mem_len=8",
+      "--config.train.global_batch=8",
+      "--config.train.log_every=1",
+      "--config.train.eval_every=0",
+      "--config.checkpoint.every_steps=3",
+      "--config.train.warmup_steps=2",
+  ]
   straight = tmp_path / "straight"
   r = run_main(small_args(tmp_path, straight, manual, *tiny, "--config.train.num_steps=6"))
   assert r.returncode == 0, r.stderr[-3000:]
@@ -232,9 +272,18 @@ def test_resume_in_new_process_equals_straight_run(tmp_path):
 def test_main_trains_quickstart_and_evaluates(tmp_path):
   manual = write_ptb_sample(tmp_path / "ptb")
   workdir = tmp_path / "wd"
-  r = run_main(small_args(tmp_path, workdir, manual, "--config.train.num_steps=40",
-                          "--config.train.log_every=10", "--config.train.warmup_steps=5",
-                          "--config.train.eval_every=40", "--config.train.eval_max_steps=2"))
+  r = run_main(
+      small_args(
+          tmp_path,
+          workdir,
+          manual,
+          "--config.train.num_steps=40",
+          "--config.train.log_every=10",
+          "--config.train.warmup_steps=5",
+          "--config.train.eval_every=40",
+          "--config.train.eval_max_steps=2",
+      )
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   assert "parameters" in r.stdout
   metrics = read_metrics(workdir)
@@ -245,8 +294,9 @@ def test_main_trains_quickstart_and_evaluates(tmp_path):
   r = run_main(small_args(tmp_path, workdir, manual, "--mode=eval"))
   assert r.returncode == 0, r.stderr[-3000:]
   results = json.loads((workdir / "eval_results.json").read_text())
-  corpus = data.load_corpus("ptb", data_dir=str(tmp_path / "tfds"), manual_dir=str(manual),
-                            verify_checksums=False)
+  corpus = data.load_corpus(
+      "ptb", data_dir=str(tmp_path / "tfds"), manual_dir=str(manual), verify_checksums=False
+  )
   for split in ("valid", "test"):
     assert results[split]["tokens"] == corpus.splits[split].num_tokens
     assert results[split]["ppl"] == pytest.approx(np.exp(results[split]["loss_nats"]))
@@ -256,8 +306,14 @@ def test_main_trains_quickstart_and_evaluates(tmp_path):
 
 def test_missing_enwik8_stops_at_once_with_instructions(tmp_path):
   t0 = time.time()
-  r = run_main([f"--config={REPO / 'configs' / 'enwik8_24l.py'}", f"--workdir={tmp_path / 'wd'}",
-                f"--config.data.data_dir={tmp_path / 'tfds'}"], timeout=120)
+  r = run_main(
+      [
+          f"--config={REPO / 'configs' / 'enwik8_24l.py'}",
+          f"--workdir={tmp_path / 'wd'}",
+          f"--config.data.data_dir={tmp_path / 'tfds'}",
+      ],
+      timeout=120,
+  )
   assert r.returncode != 0
   err = r.stderr
   assert "enwik8.zip" in err and "a1fa5ffddb56f4953e226637dabbb36a" in err
@@ -268,8 +324,14 @@ def test_missing_enwik8_stops_at_once_with_instructions(tmp_path):
 
 
 def test_unknown_config_key_is_a_clear_error(tmp_path):
-  r = run_main([f"--config={REPO / 'configs' / 'quickstart.py'}", f"--workdir={tmp_path}",
-                "--config.model.n_layerz=3"], timeout=120)
+  r = run_main(
+      [
+          f"--config={REPO / 'configs' / 'quickstart.py'}",
+          f"--workdir={tmp_path}",
+          "--config.model.n_layerz=3",
+      ],
+      timeout=120,
+  )
   assert r.returncode != 0
   assert "unknown config key" in r.stderr and "n_layer" in r.stderr
   assert "Traceback" not in r.stderr

@@ -2,6 +2,7 @@
 that the rest of the suite let through (dropout masks, gradient scale under
 accumulation, clipping, warmup, bf16 attention scores and masking, the
 evaluator's own segment settings, ext_len's memory window)."""
+
 import dataclasses
 
 import flax.linen as nn
@@ -11,12 +12,10 @@ import numpy as np
 import pytest
 
 from transformer_xl import data, default_config, sharding
-from transformer_xl.model import attention
-from transformer_xl.model import attention_ops
 from transformer_xl.inference import evaluate
-from transformer_xl.model import models
-from transformer_xl.training import train
-from transformer_xl.training import train_state
+from transformer_xl.model import attention, attention_ops, models
+from transformer_xl.training import train, train_state
+
 from test_train import tiny_config
 
 ONE_DEVICE = dict(devices=jax.devices()[:1])
@@ -31,10 +30,11 @@ def _setup(config, mesh, n_token=64):
 
 
 def _batch(config, mesh, tokens, n=1):
-  it = data.TrainIterator(data.ArraySource(tokens), config.train.global_batch,
-                          config.model.tgt_len)
-  return [data.to_global_batch(next(it), sharding.batch_sharding(mesh), config.train.global_batch)
-          for _ in range(n)]
+  it = data.TrainIterator(data.ArraySource(tokens), config.train.global_batch, config.model.tgt_len)
+  return [
+      data.to_global_batch(next(it), sharding.batch_sharding(mesh), config.train.global_batch)
+      for _ in range(n)
+  ]
 
 
 @pytest.mark.slow
@@ -52,8 +52,7 @@ def test_dropout_masks_change_with_the_step():
     (batch,) = _batch(config, mesh, tokens)
     out = []
     for step in steps:  # a copy each time: the step donates its input state
-      at_step = jax.tree_util.tree_map(jnp.copy, state).replace(
-          step=jnp.asarray(step, jnp.int32))
+      at_step = jax.tree_util.tree_map(jnp.copy, state).replace(step=jnp.asarray(step, jnp.int32))
       out.append(float(step_fn(at_step, batch)[1]["loss"]))
     return out
 
@@ -115,12 +114,22 @@ def test_optimizer_is_global_norm_clipping_then_adam_on_the_schedule():
   """Six steps of make_optimizer against clip-by-global-norm + Adam (bias
   corrected, eps outside the square root) written out in float64, with
   gradient norms above and below the clip."""
-  cfg = tiny_config(learning_rate=1e-2, min_lr=1e-3, warmup_steps=3, num_steps=6, clip=0.25,
-                    adam_b1=0.9, adam_b2=0.999, adam_eps=1e-8).train
+  cfg = tiny_config(
+      learning_rate=1e-2,
+      min_lr=1e-3,
+      warmup_steps=3,
+      num_steps=6,
+      clip=0.25,
+      adam_b1=0.9,
+      adam_b2=0.999,
+      adam_eps=1e-8,
+  ).train
   tx = train_state.make_optimizer(cfg)
   rng = np.random.default_rng(0)
-  params = {"a": rng.normal(size=(3,)).astype(np.float32),
-            "b": rng.normal(size=(2, 2)).astype(np.float32)}
+  params = {
+      "a": rng.normal(size=(3,)).astype(np.float32),
+      "b": rng.normal(size=(2, 2)).astype(np.float32),
+  }
   opt_state = tx.init(jax.tree_util.tree_map(jnp.asarray, params))
   ref_p = {k: v.astype(np.float64) for k, v in params.items()}
   m = {k: np.zeros_like(v) for k, v in ref_p.items()}
@@ -128,7 +137,7 @@ def test_optimizer_is_global_norm_clipping_then_adam_on_the_schedule():
   p = jax.tree_util.tree_map(jnp.asarray, params)
   for t, norm in enumerate([10.0, 0.1, 5.0, 0.2, 3.0, 0.01]):
     g = {k: rng.normal(size=x.shape) for k, x in params.items()}
-    scale = norm / np.sqrt(sum(np.sum(x ** 2) for x in g.values()))
+    scale = norm / np.sqrt(sum(np.sum(x**2) for x in g.values()))
     g = {k: (x * scale).astype(np.float32) for k, x in g.items()}
     updates, opt_state = tx.update(jax.tree_util.tree_map(jnp.asarray, g), opt_state, p)
     p = jax.tree_util.tree_map(lambda a, u: a + u, p, updates)
@@ -139,12 +148,13 @@ def test_optimizer_is_global_norm_clipping_then_adam_on_the_schedule():
     for k in ref_p:
       gk = g[k].astype(np.float64) * clip
       m[k] = 0.9 * m[k] + 0.1 * gk
-      v2[k] = 0.999 * v2[k] + 0.001 * gk ** 2
+      v2[k] = 0.999 * v2[k] + 0.001 * gk**2
       m_hat, v_hat = m[k] / (1 - 0.9 ** (t + 1)), v2[k] / (1 - 0.999 ** (t + 1))
       ref_p[k] = ref_p[k] - lr * m_hat / (np.sqrt(v_hat) + 1e-8)
     for k in ref_p:
-      np.testing.assert_allclose(np.asarray(p[k], np.float64), ref_p[k], rtol=1e-5, atol=1e-7,
-                                 err_msg=f"step {t}, {k}")
+      np.testing.assert_allclose(
+          np.asarray(p[k], np.float64), ref_p[k], rtol=1e-5, atol=1e-7, err_msg=f"step {t}, {k}"
+      )
   # Step 0 has learning rate 0 (warmup): the first update changed nothing.
   # (Checked by the reference above; the parameters did move later.)
   assert not np.allclose(np.asarray(p["a"]), params["a"])
@@ -161,13 +171,16 @@ def _exact_attention_params(d_head):
   (d_head = 64): about -20160, with differences of 0.5 delta_j that only an
   exact (float32-accumulated) dot product keeps."""
   qkv = np.zeros((2, 3, 1, d_head), np.float32)
-  qkv[0, 0, 0, :-1], qkv[0, 0, 0, -1] = 64.0, 4.0      # q from x_0 = 1
-  qkv[0, 1, 0, :-1], qkv[1, 1, 0, -1] = -40.0, 1.0     # k: -40s and delta_j
-  qkv[1, 2, 0, 0] = 1.0                                # v_j[0] = delta_j
+  qkv[0, 0, 0, :-1], qkv[0, 0, 0, -1] = 64.0, 4.0  # q from x_0 = 1
+  qkv[0, 1, 0, :-1], qkv[1, 1, 0, -1] = -40.0, 1.0  # k: -40s and delta_j
+  qkv[1, 2, 0, 0] = 1.0  # v_j[0] = delta_j
   o_net = np.zeros((1, d_head, 2), np.float32)
   o_net[0, 0, 0] = 1.0
-  return {"qkv_net": {"kernel": qkv}, "r_net": {"kernel": np.zeros((2, 1, d_head), np.float32)},
-          "o_net": {"kernel": o_net}}
+  return {
+      "qkv_net": {"kernel": qkv},
+      "r_net": {"kernel": np.zeros((2, 1, d_head), np.float32)},
+      "o_net": {"kernel": o_net},
+  }
 
 
 def test_bf16_attention_scores_are_float32_and_masked_keys_get_no_weight():
@@ -185,10 +198,20 @@ def test_bf16_attention_scores_are_float32_and_masked_keys_get_no_weight():
   pos = attention_ops.sinusoid_pos_emb(m + t, 2)
   zeros = jnp.zeros((1, d_head))
   params = _exact_attention_params(d_head)
-  module = attention.RelPartialLearnableAttention(n_head=1, d_head=d_head, d_model=2,
-                                                  dtype=jnp.bfloat16)
-  out = np.asarray(module.apply({"params": params}, x_BxKxD[:, -t:], x_BxKxD[:, :m],
-                                x_BxKxD[:, -t:], (pos, zeros, zeros), mask), np.float64)[0, :, 0]
+  module = attention.RelPartialLearnableAttention(
+      n_head=1, d_head=d_head, d_model=2, dtype=jnp.bfloat16
+  )
+  out = np.asarray(
+      module.apply(
+          {"params": params},
+          x_BxKxD[:, -t:],
+          x_BxKxD[:, :m],
+          x_BxKxD[:, -t:],
+          (pos, zeros, zeros),
+          mask,
+      ),
+      np.float64,
+  )[0, :, 0]
   # Exact: softmax over the allowed keys of score_j = (-161280 + 4 delta_j) / 8.
   score = (63 * 64 * -40.0 + 4.0 * delta) / 8.0
   allowed = np.asarray(mask)[0, 0]
@@ -222,16 +245,20 @@ def test_evaluator_uses_the_eval_segment_settings():
   nll = evaluate.Evaluator(config, mcfg, None, mesh).score(params, stream[None])
 
   def direct(cfg):
-    apply = jax.jit(lambda x, mem, y: models.TransformerXL(cfg).apply(
-        {"params": params}, x, mem, y, deterministic=True))
+    apply = jax.jit(
+        lambda x, mem, y: models.TransformerXL(cfg).apply(
+            {"params": params}, x, mem, y, deterministic=True
+        )
+    )
     memory, out = models.init_memory(cfg, 1), []
     for s in range(0, 30, 5):
-      nll_s, memory = apply(stream[None, s:s + 5], memory, stream[None, s + 1:s + 6])
+      nll_s, memory = apply(stream[None, s : s + 5], memory, stream[None, s + 1 : s + 6])
       out.append(np.asarray(nll_s))
     return np.concatenate(out, axis=1)
 
-  eval_cfg = dataclasses.replace(mcfg, tgt_len=5, mem_len=9, clamp_len=3, same_length=True,
-                                 dropout=0.0, dropatt=0.0)
+  eval_cfg = dataclasses.replace(
+      mcfg, tgt_len=5, mem_len=9, clamp_len=3, same_length=True, dropout=0.0, dropatt=0.0
+  )
   np.testing.assert_allclose(nll, direct(eval_cfg), rtol=1e-5, atol=1e-6)
   # Each override matters on this stream (else the test could not fail).
   for change in (dict(clamp_len=0), dict(same_length=False)):
@@ -246,19 +273,31 @@ def test_ext_len_memory_window():
   """With ext_len e, the memory after a segment of T tokens holds the layer
   inputs up to position T - e: exactly the memory a model without ext_len
   leaves after the first T - e tokens; valid slots min(M, T - e)."""
-  base = dict(n_token=32, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0,
-              dropatt=0.0, tgt_len=6, mem_len=8)
+  base = dict(
+      n_token=32,
+      n_layer=2,
+      d_model=16,
+      n_head=2,
+      d_head=8,
+      d_inner=32,
+      dropout=0.0,
+      dropatt=0.0,
+      tgt_len=6,
+      mem_len=8,
+  )
   with_ext = models.ModelConfig(**base, ext_len=2)
   without = models.ModelConfig(**base, ext_len=0)
   params = nn.unbox(models.init_params(models.TransformerXL(without), jax.random.PRNGKey(0)))
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 32, size=(2, 12)), jnp.int32)
   mem_e, mem_0 = models.init_memory(with_ext, 2), models.init_memory(without, 2)
-  apply_e = jax.jit(lambda x, mem: models.TransformerXL(with_ext).apply(
-      {"params": params}, x, mem, x))
-  apply_0 = jax.jit(lambda x, mem: models.TransformerXL(without).apply(
-      {"params": params}, x, mem, x))
+  apply_e = jax.jit(
+      lambda x, mem: models.TransformerXL(with_ext).apply({"params": params}, x, mem, x)
+  )
+  apply_0 = jax.jit(
+      lambda x, mem: models.TransformerXL(without).apply({"params": params}, x, mem, x)
+  )
   for seg in range(2):  # the second segment starts from the compared memories
-    x = tokens[:, 6 * seg:6 * seg + 6]
+    x = tokens[:, 6 * seg : 6 * seg + 6]
     nll_e, mem_e = apply_e(x, mem_e)
     nll_0, mem_0 = apply_0(x[:, :4], mem_0)
     np.testing.assert_allclose(np.asarray(nll_e)[:, :4], np.asarray(nll_0), rtol=1e-5, atol=1e-6)
@@ -266,6 +305,9 @@ def test_ext_len_memory_window():
     np.testing.assert_array_equal(np.asarray(mem_e.mlen_B), [valid] * 2)
     np.testing.assert_array_equal(np.asarray(mem_0.mlen_B), [valid] * 2)
     # The valid (right-aligned) slots hold the same layer inputs.
-    np.testing.assert_allclose(np.asarray(mem_e.mems_LxBxMxD)[:, :, -valid:],
-                               np.asarray(mem_0.mems_LxBxMxD)[:, :, -valid:],
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(mem_e.mems_LxBxMxD)[:, :, -valid:],
+        np.asarray(mem_0.mems_LxBxMxD)[:, :, -valid:],
+        rtol=1e-5,
+        atol=1e-6,
+    )

@@ -20,5 +20,6 @@ def __getattr__(name: str):
   ``import transformer_xl.model`` loads nothing outside the model)."""
   if name == "LanguageModel":
     from transformer_xl.inference.language_model import LanguageModel  # noqa: PLC0415
+
     return LanguageModel
   raise AttributeError(f"module 'transformer_xl' has no attribute {name!r}")

@@ -10,10 +10,12 @@ raises one ``ConfigError`` that lists every problem.  NaN and infinite
 floats are refused by one generic check of every float
 (``nonfinite_problems``), with the exceptions in ``INFINITY_ALLOWED``.
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import ml_collections
 
@@ -21,7 +23,12 @@ from transformer_xl import data, errors, sharding
 from transformer_xl.data import text_settings
 from transformer_xl.model import config as model_config_lib
 from transformer_xl.model.config import (  # noqa: F401 (re-exported: the model's schema)
-    ATTENTION_IMPLS, DTYPES, ModelConfig, config_problems, segment_problems)
+    ATTENTION_IMPLS,
+    DTYPES,
+    ModelConfig,
+    config_problems,
+    segment_problems,
+)
 
 NONFINITE_POLICIES = ("stop", "skip")  # train.nonfinite
 
@@ -39,9 +46,13 @@ INFINITY_ALLOWED = {"train.clip": "inf = no clipping"}
 # (the range itself is checked where the field is validated).
 FLOAT_RANGES = {
     **model_config_lib.FLOAT_RANGES,
-    "train.learning_rate": "> 0", "train.min_lr": ">= 0 and <= train.learning_rate",
-    "train.clip": "> 0", "train.adam_b1": "in [0, 1)", "train.adam_b2": "in [0, 1)",
-    "train.adam_eps": "> 0", "train.aux_loss_weight": ">= 0",
+    "train.learning_rate": "> 0",
+    "train.min_lr": ">= 0 and <= train.learning_rate",
+    "train.clip": "> 0",
+    "train.adam_b1": "in [0, 1)",
+    "train.adam_b2": "in [0, 1)",
+    "train.adam_eps": "> 0",
+    "train.aux_loss_weight": ">= 0",
 }
 
 
@@ -54,9 +65,13 @@ def nonfinite_problems(section: str, values: Mapping[str, Any]) -> tuple[list[st
     (problems, names): one message per refused value, naming
     ``<section>.<key>``, the value and the fix; and the refused names.
   """
-  return model_config_lib.nonfinite_problems(section, values, default=_default_value,
-                                             infinity_allowed=INFINITY_ALLOWED,
-                                             float_ranges=FLOAT_RANGES)
+  return model_config_lib.nonfinite_problems(
+      section,
+      values,
+      default=_default_value,
+      infinity_allowed=INFINITY_ALLOWED,
+      float_ranges=FLOAT_RANGES,
+  )
 
 
 def _default_value(name: str) -> Any:
@@ -80,77 +95,100 @@ def get_config() -> ml_collections.ConfigDict:
   # e.g. --config.model.cutoffs="(20000, 40000, 200000)"; meanings: ModelConfig.
   c.model = ml_collections.ConfigDict(ModelConfig.defaults())
 
-  c.data = ml_collections.ConfigDict(dict(
-      dataset="enwik8",  # one of data.CORPUS_NAMES, "text" (own files) or "tfds:NAME"
-      data_dir=ml_collections.FieldReference(None, field_type=str),    # tfds data dir (default ~/tensorflow_datasets)
-      manual_dir=ml_collections.FieldReference(None, field_type=str),  # where source files already on disk are
-      download=True,
-      verify_checksums=True,
-      # data.dataset="text": one's own files (data/text_files.py); comma-separated globs.
-      train_files="", valid_files="", test_files="",
-      tokenizer="word",          # byte | char | word | sentencepiece | pretrained:PATH
-      vocab_size=0,              # word/char cap (0 = all); sentencepiece: pieces (required)
-      min_count=1,               # word/char: fewer occurrences in train -> <unk>
-      document_separator="file", # file | paragraph | line: what one document is
-      spm_model_type="unigram",  # unigram | bpe (tokenizer=sentencepiece)
-      spm_sample_mb=32.0,        # MB of training lines SentencePiece learns from, at most
-                                 # (a random sample; its memory is ~30x this)
-      text_key="text",           # data.dataset="tfds:NAME": the feature with the text
-      tfds_splits="train,validation,test",  # ... and its splits read as train, valid, test
-      documents="stream",        # stream: memory flows across documents (the reference);
-                                 # reset: no attention across a document boundary
-  ))
+  c.data = ml_collections.ConfigDict(
+      dict(
+          dataset="enwik8",  # one of data.CORPUS_NAMES, "text" (own files) or "tfds:NAME"
+          data_dir=ml_collections.FieldReference(
+              None, field_type=str
+          ),  # tfds data dir (default ~/tensorflow_datasets)
+          manual_dir=ml_collections.FieldReference(
+              None, field_type=str
+          ),  # where source files already on disk are
+          download=True,
+          verify_checksums=True,
+          # data.dataset="text": one's own files (data/text_files.py); comma-separated globs.
+          train_files="",
+          valid_files="",
+          test_files="",
+          tokenizer="word",  # byte | char | word | sentencepiece | pretrained:PATH
+          vocab_size=0,  # word/char cap (0 = all); sentencepiece: pieces (required)
+          min_count=1,  # word/char: fewer occurrences in train -> <unk>
+          document_separator="file",  # file | paragraph | line: what one document is
+          spm_model_type="unigram",  # unigram | bpe (tokenizer=sentencepiece)
+          spm_sample_mb=32.0,  # MB of training lines SentencePiece learns from, at most
+          # (a random sample; its memory is ~30x this)
+          text_key="text",  # data.dataset="tfds:NAME": the feature with the text
+          tfds_splits="train,validation,test",  # ... and its splits read as train, valid, test
+          documents="stream",  # stream: memory flows across documents (the reference);
+          # reset: no attention across a document boundary
+      )
+  )
 
-  c.train = ml_collections.ConfigDict(dict(
-      global_batch=22,       # rows over all devices (reference batch_size)
-      batch_chunk=1,         # micro-batches per step (gradient accumulation)
-      num_steps=400_000,     # reference max_step
-      warmup_steps=0,
-      learning_rate=2.5e-4,  # Adam, linear warmup then cosine decay to min_lr
-      min_lr=0.0,            # reference eta_min
-      clip=0.25,             # global gradient-norm clipping
-      adam_b1=0.9, adam_b2=0.999, adam_eps=1e-8,
-      seed=1111,             # reference default seed
-      log_every=200,         # steps between logged metrics
-      eval_every=4000,       # steps between validations (0 = never)
-      eval_max_steps=0,      # cap on validation batches during training (0 = the whole split)
-      loss_span="full",      # "full" | "half": cross-entropy on the last half of each segment
-                             # only (Sec. 4.2, Table 6; for absolute position encodings)
-      prefetch=2,            # batches read and placed on the devices ahead, on a background
-                             # thread (data.Prefetcher); 0 = read in the training loop
-      aux_loss_weight=1.0,   # weight of each auxiliary loss a module sows into "losses"
-                             # (train.aux_losses); none in the model itself
-  ))
+  c.train = ml_collections.ConfigDict(
+      dict(
+          global_batch=22,  # rows over all devices (reference batch_size)
+          batch_chunk=1,  # micro-batches per step (gradient accumulation)
+          num_steps=400_000,  # reference max_step
+          warmup_steps=0,
+          learning_rate=2.5e-4,  # Adam, linear warmup then cosine decay to min_lr
+          min_lr=0.0,  # reference eta_min
+          clip=0.25,  # global gradient-norm clipping
+          adam_b1=0.9,
+          adam_b2=0.999,
+          adam_eps=1e-8,
+          seed=1111,  # reference default seed
+          log_every=200,  # steps between logged metrics
+          eval_every=4000,  # steps between validations (0 = never)
+          eval_max_steps=0,  # cap on validation batches during training (0 = the whole split)
+          loss_span="full",  # "full" | "half": cross-entropy on the last half of each segment
+          # only (Sec. 4.2, Table 6; for absolute position encodings)
+          prefetch=2,  # batches read and placed on the devices ahead, on a background
+          # thread (data.Prefetcher); 0 = read in the training loop
+          aux_loss_weight=1.0,  # weight of each auxiliary loss a module sows into "losses"
+          # (train.aux_losses); none in the model itself
+      )
+  )
   # A step whose loss, gradient norm or update is not finite is never applied (train.py):
   # "stop" ends the run there (exit status 1, checkpoints kept); "skip" goes on
   # without it and stops after max_skipped_steps such steps in a row.
   c.train.update(dict(nonfinite="stop", max_skipped_steps=10))
 
-  c.eval = ml_collections.ConfigDict(dict(
-      method="segments",     # "segments": tgt_len tokens a step with a memory of mem_len
-                             # (Transformer-XL); "sliding": every token scored by a fresh
-                             # pass over a window of its previous tokens (vanilla, Table 9)
-      tgt_len=128, mem_len=512, clamp_len=0, same_length=True,  # "segments"
-      window=0,              # "sliding": window length L (0 = model.tgt_len + model.mem_len)
-      stride=1,              # "sliding": tokens scored per window (1 = Al-Rfou et al.)
-      global_batch=10,       # reference eval_batch_size (rows, or windows per step)
-  ))
+  c.eval = ml_collections.ConfigDict(
+      dict(
+          method="segments",  # "segments": tgt_len tokens a step with a memory of mem_len
+          # (Transformer-XL); "sliding": every token scored by a fresh
+          # pass over a window of its previous tokens (vanilla, Table 9)
+          tgt_len=128,
+          mem_len=512,
+          clamp_len=0,
+          same_length=True,  # "segments"
+          window=0,  # "sliding": window length L (0 = model.tgt_len + model.mem_len)
+          stride=1,  # "sliding": tokens scored per window (1 = Al-Rfou et al.)
+          global_batch=10,  # reference eval_batch_size (rows, or windows per step)
+      )
+  )
 
-  c.checkpoint = ml_collections.ConfigDict(dict(
-      every_steps=4000,
-      max_to_keep=3,
-  ))
+  c.checkpoint = ml_collections.ConfigDict(
+      dict(
+          every_steps=4000,
+          max_to_keep=3,
+      )
+  )
 
   # Device mesh: axis names and shape; -1 takes all remaining devices.
-  c.mesh = ml_collections.ConfigDict(dict(
-      axis_names=("data", "model"),
-      shape=(-1, 1),
-  ))
+  c.mesh = ml_collections.ConfigDict(
+      dict(
+          axis_names=("data", "model"),
+          shape=(-1, 1),
+      )
+  )
   # What the paper reports for this setting, printed at start-up beside ours.
-  c.paper = ml_collections.ConfigDict(dict(
-      n_params=0,   # parameter count (0 = none reported)
-      result="",    # e.g. "1.06 bpc (test)"
-  ))
+  c.paper = ml_collections.ConfigDict(
+      dict(
+          n_params=0,  # parameter count (0 = none reported)
+          result="",  # e.g. "1.06 bpc (test)"
+      )
+  )
   c.lock()
   return c
 
@@ -183,51 +221,68 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, 
     sizes = dict(zip(config.mesh.axis_names, mesh_shape))
     n_data, n_model = sizes["data"] * sizes.get("fsdp", 1), sizes["model"]
     if m.n_head % n_model:
-      problems.append(f"model.n_head={m.n_head} is not divisible by the 'model' mesh axis "
-                      f"({n_model}); set --config.mesh.shape so the model axis divides n_head.")
+      problems.append(
+          f"model.n_head={m.n_head} is not divisible by the 'model' mesh axis "
+          f"({n_model}); set --config.mesh.shape so the model axis divides n_head."
+      )
     if t.global_batch % n_data:
-      problems.append(f"train.global_batch={t.global_batch} is not divisible by the "
-                      f"data-parallel mesh axes (data x fsdp = {n_data}); use a multiple of "
-                      f"{n_data} or change --config.mesh.shape.")
+      problems.append(
+          f"train.global_batch={t.global_batch} is not divisible by the "
+          f"data-parallel mesh axes (data x fsdp = {n_data}); use a multiple of "
+          f"{n_data} or change --config.mesh.shape."
+      )
     elif t.batch_chunk < 1 or t.global_batch % (t.batch_chunk * n_data):
-      problems.append(f"train.global_batch={t.global_batch} must be divisible by "
-                      f"train.batch_chunk * data axis = {t.batch_chunk} * {n_data}.")
+      problems.append(
+          f"train.global_batch={t.global_batch} must be divisible by "
+          f"train.batch_chunk * data axis = {t.batch_chunk} * {n_data}."
+      )
   # NaN and inf: one check of every float (the model's in config_problems);
   # the range checks below skip the keys it refused.
   nonfinite_found, nonfinite = nonfinite_problems(
-      "", {k: v for k, v in config.items() if k != "model"})
+      "", {k: v for k, v in config.items() if k != "model"}
+  )
   problems += config_problems(m.to_dict()) + nonfinite_found
 
   def finite(key: str) -> bool:
     return key not in nonfinite
 
   if m.ext_len:
-    problems.append(f"model.ext_len={m.ext_len}: extended context is not supported by the "
-                    "input pipeline; set --config.model.ext_len=0 (all reference scripts do).")
-  problems += segment_problems(e.tgt_len, e.mem_len, e.clamp_len, e.same_length,
-                                      section="eval")
+    problems.append(
+        f"model.ext_len={m.ext_len}: extended context is not supported by the "
+        "input pipeline; set --config.model.ext_len=0 (all reference scripts do)."
+    )
+  problems += segment_problems(e.tgt_len, e.mem_len, e.clamp_len, e.same_length, section="eval")
   if e.global_batch < 1:
     problems.append(f"eval.global_batch={e.global_batch} must be >= 1.")
   if e.method not in ("segments", "sliding"):
     problems.append(f"eval.method={e.method!r}: use 'segments' or 'sliding'.")
   window = e.window or m.tgt_len + m.mem_len
   if e.window < 0 or not 1 <= e.stride <= window:
-    problems.append(f"eval.window={e.window} must be >= 0 (0 = model.tgt_len + model.mem_len) "
-                    f"and eval.stride={e.stride} in [1, window={window}].")
+    problems.append(
+        f"eval.window={e.window} must be >= 0 (0 = model.tgt_len + model.mem_len) "
+        f"and eval.stride={e.stride} in [1, window={window}]."
+    )
   if t.loss_span not in ("full", "half"):
     problems.append(f"train.loss_span={t.loss_span!r}: use 'full' or 'half'.")
   problems += _data_problems(config.data, nonfinite)
   if config.data.get("documents", "stream") == "reset" and e.method == "sliding":
-    problems.append("data.documents='reset' is not supported by eval.method='sliding': use "
-                    "eval.method='segments'.")
+    problems.append(
+        "data.documents='reset' is not supported by eval.method='sliding': use "
+        "eval.method='segments'."
+    )
   if t.num_steps < 1 or t.log_every < 1 or config.checkpoint.every_steps < 1:
     problems.append("train.num_steps, train.log_every and checkpoint.every_steps must be >= 1.")
   if config.checkpoint.max_to_keep < 1:
     problems.append(f"checkpoint.max_to_keep={config.checkpoint.max_to_keep} must be >= 1.")
-  if ((finite("train.learning_rate") and not t.learning_rate > 0)
-      or (finite("train.min_lr") and t.min_lr < 0) or t.warmup_steps < 0):
-    problems.append(f"train.learning_rate={t.learning_rate} must be > 0, train.min_lr="
-                    f"{t.min_lr} and train.warmup_steps={t.warmup_steps} >= 0.")
+  if (
+      (finite("train.learning_rate") and not t.learning_rate > 0)
+      or (finite("train.min_lr") and t.min_lr < 0)
+      or t.warmup_steps < 0
+  ):
+    problems.append(
+        f"train.learning_rate={t.learning_rate} must be > 0, train.min_lr="
+        f"{t.min_lr} and train.warmup_steps={t.warmup_steps} >= 0."
+    )
   problems += _schedule_problems(t, nonfinite)
   if finite("train.clip") and not t.clip > 0:
     problems.append(f"train.clip={t.clip} must be > 0 (the gradient-norm clip; reference 0.25).")
@@ -243,31 +298,44 @@ def _data_problems(d: ml_collections.ConfigDict, nonfinite: set[str]) -> list[st
   """The dataset name, and the text-file fields: set only for data.dataset="text".
 
   A field in ``nonfinite`` (already refused) counts as its default here."""
-  text = {k: (d.get(k, _default_value(f"data.{k}")) if f"data.{k}" not in nonfinite
-              else _default_value(f"data.{k}")) for k in data.TEXT_FIELDS}
+  text = {
+      k: (
+          d.get(k, _default_value(f"data.{k}"))
+          if f"data.{k}" not in nonfinite
+          else _default_value(f"data.{k}")
+      )
+      for k in data.TEXT_FIELDS
+  }
   documents = d.get("documents", "stream")
   if documents not in ("stream", "reset"):
-    return [f"data.documents={documents!r}: use 'stream' (memory flows across documents) or "
-            "'reset' (no attention across a document boundary)."]
+    return [
+        f"data.documents={documents!r}: use 'stream' (memory flows across documents) or "
+        "'reset' (no attention across a document boundary)."
+    ]
   if d.dataset == data.TEXT or d.dataset.startswith(data.TFDS_PREFIX):
-    tfds_name = d.dataset[len(data.TFDS_PREFIX):] if d.dataset != data.TEXT else ""
+    tfds_name = d.dataset[len(data.TFDS_PREFIX) :] if d.dataset != data.TEXT else ""
     if d.dataset != data.TEXT and not tfds_name:
       return [f"data.dataset={d.dataset!r}: name the tfds dataset, e.g. 'tfds:pg19'."]
-    return text_settings.settings_problems(
-        text_settings.TextSettings(**text, tfds_name=tfds_name))
+    return text_settings.settings_problems(text_settings.TextSettings(**text, tfds_name=tfds_name))
   if documents == "reset":
-    return [f"data.documents='reset' needs documents, which the built-in corpus "
-            f"{d.dataset!r} does not have: use 'stream', or data.dataset={data.TEXT!r}."]
+    return [
+        f"data.documents='reset' needs documents, which the built-in corpus "
+        f"{d.dataset!r} does not have: use 'stream', or data.dataset={data.TEXT!r}."
+    ]
   if d.dataset not in data.CORPUS_NAMES:
-    return [f"data.dataset={d.dataset!r}: choose one of {sorted(data.CORPUS_NAMES)}, "
-            f"{data.TEXT!r} for your own text files (data.train_files, ...), or "
-            "'tfds:NAME' for a tfds text dataset."]
+    return [
+        f"data.dataset={d.dataset!r}: choose one of {sorted(data.CORPUS_NAMES)}, "
+        f"{data.TEXT!r} for your own text files (data.train_files, ...), or "
+        "'tfds:NAME' for a tfds text dataset."
+    ]
   changed = [k for k, v in text.items() if v != _default_value(f"data.{k}")]
   if changed:
     verb = "applies" if len(changed) == 1 else "apply"
-    return [f"data.{', data.'.join(changed)} {verb} only to data.dataset={data.TEXT!r} (your "
-            f"own text files), not to the built-in corpus {d.dataset!r}: remove them, or set "
-            f"--config.data.dataset={data.TEXT}."]
+    return [
+        f"data.{', data.'.join(changed)} {verb} only to data.dataset={data.TEXT!r} (your "
+        f"own text files), not to the built-in corpus {d.dataset!r}: remove them, or set "
+        f"--config.data.dataset={data.TEXT}."
+    ]
   return []
 
 
@@ -275,13 +343,20 @@ def _schedule_problems(t: ml_collections.ConfigDict, nonfinite: set[str]) -> lis
   """The learning-rate schedule's ranges beyond the signs checked in ``validate``
   (``nonfinite``: the keys ``nonfinite_problems`` refused, not checked again)."""
   problems = []
-  if ({"train.learning_rate", "train.min_lr"}.isdisjoint(nonfinite)
-      and 0 <= t.min_lr and 0 < t.learning_rate < t.min_lr):
-    problems.append(f"train.min_lr={t.min_lr} must be <= train.learning_rate="
-                    f"{t.learning_rate} (the cosine decays from learning_rate to min_lr).")
+  if (
+      {"train.learning_rate", "train.min_lr"}.isdisjoint(nonfinite)
+      and 0 <= t.min_lr
+      and 0 < t.learning_rate < t.min_lr
+  ):
+    problems.append(
+        f"train.min_lr={t.min_lr} must be <= train.learning_rate="
+        f"{t.learning_rate} (the cosine decays from learning_rate to min_lr)."
+    )
   if t.num_steps >= 1 and t.warmup_steps > t.num_steps:
-    problems.append(f"train.warmup_steps={t.warmup_steps} must be <= train.num_steps="
-                    f"{t.num_steps}; lower --config.train.warmup_steps.")
+    problems.append(
+        f"train.warmup_steps={t.warmup_steps} must be <= train.num_steps="
+        f"{t.num_steps}; lower --config.train.warmup_steps."
+    )
   return problems
 
 
@@ -303,8 +378,10 @@ def _optimizer_problems(t: ml_collections.ConfigDict, nonfinite: set[str]) -> li
   if t.max_skipped_steps < 1:
     problems.append(f"train.max_skipped_steps={t.max_skipped_steps} must be >= 1.")
   if "train.aux_loss_weight" not in nonfinite and not t.aux_loss_weight >= 0:
-    problems.append(f"train.aux_loss_weight={t.aux_loss_weight} must be >= 0 (the weight of "
-                    "the auxiliary losses).")
+    problems.append(
+        f"train.aux_loss_weight={t.aux_loss_weight} must be >= 0 (the weight of "
+        "the auxiliary losses)."
+    )
   return problems
 
 
@@ -327,5 +404,9 @@ def set_model_config(config: ml_collections.ConfigDict, model_cfg: ModelConfig) 
   fields = dataclasses.asdict(model_cfg)
   fields.pop("n_token")
   fields["d_embed"] = int(fields["d_embed"] or 0)
-  config.model.update({k: tuple(v) if isinstance(v, Sequence) and not isinstance(v, str) else v
-                       for k, v in fields.items()})
+  config.model.update(
+      {
+          k: tuple(v) if isinstance(v, Sequence) and not isinstance(v, str) else v
+          for k, v in fields.items()
+      }
+  )

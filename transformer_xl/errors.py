@@ -11,6 +11,7 @@ kind also keeps the built-in base it always had (``ValueError``,
 keeps working.  The modules that raise them re-export their own kind
 (``default_config.ConfigError``, ``data.DataError``, ...).
 """
+
 from __future__ import annotations
 
 

@@ -10,64 +10,101 @@ then ``cli.run``, which checks everything it can before compiling and runs
 the mode.  Any config value can be overridden with
 ``--config.<section>.<key>=value``; a restart with the same workdir resumes.
 """
+
 from __future__ import annotations
 
 if __name__ == "__main__":  # first, before the imports below: restart once with
   from transformer_xl.cli import process_settings  # glibc's huge pages for XLA:CPU's buffers
+
   process_settings.reexec_with_hugepages()
 
 from absl import app, flags
 from ml_collections import config_flags
 
 from transformer_xl.cli import modes as cli
-from transformer_xl.cli import process_settings
-from transformer_xl.cli import user_errors
+from transformer_xl.cli import process_settings, user_errors
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).",
-                                          lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, TensorBoard "
-                               "events and eval_results.json.")
-_MODE = flags.DEFINE_enum("mode", "train", list(cli.MODES),
-                          "train: train (resuming if possible). "
-                          "eval: score valid and test from the latest checkpoint. "
-                          "score: per-token NLL of --tokens or --text, written to --out. "
-                          "generate: continue --prompt or --prompt_file.")
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Config file (configs/*.py).", lock_config=True
+)
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None, "Directory for checkpoints, TensorBoard " "events and eval_results.json."
+)
+_MODE = flags.DEFINE_enum(
+    "mode",
+    "train",
+    list(cli.MODES),
+    "train: train (resuming if possible). "
+    "eval: score valid and test from the latest checkpoint. "
+    "score: per-token NLL of --tokens or --text, written to --out. "
+    "generate: continue --prompt or --prompt_file.",
+)
 _TOKENS = flags.DEFINE_string(
-    "tokens", None, "--mode=score: .npy integer array [B, T+1]; each row one contiguous "
-    "stream of token ids.")
+    "tokens",
+    None,
+    "--mode=score: .npy integer array [B, T+1]; each row one contiguous " "stream of token ids.",
+)
 _TEXT = flags.DEFINE_string(
-    "text", None, "--mode=score: a text file, tokenised with the dataset's vocabulary and "
-    "scored as one stream (its first token in the context of the boundary symbol).")
+    "text",
+    None,
+    "--mode=score: a text file, tokenised with the dataset's vocabulary and "
+    "scored as one stream (its first token in the context of the boundary symbol).",
+)
 _OUT = flags.DEFINE_string(
-    "out", None, "--mode=score: output .npy, float32 [B, T]: entry (b, t) is the NLL in nats "
+    "out",
+    None,
+    "--mode=score: output .npy, float32 [B, T]: entry (b, t) is the NLL in nats "
     "of token t+1 given tokens up to t. --mode=generate (optional): a .json of the prompt, "
-    "the tokens and text of every sample, and the settings.")
+    "the tokens and text of every sample, and the settings.",
+)
 _PROMPT = flags.DEFINE_string("prompt", None, "--mode=generate: the text to continue.")
 _PROMPT_FILE = flags.DEFINE_string(
-    "prompt_file", None, "--mode=generate: a UTF-8 file of prompts, one per line (blank lines "
-    "skipped), all continued in one batch.")
-_NUM_TOKENS = flags.DEFINE_integer("num_tokens", 100, "--mode=generate: tokens per sample, at "
-                                   "most (see --stop, --stop_at_eos).")
-_STOP = flags.DEFINE_multi_string("stop", [], "--mode=generate: a sample ends with the token "
-                                  "that completes this string in its text (repeat for several).")
-_STOP_AT_EOS = flags.DEFINE_bool("stop_at_eos", False, "--mode=generate: a sample ends with the "
-                                 "corpus's boundary symbol (<eos>, or a newline for character "
-                                 "corpora).")
-_TOP_K = flags.DEFINE_integer("top_k", 40, "--mode=generate: sample from the k most probable "
-                              "tokens (0 = all, 1 = greedy; Appendix E: 40).")
+    "prompt_file",
+    None,
+    "--mode=generate: a UTF-8 file of prompts, one per line (blank lines "
+    "skipped), all continued in one batch.",
+)
+_NUM_TOKENS = flags.DEFINE_integer(
+    "num_tokens", 100, "--mode=generate: tokens per sample, at " "most (see --stop, --stop_at_eos)."
+)
+_STOP = flags.DEFINE_multi_string(
+    "stop",
+    [],
+    "--mode=generate: a sample ends with the token "
+    "that completes this string in its text (repeat for several).",
+)
+_STOP_AT_EOS = flags.DEFINE_bool(
+    "stop_at_eos",
+    False,
+    "--mode=generate: a sample ends with the "
+    "corpus's boundary symbol (<eos>, or a newline for character "
+    "corpora).",
+)
+_TOP_K = flags.DEFINE_integer(
+    "top_k",
+    40,
+    "--mode=generate: sample from the k most probable "
+    "tokens (0 = all, 1 = greedy; Appendix E: 40).",
+)
 _TOP_P = flags.DEFINE_float("top_p", 1.0, "--mode=generate: nucleus mass in (0, 1].")
 _TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "--mode=generate: softmax temperature.")
 _SEED = flags.DEFINE_integer("seed", 0, "--mode=generate: PRNG seed.")
 _NUM_SAMPLES = flags.DEFINE_integer("num_samples", 1, "--mode=generate: samples, one batch.")
 _COORDINATOR = flags.DEFINE_string(
-    "coordinator_address", None, "host:port of process 0 for a multi-process run "
-    "(jax.distributed). Leave unset on a Cloud TPU VM slice: it is detected there.")
+    "coordinator_address",
+    None,
+    "host:port of process 0 for a multi-process run "
+    "(jax.distributed). Leave unset on a Cloud TPU VM slice: it is detected there.",
+)
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in a multi-process run.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index, 0-based.")
 _DEBUG = flags.DEFINE_bool(
-    "debug", False, "Show the Python traceback of user errors (bad config, data, workdir, "
+    "debug",
+    False,
+    "Show the Python traceback of user errors (bad config, data, workdir, "
     "checkpoints, non-finite training, score or generation input) as well as their one-line "
-    "message, and every log of orbax's failures.")
+    "message, and every log of orbax's failures.",
+)
 
 
 def main(argv):
@@ -79,18 +116,35 @@ def main(argv):
   if _CONFIG.value is None and _MODE.value == "train":
     raise app.UsageError("--config is required to train.")
   if _MODE.value == "score" and (bool(_TOKENS.value) == bool(_TEXT.value) or not _OUT.value):
-    raise app.UsageError("--mode=score needs --out=NLL.npy and one of --tokens=FILE.npy or "
-                         "--text=FILE.")
+    raise app.UsageError(
+        "--mode=score needs --out=NLL.npy and one of --tokens=FILE.npy or " "--text=FILE."
+    )
   process_settings.configure_logging(_DEBUG.value, flags.FLAGS["verbosity"].present)
   process_settings.release_after_compiles()  # compilers' freed memory back to the kernel
-  cli.run(cli.Request(
-      mode=_MODE.value, workdir=_WORKDIR.value, config=_CONFIG.value, tokens=_TOKENS.value,
-      text=_TEXT.value, out=_OUT.value, prompt=_PROMPT.value, prompt_file=_PROMPT_FILE.value,
-      num_tokens=_NUM_TOKENS.value, stop=tuple(_STOP.value), stop_at_eos=_STOP_AT_EOS.value,
-      top_k=_TOP_K.value, top_p=_TOP_P.value,
-      temperature=_TEMPERATURE.value, seed=_SEED.value, num_samples=_NUM_SAMPLES.value,
-      coordinator_address=_COORDINATOR.value, num_processes=_NUM_PROCESSES.value,
-      process_id=_PROCESS_ID.value), debug=_DEBUG.value)
+  cli.run(
+      cli.Request(
+          mode=_MODE.value,
+          workdir=_WORKDIR.value,
+          config=_CONFIG.value,
+          tokens=_TOKENS.value,
+          text=_TEXT.value,
+          out=_OUT.value,
+          prompt=_PROMPT.value,
+          prompt_file=_PROMPT_FILE.value,
+          num_tokens=_NUM_TOKENS.value,
+          stop=tuple(_STOP.value),
+          stop_at_eos=_STOP_AT_EOS.value,
+          top_k=_TOP_K.value,
+          top_p=_TOP_P.value,
+          temperature=_TEMPERATURE.value,
+          seed=_SEED.value,
+          num_samples=_NUM_SAMPLES.value,
+          coordinator_address=_COORDINATOR.value,
+          num_processes=_NUM_PROCESSES.value,
+          process_id=_PROCESS_ID.value,
+      ),
+      debug=_DEBUG.value,
+  )
 
 
 if __name__ == "__main__":

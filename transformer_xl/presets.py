@@ -12,15 +12,29 @@ count does not divide d_model, all but a small ``model`` axis), computes in
 bfloat16 with float32 parameters, and rematerialises each layer so the 24
 layers of activations of the large models fit in HBM.
 """
+
 from __future__ import annotations
 
 import ml_collections
 
 # Slice name -> number of JAX devices (TensorCores on v2/v3, chips on v4/v5p).
 SLICE_DEVICES = {
-    "v3-8": 8, "v3-32": 32, "v3-64": 64, "v3-128": 128, "v3-256": 256, "v3-512": 512,
-    "v4-8": 4, "v4-32": 16, "v4-64": 32, "v4-128": 64, "v4-256": 128, "v4-512": 256,
-    "v5p-8": 4, "v5p-32": 16, "v5p-64": 32, "v5p-128": 64,
+    "v3-8": 8,
+    "v3-32": 32,
+    "v3-64": 64,
+    "v3-128": 128,
+    "v3-256": 256,
+    "v3-512": 512,
+    "v4-8": 4,
+    "v4-32": 16,
+    "v4-64": 32,
+    "v4-128": 64,
+    "v4-256": 128,
+    "v4-512": 256,
+    "v5p-8": 4,
+    "v5p-32": 16,
+    "v5p-64": 32,
+    "v5p-128": 64,
 }
 
 
@@ -43,20 +57,28 @@ def apply_slice(config: ml_collections.ConfigDict, preset: str | None) -> ml_col
   if not preset:
     return config
   if preset not in SLICE_DEVICES:
-    raise ValueError(f"Unknown TPU slice preset {preset!r}; choose one of "
-                     f"{sorted(SLICE_DEVICES)} (e.g. --config=configs/enwik8_24l.py:v3-32).")
+    raise ValueError(
+        f"Unknown TPU slice preset {preset!r}; choose one of "
+        f"{sorted(SLICE_DEVICES)} (e.g. --config=configs/enwik8_24l.py:v3-32)."
+    )
   n = SLICE_DEVICES[preset]
   d_model, n_head = config.model.d_model, config.model.n_head
-  model_axis = next((m for m in range(1, n + 1) if n % m == 0 and n_head % m == 0
-                     and d_model % (n // m) == 0), None)
+  model_axis = next(
+      (m for m in range(1, n + 1) if n % m == 0 and n_head % m == 0 and d_model % (n // m) == 0),
+      None,
+  )
   if model_axis is None:
-    raise ValueError(f"no mesh of the {n} devices of a {preset} shards d_model={d_model} "
-                     f"with n_head={n_head}; set --config.mesh.shape yourself.")
+    raise ValueError(
+        f"no mesh of the {n} devices of a {preset} shards d_model={d_model} "
+        f"with n_head={n_head}; set --config.mesh.shape yourself."
+    )
   n_fsdp = n // model_axis
   if config.train.global_batch % n_fsdp:
-    raise ValueError(f"train.global_batch={config.train.global_batch} cannot be split over the "
-                     f"{n_fsdp} data-parallel devices of a {preset}; pick a slice whose device "
-                     "count divides it.")
+    raise ValueError(
+        f"train.global_batch={config.train.global_batch} cannot be split over the "
+        f"{n_fsdp} data-parallel devices of a {preset}; pick a slice whose device "
+        "count divides it."
+    )
   config.mesh.axis_names = ("data", "fsdp", "model")
   config.mesh.shape = (1, n_fsdp, model_axis)
   config.model.dtype = "bfloat16"

@@ -11,15 +11,18 @@ maps them to mesh axes: heads, d_inner ("mlp") and the vocabulary on
 on ``data`` x ``fsdp`` (MaxText style).  Mesh axes missing from the mesh,
 and those that do not divide a dimension, are dropped (replicated).
 """
+
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
 import numpy as np
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from transformer_xl.model.axes import BATCH_AXES, LOGICAL_AXIS_RULES  # noqa: F401 (re-exported)
 
@@ -38,18 +41,21 @@ def resolve_mesh_shape(shape: Sequence[int], num_devices: int) -> tuple[int, ...
     if known <= 0 or num_devices % known:
       raise ValueError(
           f"mesh.shape={shape} cannot fill {num_devices} devices: {num_devices} is not "
-          f"divisible by {known}. Set --config.mesh.shape so its product is {num_devices}.")
+          f"divisible by {known}. Set --config.mesh.shape so its product is {num_devices}."
+      )
     shape = tuple(num_devices // known if s == -1 else s for s in shape)
   if int(np.prod(shape)) != num_devices:
     raise ValueError(
         f"mesh.shape={shape} has {int(np.prod(shape))} devices but {num_devices} are "
         f"available. Set --config.mesh.shape so its product is {num_devices} "
-        f"(e.g. '({num_devices}, 1)').")
+        f"(e.g. '({num_devices}, 1)')."
+    )
   return shape
 
 
-def check_mesh(shape: Sequence[int], axis_names: Sequence[str], num_devices: int
-               ) -> tuple[int, ...]:
+def check_mesh(
+    shape: Sequence[int], axis_names: Sequence[str], num_devices: int
+) -> tuple[int, ...]:
   """Checks a mesh's axis names against its shape; returns the resolved shape.
 
   Raises:
@@ -58,10 +64,17 @@ def check_mesh(shape: Sequence[int], axis_names: Sequence[str], num_devices: int
       (``resolve_mesh_shape``).
   """
   names, shape = tuple(axis_names), tuple(shape)
-  if (len(names) != len(shape) or len(set(names)) != len(names) or "data" not in names
-      or "model" not in names or not set(names) <= {"data", "fsdp", "model"}):
-    raise ValueError(f"mesh.axis_names={names} and mesh.shape={shape}: give one size per "
-                     "axis; axes are 'data', 'model' and optionally 'fsdp'.")
+  if (
+      len(names) != len(shape)
+      or len(set(names)) != len(names)
+      or "data" not in names
+      or "model" not in names
+      or not set(names) <= {"data", "fsdp", "model"}
+  ):
+    raise ValueError(
+        f"mesh.axis_names={names} and mesh.shape={shape}: give one size per "
+        "axis; axes are 'data', 'model' and optionally 'fsdp'."
+    )
   return resolve_mesh_shape(shape, num_devices)
 
 
@@ -87,8 +100,9 @@ def _divisible_spec(spec: P, shape: Sequence[int], mesh: Mesh) -> P:
   does not divide their dimension."""
   out = []
   for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
-    names = [a for a in ((axes,) if isinstance(axes, str) else tuple(axes or ()))
-             if a in mesh.shape]
+    names = [
+        a for a in ((axes,) if isinstance(axes, str) else tuple(axes or ())) if a in mesh.shape
+    ]
     size = int(np.prod([mesh.shape[a] for a in names])) if names else 1
     out.append(None if not names or dim % size else (names[0] if len(names) == 1 else tuple(names)))
   return P(*out)
@@ -115,7 +129,10 @@ def logical_shardings(abstract_tree: Any, mesh: Mesh, rules=LOGICAL_AXIS_RULES) 
   shapes = nn.unbox(abstract_tree)
   return jax.tree_util.tree_map(
       lambda spec, x: NamedSharding(mesh, _divisible_spec(spec, x.shape, mesh)),
-      mesh_specs, shapes, is_leaf=lambda s: isinstance(s, P))
+      mesh_specs,
+      shapes,
+      is_leaf=lambda s: isinstance(s, P),
+  )
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
@@ -142,8 +159,10 @@ def traced_with_mesh(fn: Callable, mesh: Mesh) -> Callable:
   this before ``jax.jit``; with no context mesh the kernel assumes one
   device.
   """
+
   @functools.wraps(fn)
   def wrapped(*args, **kwargs):
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
       return fn(*args, **kwargs)
+
   return wrapped

@@ -13,6 +13,7 @@
   by ``<!-- docs-test: skip (<reason>) -->``; any other Python block that
   fails fails this test.
 """
+
 import json
 import os
 import re
@@ -35,13 +36,23 @@ PYTHON = ("python", "py", "python3")
 QUICK_START_INSTALL = "pip install -e ."  # the quick start's first command
 PTB = "data/ptb"  # the sample the quick start reads here instead of the download
 # Appended to every `python -m transformer_xl.main` of the quick start: seconds, not minutes.
-TINY = ["--config.train.num_steps=4", "--config.train.eval_every=0", "--config.train.log_every=1",
-        "--config.checkpoint.every_steps=4", "--config.train.warmup_steps=0",
-        "--config.model.n_layer=1", "--config.model.d_model=32", "--config.model.n_head=2",
-        "--config.model.d_head=16", "--config.model.d_inner=64", "--config.train.global_batch=4",
-        "--config.eval.global_batch=4", "--config.data.verify_checksums=False"]
+TINY = [
+    "--config.train.num_steps=4",
+    "--config.train.eval_every=0",
+    "--config.train.log_every=1",
+    "--config.checkpoint.every_steps=4",
+    "--config.train.warmup_steps=0",
+    "--config.model.n_layer=1",
+    "--config.model.d_model=32",
+    "--config.model.n_head=2",
+    "--config.model.d_head=16",
+    "--config.model.d_inner=64",
+    "--config.train.global_batch=4",
+    "--config.eval.global_batch=4",
+    "--config.data.verify_checksums=False",
+]
 
-_RUNNER = r'''
+_RUNNER = r"""
 import json, sys, traceback
 failed, ran = [], []
 for doc in json.load(open(sys.argv[1])):
@@ -62,7 +73,7 @@ for doc in json.load(open(sys.argv[1])):
     json.dump(ran, open("blocks_ran.json", "w"))
 if failed:
   sys.exit("failed: " + ", ".join(failed))
-'''
+"""
 
 
 def code_blocks(path: Path) -> list[dict]:
@@ -81,8 +92,14 @@ def code_blocks(path: Path) -> list[dict]:
     assert j < len(lines), f"{path}:{i + 1}: a code block is not closed"
     before = next((lines[k] for k in range(i - 1, -1, -1) if lines[k].strip()), "")
     skip = SKIP.fullmatch(before.strip())
-    blocks.append({"lang": m.group(1), "line": i + 1, "code": "\n".join(lines[i + 1:j]) + "\n",
-                   "skip": skip.group("reason") if skip else None})
+    blocks.append(
+        {
+            "lang": m.group(1),
+            "line": i + 1,
+            "code": "\n".join(lines[i + 1 : j]) + "\n",
+            "skip": skip.group("reason") if skip else None,
+        }
+    )
     i = j + 1
   return blocks
 
@@ -97,11 +114,13 @@ def test_skip_markers_are_well_formed_and_precede_a_block():
     for n, line in enumerate(lines):
       if "docs-test" not in line:
         continue
-      assert SKIP.fullmatch(line.strip()), (
-          f"{_rel(path)}:{n + 1}: write the marker as <!-- docs-test: skip (<reason>) -->")
-      rest = [l for l in lines[n + 1:] if l.strip()]
-      assert rest and rest[0].startswith("```"), (
-          f"{_rel(path)}:{n + 1}: a skip marker must come right before a code block")
+      assert SKIP.fullmatch(
+          line.strip()
+      ), f"{_rel(path)}:{n + 1}: write the marker as <!-- docs-test: skip (<reason>) -->"
+      rest = [l for l in lines[n + 1 :] if l.strip()]
+      assert rest and rest[0].startswith(
+          "```"
+      ), f"{_rel(path)}:{n + 1}: a skip marker must come right before a code block"
 
 
 @pytest.fixture(scope="module")
@@ -109,8 +128,14 @@ def site(tmp_path_factory):
   """The site built by ``mkdocs build --strict``: its output directory."""
   out = tmp_path_factory.mktemp("site") / "site"
   env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
-  r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)],
-                     cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  r = subprocess.run(
+      [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)],
+      cwd=REPO,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=600,
+  )
   assert r.returncode == 0, "mkdocs build --strict failed:\n" + r.stdout + r.stderr
   return out
 
@@ -135,27 +160,36 @@ def test_no_raw_sphinx_roles(site):
   found = []
   for page in sorted(site.rglob("*.html")):
     for m in SPHINX_ROLE.finditer(page.read_text(errors="replace")):
-      found.append(f"{page.relative_to(site)}: ...{m.string[max(0, m.start() - 60):m.end() + 40]}...")
-  assert not found, "raw Sphinx roles in the built site (write ``name`` instead):\n" + \
-      "\n".join(found[:20])
+      found.append(
+          f"{page.relative_to(site)}: ...{m.string[max(0, m.start() - 60):m.end() + 40]}..."
+      )
+  assert not found, "raw Sphinx roles in the built site (write ``name`` instead):\n" + "\n".join(
+      found[:20]
+  )
 
 
 def _quick_start(readme: Path) -> list[list[str]]:
   """The README's quick-start commands (after the install) as argv lists,
   made to run here: reading the PTB sample instead of downloading."""
-  found = [b for b in code_blocks(readme) if b["lang"] == "bash"
-           and b["code"].splitlines()[0].strip() == QUICK_START_INSTALL
-           and "transformer_xl.main" in b["code"]]
-  assert len(found) == 1, "README.md: expected one quick-start block whose first line is " \
-      f"{QUICK_START_INSTALL!r}"
+  found = [
+      b
+      for b in code_blocks(readme)
+      if b["lang"] == "bash"
+      and b["code"].splitlines()[0].strip() == QUICK_START_INSTALL
+      and "transformer_xl.main" in b["code"]
+  ]
+  assert len(found) == 1, (
+      "README.md: expected one quick-start block whose first line is " f"{QUICK_START_INSTALL!r}"
+  )
   runs = []
   for line in found[0]["code"].splitlines()[1:]:
     argv = shlex.split(line, comments=True)
     if not argv:
       continue
     assert argv[:3] == ["python", "-m", "transformer_xl.main"], line
-    assert not any(a.startswith("--config.data.manual_dir") for a in argv), (
-        f"the quick start downloads the data by default: {line}")
+    assert not any(
+        a.startswith("--config.data.manual_dir") for a in argv
+    ), f"the quick start downloads the data by default: {line}"
     runs.append([sys.executable, *argv[1:], f"--config.data.manual_dir={PTB}", *TINY])
   assert len(runs) == 2 and "--mode=eval" in runs[1], runs
   return runs
@@ -174,8 +208,11 @@ def trained_here(tmp_path_factory):
   env.update(PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu", TFDS_DATA_DIR=str(cwd / "tfds"))
   for argv in _quick_start(REPO / "README.md"):
     r = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, (f"the README's quick start failed here: {shlex.join(argv)}\n"
-                               + r.stdout[-3000:] + r.stderr[-5000:])
+    assert r.returncode == 0, (
+        f"the README's quick start failed here: {shlex.join(argv)}\n"
+        + r.stdout[-3000:]
+        + r.stderr[-5000:]
+    )
   results = json.loads((cwd / "workdirs" / "quickstart" / "eval_results.json").read_text())
   assert results["step"] == 4 and results["valid"]["tokens"] > 0
   return cwd, env
@@ -198,8 +235,14 @@ def test_python_examples_run(trained_here):
   assert any(s["file"] == "README.md" for s in spec), "README.md has no Python example"
   (cwd / "blocks.json").write_text(json.dumps(spec))
   (cwd / "run_blocks.py").write_text(_RUNNER)
-  r = subprocess.run([sys.executable, "run_blocks.py", "blocks.json"], cwd=cwd, env=env,
-                     capture_output=True, text=True, timeout=600)
+  r = subprocess.run(
+      [sys.executable, "run_blocks.py", "blocks.json"],
+      cwd=cwd,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=600,
+  )
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-8000:]
   ran = json.loads((cwd / "blocks_ran.json").read_text())
   assert ran == [f"{s['file']}:{b['line']}" for s in spec for b in s["blocks"]], r.stdout

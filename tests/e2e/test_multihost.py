@@ -4,6 +4,7 @@ Every run here is a real `python -m transformer_xl.main` process.  Two
 processes with 4 simulated CPU devices each (gloo collectives) must compute
 exactly what one process with 8 devices computes, across a restart.
 """
+
 import json
 import os
 import random
@@ -23,11 +24,20 @@ from test_train import REPO, read_metrics, write_ptb_sample
 
 pytestmark = pytest.mark.slow  # multi-process, end to end
 
-TINY = ["--config.model.n_layer=2", "--config.model.d_model=32", "--config.model.n_head=2",
-        "--config.model.d_head=16", "--config.model.d_inner=64", "--config.model.tgt_len=8",
-        "--config.model.mem_len=8", "--config.train.global_batch=8", "--config.train.log_every=1",
-        "--config.train.eval_every=0", "--config.train.warmup_steps=2",
-        "--config.data.verify_checksums=False"]
+TINY = [
+    "--config.model.n_layer=2",
+    "--config.model.d_model=32",
+    "--config.model.n_head=2",
+    "--config.model.d_head=16",
+    "--config.model.d_inner=64",
+    "--config.model.tgt_len=8",
+    "--config.model.mem_len=8",
+    "--config.train.global_batch=8",
+    "--config.train.log_every=1",
+    "--config.train.eval_every=0",
+    "--config.train.warmup_steps=2",
+    "--config.data.verify_checksums=False",
+]
 
 
 def _env(n_devices):
@@ -38,10 +48,17 @@ def _env(n_devices):
 
 
 def _args(tmp_path, workdir, manual, *extra):
-  return [sys.executable, "-m", "transformer_xl.main",
-          f"--config={REPO / 'configs' / 'quickstart.py'}", f"--workdir={workdir}",
-          f"--config.data.manual_dir={manual}", f"--config.data.data_dir={tmp_path / 'tfds'}",
-          *TINY, *extra]
+  return [
+      sys.executable,
+      "-m",
+      "transformer_xl.main",
+      f"--config={REPO / 'configs' / 'quickstart.py'}",
+      f"--workdir={workdir}",
+      f"--config.data.manual_dir={manual}",
+      f"--config.data.data_dir={tmp_path / 'tfds'}",
+      *TINY,
+      *extra,
+  ]
 
 
 def _free_port():
@@ -51,19 +68,39 @@ def _free_port():
 
 
 def run_single(tmp_path, workdir, manual, *extra, timeout=300):
-  r = subprocess.run(_args(tmp_path, workdir, manual, *extra), cwd=REPO, env=_env(8),
-                     capture_output=True, text=True, timeout=timeout)
+  r = subprocess.run(
+      _args(tmp_path, workdir, manual, *extra),
+      cwd=REPO,
+      env=_env(8),
+      capture_output=True,
+      text=True,
+      timeout=timeout,
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   return r
 
 
 def run_two_processes(tmp_path, workdir, manual, *extra, timeout=300):
   port = _free_port()
-  procs = [subprocess.Popen(
-      _args(tmp_path, workdir, manual, *extra, f"--coordinator_address=127.0.0.1:{port}",
-            "--num_processes=2", f"--process_id={i}"),
-      cwd=REPO, env=_env(4), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-      for i in range(2)]
+  procs = [
+      subprocess.Popen(
+          _args(
+              tmp_path,
+              workdir,
+              manual,
+              *extra,
+              f"--coordinator_address=127.0.0.1:{port}",
+              "--num_processes=2",
+              f"--process_id={i}",
+          ),
+          cwd=REPO,
+          env=_env(4),
+          stdout=subprocess.PIPE,
+          stderr=subprocess.PIPE,
+          text=True,
+      )
+      for i in range(2)
+  ]
   outs = [p.communicate(timeout=timeout) for p in procs]
   for p, (_, err) in zip(procs, outs):
     assert p.returncode == 0, err[-3000:]
@@ -77,7 +114,9 @@ def final_state(workdir, step):
   tree = ckptr.metadata(path)
   tree = getattr(getattr(tree, "item_metadata", tree), "tree", tree)
   args = jax.tree_util.tree_map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
-  leaves = jax.tree_util.tree_leaves(ckptr.restore(path, args=ocp.args.PyTreeRestore(restore_args=args)))
+  leaves = jax.tree_util.tree_leaves(
+      ckptr.restore(path, args=ocp.args.PyTreeRestore(restore_args=args))
+  )
   assert len(leaves) > 10
   return leaves
 
@@ -85,12 +124,18 @@ def final_state(workdir, step):
 def test_two_processes_equal_one_process_across_a_restart(tmp_path):
   manual = write_ptb_sample(tmp_path / "ptb")
   one, two = tmp_path / "one", tmp_path / "two"
-  run_single(tmp_path, one, manual, "--config.train.num_steps=3", "--config.checkpoint.every_steps=3")
-  run_single(tmp_path, one, manual, "--config.train.num_steps=5", "--config.checkpoint.every_steps=3")
-  run_two_processes(tmp_path, two, manual, "--config.train.num_steps=3",
-                    "--config.checkpoint.every_steps=3")
-  outs = run_two_processes(tmp_path, two, manual, "--config.train.num_steps=5",
-                           "--config.checkpoint.every_steps=3")
+  run_single(
+      tmp_path, one, manual, "--config.train.num_steps=3", "--config.checkpoint.every_steps=3"
+  )
+  run_single(
+      tmp_path, one, manual, "--config.train.num_steps=5", "--config.checkpoint.every_steps=3"
+  )
+  run_two_processes(
+      tmp_path, two, manual, "--config.train.num_steps=3", "--config.checkpoint.every_steps=3"
+  )
+  outs = run_two_processes(
+      tmp_path, two, manual, "--config.train.num_steps=5", "--config.checkpoint.every_steps=3"
+  )
   assert "Resumed" in outs[0][0] + outs[0][1] and "2 process(es)" in outs[0][0]
   assert "Corpus" not in outs[1][0]  # only process 0 logs
   m1, m2 = read_metrics(one), read_metrics(two)
@@ -116,10 +161,20 @@ def _wait_for_step(workdir, step, proc, timeout=240):
 def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
   manual = write_ptb_sample(tmp_path / "ptb")
   workdir = tmp_path / "wd"
-  proc = subprocess.Popen(_args(tmp_path, workdir, manual, "--config.train.num_steps=100000",
-                                "--config.checkpoint.every_steps=100000"),
-                          cwd=REPO, env=_env(8), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True)
+  proc = subprocess.Popen(
+      _args(
+          tmp_path,
+          workdir,
+          manual,
+          "--config.train.num_steps=100000",
+          "--config.checkpoint.every_steps=100000",
+      ),
+      cwd=REPO,
+      env=_env(8),
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+  )
   _wait_for_step(workdir, 3, proc)
   proc.send_signal(signal.SIGTERM)
   out, err = proc.communicate(timeout=120)
@@ -127,16 +182,24 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
   assert "SIGTERM: saved a checkpoint" in out + err
   steps = [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
   assert len(steps) == 1 and steps[0] >= 3
-  r = run_single(tmp_path, workdir, manual, f"--config.train.num_steps={steps[0] + 2}",
-                 "--config.checkpoint.every_steps=100000")
+  r = run_single(
+      tmp_path,
+      workdir,
+      manual,
+      f"--config.train.num_steps={steps[0] + 2}",
+      "--config.checkpoint.every_steps=100000",
+  )
   assert f"at step {steps[0]}" in r.stdout + r.stderr
 
 
 def test_kill_9_at_random_moments_resumes_from_last_complete_checkpoint(tmp_path):
   manual = write_ptb_sample(tmp_path / "ptb")
   n_steps = 14
-  common = [f"--config.train.num_steps={n_steps}", "--config.checkpoint.every_steps=1",
-            "--config.checkpoint.max_to_keep=2"]
+  common = [
+      f"--config.train.num_steps={n_steps}",
+      "--config.checkpoint.every_steps=1",
+      "--config.checkpoint.max_to_keep=2",
+  ]
   reference = tmp_path / "reference"
   run_single(tmp_path, reference, manual, *common)
   want = read_metrics(reference)
@@ -145,8 +208,14 @@ def test_kill_9_at_random_moments_resumes_from_last_complete_checkpoint(tmp_path
   rng = random.Random(0)
   kills = 0
   for attempt in range(12):
-    proc = subprocess.Popen(_args(tmp_path, workdir, manual, *common), cwd=REPO, env=_env(8),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        _args(tmp_path, workdir, manual, *common),
+        cwd=REPO,
+        env=_env(8),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     # Wait for the run to get going (past the start-up), then kill it at a
     # random moment; with a checkpoint after every step, many kills land in
     # the middle of a checkpoint write.
@@ -185,12 +254,14 @@ def test_two_processes_agree_on_falling_back_from_a_damaged_checkpoint(tmp_path)
   from the previous checkpoint together; each step is logged once."""
   manual = write_ptb_sample(tmp_path / "ptb")
   workdir = tmp_path / "wd"
-  run_two_processes(tmp_path, workdir, manual, "--config.train.num_steps=4",
-                    "--config.checkpoint.every_steps=2")
+  run_two_processes(
+      tmp_path, workdir, manual, "--config.train.num_steps=4", "--config.checkpoint.every_steps=2"
+  )
   (workdir / "checkpoints" / "4" / "state" / "_METADATA").unlink()
   (workdir / "checkpoints" / "6.orbax-checkpoint-tmp-99").mkdir()
-  outs = run_two_processes(tmp_path, workdir, manual, "--config.train.num_steps=6",
-                           "--config.checkpoint.every_steps=2")
+  outs = run_two_processes(
+      tmp_path, workdir, manual, "--config.train.num_steps=6", "--config.checkpoint.every_steps=2"
+  )
   log = outs[0][0] + outs[0][1]
   assert f"Checkpoint {workdir / 'checkpoints' / '4'} is not usable" in log
   assert f"Resumed from {workdir / 'checkpoints' / '2'} at step 2" in log

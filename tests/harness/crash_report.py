@@ -13,6 +13,7 @@ innermost frame (and its innermost frame in the project's own files).
 
 Loaded by ``tests/conftest.py``; ``tests/harness/test_harness.py`` checks it.
 """
+
 import faulthandler
 import os
 import re
@@ -72,19 +73,24 @@ def _summary(dump: str, root: Path) -> str:
   """The "Fatal Python error" line, and the crashing thread's innermost
   frame and innermost frame under ``root`` (the project's code or tests)."""
   lines = dump.splitlines()
-  signal = next((l.strip() for l in lines if l.startswith("Fatal Python error")),
-                "no faulthandler dump (killed, or died before Python could write one)")
+  signal = next(
+      (l.strip() for l in lines if l.startswith("Fatal Python error")),
+      "no faulthandler dump (killed, or died before Python could write one)",
+  )
   start = next((i for i, l in enumerate(lines) if l.startswith("Current thread")), None)
   if start is None:
     return signal
   frames = []  # the crashing thread's frames, innermost first, up to the next thread
-  for line in lines[start + 1:]:
+  for line in lines[start + 1 :]:
     if not line.startswith("  File "):
       break
     frames.append(line.strip())
   ours = next((f for f in frames if f'"{root}' in f and "site-packages" not in f), None)
-  return (signal + (f"; innermost frame: {frames[0]}" if frames else "")
-          + (f"; innermost of ours: {ours}" if ours and ours != frames[0] else ""))
+  return (
+      signal
+      + (f"; innermost frame: {frames[0]}" if frames else "")
+      + (f"; innermost of ours: {ours}" if ours and ours != frames[0] else "")
+  )
 
 
 def _test(crash: dict) -> str:
@@ -109,7 +115,8 @@ def pytest_unconfigure(config):
   for worker, crash in sorted(_crashes.items()):
     config.get_terminal_writer().line(
         f"worker crash: [{worker}] running {_test(crash)}: "
-        + _summary(crash.get("dump") or "", config.rootpath))
+        + _summary(crash.get("dump") or "", config.rootpath)
+    )
   directory = os.environ.pop(_ENV, None)
   if directory:
     shutil.rmtree(directory, ignore_errors=True)

@@ -7,6 +7,7 @@ Runs pytest in a subprocess on three throw-away tests under the project's real
 the first run only, one that fails an assertion on the first run only, one
 that always aborts.
 """
+
 import configparser
 import os
 import pathlib
@@ -25,7 +26,7 @@ _ROOT = pathlib.Path(__file__).resolve().parents[2]
 # message the worker sends without waiting when the test starts, and a
 # worker that dies within microseconds of it can beat the message to the
 # controller (the test is then not rerun: two of eight runs here).
-_TESTS = '''
+_TESTS = """
 import os, pathlib, time
 MARKS = pathlib.Path(os.environ["HARNESS_MARKS"])
 
@@ -48,15 +49,14 @@ def test_assertion_fails_on_the_first_run():
 def test_worker_crashes_every_time():
   time.sleep(1)
   os.abort()
-'''
+"""
 
 
 def _project_pytest_settings() -> str:
   """[tool:pytest] of the project's setup.cfg, minus testpaths."""
   cfg = configparser.ConfigParser()
   cfg.read(_ROOT / "setup.cfg")
-  lines = [f"{key} = {value}" for key, value in cfg["tool:pytest"].items()
-           if key != "testpaths"]
+  lines = [f"{key} = {value}" for key, value in cfg["tool:pytest"].items() if key != "testpaths"]
   return "[tool:pytest]\n" + "\n".join(lines) + "\n"
 
 
@@ -69,12 +69,27 @@ def test_a_crashed_worker_s_test_reruns_once_and_a_python_failure_never(tmp_path
   (run_dir / "test_policy.py").write_text(_TESTS)
   env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
   env["HARNESS_MARKS"] = str(marks)
-  env["PYTHONPATH"] = os.pathsep.join([str(_ROOT / "tests" / "harness"),
-                                       env.get("PYTHONPATH", "")])
+  env["PYTHONPATH"] = os.pathsep.join([str(_ROOT / "tests" / "harness"), env.get("PYTHONPATH", "")])
   out = subprocess.run(
-      [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", "-rA",
-       "-p", "crash_report"],
-      cwd=run_dir, env=env, capture_output=True, text=True, timeout=300)
+      [
+          sys.executable,
+          "-m",
+          "pytest",
+          "-q",
+          "-n",
+          "2",
+          "-p",
+          "no:cacheprovider",
+          "-rA",
+          "-p",
+          "crash_report",
+      ],
+      cwd=run_dir,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
   text = out.stdout + out.stderr
   assert out.returncode == 1, text
   lines = out.stdout.strip().splitlines()
@@ -85,12 +100,18 @@ def test_a_crashed_worker_s_test_reruns_once_and_a_python_failure_never(tmp_path
   # Three crashes, each summed up after the counts with its test, its signal
   # and the line of the test that crashed.
   assert len(crashes) == 3 and lines[-3:] == crashes, text
-  for test, n in (("test_worker_crashes_on_the_first_run", 1),
-                  ("test_worker_crashes_every_time", 2)):
+  for test, n in (
+      ("test_worker_crashes_on_the_first_run", 1),
+      ("test_worker_crashes_every_time", 2),
+  ):
     mine = [l for l in crashes if f"running test_policy.py::{test}: " in l]
     assert len(mine) == n, text
-    assert all("Fatal Python error: Aborted; innermost frame: File " in l
-               and 'test_policy.py", line ' in l and l.endswith(f" in {test}") for l in mine), text
+    assert all(
+        "Fatal Python error: Aborted; innermost frame: File " in l
+        and 'test_policy.py", line ' in l
+        and l.endswith(f" in {test}")
+        for l in mine
+    ), text
   assert "PASSED test_policy.py::test_worker_crashes_on_the_first_run" in text, text
   assert "FAILED test_policy.py::test_assertion_fails_on_the_first_run" in text, text
   assert "FAILED test_policy.py::test_worker_crashes_every_time" in text, text

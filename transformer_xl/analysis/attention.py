@@ -26,22 +26,23 @@ Only per-segment tensors are ever held: each step's probabilities are reduced
 to per-distance sums on the device.  The model sows them when built with
 ``record_attention=True`` (``attention._Attention.record``).
 """
+
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
 import sys
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from transformer_xl import data, default_config, sharding
-from transformer_xl.model import attention
 from transformer_xl.inference import evaluate
-from transformer_xl.model import models
+from transformer_xl.model import attention, models
 from transformer_xl.run import workdir as wd
 
 Array = jax.Array
@@ -78,15 +79,23 @@ def make_map_step(model: models.TransformerXL, mesh) -> Callable:
   (for the context plot).  All outputs replicated.
   """
   mem_sharding = models.Memory.shardings(mesh)
-  batch_shardings = {"inputs": sharding.batch_sharding(mesh),
-                     "targets": sharding.batch_sharding(mesh),
-                     "weights": sharding.batch_sharding(mesh),
-                     "reset": sharding.rows_sharding(mesh)}
+  batch_shardings = {
+      "inputs": sharding.batch_sharding(mesh),
+      "targets": sharding.batch_sharding(mesh),
+      "weights": sharding.batch_sharding(mesh),
+      "reset": sharding.rows_sharding(mesh),
+  }
 
   def step(params, memory, batch):
     (_, memory), inter = model.apply(
-        {"params": params}, batch["inputs"], memory, batch["targets"], deterministic=True,
-        reset_B=batch["reset"], mutable=["intermediates"])
+        {"params": params},
+        batch["inputs"],
+        memory,
+        batch["targets"],
+        deterministic=True,
+        reset_B=batch["reset"],
+        mutable=["intermediates"],
+    )
     recorded = inter["intermediates"]["layers"]["attn"]
     mem_len = memory.mem_len
     sums = {}
@@ -96,14 +105,24 @@ def make_map_step(model: models.TransformerXL, mesh) -> Callable:
     return memory, sums, jnp.sum(batch["weights"]), recorded["prob"][0][:, 0, :, -1, :]
 
   replicated = sharding.replicated(mesh)
-  return jax.jit(step, in_shardings=(None, mem_sharding, batch_shardings),
-                 out_shardings=(mem_sharding, replicated, replicated, replicated),
-                 donate_argnums=(1,))
+  return jax.jit(
+      step,
+      in_shardings=(None, mem_sharding, batch_shardings),
+      out_shardings=(mem_sharding, replicated, replicated, replicated),
+      donate_argnums=(1,),
+  )
 
 
-def attention_maps(params: Any, model_cfg: models.ModelConfig, corpus: data.Corpus, split: str,
-                   mesh, global_batch: int, max_tokens: int = 0, segment: int = -1
-                   ) -> dict[str, Any]:
+def attention_maps(
+    params: Any,
+    model_cfg: models.ModelConfig,
+    corpus: data.Corpus,
+    split: str,
+    mesh,
+    global_batch: int,
+    max_tokens: int = 0,
+    segment: int = -1,
+) -> dict[str, Any]:
   """Streams over ``split`` and averages the attention by relative distance.
 
   Args:
@@ -132,14 +151,17 @@ def attention_maps(params: Any, model_cfg: models.ModelConfig, corpus: data.Corp
   model = models.TransformerXL(model_cfg, record_attention=True)
   step = make_map_step(model, mesh)
   rows = data.process_row_ids(sharding.batch_sharding(mesh), global_batch, t)
-  it = data.EvalIterator(corpus.splits[split], global_batch, t, corpus.boundary_id,
-                         row_ids=rows)
+  it = data.EvalIterator(corpus.splits[split], global_batch, t, corpus.boundary_id, row_ids=rows)
   if segment >= len(it):
-    raise ValueError(f"segment {segment} is past the {len(it)} segments of {split} with "
-                     f"{global_batch} rows; choose a smaller --segment (its default is the first "
-                     "segment with a full memory).")
-  memory = jax.jit(lambda: models.init_memory(model_cfg, global_batch),
-                   out_shardings=models.Memory.shardings(mesh))()
+    raise ValueError(
+        f"segment {segment} is past the {len(it)} segments of {split} with "
+        f"{global_batch} rows; choose a smaller --segment (its default is the first "
+        "segment with a full memory)."
+    )
+  memory = jax.jit(
+      lambda: models.init_memory(model_cfg, global_batch),
+      out_shardings=models.Memory.shardings(mesh),
+  )()
   totals, n_tok, context = None, 0.0, None
   for i, local in enumerate(it):
     batch = data.to_global_batch(local, sharding.batch_sharding(mesh), global_batch)
@@ -154,11 +176,16 @@ def attention_maps(params: Any, model_cfg: models.ModelConfig, corpus: data.Corp
   row_len = it.row_len
   first_key = segment * t - m  # stream pair of key 0 in row 0 at that step
   pairs = np.arange(first_key, first_key + m + t)
-  pairs = np.where((pairs >= 0) & (pairs < min(row_len, corpus.splits[split].num_tokens)),
-                   pairs, -1)
-  return {"average": {k: (v / max(n_tok, 1.0)).astype(np.float32) for k, v in totals.items()},
-          "tokens": int(round(n_tok)), "segment": segment, "context": context,
-          "context_pairs": pairs}
+  pairs = np.where(
+      (pairs >= 0) & (pairs < min(row_len, corpus.splits[split].num_tokens)), pairs, -1
+  )
+  return {
+      "average": {k: (v / max(n_tok, 1.0)).astype(np.float32) for k, v in totals.items()},
+      "tokens": int(round(n_tok)),
+      "segment": segment,
+      "context": context,
+      "context_pairs": pairs,
+  }
 
 
 def top_fraction(weights_K: np.ndarray, fraction: float = 0.2) -> np.ndarray:
@@ -172,13 +199,20 @@ def top_fraction(weights_K: np.ndarray, fraction: float = 0.2) -> np.ndarray:
 def _plot_average(avg_LxHxK: np.ndarray, path: str, title: str) -> None:
   """Fig. 5: heads as rows, distance as columns, layer boundaries marked."""
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   from matplotlib.colors import PowerNorm
+
   n_layer, n_head, k = avg_LxHxK.shape
   fig, ax = plt.subplots(figsize=(min(16, 4 + k / 40), 1 + 0.25 * n_layer * n_head))
-  image = ax.imshow(avg_LxHxK.reshape(n_layer * n_head, k), aspect="auto", cmap="viridis",
-                    interpolation="nearest", norm=PowerNorm(gamma=0.5))  # long range visible
+  image = ax.imshow(
+      avg_LxHxK.reshape(n_layer * n_head, k),
+      aspect="auto",
+      cmap="viridis",
+      interpolation="nearest",
+      norm=PowerNorm(gamma=0.5),
+  )  # long range visible
   for layer in range(1, n_layer):
     ax.axhline(layer * n_head - 0.5, color="white", linewidth=0.8)
   ax.set_yticks([l * n_head + (n_head - 1) / 2 for l in range(n_layer)])
@@ -191,12 +225,15 @@ def _plot_average(avg_LxHxK: np.ndarray, path: str, title: str) -> None:
   plt.close(fig)
 
 
-def _plot_context(context_LxHxK: np.ndarray, heads: Sequence[tuple[int, int]], mem_len: int,
-                  path: str) -> None:
+def _plot_context(
+    context_LxHxK: np.ndarray, heads: Sequence[tuple[int, int]], mem_len: int, path: str
+) -> None:
   """Fig. 6: one query's attention over its context, top 20% highlighted."""
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   fig, axes = plt.subplots(len(heads), 1, figsize=(12, 1.6 * len(heads)), squeeze=False)
   for ax, (layer, head) in zip(axes[:, 0], heads):
     w = context_LxHxK[layer, head]
@@ -217,14 +254,18 @@ def _plot_context(context_LxHxK: np.ndarray, heads: Sequence[tuple[int, int]], m
 def _plot_decomposition(terms_3xLxHxK: np.ndarray, path: str) -> None:
   """Fig. 7: terms (a), (b), (d), each averaged like Fig. 5."""
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   n, n_layer, n_head, k = terms_3xLxHxK.shape
-  fig, axes = plt.subplots(n, 1, figsize=(min(16, 4 + k / 40), 1.5 + 0.75 * n * n_layer),
-                           squeeze=False)
+  fig, axes = plt.subplots(
+      n, 1, figsize=(min(16, 4 + k / 40), 1.5 + 0.75 * n * n_layer), squeeze=False
+  )
   for ax, name, term in zip(axes[:, 0], TERMS, terms_3xLxHxK):
-    ax.imshow(term.reshape(n_layer * n_head, k), aspect="auto", cmap="viridis",
-              interpolation="nearest")
+    ax.imshow(
+        term.reshape(n_layer * n_head, k), aspect="auto", cmap="viridis", interpolation="nearest"
+    )
     ax.set_title(f"term ({name}) alone")
     ax.set_yticks([])
   axes[-1, 0].set_xlabel("relative distance")
@@ -234,7 +275,7 @@ def _plot_decomposition(terms_3xLxHxK: np.ndarray, path: str) -> None:
 
 
 def _parse_heads(spec: str, n_layer: int, n_head: int) -> list[tuple[int, int]]:
-  """"L:H,L:H" -> [(L, H), ...]; "" -> head 0 of every layer."""
+  """ "L:H,L:H" -> [(L, H), ...]; "" -> head 0 of every layer."""
   if not spec:
     return [(layer, 0) for layer in range(n_layer)]
   heads = []
@@ -242,17 +283,20 @@ def _parse_heads(spec: str, n_layer: int, n_head: int) -> list[tuple[int, int]]:
     try:
       layer, head = (int(x) for x in part.split(":"))
     except ValueError:
-      raise default_config.ConfigError(f"--heads={spec!r}: use LAYER:HEAD,... "
-                                       "(e.g. 0:0,3:1).") from None
+      raise default_config.ConfigError(
+          f"--heads={spec!r}: use LAYER:HEAD,... " "(e.g. 0:0,3:1)."
+      ) from None
     if not (0 <= layer < n_layer and 0 <= head < n_head):
-      raise default_config.ConfigError(f"--heads: {layer}:{head} is outside {n_layer} layers "
-                                       f"x {n_head} heads.")
+      raise default_config.ConfigError(
+          f"--heads: {layer}:{head} is outside {n_layer} layers " f"x {n_head} heads."
+      )
     heads.append((layer, head))
   return heads
 
 
-def run(workdir: str, split: str, out: str, max_tokens: int = 0, heads: str = "",
-        segment: int = -1) -> dict:
+def run(
+    workdir: str, split: str, out: str, max_tokens: int = 0, heads: str = "", segment: int = -1
+) -> dict:
   """Computes and writes the attention maps of ``workdir`` (see the module docstring).
 
   Returns:
@@ -263,6 +307,7 @@ def run(workdir: str, split: str, out: str, max_tokens: int = 0, heads: str = ""
       flag, the corpus or the checkpoint cannot be found.
   """
   import os
+
   config = wd.load_config(workdir)
   default_config.validate(config, jax.device_count())
   if split not in ("train", "valid", "test"):
@@ -278,55 +323,95 @@ def run(workdir: str, split: str, out: str, max_tokens: int = 0, heads: str = ""
   n_data = sharding.data_parallel_size(mesh)
   global_batch = -(-config.eval.global_batch // n_data) * n_data
   try:
-    maps = attention_maps(params, eval_cfg, corpus, split, mesh, global_batch, max_tokens,
-                          segment)
+    maps = attention_maps(params, eval_cfg, corpus, split, mesh, global_batch, max_tokens, segment)
   except ValueError as err:
     raise default_config.ConfigError(str(err)) from None
   os.makedirs(out, exist_ok=True)
   avg = maps["average"]["prob"]
   np.save(os.path.join(out, "average_attention.npy"), avg)
-  _plot_average(avg, os.path.join(out, "average_attention.png"),
-                f"average attention by distance ({os.path.basename(os.path.normpath(workdir))}, "
-                f"{split}, {maps['tokens']:,} tokens; colour ~ sqrt)")
+  _plot_average(
+      avg,
+      os.path.join(out, "average_attention.png"),
+      f"average attention by distance ({os.path.basename(os.path.normpath(workdir))}, "
+      f"{split}, {maps['tokens']:,} tokens; colour ~ sqrt)",
+  )
   ctx = maps["context"]
   np.save(os.path.join(out, "context_attention.npy"), ctx)
   _plot_context(ctx, chosen, eval_cfg.mem_len, os.path.join(out, "context_attention.png"))
   tokens = corpus.splits[split].read(0, corpus.splits[split].num_tokens)
-  symbol = lambda p: (corpus.vocab[corpus.boundary_id] if p == 0 else
-                      corpus.vocab[int(tokens[p - 1])]) if p >= 0 else None
-  listing = {f"{layer}:{head}": [
-      {"key": int(j), "distance": int(eval_cfg.mem_len + eval_cfg.tgt_len - 1 - j),
-       "weight": float(ctx[layer, head, j]), "token": symbol(int(maps["context_pairs"][j]))}
-      for j in top_fraction(ctx[layer, head])] for layer, head in chosen}
+  symbol = (
+      lambda p: (corpus.vocab[corpus.boundary_id] if p == 0 else corpus.vocab[int(tokens[p - 1])])
+      if p >= 0
+      else None
+  )
+  listing = {
+      f"{layer}:{head}": [
+          {
+              "key": int(j),
+              "distance": int(eval_cfg.mem_len + eval_cfg.tgt_len - 1 - j),
+              "weight": float(ctx[layer, head, j]),
+              "token": symbol(int(maps["context_pairs"][j])),
+          }
+          for j in top_fraction(ctx[layer, head])
+      ]
+      for layer, head in chosen
+  }
   with open(os.path.join(out, "context_attention.json"), "w") as f:
-    json.dump({"segment": maps["segment"], "row": 0, "query": "last position of the segment",
-               "top_20_percent": listing}, f, indent=2)
+    json.dump(
+        {
+            "segment": maps["segment"],
+            "row": 0,
+            "query": "last position of the segment",
+            "top_20_percent": listing,
+        },
+        f,
+        indent=2,
+    )
   if all(f"prob_{t}" in maps["average"] for t in TERMS):  # recorded by attn_type 0
     terms = np.stack([maps["average"][f"prob_{t}"] for t in TERMS])
     np.save(os.path.join(out, "decomposition.npy"), terms)
     _plot_decomposition(terms, os.path.join(out, "decomposition.png"))
-  summary = {"workdir": workdir, "split": split, "step": int(step), "tokens": maps["tokens"],
-             "tgt_len": eval_cfg.tgt_len, "mem_len": eval_cfg.mem_len,
-             "same_length": eval_cfg.same_length, "clamp_len": eval_cfg.clamp_len,
-             **attention.describe(eval_cfg), "heads": [list(h) for h in chosen]}
+  summary = {
+      "workdir": workdir,
+      "split": split,
+      "step": int(step),
+      "tokens": maps["tokens"],
+      "tgt_len": eval_cfg.tgt_len,
+      "mem_len": eval_cfg.mem_len,
+      "same_length": eval_cfg.same_length,
+      "clamp_len": eval_cfg.clamp_len,
+      **attention.describe(eval_cfg),
+      "heads": [list(h) for h in chosen],
+  }
   with open(os.path.join(out, "summary.json"), "w") as f:
     json.dump(summary, f, indent=2)
   print(f"Attention maps of {maps['tokens']:,} {split} tokens (step {step}) written to {out}.")
   return summary
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
+def main(argv: Sequence[str] | None = None) -> None:
   """Command line (see the module docstring); errors exit with one line."""
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--workdir", required=True, help="a trained (or converted) workdir")
   parser.add_argument("--split", default="valid", help="train, valid or test")
   parser.add_argument("--out", required=True, help="output directory")
-  parser.add_argument("--max_tokens", type=int, default=0,
-                      help="stop after about this many scored tokens (0 = the whole split)")
-  parser.add_argument("--heads", default="", help="LAYER:HEAD,... for the context plot "
-                      "(default: head 0 of every layer)")
-  parser.add_argument("--segment", type=int, default=-1,
-                      help="the step whose row-0 query is plotted (-1: first full memory)")
+  parser.add_argument(
+      "--max_tokens",
+      type=int,
+      default=0,
+      help="stop after about this many scored tokens (0 = the whole split)",
+  )
+  parser.add_argument(
+      "--heads",
+      default="",
+      help="LAYER:HEAD,... for the context plot " "(default: head 0 of every layer)",
+  )
+  parser.add_argument(
+      "--segment",
+      type=int,
+      default=-1,
+      help="the step whose row-0 query is plotted (-1: first full memory)",
+  )
   args = parser.parse_args(argv)
   try:
     run(args.workdir, args.split, args.out, args.max_tokens, args.heads, args.segment)

@@ -79,6 +79,7 @@ off the evaluated lengths, workdirs of different corpora) is one
 The paper gives no code for RECL; the reference implementation
 (kimiyoung/transformer-xl) has none either.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -87,13 +88,15 @@ import io
 import json
 import sys
 import time
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
+from transformer_xl import errors
+
 # The definitions of Appendix C (pure numpy arithmetic) live in relative_gain.py.
 from transformer_xl.analysis.relative_gain import DEFAULT_THRESHOLD, mean_losses, recl, walk_indices
-from transformer_xl import errors
 
 FIGURE_3 = "fig3_relative_gains.png"
 FIGURE_4 = "fig4_perplexity.png"
@@ -111,17 +114,22 @@ def format_table(names: Sequence[str], rs: Sequence[float], results: dict) -> st
   Returns:
     The table, lines joined by newlines.
   """
-  rows = ["| model | " + " | ".join(f"r={r}" for r in rs) + " |",
-          "|---|" + "---:|" * len(rs)]
+  rows = ["| model | " + " | ".join(f"r={r}" for r in rs) + " |", "|---|" + "---:|" * len(rs)]
   for i, name in enumerate(names):
-    cells = [(">=" if results[r]["lower_bound"][i] else "") + str(results[r]["recl"][i])
-             for r in rs]
+    cells = [
+        (">=" if results[r]["lower_bound"][i] else "") + str(results[r]["recl"][i]) for r in rs
+    ]
     rows.append(f"| {name} | " + " | ".join(cells) + " |")
   return "\n".join(rows)
 
 
-def format_curves(names: Sequence[str], methods: Sequence[str], lengths: Sequence[int],
-                  values_NxC: np.ndarray, metric: str) -> str:
+def format_curves(
+    names: Sequence[str],
+    methods: Sequence[str],
+    lengths: Sequence[int],
+    values_NxC: np.ndarray,
+    metric: str,
+) -> str:
   """Figure 4 as a markdown table.
 
   Args:
@@ -134,8 +142,10 @@ def format_curves(names: Sequence[str], methods: Sequence[str], lengths: Sequenc
   Returns:
     The table, lines joined by newlines.
   """
-  rows = [f"| model ({metric}) | method | " + " | ".join(f"c={c}" for c in lengths) + " |",
-          "|---|---|" + "---:|" * len(lengths)]
+  rows = [
+      f"| model ({metric}) | method | " + " | ".join(f"c={c}" for c in lengths) + " |",
+      "|---|---|" + "---:|" * len(lengths),
+  ]
   for name, method, v in zip(names, methods, values_NxC):
     rows.append(f"| {name} | {method} | " + " | ".join(f"{x:.2f}" for x in v) + " |")
   return "\n".join(rows)
@@ -143,6 +153,7 @@ def format_curves(names: Sequence[str], methods: Sequence[str], lengths: Sequenc
 
 # --------------------------------------------------------------------------- #
 # The figures (matplotlib, Agg backend).
+
 
 def _pyplot():
   """matplotlib.pyplot with the Agg backend.
@@ -153,9 +164,10 @@ def _pyplot():
   try:
     import matplotlib
   except ImportError as err:
-    raise ImportError("the RECL plots need matplotlib: pip install -e \".[analysis]\"") from err
+    raise ImportError('the RECL plots need matplotlib: pip install -e ".[analysis]"') from err
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   return plt
 
 
@@ -199,8 +211,13 @@ def plot_gains(names: Sequence[str], rs: Sequence[float], results: dict, title: 
   return png
 
 
-def plot_perplexity(names: Sequence[str], lengths: Sequence[int], values_NxC: np.ndarray,
-                    metric: str, title: str = "") -> bytes:
+def plot_perplexity(
+    names: Sequence[str],
+    lengths: Sequence[int],
+    values_NxC: np.ndarray,
+    metric: str,
+    title: str = "",
+) -> bytes:
   """Figure 4 of the paper (Appendix C): ppl exp(mean_t l_i(c, t)) (or bpc)
   against c, one line per model.
 
@@ -238,43 +255,78 @@ UsageError = errors.UsageError  # re-exported (transformer_xl.errors)
 
 
 class _Parser(argparse.ArgumentParser):
+
   def error(self, message):  # one line, not argparse's usage + error
     raise UsageError(message)
 
 
-def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   """The flags (see the module docstring).
 
   Raises:
     UsageError: an unknown or malformed flag.
   """
-  p = _Parser(prog="python -m transformer_xl.analysis.recl",
-              description="Relative effective context length (Dai et al. 2019, App. C).",
-              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-  p.add_argument("--workdirs", required=True,
-                 help="comma list of the model group's workdirs (trained or converted)")
-  p.add_argument("--names", default="", help="comma list of model names (default: the "
-                 "workdirs' last path components)")
+  p = _Parser(
+      prog="python -m transformer_xl.analysis.recl",
+      description="Relative effective context length (Dai et al. 2019, App. C).",
+      formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+  )
+  p.add_argument(
+      "--workdirs",
+      required=True,
+      help="comma list of the model group's workdirs (trained or converted)",
+  )
+  p.add_argument(
+      "--names",
+      default="",
+      help="comma list of model names (default: the " "workdirs' last path components)",
+  )
   p.add_argument("--split", default="valid", choices=("train", "valid", "test"))
-  p.add_argument("--context_lengths", required=True,
-                 help="comma list of context lengths c, strictly increasing")
+  p.add_argument(
+      "--context_lengths",
+      required=True,
+      help="comma list of context lengths c, strictly increasing",
+  )
   p.add_argument("--r", default="0.1,0.5,1.0", help="comma list of ratios r in (0, 1]")
-  p.add_argument("--delta", type=int, default=None,
-                 help="the step Delta of Appendix C in tokens (default: each evaluated length "
-                      "to the next)")
-  p.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
-                 help="the relative-gain threshold of Appendix C")
+  p.add_argument(
+      "--delta",
+      type=int,
+      default=None,
+      help="the step Delta of Appendix C in tokens (default: each evaluated length " "to the next)",
+  )
+  p.add_argument(
+      "--threshold",
+      type=float,
+      default=DEFAULT_THRESHOLD,
+      help="the relative-gain threshold of Appendix C",
+  )
   p.add_argument("--out", required=True, help="output directory")
-  p.add_argument("--max_tokens", type=int, default=0,
-                 help="score only the first N tokens of the split (0 = all)")
-  p.add_argument("--segment_rows", type=int, default=1,
-                 help="rows of segment models (1: every token but the split's first c sees c "
-                      "tokens; each further row starts with an empty memory)")
-  p.add_argument("--window_batch", type=int, default=0,
-                 help="windows per step of sliding-window models (0 = the config's "
-                      "eval.global_batch); any number gives the same losses")
-  p.add_argument("--tgt_len", type=int, default=0,
-                 help="segment length of segment models (0 = the config's eval.tgt_len)")
+  p.add_argument(
+      "--max_tokens",
+      type=int,
+      default=0,
+      help="score only the first N tokens of the split (0 = all)",
+  )
+  p.add_argument(
+      "--segment_rows",
+      type=int,
+      default=1,
+      help="rows of segment models (1: every token but the split's first c sees c "
+      "tokens; each further row starts with an empty memory)",
+  )
+  p.add_argument(
+      "--window_batch",
+      type=int,
+      default=0,
+      help="windows per step of sliding-window models (0 = the config's "
+      "eval.global_batch); any number gives the same losses",
+  )
+  p.add_argument(
+      "--tgt_len",
+      type=int,
+      default=0,
+      help="segment length of segment models (0 = the config's eval.tgt_len)",
+  )
   p.add_argument("--data_dir", default=None, help="override the workdirs' data.data_dir")
   p.add_argument("--manual_dir", default=None, help="override the workdirs' data.manual_dir")
   return p.parse_args(argv)
@@ -291,6 +343,7 @@ def _csv(text: str, kind: Callable, what: str) -> list:
 @dataclasses.dataclass(frozen=True)
 class Request:
   """The checked command-line input (no file read yet, nothing compiled)."""
+
   workdirs: list
   names: list
   rs: list
@@ -310,8 +363,10 @@ def check_args(args: argparse.Namespace) -> Request:
   """
   workdirs = _csv(args.workdirs, str, "workdirs")
   if not workdirs:
-    raise UsageError("--workdirs is empty: RECL is defined on a group of models (Appendix C); "
-                     "give one or more workdirs, comma-separated.")
+    raise UsageError(
+        "--workdirs is empty: RECL is defined on a group of models (Appendix C); "
+        "give one or more workdirs, comma-separated."
+    )
   names = _csv(args.names, str, "names") or [w.rstrip("/").split("/")[-1] for w in workdirs]
   if len(names) != len(workdirs):
     raise UsageError(f"--names has {len(names)} names for {len(workdirs)} workdirs.")
@@ -319,8 +374,9 @@ def check_args(args: argparse.Namespace) -> Request:
     raise UsageError(f"model names must differ: {names}; pass --names=a,b,...")
   rs = _csv(args.r, float, "r")
   if not rs or any(not 0.0 < r <= 1.0 for r in rs):
-    raise UsageError(f"--r={args.r!r}: every r must be in (0, 1] (the top-r ratio of "
-                     "Appendix C).")
+    raise UsageError(
+        f"--r={args.r!r}: every r must be in (0, 1] (the top-r ratio of " "Appendix C)."
+    )
   lengths = _csv(args.context_lengths, int, "context_lengths")
   try:
     walk = walk_indices(lengths, args.delta)
@@ -339,20 +395,22 @@ def check_args(args: argparse.Namespace) -> Request:
 @dataclasses.dataclass
 class Member:
   """One model of the group: its workdir, saved config and architecture."""
+
   name: str
   workdir: str
-  config: Any        # ml_collections.ConfigDict, the training run's config.json
-  model_cfg: Any     # models.ModelConfig
+  config: Any  # ml_collections.ConfigDict, the training run's config.json
+  model_cfg: Any  # models.ModelConfig
   unit: str
 
   @property
   def method(self) -> str:
-    """"segments" or "sliding": how the workdir's config evaluates."""
+    """ "segments" or "sliding": how the workdir's config evaluates."""
     return self.config.eval.method
 
 
-def context_config(config, method: str, c: int, segment_rows: int = 1, window_batch: int = 0,
-                   tgt_len: int = 0):
+def context_config(
+    config, method: str, c: int, segment_rows: int = 1, window_batch: int = 0, tgt_len: int = 0
+):
   """A copy of ``config`` whose ``eval`` section gives every token a context
   of c tokens (see the module docstring).
 
@@ -371,11 +429,20 @@ def context_config(config, method: str, c: int, segment_rows: int = 1, window_ba
   """
   cfg = config.copy_and_resolve_references()
   if method == "sliding":
-    cfg.eval.update(method="sliding", window=int(c), stride=1,
-                    global_batch=window_batch or cfg.eval.global_batch)
+    cfg.eval.update(
+        method="sliding",
+        window=int(c),
+        stride=1,
+        global_batch=window_batch or cfg.eval.global_batch,
+    )
   else:
-    cfg.eval.update(method="segments", mem_len=int(c), same_length=True,
-                    tgt_len=tgt_len or cfg.eval.tgt_len, global_batch=segment_rows)
+    cfg.eval.update(
+        method="segments",
+        mem_len=int(c),
+        same_length=True,
+        tgt_len=tgt_len or cfg.eval.tgt_len,
+        global_batch=segment_rows,
+    )
   return cfg
 
 
@@ -389,17 +456,21 @@ def load_members(request: Request) -> list:
       corpora or vocabularies; a config that does not validate at some c.
   """
   import jax
+  from etils import epath
+
   from transformer_xl import default_config
   from transformer_xl.run import workdir as wd
-  from etils import epath
+
   members = []
   for name, w in zip(request.names, request.workdirs):
     if not epath.Path(w).is_dir():
       raise UsageError(f"workdir {w} does not exist.")
     for f in ("config.json", "model_config.json"):
       if not (epath.Path(w) / f).exists():
-        raise UsageError(f"{epath.Path(w) / f} does not exist: --workdirs takes the workdirs of "
-                         "training runs (or of converted checkpoints).")
+        raise UsageError(
+            f"{epath.Path(w) / f} does not exist: --workdirs takes the workdirs of "
+            "training runs (or of converted checkpoints)."
+        )
     try:
       config = wd.load_config(w)
       model_cfg, unit = wd.load_model_config(w)
@@ -407,17 +478,26 @@ def load_members(request: Request) -> list:
       raise UsageError(str(err)) from None
     ckpt = epath.Path(w) / "checkpoints"
     if not ckpt.is_dir() or not any(p.name.isdigit() for p in ckpt.iterdir()):
-      raise UsageError(f"workdir {w} has no checkpoint in {ckpt}: train (or convert) into it "
-                       "first.")
+      raise UsageError(
+          f"workdir {w} has no checkpoint in {ckpt}: train (or convert) into it " "first."
+      )
     members.append(Member(name, w, config, model_cfg, unit))
   datasets = {m.name: (m.config.data.dataset, m.model_cfg.n_token) for m in members}
   if len(set(datasets.values())) > 1:
-    raise UsageError(f"the group's models must share a corpus and vocabulary (RECL compares "
-                     f"losses token by token); got {datasets}.")
+    raise UsageError(
+        f"the group's models must share a corpus and vocabulary (RECL compares "
+        f"losses token by token); got {datasets}."
+    )
   for m in members:
     for c in request.lengths:
-      cfg = context_config(m.config, m.method, c, request.args.segment_rows,
-                           request.args.window_batch, request.args.tgt_len)
+      cfg = context_config(
+          m.config,
+          m.method,
+          c,
+          request.args.segment_rows,
+          request.args.window_batch,
+          request.args.tgt_len,
+      )
       try:
         default_config.validate(cfg, jax.device_count())
       except default_config.ConfigError as err:
@@ -433,6 +513,7 @@ def load_group_corpus(member: Member, request: Request):
     data.DataError: the corpus cannot be found or built.
   """
   from transformer_xl import data
+
   data_cfg = member.config.data.to_dict()
   if request.args.data_dir is not None:
     data_cfg["data_dir"] = request.args.data_dir
@@ -448,9 +529,16 @@ def load_group_corpus(member: Member, request: Request):
   return corpus
 
 
-def member_losses(member: Member, corpus, split: str, lengths: Sequence[int],
-                  segment_rows: int = 1, window_batch: int = 0, tgt_len: int = 0,
-                  log: Callable[[str], None] = print) -> np.ndarray:
+def member_losses(
+    member: Member,
+    corpus,
+    split: str,
+    lengths: Sequence[int],
+    segment_rows: int = 1,
+    window_batch: int = 0,
+    tgt_len: int = 0,
+    log: Callable[[str], None] = print,
+) -> np.ndarray:
   """l(c, t) of one model: float32 [C, n], nats, at each of ``lengths``.
 
   Restores the workdir's latest parameters once, on the mesh of its config,
@@ -463,6 +551,7 @@ def member_losses(member: Member, corpus, split: str, lengths: Sequence[int],
   from transformer_xl import sharding
   from transformer_xl.inference import evaluate
   from transformer_xl.run import workdir as wd
+
   mesh = sharding.make_mesh(member.config.mesh.shape, member.config.mesh.axis_names)
   step, params = wd.restore_params(member.config, member.workdir, member.model_cfg, mesh)
   out_CxT = np.zeros((len(lengths), corpus.splits[split].num_tokens), np.float32)
@@ -473,9 +562,11 @@ def member_losses(member: Member, corpus, split: str, lengths: Sequence[int],
     if np.any(np.isnan(nll_T)):
       raise RuntimeError(f"{member.name} c={c}: some tokens were not scored.")
     out_CxT[k] = nll_T
-    log(f"{member.name} (step {step}, {member.method}) c={c}: loss "
+    log(
+        f"{member.name} (step {step}, {member.method}) c={c}: loss "
         f"{float(np.mean(nll_T, dtype=np.float64)):.4f} nats over {nll_T.size:,} tokens, "
-        f"{time.perf_counter() - t0:.1f} s")
+        f"{time.perf_counter() - t0:.1f} s"
+    )
   return out_CxT
 
 
@@ -488,9 +579,11 @@ def run(request: Request, log: Callable[[str], None] = print) -> dict:
   """
   _pyplot()  # fail before any compilation if the plots cannot be made
   from etils import epath
+
   from transformer_xl import data
   from transformer_xl.model import attention
   from transformer_xl.run import metrics
+
   members = load_members(request)
   args = request.args
   try:
@@ -498,14 +591,27 @@ def run(request: Request, log: Callable[[str], None] = print) -> dict:
   except data.DataError as err:
     raise UsageError(" ".join(str(err).split())) from None
   n_tokens = corpus.splits[args.split].num_tokens
-  log(f"RECL: {len(members)} models, {args.split} split of {corpus.name}, {n_tokens:,} tokens, "
-      f"context lengths {request.lengths}, r {request.rs}")
-  losses_NxCxT = np.stack([member_losses(m, corpus, args.split, request.lengths,
-                                         args.segment_rows, args.window_batch, args.tgt_len,
-                                         log) for m in members])
+  log(
+      f"RECL: {len(members)} models, {args.split} split of {corpus.name}, {n_tokens:,} tokens, "
+      f"context lengths {request.lengths}, r {request.rs}"
+  )
+  losses_NxCxT = np.stack(
+      [
+          member_losses(
+              m,
+              corpus,
+              args.split,
+              request.lengths,
+              args.segment_rows,
+              args.window_batch,
+              args.tgt_len,
+              log,
+          )
+          for m in members
+      ]
+  )
   delta = args.delta
-  results = {r: recl(losses_NxCxT, request.lengths, r, args.threshold, delta)
-             for r in request.rs}
+  results = {r: recl(losses_NxCxT, request.lengths, r, args.threshold, delta) for r in request.rs}
   names = request.names
   methods = [m.method for m in members]
   unit = members[0].unit
@@ -516,28 +622,49 @@ def run(request: Request, log: Callable[[str], None] = print) -> dict:
   curves = format_curves(names, methods, request.lengths, value_NxC, metric)
   out = {
       "paper": "Dai et al. 2019, Sec. 4.3, Table 8, Appendix C",
-      "split": args.split, "dataset": corpus.name, "tokens": n_tokens,
-      "max_tokens": args.max_tokens, "context_lengths": request.lengths,
-      "delta": delta, "threshold": args.threshold, "r": request.rs, "metric": metric,
-      "models": [{"name": m.name, "workdir": m.workdir, "method": m.method,
-                  "n_layer": m.model_cfg.n_layer, **attention.describe(m.model_cfg),
-                  "loss_nats": loss_NxC[i].tolist(), metric: value_NxC[i].tolist()}
-                 for i, m in enumerate(members)],
+      "split": args.split,
+      "dataset": corpus.name,
+      "tokens": n_tokens,
+      "max_tokens": args.max_tokens,
+      "context_lengths": request.lengths,
+      "delta": delta,
+      "threshold": args.threshold,
+      "r": request.rs,
+      "metric": metric,
+      "models": [
+          {
+              "name": m.name,
+              "workdir": m.workdir,
+              "method": m.method,
+              "n_layer": m.model_cfg.n_layer,
+              **attention.describe(m.model_cfg),
+              "loss_nats": loss_NxC[i].tolist(),
+              metric: value_NxC[i].tolist(),
+          }
+          for i, m in enumerate(members)
+      ],
       "results": {str(r): results[r] for r in request.rs},
-      "table": table, "curves": curves,
+      "table": table,
+      "curves": curves,
   }
   out_dir = epath.Path(args.out)
   out_dir.mkdir(parents=True, exist_ok=True)
   (out_dir / "recl.json").write_text(json.dumps(out, indent=2))
   buf = io.BytesIO()
-  np.savez_compressed(buf, losses_NxCxT=losses_NxCxT.astype(np.float32), names=np.array(names),
-                      context_lengths=np.array(request.lengths))
+  np.savez_compressed(
+      buf,
+      losses_NxCxT=losses_NxCxT.astype(np.float32),
+      names=np.array(names),
+      context_lengths=np.array(request.lengths),
+  )
   (out_dir / "losses.npz").write_bytes(buf.getvalue())
   (out_dir / FIGURE_3).write_bytes(plot_gains(names, request.rs, results))
   (out_dir / FIGURE_4).write_bytes(plot_perplexity(names, request.lengths, value_NxC, metric))
   log("")
-  log(f"RECL (Table 8 of Dai et al. 2019; threshold {args.threshold:g}, walk "
-      f"{results[request.rs[0]]['walk']}):")
+  log(
+      f"RECL (Table 8 of Dai et al. 2019; threshold {args.threshold:g}, walk "
+      f"{results[request.rs[0]]['walk']}):"
+  )
   log(table)
   log("")
   log(f"{metric} by context length (Figure 4):")
@@ -546,7 +673,7 @@ def run(request: Request, log: Callable[[str], None] = print) -> dict:
   return out
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
   """The command line; returns the exit status (2 with one ``error:`` line on
   bad input)."""
   try:

@@ -13,10 +13,12 @@ tested on hand-made arrays.
 The paper gives no code for RECL; the reference implementation
 (kimiyoung/transformer-xl) has none either.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -25,12 +27,15 @@ DEFAULT_THRESHOLD = 0.01  # Appendix C, step 2 of the algorithm
 # --------------------------------------------------------------------------- #
 # The definitions of Appendix C: pure functions of numpy arrays.
 
+
 def _losses(losses_NxCxT: Any) -> np.ndarray:
   """``losses_NxCxT`` as float64, checked: 3-D, non-empty, finite."""
   x = np.asarray(losses_NxCxT, dtype=np.float64)
   if x.ndim != 3 or 0 in x.shape:
-    raise ValueError(f"losses must be a non-empty array [N models, C context lengths, n "
-                     f"tokens]; got shape {x.shape}.")
+    raise ValueError(
+        f"losses must be a non-empty array [N models, C context lengths, n "
+        f"tokens]; got shape {x.shape}."
+    )
   if not np.all(np.isfinite(x)):
     raise ValueError("losses must be finite (every token scored at every context length).")
   return x
@@ -130,7 +135,7 @@ def relative_gain(losses_NxCxT: Any, c: int, c_prime: int, r: float) -> np.ndarr
   return (short - long) / short
 
 
-def walk_indices(context_lengths: Sequence[int], delta: Optional[int] = None) -> list[int]:
+def walk_indices(context_lengths: Sequence[int], delta: int | None = None) -> list[int]:
   """The context lengths the RECL algorithm (C.6) visits, as indices.
 
   Args:
@@ -147,8 +152,9 @@ def walk_indices(context_lengths: Sequence[int], delta: Optional[int] = None) ->
   """
   lengths = [int(c) for c in context_lengths]
   if len(lengths) < 2:
-    raise ValueError(f"RECL needs at least 2 context lengths (a short c and a long c'); got "
-                     f"{lengths}.")
+    raise ValueError(
+        f"RECL needs at least 2 context lengths (a short c and a long c'); got " f"{lengths}."
+    )
   if lengths[0] < 1 or any(b <= a for a, b in zip(lengths, lengths[1:])):
     raise ValueError(f"context lengths must be >= 1 and strictly increasing; got {lengths}.")
   if delta is None:
@@ -158,14 +164,21 @@ def walk_indices(context_lengths: Sequence[int], delta: Optional[int] = None) ->
   walk = list(range(lengths[0], lengths[-1] + 1, delta))
   missing = [c for c in walk if c not in lengths]
   if missing or len(walk) < 2:
-    raise ValueError(f"with delta={delta} the walk {walk} of Appendix C needs every one of its "
-                     f"lengths evaluated and at least two of them; not in --context_lengths: "
-                     f"{missing}.")
+    raise ValueError(
+        f"with delta={delta} the walk {walk} of Appendix C needs every one of its "
+        f"lengths evaluated and at least two of them; not in --context_lengths: "
+        f"{missing}."
+    )
   return [lengths.index(c) for c in walk]
 
 
-def recl(losses_NxCxT: Any, context_lengths: Sequence[int], r: float,
-         threshold: float = DEFAULT_THRESHOLD, delta: Optional[int] = None) -> dict:
+def recl(
+    losses_NxCxT: Any,
+    context_lengths: Sequence[int],
+    r: float,
+    threshold: float = DEFAULT_THRESHOLD,
+    delta: int | None = None,
+) -> dict:
   """RECL of every model of the group by the algorithm of Appendix C (C.6).
 
   From c = c_0, c' = the next length of the walk: if g_i(c, c') < threshold,
@@ -198,8 +211,9 @@ def recl(losses_NxCxT: Any, context_lengths: Sequence[int], r: float,
   """
   x = _losses(losses_NxCxT)
   if x.shape[1] != len(context_lengths):
-    raise ValueError(f"losses have {x.shape[1]} context lengths, context_lengths "
-                     f"{len(context_lengths)}.")
+    raise ValueError(
+        f"losses have {x.shape[1]} context lengths, context_lengths " f"{len(context_lengths)}."
+    )
   walk = walk_indices(context_lengths, delta)
   n_models, n_steps = x.shape[0], len(walk) - 1
   f_self_NxS = np.zeros((n_models, n_steps))
@@ -221,10 +235,17 @@ def recl(losses_NxCxT: Any, context_lengths: Sequence[int], r: float,
     else:
       result_N.append(lengths[-1])
       bound_N.append(True)
-  return {"walk": lengths, "top_r_count": counts, "f_self": f_self_NxS.tolist(),
-          "f_next": f_next_NxS.tolist(), "baseline_ppl": short_NxS[0].tolist(),
-          "gain": gain_NxS.tolist(), "unnormalized_gain": (short_NxS - long_NxS).tolist(),
-          "recl": result_N, "lower_bound": bound_N}
+  return {
+      "walk": lengths,
+      "top_r_count": counts,
+      "f_self": f_self_NxS.tolist(),
+      "f_next": f_next_NxS.tolist(),
+      "baseline_ppl": short_NxS[0].tolist(),
+      "gain": gain_NxS.tolist(),
+      "unnormalized_gain": (short_NxS - long_NxS).tolist(),
+      "recl": result_N,
+      "lower_bound": bound_N,
+  }
 
 
 def mean_losses(losses_NxCxT: Any) -> np.ndarray:

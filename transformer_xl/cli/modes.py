@@ -20,12 +20,12 @@ then the checkpoint's model against the config; so bad input fails in
 seconds.  Errors a user can cause end as one ``error: ...`` line with exit
 status 1 (``user_errors.report``; ``--debug`` shows their traceback).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import json
 import sys
-from typing import Optional
 
 import jax
 import ml_collections
@@ -34,16 +34,12 @@ from etils import epath
 from jax.sharding import Mesh
 
 from transformer_xl import data, default_config, sharding
-from transformer_xl.run import distributed
-from transformer_xl.inference import evaluate
-from transformer_xl.inference import generate
-from transformer_xl.inference import language_model
-from transformer_xl.run import metrics
-from transformer_xl.cli import process_settings
-from transformer_xl.training import train
-from transformer_xl.cli import user_errors
-from transformer_xl.run import workdir as wd
+from transformer_xl.cli import process_settings, user_errors
 from transformer_xl.data import text_vocab
+from transformer_xl.inference import evaluate, generate, language_model
+from transformer_xl.run import distributed, metrics
+from transformer_xl.run import workdir as wd
+from transformer_xl.training import train
 
 MODES = ("train", "eval", "score", "generate")
 
@@ -65,12 +61,12 @@ class Request:
 
   mode: str
   workdir: str
-  config: Optional[ml_collections.ConfigDict] = None
-  tokens: Optional[str] = None
-  text: Optional[str] = None
-  out: Optional[str] = None
-  prompt: Optional[str] = None
-  prompt_file: Optional[str] = None
+  config: ml_collections.ConfigDict | None = None
+  tokens: str | None = None
+  text: str | None = None
+  out: str | None = None
+  prompt: str | None = None
+  prompt_file: str | None = None
   num_tokens: int = 100
   stop: tuple[str, ...] = ()
   stop_at_eos: bool = False
@@ -79,9 +75,9 @@ class Request:
   temperature: float = 1.0
   seed: int = 0
   num_samples: int = 1
-  coordinator_address: Optional[str] = None
-  num_processes: Optional[int] = None
-  process_id: Optional[int] = None
+  coordinator_address: str | None = None
+  num_processes: int | None = None
+  process_id: int | None = None
 
 
 def run(request: Request, debug: bool = False) -> None:
@@ -114,8 +110,7 @@ def _run(r: Request) -> None:
     _run_mode(r, config, tokens)
 
 
-def _run_mode(r: Request, config: ml_collections.ConfigDict, tokens: Optional[np.ndarray]
-              ) -> None:
+def _run_mode(r: Request, config: ml_collections.ConfigDict, tokens: np.ndarray | None) -> None:
   """The mesh, the corpus where the mode needs one, then the mode."""
   mesh = sharding.make_mesh(config.mesh.shape, config.mesh.axis_names)
   corpus = None
@@ -123,31 +118,45 @@ def _run_mode(r: Request, config: ml_collections.ConfigDict, tokens: Optional[np
     corpus = language_model.load_corpus(config, wd.load_model_config(r.workdir)[0], r.workdir)
   elif r.mode in ("train", "eval"):
     data_cfg = config.data.to_dict()
-    corpus = distributed.process_0_first(
-        lambda: data.load_configured(data_cfg), (data.DataError,))
+    corpus = distributed.process_0_first(lambda: data.load_configured(data_cfg), (data.DataError,))
     if corpus.name == data.TEXT:  # a resumed or evaluated run: the ids it was trained with
       text_vocab.check_saved_tokenizer(corpus, r.workdir)
   if corpus is not None:
-    metrics.log(f"Corpus {corpus.name}: vocab {corpus.vocab_size:,}, " + ", ".join(
-        f"{k} {v.num_tokens:,} tokens" for k, v in corpus.splits.items())
-        + f"; mesh {dict(mesh.shape)}; {jax.process_count()} process(es).")
+    metrics.log(
+        f"Corpus {corpus.name}: vocab {corpus.vocab_size:,}, "
+        + ", ".join(f"{k} {v.num_tokens:,} tokens" for k, v in corpus.splits.items())
+        + f"; mesh {dict(mesh.shape)}; {jax.process_count()} process(es)."
+    )
   if r.mode == "train":
     run_train(config, r.workdir, corpus, mesh)
   elif r.mode == "eval":
     run_eval(config, r.workdir, corpus, mesh)
   elif r.mode == "generate":
-    run_generate(config, r.workdir, mesh, prompt=r.prompt, prompt_file=r.prompt_file,
-                 num_tokens=r.num_tokens, stop=r.stop, stop_at_eos=r.stop_at_eos,
-                 top_k=r.top_k, top_p=r.top_p, temperature=r.temperature, seed=r.seed,
-                 num_samples=r.num_samples, out=r.out)
+    run_generate(
+        config,
+        r.workdir,
+        mesh,
+        prompt=r.prompt,
+        prompt_file=r.prompt_file,
+        num_tokens=r.num_tokens,
+        stop=r.stop,
+        stop_at_eos=r.stop_at_eos,
+        top_k=r.top_k,
+        top_p=r.top_p,
+        temperature=r.temperature,
+        seed=r.seed,
+        num_samples=r.num_samples,
+        out=r.out,
+    )
   else:
     if tokens is None:
       tokens = text_tokens(corpus, r.text)
     run_score(config, r.workdir, mesh, tokens, r.out)
 
 
-def run_train(config: ml_collections.ConfigDict, workdir: str, corpus: data.Corpus,
-              mesh: Mesh) -> dict:
+def run_train(
+    config: ml_collections.ConfigDict, workdir: str, corpus: data.Corpus, mesh: Mesh
+) -> dict:
   """``--mode=train``: ``train.train_and_evaluate``, with SIGTERM (a
   preempted VM, ``launch/stop.sh``) turned into a checkpoint and a clean
   exit (``process_settings.StopSignals``).
@@ -156,8 +165,7 @@ def run_train(config: ml_collections.ConfigDict, workdir: str, corpus: data.Corp
     The last logged training metrics.
   """
   with process_settings.StopSignals() as signals:
-    return train.train_and_evaluate(config, workdir, corpus, mesh,
-                                    stop_requested=signals.received)
+    return train.train_and_evaluate(config, workdir, corpus, mesh, stop_requested=signals.received)
 
 
 def text_tokens(corpus: data.Corpus, path: str) -> np.ndarray:
@@ -172,14 +180,17 @@ def text_tokens(corpus: data.Corpus, path: str) -> np.ndarray:
   text = user_errors.read_text(path)
   tokens = evaluate.text_tokens(corpus, text)
   unknown = evaluate.unknown_words(corpus, text)
-  metrics.log(f"--text={path}: {tokens.shape[1] - 1:,} tokens; {unknown:,} unknown word(s) "
-              f"({100 * unknown / max(tokens.shape[1] - 1, 1):.2f}%) are scored as the "
-              "vocabulary's unknown-word symbol.")
+  metrics.log(
+      f"--text={path}: {tokens.shape[1] - 1:,} tokens; {unknown:,} unknown word(s) "
+      f"({100 * unknown / max(tokens.shape[1] - 1, 1):.2f}%) are scored as the "
+      "vocabulary's unknown-word symbol."
+  )
   return tokens
 
 
-def run_eval(config: ml_collections.ConfigDict, workdir: str, corpus: data.Corpus,
-             mesh: Mesh) -> dict:
+def run_eval(
+    config: ml_collections.ConfigDict, workdir: str, corpus: data.Corpus, mesh: Mesh
+) -> dict:
   """``--mode=eval``: scores valid and test from the latest checkpoint.
 
   Writes ``<workdir>/eval_results.json``: {"valid": {...}, "test": {...},
@@ -199,9 +210,12 @@ def run_eval(config: ml_collections.ConfigDict, workdir: str, corpus: data.Corpu
     r = results[split] = evaluator.evaluate(params, split)
     r.update(metrics.corpus_level(r["loss_nats"], r["tokens"], corpus, split))
     extra = "".join(f", {k} {r[k]:.4f}" for k in ("bits_per_byte",) if k in r) + "".join(
-        f", {r[k]:,} documents" for k in ("documents",) if k in r)
-    metrics.log(f"step {step} {split}: loss {r['loss_nats']:.4f} nats, {metric} "
-                f"{r[metric]:.4f} over {r['tokens']:,} tokens{extra}")
+        f", {r[k]:,} documents" for k in ("documents",) if k in r
+    )
+    metrics.log(
+        f"step {step} {split}: loss {r['loss_nats']:.4f} nats, {metric} "
+        f"{r[metric]:.4f} over {r['tokens']:,} tokens{extra}"
+    )
   results["step"] = int(step)
   results["eval"] = evaluator.lengths
   path = wd.write_eval_results(workdir, results)
@@ -211,7 +225,8 @@ def run_eval(config: ml_collections.ConfigDict, workdir: str, corpus: data.Corpu
     raise metrics.NonFiniteError(
         f"the {' and '.join(bad)} loss of checkpoint step {step} is not finite (written as null "
         f"in {path}), although its parameters are finite: the computation overflowed; with "
-        "--config.model.dtype=bfloat16 try float32.")
+        "--config.model.dtype=bfloat16 try float32."
+    )
   return results
 
 
@@ -225,18 +240,21 @@ def check_output_path(out_path: str) -> None:
   path = epath.Path(out_path)
   if path.is_dir():
     raise evaluate.ScoreInputError(
-        f"--out={out_path} is a directory; give a file name (e.g. nll.npy).")
+        f"--out={out_path} is a directory; give a file name (e.g. nll.npy)."
+    )
   if not path.parent.is_dir():
     raise evaluate.ScoreInputError(
-        f"--out={out_path}: the directory {path.parent} does not exist; create it first.")
+        f"--out={out_path}: the directory {path.parent} does not exist; create it first."
+    )
   probe = path.parent / f".{path.name}.probe.{jax.process_index()}"
   try:
     probe.write_bytes(b"")
     probe.unlink()
   except OSError as err:
-    raise evaluate.ScoreInputError(f"--out={out_path} cannot be written "
-                                   f"({err.strerror or err}); choose a writable location."
-                                   ) from None
+    raise evaluate.ScoreInputError(
+        f"--out={out_path} cannot be written "
+        f"({err.strerror or err}); choose a writable location."
+    ) from None
 
 
 def _save_npy(out_path: str, array: np.ndarray) -> None:
@@ -248,8 +266,13 @@ def _save_npy(out_path: str, array: np.ndarray) -> None:
   tmp.replace(path)
 
 
-def run_score(config: ml_collections.ConfigDict, workdir: str, mesh: Mesh,
-              tokens_BxT1: np.ndarray, out_path: str) -> dict:
+def run_score(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    mesh: Mesh,
+    tokens_BxT1: np.ndarray,
+    out_path: str,
+) -> dict:
   """``--mode=score``: per-token NLL of token streams with the workdir's model.
 
   Writes float32 [B, T] nats to ``out_path`` (.npy, exactly that path) and
@@ -272,18 +295,26 @@ def run_score(config: ml_collections.ConfigDict, workdir: str, mesh: Mesh,
     raise metrics.NonFiniteError(
         f"{int(np.sum(~np.isfinite(nll_BxT))):,} of the scores are not finite (the first at row "
         f"{b}, position {t}) although the parameters of checkpoint step {step} are finite: the "
-        f"computation overflowed; nothing was written to {out_path}.")
+        f"computation overflowed; nothing was written to {out_path}."
+    )
   if jax.process_index() == 0:
     _save_npy(out_path, nll_BxT)
   loss = float(np.mean(nll_BxT, dtype=np.float64))
-  result = {"loss_nats": loss, "bpc": loss / float(np.log(2.0)), "ppl": float(np.exp(loss)),
-            "tokens": int(nll_BxT.size), "step": int(step)}
-  metrics.log(f"step {step}: scored {nll_BxT.size:,} tokens ({unit} level): loss {loss:.4f} "
-              f"nats, bpc {result['bpc']:.4f}, ppl {result['ppl']:.3f}; wrote {out_path}")
+  result = {
+      "loss_nats": loss,
+      "bpc": loss / float(np.log(2.0)),
+      "ppl": float(np.exp(loss)),
+      "tokens": int(nll_BxT.size),
+      "step": int(step),
+  }
+  metrics.log(
+      f"step {step}: scored {nll_BxT.size:,} tokens ({unit} level): loss {loss:.4f} "
+      f"nats, bpc {result['bpc']:.4f}, ppl {result['ppl']:.3f}; wrote {out_path}"
+  )
   return result
 
 
-def read_prompts(prompt: Optional[str], prompt_file: Optional[str]) -> str | list[str]:
+def read_prompts(prompt: str | None, prompt_file: str | None) -> str | list[str]:
   """The prompt of ``--prompt`` (a str), or the prompts of ``--prompt_file``
   (a list: one per line of the UTF-8 file, without the line break; blank
   lines skipped).  Exactly one of the two.
@@ -296,7 +327,8 @@ def read_prompts(prompt: Optional[str], prompt_file: Optional[str]) -> str | lis
   if (prompt is None) == (prompt_file is None):
     raise default_config.ConfigError(
         "--mode=generate needs exactly one of --prompt=TEXT and --prompt_file=FILE (got "
-        f"{'both' if prompt is not None else 'neither'}).")
+        f"{'both' if prompt is not None else 'neither'})."
+    )
   if prompt_file is None:
     return prompt
   path = epath.Path(prompt_file)
@@ -306,19 +338,33 @@ def read_prompts(prompt: Optional[str], prompt_file: Optional[str]) -> str | lis
     text = path.read_bytes().decode("utf-8")
   except UnicodeDecodeError as err:
     raise default_config.ConfigError(
-        f"--prompt_file={prompt_file} is not UTF-8 text: {err}.") from None
+        f"--prompt_file={prompt_file} is not UTF-8 text: {err}."
+    ) from None
   prompts = [line for line in text.splitlines() if line.strip()]
   if not prompts:
     raise default_config.ConfigError(
-        f"--prompt_file={prompt_file} has no prompt: write one prompt per line.")
+        f"--prompt_file={prompt_file} has no prompt: write one prompt per line."
+    )
   return prompts
 
 
-def run_generate(config: ml_collections.ConfigDict, workdir: str, mesh: Mesh, *,
-                 prompt: Optional[str], prompt_file: Optional[str], num_tokens: int,
-                 top_k: int, top_p: float, temperature: float, seed: int, num_samples: int,
-                 out: Optional[str], stop: tuple[str, ...] = (), stop_at_eos: bool = False
-                 ) -> language_model.Generation | list[language_model.Generation]:
+def run_generate(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    mesh: Mesh,
+    *,
+    prompt: str | None,
+    prompt_file: str | None,
+    num_tokens: int,
+    top_k: int,
+    top_p: float,
+    temperature: float,
+    seed: int,
+    num_samples: int,
+    out: str | None,
+    stop: tuple[str, ...] = (),
+    stop_at_eos: bool = False,
+) -> language_model.Generation | list[language_model.Generation]:
   """``--mode=generate``: continues a prompt, or every line of a prompt
   file, with the workdir's latest checkpoint (Dai et al. 2019, Appendix E),
   all rows (prompts x samples) in one batch (``LanguageModel.generate``).
@@ -343,8 +389,9 @@ def run_generate(config: ml_collections.ConfigDict, workdir: str, mesh: Mesh, *,
   texts = read_prompts(prompt, prompt_file)
   generate.SamplingSettings(top_k=top_k, top_p=top_p, temperature=temperature)
   if num_tokens < 1 or num_samples < 1:
-    raise default_config.ConfigError(f"--num_tokens={num_tokens} and --num_samples={num_samples} "
-                                     "must be >= 1.")
+    raise default_config.ConfigError(
+        f"--num_tokens={num_tokens} and --num_samples={num_samples} " "must be >= 1."
+    )
   if not all(stop):
     raise default_config.ConfigError("--stop= is empty: give the text that ends a sample.")
   if out and not epath.Path(out).parent.exists():
@@ -352,8 +399,10 @@ def run_generate(config: ml_collections.ConfigDict, workdir: str, mesh: Mesh, *,
   model_cfg, _ = wd.load_model_config(workdir)
   corpus = language_model.load_corpus(config, model_cfg, workdir)
   many = not isinstance(texts, str)
-  prompt_ids = [language_model.encode_prompt(corpus, t)  # before the checkpoint is read
-                for t in (texts if many else [texts])]
+  prompt_ids = [
+      language_model.encode_prompt(corpus, t)  # before the checkpoint is read
+      for t in (texts if many else [texts])
+  ]
   lm = language_model.LanguageModel.from_workdir(workdir, config, mesh, corpus)
   c, main = lm.eval_cfg, jax.process_index() == 0
   rows = [(p, s) for p in range(len(prompt_ids)) for s in range(num_samples)]
@@ -364,15 +413,21 @@ def run_generate(config: ml_collections.ConfigDict, workdir: str, mesh: Mesh, *,
     return f"=== prompt {p} ===\n" if num_samples == 1 else f"=== prompt {p}, sample {s} ===\n"
 
   if main:
-    read = (f"the prompt as read ({len(prompt_ids[0])} tokens): "
-            f"{lm.corpus.decode(prompt_ids[0])!r}" if not many else
-            f"{len(prompt_ids)} prompts of {prompt_file} ({min(map(len, prompt_ids))} to "
-            f"{max(map(len, prompt_ids))} tokens as read)")
-    print(f"Step {lm.step} of {workdir} ({lm.corpus.name}); {read}; {len(rows)} rows x up to "
-          f"{num_tokens} tokens, top_k={top_k} top_p={top_p} temperature={temperature} "
-          f"seed={seed}, stop={list(stop)} stop_at_eos={stop_at_eos}; prompt segments of "
-          f"{c.tgt_len}, memory {c.mem_len}, same_length={c.same_length}, clamp_len="
-          f"{c.clamp_len}.", file=sys.stderr, flush=True)
+    read = (
+        f"the prompt as read ({len(prompt_ids[0])} tokens): " f"{lm.corpus.decode(prompt_ids[0])!r}"
+        if not many
+        else f"{len(prompt_ids)} prompts of {prompt_file} ({min(map(len, prompt_ids))} to "
+        f"{max(map(len, prompt_ids))} tokens as read)"
+    )
+    print(
+        f"Step {lm.step} of {workdir} ({lm.corpus.name}); {read}; {len(rows)} rows x up to "
+        f"{num_tokens} tokens, top_k={top_k} top_p={top_p} temperature={temperature} "
+        f"seed={seed}, stop={list(stop)} stop_at_eos={stop_at_eos}; prompt segments of "
+        f"{c.tgt_len}, memory {c.mem_len}, same_length={c.same_length}, clamp_len="
+        f"{c.clamp_len}.",
+        file=sys.stderr,
+        flush=True,
+    )
     if len(rows) > 1:
       sys.stdout.write(header(0, 0))
 
@@ -381,9 +436,18 @@ def run_generate(config: ml_collections.ConfigDict, workdir: str, mesh: Mesh, *,
       sys.stdout.write(pieces[0])
       sys.stdout.flush()
 
-  result = lm.generate(texts, num_tokens, top_k=top_k, top_p=top_p, temperature=temperature,
-                       seed=seed, num_samples=num_samples, stop=stop, stop_at_eos=stop_at_eos,
-                       on_text=on_text)
+  result = lm.generate(
+      texts,
+      num_tokens,
+      top_k=top_k,
+      top_p=top_p,
+      temperature=temperature,
+      seed=seed,
+      num_samples=num_samples,
+      stop=stop,
+      stop_at_eos=stop_at_eos,
+      on_text=on_text,
+  )
   results = result if many else [result]
   if main:
     for p, s in rows[1:]:

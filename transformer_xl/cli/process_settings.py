@@ -38,6 +38,7 @@ turns it off.  Python API users set the variable themselves:
 This module imports only the standard library at import time (the
 benchmark's PyTorch worker imports it without JAX).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -47,7 +48,7 @@ import os
 import platform
 import signal
 import sys
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 TUNABLE = "glibc.malloc.hugetlb=1"
 OPT_OUT = "TRANSFORMER_XL_HUGEPAGES"
@@ -66,11 +67,12 @@ def thp_mode() -> str:
       text = f.read()
   except OSError:
     return ""
-  return text[text.find("[") + 1:text.find("]")] if "[" in text else ""
+  return text[text.find("[") + 1 : text.find("]")] if "[" in text else ""
 
 
-def hugepages_environ(environ: Mapping[str, str], libc: Optional[str] = None,
-                      thp: Optional[str] = None) -> Optional[dict]:
+def hugepages_environ(
+    environ: Mapping[str, str], libc: str | None = None, thp: str | None = None
+) -> dict | None:
   """The environment to restart with, or None where a restart would not help.
 
   Args:
@@ -90,9 +92,12 @@ def hugepages_environ(environ: Mapping[str, str], libc: Optional[str] = None,
   libc = platform.libc_ver()[0] if libc is None else libc
   thp = thp_mode() if thp is None else thp
   tunables = [t for t in environ.get("GLIBC_TUNABLES", "").split(":") if t]
-  if (libc != "glibc" or thp not in ("always", "madvise")
+  if (
+      libc != "glibc"
+      or thp not in ("always", "madvise")
       or environ.get(OPT_OUT, "1") == "0"
-      or any(t.startswith("glibc.malloc.hugetlb=") for t in tunables)):
+      or any(t.startswith("glibc.malloc.hugetlb=") for t in tunables)
+  ):
     return None
   env = dict(environ)
   env["GLIBC_TUNABLES"] = ":".join(tunables + [TUNABLE])
@@ -202,8 +207,10 @@ def _quiet_unraisable(previous):
   every other unraisable exception goes to ``previous``."""
 
   def hook(unraisable):
-    if (isinstance(unraisable.exc_value, RuntimeError)
-        and str(unraisable.exc_value) == "Event loop is closed"):
+    if (
+        isinstance(unraisable.exc_value, RuntimeError)
+        and str(unraisable.exc_value) == "Event loop is closed"
+    ):
       return
     if inspect.iscoroutine(unraisable.object):
       return
@@ -227,6 +234,7 @@ def configure_logging(debug: bool, verbosity_given: bool = False) -> None:
   """
   if not verbosity_given:
     from absl import logging as absl_logging
+
     absl_logging.set_verbosity(absl_logging.WARNING)
   if debug:
     return
@@ -259,7 +267,7 @@ class StopSignals:
     self._received = ""
     self._previous = {}
 
-  def __enter__(self) -> "StopSignals":
+  def __enter__(self) -> StopSignals:
     for sig in self.SIGNALS:
       self._previous[sig] = signal.signal(sig, self._handler)
     return self
@@ -272,12 +280,15 @@ class StopSignals:
     name = signal.Signals(signum).name
     if signum == signal.SIGINT:
       if self._received == name:
-        sys.stderr.write("\nSIGINT again: quitting without a checkpoint (the newest one written "
-                         "is intact).\n")
+        sys.stderr.write(
+            "\nSIGINT again: quitting without a checkpoint (the newest one written " "is intact).\n"
+        )
         sys.stderr.flush()
         os._exit(130)
-      sys.stderr.write("\nSIGINT: stopping after the current step with a checkpoint (Ctrl-C "
-                       "again quits at once, without one).\n")
+      sys.stderr.write(
+          "\nSIGINT: stopping after the current step with a checkpoint (Ctrl-C "
+          "again quits at once, without one).\n"
+      )
       sys.stderr.flush()
     self._received = self._received or name
 
@@ -293,13 +304,19 @@ class StopSignals:
 
 def on_tpu_vm() -> bool:
   """Whether this looks like a Cloud TPU VM (its metadata env or accel devices)."""
-  return bool(os.environ.get("TPU_ACCELERATOR_TYPE") or os.environ.get("TPU_WORKER_HOSTNAMES")
-              or os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0"))
+  return bool(
+      os.environ.get("TPU_ACCELERATOR_TYPE")
+      or os.environ.get("TPU_WORKER_HOSTNAMES")
+      or os.path.exists("/dev/accel0")
+      or os.path.exists("/dev/vfio/0")
+  )
 
 
-def initialize_distributed(coordinator_address: Optional[str] = None,
-                           num_processes: Optional[int] = None,
-                           process_id: Optional[int] = None) -> None:
+def initialize_distributed(
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+) -> None:
   """Starts jax.distributed for a multi-process run; a no-op for one process.
 
   With ``coordinator_address`` all three values are required (explicit
@@ -311,15 +328,19 @@ def initialize_distributed(coordinator_address: Optional[str] = None,
     default_config.ConfigError: an incomplete set of values.
   """
   import jax
+
   from transformer_xl import default_config
+
   given = [v is not None for v in (coordinator_address, num_processes, process_id)]
   if any(given) and not all(given):
     raise default_config.ConfigError(
         "--coordinator_address, --num_processes and --process_id go together: give all three "
-        "(or none on a Cloud TPU VM).")
+        "(or none on a Cloud TPU VM)."
+    )
   if coordinator_address:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address=coordinator_address,
-                               num_processes=num_processes, process_id=process_id)
+    jax.distributed.initialize(
+        coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id
+    )
   elif on_tpu_vm():
     jax.distributed.initialize()

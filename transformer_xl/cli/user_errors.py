@@ -10,6 +10,7 @@ themselves (a missing or broken ``--config`` file, an unknown
 ``--config.key``, a bad flag value), and ``load_tokens`` /
 ``read_text`` read the score inputs with messages that name the file.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -17,7 +18,7 @@ import errno
 import os
 import re
 import sys
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 import numpy as np
 from absl import flags
@@ -31,17 +32,24 @@ from transformer_xl.inference import evaluate
 # score input, ...) and a missing file.
 USER_ERRORS = (errors.UserError, FileNotFoundError)
 # OSErrors of the environment (disk, permissions), reported the same way.
-OS_ERRNOS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
-             errno.EROFS: "read-only file system", errno.EACCES: "permission denied",
-             errno.EPERM: "operation not permitted", errno.ENOTDIR: "not a directory",
-             errno.EISDIR: "is a directory", errno.EEXIST: "already exists"}
+OS_ERRNOS = {
+    errno.ENOSPC: "no space left on the device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.ENOTDIR: "not a directory",
+    errno.EISDIR: "is a directory",
+    errno.EEXIST: "already exists",
+}
 
 
 @contextlib.contextmanager
 def report(debug: bool) -> Iterator[None]:
   """Runs the body; a USER_ERRORS exception or an OSError of the environment
   (OS_ERRNOS) exits with ``error: <message>`` (status 1), Ctrl-C with one
-  line (status 130), or re-raises with ``debug``.  Any other exception propagates (a bug: its traceback is shown)."""
+  line (status 130), or re-raises with ``debug``.  Any other exception propagates (a bug: its traceback is shown).
+  """
   try:
     yield
   except KeyboardInterrupt:  # Ctrl-C outside training's loop (StopSignals handles it there)
@@ -63,9 +71,12 @@ def os_error_message(err: OSError) -> str:
   """One line for an OSError of the environment: the path, what happened, what to do."""
   path = f"{err.filename}: " if err.filename else ""
   what = OS_ERRNOS.get(err.errno, err.strerror or str(err))
-  advice = (" Free some space (or use another --workdir); the checkpoints already written are "
-            "intact and the same command resumes from the newest." if err.errno in
-            (errno.ENOSPC, errno.EDQUOT) else " Check the path and its permissions.")
+  advice = (
+      " Free some space (or use another --workdir); the checkpoints already written are "
+      "intact and the same command resumes from the newest."
+      if err.errno in (errno.ENOSPC, errno.EDQUOT)
+      else " Check the path and its permissions."
+  )
   return f"{path}{what}.{advice}"
 
 
@@ -83,8 +94,9 @@ def load_tokens(path: str) -> np.ndarray:
   except FileNotFoundError:
     raise evaluate.ScoreInputError(f"--tokens={path} does not exist.") from None
   except (ValueError, OSError, EOFError) as err:
-    raise evaluate.ScoreInputError(f"--tokens={path} is not a .npy array ({err}); write one "
-                                   "with numpy.save.") from None
+    raise evaluate.ScoreInputError(
+        f"--tokens={path} is not a .npy array ({err}); write one " "with numpy.save."
+    ) from None
   try:
     return evaluate.check_tokens(tokens)
   except evaluate.ScoreInputError as err:
@@ -104,23 +116,26 @@ def read_text(path: str) -> str:
   except UnicodeDecodeError as err:
     raise evaluate.ScoreInputError(
         f"--text={path} is not UTF-8 text (byte {err.object[err.start]:#04x} at offset "
-        f"{err.start}); convert it to UTF-8.") from None
+        f"{err.start}); convert it to UTF-8."
+    ) from None
 
 
-def config_file_problem(argv) -> Optional[str]:
+def config_file_problem(argv) -> str | None:
   """What is wrong with the --config file of ``argv`` (missing, a syntax
   error, unreadable), or None."""
   for i, arg in enumerate(argv):
     if arg.startswith("--config="):
-      value = arg[len("--config="):]
+      value = arg[len("--config=") :]
     elif arg == "--config" and i + 1 < len(argv):
       value = argv[i + 1]
     else:
       continue
     path = value.split(":", 1)[0]
     if not os.path.isfile(path):
-      return (f"--config={value}: {path} is not a file; the configs are in configs/ "
-              "(e.g. --config=configs/quickstart.py).")
+      return (
+          f"--config={value}: {path} is not a file; the configs are in configs/ "
+          "(e.g. --config=configs/quickstart.py)."
+      )
     try:
       with open(path, encoding="utf-8") as f:
         compile(f.read(), path, "exec")
@@ -147,8 +162,10 @@ def parse_flags(argv):
     msg = re.sub(r"[\\'\"]+", " ", str(err).replace("\\n", " ").replace("\n", " ")).split()
     if "get_config" in msg:
       sys.exit("error: the --config file has no get_config() function returning the config.")
-    sys.exit(f"error: unknown config key in the --config.* overrides: {' '.join(msg)} "
-             "(every key is listed in transformer_xl/default_config.py)")
+    sys.exit(
+        f"error: unknown config key in the --config.* overrides: {' '.join(msg)} "
+        "(every key is listed in transformer_xl/default_config.py)"
+    )
   except flags.Error as err:
     if debug:
       raise
@@ -157,5 +174,7 @@ def parse_flags(argv):
     # Raised by the code of the --config file itself (its get_config()).
     if debug:
       raise
-    sys.exit(f"error: the --config file failed to build the config: {type(err).__name__}: "
-             f"{err} (run with --debug for the traceback).")
+    sys.exit(
+        f"error: the --config file failed to build the config: {type(err).__name__}: "
+        f"{err} (run with --debug for the traceback)."
+    )

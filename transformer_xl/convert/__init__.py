@@ -81,30 +81,78 @@ in training imports it); of the package, only ``workdir.py`` calls
   vocabularies;
 * ``__main__.py``: the command line.
 """
+
 from __future__ import annotations
 
 from transformer_xl.convert.errors import ConvertError
-from transformer_xl.convert.hparams import (OPTIONAL_HPARAMS, REQUIRED_HPARAMS,
-                                            expected_param_shapes, hparams_from_model_config,
-                                            load_hparams, model_config_from_hparams)
-from transformer_xl.convert.names import (NAME_TABLE, Row, flatten_params,
-                                          resolve_cluster_order, unflatten_params)
-from transformer_xl.convert.pytorch import (SAFETENSORS_METADATA, inv_freq,
-                                            params_from_state_dict, read_state_dict,
-                                            save_state_dict, state_dict_format,
-                                            state_dict_from_params)
+from transformer_xl.convert.hparams import (
+    OPTIONAL_HPARAMS,
+    REQUIRED_HPARAMS,
+    expected_param_shapes,
+    hparams_from_model_config,
+    load_hparams,
+    model_config_from_hparams,
+)
+from transformer_xl.convert.names import (
+    NAME_TABLE,
+    Row,
+    flatten_params,
+    resolve_cluster_order,
+    unflatten_params,
+)
+from transformer_xl.convert.pytorch import (
+    SAFETENSORS_METADATA,
+    inv_freq,
+    params_from_state_dict,
+    read_state_dict,
+    save_state_dict,
+    state_dict_format,
+    state_dict_from_params,
+)
 from transformer_xl.convert.tf import read_tf_checkpoint, state_dict_from_tf
-from transformer_xl.convert.vocab import (UNSEEN_BIAS, dataset_vocab, map_vocab, read_vocab,
-                                          remap_vocab)
-from transformer_xl.convert.workdir import (convert_to_workdir, export_pytorch,
-                                            one_device_mesh, write_workdir)
+from transformer_xl.convert.vocab import (
+    UNSEEN_BIAS,
+    dataset_vocab,
+    map_vocab,
+    read_vocab,
+    remap_vocab,
+)
+from transformer_xl.convert.workdir import (
+    convert_to_workdir,
+    export_pytorch,
+    one_device_mesh,
+    write_workdir,
+)
 
 __all__ = [
-    "ConvertError", "NAME_TABLE", "OPTIONAL_HPARAMS", "REQUIRED_HPARAMS", "Row",
-    "SAFETENSORS_METADATA", "UNSEEN_BIAS", "convert_to_workdir", "dataset_vocab",
-    "expected_param_shapes", "export_pytorch", "flatten_params", "hparams_from_model_config",
-    "inv_freq", "load_hparams", "map_vocab", "model_config_from_hparams", "one_device_mesh",
-    "params_from_state_dict", "read_state_dict", "read_tf_checkpoint", "read_vocab",
-    "remap_vocab", "resolve_cluster_order", "save_state_dict", "state_dict_format",
-    "state_dict_from_params", "state_dict_from_tf", "unflatten_params", "write_workdir",
+    "ConvertError",
+    "NAME_TABLE",
+    "OPTIONAL_HPARAMS",
+    "REQUIRED_HPARAMS",
+    "Row",
+    "SAFETENSORS_METADATA",
+    "UNSEEN_BIAS",
+    "convert_to_workdir",
+    "dataset_vocab",
+    "expected_param_shapes",
+    "export_pytorch",
+    "flatten_params",
+    "hparams_from_model_config",
+    "inv_freq",
+    "load_hparams",
+    "map_vocab",
+    "model_config_from_hparams",
+    "one_device_mesh",
+    "params_from_state_dict",
+    "read_state_dict",
+    "read_tf_checkpoint",
+    "read_vocab",
+    "remap_vocab",
+    "resolve_cluster_order",
+    "save_state_dict",
+    "state_dict_format",
+    "state_dict_from_params",
+    "state_dict_from_tf",
+    "unflatten_params",
+    "write_workdir",
 ]

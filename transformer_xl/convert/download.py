@@ -5,6 +5,7 @@ HTTP Range request; ``Records`` keeps the SHA-256 and size of each file
 at its first download (``checksums.json``), against which every later use is
 checked (``matches``).  Used by ``transformer_xl.convert.pretrained``.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -16,7 +17,6 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Optional
 
 from transformer_xl.convert.errors import ConvertError, describe, log
 
@@ -44,16 +44,21 @@ class Records:
       try:
         self.files = dict(json.loads(self.path.read_text())["files"])
       except (ValueError, KeyError, TypeError) as err:
-        raise ConvertError(f"{self.path} is damaged ({describe(err)}); delete it to record "
-                           "the release's checksums again at the next download.") from None
+        raise ConvertError(
+            f"{self.path} is damaged ({describe(err)}); delete it to record "
+            "the release's checksums again at the next download."
+        ) from None
 
-  def get(self, rel: str) -> Optional[dict]:
+  def get(self, rel: str) -> dict | None:
     return self.files.get(rel)
 
   def put(self, rel: str, sha: str, size: int, url: str) -> None:
-    self.files[rel] = {"sha256": sha, "size": size, "url": url,
-                       "recorded": datetime.datetime.now(datetime.timezone.utc).isoformat(
-                           timespec="seconds")}
+    self.files[rel] = {
+        "sha256": sha,
+        "size": size,
+        "url": url,
+        "recorded": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
     self._write()
 
   def drop(self, rel: str) -> None:
@@ -67,7 +72,7 @@ class Records:
     tmp.replace(self.path)
 
 
-def matches(path: Path, record: Optional[dict]) -> tuple[bool, str, int]:
+def matches(path: Path, record: dict | None) -> tuple[bool, str, int]:
   """(file equals its record, its sha256, its size); no record: (True, ...)."""
   size = path.stat().st_size
   if record is not None and size != record["size"]:
@@ -102,8 +107,10 @@ def fetch(url: str, dest: Path, *, progress: bool = True, tries: int = TRIES) ->
           have = 0
         length = resp.headers.get("Content-Length")
         total = have + int(length) if length is not None else None
-        with open(part, "ab" if resumed else "wb") as f, _bar(dest.name, total, have,
-                                                              progress) as bar:
+        with (
+            open(part, "ab" if resumed else "wb") as f,
+            _bar(dest.name, total, have, progress) as bar,
+        ):
           while chunk := resp.read(CHUNK):
             f.write(chunk)
             bar.update(len(chunk))
@@ -119,20 +126,36 @@ def fetch(url: str, dest: Path, *, progress: bool = True, tries: int = TRIES) ->
         last = "the server refused to resume (HTTP 416)"
         continue
       if err.code in (403, 404, 410):
-        raise ConvertError(f"{url}: HTTP {err.code} {err.reason}; the release is not at this "
-                           "address (download its files by hand and pass --manual_dir).") from None
+        raise ConvertError(
+            f"{url}: HTTP {err.code} {err.reason}; the release is not at this "
+            "address (download its files by hand and pass --manual_dir)."
+        ) from None
       last = f"HTTP {err.code} {err.reason}"
     except (urllib.error.URLError, http.client.HTTPException, OSError) as err:
       last = describe(getattr(err, "reason", err))
     if attempt + 1 < tries:
-      log(f"  {dest.name}: {last}; trying again ({attempt + 2} of {tries}, "
-          f"{part.stat().st_size if part.exists() else 0:,} bytes kept).")
+      log(
+          f"  {dest.name}: {last}; trying again ({attempt + 2} of {tries}, "
+          f"{part.stat().st_size if part.exists() else 0:,} bytes kept)."
+      )
       time.sleep(0.5 * (attempt + 1))
-  raise ConvertError(f"cannot download {url} ({last}, {tries} tries); check the network, run "
-                     f"again to resume, or download it by hand and pass --manual_dir.")
+  raise ConvertError(
+      f"cannot download {url} ({last}, {tries} tries); check the network, run "
+      f"again to resume, or download it by hand and pass --manual_dir."
+  )
 
 
-def _bar(name: str, total: Optional[int], initial: int, enabled: bool):
+def _bar(name: str, total: int | None, initial: int, enabled: bool):
   import tqdm
-  return tqdm.tqdm(total=total, initial=initial, unit="B", unit_scale=True, unit_divisor=1024,
-                   desc=name, file=sys.stderr, disable=not enabled, leave=False)
+
+  return tqdm.tqdm(
+      total=total,
+      initial=initial,
+      unit="B",
+      unit_scale=True,
+      unit_divisor=1024,
+      desc=name,
+      file=sys.stderr,
+      disable=not enabled,
+      leave=False,
+  )

@@ -7,6 +7,7 @@ the file and says what is wrong and what to do; the command line
 with status 1, without a traceback.  ``one_line`` and ``describe``
 keep messages that quote another library's error on one line.
 """
+
 from __future__ import annotations
 
 import re
@@ -29,7 +30,7 @@ def one_line(text: object, limit: int = 0) -> str:
   (newlines included) made one space; cut to ``limit`` characters (0: no
   limit) with "..." where cut."""
   out = " ".join(_ANSI.sub("", str(text)).split())
-  return out if not limit or len(out) <= limit else out[:limit - 3].rstrip() + "..."
+  return out if not limit or len(out) <= limit else out[: limit - 3].rstrip() + "..."
 
 
 def describe(err: BaseException, limit: int = 200) -> str:

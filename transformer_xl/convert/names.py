@@ -9,10 +9,12 @@ per-kind layout changes, the names under which tied tensors are repeated,
 the adaptive-softmax cluster order of a state dict, and flattening of
 parameter trees into "/"-joined paths.
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -52,40 +54,126 @@ class Row:
 NAME_TABLE: tuple[Row, ...] = (
     #   ours (params/...)               reference PyTorch                        reference TF (transformer/...)              kind
     # Adaptive embedding: one table [V, d_embed] (+ projection when d_embed != d_model) with div_val == 1, one per cluster i otherwise.
-    Row("word_emb/emb_layers_{i}",      "word_emb.emb_layers.{i}.weight",        "adaptive_embed/cutoff_{i}/lookup_table",   "copy"),     # [1]
-    Row("word_emb/emb_projs_{i}",       "word_emb.emb_projs.{i}",                "adaptive_embed/cutoff_{i}/proj_W",         "T"),        # [1]
+    Row(
+        "word_emb/emb_layers_{i}",
+        "word_emb.emb_layers.{i}.weight",
+        "adaptive_embed/cutoff_{i}/lookup_table",
+        "copy",
+    ),  # [1]
+    Row(
+        "word_emb/emb_projs_{i}", "word_emb.emb_projs.{i}", "adaptive_embed/cutoff_{i}/proj_W", "T"
+    ),  # [1]
     # u, v: shared [H, Dh] ...
-    Row("r_w_bias",                     "r_w_bias",                              "r_w_bias",                                 "copy"),
-    Row("r_r_bias",                     "r_r_bias",                              "r_r_bias",                                 "copy"),
+    Row("r_w_bias", "r_w_bias", "r_w_bias", "copy"),
+    Row("r_r_bias", "r_r_bias", "r_r_bias", "copy"),
     # ... or per layer with untie_r (TF: one [L, H, Dh] variable).
-    Row("layers/r_w_bias",              "layers.{l}.dec_attn.r_w_bias",          "r_w_bias[{l}]",                            "copy"),
-    Row("layers/r_r_bias",              "layers.{l}.dec_attn.r_r_bias",          "r_r_bias[{l}]",                            "copy"),
+    Row("layers/r_w_bias", "layers.{l}.dec_attn.r_w_bias", "r_w_bias[{l}]", "copy"),
+    Row("layers/r_r_bias", "layers.{l}.dec_attn.r_r_bias", "r_r_bias[{l}]", "copy"),
     # attn_type 1 (Shaw et al.): per-layer tables, stacked in one reference tensor each.
-    Row("layers/attn/r_emb",            "r_emb",                                 "(attn_type 0 only)",                       "stacked"),
-    Row("layers/attn/r_w_bias",         "r_w_bias",                              "(attn_type 0 only)",                       "stacked"),
-    Row("layers/attn/r_bias",           "r_bias",                                "(attn_type 0 only)",                       "stacked"),
+    Row("layers/attn/r_emb", "r_emb", "(attn_type 0 only)", "stacked"),
+    Row("layers/attn/r_w_bias", "r_w_bias", "(attn_type 0 only)", "stacked"),
+    Row("layers/attn/r_bias", "r_bias", "(attn_type 0 only)", "stacked"),
     # attn_type 3 (Al-Rfou et al.): learned absolute positions per layer.
-    Row("layers/r_emb",                 "r_emb",                                 "(attn_type 0 only)",                       "stacked"),
+    Row("layers/r_emb", "r_emb", "(attn_type 0 only)", "stacked"),
     # Layers.
-    Row("layers/attn/qkv_net/kernel",   "layers.{l}.dec_attn.qkv_net.weight",    "layer_{l}/rel_attn/qkv/kernel",            "qkv"),
-    Row("layers/attn/q_net/kernel",     "layers.{l}.dec_attn.q_net.weight",      "(attn_type 0 only)",                       "to_heads"),  # types 2, 3
-    Row("layers/attn/kv_net/kernel",    "layers.{l}.dec_attn.kv_net.weight",     "(attn_type 0 only)",                       "qkv"),       # types 2, 3
-    Row("layers/attn/r_net/kernel",     "layers.{l}.dec_attn.r_net.weight",      "layer_{l}/rel_attn/r/kernel",              "to_heads"),
-    Row("layers/attn/o_net/kernel",     "layers.{l}.dec_attn.o_net.weight",      "layer_{l}/rel_attn/o/kernel",              "from_heads"),
-    Row("layers/attn_layer_norm/scale", "layers.{l}.dec_attn.layer_norm.weight", "layer_{l}/rel_attn/LayerNorm/gamma",       "copy"),
-    Row("layers/attn_layer_norm/bias",  "layers.{l}.dec_attn.layer_norm.bias",   "layer_{l}/rel_attn/LayerNorm/beta",        "copy"),
-    Row("layers/pos_ff/ff_1/kernel",    "layers.{l}.pos_ff.CoreNet.0.weight",    "layer_{l}/ff/layer_1/kernel",              "T"),
-    Row("layers/pos_ff/ff_1/bias",      "layers.{l}.pos_ff.CoreNet.0.bias",      "layer_{l}/ff/layer_1/bias",                "copy"),
-    Row("layers/pos_ff/ff_2/kernel",    "layers.{l}.pos_ff.CoreNet.3.weight",    "layer_{l}/ff/layer_2/kernel",              "T"),
-    Row("layers/pos_ff/ff_2/bias",      "layers.{l}.pos_ff.CoreNet.3.bias",      "layer_{l}/ff/layer_2/bias",                "copy"),
-    Row("layers/ff_layer_norm/scale",   "layers.{l}.pos_ff.layer_norm.weight",   "layer_{l}/ff/LayerNorm/gamma",             "copy"),
-    Row("layers/ff_layer_norm/bias",    "layers.{l}.pos_ff.layer_norm.bias",     "layer_{l}/ff/LayerNorm/beta",              "copy"),
+    Row(
+        "layers/attn/qkv_net/kernel",
+        "layers.{l}.dec_attn.qkv_net.weight",
+        "layer_{l}/rel_attn/qkv/kernel",
+        "qkv",
+    ),
+    Row(
+        "layers/attn/q_net/kernel",
+        "layers.{l}.dec_attn.q_net.weight",
+        "(attn_type 0 only)",
+        "to_heads",
+    ),  # types 2, 3
+    Row(
+        "layers/attn/kv_net/kernel",
+        "layers.{l}.dec_attn.kv_net.weight",
+        "(attn_type 0 only)",
+        "qkv",
+    ),  # types 2, 3
+    Row(
+        "layers/attn/r_net/kernel",
+        "layers.{l}.dec_attn.r_net.weight",
+        "layer_{l}/rel_attn/r/kernel",
+        "to_heads",
+    ),
+    Row(
+        "layers/attn/o_net/kernel",
+        "layers.{l}.dec_attn.o_net.weight",
+        "layer_{l}/rel_attn/o/kernel",
+        "from_heads",
+    ),
+    Row(
+        "layers/attn_layer_norm/scale",
+        "layers.{l}.dec_attn.layer_norm.weight",
+        "layer_{l}/rel_attn/LayerNorm/gamma",
+        "copy",
+    ),
+    Row(
+        "layers/attn_layer_norm/bias",
+        "layers.{l}.dec_attn.layer_norm.bias",
+        "layer_{l}/rel_attn/LayerNorm/beta",
+        "copy",
+    ),
+    Row(
+        "layers/pos_ff/ff_1/kernel",
+        "layers.{l}.pos_ff.CoreNet.0.weight",
+        "layer_{l}/ff/layer_1/kernel",
+        "T",
+    ),
+    Row(
+        "layers/pos_ff/ff_1/bias",
+        "layers.{l}.pos_ff.CoreNet.0.bias",
+        "layer_{l}/ff/layer_1/bias",
+        "copy",
+    ),
+    Row(
+        "layers/pos_ff/ff_2/kernel",
+        "layers.{l}.pos_ff.CoreNet.3.weight",
+        "layer_{l}/ff/layer_2/kernel",
+        "T",
+    ),
+    Row(
+        "layers/pos_ff/ff_2/bias",
+        "layers.{l}.pos_ff.CoreNet.3.bias",
+        "layer_{l}/ff/layer_2/bias",
+        "copy",
+    ),
+    Row(
+        "layers/ff_layer_norm/scale",
+        "layers.{l}.pos_ff.layer_norm.weight",
+        "layer_{l}/ff/LayerNorm/gamma",
+        "copy",
+    ),
+    Row(
+        "layers/ff_layer_norm/bias",
+        "layers.{l}.pos_ff.layer_norm.bias",
+        "layer_{l}/ff/LayerNorm/beta",
+        "copy",
+    ),
     # Projected adaptive softmax: one output layer over V with div_val == 1 (sliced per cluster), one per cluster i otherwise.
-    Row("crit/out_weight_{i}",          "crit.out_layers.{i}.weight",            "(tied: adaptive_embed lookup_table)",      "copy"),     # [2]
-    Row("crit/out_bias_{i}",            "crit.out_layers.{i}.bias",              "adaptive_softmax/cutoff_{i}/b",            "copy"),     # [3]
-    Row("crit/out_projs_{i}",           "crit.out_projs.{i}",                    "adaptive_softmax/cutoff_{i}/proj",         "T"),        # [4]
-    Row("crit/cluster_weight",          "crit.cluster_weight",                   "adaptive_softmax/cutoff_0/cluster_W",      "clusters"), # [5]
-    Row("crit/cluster_bias",            "crit.cluster_bias",                     "adaptive_softmax/cutoff_0/cluster_b",      "clusters"), # [5]
+    Row(
+        "crit/out_weight_{i}",
+        "crit.out_layers.{i}.weight",
+        "(tied: adaptive_embed lookup_table)",
+        "copy",
+    ),  # [2]
+    Row(
+        "crit/out_bias_{i}", "crit.out_layers.{i}.bias", "adaptive_softmax/cutoff_{i}/b", "copy"
+    ),  # [3]
+    Row("crit/out_projs_{i}", "crit.out_projs.{i}", "adaptive_softmax/cutoff_{i}/proj", "T"),  # [4]
+    Row(
+        "crit/cluster_weight",
+        "crit.cluster_weight",
+        "adaptive_softmax/cutoff_0/cluster_W",
+        "clusters",
+    ),  # [5]
+    Row(
+        "crit/cluster_bias", "crit.cluster_bias", "adaptive_softmax/cutoff_0/cluster_b", "clusters"
+    ),  # [5]
 )
 # pylint: enable=line-too-long
 # Notes on the TF column (tf/model.py, mask_adaptive_embedding_lookup and
@@ -113,12 +201,12 @@ HF_PREFIX = "transformer."
 _TRANSPOSED_KINDS = ("T", "qkv", "to_heads", "from_heads")
 
 
-def row_for(path: str) -> tuple[Row, Optional[int]]:
+def row_for(path: str) -> tuple[Row, int | None]:
   """The table row of one of our parameter paths and its cluster index."""
   for row in NAME_TABLE:
     if "{i}" in row.ours:
       prefix = row.ours.split("{i}")[0]
-      rest = path[len(prefix):]
+      rest = path[len(prefix) :]
       if path.startswith(prefix) and rest.isdigit():
         return row, int(rest)
     elif row.ours == path:
@@ -126,7 +214,7 @@ def row_for(path: str) -> tuple[Row, Optional[int]]:
   raise ConvertError(f"params/{path} has no entry in convert.NAME_TABLE.")
 
 
-def pytorch_name(row: Row, i: Optional[int], layer: Optional[int] = None) -> str:
+def pytorch_name(row: Row, i: int | None, layer: int | None = None) -> str:
   """The reference PyTorch name of a row for cluster ``i`` and layer ``layer``."""
   return row.pytorch.format(i=i, l=layer)
 
@@ -135,11 +223,11 @@ def pytorch_shape(kind: str, shape: tuple[int, ...]) -> tuple[int, ...]:
   """PyTorch tensor shape for one (per-layer) parameter of ours."""
   if kind == "T":
     return tuple(reversed(shape))
-  if kind == "qkv":                                     # [D, 3, H, Dh]
+  if kind == "qkv":  # [D, 3, H, Dh]
     return (shape[1] * shape[2] * shape[3], shape[0])
-  if kind == "to_heads":                                # [D, H, Dh]
+  if kind == "to_heads":  # [D, H, Dh]
     return (shape[1] * shape[2], shape[0])
-  if kind == "from_heads":                              # [H, Dh, D]
+  if kind == "from_heads":  # [H, Dh, D]
     return (shape[2], shape[0] * shape[1])
   return tuple(shape)
 
@@ -155,8 +243,9 @@ def to_pytorch(kind: str, a: np.ndarray) -> np.ndarray:
   """Our (per-layer) parameter -> the PyTorch tensor."""
   a = np.asarray(a)
   if kind in _TRANSPOSED_KINDS:
-    return np.ascontiguousarray(a.reshape(-1, a.shape[-1]).T if kind == "from_heads"
-                                else a.reshape(a.shape[0], -1).T)
+    return np.ascontiguousarray(
+        a.reshape(-1, a.shape[-1]).T if kind == "from_heads" else a.reshape(a.shape[0], -1).T
+    )
   return np.array(a, copy=True)
 
 
@@ -168,11 +257,13 @@ def aliases(cfg, layout: str) -> list[tuple[str, str]]:
   also lists the shared u, v under every layer.
   """
   from transformer_xl.model import adaptive
+
   out = []
   n_tables = 1 if cfg.div_val == 1 else len(cfg.cutoffs) + 1
   if cfg.tie_weight:
-    out += [(f"crit.out_layers.{i}.weight", f"word_emb.emb_layers.{i}.weight")
-            for i in range(n_tables)]
+    out += [
+        (f"crit.out_layers.{i}.weight", f"word_emb.emb_layers.{i}.weight") for i in range(n_tables)
+    ]
   # pylint: disable-next=protected-access
   if adaptive._has_proj(cfg.embed_dim, cfg.d_model, cfg.div_val):
     for i, tied in enumerate(cfg.tie_projs):
@@ -180,8 +271,10 @@ def aliases(cfg, layout: str) -> list[tuple[str, str]]:
         out.append((f"crit.out_projs.{i}", f"word_emb.emb_projs.{0 if cfg.div_val == 1 else i}"))
   if layout == "hf" and not cfg.untie_r:
     for l in range(cfg.n_layer):
-      out += [(f"layers.{l}.dec_attn.r_w_bias", "r_w_bias"),
-              (f"layers.{l}.dec_attn.r_r_bias", "r_r_bias")]
+      out += [
+          (f"layers.{l}.dec_attn.r_w_bias", "r_w_bias"),
+          (f"layers.{l}.dec_attn.r_r_bias", "r_r_bias"),
+      ]
   return out
 
 
@@ -192,7 +285,7 @@ def strip_hf_prefix(state: Mapping[str, np.ndarray]) -> tuple[dict, bool]:
     return dict(state), False
   out = {}
   for k, v in state.items():
-    name = k[len(HF_PREFIX):] if k.startswith(HF_PREFIX) else k
+    name = k[len(HF_PREFIX) :] if k.startswith(HF_PREFIX) else k
     if name in out:
       raise ConvertError(f"state dict has both {name!r} and {HF_PREFIX + name!r}.")
     out[name] = v
@@ -200,7 +293,7 @@ def strip_hf_prefix(state: Mapping[str, np.ndarray]) -> tuple[dict, bool]:
 
 
 def resolve_cluster_order(cluster_order: str, names: Sequence[str]) -> str:
-  """"reference" or "forward" for a state dict's names.
+  """ "reference" or "forward" for a state dict's names.
 
   ``auto`` means forward (HuggingFace 4.35's column cutoffs[0] + i - 1) when
   the names carry HuggingFace's ``transformer.`` prefix, reference (column

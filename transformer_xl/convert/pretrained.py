@@ -48,6 +48,7 @@ Errors a user can cause (no network and no ``--manual_dir``, a missing
 file, a file that fails its checksum) raise ``ConvertError`` with one
 line naming each file, its URL and its recorded checksum.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -55,8 +56,9 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any
 
 from transformer_xl.convert.download import CHUNK, Records, fetch, matches, sha256_of
 from transformer_xl.convert.errors import ConvertError, describe, log
@@ -111,41 +113,106 @@ class Release:
   def files(self) -> tuple[str, ...]:
     """The files conversion needs, relative to ``url`` (the release's ``checkpoint``
     file and ``.meta`` graph are not needed)."""
-    return ("data/corpus-info.json", "data/cache.pkl", f"{self.checkpoint}.index",
-            f"{self.checkpoint}.data-00000-of-00001")
+    return (
+        "data/corpus-info.json",
+        "data/cache.pkl",
+        f"{self.checkpoint}.index",
+        f"{self.checkpoint}.data-00000-of-00001",
+    )
 
 
-_CHAR_24L = dict(n_layer=24, d_model=1024, d_embed=1024, n_head=8, d_head=128, d_inner=3072,
-                 dropout=0.0, dropatt=0.0, tgt_len=768, mem_len=768)
+_CHAR_24L = dict(
+    n_layer=24,
+    d_model=1024,
+    d_embed=1024,
+    n_head=8,
+    d_head=128,
+    d_inner=3072,
+    dropout=0.0,
+    dropatt=0.0,
+    tgt_len=768,
+    mem_len=768,
+)
 _CHAR_EVAL = dict(tgt_len=128, mem_len=3800, clamp_len=1000, same_length=True, global_batch=16)
 
-RELEASES: dict[str, "Release | HubRelease"] = {
+RELEASES: dict[str, Release | HubRelease] = {
     "enwik8": Release(
-        name="enwik8", url=f"{RELEASE_URL}/tf_enwiki8", checkpoint="model/model.ckpt-0",
-        dataset="enwik8", hparams=_CHAR_24L, n_token=204, cutoffs=(), eval=_CHAR_EVAL,
-        paper=(0.99, "bpc", "Table 2"), params_m=277),
+        name="enwik8",
+        url=f"{RELEASE_URL}/tf_enwiki8",
+        checkpoint="model/model.ckpt-0",
+        dataset="enwik8",
+        hparams=_CHAR_24L,
+        n_token=204,
+        cutoffs=(),
+        eval=_CHAR_EVAL,
+        paper=(0.99, "bpc", "Table 2"),
+        params_m=277,
+    ),
     "text8": Release(
-        name="text8", url=f"{RELEASE_URL}/tf_text8", checkpoint="model/model.ckpt-0",
-        dataset="text8", hparams=_CHAR_24L, n_token=27, cutoffs=(), eval=_CHAR_EVAL,
-        paper=(1.08, "bpc", "Table 3"), params_m=277),
+        name="text8",
+        url=f"{RELEASE_URL}/tf_text8",
+        checkpoint="model/model.ckpt-0",
+        dataset="text8",
+        hparams=_CHAR_24L,
+        n_token=27,
+        cutoffs=(),
+        eval=_CHAR_EVAL,
+        paper=(1.08, "bpc", "Table 3"),
+        params_m=277,
+    ),
     "wt103": Release(
-        name="wt103", url=f"{RELEASE_URL}/tf_wt103", checkpoint="model/model.ckpt-0",
+        name="wt103",
+        url=f"{RELEASE_URL}/tf_wt103",
+        checkpoint="model/model.ckpt-0",
         dataset="wikitext103",
-        hparams=dict(n_layer=18, d_model=1024, d_embed=1024, n_head=16, d_head=64, d_inner=4096,
-                     div_val=4, untie_r=True, proj_share_all_but_first=True, dropout=0.0,
-                     dropatt=0.0, tgt_len=384, mem_len=384),
-        n_token=267735, cutoffs=(20000, 40000, 200000),
+        hparams=dict(
+            n_layer=18,
+            d_model=1024,
+            d_embed=1024,
+            n_head=16,
+            d_head=64,
+            d_inner=4096,
+            div_val=4,
+            untie_r=True,
+            proj_share_all_but_first=True,
+            dropout=0.0,
+            dropatt=0.0,
+            tgt_len=384,
+            mem_len=384,
+        ),
+        n_token=267735,
+        cutoffs=(20000, 40000, 200000),
         eval=dict(tgt_len=128, mem_len=1600, clamp_len=1000, same_length=True, global_batch=16),
-        paper=(18.3, "ppl", "Table 1"), params_m=257),
+        paper=(18.3, "ppl", "Table 1"),
+        params_m=257,
+    ),
     "lm1b": Release(
-        name="lm1b", url=f"{RELEASE_URL}/tf_lm1b", checkpoint="model/model.ckpt-1191000",
+        name="lm1b",
+        url=f"{RELEASE_URL}/tf_lm1b",
+        checkpoint="model/model.ckpt-1191000",
         dataset="lm1b",
-        hparams=dict(n_layer=24, d_model=1280, d_embed=1280, n_head=16, d_head=80, d_inner=8192,
-                     div_val=4, untie_r=True, proj_share_all_but_first=False,
-                     proj_same_dim=False, dropout=0.0, dropatt=0.0, tgt_len=32, mem_len=32),
-        n_token=793471, cutoffs=(60000, 100000, 640000),
+        hparams=dict(
+            n_layer=24,
+            d_model=1280,
+            d_embed=1280,
+            n_head=16,
+            d_head=80,
+            d_inner=8192,
+            div_val=4,
+            untie_r=True,
+            proj_share_all_but_first=False,
+            proj_same_dim=False,
+            dropout=0.0,
+            dropatt=0.0,
+            tgt_len=32,
+            mem_len=32,
+        ),
+        n_token=793471,
+        cutoffs=(60000, 100000, 640000),
         eval=dict(tgt_len=32, mem_len=128, clamp_len=-1, same_length=True, global_batch=16),
-        paper=(21.8, "ppl", "Table 4"), params_m=800),
+        paper=(21.8, "ppl", "Table 4"),
+        params_m=800,
+    ),
 }
 
 
@@ -172,12 +239,13 @@ class HubRelease:
   repo_id: str
   like: str
   revision: str = "main"
-  endpoint: Optional[str] = None
+  endpoint: str | None = None
   files: tuple[str, ...] = ("config.json", "vocab.pkl", "pytorch_model.bin")
 
 
 RELEASES["transfo-xl/transfo-xl-wt103"] = HubRelease(
-    name="transfo-xl/transfo-xl-wt103", repo_id="transfo-xl/transfo-xl-wt103", like="wt103")
+    name="transfo-xl/transfo-xl-wt103", repo_id="transfo-xl/transfo-xl-wt103", like="wt103"
+)
 
 
 def release(name: str) -> Release | HubRelease:
@@ -187,10 +255,11 @@ def release(name: str) -> Release | HubRelease:
   return RELEASES[name]
 
 
-def cache_root(cache_dir: Optional[str] = None) -> Path:
+def cache_root(cache_dir: str | None = None) -> Path:
   """``cache_dir``, else ``$TRANSFORMER_XL_CACHE``, else ``~/.cache/transformer_xl``."""
-  return Path(cache_dir or os.environ.get(CACHE_ENV) or
-              Path.home() / ".cache" / "transformer_xl").expanduser()
+  return Path(
+      cache_dir or os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "transformer_xl"
+  ).expanduser()
 
 
 # ---------------------------------------------------------------------------
@@ -198,9 +267,13 @@ def cache_root(cache_dir: Optional[str] = None) -> Path:
 # ---------------------------------------------------------------------------
 
 
-def release_files(rel: Release, cache_dir: Optional[str] = None,
-                  manual_dir: Optional[str] = None, download: bool = True,
-                  progress: bool = True) -> Path:
+def release_files(
+    rel: Release,
+    cache_dir: str | None = None,
+    manual_dir: str | None = None,
+    download: bool = True,
+    progress: bool = True,
+) -> Path:
   """The directory that holds ``rel.files``, each verified (see the module docstring).
 
   Args:
@@ -233,27 +306,31 @@ def release_files(rel: Release, cache_dir: Optional[str] = None,
           log(f"  {path}: {size:,} bytes, sha256 {sha} (recorded in {records.path}).")
         continue
       if manual_dir:
-        raise ConvertError(f"{path} differs from the {name} recorded at its first download "
-                           f"({_describe_record(record)}); replace it with the release's file "
-                           f"from {url}, or delete {records.path} if the record is wrong.")
-      log(f"  {path} differs from its record ({_describe_record(record)}): "
-          + ("fetching it again." if download else "removed (downloads are off)."))
+        raise ConvertError(
+            f"{path} differs from the {name} recorded at its first download "
+            f"({_describe_record(record)}); replace it with the release's file "
+            f"from {url}, or delete {records.path} if the record is wrong."
+        )
+      log(
+          f"  {path} differs from its record ({_describe_record(record)}): "
+          + ("fetching it again." if download else "removed (downloads are off).")
+      )
       path.unlink()
     if manual_dir or not download:
       missing.append((name, url, record))
       continue
     _download_checked(url, path, name, records, progress)
   if missing:
-    where = (f"--manual_dir={manual_dir}" if manual_dir else
-             f"{downloads} (downloads are off)")
+    where = f"--manual_dir={manual_dir}" if manual_dir else f"{downloads} (downloads are off)"
     listed = "; ".join(f"{n} from {u} ({_describe_record(r)})" for n, u, r in missing)
-    raise ConvertError(f"release {rel.name}: {len(missing)} of its files missing in {where}: {listed}. "
-                       "Put each at that path (relative to the directory), or allow downloads.")
+    raise ConvertError(
+        f"release {rel.name}: {len(missing)} of its files missing in {where}: {listed}. "
+        "Put each at that path (relative to the directory), or allow downloads."
+    )
   return base
 
 
-def _download_checked(url: str, path: Path, name: str, records: Records,
-                      progress: bool) -> None:
+def _download_checked(url: str, path: Path, name: str, records: Records, progress: bool) -> None:
   """Downloads one file; against its record if any (a mismatch: one fresh download more)."""
   record = records.get(name)
   for attempt in range(2):
@@ -263,26 +340,32 @@ def _download_checked(url: str, path: Path, name: str, records: Records,
     if ok:
       if record is None:
         records.put(name, sha, size, url)
-        log(f"  {name}: {size:,} bytes, sha256 {sha}.  First download: recorded in "
+        log(
+            f"  {name}: {size:,} bytes, sha256 {sha}.  First download: recorded in "
             f"{records.path} and verified on every later use; compare it with a copy you "
-            "trust.")
+            "trust."
+        )
       return
     path.unlink()
     if attempt == 0:
-      log(f"  {name}: {size:,} bytes, sha256 {sha or '(size differs)'} is not the recorded "
-          f"{_describe_record(record)}: downloading it again.")
-  raise ConvertError(f"{url} does not match its record ({_describe_record(record)}) after two "
-                     f"downloads: the file on the server changed or the network corrupts it; "
-                     f"delete {records.path} only if you trust the new file.")
+      log(
+          f"  {name}: {size:,} bytes, sha256 {sha or '(size differs)'} is not the recorded "
+          f"{_describe_record(record)}: downloading it again."
+      )
+  raise ConvertError(
+      f"{url} does not match its record ({_describe_record(record)}) after two "
+      f"downloads: the file on the server changed or the network corrupts it; "
+      f"delete {records.path} only if you trust the new file."
+  )
 
 
-def _describe_record(record: Optional[dict]) -> str:
+def _describe_record(record: dict | None) -> str:
   if record is None:
     return "no checksum recorded yet: the release publishes none"
   return f"sha256 {record['sha256']}, {record['size']:,} bytes"
 
 
-def forget(rel: Release, names, cache_dir: Optional[str] = None) -> None:
+def forget(rel: Release, names, cache_dir: str | None = None) -> None:
   """Deletes downloaded files of ``rel`` (and their records), so the next use fetches them."""
   downloads = cache_root(cache_dir) / "downloads" / rel.name
   records = Records(downloads)
@@ -308,13 +391,16 @@ def read_corpus_info(rel: Release, base: Path) -> dict:
     info = json.loads(path.read_text())
     size, cutoffs = int(info["vocab_size"]), [int(c) for c in info["cutoffs"]]
   except (OSError, ValueError, KeyError, TypeError) as err:
-    raise ConvertError(f"{path} is not the release's corpus-info.json ({describe(err)}); "
-                       "fetch it again.") from None
+    raise ConvertError(
+        f"{path} is not the release's corpus-info.json ({describe(err)}); " "fetch it again."
+    ) from None
   inner = cutoffs[1:-1] if cutoffs else []
   if size != rel.n_token or tuple(inner) != tuple(rel.cutoffs):
-    raise ConvertError(f"{path}: vocab_size {size} and cutoffs {cutoffs} are not release "
-                       f"{rel.name}'s ({rel.n_token}, {[0, *rel.cutoffs, rel.n_token] if rel.cutoffs else []}); "
-                       "this is another release's file.")
+    raise ConvertError(
+        f"{path}: vocab_size {size} and cutoffs {cutoffs} are not release "
+        f"{rel.name}'s ({rel.n_token}, {[0, *rel.cutoffs, rel.n_token] if rel.cutoffs else []}); "
+        "this is another release's file."
+    )
   return info
 
 
@@ -327,6 +413,7 @@ def release_vocab(rel: Release, base: Path, out: Path) -> Path:
       vocabulary does not fit ``corpus-info.json``.
   """
   from transformer_xl.convert import safe_pickle
+
   path = base / "data" / "cache.pkl"
   symbols, _ = safe_pickle.reference_corpus_vocab(str(path))
   return _write_vocab(symbols, path, rel.n_token, out)
@@ -335,6 +422,7 @@ def release_vocab(rel: Release, base: Path, out: Path) -> Path:
 def release_hparams(rel: Release) -> dict:
   """The reference constructor's arguments of ``rel`` (validated)."""
   from transformer_xl.convert.hparams import load_hparams
+
   return load_hparams({**rel.hparams, "n_token": rel.n_token, "cutoffs": list(rel.cutoffs)})
 
 
@@ -343,10 +431,18 @@ def release_hparams(rel: Release) -> dict:
 # ---------------------------------------------------------------------------
 
 
-def convert_release(name: str, workdir: str, *, cache_dir: Optional[str] = None,
-                    manual_dir: Optional[str] = None, download: bool = True,
-                    data_dir: Optional[str] = None, dataset_manual_dir: Optional[str] = None,
-                    verify_checksums: bool = True, progress: bool = True) -> dict:
+def convert_release(
+    name: str,
+    workdir: str,
+    *,
+    cache_dir: str | None = None,
+    manual_dir: str | None = None,
+    download: bool = True,
+    data_dir: str | None = None,
+    dataset_manual_dir: str | None = None,
+    verify_checksums: bool = True,
+    progress: bool = True,
+) -> dict:
   """``--pretrained=NAME``: a released model into ``workdir``, at its evaluation settings.
 
   Args:
@@ -373,6 +469,7 @@ def convert_release(name: str, workdir: str, *, cache_dir: Optional[str] = None,
   from transformer_xl.convert import safe_pickle
   from transformer_xl.convert.tf import check_tf_checkpoint
   from transformer_xl.convert.workdir import check_new_workdir, convert_to_workdir
+
   rel = release(name)
   like = RELEASES[rel.like] if isinstance(rel, HubRelease) else rel
   vocab_out = cache_root(cache_dir) / "downloads" / _slug(rel.name) / VOCAB_FILE
@@ -381,7 +478,11 @@ def convert_release(name: str, workdir: str, *, cache_dir: Optional[str] = None,
     paths = hub_files(rel, cache_dir, manual_dir, download)
     hp = hub_hparams(paths["config.json"], like)
     symbols, _ = safe_pickle.hf_vocab(str(paths["vocab.pkl"]))
-    source, checkpoint, base = "pytorch", str(paths["pytorch_model.bin"]), paths["config.json"].parent
+    source, checkpoint, base = (
+        "pytorch",
+        str(paths["pytorch_model.bin"]),
+        paths["config.json"].parent,
+    )
     vocab = _write_vocab(symbols, paths["vocab.pkl"], hp["n_token"], vocab_out)
   else:
     hp = release_hparams(rel)
@@ -400,15 +501,29 @@ def convert_release(name: str, workdir: str, *, cache_dir: Optional[str] = None,
     vocab = release_vocab(rel, base, vocab_out)
   e = like.eval
   report = convert_to_workdir(
-      source, checkpoint, hp, workdir, vocab=str(vocab), dataset=like.dataset,
-      data_dir=data_dir, manual_dir=dataset_manual_dir, download=download,
-      verify_checksums=verify_checksums, eval_tgt_len=e["tgt_len"], eval_mem_len=e["mem_len"],
-      eval_clamp_len=max(0, int(e["clamp_len"])), eval_same_length=e["same_length"],
-      global_batch=like.train_global_batch, eval_global_batch=e["global_batch"])
+      source,
+      checkpoint,
+      hp,
+      workdir,
+      vocab=str(vocab),
+      dataset=like.dataset,
+      data_dir=data_dir,
+      manual_dir=dataset_manual_dir,
+      download=download,
+      verify_checksums=verify_checksums,
+      eval_tgt_len=e["tgt_len"],
+      eval_mem_len=e["mem_len"],
+      eval_clamp_len=max(0, int(e["clamp_len"])),
+      eval_same_length=e["same_length"],
+      global_batch=like.train_global_batch,
+      eval_global_batch=e["global_batch"],
+  )
   metric, unit_name = like.paper[0], like.paper[1]
-  log(f"Release {rel.name}: the paper reports {metric} {unit_name} on the {like.dataset} test "
+  log(
+      f"Release {rel.name}: the paper reports {metric} {unit_name} on the {like.dataset} test "
       f"set ({like.paper[2]}); evaluate with: python -m transformer_xl.main --workdir={workdir} "
-      "--mode=eval")
+      "--mode=eval"
+  )
   report.update(release=rel.name, files=str(base))
   return report
 
@@ -423,8 +538,12 @@ def _slug(name: str) -> str:
 # ---------------------------------------------------------------------------
 
 
-def hub_files(rel: HubRelease, cache_dir: Optional[str] = None,
-              manual_dir: Optional[str] = None, download: bool = True) -> dict[str, Path]:
+def hub_files(
+    rel: HubRelease,
+    cache_dir: str | None = None,
+    manual_dir: str | None = None,
+    download: bool = True,
+) -> dict[str, Path]:
   """Each of ``rel.files``, from the Hub or ``manual_dir``, checked.
 
   From the Hub: ``huggingface_hub.hf_hub_download`` into ``<cache>/hub``
@@ -450,43 +569,62 @@ def hub_files(rel: HubRelease, cache_dir: Optional[str] = None,
         continue
       ok, sha, size = matches(path, records.get(name))
       if not ok:
-        raise ConvertError(f"{path} differs from the {name} recorded at its first use "
-                           f"({_describe_record(records.get(name))}); replace it with {url}.")
+        raise ConvertError(
+            f"{path} differs from the {name} recorded at its first use "
+            f"({_describe_record(records.get(name))}); replace it with {url}."
+        )
       if records.get(name) is None:
         records.put(name, sha, size, url)
       out[name] = path
     if missing:
-      raise ConvertError(f"release {rel.name}: {len(missing)} of its files missing in "
-                         f"--manual_dir={manual_dir}: {'; '.join(missing)}.")
+      raise ConvertError(
+          f"release {rel.name}: {len(missing)} of its files missing in "
+          f"--manual_dir={manual_dir}: {'; '.join(missing)}."
+      )
     return out
   try:
     import huggingface_hub
   except ImportError:
-    raise ConvertError(f"--pretrained={rel.name} downloads with huggingface_hub: "
-                       "pip install -e '.[hub]' (or pass the files with --manual_dir).") from None
+    raise ConvertError(
+        f"--pretrained={rel.name} downloads with huggingface_hub: "
+        "pip install -e '.[hub]' (or pass the files with --manual_dir)."
+    ) from None
   out = {}
   for name in rel.files:
     for attempt in range(2):
       try:
-        path = Path(huggingface_hub.hf_hub_download(
-            rel.repo_id, name, revision=rel.revision, endpoint=rel.endpoint,
-            cache_dir=str(cache_root(cache_dir) / "hub"), local_files_only=not download,
-            force_download=attempt > 0))
+        path = Path(
+            huggingface_hub.hf_hub_download(
+                rel.repo_id,
+                name,
+                revision=rel.revision,
+                endpoint=rel.endpoint,
+                cache_dir=str(cache_root(cache_dir) / "hub"),
+                local_files_only=not download,
+                force_download=attempt > 0,
+            )
+        )
       except Exception as err:  # huggingface_hub's HTTP, offline and not-found errors
-        raise ConvertError(f"cannot get {_hub_url(rel, name)} ({describe(err)}); check the "
-                           "network (or allow downloads), or pass the files with "
-                           "--manual_dir.") from None
+        raise ConvertError(
+            f"cannot get {_hub_url(rel, name)} ({describe(err)}); check the "
+            "network (or allow downloads), or pass the files with "
+            "--manual_dir."
+        ) from None
       expected, actual = _hub_checksum(path)
       if expected == actual:
         out[name] = path
         break
-      log(f"  {name}: {actual} is not the Hub's {expected}: "
-          + ("downloading it again." if attempt == 0 else "giving up."))
+      log(
+          f"  {name}: {actual} is not the Hub's {expected}: "
+          + ("downloading it again." if attempt == 0 else "giving up.")
+      )
       Path(os.path.realpath(path)).unlink(missing_ok=True)
       path.unlink(missing_ok=True)
     else:
-      raise ConvertError(f"{_hub_url(rel, name)} does not match the checksum the Hub published "
-                         "after two downloads; try again later.")
+      raise ConvertError(
+          f"{_hub_url(rel, name)} does not match the checksum the Hub published "
+          "after two downloads; try again later."
+      )
   return out
 
 
@@ -523,6 +661,7 @@ def hub_hparams(config_json: Path, like: Release) -> dict:
     ConvertError: an unreadable file, or values ``load_hparams`` refuses.
   """
   from transformer_xl.convert.hparams import OPTIONAL_HPARAMS, load_hparams
+
   try:
     c = json.loads(config_json.read_text())
     hp = {"n_token": c.get("n_token", c.get("vocab_size"))}
@@ -530,12 +669,18 @@ def hub_hparams(config_json: Path, like: Release) -> dict:
       if k in c:
         hp[k] = c[k]
   except (OSError, ValueError, AttributeError) as err:
-    raise ConvertError(f"{config_json} is not a HuggingFace TransfoXL config.json "
-                       f"({describe(err)}).") from None
+    raise ConvertError(
+        f"{config_json} is not a HuggingFace TransfoXL config.json " f"({describe(err)})."
+    ) from None
   hp.setdefault("tie_weight", c.get("tie_word_embeddings", True))
   hp.pop("adapt_inp", None)
-  hp.update(dropout=0.0, dropatt=0.0, tgt_len=like.hparams["tgt_len"],
-            mem_len=like.hparams["mem_len"], ext_len=0)
+  hp.update(
+      dropout=0.0,
+      dropatt=0.0,
+      tgt_len=like.hparams["tgt_len"],
+      mem_len=like.hparams["mem_len"],
+      ext_len=0,
+  )
   try:
     return load_hparams(hp)
   except ConvertError as err:
@@ -545,12 +690,16 @@ def hub_hparams(config_json: Path, like: Release) -> dict:
 def _write_vocab(symbols: list[str], source: Path, n_token: int, out: Path) -> Path:
   """Writes a released vocabulary one symbol per line (for ``--vocab``)."""
   if len(symbols) != n_token:
-    raise ConvertError(f"{source}: the vocabulary has {len(symbols):,} symbols, the model "
-                       f"{n_token:,}; fetch the release's file again.")
+    raise ConvertError(
+        f"{source}: the vocabulary has {len(symbols):,} symbols, the model "
+        f"{n_token:,}; fetch the release's file again."
+    )
   bad = [s for s in symbols if not s or s.split() != [s]]
   if bad:
-    raise ConvertError(f"{source}: symbols with whitespace or empty ({bad[:3]}) cannot be "
-                       "written one per line; this is not a released vocabulary.")
+    raise ConvertError(
+        f"{source}: symbols with whitespace or empty ({bad[:3]}) cannot be "
+        "written one per line; this is not a released vocabulary."
+    )
   out.parent.mkdir(parents=True, exist_ok=True)
   tmp = out.with_name(f".{out.name}.tmp")
   tmp.write_text("\n".join(symbols) + "\n", encoding="utf-8")
@@ -558,7 +707,7 @@ def _write_vocab(symbols: list[str], source: Path, n_token: int, out: Path) -> P
   return out
 
 
-def pretrained_workdir(name: str, cache_dir: Optional[str] = None, **kwargs) -> Path:
+def pretrained_workdir(name: str, cache_dir: str | None = None, **kwargs) -> Path:
   """The converted workdir of a release in the cache (``<cache>/workdirs/<name>``),
   converted on first use (into a temporary directory renamed when complete,
   so an interrupted conversion is never taken for a finished one).

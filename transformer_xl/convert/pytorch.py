@@ -9,25 +9,38 @@ extension (``state_dict_format``); only torch files involve pickle, which
 ``torch.load(weights_only=True)`` restricts to tensors.  torch and
 safetensors are imported only to read or write their files.
 """
+
 from __future__ import annotations
 
 import os
 import zipfile
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
 from transformer_xl.convert.errors import ConvertError, describe
 from transformer_xl.convert.hparams import expected_param_shapes
-from transformer_xl.convert.names import (HF_PREFIX, INV_FREQ, aliases, flatten_params,
-                                          pytorch_name, pytorch_shape, resolve_cluster_order,
-                                          row_for, strip_hf_prefix, to_ours, to_pytorch,
-                                          unflatten_params)
-
+from transformer_xl.convert.names import (
+    HF_PREFIX,
+    INV_FREQ,
+    aliases,
+    flatten_params,
+    pytorch_name,
+    pytorch_shape,
+    resolve_cluster_order,
+    row_for,
+    strip_hf_prefix,
+    to_ours,
+    to_pytorch,
+    unflatten_params,
+)
 
 # What to check when a state dict's shapes do not fit the hparams.
-_SIZES_HINT = ("check n_layer, n_head, d_model, d_head, d_inner, d_embed, div_val, cutoffs and "
-               "n_token in the hparams")
+_SIZES_HINT = (
+    "check n_layer, n_head, d_model, d_head, d_inner, d_embed, div_val, cutoffs and "
+    "n_token in the hparams"
+)
 
 
 def inv_freq(d_model: int) -> np.ndarray:
@@ -38,14 +51,14 @@ def inv_freq(d_model: int) -> np.ndarray:
   """
   try:
     import torch
+
     return (1 / (10000 ** (torch.arange(0.0, d_model, 2.0) / d_model))).numpy()
   except ImportError:
     x = np.arange(0.0, d_model, 2.0, dtype=np.float32) / np.float32(d_model)
     return (np.float32(1) / (np.float32(10000) ** x)).astype(np.float32)
 
 
-def params_from_state_dict(state: Mapping[str, Any], cfg, cluster_order: str = "auto"
-                           ) -> dict:
+def params_from_state_dict(state: Mapping[str, Any], cfg, cluster_order: str = "auto") -> dict:
   """Our parameter tree from a state dict with the reference PyTorch names.
 
   Args:
@@ -85,18 +98,23 @@ def params_from_state_dict(state: Mapping[str, Any], cfg, cluster_order: str = "
       raise ConvertError(f"state dict lacks {name!r} (expected shape {shape}); {hint}.")
     a = np.asarray(state[name])
     if tuple(a.shape) != tuple(shape):
-      raise ConvertError(f"{name}: expected shape {tuple(shape)} from the hparams, got "
-                         f"{tuple(a.shape)}; the state dict and the hparams describe different "
-                         f"models: {_SIZES_HINT}.")
+      raise ConvertError(
+          f"{name}: expected shape {tuple(shape)} from the hparams, got "
+          f"{tuple(a.shape)}; the state dict and the hparams describe different "
+          f"models: {_SIZES_HINT}."
+      )
     if a.dtype.kind not in "fiu":
-      raise ConvertError(f"{name} has dtype {a.dtype}, not a real number type; save the "
-                         "model's float tensors.")
+      raise ConvertError(
+          f"{name} has dtype {a.dtype}, not a real number type; save the " "model's float tensors."
+      )
     a = a.astype(np.float32)
     bad = int(a.size - np.count_nonzero(np.isfinite(a)))
     if bad:
-      raise ConvertError(f"{name} holds {bad} NaN or infinite values (of {a.size}); the model "
-                         "cannot be evaluated or trained from them: convert a checkpoint saved "
-                         "before its training diverged.")
+      raise ConvertError(
+          f"{name} holds {bad} NaN or infinite values (of {a.size}); the model "
+          "cannot be evaluated or trained from them: convert a checkpoint saved "
+          "before its training diverged."
+      )
     used.add(name)
     return a
 
@@ -107,13 +125,20 @@ def params_from_state_dict(state: Mapping[str, Any], cfg, cluster_order: str = "
       flat[path] = take(pytorch_name(row, i), tuple(shape))
     elif path.startswith("layers/"):
       per_layer = tuple(shape[1:])
-      flat[path] = np.stack([
-          to_ours(row.kind, take(pytorch_name(row, i, l), pytorch_shape(row.kind, per_layer)),
-                  per_layer)
-          for l in range(shape[0])])
+      flat[path] = np.stack(
+          [
+              to_ours(
+                  row.kind,
+                  take(pytorch_name(row, i, l), pytorch_shape(row.kind, per_layer)),
+                  per_layer,
+              )
+              for l in range(shape[0])
+          ]
+      )
     else:
-      flat[path] = to_ours(row.kind, take(pytorch_name(row, i), pytorch_shape(row.kind, shape)),
-                           shape)
+      flat[path] = to_ours(
+          row.kind, take(pytorch_name(row, i), pytorch_shape(row.kind, shape)), shape
+      )
     if row.kind == "clusters" and order == "forward":
       flat[path] = flat[path][::-1].copy()
   for copy, source in aliases(cfg, "hf"):
@@ -125,24 +150,30 @@ def params_from_state_dict(state: Mapping[str, Any], cfg, cluster_order: str = "
         raise ConvertError(
             f"{copy} should be tied to {source} (hparams: tie_weight={cfg.tie_weight}, "
             f"tie_projs={list(cfg.tie_projs)}, untie_r={cfg.untie_r}) but differs "
-            f"(shapes {a.shape} and {b.shape}); fix the hparams.")
+            f"(shapes {a.shape} and {b.shape}); fix the hparams."
+        )
       used.add(copy)
   if INV_FREQ in state and cfg.attn_type in (0, 2):  # types 1 and 3 have no sinusoid
     got = np.asarray(state[INV_FREQ])
     if got.shape != (cfg.d_model // 2,):
-      raise ConvertError(f"{INV_FREQ}: expected shape ({cfg.d_model // 2},) for d_model="
-                         f"{cfg.d_model}, got {got.shape}; check d_model in the hparams.")
+      raise ConvertError(
+          f"{INV_FREQ}: expected shape ({cfg.d_model // 2},) for d_model="
+          f"{cfg.d_model}, got {got.shape}; check d_model in the hparams."
+      )
     used.add(INV_FREQ)
   unknown = sorted(set(state) - used)
   if unknown:
-    raise ConvertError(f"state dict has tensors the hparams do not account for: {unknown[:20]}"
-                       f"{' ...' if len(unknown) > 20 else ''} (check untie_r, tie_weight, "
-                       "tie_projs, cutoffs, div_val, d_embed, n_layer).")
+    raise ConvertError(
+        f"state dict has tensors the hparams do not account for: {unknown[:20]}"
+        f"{' ...' if len(unknown) > 20 else ''} (check untie_r, tie_weight, "
+        "tie_projs, cutoffs, div_val, d_embed, n_layer)."
+    )
   return unflatten_params(flat)
 
 
-def state_dict_from_params(params: Mapping[str, Any], cfg, layout: str = "reference",
-                           cluster_order: str = "auto") -> dict[str, np.ndarray]:
+def state_dict_from_params(
+    params: Mapping[str, Any], cfg, layout: str = "reference", cluster_order: str = "auto"
+) -> dict[str, np.ndarray]:
   """The state dict of our parameters with the reference PyTorch names.
 
   Args:
@@ -167,16 +198,23 @@ def state_dict_from_params(params: Mapping[str, Any], cfg, layout: str = "refere
   if layout not in ("reference", "hf"):
     raise ConvertError(f"layout={layout!r}: use reference or hf.")
   if layout == "hf" and cfg.attn_type != 0:
-    raise ConvertError(f"layout=hf: HuggingFace's TransfoXLLMHeadModel has attn_type 0 only "
-                       f"(this model has {cfg.attn_type}); use layout=reference.")
-  order = ("forward" if layout == "hf" else "reference") if cluster_order == "auto" else \
-      resolve_cluster_order(cluster_order, [])
+    raise ConvertError(
+        f"layout=hf: HuggingFace's TransfoXLLMHeadModel has attn_type 0 only "
+        f"(this model has {cfg.attn_type}); use layout=reference."
+    )
+  order = (
+      ("forward" if layout == "hf" else "reference")
+      if cluster_order == "auto"
+      else resolve_cluster_order(cluster_order, [])
+  )
   flat = flatten_params(params)
   expected = expected_param_shapes(cfg)
   if set(flat) != set(expected):
-    raise ConvertError(f"params do not match the model config: missing "
-                       f"{sorted(set(expected) - set(flat))}, unexpected "
-                       f"{sorted(set(flat) - set(expected))}.")
+    raise ConvertError(
+        f"params do not match the model config: missing "
+        f"{sorted(set(expected) - set(flat))}, unexpected "
+        f"{sorted(set(flat) - set(expected))}."
+    )
   out = {}
   for path, shape in expected.items():
     a = np.asarray(flat[path], np.float32)
@@ -240,31 +278,41 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
       to do.
   """
   if not os.path.exists(path):
-    raise ConvertError(f"checkpoint {path} does not exist; pass the state dict file (.npz, "
-                       ".safetensors or torch) with --checkpoint.")
+    raise ConvertError(
+        f"checkpoint {path} does not exist; pass the state dict file (.npz, "
+        ".safetensors or torch) with --checkpoint."
+    )
   if os.path.isdir(path):
-    raise ConvertError(f"checkpoint {path} is a directory; pass the state dict file (.npz, "
-                       ".safetensors or torch) with --checkpoint (a TF checkpoint needs "
-                       "--from=tf).")
+    raise ConvertError(
+        f"checkpoint {path} is a directory; pass the state dict file (.npz, "
+        ".safetensors or torch) with --checkpoint (a TF checkpoint needs "
+        "--from=tf)."
+    )
   try:
     size = os.path.getsize(path)
     with open(path, "rb"):
       pass
   except OSError as err:
-    raise ConvertError(f"cannot read the checkpoint {path} ({describe(err)}); check the path "
-                       "and its permissions.") from None
+    raise ConvertError(
+        f"cannot read the checkpoint {path} ({describe(err)}); check the path "
+        "and its permissions."
+    ) from None
   if size == 0:
-    raise ConvertError(f"checkpoint {path} is empty (0 bytes); copy it again or save the "
-                       "state dict again.")
-  state = {"npz": _read_npz, "safetensors": _read_safetensors,
-           "torch": _read_torch}[state_dict_format(path)](path)
+    raise ConvertError(
+        f"checkpoint {path} is empty (0 bytes); copy it again or save the " "state dict again."
+    )
+  state = {"npz": _read_npz, "safetensors": _read_safetensors, "torch": _read_torch}[
+      state_dict_format(path)
+  ](path)
   if not state:
     raise ConvertError(f"checkpoint {path} holds no tensors; pass the model's state dict.")
   for name, a in state.items():
     if a.dtype.kind not in "fiu":
-      raise ConvertError(f"checkpoint {path}: tensor {name!r} has dtype {a.dtype}, not a real "
-                         "number type; a state dict holds the model's float tensors: save "
-                         "them as float32.")
+      raise ConvertError(
+          f"checkpoint {path}: tensor {name!r} has dtype {a.dtype}, not a real "
+          "number type; a state dict holds the model's float tensors: save "
+          "them as float32."
+      )
   return state
 
 
@@ -281,38 +329,52 @@ def _read_npz(path: str) -> dict[str, np.ndarray]:
     elif head.startswith(b"PK"):
       what = "is truncated or damaged (a zip archive without its directory)"
     elif _looks_like_safetensors(path):
-      raise ConvertError(f"checkpoint {path} is a safetensors file, not an .npz archive; give "
-                         "it a .safetensors name.")
+      raise ConvertError(
+          f"checkpoint {path} is a safetensors file, not an .npz archive; give "
+          "it a .safetensors name."
+      )
     else:
       what = "is not an .npz archive (not a zip file)"
     raise ConvertError(f"checkpoint {path} {what}; copy it again, or {_NPZ_FIX}.")
   try:
     archive = np.load(path, allow_pickle=False)
   except Exception as err:  # zipfile and numpy raise several types for damaged archives
-    raise ConvertError(f"checkpoint {path} is not a readable .npz archive ({describe(err)}); "
-                       f"copy it again, or {_NPZ_FIX}.") from None
+    raise ConvertError(
+        f"checkpoint {path} is not a readable .npz archive ({describe(err)}); "
+        f"copy it again, or {_NPZ_FIX}."
+    ) from None
   with archive:
     members = archive.zip.namelist()
     others = [m for m in members if not m.endswith(".npy")]
     if others:
-      hint = (" (it looks like a torch file: give it a .pt or .bin name)"
-              if any(m.endswith("data.pkl") for m in others) else "")
-      raise ConvertError(f"checkpoint {path} is not an .npz of arrays: member {others[0]!r} is "
-                         f"not a .npy array{hint}; {_NPZ_FIX}.")
+      hint = (
+          " (it looks like a torch file: give it a .pt or .bin name)"
+          if any(m.endswith("data.pkl") for m in others)
+          else ""
+      )
+      raise ConvertError(
+          f"checkpoint {path} is not an .npz of arrays: member {others[0]!r} is "
+          f"not a .npy array{hint}; {_NPZ_FIX}."
+      )
     state = {}
     for name in archive.files:
       try:
         state[name] = _as_float32(archive[name])
       except ValueError as err:
         if "object" in str(err).lower():
-          raise ConvertError(f"checkpoint {path}: array {name!r} holds Python objects "
-                             f"(dtype=object), which are not loaded (no pickles); {_NPZ_FIX}."
-                             ) from None
-        raise ConvertError(f"checkpoint {path}: array {name!r} is damaged ({describe(err)}); "
-                           f"copy the file again, or {_NPZ_FIX}.") from None
+          raise ConvertError(
+              f"checkpoint {path}: array {name!r} holds Python objects "
+              f"(dtype=object), which are not loaded (no pickles); {_NPZ_FIX}."
+          ) from None
+        raise ConvertError(
+            f"checkpoint {path}: array {name!r} is damaged ({describe(err)}); "
+            f"copy the file again, or {_NPZ_FIX}."
+        ) from None
       except Exception as err:  # zipfile, zlib and numpy raise several types for damaged members
-        raise ConvertError(f"checkpoint {path}: array {name!r} is damaged ({describe(err)}); "
-                           f"copy the file again, or {_NPZ_FIX}.") from None
+        raise ConvertError(
+            f"checkpoint {path}: array {name!r} is damaged ({describe(err)}); "
+            f"copy the file again, or {_NPZ_FIX}."
+        ) from None
   return state
 
 
@@ -321,48 +383,64 @@ def _read_torch(path: str) -> dict[str, np.ndarray]:
   try:
     import torch
   except ImportError:
-    raise ConvertError(f"reading the torch file {path} needs torch installed (or pass a .npz "
-                       "of the state dict).") from None
+    raise ConvertError(
+        f"reading the torch file {path} needs torch installed (or pass a .npz "
+        "of the state dict)."
+    ) from None
   try:
     obj = torch.load(path, map_location="cpu", weights_only=True)
   except Exception as err:  # torch raises several types for bad files
     if _looks_like_safetensors(path):
-      raise ConvertError(f"checkpoint {path} is a safetensors file, not a torch file; give it "
-                         "a .safetensors name.") from None
+      raise ConvertError(
+          f"checkpoint {path} is a safetensors file, not a torch file; give it "
+          "a .safetensors name."
+      ) from None
     if "weights only load failed" in str(err).lower():
-      raise ConvertError(f"checkpoint {path} holds pickled Python objects besides tensors (e.g. "
-                         "a whole module, as the reference train.py saves), which are not "
-                         "loaded (weights_only=True); save the state dict instead: "
-                         "torch.save(model.state_dict(), path).") from None
+      raise ConvertError(
+          f"checkpoint {path} holds pickled Python objects besides tensors (e.g. "
+          "a whole module, as the reference train.py saves), which are not "
+          "loaded (weights_only=True); save the state dict instead: "
+          "torch.save(model.state_dict(), path)."
+      ) from None
     if zipfile.is_zipfile(path):
       with zipfile.ZipFile(path) as z:
         names = z.namelist()
       if names and all(n.endswith(".npy") for n in names):
-        raise ConvertError(f"checkpoint {path} is an .npz archive, not a torch file; give it a "
-                           ".npz name.") from None
-    raise ConvertError(f"checkpoint {path} is damaged or not a torch file ({describe(err)}); "
-                       "copy it again, or save the state dict with torch.save("
-                       "model.state_dict(), path) or as a .npz.") from None
+        raise ConvertError(
+            f"checkpoint {path} is an .npz archive, not a torch file; give it a " ".npz name."
+        ) from None
+    raise ConvertError(
+        f"checkpoint {path} is damaged or not a torch file ({describe(err)}); "
+        "copy it again, or save the state dict with torch.save("
+        "model.state_dict(), path) or as a .npz."
+    ) from None
   for key in ("state_dict", "model_state_dict"):
     if isinstance(obj, dict) and set(obj) == {key}:
       obj = obj[key]
   if not isinstance(obj, Mapping) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
     keys = f" (its keys: {list(obj)[:5]})" if isinstance(obj, Mapping) else ""
-    raise ConvertError(f"checkpoint {path} is not a state dict (a flat dict name -> tensor)"
-                       f"{keys}; save model.state_dict() with torch.save.")
+    raise ConvertError(
+        f"checkpoint {path} is not a state dict (a flat dict name -> tensor)"
+        f"{keys}; save model.state_dict() with torch.save."
+    )
   state = {}
   for k, v in obj.items():
     try:
-      state[str(k)] = _as_float32(v.detach().cpu().float().numpy() if v.is_floating_point()
-                                  else v.detach().cpu().numpy())
+      state[str(k)] = _as_float32(
+          v.detach().cpu().float().numpy() if v.is_floating_point() else v.detach().cpu().numpy()
+      )
     except Exception as err:  # quantized, sparse, meta tensors and the like
-      raise ConvertError(f"checkpoint {path}: tensor {k!r} cannot be read as an array "
-                         f"({describe(err)}); save the model's dense float tensors.") from None
+      raise ConvertError(
+          f"checkpoint {path}: tensor {k!r} cannot be read as an array "
+          f"({describe(err)}); save the model's dense float tensors."
+      ) from None
   return state
 
 
-_SAFETENSORS_FIX = ("save the state dict with safetensors.torch.save_file(model.state_dict(), "
-                    "path) or safetensors.numpy.save_file({name: float32 array}, path)")
+_SAFETENSORS_FIX = (
+    "save the state dict with safetensors.torch.save_file(model.state_dict(), "
+    "path) or safetensors.numpy.save_file({name: float32 array}, path)"
+)
 
 
 def _looks_like_safetensors(path: str) -> bool:
@@ -374,8 +452,7 @@ def _looks_like_safetensors(path: str) -> bool:
     size = os.path.getsize(path)
   except OSError:
     return False
-  return (len(head) == 9 and head[8:] == b"{"
-          and 2 <= int.from_bytes(head[:8], "little") <= size - 8)
+  return len(head) == 9 and head[8:] == b"{" and 2 <= int.from_bytes(head[:8], "little") <= size - 8
 
 
 def _read_safetensors(path: str) -> dict[str, np.ndarray]:
@@ -386,8 +463,10 @@ def _read_safetensors(path: str) -> dict[str, np.ndarray]:
   try:
     import safetensors
   except ImportError:
-    raise ConvertError(f"reading the safetensors file {path} needs the safetensors package "
-                       "(pip install safetensors), or pass a .npz of the state dict.") from None
+    raise ConvertError(
+        f"reading the safetensors file {path} needs the safetensors package "
+        "(pip install safetensors), or pass a .npz of the state dict."
+    ) from None
   try:
     import ml_dtypes  # noqa: F401  (a jax dependency: numpy's bfloat16, so BF16 tensors load)
   except ImportError:
@@ -396,10 +475,14 @@ def _read_safetensors(path: str) -> dict[str, np.ndarray]:
     handle = safetensors.safe_open(path, framework="numpy")
   except Exception as err:  # SafetensorError (header, size) and, for odd files, others
     if zipfile.is_zipfile(path):
-      raise ConvertError(f"checkpoint {path} is a zip archive (an .npz or torch file), not a "
-                         "safetensors file; give it a .npz or .pt name.") from None
-    raise ConvertError(f"checkpoint {path} is truncated, damaged or not a safetensors file "
-                       f"({describe(err)}); copy it again, or {_SAFETENSORS_FIX}.") from None
+      raise ConvertError(
+          f"checkpoint {path} is a zip archive (an .npz or torch file), not a "
+          "safetensors file; give it a .npz or .pt name."
+      ) from None
+    raise ConvertError(
+        f"checkpoint {path} is truncated, damaged or not a safetensors file "
+        f"({describe(err)}); copy it again, or {_SAFETENSORS_FIX}."
+    ) from None
   state = {}
   with handle as f:
     for name in f.keys():
@@ -407,9 +490,11 @@ def _read_safetensors(path: str) -> dict[str, np.ndarray]:
       try:
         a = np.asarray(f.get_tensor(name))
       except Exception as err:  # a dtype numpy lacks (float8, float4)
-        raise ConvertError(f"checkpoint {path}: tensor {name!r} has dtype {dtype}, which numpy "
-                           f"cannot hold ({describe(err)}); save the model's float tensors as "
-                           "float32, float16 or bfloat16.") from None
+        raise ConvertError(
+            f"checkpoint {path}: tensor {name!r} has dtype {dtype}, which numpy "
+            f"cannot hold ({describe(err)}); save the model's float tensors as "
+            "float32, float16 or bfloat16."
+        ) from None
       # F16/F32/F64 and BF16 (ml_dtypes' bfloat16, which numpy does not count as floating).
       state[name] = a.astype(np.float32) if dtype.startswith(("F", "BF")) else a
   return state
@@ -450,14 +535,18 @@ def save_state_dict(state: Mapping[str, np.ndarray], path: str) -> None:
       import safetensors
       import safetensors.numpy
     except ImportError:
-      raise ConvertError(f"writing the safetensors file {path} needs the safetensors package "
-                         "(pip install safetensors); or use a .npz path.") from None
+      raise ConvertError(
+          f"writing the safetensors file {path} needs the safetensors package "
+          "(pip install safetensors); or use a .npz path."
+      ) from None
     arrays = {k: np.asarray(v, order="C") for k, v in state.items()}
     try:
       safetensors.numpy.save_file(arrays, path, metadata=dict(SAFETENSORS_METADATA))
     except safetensors.SafetensorError as err:  # a dtype it cannot store (str, object, ...)
-      raise ConvertError(f"cannot write {path} as safetensors ({describe(err)}); save the "
-                         "state dict's float tensors as float32, or use a .npz path.") from None
+      raise ConvertError(
+          f"cannot write {path} as safetensors ({describe(err)}); save the "
+          "state dict's float tensors as float32, or use a .npz path."
+      ) from None
     return
   try:
     import torch

@@ -46,18 +46,19 @@ has run by then.  Python 2 byte strings stay ``bytes`` in the tree
 (``encoding="bytes"``); ``attributes``, ``reference_corpus_vocab``
 and ``hf_vocab`` decode names and symbols as UTF-8.
 """
+
 from __future__ import annotations
 
 import collections
 import os
 import pickle
-from typing import Any, Optional
+from typing import Any
 
 from transformer_xl.convert.errors import ConvertError, describe, one_line
 
 # torch.save's legacy (non-zip) format: pickles of this number, the protocol
 # version 1001 and a dict of system information, then the object.
-_TORCH_LEGACY_MAGIC = 0x1950a86a20f9469cfc6c
+_TORCH_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 _TORCH_LEGACY_PROTOCOL = 1001
 
 # Python 2 module names of the builtins (pickles of protocol < 3 use them).
@@ -165,13 +166,13 @@ def _inert_scalar(dtype=None, data=None):
 
 
 def _placeholder(name: str, base: type = Inert) -> type:
-  return type(name.rsplit(".", 1)[-1], (base,), {"pickled_global": name,
-                                                  "__module__": __name__})
+  return type(name.rsplit(".", 1)[-1], (base,), {"pickled_global": name, "__module__": __name__})
 
 
 # Sentinel for ``builtins.object``: only copyreg._reconstructor's base.
-_OBJECT = type("object_base", (), {"__module__": __name__, "__repr__":
-                                   lambda self: "<builtins.object>"})()
+_OBJECT = type(
+    "object_base", (), {"__module__": __name__, "__repr__": lambda self: "<builtins.object>"}
+)()
 
 
 def _reconstructor(cls, base, state=None):
@@ -184,8 +185,12 @@ def _reconstructor(cls, base, state=None):
 def _codecs_encode(text=None, encoding="utf-8", errors="strict"):
   """``_codecs.encode(text, "latin1")``: how Python 3 pickles bytes with
   protocol < 3.  Other encodings are refused."""
-  if isinstance(text, str) and isinstance(encoding, str) and \
-      encoding.lower().replace("_", "-") in ("latin1", "latin-1") and errors == "strict":
+  if (
+      isinstance(text, str)
+      and isinstance(encoding, str)
+      and encoding.lower().replace("_", "-") in ("latin1", "latin-1")
+      and errors == "strict"
+  ):
     return text.encode("latin-1")
   raise _Refused("_codecs.encode", f"with encoding {encoding!r}")
 
@@ -199,12 +204,16 @@ def _from_bytes(kind: type):
     if len(args) == 2 and isinstance(args[0], str):
       return kind(_codecs_encode(*args))
     raise _Refused(f"builtins.{kind.__name__}", "with arguments other than bytes")
+
   make.__name__ = kind.__name__
   return make
 
 
 _REFERENCE_CLASSES = (
-    "data_utils.Corpus", "__main__.Corpus", "vocabulary.Vocab", "utils.vocabulary.Vocab",
+    "data_utils.Corpus",
+    "__main__.Corpus",
+    "vocabulary.Vocab",
+    "utils.vocabulary.Vocab",
 )
 _HF_MODULES = (
     "pytorch_pretrained_bert.tokenization_transfo_xl",
@@ -213,8 +222,9 @@ _HF_MODULES = (
     "transformers.models.transfo_xl.tokenization_transfo_xl",
     "transformers.models.deprecated.transfo_xl.tokenization_transfo_xl",
 )
-_HF_CLASSES = tuple(f"{m}.{c}" for m in _HF_MODULES
-                    for c in ("TransfoXLTokenizer", "TransfoXLCorpus")) + (
+_HF_CLASSES = tuple(
+    f"{m}.{c}" for m in _HF_MODULES for c in ("TransfoXLTokenizer", "TransfoXLCorpus")
+) + (
     "transformers.tokenization_utils.Trie",
     "transformers.tokenization_utils_base.AddedToken",
     "transformers.tokenization_utils.AddedToken",
@@ -291,15 +301,22 @@ def _load_one(f, path: str) -> Any:
     else:
       why = f" {refused.why}" if refused.why else ""
       what = f"refused the pickled global {refused.what}{why}"
-    raise ConvertError(one_line(
-        f"{path}: {what}: this file is not a vocabulary cache of the release, and nothing "
-        f"in it was run; {_FIX}.")) from None
+    raise ConvertError(
+        one_line(
+            f"{path}: {what}: this file is not a vocabulary cache of the release, and nothing "
+            f"in it was run; {_FIX}."
+        )
+    ) from None
   except RecursionError:
-    raise ConvertError(f"{path} is nested too deeply to be a vocabulary cache of the release "
-                       f"(RecursionError); nothing in it was run; {_FIX}.") from None
+    raise ConvertError(
+        f"{path} is nested too deeply to be a vocabulary cache of the release "
+        f"(RecursionError); nothing in it was run; {_FIX}."
+    ) from None
   except Exception as err:  # EOFError, UnpicklingError, and what damaged opcodes raise
-    raise ConvertError(f"{path} is not a readable pickle ({describe(err)}): it is truncated or "
-                       f"damaged, or not a vocabulary cache of the release; {_FIX}.") from None
+    raise ConvertError(
+        f"{path} is not a readable pickle ({describe(err)}): it is truncated or "
+        f"damaged, or not a vocabulary cache of the release; {_FIX}."
+    ) from None
 
 
 def load_restricted(path: str) -> Any:
@@ -339,14 +356,18 @@ def load_restricted(path: str) -> Any:
     if not head:
       raise ConvertError(f"{path} is empty, not a vocabulary cache of the release; {_FIX}.")
     if head.startswith(b"PK\x03\x04"):
-      raise ConvertError(f"{path} is a zip archive (e.g. torch.save's current format), not the "
-                         f"release's pickled vocabulary; nothing in it was run; {_FIX}.")
+      raise ConvertError(
+          f"{path} is a zip archive (e.g. torch.save's current format), not the "
+          f"release's pickled vocabulary; nothing in it was run; {_FIX}."
+      )
     obj = _load_one(f, path)
     if type(obj) is int and obj == _TORCH_LEGACY_MAGIC:
       version = _load_one(f, path)
       if version != _TORCH_LEGACY_PROTOCOL:
-        raise ConvertError(f"{path}: a torch.save file of protocol {version!r} (expected "
-                           f"{_TORCH_LEGACY_PROTOCOL}); {_FIX}.")
+        raise ConvertError(
+            f"{path}: a torch.save file of protocol {version!r} (expected "
+            f"{_TORCH_LEGACY_PROTOCOL}); {_FIX}."
+        )
       _load_one(f, path)  # sys_info: byte order and type sizes
       obj = _load_one(f, path)
   return obj
@@ -368,7 +389,7 @@ def _text(value: Any, what: str) -> str:
   raise _Bad(f"{what} is {_kind(value)}, not a string")
 
 
-def attributes(obj: Any) -> Optional[dict[str, Any]]:
+def attributes(obj: Any) -> dict[str, Any] | None:
   """The pickled attributes of a placeholder (its ``state``: a ``__dict__``,
   or ``(__dict__, slots)``), or the items of a dict, with ``bytes`` names
   (Python 2) decoded as UTF-8; None for anything else.
@@ -379,8 +400,11 @@ def attributes(obj: Any) -> Optional[dict[str, Any]]:
   """
   if isinstance(obj, Inert):
     state = obj.state
-    if isinstance(state, tuple) and len(state) == 2 and all(
-        s is None or isinstance(s, dict) for s in state):
+    if (
+        isinstance(state, tuple)
+        and len(state) == 2
+        and all(s is None or isinstance(s, dict) for s in state)
+    ):
       merged: dict = {}
       for part in state:
         merged.update(part or {})
@@ -425,8 +449,10 @@ def _check_sym2idx(symbols: list[str], sym2idx: Any, where: str, list_where: str
       raise _Bad(f"{where} maps {s!r} to {ids[s]!r}, {list_where} has it at {i}")
   if len(ids) != len(symbols):
     extra = next(s for s in ids if s not in set(symbols))
-    raise _Bad(f"{where} has {len(ids):,} symbols, {list_where} {len(symbols):,} "
-               f"(e.g. {extra!r} is only in {where})")
+    raise _Bad(
+        f"{where} has {len(ids):,} symbols, {list_where} {len(symbols):,} "
+        f"(e.g. {extra!r} is only in {where})"
+    )
 
 
 def _info_value(value: Any, what: str, kinds: tuple) -> Any:
@@ -471,8 +497,10 @@ def reference_corpus_vocab(path: str) -> tuple[list[str], dict]:
       disagreeing; a malformed ``dataset``, ``cutoffs`` or ``lower_case``.
   """
   root = load_restricted(path)
-  fix = "this is not a vocabulary cache of the release; pass the release's data/cache.pkl " \
-        "(download it again)"
+  fix = (
+      "this is not a vocabulary cache of the release; pass the release's data/cache.pkl "
+      "(download it again)"
+  )
   try:
     corpus = attributes(root)
     vocab = attributes(corpus.get("vocab")) if corpus is not None else None
@@ -482,9 +510,11 @@ def reference_corpus_vocab(path: str) -> tuple[list[str], dict]:
       raise _Bad("has a vocab.idx2sym but no vocab.sym2idx")
     symbols = _symbols(vocab["idx2sym"], "vocab.idx2sym")
     _check_sym2idx(symbols, vocab["sym2idx"], "vocab.sym2idx", "vocab.idx2sym")
-    info = {"dataset": _info_value(corpus.get("dataset"), "dataset", (str,)),
-            "cutoffs": _info_value(corpus.get("cutoffs"), "cutoffs", (list,)),
-            "lower_case": _info_value(vocab.get("lower_case"), "vocab.lower_case", (bool,))}
+    info = {
+        "dataset": _info_value(corpus.get("dataset"), "dataset", (str,)),
+        "cutoffs": _info_value(corpus.get("cutoffs"), "cutoffs", (list,)),
+        "lower_case": _info_value(vocab.get("lower_case"), "vocab.lower_case", (bool,)),
+    }
     if info["cutoffs"] and not all(type(c) is int for c in info["cutoffs"]):
       raise _Bad(f"cutoffs {info['cutoffs']!r:.60} are not integers")
   except (_Bad, ConvertError) as bad:
@@ -492,8 +522,18 @@ def reference_corpus_vocab(path: str) -> tuple[list[str], dict]:
   return symbols, info
 
 
-HF_INFO_KEYS = ("special", "lower_case", "delimiter", "min_freq", "max_size", "vocab_file",
-                "unk_idx", "eos_idx", "never_split", "language")
+HF_INFO_KEYS = (
+    "special",
+    "lower_case",
+    "delimiter",
+    "min_freq",
+    "max_size",
+    "vocab_file",
+    "unk_idx",
+    "eos_idx",
+    "never_split",
+    "language",
+)
 """The tokenizer attributes ``hf_vocab`` reports, where the file has them."""
 
 
@@ -524,9 +564,18 @@ def hf_vocab(path: str) -> tuple[list[str], dict]:
   """
   root = load_restricted(path)
   fix = "this is not a Transformer-XL vocab.pkl; pass the release's file (download it again)"
-  kinds = {"special": (list,), "never_split": (list,), "lower_case": (bool,),
-           "delimiter": (str,), "vocab_file": (str,), "language": (str,),
-           "min_freq": (int,), "max_size": (int,), "unk_idx": (int,), "eos_idx": (int,)}
+  kinds = {
+      "special": (list,),
+      "never_split": (list,),
+      "lower_case": (bool,),
+      "delimiter": (str,),
+      "vocab_file": (str,),
+      "language": (str,),
+      "min_freq": (int,),
+      "max_size": (int,),
+      "unk_idx": (int,),
+      "eos_idx": (int,),
+  }
   try:
     attrs = attributes(root)
     if attrs is None or "idx2sym" not in attrs:
@@ -535,8 +584,7 @@ def hf_vocab(path: str) -> tuple[list[str], dict]:
       raise _Bad("has an idx2sym but no sym2idx")
     symbols = _symbols(attrs["idx2sym"], "idx2sym")
     _check_sym2idx(symbols, attrs["sym2idx"], "sym2idx", "idx2sym")
-    info = {key: _info_value(attrs[key], key, kinds[key]) for key in HF_INFO_KEYS
-            if key in attrs}
+    info = {key: _info_value(attrs[key], key, kinds[key]) for key in HF_INFO_KEYS if key in attrs}
   except (_Bad, ConvertError) as bad:
     raise ConvertError(one_line(f"{path}: {bad}; {fix}.")) from None
   return symbols, info

@@ -6,11 +6,13 @@ reference's decimal byte values onto byte ids; text8: its "_" onto " ");
 ids the model never saw get a zero embedding and a softmax bias of
 ``UNSEEN_BIAS``, and model symbols we lack are dropped.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -48,21 +50,27 @@ def read_vocab(path: str) -> list[str]:
   try:
     lines = raw.decode("utf-8").splitlines()
   except UnicodeDecodeError as err:
-    line_no = raw[:err.start].count(b"\n") + 1
-    raise ConvertError(f"vocabulary {path} is not UTF-8 text (line {line_no}, byte {err.start}: "
-                       f"{err.reason}); {fix}.") from None
+    line_no = raw[: err.start].count(b"\n") + 1
+    raise ConvertError(
+        f"vocabulary {path} is not UTF-8 text (line {line_no}, byte {err.start}: "
+        f"{err.reason}); {fix}."
+    ) from None
   if not lines:
     raise ConvertError(f"vocabulary {path} is empty; {fix}.")
   vocab, seen = [], {}
   for n, line in enumerate(lines, 1):
     fields = line.split()
     if not fields:
-      raise ConvertError(f"{path}:{n}: empty line; one symbol per line expected (delete the "
-                         "line, or check that this is the model's vocabulary file).")
+      raise ConvertError(
+          f"{path}:{n}: empty line; one symbol per line expected (delete the "
+          "line, or check that this is the model's vocabulary file)."
+      )
     if fields[0] in seen:
-      raise ConvertError(f"{path}:{n}: symbol {fields[0]!r} repeats line {seen[fields[0]]}; "
-                         "each symbol must appear once (check that this is the model's "
-                         "vocabulary file).")
+      raise ConvertError(
+          f"{path}:{n}: symbol {fields[0]!r} repeats line {seen[fields[0]]}; "
+          "each symbol must appear once (check that this is the model's "
+          "vocabulary file)."
+      )
     seen[fields[0]] = n
     vocab.append(fields[0])
   return vocab
@@ -71,12 +79,18 @@ def read_vocab(path: str) -> list[str]:
 def check_dataset_name(name: str) -> None:
   """Raises ConvertError unless ``name`` is one of ``data.CORPUS_NAMES`` (no data read)."""
   from transformer_xl import data
+
   if name not in data.CORPUS_NAMES:
     raise ConvertError(f"dataset={name!r}: choose one of {list(data.CORPUS_NAMES)}.")
 
 
-def dataset_vocab(name: str, data_dir: Optional[str] = None, manual_dir: Optional[str] = None,
-                  download: bool = True, verify_checksums: bool = True) -> tuple[list[str], str]:
+def dataset_vocab(
+    name: str,
+    data_dir: str | None = None,
+    manual_dir: str | None = None,
+    download: bool = True,
+    verify_checksums: bool = True,
+) -> tuple[list[str], str]:
   """(our vocabulary, unit) of a corpus of ``data.CORPUS_NAMES``.
 
   enwik8 (256 byte values, id = byte) and text8 (space + a..z) are fixed and
@@ -88,18 +102,25 @@ def dataset_vocab(name: str, data_dir: Optional[str] = None, manual_dir: Optiona
     ConvertError: unknown name; data.DataError: the corpus cannot be built.
   """
   from transformer_xl import data
+
   check_dataset_name(name)
   if name == "enwik8":
     return [chr(i) for i in range(256)], "byte"
   if name == "text8":
     from transformer_xl.data import tokenizers
+
     return list(tokenizers.TEXT8_VOCAB), "char"
-  corpus = data.load_corpus(name, data_dir=data_dir, manual_dir=manual_dir,
-                            download=download, verify_checksums=verify_checksums)
+  corpus = data.load_corpus(
+      name,
+      data_dir=data_dir,
+      manual_dir=manual_dir,
+      download=download,
+      verify_checksums=verify_checksums,
+  )
   return list(corpus.vocab), corpus.unit
 
 
-def _our_symbol(dataset: Optional[str], symbol: str) -> Optional[str]:
+def _our_symbol(dataset: str | None, symbol: str) -> str | None:
   """A reference vocabulary symbol in our corpus's spelling (None: no match).
 
   enwik8: the reference writes each byte as its decimal value
@@ -114,8 +135,9 @@ def _our_symbol(dataset: Optional[str], symbol: str) -> Optional[str]:
   return symbol
 
 
-def map_vocab(ref_vocab: Sequence[str], our_vocab: Sequence[str], dataset: Optional[str] = None
-              ) -> tuple[np.ndarray, dict]:
+def map_vocab(
+    ref_vocab: Sequence[str], our_vocab: Sequence[str], dataset: str | None = None
+) -> tuple[np.ndarray, dict]:
   """Which reference id each of our token ids takes its parameters from.
 
   Args:
@@ -140,17 +162,23 @@ def map_vocab(ref_vocab: Sequence[str], our_vocab: Sequence[str], dataset: Optio
     if j is None:
       ref_unmatched.append(s)
     elif ref_of_ours[j] >= 0:
-      raise ConvertError(f"reference symbols {ref_vocab[ref_of_ours[j]]!r} and {s!r} both map "
-                         f"onto our id {j} ({our_vocab[j]!r}).")
+      raise ConvertError(
+          f"reference symbols {ref_vocab[ref_of_ours[j]]!r} and {s!r} both map "
+          f"onto our id {j} ({our_vocab[j]!r})."
+      )
     else:
       ref_of_ours[j] = r
-  report = {"matched": int((ref_of_ours >= 0).sum()), "ref_unmatched": ref_unmatched,
-            "ours_unseen": [our_vocab[j] for j in np.flatnonzero(ref_of_ours < 0)]}
+  report = {
+      "matched": int((ref_of_ours >= 0).sum()),
+      "ref_unmatched": ref_unmatched,
+      "ours_unseen": [our_vocab[j] for j in np.flatnonzero(ref_of_ours < 0)],
+  }
   return ref_of_ours, report
 
 
-def remap_vocab(params: Mapping[str, Any], cfg, ref_of_ours: np.ndarray,
-                unseen_bias: float = UNSEEN_BIAS) -> tuple[dict, Any]:
+def remap_vocab(
+    params: Mapping[str, Any], cfg, ref_of_ours: np.ndarray, unseen_bias: float = UNSEEN_BIAS
+) -> tuple[dict, Any]:
   """Moves the vocabulary rows of a model onto another vocabulary.
 
   Row j of every embedding table, softmax weight and softmax bias becomes
@@ -174,20 +202,22 @@ def remap_vocab(params: Mapping[str, Any], cfg, ref_of_ours: np.ndarray,
       cluster.
   """
   from transformer_xl.model import adaptive
+
   n_ours = len(ref_of_ours)
   if cfg.cutoffs and cfg.cutoffs[-1] >= n_ours:
     raise ConvertError(f"cutoffs={list(cfg.cutoffs)} do not fit our vocabulary of {n_ours}.")
   ref_bounds = adaptive.cluster_bounds(cfg.n_token, cfg.cutoffs)
   our_bounds = adaptive.cluster_bounds(n_ours, cfg.cutoffs)
   ref_cluster = np.searchsorted(np.asarray(cfg.cutoffs, np.int64), ref_of_ours, side="right")
-  our_cluster = np.searchsorted(np.asarray(cfg.cutoffs, np.int64), np.arange(n_ours),
-                                side="right")
+  our_cluster = np.searchsorted(np.asarray(cfg.cutoffs, np.int64), np.arange(n_ours), side="right")
   moved = np.flatnonzero((ref_of_ours >= 0) & (ref_cluster != our_cluster))
   if moved.size:
-    raise ConvertError(f"{moved.size} symbols would change adaptive-softmax cluster (cutoffs "
-                       f"{list(cfg.cutoffs)}), e.g. our ids {moved[:5].tolist()} from reference "
-                       f"ids {ref_of_ours[moved[:5]].tolist()}; the vocabularies are ordered "
-                       "too differently to map.")
+    raise ConvertError(
+        f"{moved.size} symbols would change adaptive-softmax cluster (cutoffs "
+        f"{list(cfg.cutoffs)}), e.g. our ids {moved[:5].tolist()} from reference "
+        f"ids {ref_of_ours[moved[:5]].tolist()}; the vocabularies are ordered "
+        "too differently to map."
+    )
   flat = dict(flatten_params(params))
 
   def remap(a: np.ndarray, lo: int, hi: int, ref_lo: int, fill: float) -> np.ndarray:
@@ -206,8 +236,9 @@ def remap_vocab(params: Mapping[str, Any], cfg, ref_of_ours: np.ndarray,
     if cfg.div_val == 1:
       flat[path] = remap(np.asarray(flat[path]), 0, n_ours, 0, fill)
     else:
-      flat[path] = remap(np.asarray(flat[path]), our_bounds[i], our_bounds[i + 1],
-                         ref_bounds[i], fill)
+      flat[path] = remap(
+          np.asarray(flat[path]), our_bounds[i], our_bounds[i + 1], ref_bounds[i], fill
+      )
   return unflatten_params(flat), dataclasses.replace(cfg, n_token=n_ours)
 
 
@@ -221,20 +252,28 @@ def describe_vocab_map(rep: dict, n_ref: int, n_ours: int, dataset: str, bias: f
     dataset: our corpus name (enwik8 gets a note on the newline byte).
     bias: the softmax bias of unseen ids (``UNSEEN_BIAS``).
   """
-  log(f"Vocabulary: matched {rep['matched']} of the model's {n_ref} symbols onto {dataset}'s "
-      f"{n_ours} ids.")
+  log(
+      f"Vocabulary: matched {rep['matched']} of the model's {n_ref} symbols onto {dataset}'s "
+      f"{n_ours} ids."
+  )
   if rep["ref_unmatched"]:
-    log(f"  {len(rep['ref_unmatched'])} model symbols have no id in {dataset} and are dropped "
+    log(
+        f"  {len(rep['ref_unmatched'])} model symbols have no id in {dataset} and are dropped "
         "(the softmax renormalises over the rest): "
-        f"{rep['ref_unmatched'][:10]}{' ...' if len(rep['ref_unmatched']) > 10 else ''}")
+        f"{rep['ref_unmatched'][:10]}{' ...' if len(rep['ref_unmatched']) > 10 else ''}"
+    )
   if rep["ours_unseen"]:
     shown = [repr(s) for s in rep["ours_unseen"][:12]]
-    log(f"  {len(rep['ours_unseen'])} of our ids were never seen by the model: zero embedding, "
+    log(
+        f"  {len(rep['ours_unseen'])} of our ids were never seen by the model: zero embedding, "
         f"softmax bias {bias:g} (probability ~0): {', '.join(shown)}"
-        f"{' ...' if len(rep['ours_unseen']) > 12 else ''}")
+        f"{' ...' if len(rep['ours_unseen']) > 12 else ''}"
+    )
   if dataset == "enwik8" and "\n" in rep["ours_unseen"]:
-    log("  enwik8: the reference drops newline bytes (prep_enwik8.py turns byte 10 into a line "
+    log(
+        "  enwik8: the reference drops newline bytes (prep_enwik8.py turns byte 10 into a line "
         "break and its vocabulary reader discards line breaks), so the model has no symbol for "
         "byte 10; our enwik8 keeps them (the boundary symbol).  Every newline of our stream "
         f"costs ~{-bias:g} nats here: to compare with the paper's bpc, score the bytes with "
-        "newlines removed (--mode=score on such a stream), which is the reference's stream.")
+        "newlines removed (--mode=score on such a stream), which is the reference's stream."
+    )

@@ -8,41 +8,68 @@ from step 0) load it like a trained run.  This is the only module of the
 converter that calls into the training code (``default_config``,
 ``train_state``, ``workdir``, ``sharding``, ``checkpointing``).
 """
+
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
 from transformer_xl.convert.errors import ConvertError, log, one_line
-from transformer_xl.convert.hparams import (expected_param_shapes, hparams_from_model_config,
-                                            load_hparams, model_config_from_hparams)
+from transformer_xl.convert.hparams import (
+    expected_param_shapes,
+    hparams_from_model_config,
+    load_hparams,
+    model_config_from_hparams,
+)
 from transformer_xl.convert.names import flatten_params, resolve_cluster_order, unflatten_params
-from transformer_xl.convert.pytorch import (params_from_state_dict, read_state_dict,
-                                            save_state_dict, state_dict_format,
-                                            state_dict_from_params)
+from transformer_xl.convert.pytorch import (
+    params_from_state_dict,
+    read_state_dict,
+    save_state_dict,
+    state_dict_format,
+    state_dict_from_params,
+)
 from transformer_xl.convert.tf import read_tf_checkpoint, state_dict_from_tf
-from transformer_xl.convert.vocab import (UNSEEN_BIAS, check_dataset_name, dataset_vocab,
-                                          describe_vocab_map, map_vocab, read_vocab,
-                                          remap_vocab)
+from transformer_xl.convert.vocab import (
+    UNSEEN_BIAS,
+    check_dataset_name,
+    dataset_vocab,
+    describe_vocab_map,
+    map_vocab,
+    read_vocab,
+    remap_vocab,
+)
 
 
 def one_device_mesh():
   """A (data, model) = (1, 1) mesh on the first device, for writing and reading workdirs."""
   import jax
+
   from transformer_xl import sharding
+
   return sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
 
 
-def workdir_config(cfg, *, dataset: Optional[str] = None, data_dir: Optional[str] = None,
-                   manual_dir: Optional[str] = None, download: bool = True,
-                   verify_checksums: bool = True, eval_tgt_len: Optional[int] = None,
-                   eval_mem_len: Optional[int] = None, eval_clamp_len: Optional[int] = None,
-                   eval_same_length: Optional[bool] = None, global_batch: int = 1,
-                   eval_global_batch: int = 1):
+def workdir_config(
+    cfg,
+    *,
+    dataset: str | None = None,
+    data_dir: str | None = None,
+    manual_dir: str | None = None,
+    download: bool = True,
+    verify_checksums: bool = True,
+    eval_tgt_len: int | None = None,
+    eval_mem_len: int | None = None,
+    eval_clamp_len: int | None = None,
+    eval_same_length: bool | None = None,
+    global_batch: int = 1,
+    eval_global_batch: int = 1,
+):
   """The validated ``config.json`` of a converted workdir (see ``write_workdir``).
 
   Needs no data and computes nothing, so the converter calls it before the
@@ -55,6 +82,7 @@ def workdir_config(cfg, *, dataset: Optional[str] = None, data_dir: Optional[str
       global batch < 1, eval lengths out of range), with its fix.
   """
   from transformer_xl import default_config
+
   config = default_config.get_config()
   default_config.set_model_config(config, cfg)
   e = config.eval
@@ -88,16 +116,22 @@ def check_new_workdir(workdir: str) -> None:
       process cannot write, or a workdir that already holds checkpoints.
   """
   from etils import epath
+
   path = epath.Path(workdir)
   if path.exists() and not path.is_dir():
     raise ConvertError(f"--workdir={workdir} is a file; convert into a new or empty directory.")
   _check_creatable(workdir, "--workdir")
   checkpoints = path / "checkpoints"
-  steps = sorted(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()) \
-      if checkpoints.is_dir() else []
+  steps = (
+      sorted(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit())
+      if checkpoints.is_dir()
+      else []
+  )
   if steps:
-    raise ConvertError(f"{workdir} already holds checkpoints (step {steps[-1]}); convert into "
-                       "an empty --workdir.")
+    raise ConvertError(
+        f"{workdir} already holds checkpoints (step {steps[-1]}); convert into "
+        "an empty --workdir."
+    )
 
 
 def _check_creatable(path: str, flag: str, file: bool = False) -> None:
@@ -112,11 +146,14 @@ def _check_creatable(path: str, flag: str, file: bool = False) -> None:
   while not os.path.lexists(existing):
     existing = os.path.dirname(existing)
   if not os.path.isdir(existing):
-    raise ConvertError(f"{flag}={path} cannot be created: {existing} is a file; pass a path in a "
-                       "directory.")
+    raise ConvertError(
+        f"{flag}={path} cannot be created: {existing} is a file; pass a path in a " "directory."
+    )
   if not os.access(existing, os.W_OK | os.X_OK):
-    raise ConvertError(f"{flag}={path} cannot be written: no permission to write in {existing}; "
-                       "pass a path in a directory you may write.")
+    raise ConvertError(
+        f"{flag}={path} cannot be written: no permission to write in {existing}; "
+        "pass a path in a directory you may write."
+    )
 
 
 def _check_safetensors_name(flag: str, checkpoint: str) -> None:
@@ -126,27 +163,42 @@ def _check_safetensors_name(flag: str, checkpoint: str) -> None:
   if state_dict_format(checkpoint) == "safetensors":
     return
   if flag == "--from":
-    raise ConvertError(f"--from=safetensors reads a .safetensors file but --checkpoint="
-                       f"{checkpoint} has another extension; pass the .safetensors file, or use "
-                       "--from=pytorch for .npz and torch files.")
-  raise ConvertError(f"--to=safetensors writes a .safetensors file but --checkpoint="
-                     f"{checkpoint} has another extension; name it "
-                     f"{os.path.splitext(checkpoint)[0]}.safetensors, or use --to=pytorch for "
-                     ".npz and torch files.")
+    raise ConvertError(
+        f"--from=safetensors reads a .safetensors file but --checkpoint="
+        f"{checkpoint} has another extension; pass the .safetensors file, or use "
+        "--from=pytorch for .npz and torch files."
+    )
+  raise ConvertError(
+      f"--to=safetensors writes a .safetensors file but --checkpoint="
+      f"{checkpoint} has another extension; name it "
+      f"{os.path.splitext(checkpoint)[0]}.safetensors, or use --to=pytorch for "
+      ".npz and torch files."
+  )
 
 
-def _check_unit(unit: Optional[str]) -> None:
+def _check_unit(unit: str | None) -> None:
   if unit is not None and unit not in ("byte", "char", "word"):
     raise ConvertError(f"unit={unit!r}: use byte, char or word.")
 
 
-def write_workdir(workdir: str, params: Mapping[str, Any], cfg, *, dataset: Optional[str] = None,
-                  data_dir: Optional[str] = None, manual_dir: Optional[str] = None,
-                  download: bool = True, verify_checksums: bool = True,
-                  unit: str = "word", eval_tgt_len: Optional[int] = None,
-                  eval_mem_len: Optional[int] = None, eval_clamp_len: Optional[int] = None,
-                  eval_same_length: Optional[bool] = None, global_batch: int = 1,
-                  eval_global_batch: int = 1):
+def write_workdir(
+    workdir: str,
+    params: Mapping[str, Any],
+    cfg,
+    *,
+    dataset: str | None = None,
+    data_dir: str | None = None,
+    manual_dir: str | None = None,
+    download: bool = True,
+    verify_checksums: bool = True,
+    unit: str = "word",
+    eval_tgt_len: int | None = None,
+    eval_mem_len: int | None = None,
+    eval_clamp_len: int | None = None,
+    eval_same_length: bool | None = None,
+    global_batch: int = 1,
+    eval_global_batch: int = 1,
+):
   """Writes a workdir that ``transformer_xl.main`` loads like a trained run.
 
   Files: ``config.json`` (``default_config`` with ``model.*`` from cfg,
@@ -186,50 +238,85 @@ def write_workdir(workdir: str, params: Mapping[str, Any], cfg, *, dataset: Opti
       already has checkpoints, or an invalid setting.
   """
   _check_unit(unit)
-  config = workdir_config(cfg, dataset=dataset, data_dir=data_dir, manual_dir=manual_dir,
-                          download=download, verify_checksums=verify_checksums,
-                          eval_tgt_len=eval_tgt_len, eval_mem_len=eval_mem_len,
-                          eval_clamp_len=eval_clamp_len, eval_same_length=eval_same_length,
-                          global_batch=global_batch, eval_global_batch=eval_global_batch)
+  config = workdir_config(
+      cfg,
+      dataset=dataset,
+      data_dir=data_dir,
+      manual_dir=manual_dir,
+      download=download,
+      verify_checksums=verify_checksums,
+      eval_tgt_len=eval_tgt_len,
+      eval_mem_len=eval_mem_len,
+      eval_clamp_len=eval_clamp_len,
+      eval_same_length=eval_same_length,
+      global_batch=global_batch,
+      eval_global_batch=eval_global_batch,
+  )
   expected = expected_param_shapes(cfg)
   flat = flatten_params(params)
-  bad = {p: (tuple(np.shape(flat[p])) if p in flat else None, s) for p, s in expected.items()
-         if p not in flat or tuple(np.shape(flat[p])) != s}
+  bad = {
+      p: (tuple(np.shape(flat[p])) if p in flat else None, s)
+      for p, s in expected.items()
+      if p not in flat or tuple(np.shape(flat[p])) != s
+  }
   extra = sorted(set(flat) - set(expected))
   if bad or extra:
-    raise ConvertError(f"params do not fit the model config: (got, expected) {bad}; "
-                       f"unexpected {extra}.")
+    raise ConvertError(
+        f"params do not fit the model config: (got, expected) {bad}; " f"unexpected {extra}."
+    )
 
-  from transformer_xl.run import checkpointing
   from transformer_xl.model import models
-  from transformer_xl.training import train_state
+  from transformer_xl.run import checkpointing
   from transformer_xl.run import workdir as wd
+  from transformer_xl.training import train_state
+
   check_new_workdir(workdir)
   os.makedirs(workdir, exist_ok=True)
   manager = checkpointing.make_manager(workdir)
   existing = manager.latest_step()
   if existing is not None:
     manager.close()
-    raise ConvertError(f"{workdir} already holds checkpoints (step {existing}); convert into "
-                       "an empty --workdir.")
+    raise ConvertError(
+        f"{workdir} already holds checkpoints (step {existing}); convert into "
+        "an empty --workdir."
+    )
   state = train_state.create_train_state(
-      models.TransformerXL(cfg), train_state.make_optimizer(config.train),
-      config.train.global_batch, one_device_mesh(),
-      params=unflatten_params({p: np.asarray(a, np.float32) for p, a in flat.items()}))
+      models.TransformerXL(cfg),
+      train_state.make_optimizer(config.train),
+      config.train.global_batch,
+      one_device_mesh(),
+      params=unflatten_params({p: np.asarray(a, np.float32) for p, a in flat.items()}),
+  )
   wd.save_config(workdir, config)
   wd.save_model_config(workdir, cfg, unit, dataset or "converted")
-  checkpointing.save(manager, 0, state, {}, meta=wd.checkpoint_meta(
-      cfg, unit, dataset or "converted", config.train.global_batch))
+  checkpointing.save(
+      manager,
+      0,
+      state,
+      {},
+      meta=wd.checkpoint_meta(cfg, unit, dataset or "converted", config.train.global_batch),
+  )
   manager.close()
   return config
 
 
-def convert_to_workdir(source: str, checkpoint: str, hparams: str | Mapping[str, Any],
-                       workdir: str, *, cluster_order: str = "auto", vocab: Optional[str] = None,
-                       dataset: Optional[str] = None, data_dir: Optional[str] = None,
-                       manual_dir: Optional[str] = None, download: bool = True,
-                       verify_checksums: bool = True, unit: Optional[str] = None,
-                       unseen_bias: float = UNSEEN_BIAS, **workdir_kwargs) -> dict:
+def convert_to_workdir(
+    source: str,
+    checkpoint: str,
+    hparams: str | Mapping[str, Any],
+    workdir: str,
+    *,
+    cluster_order: str = "auto",
+    vocab: str | None = None,
+    dataset: str | None = None,
+    data_dir: str | None = None,
+    manual_dir: str | None = None,
+    download: bool = True,
+    verify_checksums: bool = True,
+    unit: str | None = None,
+    unseen_bias: float = UNSEEN_BIAS,
+    **workdir_kwargs,
+) -> dict:
   """``--from=pytorch|safetensors|tf``: a reference checkpoint into a workdir.
 
   Args:
@@ -282,31 +369,43 @@ def convert_to_workdir(source: str, checkpoint: str, hparams: str | Mapping[str,
   if vocab is not None:
     ref_vocab = read_vocab(vocab)
     if len(ref_vocab) != cfg.n_token:
-      raise ConvertError(f"{vocab} has {len(ref_vocab)} symbols but hparams n_token="
-                         f"{cfg.n_token}; pass the vocabulary the model was trained with, or "
-                         "fix n_token.")
-  workdir_config(cfg, dataset=dataset, data_dir=data_dir, manual_dir=manual_dir,
-                 download=download, verify_checksums=verify_checksums, **workdir_kwargs)
+      raise ConvertError(
+          f"{vocab} has {len(ref_vocab)} symbols but hparams n_token="
+          f"{cfg.n_token}; pass the vocabulary the model was trained with, or "
+          "fix n_token."
+      )
+  workdir_config(
+      cfg,
+      dataset=dataset,
+      data_dir=data_dir,
+      manual_dir=manual_dir,
+      download=download,
+      verify_checksums=verify_checksums,
+      **workdir_kwargs,
+  )
   check_new_workdir(workdir)
   if source in ("pytorch", "safetensors"):
     state = read_state_dict(checkpoint)
     order = resolve_cluster_order(cluster_order, list(state))
-    log(f"Read {len(state)} tensors from {checkpoint}"
-        + (f"; adaptive-softmax cluster order: {order}." if cfg.cutoffs else "."))
+    log(
+        f"Read {len(state)} tensors from {checkpoint}"
+        + (f"; adaptive-softmax cluster order: {order}." if cfg.cutoffs else ".")
+    )
   else:
     variables = read_tf_checkpoint(checkpoint)
     log(f"Read {len(variables)} variables from the TF checkpoint {checkpoint}.")
     state, order = _naming(checkpoint, state_dict_from_tf, variables, hp, cfg), "forward"
-    log("  Note (TF): LayerNorm epsilon 1e-12 there, 1e-5 here; TF's same_length lets each "
+    log(
+        "  Note (TF): LayerNorm epsilon 1e-12 there, 1e-5 here; TF's same_length lets each "
         "query see mem_len + 1 keys (here mem_len, as in the PyTorch reference; with mem_len "
         ">= tgt_len, --eval_mem_len=<mem_len + 1> gives TF's attention span); TF starts from "
-        "zero-filled memory, here from empty memory.")
+        "zero-filled memory, here from empty memory."
+    )
   params = _naming(checkpoint, params_from_state_dict, state, cfg, order)
   report: dict[str, Any] = {"cluster_order": order, "vocab": None}
   our_unit = unit
   if dataset is not None:
-    our_vocab, ds_unit = dataset_vocab(dataset, data_dir, manual_dir, download,
-                                       verify_checksums)
+    our_vocab, ds_unit = dataset_vocab(dataset, data_dir, manual_dir, download, verify_checksums)
     our_unit = unit or ds_unit
     if ref_vocab is not None:
       ref_of_ours, vrep = map_vocab(ref_vocab, our_vocab, dataset)
@@ -314,15 +413,25 @@ def convert_to_workdir(source: str, checkpoint: str, hparams: str | Mapping[str,
       report["vocab"] = vrep
       describe_vocab_map(vrep, len(ref_vocab), len(our_vocab), dataset, unseen_bias)
     elif len(our_vocab) != cfg.n_token:
-      raise ConvertError(f"hparams n_token={cfg.n_token} but {dataset} has a vocabulary of "
-                         f"{len(our_vocab)}: pass the model's vocabulary file with --vocab.")
+      raise ConvertError(
+          f"hparams n_token={cfg.n_token} but {dataset} has a vocabulary of "
+          f"{len(our_vocab)}: pass the model's vocabulary file with --vocab."
+      )
     else:
-      log(f"No --vocab: taking the model's ids as {dataset}'s ids (same size, "
-          f"{cfg.n_token}).")
+      log(f"No --vocab: taking the model's ids as {dataset}'s ids (same size, " f"{cfg.n_token}).")
   our_unit = our_unit or "word"
-  write_workdir(workdir, params, cfg, dataset=dataset, data_dir=data_dir, manual_dir=manual_dir,
-                download=download, verify_checksums=verify_checksums, unit=our_unit,
-                **workdir_kwargs)
+  write_workdir(
+      workdir,
+      params,
+      cfg,
+      dataset=dataset,
+      data_dir=data_dir,
+      manual_dir=manual_dir,
+      download=download,
+      verify_checksums=verify_checksums,
+      unit=our_unit,
+      **workdir_kwargs,
+  )
   n_params = sum(int(np.prod(np.shape(a))) for a in flatten_params(params).values())
   log(f"Wrote {workdir}: {n_params:,} parameters, vocabulary {cfg.n_token}, unit {our_unit}.")
   report.update(n_token=cfg.n_token, params=n_params)
@@ -338,9 +447,14 @@ def _naming(checkpoint: str, fn, *args):
     raise ConvertError(f"checkpoint {checkpoint}: {err}") from None
 
 
-def export_pytorch(workdir: str, checkpoint: str, hparams_path: Optional[str] = None,
-                   layout: str = "reference", cluster_order: str = "auto",
-                   to: str = "pytorch") -> dict:
+def export_pytorch(
+    workdir: str,
+    checkpoint: str,
+    hparams_path: str | None = None,
+    layout: str = "reference",
+    cluster_order: str = "auto",
+    to: str = "pytorch",
+) -> dict:
   """``--to=pytorch|safetensors``: the latest checkpoint of a workdir as a reference state dict.
 
   Args:
@@ -368,40 +482,53 @@ def export_pytorch(workdir: str, checkpoint: str, hparams_path: Optional[str] = 
       the restore).
   """
   import jax
+
   from transformer_xl import default_config
   from transformer_xl.run import checkpointing
   from transformer_xl.run import workdir as wd
+
   if to not in ("pytorch", "safetensors"):
     raise ConvertError(f"--to={to!r}: use pytorch or safetensors.")
   if to == "safetensors":
     _check_safetensors_name("--to", checkpoint)
   fmt = state_dict_format(checkpoint)
   if fmt == "torch" and importlib.util.find_spec("torch") is None:
-    raise ConvertError(f"writing the torch file {checkpoint} needs torch; use a .npz or "
-                       ".safetensors path.")
+    raise ConvertError(
+        f"writing the torch file {checkpoint} needs torch; use a .npz or " ".safetensors path."
+    )
   if fmt == "safetensors" and importlib.util.find_spec("safetensors") is None:
-    raise ConvertError(f"writing the safetensors file {checkpoint} needs the safetensors "
-                       "package (pip install safetensors); or use a .npz path.")
+    raise ConvertError(
+        f"writing the safetensors file {checkpoint} needs the safetensors "
+        "package (pip install safetensors); or use a .npz path."
+    )
   hparams_path = hparams_path or os.path.splitext(checkpoint)[0] + ".hparams.json"
   for flag, path in (("--checkpoint", checkpoint), ("--hparams", hparams_path)):
     if os.path.isdir(path):
       raise ConvertError(f"{flag}={path} is a directory; pass the path of the file to write.")
     _check_creatable(path, flag, file=True)
   if not os.path.isdir(workdir) and "://" not in workdir:
-    raise ConvertError(f"--workdir={workdir} is not a directory; pass the workdir of a "
-                       "training run or of a conversion.")
+    raise ConvertError(
+        f"--workdir={workdir} is not a directory; pass the workdir of a "
+        "training run or of a conversion."
+    )
   try:
     config = wd.load_config(workdir)
     cfg, _ = wd.load_model_config(workdir)
     step, params = wd.restore_params(config, workdir, cfg, one_device_mesh())
-  except (FileNotFoundError, wd.WorkdirError, checkpointing.CheckpointError,
-          default_config.ConfigError) as err:
+  except (
+      FileNotFoundError,
+      wd.WorkdirError,
+      checkpointing.CheckpointError,
+      default_config.ConfigError,
+  ) as err:
     raise ConvertError(one_line(err)) from None
   params = jax.tree_util.tree_map(lambda x: np.asarray(jax.device_get(x)), params)
   state = state_dict_from_params(params, cfg, layout, cluster_order)
   save_state_dict(state, checkpoint)
   with open(hparams_path, "w") as f:
     json.dump(hparams_from_model_config(cfg), f, indent=2)
-  log(f"Wrote {len(state)} tensors of step {step} to {checkpoint} ({layout} names) and the "
-      f"hparams to {hparams_path}.")
+  log(
+      f"Wrote {len(state)} tensors of step {step} to {checkpoint} ({layout} names) and the "
+      f"hparams to {hparams_path}."
+  )
   return {"step": int(step), "tensors": len(state), "hparams_path": hparams_path}

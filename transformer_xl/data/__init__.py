@@ -86,26 +86,50 @@ layout raises ValueError instead of silently resuming at a different place
 of the stream.  It does not depend on ``row_ids``: every process saves and
 restores the same dict.
 """
+
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
-from transformer_xl.data.corpus import (ArraySentenceIndex, ArraySource, Corpus, DataError,
-                                        SentenceIndex, TokenSource, Tokenizer, sentence_offsets)
-from transformer_xl.data.iterators import (EvalIterator, SlidingWindowIterator, TrainIterator,
-                                           make_train_iterator, split_documents)
+from transformer_xl.data.corpus import (
+    ArraySentenceIndex,
+    ArraySource,
+    Corpus,
+    DataError,
+    SentenceIndex,
+    Tokenizer,
+    TokenSource,
+    sentence_offsets,
+)
+from transformer_xl.data.iterators import (
+    EvalIterator,
+    SlidingWindowIterator,
+    TrainIterator,
+    make_train_iterator,
+    split_documents,
+)
 from transformer_xl.data.placement import process_row_ids, to_global_batch
 from transformer_xl.data.prefetch import Prefetcher
 from transformer_xl.data.shuffled import ShuffledSentenceIterator
 
 # Names accepted by load_corpus (launch/common.sh reads this literal).
-CORPUS_NAMES = (
-    "enwik8", "text8", "ptb", "ptb_char", "wikitext2", "wikitext103", "lm1b")
+CORPUS_NAMES = ("enwik8", "text8", "ptb", "ptb_char", "wikitext2", "wikitext103", "lm1b")
 TEXT = "text"  # data.dataset of one's own text files (text_files.py)
 # The data config fields that describe one's own text (text_files.TextSettings).
-TEXT_FIELDS = ("train_files", "valid_files", "test_files", "tokenizer", "vocab_size",
-               "min_count", "document_separator", "spm_model_type", "spm_sample_mb",
-               "text_key", "tfds_splits")
+TEXT_FIELDS = (
+    "train_files",
+    "valid_files",
+    "test_files",
+    "tokenizer",
+    "vocab_size",
+    "min_count",
+    "document_separator",
+    "spm_model_type",
+    "spm_sample_mb",
+    "text_key",
+    "tfds_splits",
+)
 TFDS_PREFIX = "tfds:"  # data.dataset="tfds:NAME[/CONFIG]": a tfds text dataset
 
 
@@ -124,13 +148,20 @@ def load_configured(data_cfg: Mapping[str, Any]) -> Corpus:
   dataset = data_cfg["dataset"]
   if dataset == TEXT or dataset.startswith(TFDS_PREFIX):
     from transformer_xl.data import text_files  # imports tfds
+
     settings = text_files.TextSettings(
         **{k: data_cfg[k] for k in TEXT_FIELDS if k in data_cfg},
-        tfds_name=dataset[len(TFDS_PREFIX):] if dataset.startswith(TFDS_PREFIX) else "")
+        tfds_name=dataset[len(TFDS_PREFIX) :] if dataset.startswith(TFDS_PREFIX) else "",
+    )
     return text_files.load_text_corpus(settings, data_dir=data_cfg.get("data_dir"))
-  return load_corpus(data_cfg["dataset"], **{
-      k: data_cfg[k] for k in ("data_dir", "manual_dir", "download", "verify_checksums")
-      if k in data_cfg})
+  return load_corpus(
+      data_cfg["dataset"],
+      **{
+          k: data_cfg[k]
+          for k in ("data_dir", "manual_dir", "download", "verify_checksums")
+          if k in data_cfg
+      },
+  )
 
 
 def load_corpus(
@@ -183,23 +214,38 @@ def load_corpus(
       checksum mismatch, or an unusable source.
   """
   if name not in CORPUS_NAMES:
-    raise ValueError(
-        f"Unknown corpus {name!r}; valid names: {', '.join(CORPUS_NAMES)}.")
+    raise ValueError(f"Unknown corpus {name!r}; valid names: {', '.join(CORPUS_NAMES)}.")
   from transformer_xl.data import builders  # imports tfds: only when a corpus is loaded
 
   kwargs = {} if chunk_size is None else {"chunk_size": chunk_size}
   builder = builders.BUILDERS[name](data_dir=data_dir, **kwargs)
   if not builder.is_prepared():
-    builder.prepare(manual_dir=manual_dir, download=download,
-                    verify_checksums=verify_checksums)
+    builder.prepare(manual_dir=manual_dir, download=download, verify_checksums=verify_checksums)
   return builder.as_corpus()
 
 
 __all__ = [
-    "ArraySentenceIndex", "ArraySource", "CORPUS_NAMES", "Corpus", "DataError",
-    "EvalIterator", "Prefetcher", "SentenceIndex", "ShuffledSentenceIterator", "SlidingWindowIterator",
+    "ArraySentenceIndex",
+    "ArraySource",
+    "CORPUS_NAMES",
+    "Corpus",
+    "DataError",
+    "EvalIterator",
+    "Prefetcher",
+    "SentenceIndex",
+    "ShuffledSentenceIterator",
+    "SlidingWindowIterator",
     "TokenSource",
-    "TEXT", "TEXT_FIELDS", "TFDS_PREFIX", "Tokenizer", "TrainIterator", "load_configured", "load_corpus",
+    "TEXT",
+    "TEXT_FIELDS",
+    "TFDS_PREFIX",
+    "Tokenizer",
+    "TrainIterator",
+    "load_configured",
+    "load_corpus",
     "make_train_iterator",
-    "process_row_ids", "sentence_offsets", "split_documents", "to_global_batch",
+    "process_row_ids",
+    "sentence_offsets",
+    "split_documents",
+    "to_global_batch",
 ]

@@ -16,6 +16,7 @@ Corpus name: builder, unit, tokens (module):
 The builder names carry a ``txl_`` prefix so they cannot collide with tfds's
 own datasets; a prepared dataset lives in ``<data_dir>/<builder>/1.0.0``.
 """
+
 from __future__ import annotations
 
 from transformer_xl.data.enwik8_text8 import TxlEnwik8, TxlText8
@@ -25,6 +26,5 @@ from transformer_xl.data.storage import TokenStreamBuilder
 
 BUILDERS: dict[str, type[TokenStreamBuilder]] = {
     b.SPEC.name: b
-    for b in (TxlEnwik8, TxlText8, TxlPtb, TxlPtbChar, TxlWikitext2,
-              TxlWikitext103, TxlLm1b)
+    for b in (TxlEnwik8, TxlText8, TxlPtb, TxlPtbChar, TxlWikitext2, TxlWikitext103, TxlLm1b)
 }

@@ -6,15 +6,16 @@ also have a ``SentenceIndex`` per split.  The in-memory versions
 (``ArraySource``, ``ArraySentenceIndex``) serve tests and small
 corpora; the stored ones are in ``storage.py``.
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Protocol, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 import numpy as np
 
 from transformer_xl import errors
-
 
 DataError = errors.DataError  # re-exported (transformer_xl.errors)
 
@@ -86,12 +87,16 @@ def sentence_offsets(lengths: np.ndarray) -> np.ndarray:
   """
   lengths = np.asarray(lengths)
   if lengths.ndim != 1 or not np.issubdtype(lengths.dtype, np.integer):
-    raise ValueError(f"sentence lengths must be a 1-D integer array, got "
-                     f"dtype {lengths.dtype} and shape {lengths.shape}.")
+    raise ValueError(
+        f"sentence lengths must be a 1-D integer array, got "
+        f"dtype {lengths.dtype} and shape {lengths.shape}."
+    )
   if lengths.size and int(lengths.min()) < 1:
     bad = int(np.argmax(lengths < 1))
-    raise ValueError(f"sentence {bad} has length {int(lengths[bad])}; every "
-                     "sentence must hold at least one token.")
+    raise ValueError(
+        f"sentence {bad} has length {int(lengths[bad])}; every "
+        "sentence must hold at least one token."
+    )
   offsets = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
   np.cumsum(lengths, dtype=np.int64, out=offsets[1:])
   return offsets
@@ -114,13 +119,16 @@ class ArraySentenceIndex:
 
   def __post_init__(self):
     offsets = np.asarray(self.offsets)
-    if (offsets.ndim != 1 or offsets.shape[0] < 1
-        or not np.issubdtype(offsets.dtype, np.integer)):
-      raise ValueError(f"offsets must be a non-empty 1-D integer array, got "
-                       f"dtype {offsets.dtype} and shape {offsets.shape}.")
+    if offsets.ndim != 1 or offsets.shape[0] < 1 or not np.issubdtype(offsets.dtype, np.integer):
+      raise ValueError(
+          f"offsets must be a non-empty 1-D integer array, got "
+          f"dtype {offsets.dtype} and shape {offsets.shape}."
+      )
     if offsets[0] != 0 or np.any(np.diff(offsets) < 1):
-      raise ValueError("offsets must start at 0 and increase strictly (every "
-                       "sentence holds at least one token).")
+      raise ValueError(
+          "offsets must start at 0 and increase strictly (every "
+          "sentence holds at least one token)."
+      )
     offsets = offsets.astype(np.int64)
     offsets.flags.writeable = False
     object.__setattr__(self, "offsets", offsets)
@@ -133,8 +141,7 @@ class ArraySentenceIndex:
   def read_offsets(self, start: int, stop: int) -> np.ndarray:
     """int64 ``offsets[start:stop]``; IndexError outside [0, num_sentences + 1]."""
     if not 0 <= start <= stop <= self.offsets.shape[0]:
-      raise IndexError(f"range [{start}, {stop}) outside "
-                       f"[0, {self.offsets.shape[0]}]")
+      raise IndexError(f"range [{start}, {stop}) outside " f"[0, {self.offsets.shape[0]}]")
     return self.offsets[start:stop].copy()
 
 
@@ -211,8 +218,10 @@ class Corpus:
 
   def _tokenizer(self, what: str) -> Tokenizer:
     if self.tokenizer is None:
-      raise ValueError(f"corpus {self.name!r} has no tokenizer (only corpora "
-                       f"from load_corpus have one), so it cannot {what} text.")
+      raise ValueError(
+          f"corpus {self.name!r} has no tokenizer (only corpora "
+          f"from load_corpus have one), so it cannot {what} text."
+      )
     return self.tokenizer
 
   def encode(self, text: str, end_last_line: bool = True) -> np.ndarray:

@@ -5,9 +5,10 @@ Both are Matt Mahoney's Wikipedia extracts; their vocabularies are fixed
 split is a contiguous part of the file: 90M / 5M / 5M symbols (Dai et al.
 2019, Sec. 4; ``split_bounds``).
 """
+
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -20,29 +21,50 @@ _MAHONEY_SIZE = 100_000_000
 _MAHONEY_HOMEPAGE = "http://mattmahoney.net/dc/textdata.html"
 
 ENWIK8 = CorpusSpec(
-    name="enwik8", unit="byte", boundary="\n", tokenizer=ByteTokenizer(),
+    name="enwik8",
+    unit="byte",
+    boundary="\n",
+    tokenizer=ByteTokenizer(),
     homepage=_MAHONEY_HOMEPAGE,
     source=sources.SourceSpec(
-        corpus="enwik8", archive="enwik8.zip",
+        corpus="enwik8",
+        archive="enwik8.zip",
         url="http://mattmahoney.net/dc/enwik8.zip",
-        files=(sources.SourceFile(
-            name="enwik8", member="enwik8", size=_MAHONEY_SIZE,
-            md5="a1fa5ffddb56f4953e226637dabbb36a",
-            sha256="2b49720ec4d78c3c9fabaee6e4179a5e997302b3a70029f30f2d582218c024a8"),)),
-    manual_instructions="Put enwik8.zip or enwik8 into the manual dir.")
+        files=(
+            sources.SourceFile(
+                name="enwik8",
+                member="enwik8",
+                size=_MAHONEY_SIZE,
+                md5="a1fa5ffddb56f4953e226637dabbb36a",
+                sha256="2b49720ec4d78c3c9fabaee6e4179a5e997302b3a70029f30f2d582218c024a8",
+            ),
+        ),
+    ),
+    manual_instructions="Put enwik8.zip or enwik8 into the manual dir.",
+)
 
 TEXT8 = CorpusSpec(
-    name="text8", unit="char", boundary=" ",
+    name="text8",
+    unit="char",
+    boundary=" ",
     tokenizer=AlphabetTokenizer("text8", TEXT8_VOCAB, "space and a-z"),
     homepage=_MAHONEY_HOMEPAGE,
     source=sources.SourceSpec(
-        corpus="text8", archive="text8.zip",
+        corpus="text8",
+        archive="text8.zip",
         url="http://mattmahoney.net/dc/text8.zip",
-        files=(sources.SourceFile(
-            name="text8", member="text8", size=_MAHONEY_SIZE,
-            sha256="6e890197040d37d85beb962ae1f041ff1d9a9ca8d20c7d99c85027eebf51dca7"),),
-        note="text8 must hold only the bytes a-z and space, no newline."),
-    manual_instructions="Put text8.zip or text8 into the manual dir.")
+        files=(
+            sources.SourceFile(
+                name="text8",
+                member="text8",
+                size=_MAHONEY_SIZE,
+                sha256="6e890197040d37d85beb962ae1f041ff1d9a9ca8d20c7d99c85027eebf51dca7",
+            ),
+        ),
+        note="text8 must hold only the bytes a-z and space, no newline.",
+    ),
+    manual_instructions="Put text8.zip or text8 into the manual dir.",
+)
 
 
 def split_bounds(n: int) -> dict[str, tuple[int, int]]:
@@ -54,14 +76,12 @@ def split_bounds(n: int) -> dict[str, tuple[int, int]]:
   (only with ``verify_checksums=False``) valid = test = n // 20.
   """
   k = n // 20
-  return {"train": (0, n - 2 * k), "valid": (n - 2 * k, n - k),
-          "test": (n - k, n)}
+  return {"train": (0, n - 2 * k), "valid": (n - 2 * k, n - k), "test": (n - k, n)}
 
 
-def _lookup_stream(data: np.ndarray, table: np.ndarray | None,
-                   step: int) -> Iterator[np.ndarray]:
+def _lookup_stream(data: np.ndarray, table: np.ndarray | None, step: int) -> Iterator[np.ndarray]:
   for i in range(0, len(data), step):
-    piece = data[i:i + step]
+    piece = data[i : i + step]
     yield table[piece] if table is not None else piece.astype(np.int32)
 
 
@@ -72,9 +92,11 @@ class _MahoneyBuilder(TokenStreamBuilder, skip_registration=True):
     (source,) = found.values()
     data = np.frombuffer(source.read_bytes(), dtype=np.uint8)
     if verify and len(data) != _MAHONEY_SIZE:
-      raise DataError(f"{source}: {len(data):,} bytes, expected "
-                      f"{_MAHONEY_SIZE:,}; use the canonical file, or pass "
-                      "--config.data.verify_checksums=false to use this one on purpose.")
+      raise DataError(
+          f"{source}: {len(data):,} bytes, expected "
+          f"{_MAHONEY_SIZE:,}; use the canonical file, or pass "
+          "--config.data.verify_checksums=false to use this one on purpose."
+      )
     tokenizer = self.SPEC.tokenizer
     vocab, table = list(tokenizer.vocab), tokenizer.byte_table()
     if table is not None:
@@ -84,16 +106,19 @@ class _MahoneyBuilder(TokenStreamBuilder, skip_registration=True):
         position = int(np.argmax(data == bad[0]))
         raise DataError(
             f"{source}: byte {int(bad[0])} at offset {position} is outside "
-            f"the {self.SPEC.name} alphabet {''.join(vocab)!r}.")
+            f"the {self.SPEC.name} alphabet {''.join(vocab)!r}."
+        )
     bounds = split_bounds(len(data))
     step = self._chunk_size
     streams = {
-        s: (lambda a=a, b=b: _lookup_stream(data[a:b], table, step))
-        for s, (a, b) in bounds.items()
+        s: (lambda a=a, b=b: _lookup_stream(data[a:b], table, step)) for s, (a, b) in bounds.items()
     }
-    return Plan(vocab=vocab, boundary_id=vocab.index(self.SPEC.boundary),
-                num_tokens={s: b - a for s, (a, b) in bounds.items()},
-                streams=streams)
+    return Plan(
+        vocab=vocab,
+        boundary_id=vocab.index(self.SPEC.boundary),
+        num_tokens={s: b - a for s, (a, b) in bounds.items()},
+        streams=streams,
+    )
 
 
 class TxlEnwik8(_MahoneyBuilder):

@@ -11,15 +11,22 @@ Batches follow the batch contract of ``transformer_xl.data``.
 ``make_train_iterator`` picks ``TrainIterator`` or, for corpora
 with sentence boundaries, ``shuffled.ShuffledSentenceIterator``.
 """
+
 from __future__ import annotations
 
-from typing import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
-from transformer_xl.data.checks import (Batch, check_boundary_id, check_positive,
-                                        check_row_ids, check_source, check_state,
-                                        read_checked)
+from transformer_xl.data.checks import (
+    Batch,
+    check_boundary_id,
+    check_positive,
+    check_row_ids,
+    check_source,
+    check_state,
+    read_checked,
+)
 from transformer_xl.data.corpus import Corpus, SentenceIndex, TokenSource
 from transformer_xl.data.shuffled import ShuffledSentenceIterator
 
@@ -38,8 +45,10 @@ def document_offsets(documents: SentenceIndex | None, num_tokens: int) -> np.nda
     return None
   offsets = documents.read_offsets(0, documents.num_sentences + 1)
   if offsets[0] != 0 or offsets[-1] != num_tokens:
-    raise ValueError(f"the documents cover tokens [{offsets[0]}, {offsets[-1]}) but the stream "
-                     f"has {num_tokens}; the prepared dataset is inconsistent.")
+    raise ValueError(
+        f"the documents cover tokens [{offsets[0]}, {offsets[-1]}) but the stream "
+        f"has {num_tokens}; the prepared dataset is inconsistent."
+    )
   return offsets
 
 
@@ -89,8 +98,14 @@ class TrainIterator(Iterator[Batch]):
     steps_per_epoch: steps per epoch.
   """
 
-  def __init__(self, source: TokenSource, global_batch: int, tgt_len: int,
-               row_ids: Sequence[int] | None = None, documents: SentenceIndex | None = None):
+  def __init__(
+      self,
+      source: TokenSource,
+      global_batch: int,
+      tgt_len: int,
+      row_ids: Sequence[int] | None = None,
+      documents: SentenceIndex | None = None,
+  ):
     """Builds the iterator at epoch 0, step 0.
 
     Args:
@@ -122,12 +137,13 @@ class TrainIterator(Iterator[Batch]):
           f"training step with global_batch={self.global_batch} and "
           f"tgt_len={self.tgt_len}: each of the {self.global_batch} rows needs "
           f"tgt_len + 1 = {self.tgt_len + 1} tokens, i.e. at least {needed} "
-          f"tokens. Lower global_batch or tgt_len, or use a larger split.")
+          f"tokens. Lower global_batch or tgt_len, or use a larger split."
+      )
     self.row_ids = check_row_ids(row_ids, self.global_batch)
     self._epoch = 0
     self._step = 0
 
-  def __iter__(self) -> "TrainIterator":
+  def __iter__(self) -> TrainIterator:
     return self
 
   def __next__(self) -> Batch:
@@ -149,8 +165,9 @@ class TrainIterator(Iterator[Batch]):
         "reset": np.full((b,), self._step == 0, dtype=bool),
     }
     if self._doc_offsets is not None:
-      targets_BxT = (np.asarray(self.row_ids)[:, None] * self.row_len + offset + 1
-                     + np.arange(T)[None, :])
+      targets_BxT = (
+          np.asarray(self.row_ids)[:, None] * self.row_len + offset + 1 + np.arange(T)[None, :]
+      )
       batch["doc_pos"] = doc_pos(self._doc_offsets, targets_BxT)
     self._step += 1
     if self._step == self.steps_per_epoch:
@@ -166,9 +183,13 @@ class TrainIterator(Iterator[Batch]):
       batch, in [0, steps_per_epoch), "global_batch", "tgt_len",
       "num_tokens"}.
     """
-    return {"epoch": self._epoch, "step": self._step,
-            "global_batch": self.global_batch, "tgt_len": self.tgt_len,
-            "num_tokens": self.num_tokens}
+    return {
+        "epoch": self._epoch,
+        "step": self._step,
+        "global_batch": self.global_batch,
+        "tgt_len": self.tgt_len,
+        "num_tokens": self.num_tokens,
+    }
 
   def set_state(self, state: Mapping[str, int]) -> None:
     """Moves to a position returned by ``get_state``.
@@ -179,15 +200,20 @@ class TrainIterator(Iterator[Batch]):
         [0, steps_per_epoch); global_batch, tgt_len or num_tokens differ from
         this iterator's.
     """
-    s = check_state(state, _TRAIN_STATE_KEYS,
-                    {"global_batch": self.global_batch, "tgt_len": self.tgt_len,
-                     "num_tokens": self.num_tokens}, "TrainIterator")
+    s = check_state(
+        state,
+        _TRAIN_STATE_KEYS,
+        {"global_batch": self.global_batch, "tgt_len": self.tgt_len, "num_tokens": self.num_tokens},
+        "TrainIterator",
+    )
     if s["epoch"] < 0:
       raise ValueError(f"TrainIterator state epoch must be >= 0, got {s['epoch']}.")
     if not 0 <= s["step"] < self.steps_per_epoch:
-      raise ValueError(f"TrainIterator state step must be in [0, "
-                       f"{self.steps_per_epoch}) (steps per epoch), got "
-                       f"{s['step']}.")
+      raise ValueError(
+          f"TrainIterator state step must be in [0, "
+          f"{self.steps_per_epoch}) (steps per epoch), got "
+          f"{s['step']}."
+      )
     self._epoch, self._step = s["epoch"], s["step"]
 
 
@@ -230,9 +256,15 @@ class EvalIterator(Iterator[Batch]):
     num_steps: ceil(row_len / T), batches in the pass.
   """
 
-  def __init__(self, source: TokenSource, global_batch: int, tgt_len: int,
-               boundary_id: int, row_ids: Sequence[int] | None = None,
-               documents: SentenceIndex | None = None):
+  def __init__(
+      self,
+      source: TokenSource,
+      global_batch: int,
+      tgt_len: int,
+      boundary_id: int,
+      row_ids: Sequence[int] | None = None,
+      documents: SentenceIndex | None = None,
+  ):
     """Builds the iterator at step 0.
 
     Args:
@@ -256,8 +288,10 @@ class EvalIterator(Iterator[Batch]):
     self._source = source
     self.num_tokens = check_source(source)
     if self.num_tokens < 1:
-      raise ValueError("the evaluation split has 0 tokens; there is nothing to "
-                       "score. Check that the split was built correctly.")
+      raise ValueError(
+          "the evaluation split has 0 tokens; there is nothing to "
+          "score. Check that the split was built correctly."
+      )
     self.row_ids = check_row_ids(row_ids, self.global_batch)
     self._doc_offsets = document_offsets(documents, self.num_tokens)
     even = -(-self.num_tokens // self.global_batch)
@@ -273,7 +307,7 @@ class EvalIterator(Iterator[Batch]):
     """Total number of batches in a pass (``num_steps``), wherever the iterator is."""
     return self.num_steps
 
-  def __iter__(self) -> "EvalIterator":
+  def __iter__(self) -> EvalIterator:
     return self
 
   def __next__(self) -> Batch:
@@ -315,15 +349,16 @@ class EvalIterator(Iterator[Batch]):
     }
     if self._doc_offsets is not None:
       pairs_BxT = self.pairs(self._step)[np.asarray(self.row_ids)]
-      batch["doc_pos"] = np.where(pairs_BxT >= 0,
-                                  doc_pos(self._doc_offsets, np.maximum(pairs_BxT, 0)), 0)
+      batch["doc_pos"] = np.where(
+          pairs_BxT >= 0, doc_pos(self._doc_offsets, np.maximum(pairs_BxT, 0)), 0
+      )
     self._step += 1
     return batch
 
   def pairs(self, step: int) -> np.ndarray:
     """Stream index j of every position of batch ``step``, for all B global
     rows: int64 [B, T], -1 where the position is padding."""
-    j_BxT = (self._row_start[:, None] + step * self.tgt_len + np.arange(self.tgt_len)[None, :])
+    j_BxT = self._row_start[:, None] + step * self.tgt_len + np.arange(self.tgt_len)[None, :]
     return np.where(j_BxT < self._row_end[:, None], j_BxT, -1).astype(np.int64)
 
   def get_state(self) -> dict[str, int]:
@@ -333,8 +368,12 @@ class EvalIterator(Iterator[Batch]):
       {"step": index of the next batch in [0, num_steps] (num_steps: pass
       finished), "global_batch", "tgt_len", "num_tokens"}.
     """
-    return {"step": self._step, "global_batch": self.global_batch,
-            "tgt_len": self.tgt_len, "num_tokens": self.num_tokens}
+    return {
+        "step": self._step,
+        "global_batch": self.global_batch,
+        "tgt_len": self.tgt_len,
+        "num_tokens": self.num_tokens,
+    }
 
   def set_state(self, state: Mapping[str, int]) -> None:
     """Moves to a position returned by ``get_state``.
@@ -344,12 +383,17 @@ class EvalIterator(Iterator[Batch]):
         a value is not an integer; step outside [0, num_steps];
         global_batch, tgt_len or num_tokens differ from this iterator's.
     """
-    s = check_state(state, _EVAL_STATE_KEYS,
-                    {"global_batch": self.global_batch, "tgt_len": self.tgt_len,
-                     "num_tokens": self.num_tokens}, "EvalIterator")
+    s = check_state(
+        state,
+        _EVAL_STATE_KEYS,
+        {"global_batch": self.global_batch, "tgt_len": self.tgt_len, "num_tokens": self.num_tokens},
+        "EvalIterator",
+    )
     if not 0 <= s["step"] <= self.num_steps:
-      raise ValueError(f"EvalIterator state step must be in [0, "
-                       f"{self.num_steps}] (num_steps), got {s['step']}.")
+      raise ValueError(
+          f"EvalIterator state step must be in [0, "
+          f"{self.num_steps}] (num_steps), got {s['step']}."
+      )
     self._step = s["step"]
 
 
@@ -386,8 +430,15 @@ class SlidingWindowIterator(Iterator[Batch]):
     num_steps: ceil(num_windows / B), batches in the pass.
   """
 
-  def __init__(self, source: TokenSource, global_batch: int, window: int, stride: int,
-               boundary_id: int, row_ids: Sequence[int] | None = None):
+  def __init__(
+      self,
+      source: TokenSource,
+      global_batch: int,
+      window: int,
+      stride: int,
+      boundary_id: int,
+      row_ids: Sequence[int] | None = None,
+  ):
     """Builds the iterator at step 0.
 
     Raises:
@@ -398,8 +449,10 @@ class SlidingWindowIterator(Iterator[Batch]):
     self.window = check_positive("window", window)
     self.stride = check_positive("stride", stride)
     if self.stride > self.window:
-      raise ValueError(f"stride={stride} must be <= window={window} (each window scores its "
-                       "last stride positions).")
+      raise ValueError(
+          f"stride={stride} must be <= window={window} (each window scores its "
+          "last stride positions)."
+      )
     self.boundary_id = check_boundary_id(boundary_id)
     self._source = source
     self.num_tokens = check_source(source)
@@ -414,7 +467,7 @@ class SlidingWindowIterator(Iterator[Batch]):
     """Total number of batches in a pass (``num_steps``)."""
     return self.num_steps
 
-  def __iter__(self) -> "SlidingWindowIterator":
+  def __iter__(self) -> SlidingWindowIterator:
     return self
 
   def _bounds(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -423,8 +476,9 @@ class SlidingWindowIterator(Iterator[Batch]):
     k_B = step * self.global_batch + np.arange(self.global_batch, dtype=np.int64)
     first_B = k_B * self.stride
     start_B = np.maximum(first_B - (self.window - self.stride), 0)
-    end_B = np.where(k_B < self.num_windows,
-                     np.minimum(first_B + self.stride, self.num_tokens), start_B)
+    end_B = np.where(
+        k_B < self.num_windows, np.minimum(first_B + self.stride, self.num_tokens), start_B
+    )
     return first_B, end_B, start_B
 
   def pairs(self, step: int) -> np.ndarray:
@@ -456,7 +510,7 @@ class SlidingWindowIterator(Iterator[Batch]):
       if a == 0:
         tokens = read_checked(self._source, 0, z)
         inputs_BxL[i, off] = self.boundary_id
-        inputs_BxL[i, off + 1:] = tokens[:-1]
+        inputs_BxL[i, off + 1 :] = tokens[:-1]
       else:
         tokens = read_checked(self._source, a - 1, z)
         inputs_BxL[i, off:] = tokens[:-1]
@@ -473,10 +527,15 @@ class SlidingWindowIterator(Iterator[Batch]):
     return batch
 
 
-def make_train_iterator(corpus: Corpus, split: str, global_batch: int,
-                        tgt_len: int, seed: int,
-                        row_ids: Sequence[int] | None = None, documents: str = "stream"
-                        ) -> TrainIterator | ShuffledSentenceIterator:
+def make_train_iterator(
+    corpus: Corpus,
+    split: str,
+    global_batch: int,
+    tgt_len: int,
+    seed: int,
+    row_ids: Sequence[int] | None = None,
+    documents: str = "stream",
+) -> TrainIterator | ShuffledSentenceIterator:
   """The training iterator that fits ``corpus``.
 
   Corpora with sentence boundaries (``corpus.sentence_offsets`` holding
@@ -502,15 +561,28 @@ def make_train_iterator(corpus: Corpus, split: str, global_batch: int,
       without documents, or the iterator's own errors.
   """
   if split not in corpus.splits:
-    raise ValueError(f"split {split!r} is not in the corpus {corpus.name!r}; "
-                     f"its splits are {sorted(corpus.splits)}.")
+    raise ValueError(
+        f"split {split!r} is not in the corpus {corpus.name!r}; "
+        f"its splits are {sorted(corpus.splits)}."
+    )
   index = (corpus.sentence_offsets or {}).get(split)
   if index is not None:
     return ShuffledSentenceIterator(
-        corpus.splits[split], index, global_batch, tgt_len, seed,
-        corpus.boundary_id, row_ids=row_ids)
-  return TrainIterator(corpus.splits[split], global_batch, tgt_len,
-                       row_ids=row_ids, documents=split_documents(corpus, split, documents))
+        corpus.splits[split],
+        index,
+        global_batch,
+        tgt_len,
+        seed,
+        corpus.boundary_id,
+        row_ids=row_ids,
+    )
+  return TrainIterator(
+      corpus.splits[split],
+      global_batch,
+      tgt_len,
+      row_ids=row_ids,
+      documents=split_documents(corpus, split, documents),
+  )
 
 
 def split_documents(corpus: Corpus, split: str, documents: str) -> SentenceIndex | None:
@@ -525,6 +597,8 @@ def split_documents(corpus: Corpus, split: str, documents: str) -> SentenceIndex
   if documents != "reset":
     raise ValueError(f"data.documents={documents!r}: use 'stream' or 'reset'.")
   if corpus.documents is None:
-    raise ValueError(f"data.documents='reset' needs a corpus with documents (data.dataset="
-                     f"'text'); {corpus.name!r} has none: use 'stream'.")
+    raise ValueError(
+        f"data.documents='reset' needs a corpus with documents (data.dataset="
+        f"'text'); {corpus.name!r} has none: use 'stream'."
+    )
   return corpus.documents[split]

@@ -5,20 +5,27 @@ by one ``<S>``, and the sentence lengths are stored beside the stream
 (``TxlLm1b``).  The vocabulary is the reference's file
 ``1b_word_vocab.txt`` if present, else built by ``build_lm1b_vocab``.
 """
+
 from __future__ import annotations
 
 import collections
 import dataclasses
 import itertools
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Iterator, Mapping
 
 import numpy as np
 
 from transformer_xl.data import sources
 from transformer_xl.data.corpus import Corpus, DataError
-from transformer_xl.data.storage import (SPLITS, ChunkedSentenceIndex, ChunkedSource,
-                                         CorpusSpec, Plan, TokenStreamBuilder)
+from transformer_xl.data.storage import (
+    SPLITS,
+    ChunkedSentenceIndex,
+    ChunkedSource,
+    CorpusSpec,
+    Plan,
+    TokenStreamBuilder,
+)
 from transformer_xl.data.tokenizers import LM1B_S, LM1B_UNK, LineTokenizer
 
 LM1B_MIN_FREQ = 3  # Chelba et al. 2013: words seen < 3 times are <UNK>
@@ -33,41 +40,55 @@ def _lm1b_source() -> sources.ShardedSourceSpec:
   train = tuple(
       sources.SourceFile(
           name=f"news.en-{i:05d}-of-00100",
-          member=(f"{_LM1B_TOP}/training-monolingual.tokenized.shuffled/"
-                  f"news.en-{i:05d}-of-00100"))
-      for i in range(1, 100))
+          member=(
+              f"{_LM1B_TOP}/training-monolingual.tokenized.shuffled/" f"news.en-{i:05d}-of-00100"
+          ),
+      )
+      for i in range(1, 100)
+  )
   heldout = sources.SourceFile(
       name="news.en.heldout-00000-of-00050",
-      member=(f"{_LM1B_TOP}/heldout-monolingual.tokenized.shuffled/"
-              "news.en.heldout-00000-of-00050"))
+      member=(
+          f"{_LM1B_TOP}/heldout-monolingual.tokenized.shuffled/" "news.en.heldout-00000-of-00050"
+      ),
+  )
   return sources.ShardedSourceSpec(
-      corpus="lm1b", archive=f"{_LM1B_TOP}.tar.gz",
+      corpus="lm1b",
+      archive=f"{_LM1B_TOP}.tar.gz",
       url=f"http://www.statmt.org/lm-benchmark/{_LM1B_TOP}.tar.gz",
-      train=train, heldout=heldout, extras=(LM1B_VOCAB_FILE,),
-      note=("No published checksum is known for the One Billion Word files; "
-            "with verify_checksums=True the build checks the documented "
-            "structure instead: all 99 training shards "
-            "news.en-00001..00099-of-00100 and the held-out shard "
-            "news.en.heldout-00000-of-00050 present, and, if "
-            f"{LM1B_VOCAB_FILE} is used, its {LM1B_VOCAB_SIZE:,} entries. "
-            f"Optional: the reference vocabulary {LM1B_VOCAB_FILE} "
-            "(https://github.com/rafaljozefowicz/lm/raw/master/"
-            f"{LM1B_VOCAB_FILE}) in the manual dir; without it the "
-            "vocabulary is built from the training shards."))
+      train=train,
+      heldout=heldout,
+      extras=(LM1B_VOCAB_FILE,),
+      note=(
+          "No published checksum is known for the One Billion Word files; "
+          "with verify_checksums=True the build checks the documented "
+          "structure instead: all 99 training shards "
+          "news.en-00001..00099-of-00100 and the held-out shard "
+          "news.en.heldout-00000-of-00050 present, and, if "
+          f"{LM1B_VOCAB_FILE} is used, its {LM1B_VOCAB_SIZE:,} entries. "
+          f"Optional: the reference vocabulary {LM1B_VOCAB_FILE} "
+          "(https://github.com/rafaljozefowicz/lm/raw/master/"
+          f"{LM1B_VOCAB_FILE}) in the manual dir; without it the "
+          "vocabulary is built from the training shards."
+      ),
+  )
 
 
 LM1B = CorpusSpec(
-    name="lm1b", unit="word", boundary=LM1B_S,
+    name="lm1b",
+    unit="word",
+    boundary=LM1B_S,
     tokenizer=LineTokenizer("lm1b", end=LM1B_S, unk=LM1B_UNK),
     homepage="https://www.statmt.org/lm-benchmark/",
     source=_lm1b_source(),
     manual_instructions=(
         f"Put {_LM1B_TOP}.tar.gz or its extracted directory tree (and "
-        f"optionally {LM1B_VOCAB_FILE}) into the manual dir."))
+        f"optionally {LM1B_VOCAB_FILE}) into the manual dir."
+    ),
+)
 
 
-def build_lm1b_vocab(counts: Mapping[str, int],
-                     min_freq: int = LM1B_MIN_FREQ) -> list[str]:
+def build_lm1b_vocab(counts: Mapping[str, int], min_freq: int = LM1B_MIN_FREQ) -> list[str]:
   """The lm1b vocabulary built from training counts (no vocabulary file).
 
   Rule (deterministic; Chelba et al. 2013's vocabulary rule "words seen
@@ -125,15 +146,19 @@ def read_lm1b_vocab_file(source: sources.Source) -> list[str]:
     for lineno, line in enumerate(f, 1):
       fields = line.split()
       if not fields:
-        raise DataError(f"{source} line {lineno} is blank; every line of a "
-                        "vocabulary file must start with a symbol.")
+        raise DataError(
+            f"{source} line {lineno} is blank; every line of a "
+            "vocabulary file must start with a symbol."
+        )
       if fields[0] not in seen:
         seen.add(fields[0])
         vocab.append(fields[0])
   for special in (LM1B_S, LM1B_UNK):
     if special not in seen:
-      raise DataError(f"{source} lacks the symbol {special}, which the lm1b "
-                      "vocabulary needs (sentence boundary and unknown word).")
+      raise DataError(
+          f"{source} lacks the symbol {special}, which the lm1b "
+          "vocabulary needs (sentence boundary and unknown word)."
+      )
   return vocab
 
 
@@ -190,8 +215,7 @@ class TxlLm1b(TokenStreamBuilder):
 
   SPEC = LM1B
 
-  def __init__(self, *, chunk_size: int = LM1B_CHUNK_SIZE, data_dir=None,
-               **kwargs):
+  def __init__(self, *, chunk_size: int = LM1B_CHUNK_SIZE, data_dir=None, **kwargs):
     super().__init__(chunk_size=chunk_size, data_dir=data_dir, **kwargs)
 
   def locate_sources(
@@ -216,15 +240,15 @@ class TxlLm1b(TokenStreamBuilder):
     """
     return sources.locate_sharded(
         self.SPEC.source,
-        manual_dir=(Path(manual_dir) if manual_dir
-                    else self.default_manual_dir()),
+        manual_dir=(Path(manual_dir) if manual_dir else self.default_manual_dir()),
         download_dir=Path(self.data_dir_root) / "downloads",
         download=download,
         require_all_train=verify_checksums,
     )
 
-  def _sentence_lengths(self, source: sources.Source,
-                        counter: collections.Counter | None) -> np.ndarray:
+  def _sentence_lengths(
+      self, source: sources.Source, counter: collections.Counter | None
+  ) -> np.ndarray:
     """int32 [n_lines]: words + 1 per line; counts the words if asked."""
     symbols_of = self.SPEC.tokenizer.symbols
     lengths = []
@@ -236,8 +260,9 @@ class TxlLm1b(TokenStreamBuilder):
         lengths.append(len(words) + 1)
     return np.asarray(lengths, dtype=np.int32)
 
-  def _encode(self, source: sources.Source, index: Mapping[str, int],
-              step: int) -> Iterator[np.ndarray]:
+  def _encode(
+      self, source: sources.Source, index: Mapping[str, int], step: int
+  ) -> Iterator[np.ndarray]:
     """Ids of ``source``, each sentence followed by ``<S>``, in pieces."""
     tokenizer = self.SPEC.tokenizer
     boundary, unk = index[tokenizer.end], index[tokenizer.unk]
@@ -268,38 +293,43 @@ class TxlLm1b(TokenStreamBuilder):
             f"{vocab_file} has {len(vocab):,} entries, the reference's "
             f"{LM1B_VOCAB_FILE} has {LM1B_VOCAB_SIZE:,}; replace it with the "
             "reference file, or pass --config.data.verify_checksums=false to use it on "
-            "purpose.")
+            "purpose."
+        )
       vocab_source = f"file {LM1B_VOCAB_FILE}"
     else:
       counter[LM1B_S] += n_train_sentences
       vocab = build_lm1b_vocab(counter)
-      vocab_source = (f"built from the training shards (min_freq "
-                      f"{LM1B_MIN_FREQ}, by descending count, then code point)")
+      vocab_source = (
+          f"built from the training shards (min_freq "
+          f"{LM1B_MIN_FREQ}, by descending count, then code point)"
+      )
     index = {s: i for i, s in enumerate(vocab)}
     step = self._chunk_size
-    lengths = {"train": train_lengths, "valid": [heldout_lengths],
-               "test": [heldout_lengths]}
+    lengths = {"train": train_lengths, "valid": [heldout_lengths], "test": [heldout_lengths]}
     streams = {
         "train": lambda: itertools.chain.from_iterable(
-            self._encode(src, index, step) for src in train),
+            self._encode(src, index, step) for src in train
+        ),
         "valid": lambda: self._encode(heldout, index, step),
         "test": lambda: self._encode(heldout, index, step),
     }
-    num_tokens = {s: int(sum(int(x.sum(dtype=np.int64)) for x in lengths[s]))
-                  for s in SPLITS}
+    num_tokens = {s: int(sum(int(x.sum(dtype=np.int64)) for x in lengths[s])) for s in SPLITS}
     num_sentences = {s: int(sum(len(x) for x in lengths[s])) for s in SPLITS}
     for s in SPLITS:
       streams[s + SENTENCE_LENGTHS] = lambda s=s: iter(lengths[s])
       num_tokens[s + SENTENCE_LENGTHS] = num_sentences[s]
     return Plan(
-        vocab=vocab, boundary_id=index[self.SPEC.boundary], num_tokens=num_tokens,
+        vocab=vocab,
+        boundary_id=index[self.SPEC.boundary],
+        num_tokens=num_tokens,
         streams=streams,
         metadata={
             "num_sentences": num_sentences,
             "vocab_source": vocab_source,
             "train_shards": [src.file.name for src in train],
             "heldout_shard": shards.heldout.name,
-        })
+        },
+    )
 
   def as_corpus(self) -> Corpus:
     """The prepared dataset as a ``Corpus`` with ``sentence_offsets``.
@@ -316,16 +346,21 @@ class TxlLm1b(TokenStreamBuilder):
     if "num_sentences" not in md:
       raise DataError(
           f"{self.data_dir}: metadata.json lacks num_sentences; delete the "
-          "directory to rebuild the dataset.")
+          "directory to rebuild the dataset."
+      )
     index = {
         split: ChunkedSentenceIndex(
             ChunkedSource(
                 self.data_source(split + SENTENCE_LENGTHS),
-                md["num_sentences"][split], md["chunk_size"],
+                md["num_sentences"][split],
+                md["chunk_size"],
                 name=f"{self.SPEC.name}/{split}{SENTENCE_LENGTHS}",
-                cache_chunks=0, path=str(self.data_dir)),
+                cache_chunks=0,
+                path=str(self.data_dir),
+            ),
             num_tokens=corpus.splits[split].num_tokens,
-            name=f"{self.SPEC.name}/{split}")
+            name=f"{self.SPEC.name}/{split}",
+        )
         for split in SPLITS
     }
     return dataclasses.replace(corpus, sentence_offsets=index)

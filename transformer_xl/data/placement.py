@@ -6,9 +6,10 @@ devices hold (``process_row_ids``, passed to the iterators as
 batch from every process's local rows; see the batch contract of
 ``transformer_xl.data``.
 """
+
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import jax
 import numpy as np
@@ -17,8 +18,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 from transformer_xl.data.checks import check_positive
 
 
-def process_row_ids(sharding: jax.sharding.Sharding, global_batch: int,
-                    tgt_len: int | None = None) -> list[int]:
+def process_row_ids(
+    sharding: jax.sharding.Sharding, global_batch: int, tgt_len: int | None = None
+) -> list[int]:
   """Global batch rows held by this process's addressable devices.
 
   Args:
@@ -45,10 +47,12 @@ def process_row_ids(sharding: jax.sharding.Sharding, global_batch: int,
   try:
     index_map = sharding.addressable_devices_indices_map((global_batch, tgt_len))
   except Exception as e:  # jax raises several types for an incompatible shape.
-    raise ValueError(f"the sharding {sharding} cannot shard a batch of shape "
-                     f"({global_batch}, {tgt_len}): {e}. Make global_batch "
-                     f"divisible by the size of the mesh axes that shard the "
-                     f"batch axis.") from e
+    raise ValueError(
+        f"the sharding {sharding} cannot shard a batch of shape "
+        f"({global_batch}, {tgt_len}): {e}. Make global_batch "
+        f"divisible by the size of the mesh axes that shard the "
+        f"batch axis."
+    ) from e
   rows: set[int] = set()
   for index in index_map.values():
     row_slice = index[0] if index else slice(None)
@@ -59,17 +63,19 @@ def process_row_ids(sharding: jax.sharding.Sharding, global_batch: int,
 def _batch_axis_sharding(sharding: jax.sharding.Sharding) -> NamedSharding:
   """The sharding of a [B] array that follows the batch axis of ``sharding``."""
   if not isinstance(sharding, NamedSharding):
-    raise TypeError(f"to_global_batch needs a jax.sharding.NamedSharding (to "
-                    f"derive the sharding of the [B] reset array), got "
-                    f"{type(sharding).__name__}; build the batch sharding as "
-                    f"NamedSharding(mesh, PartitionSpec('data', None)).")
+    raise TypeError(
+        f"to_global_batch needs a jax.sharding.NamedSharding (to "
+        f"derive the sharding of the [B] reset array), got "
+        f"{type(sharding).__name__}; build the batch sharding as "
+        f"NamedSharding(mesh, PartitionSpec('data', None))."
+    )
   batch_spec = sharding.spec[0] if len(sharding.spec) else None
   return NamedSharding(sharding.mesh, PartitionSpec(batch_spec))
 
 
-def to_global_batch(local_batch: Mapping[str, np.ndarray],
-                    sharding: jax.sharding.Sharding,
-                    global_batch: int) -> dict[str, jax.Array]:
+def to_global_batch(
+    local_batch: Mapping[str, np.ndarray], sharding: jax.sharding.Sharding, global_batch: int
+) -> dict[str, jax.Array]:
   """Assembles global ``jax.Array`` batches from each process's local rows.
 
   Every process calls this with its own local batch (rows ``row_ids`` from
@@ -101,8 +107,9 @@ def to_global_batch(local_batch: Mapping[str, np.ndarray],
   for key, local in local_batch.items():
     local = np.asarray(local)
     if local.ndim == 0:
-      raise ValueError(f"local_batch[{key!r}] is a scalar; every batch array "
-                       f"needs a leading row axis.")
+      raise ValueError(
+          f"local_batch[{key!r}] is a scalar; every batch array " f"needs a leading row axis."
+      )
     global_shape = (global_batch,) + local.shape[1:]
     target = sharding if local.ndim >= 2 else row_sharding
     out[key] = jax.make_array_from_process_local_data(target, local, global_shape)

@@ -7,11 +7,13 @@ comes with the iterator's position *after* it, which is what a checkpoint
 must save for a resumed run to continue with the next batch (the thread is
 ahead of the training loop, so the iterator's own ``get_state()`` is not).
 """
+
 from __future__ import annotations
 
 import queue
 import threading
-from typing import Any, Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
+from typing import Any
 
 
 class Prefetcher(Iterator[tuple[Any, dict]]):
@@ -35,8 +37,7 @@ class Prefetcher(Iterator[tuple[Any, dict]]):
 
   _DONE = object()
 
-  def __init__(self, iterator, transform: Optional[Callable[[Any], Any]] = None,
-               size: int = 2):
+  def __init__(self, iterator, transform: Callable[[Any], Any] | None = None, size: int = 2):
     if size < 1:
       raise ValueError(f"prefetch size={size} must be >= 1.")
     self._iterator = iterator
@@ -70,7 +71,7 @@ class Prefetcher(Iterator[tuple[Any, dict]]):
     except BaseException as err:  # handed to the consumer, raised there
       self._put(err)
 
-  def __iter__(self) -> "Prefetcher":
+  def __iter__(self) -> Prefetcher:
     return self
 
   def __next__(self) -> tuple[Any, dict]:
@@ -96,7 +97,7 @@ class Prefetcher(Iterator[tuple[Any, dict]]):
     self._stop.set()
     self._thread.join(timeout=10)
 
-  def __enter__(self) -> "Prefetcher":
+  def __enter__(self) -> Prefetcher:
     return self
 
   def __exit__(self, *exc) -> None:

@@ -12,11 +12,12 @@ in the reference's ``Vocab.build_vocab``); ``boundary_id`` is the id of
 the vocabulary has it, else raises DataError.  ptb_char spells each line as
 characters (``LineTokenizer.chars``).
 """
+
 from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Iterator, Mapping
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 
@@ -55,75 +56,111 @@ def _line_spec(name: str, unit: str, chars: bool = False, **kwargs) -> LineCorpu
 
 
 def _ptb_source(corpus: str) -> sources.SourceSpec:
-  md5 = {"train": "f26c4b92c5fdc7b3f8c7cdcb991d8420",
-         "valid": "aa0affc06ff7c36e977d7cd49e3839bf",
-         "test": "8b80168b89c18661a38ef683c0dc3721"}
+  md5 = {
+      "train": "f26c4b92c5fdc7b3f8c7cdcb991d8420",
+      "valid": "aa0affc06ff7c36e977d7cd49e3839bf",
+      "test": "8b80168b89c18661a38ef683c0dc3721",
+  }
   return sources.SourceSpec(
-      corpus=corpus, archive="simple-examples.tgz",
+      corpus=corpus,
+      archive="simple-examples.tgz",
       url="http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz",
       files=tuple(
-          sources.SourceFile(name=f"ptb.{s}.txt",
-                             member=f"simple-examples/data/ptb.{s}.txt",
-                             md5=md5[s])
-          for s in SPLITS))
+          sources.SourceFile(
+              name=f"ptb.{s}.txt", member=f"simple-examples/data/ptb.{s}.txt", md5=md5[s]
+          )
+          for s in SPLITS
+      ),
+  )
 
 
-def _wikitext_source(corpus: str, top: str, md5: Mapping[str, str] | None,
-                     note: str = "") -> sources.SourceSpec:
+def _wikitext_source(
+    corpus: str, top: str, md5: Mapping[str, str] | None, note: str = ""
+) -> sources.SourceSpec:
   return sources.SourceSpec(
-      corpus=corpus, archive=f"{top}-v1.zip",
-      url=("https://s3.amazonaws.com/research.metamind.io/wikitext/"
-           f"{top}-v1.zip"),
+      corpus=corpus,
+      archive=f"{top}-v1.zip",
+      url=("https://s3.amazonaws.com/research.metamind.io/wikitext/" f"{top}-v1.zip"),
       files=tuple(
-          sources.SourceFile(name=f"wiki.{s}.tokens",
-                             member=f"{top}/wiki.{s}.tokens",
-                             md5=md5[s] if md5 else None)
-          for s in SPLITS),
-      note=note)
+          sources.SourceFile(
+              name=f"wiki.{s}.tokens", member=f"{top}/wiki.{s}.tokens", md5=md5[s] if md5 else None
+          )
+          for s in SPLITS
+      ),
+      note=note,
+  )
 
 
 _PTB_HOMEPAGE = "http://www.fit.vutbr.cz/~imikolov/rnnlm/"
 _PTB_FILES = {s: f"ptb.{s}.txt" for s in SPLITS}
-_PTB_MANUAL = ("Put simple-examples.tgz or ptb.{train,valid,test}.txt into the manual "
-               "dir.")
-_WIKITEXT_HOMEPAGE = ("https://www.salesforce.com/blog/"
-                      "the-wikitext-long-term-dependency-language-modeling-dataset/")
+_PTB_MANUAL = "Put simple-examples.tgz or ptb.{train,valid,test}.txt into the manual " "dir."
+_WIKITEXT_HOMEPAGE = (
+    "https://www.salesforce.com/blog/"
+    "the-wikitext-long-term-dependency-language-modeling-dataset/"
+)
 _WIKITEXT_FILES = {s: f"wiki.{s}.tokens" for s in SPLITS}
 
 PTB = _line_spec(
-    "ptb", "word", homepage=_PTB_HOMEPAGE, source=_ptb_source("ptb"),
-    split_files=_PTB_FILES, manual_instructions=_PTB_MANUAL,
-    expected=Expected({"train": 929_589, "valid": 73_760, "test": 82_430}, 10_000))
+    "ptb",
+    "word",
+    homepage=_PTB_HOMEPAGE,
+    source=_ptb_source("ptb"),
+    split_files=_PTB_FILES,
+    manual_instructions=_PTB_MANUAL,
+    expected=Expected({"train": 929_589, "valid": 73_760, "test": 82_430}, 10_000),
+)
 
 PTB_CHAR = _line_spec(
-    "ptb_char", "char", chars=True, homepage=_PTB_HOMEPAGE, source=_ptb_source("ptb_char"),
-    split_files=_PTB_FILES, manual_instructions=_PTB_MANUAL)
+    "ptb_char",
+    "char",
+    chars=True,
+    homepage=_PTB_HOMEPAGE,
+    source=_ptb_source("ptb_char"),
+    split_files=_PTB_FILES,
+    manual_instructions=_PTB_MANUAL,
+)
 
 WIKITEXT2 = _line_spec(
-    "wikitext2", "word", homepage=_WIKITEXT_HOMEPAGE,
+    "wikitext2",
+    "word",
+    homepage=_WIKITEXT_HOMEPAGE,
     source=_wikitext_source(
-        "wikitext2", "wikitext-2",
-        {"train": "34a77ebe59551b3a3b3d8c0a2797c976",
-         "valid": "d756d22ab2310e7e60c094bea5c5a8eb",
-         "test": "781c9418ab9414bd09e4aad825aae752"}),
+        "wikitext2",
+        "wikitext-2",
+        {
+            "train": "34a77ebe59551b3a3b3d8c0a2797c976",
+            "valid": "d756d22ab2310e7e60c094bea5c5a8eb",
+            "test": "781c9418ab9414bd09e4aad825aae752",
+        },
+    ),
     split_files=_WIKITEXT_FILES,
-    manual_instructions=("Put wikitext-2-v1.zip or wiki.{train,valid,test}.tokens into "
-                         "the manual dir."),
-    expected=Expected({"train": 2_088_628, "valid": 217_646, "test": 245_569}, 33_278))
+    manual_instructions=(
+        "Put wikitext-2-v1.zip or wiki.{train,valid,test}.tokens into " "the manual dir."
+    ),
+    expected=Expected({"train": 2_088_628, "valid": 217_646, "test": 245_569}, 33_278),
+)
 
 WIKITEXT103 = _line_spec(
-    "wikitext103", "word", homepage=_WIKITEXT_HOMEPAGE,
+    "wikitext103",
+    "word",
+    homepage=_WIKITEXT_HOMEPAGE,
     source=_wikitext_source(
-        "wikitext103", "wikitext-103", None,
-        note=("No published checksum is known for WikiText-103; with "
-              "verify_checksums=True the build checks the documented counts "
-              "instead: 103,227,021 / 217,646 / 245,569 tokens (with <eos>), "
-              "vocabulary 267,735.")),
+        "wikitext103",
+        "wikitext-103",
+        None,
+        note=(
+            "No published checksum is known for WikiText-103; with "
+            "verify_checksums=True the build checks the documented counts "
+            "instead: 103,227,021 / 217,646 / 245,569 tokens (with <eos>), "
+            "vocabulary 267,735."
+        ),
+    ),
     split_files=_WIKITEXT_FILES,
-    manual_instructions=("Put wikitext-103-v1.zip or wiki.{train,valid,test}.tokens "
-                         "into the manual dir."),
-    expected=Expected({"train": 103_227_021, "valid": 217_646, "test": 245_569},
-                      267_735))
+    manual_instructions=(
+        "Put wikitext-103-v1.zip or wiki.{train,valid,test}.tokens " "into the manual dir."
+    ),
+    expected=Expected({"train": 103_227_021, "valid": 217_646, "test": 245_569}, 267_735),
+)
 
 
 class _LineBuilder(TokenStreamBuilder, skip_registration=True):
@@ -142,8 +179,9 @@ class _LineBuilder(TokenStreamBuilder, skip_registration=True):
         n += len(symbols) + 1
     return counter, n
 
-  def _encode(self, source: sources.Source, index: Mapping[str, int],
-              step: int) -> Iterator[np.ndarray]:
+  def _encode(
+      self, source: sources.Source, index: Mapping[str, int], step: int
+  ) -> Iterator[np.ndarray]:
     """Yields the ids of ``source`` in pieces of about ``step`` tokens.
 
     Raises:
@@ -163,7 +201,8 @@ class _LineBuilder(TokenStreamBuilder, skip_registration=True):
           raise DataError(
               f"{self.SPEC.name}: {source} line {lineno}: {symbol!r} is not in "
               f"the vocabulary built from {self.SPEC.split_files['train']}, which "
-              f"has no {tokenizer.unk} to map it to.")
+              f"has no {tokenizer.unk} to map it to."
+          )
         buf += ids
         buf.append(end)
         if len(buf) >= step:
@@ -184,8 +223,7 @@ class _LineBuilder(TokenStreamBuilder, skip_registration=True):
     step = self._chunk_size
     num_tokens = {"train": n_train}
     for split in ("valid", "test"):  # also finds out-of-vocabulary symbols
-      num_tokens[split] = sum(
-          len(p) for p in self._encode(by_split[split], index, step))
+      num_tokens[split] = sum(len(p) for p in self._encode(by_split[split], index, step))
     if verify and spec.expected is not None:
       got = (dict(num_tokens), len(vocab))
       want = (dict(spec.expected.num_tokens), spec.expected.vocab_size)
@@ -194,13 +232,12 @@ class _LineBuilder(TokenStreamBuilder, skip_registration=True):
             f"{spec.name}: token counts {got[0]} and vocabulary size "
             f"{got[1]} differ from the documented {want[0]} and {want[1]}; "
             "the source files are not the canonical ones: replace them, or pass "
-            "--config.data.verify_checksums=false to use them on purpose.")
-    streams = {
-        s: (lambda src=src: self._encode(src, index, step))
-        for s, src in by_split.items()
-    }
-    return Plan(vocab=vocab, boundary_id=index[spec.boundary], num_tokens=num_tokens,
-                streams=streams)
+            "--config.data.verify_checksums=false to use them on purpose."
+        )
+    streams = {s: (lambda src=src: self._encode(src, index, step)) for s, src in by_split.items()}
+    return Plan(
+        vocab=vocab, boundary_id=index[spec.boundary], num_tokens=num_tokens, streams=streams
+    )
 
 
 class TxlPtb(_LineBuilder):

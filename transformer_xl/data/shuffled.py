@@ -8,20 +8,38 @@ to step.  ``ShuffledSentenceIterator`` states the exact dealing rule,
 the epoch handling and the differences from the reference.  Batches follow
 the batch contract of ``transformer_xl.data``.
 """
+
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-from transformer_xl.data.checks import (Batch, check_boundary_id, check_positive,
-                                        check_row_ids, check_source, check_state, is_int,
-                                        read_checked)
+from transformer_xl.data.checks import (
+    Batch,
+    check_boundary_id,
+    check_positive,
+    check_row_ids,
+    check_source,
+    check_state,
+    is_int,
+    read_checked,
+)
 from transformer_xl.data.corpus import SentenceIndex, TokenSource
 
-_SHUFFLED_STATE_KEYS = ("epoch", "position", "step", "row_sentence",
-                        "row_used", "seed", "global_batch", "tgt_len",
-                        "num_tokens", "num_sentences")
+_SHUFFLED_STATE_KEYS = (
+    "epoch",
+    "position",
+    "step",
+    "row_sentence",
+    "row_used",
+    "seed",
+    "global_batch",
+    "tgt_len",
+    "num_tokens",
+    "num_sentences",
+)
 
 
 class ShuffledSentenceIterator(Iterator[Batch]):
@@ -100,9 +118,16 @@ class ShuffledSentenceIterator(Iterator[Batch]):
     num_sentences: sentences of the split (n).
   """
 
-  def __init__(self, source: TokenSource, sentence_index: SentenceIndex,
-               global_batch: int, tgt_len: int, seed: int, boundary_id: int,
-               row_ids: Sequence[int] | None = None):
+  def __init__(
+      self,
+      source: TokenSource,
+      sentence_index: SentenceIndex,
+      global_batch: int,
+      tgt_len: int,
+      seed: int,
+      boundary_id: int,
+      row_ids: Sequence[int] | None = None,
+  ):
     """Builds the iterator at epoch 0, step 0 (no row holds a sentence yet).
 
     Reads the whole offsets array from ``sentence_index`` (no token).
@@ -134,31 +159,34 @@ class ShuffledSentenceIterator(Iterator[Batch]):
     self.boundary_id = check_boundary_id(boundary_id)
     self._source = source
     self.num_tokens = check_source(source)
-    if not (hasattr(sentence_index, "num_sentences")
-            and callable(getattr(sentence_index, "read_offsets", None))):
+    if not (
+        hasattr(sentence_index, "num_sentences")
+        and callable(getattr(sentence_index, "read_offsets", None))
+    ):
       raise ValueError(
           f"sentence_index must be a SentenceIndex (with .num_sentences and "
           f".read_offsets(start, stop)), got {type(sentence_index).__name__}; "
-          f"pass corpus.sentence_offsets['train'].")
+          f"pass corpus.sentence_offsets['train']."
+      )
     n = sentence_index.num_sentences
     if not is_int(n) or n < 1:
-      raise ValueError(f"the split must hold at least one sentence, got "
-                       f"num_sentences={n!r}.")
+      raise ValueError(f"the split must hold at least one sentence, got " f"num_sentences={n!r}.")
     self.num_sentences = int(n)
     offsets = np.asarray(sentence_index.read_offsets(0, self.num_sentences + 1))
-    if (offsets.shape != (self.num_sentences + 1,)
-        or not np.issubdtype(offsets.dtype, np.integer)):
-      raise ValueError(f"sentence_index.read_offsets(0, {n + 1}) returned "
-                       f"dtype {offsets.dtype}, shape {offsets.shape}; "
-                       f"expected {n + 1} integer offsets.")
+    if offsets.shape != (self.num_sentences + 1,) or not np.issubdtype(offsets.dtype, np.integer):
+      raise ValueError(
+          f"sentence_index.read_offsets(0, {n + 1}) returned "
+          f"dtype {offsets.dtype}, shape {offsets.shape}; "
+          f"expected {n + 1} integer offsets."
+      )
     offsets = offsets.astype(np.int64)
-    if (offsets[0] != 0 or offsets[-1] != self.num_tokens
-        or np.any(np.diff(offsets) < 1)):
+    if offsets[0] != 0 or offsets[-1] != self.num_tokens or np.any(np.diff(offsets) < 1):
       raise ValueError(
           f"sentence offsets must start at 0, increase strictly and end at "
           f"the split's {self.num_tokens} tokens; got first {offsets[0]}, "
           f"last {offsets[-1]}. The sentence index does not belong to this "
-          f"token stream.")
+          f"token stream."
+      )
     offsets.flags.writeable = False
     self._offsets = offsets
     self.row_ids = check_row_ids(row_ids, self.global_batch)
@@ -210,7 +238,7 @@ class ShuffledSentenceIterator(Iterator[Batch]):
     self._position += 1
     return sid
 
-  def __iter__(self) -> "ShuffledSentenceIterator":
+  def __iter__(self) -> ShuffledSentenceIterator:
     return self
 
   def _deal(self) -> list[list[tuple[int, int, int, int]]]:
@@ -220,8 +248,7 @@ class ShuffledSentenceIterator(Iterator[Batch]):
     fill positions ``[pos, pos + z - a)`` of the row's segment.
     """
     T, off = self.tgt_len, self._offsets
-    sentence, used, length = (self._row_sentence, self._row_used,
-                              self._row_length)
+    sentence, used, length = (self._row_sentence, self._row_used, self._row_length)
     pieces: list[list[tuple[int, int, int, int]]] = [[] for _ in self.row_ids]
     for r in range(self.global_batch):
       sid, u, n = sentence[r], used[r], length[r]
@@ -254,12 +281,12 @@ class ShuffledSentenceIterator(Iterator[Batch]):
           if a == 0:  # Sentence start: the boundary is the first input.
             tokens = read_checked(self._source, start, start + z)
             inputs_BxT[i, pos] = self.boundary_id
-            inputs_BxT[i, pos + 1:pos + k] = tokens[:-1]
-            targets_BxT[i, pos:pos + k] = tokens
+            inputs_BxT[i, pos + 1 : pos + k] = tokens[:-1]
+            targets_BxT[i, pos : pos + k] = tokens
           else:
             tokens = read_checked(self._source, start + a - 1, start + z)
-            inputs_BxT[i, pos:pos + k] = tokens[:-1]
-            targets_BxT[i, pos:pos + k] = tokens[1:]
+            inputs_BxT[i, pos : pos + k] = tokens[:-1]
+            targets_BxT[i, pos : pos + k] = tokens[1:]
     except BaseException:
       self.set_state(saved)  # A failed read leaves the position unchanged.
       raise
@@ -284,12 +311,18 @@ class ShuffledSentenceIterator(Iterator[Batch]):
       "global_batch", "tgt_len", "num_tokens", "num_sentences"}.  Ints and
       lists of ints only.
     """
-    return {"epoch": self._epoch, "position": self._position,
-            "step": self._step, "row_sentence": list(self._row_sentence),
-            "row_used": list(self._row_used), "seed": self.seed,
-            "global_batch": self.global_batch, "tgt_len": self.tgt_len,
-            "num_tokens": self.num_tokens,
-            "num_sentences": self.num_sentences}
+    return {
+        "epoch": self._epoch,
+        "position": self._position,
+        "step": self._step,
+        "row_sentence": list(self._row_sentence),
+        "row_used": list(self._row_used),
+        "seed": self.seed,
+        "global_batch": self.global_batch,
+        "tgt_len": self.tgt_len,
+        "num_tokens": self.num_tokens,
+        "num_sentences": self.num_sentences,
+    }
 
   def set_state(self, state: Mapping[str, Any]) -> None:
     """Moves to a position returned by ``get_state`` (of any process).
@@ -304,49 +337,70 @@ class ShuffledSentenceIterator(Iterator[Batch]):
     """
     kind = "ShuffledSentenceIterator"
     if not isinstance(state, Mapping):
-      raise ValueError(f"{kind} state must be a dict with keys "
-                       f"{list(_SHUFFLED_STATE_KEYS)}, got "
-                       f"{type(state).__name__}.")
+      raise ValueError(
+          f"{kind} state must be a dict with keys "
+          f"{list(_SHUFFLED_STATE_KEYS)}, got "
+          f"{type(state).__name__}."
+      )
     rows = ("row_sentence", "row_used")
     scalars = tuple(k for k in _SHUFFLED_STATE_KEYS if k not in rows)
     if set(state) != set(_SHUFFLED_STATE_KEYS):
       missing = sorted(set(_SHUFFLED_STATE_KEYS) - set(state))
       extra = sorted(set(state) - set(_SHUFFLED_STATE_KEYS), key=str)
-      raise ValueError(f"{kind} state must have exactly the keys "
-                       f"{list(_SHUFFLED_STATE_KEYS)}; missing {missing}, "
-                       f"unexpected {extra}. Pass a dict returned by "
-                       f"{kind}.get_state().")
-    s = check_state({k: state[k] for k in scalars}, scalars, {
-        "seed": self.seed, "global_batch": self.global_batch,
-        "tgt_len": self.tgt_len, "num_tokens": self.num_tokens,
-        "num_sentences": self.num_sentences}, kind)
+      raise ValueError(
+          f"{kind} state must have exactly the keys "
+          f"{list(_SHUFFLED_STATE_KEYS)}; missing {missing}, "
+          f"unexpected {extra}. Pass a dict returned by "
+          f"{kind}.get_state()."
+      )
+    s = check_state(
+        {k: state[k] for k in scalars},
+        scalars,
+        {
+            "seed": self.seed,
+            "global_batch": self.global_batch,
+            "tgt_len": self.tgt_len,
+            "num_tokens": self.num_tokens,
+            "num_sentences": self.num_sentences,
+        },
+        kind,
+    )
     if s["epoch"] < 0 or s["step"] < 0:
-      raise ValueError(f"{kind} state epoch and step must be >= 0, got "
-                       f"{s['epoch']} and {s['step']}.")
+      raise ValueError(
+          f"{kind} state epoch and step must be >= 0, got " f"{s['epoch']} and {s['step']}."
+      )
     if not 0 <= s["position"] <= self.num_sentences:
-      raise ValueError(f"{kind} state position must be in [0, "
-                       f"{self.num_sentences}], got {s['position']}.")
+      raise ValueError(
+          f"{kind} state position must be in [0, " f"{self.num_sentences}], got {s['position']}."
+      )
     lists = {}
     for key in rows:
       value = state[key]
-      if (not isinstance(value, Sequence) or isinstance(value, (str, bytes))
+      if (
+          not isinstance(value, Sequence)
+          or isinstance(value, (str, bytes))
           or len(value) != self.global_batch
-          or not all(is_int(v) for v in value)):
-        raise ValueError(f"{kind} state[{key!r}] must be a list of "
-                         f"{self.global_batch} integers (one per row).")
+          or not all(is_int(v) for v in value)
+      ):
+        raise ValueError(
+            f"{kind} state[{key!r}] must be a list of "
+            f"{self.global_batch} integers (one per row)."
+        )
       lists[key] = [int(v) for v in value]
     lengths = []
     for r, (sid, u) in enumerate(zip(lists["row_sentence"], lists["row_used"])):
       if not -1 <= sid < self.num_sentences:
-        raise ValueError(f"{kind} state row_sentence[{r}] = {sid} is outside "
-                         f"[-1, {self.num_sentences}).")
+        raise ValueError(
+            f"{kind} state row_sentence[{r}] = {sid} is outside " f"[-1, {self.num_sentences})."
+        )
       n = 0 if sid < 0 else int(self._offsets[sid + 1] - self._offsets[sid])
       if not 0 <= u <= n:
-        raise ValueError(f"{kind} state row_used[{r}] = {u} is outside [0, "
-                         f"{n}] (the length of sentence {sid}).")
+        raise ValueError(
+            f"{kind} state row_used[{r}] = {u} is outside [0, "
+            f"{n}] (the length of sentence {sid})."
+        )
       lengths.append(n)
-    self._epoch, self._position, self._step = (s["epoch"], s["position"],
-                                               s["step"])
+    self._epoch, self._position, self._step = (s["epoch"], s["position"], s["step"])
     self._row_sentence = lists["row_sentence"]
     self._row_used = lists["row_used"]
     self._row_length = lengths

@@ -26,6 +26,7 @@ dir, or extracted once from the tarball into ``<data_dir>/downloads/
 extracted/lm1b``), and checks the documented structure (every training
 shard present) instead of checksums.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -38,8 +39,9 @@ import tarfile
 import threading
 import urllib.request
 import zipfile
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import BinaryIO, Iterator, Mapping, Sequence, TextIO
+from typing import BinaryIO, TextIO
 
 from transformer_xl.data.corpus import DataError
 
@@ -137,8 +139,7 @@ class Source:
         with tarfile.open(self.path, "r:*") as tf:
           f = tf.extractfile(self.member)
           if f is None:
-            raise DataError(
-                f"{self.member} in {self.path} is not a regular file")
+            raise DataError(f"{self.member} in {self.path} is not a regular file")
           with f:
             yield f
     except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError) as e:
@@ -175,9 +176,11 @@ class Source:
     except UnicodeDecodeError as err:
       line = data.count(b"\n", 0, err.start) + 1
       where = f" (line {line}: byte {data[err.start]:#04x} at offset {err.start:,})"
-    return (f"{self} is not UTF-8 text{where}. Use the canonical file (with "
-            "--config.data.verify_checksums=true its checksum is checked), or convert it to "
-            "UTF-8.")
+    return (
+        f"{self} is not UTF-8 text{where}. Use the canonical file (with "
+        "--config.data.verify_checksums=true its checksum is checked), or convert it to "
+        "UTF-8."
+    )
 
   def read_bytes(self) -> bytes:
     """The whole file as bytes."""
@@ -205,8 +208,7 @@ def _archive_members(archive: Path) -> list[str]:
       return [m.name for m in tf.getmembers() if m.isfile()]
   except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError) as e:
     raise DataError(
-        f"Cannot read the archive {archive}: {e}. Remove it, or replace it "
-        "with an intact copy."
+        f"Cannot read the archive {archive}: {e}. Remove it, or replace it " "with an intact copy."
     ) from e
 
 
@@ -276,16 +278,15 @@ def _download(url: str, dest: Path, timeout_s: float) -> str | None:
 
 
 def _missing_message(
-    spec: SourceSpec, manual_dir: Path, missing: Sequence[str],
+    spec: SourceSpec,
+    manual_dir: Path,
+    missing: Sequence[str],
     download_note: str,
 ) -> str:
   width = max(len(f.name) for f in spec.files)
-  listing = "\n".join(
-      f"      {f.name:<{width}}  ({f.expected()})" for f in spec.files
-  )
+  listing = "\n".join(f"      {f.name:<{width}}  ({f.expected()})" for f in spec.files)
   lines = [
-      f"Cannot build corpus {spec.corpus!r}: source file(s) "
-      f"{', '.join(missing)} not found.",
+      f"Cannot build corpus {spec.corpus!r}: source file(s) " f"{', '.join(missing)} not found.",
       f"Put one of the following into the manual dir {manual_dir} :",
       f"  * the canonical archive {spec.archive}, from {spec.url}",
       "  * or the extracted files:",
@@ -375,8 +376,7 @@ def verify(source: Source) -> None:
       if file.sha256:
         sha256.update(block)
   actual = {"size": size, "md5": md5.hexdigest(), "sha256": sha256.hexdigest()}
-  for key, expected in (("size", file.size), ("md5", file.md5),
-                        ("sha256", file.sha256)):
+  for key, expected in (("size", file.size), ("md5", file.md5), ("sha256", file.sha256)):
     if expected is not None and actual[key] != expected:
       raise DataError(
           f"Checksum mismatch for {file.name} ({source}): expected {key} "
@@ -426,15 +426,16 @@ class ShardedSourceSpec:
     return self.train + (self.heldout,)
 
 
-def _sharded_complete(spec: ShardedSourceSpec, found: Mapping[str, Source],
-                      require_all_train: bool) -> bool:
+def _sharded_complete(
+    spec: ShardedSourceSpec, found: Mapping[str, Source], require_all_train: bool
+) -> bool:
   train = [f.name in found for f in spec.train]
-  return spec.heldout.name in found and (
-      all(train) if require_all_train else any(train))
+  return spec.heldout.name in found and (all(train) if require_all_train else any(train))
 
 
-def _sharded_missing(spec: ShardedSourceSpec, found: Mapping[str, Source],
-                     require_all_train: bool) -> list[str]:
+def _sharded_missing(
+    spec: ShardedSourceSpec, found: Mapping[str, Source], require_all_train: bool
+) -> list[str]:
   """Names of the missing shards (only the first missing training shard
   when any training shard suffices)."""
   missing = [f.name for f in spec.train if f.name not in found]
@@ -450,12 +451,10 @@ def _sharded_missing(spec: ShardedSourceSpec, found: Mapping[str, Source],
 def _summary(names: Sequence[str], limit: int = 4) -> str:
   if len(names) <= limit:
     return ", ".join(names)
-  return (f"{', '.join(names[:limit])} and {len(names) - limit} more "
-          f"({len(names)} files)")
+  return f"{', '.join(names[:limit])} and {len(names) - limit} more " f"({len(names)} files)"
 
 
-def _extract_shards(spec: ShardedSourceSpec, archive: Path,
-                    dest: Path) -> dict[str, Source]:
+def _extract_shards(spec: ShardedSourceSpec, archive: Path, dest: Path) -> dict[str, Source]:
   """Extracts the shards of ``spec`` found in ``archive`` into ``dest``.
 
   One sequential pass over the (compressed) archive; stops once every shard
@@ -498,12 +497,19 @@ def _extract_shards(spec: ShardedSourceSpec, archive: Path,
   return got
 
 
-def _sharded_message(spec: ShardedSourceSpec, manual_dir: Path,
-                     missing: Sequence[str], require_all_train: bool,
-                     download_note: str) -> str:
+def _sharded_message(
+    spec: ShardedSourceSpec,
+    manual_dir: Path,
+    missing: Sequence[str],
+    require_all_train: bool,
+    download_note: str,
+) -> str:
   first, last = spec.train[0], spec.train[-1]
-  need = (f"all {len(spec.train)} training shards" if require_all_train
-          else "at least one training shard")
+  need = (
+      f"all {len(spec.train)} training shards"
+      if require_all_train
+      else "at least one training shard"
+  )
   lines = [
       f"Cannot build corpus {spec.corpus!r}: source file(s) "
       f"{_summary(list(missing))} not found.",
@@ -585,8 +591,11 @@ def locate_sharded(
   found: dict[str, Source] = {}
   for file in spec.shards:
     folder = file.member.rsplit("/", 2)[-2] if "/" in file.member else ""
-    for candidate in (manual_dir / file.member, manual_dir / folder / file.name,
-                      manual_dir / file.name):
+    for candidate in (
+        manual_dir / file.member,
+        manual_dir / folder / file.name,
+        manual_dir / file.name,
+    ):
       if candidate.is_file():
         found[file.name] = Source(file, candidate)
         break
@@ -594,17 +603,20 @@ def locate_sharded(
     return with_extras(found)
 
   def from_archive(archive: Path) -> dict[str, Source]:
-    got = _extract_shards(spec, archive,
-                          download_dir / "extracted" / spec.corpus)
+    got = _extract_shards(spec, archive, download_dir / "extracted" / spec.corpus)
     if not _sharded_complete(spec, got, require_all_train):
       missing = _sharded_missing(spec, got, require_all_train)
       raise DataError(
           f"The archive {archive} does not contain {_summary(missing)}; it is "
           f"not the canonical {spec.archive} ({spec.url}). Replace it with the "
-          "canonical archive" + (
+          "canonical archive"
+          + (
               ", or pass --config.data.verify_checksums=false to build from the training "
-              "shards it holds." if require_all_train and
-              spec.heldout.name in got and len(got) > 1 else "."))
+              "shards it holds."
+              if require_all_train and spec.heldout.name in got and len(got) > 1
+              else "."
+          )
+      )
     return with_extras(got)
 
   for archive in (manual_dir / spec.archive, download_dir / spec.archive):
@@ -620,5 +632,4 @@ def locate_sharded(
     download_note = f"Downloading {spec.url} failed: {reason}"
   else:
     download_note = f"Download of {spec.url} not tried (download=False)."
-  raise DataError(_sharded_message(spec, manual_dir, missing,
-                                   require_all_train, download_note))
+  raise DataError(_sharded_message(spec, manual_dir, missing, require_all_train, download_note))

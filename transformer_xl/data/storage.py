@@ -16,14 +16,16 @@ with a ``CorpusSpec`` per corpus and a ``_plan`` that tokenises the
 sources.  ``ChunkedSource`` and ``ChunkedSentenceIndex`` read a
 prepared dataset back.
 """
+
 from __future__ import annotations
 
 import abc
 import collections
 import dataclasses
 import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Callable, ClassVar, Iterable, Iterator, Mapping
+from typing import ClassVar
 
 import numpy as np
 import tensorflow_datasets as tfds
@@ -41,8 +43,10 @@ BUILDER_PREFIX = "txl_"  # tfds name = prefix + corpus name: no clash with tfds'
 
 def damaged_message(path: str, what: str) -> str:
   """The message for a damaged prepared dataset: what failed, and how to rebuild."""
-  return (f"The prepared dataset in {path} is damaged: {what}. Delete it to rebuild it "
-          f"(rm -r {path}); the next run prepares it again from the source files.")
+  return (
+      f"The prepared dataset in {path} is damaged: {what}. Delete it to rebuild it "
+      f"(rm -r {path}); the next run prepares it again from the source files."
+  )
 
 
 class ChunkedSource:
@@ -71,16 +75,22 @@ class ChunkedSource:
       ``chunk_size``.
   """
 
-  def __init__(self, records, num_tokens: int, chunk_size: int, name: str = "",
-               cache_chunks: int = 64, path: str = ""):
+  def __init__(
+      self,
+      records,
+      num_tokens: int,
+      chunk_size: int,
+      name: str = "",
+      cache_chunks: int = 64,
+      path: str = "",
+  ):
     self._path = str(path)
     self._records = records
     self._num_tokens = int(num_tokens)
     self._chunk_size = int(chunk_size)
     self._name = name
     self._cache_chunks = int(cache_chunks)
-    self._cache: collections.OrderedDict[int, np.ndarray] = (
-        collections.OrderedDict())
+    self._cache: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
     self._lock = threading.Lock()
     expected = -(-self._num_tokens // self._chunk_size)
     if len(records) != expected:
@@ -131,21 +141,31 @@ class ChunkedSource:
           records = [self._records[k] for k in todo]
       except (RuntimeError, ValueError, OSError, KeyError) as err:
         # array_record / riegeli report a damaged file as RuntimeError or ValueError.
-        raise DataError(damaged_message(self._path or self._name, f"{self._name}: records "
-                                        f"{todo[0]}..{todo[-1]} cannot be read ({err})")
-                        ) from None
+        raise DataError(
+            damaged_message(
+                self._path or self._name,
+                f"{self._name}: records " f"{todo[0]}..{todo[-1]} cannot be read ({err})",
+            )
+        ) from None
       for key, record in zip(todo, records):
         try:
           tokens = np.asarray(record["tokens"], dtype=np.int32)
         except (TypeError, ValueError, KeyError) as err:
-          raise DataError(damaged_message(self._path or self._name, f"{self._name}: record "
-                                          f"{key} does not decode ({err})")) from None
+          raise DataError(
+              damaged_message(
+                  self._path or self._name,
+                  f"{self._name}: record " f"{key} does not decode ({err})",
+              )
+          ) from None
         c = self._chunk_size
         expected = min(c, self._num_tokens - key * c)
         if tokens.shape != (expected,):
-          raise DataError(damaged_message(
-              self._path or self._name, f"{self._name}: record {key} holds "
-              f"{tokens.size} tokens, expected {expected}"))
+          raise DataError(
+              damaged_message(
+                  self._path or self._name,
+                  f"{self._name}: record {key} holds " f"{tokens.size} tokens, expected {expected}",
+              )
+          )
         tokens.flags.writeable = False
         cached[key] = tokens
       if self._cache_chunks > 0:
@@ -167,8 +187,7 @@ class ChunkedSource:
     """
     start, stop = int(start), int(stop)
     if not 0 <= start <= stop <= self._num_tokens:
-      raise IndexError(
-          f"range [{start}, {stop}) outside [0, {self._num_tokens}]")
+      raise IndexError(f"range [{start}, {stop}) outside [0, {self._num_tokens}]")
     if start == stop:
       return np.zeros([0], np.int32)
     c = self._chunk_size
@@ -176,8 +195,8 @@ class ChunkedSource:
     pieces = self._fetch(list(range(first, last + 1)))
     offset = first * c
     if len(pieces) == 1:
-      return pieces[0][start - offset:stop - offset].copy()
-    return np.concatenate(pieces)[start - offset:stop - offset]
+      return pieces[0][start - offset : stop - offset].copy()
+    return np.concatenate(pieces)[start - offset : stop - offset]
 
 
 class ChunkedSentenceIndex:
@@ -222,14 +241,15 @@ class ChunkedSentenceIndex:
     with self._lock:
       if self._offsets is None:
         lengths = self._lengths.read(0, self.num_sentences)
-        if lengths.size and (int(lengths.min()) < 1
-                             or int(lengths.sum(dtype=np.int64))
-                             != self._num_tokens):
+        if lengths.size and (
+            int(lengths.min()) < 1 or int(lengths.sum(dtype=np.int64)) != self._num_tokens
+        ):
           raise DataError(
               f"{self._name}: the stored sentence lengths do not add up to "
               f"the {self._num_tokens} tokens of the split (or one is < 1); "
               "the prepared dataset is corrupt, delete its directory to "
-              "rebuild it.")
+              "rebuild it."
+          )
         offsets = sentence_offsets(lengths)
         offsets.flags.writeable = False
         self._offsets = offsets
@@ -248,8 +268,7 @@ class ChunkedSentenceIndex:
     """
     start, stop = int(start), int(stop)
     if not 0 <= start <= stop <= self.num_sentences + 1:
-      raise IndexError(f"range [{start}, {stop}) outside "
-                       f"[0, {self.num_sentences + 1}]")
+      raise IndexError(f"range [{start}, {stop}) outside " f"[0, {self.num_sentences + 1}]")
     return self._all_offsets()[start:stop].copy()
 
 
@@ -320,7 +339,7 @@ def rechunk(pieces: Iterable[np.ndarray], chunk_size: int) -> Iterator[np.ndarra
       flat = np.concatenate(pending) if len(pending) > 1 else pending[0]
       k = (n // chunk_size) * chunk_size
       for i in range(0, k, chunk_size):
-        yield flat[i:i + chunk_size]
+        yield flat[i : i + chunk_size]
       pending, n = [flat[k:]], n - k
   if n:
     yield np.concatenate(pending)
@@ -382,9 +401,11 @@ class TokenStreamBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True
     return tfds.core.DatasetInfo(
         builder=self,
         description=(self.__doc__ or "").strip().split("\n\n")[0],
-        features=tfds.features.FeaturesDict({
-            "tokens": tfds.features.Tensor(shape=(None,), dtype=np.int32),
-        }),
+        features=tfds.features.FeaturesDict(
+            {
+                "tokens": tfds.features.Tensor(shape=(None,), dtype=np.int32),
+            }
+        ),
         homepage=self.SPEC.homepage,
         disable_shuffling=True,
         metadata=tfds.core.MetadataDict(),
@@ -425,8 +446,7 @@ class TokenStreamBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True
     """
     found = sources.locate(
         self.SPEC.source,
-        manual_dir=(Path(manual_dir) if manual_dir
-                    else self.default_manual_dir()),
+        manual_dir=(Path(manual_dir) if manual_dir else self.default_manual_dir()),
         download_dir=Path(self.data_dir_root) / "downloads",
         download=download,
     )
@@ -456,11 +476,10 @@ class TokenStreamBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True
         vocabulary and no ``<unk>``).
     """
     self._sources = self.locate_sources(
-        manual_dir=manual_dir, download=download,
-        verify_checksums=verify_checksums)
+        manual_dir=manual_dir, download=download, verify_checksums=verify_checksums
+    )
     self._verify_checksums = verify_checksums
-    config = tfds.download.DownloadConfig(
-        manual_dir=str(manual_dir) if manual_dir else None)
+    config = tfds.download.DownloadConfig(manual_dir=str(manual_dir) if manual_dir else None)
     self.download_and_prepare(download_config=config)
 
   @abc.abstractmethod
@@ -470,24 +489,27 @@ class TokenStreamBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True
   def _split_generators(self, dl_manager):
     if self._sources is None:  # download_and_prepare called directly
       self._sources = self.locate_sources(
-          manual_dir=getattr(dl_manager, "_manual_dir", None),
-          download=True, verify_checksums=True)
+          manual_dir=getattr(dl_manager, "_manual_dir", None), download=True, verify_checksums=True
+      )
     plan = self._plan(self._sources, self._verify_checksums)
     for split in SPLITS if plan.num_tokens is not None else ():
       if plan.num_tokens[split] == 0:
         raise DataError(
-            f"{self.SPEC.name}: split {split!r} would be empty; the source "
-            "files are too short.")
-    self.info.metadata.update({
-        "corpus": self.SPEC.name,
-        "unit": self.SPEC.unit,
-        "vocab": list(plan.vocab),
-        "boundary_id": int(plan.boundary_id),
-        "num_tokens": ({s: int(plan.num_tokens[s]) for s in SPLITS}
-                       if plan.num_tokens is not None else {}),
-        "chunk_size": self._chunk_size,
-        "checksums_verified": bool(self._verify_checksums),
-    })
+            f"{self.SPEC.name}: split {split!r} would be empty; the source " "files are too short."
+        )
+    self.info.metadata.update(
+        {
+            "corpus": self.SPEC.name,
+            "unit": self.SPEC.unit,
+            "vocab": list(plan.vocab),
+            "boundary_id": int(plan.boundary_id),
+            "num_tokens": (
+                {s: int(plan.num_tokens[s]) for s in SPLITS} if plan.num_tokens is not None else {}
+            ),
+            "chunk_size": self._chunk_size,
+            "checksums_verified": bool(self._verify_checksums),
+        }
+    )
     self.info.metadata.update(plan.metadata)
     self._streams = plan.streams
     self._counts = {s: int(n) for s, n in (plan.num_tokens or {}).items()}
@@ -507,7 +529,8 @@ class TokenStreamBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True
     if expected is not None and n != expected:
       raise DataError(
           f"{self.SPEC.name}/{split}: wrote {n} tokens, counted {expected} "
-          "before; did a source file change during the build?")
+          "before; did a source file change during the build?"
+      )
 
   # -- reading -----------------------------------------------------------
 
@@ -521,8 +544,9 @@ class TokenStreamBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True
     try:
       return self.as_data_source(split=split)
     except (RuntimeError, ValueError, OSError) as err:
-      raise DataError(damaged_message(str(self.data_dir), f"split {split!r} cannot be "
-                                      f"opened ({err})")) from None
+      raise DataError(
+          damaged_message(str(self.data_dir), f"split {split!r} cannot be " f"opened ({err})")
+      ) from None
 
   def as_corpus(self) -> Corpus:
     """The prepared dataset as a ``Corpus`` of ``ChunkedSource``.
@@ -535,18 +559,31 @@ class TokenStreamBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True
     if not self.is_prepared():
       raise DataError(f"{self.name} is not prepared in {self.data_dir}.")
     md = self.info.metadata
-    missing = [k for k in ("unit", "vocab", "boundary_id", "num_tokens",
-                           "chunk_size") if k not in (md or {})]
+    missing = [
+        k
+        for k in ("unit", "vocab", "boundary_id", "num_tokens", "chunk_size")
+        if k not in (md or {})
+    ]
     if missing:
       raise DataError(
           f"{self.data_dir}: metadata.json lacks {missing}; delete the "
-          "directory to rebuild the dataset.")
+          "directory to rebuild the dataset."
+      )
     splits = {
         split: ChunkedSource(
-            self.data_source(split), md["num_tokens"][split],
-            md["chunk_size"], name=f"{self.SPEC.name}/{split}", path=str(self.data_dir))
+            self.data_source(split),
+            md["num_tokens"][split],
+            md["chunk_size"],
+            name=f"{self.SPEC.name}/{split}",
+            path=str(self.data_dir),
+        )
         for split in SPLITS
     }
-    return Corpus(name=self.SPEC.name, unit=md["unit"], vocab=tuple(md["vocab"]),
-                  boundary_id=int(md["boundary_id"]), splits=splits,
-                  tokenizer=self.SPEC.tokenizer)
+    return Corpus(
+        name=self.SPEC.name,
+        unit=md["unit"],
+        vocab=tuple(md["vocab"]),
+        boundary_id=int(md["boundary_id"]),
+        splits=splits,
+        tokenizer=self.SPEC.tokenizer,
+    )

@@ -43,6 +43,7 @@ the settings and each file's path, size and modification time: changing a
 file or a setting prepares a new dataset, and an unchanged one loads
 without reading the files.
 """
+
 from __future__ import annotations
 
 import codecs
@@ -57,8 +58,8 @@ import json
 import os
 import tempfile
 import zlib
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 import tensorflow_datasets as tfds
@@ -66,10 +67,15 @@ import tqdm
 
 from transformer_xl.data import text_vocab, tokenizers
 from transformer_xl.data.corpus import Corpus, DataError
-from transformer_xl.data.text_settings import (PRETRAINED, TextSettings,  # noqa: F401 (re-exported)
-                                               settings_problems)
-from transformer_xl.data.storage import (SPLITS, ChunkedSentenceIndex, ChunkedSource, CorpusSpec,
-                                         Plan, TokenStreamBuilder)
+from transformer_xl.data.storage import (
+    SPLITS,
+    ChunkedSentenceIndex,
+    ChunkedSource,
+    CorpusSpec,
+    Plan,
+    TokenStreamBuilder,
+)
+from transformer_xl.data.text_settings import PRETRAINED, TextSettings, settings_problems  # noqa: F401 (re-exported)
 
 DOCUMENT_LENGTHS = "_document_lengths"  # suffix of the document-length splits
 STORAGE_FORMAT = 1  # in the fingerprint: a change of how corpora are stored prepares them again
@@ -95,8 +101,10 @@ def _sniff(path: Path) -> str | None:
     head.decode("utf-8")
   except UnicodeDecodeError as err:
     if err.start < len(head) - 3:  # not just a character cut at the end of the sniffed bytes
-      return (f"byte {head[err.start]:#04x} at offset {err.start:,}: another encoding such as "
-              "Latin-1 (convert it, e.g. iconv -f latin1 -t utf-8), or a binary file")
+      return (
+          f"byte {head[err.start]:#04x} at offset {err.start:,}: another encoding such as "
+          "Latin-1 (convert it, e.g. iconv -f latin1 -t utf-8), or a binary file"
+      )
   return None
 
 
@@ -112,24 +120,33 @@ def resolve_files(s: TextSettings) -> dict[str, list[Path]]:
     files: list[Path] = []
     seen: set[Path] = set()
     for pattern in s.patterns(split):
-      matches = sorted(Path(p) for p in glob.glob(os.path.expanduser(pattern), recursive=True)
-                       if os.path.isfile(p))
+      matches = sorted(
+          Path(p)
+          for p in glob.glob(os.path.expanduser(pattern), recursive=True)
+          if os.path.isfile(p)
+      )
       if not matches:
-        raise DataError(f"data.{split}_files: no file matches {pattern!r} (from "
-                        f"{os.getcwd()}); check the path, or quote the pattern so the shell "
-                        "does not expand it.")
+        raise DataError(
+            f"data.{split}_files: no file matches {pattern!r} (from "
+            f"{os.getcwd()}); check the path, or quote the pattern so the shell "
+            "does not expand it."
+        )
       for m in (m.resolve() for m in matches):
         if m not in seen:
           seen.add(m)
           files.append(m)
     if all(f.stat().st_size == 0 for f in files):
-      raise DataError(f"data.{split}_files: the {split} split would be empty: "
-                      f"{', '.join(map(str, files[:3]))} hold no text.")
+      raise DataError(
+          f"data.{split}_files: the {split} split would be empty: "
+          f"{', '.join(map(str, files[:3]))} hold no text."
+      )
     for f in files:
       why = _sniff(f)
       if why:
-        raise DataError(f"data.{split}_files: {f} is not UTF-8 text ({why}); give UTF-8 text "
-                        "files, plain or gzip.")
+        raise DataError(
+            f"data.{split}_files: {f} is not UTF-8 text ({why}); give UTF-8 text "
+            "files, plain or gzip."
+        )
     found[split] = files
   return found
 
@@ -137,13 +154,20 @@ def resolve_files(s: TextSettings) -> dict[str, list[Path]]:
 def fingerprint(s: TextSettings, files: Mapping[str, Sequence[Path]]) -> str:
   """16 hex digits naming the prepared dataset of these settings and files
   (each file's path, size and modification time; not its contents)."""
-  desc = {"format": STORAGE_FORMAT, "settings": dataclasses.asdict(s), "files": {
-      split: [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in fs]
-      for split, fs in files.items()}}
+  desc = {
+      "format": STORAGE_FORMAT,
+      "settings": dataclasses.asdict(s),
+      "files": {
+          split: [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in fs]
+          for split, fs in files.items()
+      },
+  }
   if s.tokenizer.startswith(PRETRAINED):
-    p = Path(s.tokenizer[len(PRETRAINED):]).expanduser()
-    desc["pretrained"] = (str(p.resolve()), *((p.stat().st_size, p.stat().st_mtime_ns)
-                                               if p.is_file() else ()))
+    p = Path(s.tokenizer[len(PRETRAINED) :]).expanduser()
+    desc["pretrained"] = (
+        str(p.resolve()),
+        *((p.stat().st_size, p.stat().st_mtime_ns) if p.is_file() else ()),
+    )
   return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -200,8 +224,10 @@ def _open_lines(path: Path, hashes: dict | None = None) -> Iterator[Iterator[str
     nonlocal lineno
     for lineno, line in enumerate(text, 1):  # noqa: B007
       if "\0" in line:
-        raise DataError(f"{path} line {lineno} has a NUL byte: a binary file given as text? "
-                        "Give text files (plain or gzip).")
+        raise DataError(
+            f"{path} line {lineno} has a NUL byte: a binary file given as text? "
+            "Give text files (plain or gzip)."
+        )
       yield line
 
   with _open_binary(path, hashes) as f:
@@ -209,11 +235,15 @@ def _open_lines(path: Path, hashes: dict | None = None) -> Iterator[Iterator[str
     try:
       yield lines(text)
     except UnicodeDecodeError:
-      raise DataError(f"{path} is not UTF-8 text ({_first_bad_utf8(path)}); convert it to "
-                      "UTF-8 (e.g. iconv -f latin1 -t utf-8).") from None
+      raise DataError(
+          f"{path} is not UTF-8 text ({_first_bad_utf8(path)}); convert it to "
+          "UTF-8 (e.g. iconv -f latin1 -t utf-8)."
+      ) from None
     except (EOFError, zlib.error, gzip.BadGzipFile) as err:
-      raise DataError(f"{path} is a damaged gzip file (after line {lineno}: {err}); "
-                      "replace it with an intact copy.") from None
+      raise DataError(
+          f"{path} is a damaged gzip file (after line {lineno}: {err}); "
+          "replace it with an intact copy."
+      ) from None
 
 
 def _first_bad_utf8(path: Path) -> str:
@@ -228,15 +258,16 @@ def _first_bad_utf8(path: Path) -> str:
         # err.start counts from the bytes the decoder held back plus this block
         held = len(err.object) - len(block)
         at = offset + err.start - held
-        line += err.object[:err.start].count(b"\n") + 1
+        line += err.object[: err.start].count(b"\n") + 1
         return f"line {line:,}: byte {err.object[err.start]:#04x} at offset {at:,}"
       line += block.count(b"\n")
       offset += len(block)
   return "a multi-byte character cut at the end of the file"
 
 
-def _document_lines(files: Sequence[Path], separator: str, progress=None,
-                    hashes: dict | None = None) -> Iterator[tuple[str, bool]]:
+def _document_lines(
+    files: Sequence[Path], separator: str, progress=None, hashes: dict | None = None
+) -> Iterator[tuple[str, bool]]:
   """Every line of ``files`` in order, without its line break, with whether it
   starts a document (``separator``: each file, paragraph or line is one).
 
@@ -252,8 +283,11 @@ def _document_lines(files: Sequence[Path], separator: str, progress=None,
       for line in lines:
         body = line[:-1] if line.endswith("\n") else line
         blank = not body.strip()
-        yield body, (first or separator == "line"
-                     or (separator == "paragraph" and blank_before and not blank))
+        yield body, (
+            first
+            or separator == "line"
+            or (separator == "paragraph" and blank_before and not blank)
+        )
         first, blank_before = False, blank
         if progress is not None and counted.size - last >= _BLOCK:
           progress.update(counted.size - last)
@@ -282,15 +316,19 @@ class TfdsText:
     try:
       self.builder = tfds.builder(self.name, data_dir=data_dir)
     except Exception as err:  # pylint: disable=broad-except  (tfds raises several kinds)
-      raise DataError(f"data.dataset='tfds:{self.name}': tfds cannot load it "
-                      f"({str(err).splitlines()[0][:200]}); see "
-                      "https://www.tensorflow.org/datasets/catalog for the names.") from None
+      raise DataError(
+          f"data.dataset='tfds:{self.name}': tfds cannot load it "
+          f"({str(err).splitlines()[0][:200]}); see "
+          "https://www.tensorflow.org/datasets/catalog for the names."
+      ) from None
     features = self.builder.info.features
     if self.text_key not in features:
       texts = [k for k, v in features.items() if isinstance(v, tfds.features.Text)]
-      raise DataError(f"data.text_key={self.text_key!r}: tfds:{self.name} has no such feature; "
-                      f"its text features are {texts or 'none'} (e.g. "
-                      f"--config.data.text_key={texts[0] if texts else 'text'}).")
+      raise DataError(
+          f"data.text_key={self.text_key!r}: tfds:{self.name} has no such feature; "
+          f"its text features are {texts or 'none'} (e.g. "
+          f"--config.data.text_key={texts[0] if texts else 'text'})."
+      )
     self._sources: dict = {}
 
   def source(self, split: str):
@@ -304,9 +342,11 @@ class TfdsText:
           self.builder.download_and_prepare(file_format="array_record")
           self._sources[split] = self.builder.as_data_source(split=tfds_split)
         except Exception as err:  # pylint: disable=broad-except
-          raise DataError(f"tfds:{self.name} split {tfds_split!r} cannot be read "
-                          f"({str(err).splitlines()[0][:200]}); check data.tfds_splits and "
-                          "the dataset's manual download instructions.") from None
+          raise DataError(
+              f"tfds:{self.name} split {tfds_split!r} cannot be read "
+              f"({str(err).splitlines()[0][:200]}); check data.tfds_splits and "
+              "the dataset's manual download instructions."
+          ) from None
     return self._sources[split]
 
   def num_documents(self, split: str) -> int:
@@ -315,9 +355,12 @@ class TfdsText:
 
   def fingerprint(self) -> str:
     """16 hex digits naming the prepared corpus: settings, dataset version, sizes."""
-    desc = {"format": STORAGE_FORMAT, "settings": dataclasses.asdict(self._settings),
-            "version": str(self.builder.info.version),
-            "sizes": {split: self.num_documents(split) for split in SPLITS}}
+    desc = {
+        "format": STORAGE_FORMAT,
+        "settings": dataclasses.asdict(self._settings),
+        "version": str(self.builder.info.version),
+        "sizes": {split: self.num_documents(split) for split in SPLITS},
+    }
     return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:16]
 
   def document_lines(self, split: str, progress=None) -> Iterator[tuple[str, bool]]:
@@ -394,8 +437,15 @@ class TxlText(TokenStreamBuilder, skip_registration=True):
 
   name = "txl_text"
   VERSION = tfds.core.Version("1.0.0")
-  SPEC = CorpusSpec(name="text", unit="", boundary="", tokenizer=None, source=None,
-                    homepage="", manual_instructions="")
+  SPEC = CorpusSpec(
+      name="text",
+      unit="",
+      boundary="",
+      tokenizer=None,
+      source=None,
+      homepage="",
+      manual_instructions="",
+  )
 
   def __init__(self, settings: TextSettings, *, files=None, **kwargs):
     self.settings = settings
@@ -410,11 +460,18 @@ class TxlText(TokenStreamBuilder, skip_registration=True):
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
-        builder=self, description="Text files tokenised into one int32 stream per split.",
-        features=tfds.features.FeaturesDict({  # raw bytes: 5x faster to write than ints
-            "tokens": tfds.features.Tensor(shape=(None,), dtype=np.int32,
-                                           encoding=tfds.features.Encoding.BYTES)}),
-        disable_shuffling=True, metadata=tfds.core.MetadataDict())
+        builder=self,
+        description="Text files tokenised into one int32 stream per split.",
+        features=tfds.features.FeaturesDict(
+            {  # raw bytes: 5x faster to write than ints
+                "tokens": tfds.features.Tensor(
+                    shape=(None,), dtype=np.int32, encoding=tfds.features.Encoding.BYTES
+                )
+            }
+        ),
+        disable_shuffling=True,
+        metadata=tfds.core.MetadataDict(),
+    )
 
   def prepare(self, *, manual_dir=None, download=True, verify_checksums=True) -> None:
     """Tokenises the files into the dataset (the arguments do not apply)."""
@@ -423,24 +480,25 @@ class TxlText(TokenStreamBuilder, skip_registration=True):
     self._verify_checksums = False
     with tempfile.TemporaryDirectory(prefix="txl_text_") as tmp:
       self._tmp = tmp
-      self.download_and_prepare(
-          download_config=tfds.download.DownloadConfig(manual_dir=tmp))
+      self.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=tmp))
 
   def _tokenizer(self):
     """(tokenizer, unit, its record for the metadata), trained first for sentencepiece."""
     s, name = self.settings, "text"
-    simple = {"byte": (tokenizers.ByteTokenizer(), "byte"),
-              "char": (tokenizers.CharTokenizer(name), "char"),
-              "word": (tokenizers.LineTokenizer(name, end=tokenizers.EOS, unk=tokenizers.UNK),
-                       "word")}
+    simple = {
+        "byte": (tokenizers.ByteTokenizer(), "byte"),
+        "char": (tokenizers.CharTokenizer(name), "char"),
+        "word": (tokenizers.LineTokenizer(name, end=tokenizers.EOS, unk=tokenizers.UNK), "word"),
+    }
     if s.tokenizer in simple:
       tok, unit = simple[s.tokenizer]
       return tok, unit, text_vocab.tokenizer_record(tok)
     if s.tokenizer == "sentencepiece":
-      tok = tokenizers.SentencePieceTokenizer(name, text_vocab.train_sentencepiece(self._lines("train"), s,
-                                                                         name))
+      tok = tokenizers.SentencePieceTokenizer(
+          name, text_vocab.train_sentencepiece(self._lines("train"), s, name)
+      )
       return tok, "subword", text_vocab.tokenizer_record(tok)
-    tok = text_vocab.load_pretrained(s.tokenizer[len(PRETRAINED):], name)
+    tok = text_vocab.load_pretrained(s.tokenizer[len(PRETRAINED) :], name)
     return tok, "subword", text_vocab.tokenizer_record(tok)
 
   def _plan(self, found, verify):
@@ -449,22 +507,31 @@ class TxlText(TokenStreamBuilder, skip_registration=True):
     tok, unit, stored = self._tokenizer()
     if unit in ("char", "word"):
       counter: collections.Counter = collections.Counter()
-      progress = tqdm.tqdm(desc="text: counting train symbols", unit=" lines", mininterval=5,
-                           disable=None)
+      progress = tqdm.tqdm(
+          desc="text: counting train symbols", unit=" lines", mininterval=5, disable=None
+      )
       for batch in _batches(self._lines("train")):
         text = "\n".join(batch)
         counter.update(text.split() if unit == "word" else text)
         progress.update(len(batch))
       progress.close()
-      vocab = text_vocab.count_vocab(counter, tok.end, tok.unk, s.vocab_size, s.min_count,
-                           "words" if unit == "word" else "characters")
+      vocab = text_vocab.count_vocab(
+          counter,
+          tok.end,
+          tok.unk,
+          s.vocab_size,
+          s.min_count,
+          "words" if unit == "word" else "characters",
+      )
       end = 0
     else:
       vocab = list(tok.vocab)
       end = 10 if unit == "byte" else tok.end_id
       if s.tokenizer.startswith(PRETRAINED) and s.vocab_size and s.vocab_size != len(vocab):
-        raise DataError(f"data.vocab_size={s.vocab_size} but the pretrained tokenizer has "
-                        f"{len(vocab):,} tokens; set data.vocab_size=0.")
+        raise DataError(
+            f"data.vocab_size={s.vocab_size} but the pretrained tokenizer has "
+            f"{len(vocab):,} tokens; set data.vocab_size=0."
+        )
     self._encode_lines = text_vocab.line_encoder(unit, tok, vocab, end)
     self._stats = {"num_bytes": {}, "num_documents": {}, "num_tokens": {}, "files": {}}
     self._lengths = {split: _Int32File(self._tmp, split + DOCUMENT_LENGTHS) for split in SPLITS}
@@ -472,17 +539,21 @@ class TxlText(TokenStreamBuilder, skip_registration=True):
     for split in SPLITS:
       streams[split] = lambda split=split: self._encode(split)
       streams[split + DOCUMENT_LENGTHS] = lambda split=split: self._lengths[split].read()
-    return Plan(vocab=vocab, boundary_id=end, num_tokens=None, streams=streams,
-                metadata={"unit": unit, "tokenizer": stored,
-                          "settings": dataclasses.asdict(s)})
+    return Plan(
+        vocab=vocab,
+        boundary_id=end,
+        num_tokens=None,
+        streams=streams,
+        metadata={"unit": unit, "tokenizer": stored, "settings": dataclasses.asdict(s)},
+    )
 
-  def _document_lines(self, split: str, progress=None, hashes: dict | None = None
-                      ) -> Iterator[tuple[str, bool]]:
+  def _document_lines(
+      self, split: str, progress=None, hashes: dict | None = None
+  ) -> Iterator[tuple[str, bool]]:
     """(line, starts a document) of ``split``: from the files or the tfds dataset."""
     if self.tfds is not None:
       return self.tfds.document_lines(split, progress)
-    return _document_lines(self.files[split], self.settings.document_separator, progress,
-                           hashes)
+    return _document_lines(self.files[split], self.settings.document_separator, progress, hashes)
 
   def _lines(self, split: str) -> Iterator[str]:
     return (line for line, _ in self._document_lines(split))
@@ -508,8 +579,9 @@ class TxlText(TokenStreamBuilder, skip_registration=True):
       total, unit = sum(f.stat().st_size for f in self.files[split]), "B"
     else:
       total, unit = self.tfds.num_documents(split), " documents"
-    with tqdm.tqdm(total=total, desc=f"text: {split}", unit=unit, unit_scale=True,
-                   mininterval=5, disable=None) as progress:
+    with tqdm.tqdm(
+        total=total, desc=f"text: {split}", unit=unit, unit_scale=True, mininterval=5, disable=None
+    ) as progress:
       doc_len = 0
       for batch in _batches(self._document_lines(split, progress, hashes)):
         ids, counts = self._encode_lines([line for line, _ in batch])
@@ -532,13 +604,25 @@ class TxlText(TokenStreamBuilder, skip_registration=True):
     stats["num_bytes"][split] = n_bytes
     stats["num_documents"][split] = lengths.count
     stats["files"][split] = (
-        [{"path": str(f), "size": hashes[str(f)][1], "sha256": hashes[str(f)][0]}
-         for f in self.files[split]] if self.tfds is None else
-        [{"tfds": self.settings.tfds_name, "split": self.tfds.splits[split],
-          "examples": self.tfds.num_documents(split)}])
-    self.info.metadata.update({
-        "num_tokens": {k: v for k, v in stats["num_tokens"].items() if k in SPLITS},
-        **{k: dict(stats[k]) for k in ("num_bytes", "num_documents", "files")}})
+        [
+            {"path": str(f), "size": hashes[str(f)][1], "sha256": hashes[str(f)][0]}
+            for f in self.files[split]
+        ]
+        if self.tfds is None
+        else [
+            {
+                "tfds": self.settings.tfds_name,
+                "split": self.tfds.splits[split],
+                "examples": self.tfds.num_documents(split),
+            }
+        ]
+    )
+    self.info.metadata.update(
+        {
+            "num_tokens": {k: v for k, v in stats["num_tokens"].items() if k in SPLITS},
+            **{k: dict(stats[k]) for k in ("num_bytes", "num_documents", "files")},
+        }
+    )
 
   def as_corpus(self) -> Corpus:
     """The prepared dataset as a ``Corpus`` with its tokenizer and documents."""
@@ -547,17 +631,29 @@ class TxlText(TokenStreamBuilder, skip_registration=True):
     path = str(self.data_dir)
     documents = {
         split: ChunkedSentenceIndex(
-            ChunkedSource(self.data_source(split + DOCUMENT_LENGTHS),
-                          md["num_documents"][split], md["chunk_size"],
-                          name=f"text/{split}{DOCUMENT_LENGTHS}", path=path),
-            md["num_tokens"][split], name=f"text/{split}")
-        for split in SPLITS}
-    return dataclasses.replace(corpus, tokenizer=text_vocab.tokenizer_from_metadata(md, "text"),
-                               documents=documents, num_bytes=dict(md["num_bytes"]))
+            ChunkedSource(
+                self.data_source(split + DOCUMENT_LENGTHS),
+                md["num_documents"][split],
+                md["chunk_size"],
+                name=f"text/{split}{DOCUMENT_LENGTHS}",
+                path=path,
+            ),
+            md["num_tokens"][split],
+            name=f"text/{split}",
+        )
+        for split in SPLITS
+    }
+    return dataclasses.replace(
+        corpus,
+        tokenizer=text_vocab.tokenizer_from_metadata(md, "text"),
+        documents=documents,
+        num_bytes=dict(md["num_bytes"]),
+    )
 
 
-def load_text_corpus(settings: TextSettings, *, data_dir=None, chunk_size: int | None = None
-                     ) -> Corpus:
+def load_text_corpus(
+    settings: TextSettings, *, data_dir=None, chunk_size: int | None = None
+) -> Corpus:
   """Loads (preparing first if needed) the corpus of ``settings``.
 
   Raises:
@@ -572,4 +668,3 @@ def load_text_corpus(settings: TextSettings, *, data_dir=None, chunk_size: int |
   if not builder.is_prepared():
     builder.prepare()
   return builder.as_corpus()
-

@@ -3,6 +3,7 @@
 Kept apart from ``text_files.py`` (which imports tfds) so that config
 validation checks them without importing tfds.  Meanings: ``text_files.py``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -59,29 +60,42 @@ def settings_problems(s: TextSettings) -> list[str]:
   problems = []
   if s.tfds_name:
     if any(s.patterns(split) for split in SPLITS):
-      problems.append(f"data.train_files/valid_files/test_files are not read with "
-                      f"data.dataset='tfds:{s.tfds_name}': remove them.")
+      problems.append(
+          f"data.train_files/valid_files/test_files are not read with "
+          f"data.dataset='tfds:{s.tfds_name}': remove them."
+      )
     if len([x for x in s.tfds_splits.split(",") if x.strip()]) != 3 or not s.text_key:
-      problems.append(f"data.tfds_splits={s.tfds_splits!r} must name three tfds splits (train,"
-                      f"valid,test, e.g. 'train,validation,test') and data.text_key="
-                      f"{s.text_key!r} the text feature.")
+      problems.append(
+          f"data.tfds_splits={s.tfds_splits!r} must name three tfds splits (train,"
+          f"valid,test, e.g. 'train,validation,test') and data.text_key="
+          f"{s.text_key!r} the text feature."
+      )
   for split in SPLITS if not s.tfds_name else ():
     if not s.patterns(split):
-      problems.append(f"data.{split}_files is empty: give the {split} text files as glob "
-                      f"patterns, e.g. --config.data.{split}_files='corpus/{split}/*.txt'.")
-  if s.tokenizer not in TOKENIZERS and not (s.tokenizer.startswith(PRETRAINED)
-                                            and len(s.tokenizer) > len(PRETRAINED)):
-    problems.append(f"data.tokenizer={s.tokenizer!r}: use one of {', '.join(TOKENIZERS)} or "
-                    "pretrained:PATH (a SentencePiece .model or a tokenizer.json).")
+      problems.append(
+          f"data.{split}_files is empty: give the {split} text files as glob "
+          f"patterns, e.g. --config.data.{split}_files='corpus/{split}/*.txt'."
+      )
+  if s.tokenizer not in TOKENIZERS and not (
+      s.tokenizer.startswith(PRETRAINED) and len(s.tokenizer) > len(PRETRAINED)
+  ):
+    problems.append(
+        f"data.tokenizer={s.tokenizer!r}: use one of {', '.join(TOKENIZERS)} or "
+        "pretrained:PATH (a SentencePiece .model or a tokenizer.json)."
+    )
   if s.tokenizer == "sentencepiece" and s.vocab_size < 1:
-    problems.append("data.tokenizer=sentencepiece needs data.vocab_size (the number of "
-                    "pieces, e.g. 8000).")
+    problems.append(
+        "data.tokenizer=sentencepiece needs data.vocab_size (the number of " "pieces, e.g. 8000)."
+    )
   if s.vocab_size < 0 or s.min_count < 1:
-    problems.append(f"data.vocab_size={s.vocab_size} must be >= 0 and data.min_count="
-                    f"{s.min_count} >= 1.")
+    problems.append(
+        f"data.vocab_size={s.vocab_size} must be >= 0 and data.min_count=" f"{s.min_count} >= 1."
+    )
   if s.document_separator not in DOCUMENT_SEPARATORS:
-    problems.append(f"data.document_separator={s.document_separator!r}: use one of "
-                    f"{', '.join(DOCUMENT_SEPARATORS)}.")
+    problems.append(
+        f"data.document_separator={s.document_separator!r}: use one of "
+        f"{', '.join(DOCUMENT_SEPARATORS)}."
+    )
   if s.spm_model_type not in SPM_MODEL_TYPES:
     problems.append(f"data.spm_model_type={s.spm_model_type!r}: use unigram or bpe.")
   if not s.spm_sample_mb > 0:

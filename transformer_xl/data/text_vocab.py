@@ -7,6 +7,7 @@ a tokenizer kept with a prepared corpus and in a run's workdir
 (``tokenizer.json``: generation and scoring without the files; a changed
 tokenisation refused).  No tfds import.
 """
+
 from __future__ import annotations
 
 import base64
@@ -17,8 +18,8 @@ import itertools
 import json
 import os
 import random
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -27,8 +28,9 @@ from transformer_xl.data.corpus import Corpus, DataError
 from transformer_xl.data.text_settings import TextSettings
 
 
-def count_vocab(symbols: collections.Counter, end: str, unk: str, vocab_size: int,
-                 min_count: int, what: str) -> list[str]:
+def count_vocab(
+    symbols: collections.Counter, end: str, unk: str, vocab_size: int, min_count: int, what: str
+) -> list[str]:
   """The end symbol, the symbols by descending count (ties: first occurrence),
   then ``unk`` unless already chosen; ``vocab_size`` (0 = no cap) counts all.
 
@@ -36,18 +38,21 @@ def count_vocab(symbols: collections.Counter, end: str, unk: str, vocab_size: in
     DataError: ``vocab_size`` exceeds what the counted symbols allow.
   """
   symbols.pop(end, None)
-  kept = [s for s in sorted(symbols, key=symbols.__getitem__, reverse=True)
-          if symbols[s] >= min_count]
+  kept = [
+      s for s in sorted(symbols, key=symbols.__getitem__, reverse=True) if symbols[s] >= min_count
+  ]
   most = 1 + len(kept) + (unk not in kept)
   if vocab_size > most:
-    raise DataError(f"data.vocab_size={vocab_size} is larger than the vocabulary the training "
-                    f"files allow: {most:,} (their {len(kept):,} distinct {what} seen at least "
-                    f"min_count={min_count} times, the end symbol and {unk}); use at most "
-                    f"{most}, or 0 for all.")
+    raise DataError(
+        f"data.vocab_size={vocab_size} is larger than the vocabulary the training "
+        f"files allow: {most:,} (their {len(kept):,} distinct {what} seen at least "
+        f"min_count={min_count} times, the end symbol and {unk}); use at most "
+        f"{most}, or 0 for all."
+    )
   if vocab_size:
-    kept = kept[:vocab_size - 1]
+    kept = kept[: vocab_size - 1]
     if unk not in kept:
-      kept = kept[:vocab_size - 2] + [unk]
+      kept = kept[: vocab_size - 2] + [unk]
   elif unk not in kept:
     kept.append(unk)
   return [end] + kept
@@ -84,22 +89,37 @@ def train_sentencepiece(lines: Iterator[str], s: TextSettings, name: str) -> byt
       allows; its message gives the largest possible).
   """
   import sentencepiece  # pylint: disable=import-outside-toplevel
+
   model = io.BytesIO()
   sentencepiece.set_random_generator_seed(0)
   try:
     sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(sample_lines((line for line in lines if line.strip()),
-                                            int(s.spm_sample_mb * 1e6))),
-        model_writer=model, vocab_size=s.vocab_size, model_type=s.spm_model_type,
-        byte_fallback=True, normalization_rule_name="identity", remove_extra_whitespaces=False,
-        split_digits=True, character_coverage=0.9995, max_sentence_length=1 << 16,
-        unk_id=0, bos_id=-1, eos_id=1, pad_id=-1, num_threads=os.cpu_count() or 1,
-        minloglevel=2)
+        sentence_iterator=iter(
+            sample_lines((line for line in lines if line.strip()), int(s.spm_sample_mb * 1e6))
+        ),
+        model_writer=model,
+        vocab_size=s.vocab_size,
+        model_type=s.spm_model_type,
+        byte_fallback=True,
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        split_digits=True,
+        character_coverage=0.9995,
+        max_sentence_length=1 << 16,
+        unk_id=0,
+        bos_id=-1,
+        eos_id=1,
+        pad_id=-1,
+        num_threads=os.cpu_count() or 1,
+        minloglevel=2,
+    )
   except RuntimeError as err:
     reason = str(err).split("] ", 1)[-1].strip().rstrip(".")
-    raise DataError(f"{name}: SentencePiece cannot be trained with data.vocab_size="
-                    f"{s.vocab_size} (data.spm_model_type={s.spm_model_type}): {reason}. "
-                    "Change data.vocab_size.") from None
+    raise DataError(
+        f"{name}: SentencePiece cannot be trained with data.vocab_size="
+        f"{s.vocab_size} (data.spm_model_type={s.spm_model_type}): {reason}. "
+        "Change data.vocab_size."
+    ) from None
   return model.getvalue()
 
 
@@ -111,8 +131,10 @@ def load_pretrained(path: str, name: str):
   """
   p = Path(path).expanduser()
   if not p.is_file():
-    raise DataError(f"data.tokenizer=pretrained:{path}: no such file; give a SentencePiece "
-                    ".model or a Hugging Face tokenizer.json.")
+    raise DataError(
+        f"data.tokenizer=pretrained:{path}: no such file; give a SentencePiece "
+        ".model or a Hugging Face tokenizer.json."
+    )
   raw = p.read_bytes()
   errors = []
   try:
@@ -127,15 +149,19 @@ def load_pretrained(path: str, name: str):
     tok = tokenizers.SentencePieceTokenizer(name, raw)
     _ = tok.processor
     if tok.end_id < 0:
-      raise DataError(f"data.tokenizer=pretrained:{path}: the SentencePiece model has no </s> "
-                      "(eos_id is -1) to end lines with; train it with an eos id.")
+      raise DataError(
+          f"data.tokenizer=pretrained:{path}: the SentencePiece model has no </s> "
+          "(eos_id is -1) to end lines with; train it with an eos id."
+      )
     return tok
   except DataError:
     raise
   except Exception as err:  # pylint: disable=broad-except
     errors.append(f"as SentencePiece: {str(err).splitlines()[0][:120]}")
-  raise DataError(f"data.tokenizer=pretrained:{path} does not load ({'; '.join(errors)}); "
-                  "give a SentencePiece .model or a Hugging Face tokenizer.json.")
+  raise DataError(
+      f"data.tokenizer=pretrained:{path} does not load ({'; '.join(errors)}); "
+      "give a SentencePiece .model or a Hugging Face tokenizer.json."
+  )
 
 
 def tokenizer_from_metadata(md: Mapping, name: str):
@@ -161,8 +187,11 @@ def tokenizer_record(tok) -> dict:
     return {"kind": "sentencepiece", "model": base64.b64encode(tok.model_proto).decode()}
   if isinstance(tok, tokenizers.HuggingFaceTokenizer):
     return {"kind": "huggingface", "json": tok.json}
-  kinds = {tokenizers.ByteTokenizer: "byte", tokenizers.CharTokenizer: "char",
-           tokenizers.LineTokenizer: "word"}
+  kinds = {
+      tokenizers.ByteTokenizer: "byte",
+      tokenizers.CharTokenizer: "char",
+      tokenizers.LineTokenizer: "word",
+  }
   return {"kind": kinds[type(tok)]}
 
 
@@ -176,9 +205,13 @@ def save_tokenizer(corpus: Corpus, workdir) -> None:
   if corpus.name != "text" or corpus.tokenizer is None:
     return
   from etils import epath  # pylint: disable=import-outside-toplevel
-  record = {"unit": corpus.unit, "vocab": list(corpus.vocab),
-            "boundary_id": int(corpus.boundary_id),
-            "tokenizer": tokenizer_record(corpus.tokenizer)}
+
+  record = {
+      "unit": corpus.unit,
+      "vocab": list(corpus.vocab),
+      "boundary_id": int(corpus.boundary_id),
+      "tokenizer": tokenizer_record(corpus.tokenizer),
+  }
   path = epath.Path(workdir) / TOKENIZER_FILE
   tmp = path.parent / f".{path.name}.tmp"
   tmp.write_text(json.dumps(record))
@@ -196,26 +229,36 @@ def check_saved_tokenizer(corpus: Corpus, workdir) -> None:
   saved = load_saved_tokenizer(workdir)
   if saved is None or corpus.name != "text":
     return
-  if (list(saved.vocab) != list(corpus.vocab) or saved.boundary_id != corpus.boundary_id
-      or tokenizer_record(saved.tokenizer) != tokenizer_record(corpus.tokenizer)):
+  if (
+      list(saved.vocab) != list(corpus.vocab)
+      or saved.boundary_id != corpus.boundary_id
+      or tokenizer_record(saved.tokenizer) != tokenizer_record(corpus.tokenizer)
+  ):
     raise DataError(
         f"the corpus now tokenises differently from the one the run in {workdir} was trained "
         f"on (its {TOKENIZER_FILE}): the text files, a data setting or the tokenisation "
         "changed. Give the run's files and settings (leave out --config to use its "
-        "config.json), or train in a new --workdir.")
+        "config.json), or train in a new --workdir."
+    )
 
 
 def load_saved_tokenizer(workdir) -> Corpus | None:
   """A vocabulary-only ``Corpus`` (no splits) from ``<workdir>/tokenizer.json``,
   or None if the workdir has none: encodes and decodes as the training corpus did."""
   from etils import epath  # pylint: disable=import-outside-toplevel
+
   path = epath.Path(workdir) / TOKENIZER_FILE
   if not path.exists():
     return None
   record = json.loads(path.read_text())
-  return Corpus(name="text", unit=record["unit"], vocab=tuple(record["vocab"]),
-                boundary_id=int(record["boundary_id"]), splits={},
-                tokenizer=tokenizer_from_metadata(record, "text"))
+  return Corpus(
+      name="text",
+      unit=record["unit"],
+      vocab=tuple(record["vocab"]),
+      boundary_id=int(record["boundary_id"]),
+      splits={},
+      tokenizer=tokenizer_from_metadata(record, "text"),
+  )
 
 
 def line_encoder(unit: str, tok, vocab: Sequence[str], end: int):
@@ -223,9 +266,11 @@ def line_encoder(unit: str, tok, vocab: Sequence[str], end: int):
   ended by ``end``; int64 tokens per line).  Vectorised where the tokenizer
   allows: bytes and characters in numpy, subwords in the tokenizer's batch call."""
   if unit == "byte":
+
     def encode(lines):
       ids = np.frombuffer(("\n".join(lines) + "\n").encode("utf-8"), np.uint8).astype(np.int32)
       return ids, np.diff(np.flatnonzero(ids == 10), prepend=-1)
+
     return encode
   if unit == "char":
     chars = [(ord(c), i) for i, c in enumerate(vocab) if len(c) == 1]
@@ -237,6 +282,7 @@ def line_encoder(unit: str, tok, vocab: Sequence[str], end: int):
       pos = np.minimum(np.searchsorted(keys[:, 0], cp), len(keys) - 1)
       ids = np.where(keys[pos, 0] == cp, keys[pos, 1], unk).astype(np.int32)
       return ids, np.diff(np.flatnonzero(cp == 10), prepend=-1)
+
     return encode
   if unit == "word":
     get, unk = {v: i for i, v in enumerate(vocab)}.get, list(vocab).index(tok.unk)
@@ -249,12 +295,15 @@ def line_encoder(unit: str, tok, vocab: Sequence[str], end: int):
         ids.append(end)
         counts.append(len(words) + 1)
       return np.asarray(ids, np.int32), np.asarray(counts, np.int64)
+
     return encode
 
   def encode(lines):  # subwords: one batch call of the library
     pieces = tok.batch_line_ids(lines)
     counts = np.fromiter((len(p) + 1 for p in pieces), np.int64, len(pieces))
-    ids = np.fromiter(itertools.chain.from_iterable(p + [end] for p in pieces), np.int32,
-                      int(counts.sum()))
+    ids = np.fromiter(
+        itertools.chain.from_iterable(p + [end] for p in pieces), np.int32, int(counts.sum())
+    )
     return ids, counts
+
   return encode

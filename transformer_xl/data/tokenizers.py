@@ -39,12 +39,14 @@ The builders read files line by line with universal newlines
 (``\\x0b``, ``\\x0c``, ``\\x1c``-``\\x1e``, ``\\x85``, ``\\u2028``,
 ``\\u2029``).
 """
+
 from __future__ import annotations
 
 import codecs
-import functools
 import dataclasses
-from typing import Protocol, Sequence
+import functools
+from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -228,8 +230,7 @@ class AlphabetTokenizer:
     del end_last_line
     bad = sorted(set(text) - set(self.alphabet))
     if bad:
-      raise DataError(f"{self.corpus} has only {self.description}; the text "
-                      f"has {bad[:10]}.")
+      raise DataError(f"{self.corpus} has only {self.description}; the text " f"has {bad[:10]}.")
     index = {s: i for i, s in enumerate(vocab)}
     return np.asarray([index[c] for c in text], dtype=np.int32)
 
@@ -269,7 +270,8 @@ class LineTokenizer:
     if any(WORD_BOUNDARY in w for w in words):
       raise DataError(
           f"{self.corpus}: the line {line.strip()!r} has a word containing the "
-          f"word-boundary symbol {WORD_BOUNDARY!r}.")
+          f"word-boundary symbol {WORD_BOUNDARY!r}."
+      )
     return list(WORD_BOUNDARY.join(words))
 
   def encode(self, text: str, vocab: Sequence[str], end_last_line: bool = True) -> np.ndarray:
@@ -296,7 +298,8 @@ class LineTokenizer:
         if i < 0:
           raise DataError(
               f"{self.corpus}: line {lineno}: {symbol!r} is not in the vocabulary, "
-              "which has no unknown-word symbol to map it to.")
+              "which has no unknown-word symbol to map it to."
+          )
         ids.append(i)
       if end_last_line or lineno < len(lines) or body != line:
         ids.append(index[self.end])
@@ -348,8 +351,10 @@ class CharTokenizer:
     def line_ids(body: str) -> list[int]:
       ids = [index.get(c, unk) for c in body]
       if -1 in ids:
-        raise DataError(f"{self.corpus}: {body[ids.index(-1)]!r} is not in the vocabulary, "
-                        "which has no <unk> to map it to.")
+        raise DataError(
+            f"{self.corpus}: {body[ids.index(-1)]!r} is not in the vocabulary, "
+            "which has no <unk> to map it to."
+        )
       return ids
 
     return _encode_lines(line_ids, index[self.end], text, end_last_line)
@@ -384,7 +389,7 @@ class SubwordDecoder:
       text = text.rstrip(REPLACEMENT)
     if not text.startswith(self._emitted):  # the decoding of the line changed: start over
       self._emitted = ""
-    new, self._emitted = text[len(self._emitted):], text
+    new, self._emitted = text[len(self._emitted) :], text
     return new
 
   def decode(self, ids: Sequence[int], final: bool = False) -> str:
@@ -440,6 +445,7 @@ class SentencePieceTokenizer:
   def processor(self):
     """The loaded ``sentencepiece.SentencePieceProcessor``."""
     import sentencepiece  # pylint: disable=import-outside-toplevel
+
     processor = sentencepiece.SentencePieceProcessor()
     processor.LoadFromSerializedProto(self.model_proto)
     return processor
@@ -500,6 +506,7 @@ class HuggingFaceTokenizer:
   def tokenizer(self):
     """The loaded ``tokenizers.Tokenizer``."""
     import tokenizers  # pylint: disable=import-outside-toplevel
+
     return tokenizers.Tokenizer.from_str(self.json)
 
   @property
@@ -517,9 +524,11 @@ class HuggingFaceTokenizer:
     """
     ids = self.tokenizer.encode("\n", add_special_tokens=False).ids
     if len(ids) != 1:
-      raise DataError(f"{self.corpus}: the tokenizer encodes a line break as {ids}, not as one "
-                      "token, so it cannot mark line ends; use a tokenizer with a newline "
-                      "token (byte-level BPE such as GPT-2's) or data.tokenizer=sentencepiece.")
+      raise DataError(
+          f"{self.corpus}: the tokenizer encodes a line break as {ids}, not as one "
+          "token, so it cannot mark line ends; use a tokenizer with a newline "
+          "token (byte-level BPE such as GPT-2's) or data.tokenizer=sentencepiece."
+      )
     return int(ids[0])
 
   def line_ids(self, line: str) -> list[int]:
@@ -537,5 +546,6 @@ class HuggingFaceTokenizer:
 
   def decoder(self, vocab: Sequence[str]) -> SubwordDecoder:
     """A fresh incremental decoder (``SubwordDecoder``)."""
-    return SubwordDecoder(lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False),
-                          self.end_id, len(vocab))
+    return SubwordDecoder(
+        lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False), self.end_id, len(vocab)
+    )

@@ -14,10 +14,12 @@ from segment to segment, starting empty.  Three entry points:
 The command-line modes around them (``--mode=eval``, ``--mode=score``) are
 in ``cli/modes.py``.
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -25,16 +27,14 @@ import ml_collections
 import numpy as np
 from jax.sharding import Mesh
 
-from transformer_xl import data, sharding
-from transformer_xl.run import metrics
+from transformer_xl import data, errors, sharding
 from transformer_xl.model import models
-from transformer_xl import errors
-
+from transformer_xl.run import metrics
 
 ScoreInputError = errors.ScoreInputError  # re-exported (transformer_xl.errors)
 
 
-def check_tokens(tokens: np.ndarray, n_token: Optional[int] = None) -> np.ndarray:
+def check_tokens(tokens: np.ndarray, n_token: int | None = None) -> np.ndarray:
   """Checks a token array for ``Evaluator.score``.
 
   Args:
@@ -49,37 +49,62 @@ def check_tokens(tokens: np.ndarray, n_token: Optional[int] = None) -> np.ndarra
       outside [0, n_token).
   """
   tokens = np.asarray(tokens)
-  if (tokens.ndim != 2 or tokens.shape[0] < 1 or tokens.shape[1] < 2
-      or not np.issubdtype(tokens.dtype, np.integer)):
-    raise ScoreInputError(f"tokens must be an integer array [B, T+1] with B >= 1 and T >= 1; "
-                          f"got {tokens.dtype} {tokens.shape}.")
+  if (
+      tokens.ndim != 2
+      or tokens.shape[0] < 1
+      or tokens.shape[1] < 2
+      or not np.issubdtype(tokens.dtype, np.integer)
+  ):
+    raise ScoreInputError(
+        f"tokens must be an integer array [B, T+1] with B >= 1 and T >= 1; "
+        f"got {tokens.dtype} {tokens.shape}."
+    )
   if n_token is not None and (tokens.min() < 0 or tokens.max() >= n_token):
-    raise ScoreInputError(f"token ids must be in [0, {n_token}) (the model's vocabulary); got "
-                          f"[{tokens.min()}, {tokens.max()}].")
+    raise ScoreInputError(
+        f"token ids must be in [0, {n_token}) (the model's vocabulary); got "
+        f"[{tokens.min()}, {tokens.max()}]."
+    )
   return tokens
 
 
-def eval_model_config(config: ml_collections.ConfigDict, train_cfg: models.ModelConfig
-                      ) -> models.ModelConfig:
+def eval_model_config(
+    config: ml_collections.ConfigDict, train_cfg: models.ModelConfig
+) -> models.ModelConfig:
   """The model of the segment evaluation: the training ModelConfig with the
   eval tgt_len, mem_len, clamp_len and same_length, no dropout, and the
   training tables' length (``max_klen``) kept."""
   e = config.eval
-  return dataclasses.replace(train_cfg, tgt_len=e.tgt_len, mem_len=e.mem_len,
-                             clamp_len=e.clamp_len, same_length=e.same_length,
-                             dropout=0.0, dropatt=0.0, ext_len=0,
-                             max_klen=train_cfg.pos_table_len)
+  return dataclasses.replace(
+      train_cfg,
+      tgt_len=e.tgt_len,
+      mem_len=e.mem_len,
+      clamp_len=e.clamp_len,
+      same_length=e.same_length,
+      dropout=0.0,
+      dropatt=0.0,
+      ext_len=0,
+      max_klen=train_cfg.pos_table_len,
+  )
 
 
-def window_model_config(config: ml_collections.ConfigDict, train_cfg: models.ModelConfig
-                        ) -> models.ModelConfig:
+def window_model_config(
+    config: ml_collections.ConfigDict, train_cfg: models.ModelConfig
+) -> models.ModelConfig:
   """The model of the sliding-window evaluation: segments of ``eval.window``
   positions (0 = the training attention length tgt_len + mem_len), no
   memory, the eval clamp_len, no dropout."""
   window = config.eval.window or train_cfg.tgt_len + train_cfg.mem_len
-  return dataclasses.replace(train_cfg, tgt_len=window, mem_len=0, same_length=False,
-                             clamp_len=config.eval.clamp_len, dropout=0.0, dropatt=0.0,
-                             ext_len=0, max_klen=train_cfg.pos_table_len)
+  return dataclasses.replace(
+      train_cfg,
+      tgt_len=window,
+      mem_len=0,
+      same_length=False,
+      clamp_len=config.eval.clamp_len,
+      dropout=0.0,
+      dropatt=0.0,
+      ext_len=0,
+      max_klen=train_cfg.pos_table_len,
+  )
 
 
 def make_eval_step(model: models.TransformerXL, mesh: Mesh) -> Callable:
@@ -98,13 +123,22 @@ def make_eval_step(model: models.TransformerXL, mesh: Mesh) -> Callable:
   mem_sharding = models.Memory.shardings(mesh)
 
   def eval_step(params, memory, batch):
-    return model.apply({"params": params}, batch["inputs"], memory, batch["targets"],
-                       deterministic=True, reset_B=batch["reset"],
-                       doc_pos_BxT=batch.get("doc_pos"))
+    return model.apply(
+        {"params": params},
+        batch["inputs"],
+        memory,
+        batch["targets"],
+        deterministic=True,
+        reset_B=batch["reset"],
+        doc_pos_BxT=batch.get("doc_pos"),
+    )
 
-  return jax.jit(sharding.traced_with_mesh(eval_step, mesh),
-                 in_shardings=(None, mem_sharding, batch_shardings),
-                 out_shardings=(sharding.replicated(mesh), mem_sharding), donate_argnums=(1,))
+  return jax.jit(
+      sharding.traced_with_mesh(eval_step, mesh),
+      in_shardings=(None, mem_sharding, batch_shardings),
+      out_shardings=(sharding.replicated(mesh), mem_sharding),
+      donate_argnums=(1,),
+  )
 
 
 def make_window_step(model: models.TransformerXL, mesh: Mesh, stride: int) -> Callable:
@@ -118,24 +152,33 @@ def make_window_step(model: models.TransformerXL, mesh: Mesh, stride: int) -> Ca
   plus ``ext_len = L - stride`` of context); ``nll_BxL`` float32 nats,
   replicated, 0 at the other positions.
   """
-  batch_shardings = {"inputs": sharding.batch_sharding(mesh),
-                     "targets": sharding.batch_sharding(mesh),
-                     "front_pad": sharding.rows_sharding(mesh)}
+  batch_shardings = {
+      "inputs": sharding.batch_sharding(mesh),
+      "targets": sharding.batch_sharding(mesh),
+      "front_pad": sharding.rows_sharding(mesh),
+  }
 
   def window_step(params, batch):
     memory = models.init_memory(model.config, batch["inputs"].shape[0], mem_len=0)
     memory = memory.with_front_padding(batch["front_pad"])
     variables = {"params": params}
-    hidden_BxLxD, _ = model.apply(variables, batch["inputs"], memory, deterministic=True,
-                                  method=models.TransformerXL.hidden)
-    nll_BxS = model.apply(variables, hidden_BxLxD[:, -stride:],
-                          batch["targets"][:, -stride:], method=models.TransformerXL.nll)
+    hidden_BxLxD, _ = model.apply(
+        variables, batch["inputs"], memory, deterministic=True, method=models.TransformerXL.hidden
+    )
+    nll_BxS = model.apply(
+        variables,
+        hidden_BxLxD[:, -stride:],
+        batch["targets"][:, -stride:],
+        method=models.TransformerXL.nll,
+    )
     window = batch["inputs"].shape[1]
     return jnp.pad(nll_BxS, ((0, 0), (window - stride, 0)))
 
-  return jax.jit(sharding.traced_with_mesh(window_step, mesh),
-                 in_shardings=(None, batch_shardings),
-                 out_shardings=sharding.replicated(mesh))
+  return jax.jit(
+      sharding.traced_with_mesh(window_step, mesh),
+      in_shardings=(None, batch_shardings),
+      out_shardings=sharding.replicated(mesh),
+  )
 
 
 class Evaluator:
@@ -167,8 +210,13 @@ class Evaluator:
     mesh: the device mesh; rows go over the data-parallel axes.
   """
 
-  def __init__(self, config: ml_collections.ConfigDict, train_model_cfg: models.ModelConfig,
-               corpus: Optional[data.Corpus], mesh: Mesh):
+  def __init__(
+      self,
+      config: ml_collections.ConfigDict,
+      train_model_cfg: models.ModelConfig,
+      corpus: data.Corpus | None,
+      mesh: Mesh,
+  ):
     self.method = config.eval.method
     self.cfg = eval_model_config(config, train_model_cfg)
     self.window_cfg = window_model_config(config, train_model_cfg)
@@ -182,17 +230,25 @@ class Evaluator:
     self._mem_sharding = models.Memory.shardings(mesh)
     self._init_memory = {}  # batch size -> jitted constructor
     self._eval_step = make_eval_step(self.model, mesh)
-    self._window_step = make_window_step(models.TransformerXL(self.window_cfg), mesh,
-                                         self.stride)
+    self._window_step = make_window_step(models.TransformerXL(self.window_cfg), mesh, self.stride)
 
   @property
   def lengths(self) -> dict:
     """The evaluation method and its lengths (recorded in eval_results.json)."""
     if self.method == "sliding":
-      return {"method": "sliding", "window": self.window_cfg.tgt_len, "stride": self.stride,
-              "clamp_len": self.window_cfg.clamp_len}
-    return {"method": "segments", "tgt_len": self.cfg.tgt_len, "mem_len": self.cfg.mem_len,
-            "clamp_len": self.cfg.clamp_len, "same_length": self.cfg.same_length}
+      return {
+          "method": "sliding",
+          "window": self.window_cfg.tgt_len,
+          "stride": self.stride,
+          "clamp_len": self.window_cfg.clamp_len,
+      }
+    return {
+        "method": "segments",
+        "tgt_len": self.cfg.tgt_len,
+        "mem_len": self.cfg.mem_len,
+        "clamp_len": self.cfg.clamp_len,
+        "same_length": self.cfg.same_length,
+    }
 
   def _rows(self, b: int) -> tuple[int, list[int]]:
     """(b padded to the data-parallel size, the padded rows this process holds)."""
@@ -205,11 +261,13 @@ class Evaluator:
     compilation per batch size)."""
     if batch_size not in self._init_memory:
       self._init_memory[batch_size] = jax.jit(
-          lambda: models.init_memory(self.cfg, batch_size), out_shardings=self._mem_sharding)
+          lambda: models.init_memory(self.cfg, batch_size), out_shardings=self._mem_sharding
+      )
     return self._init_memory[batch_size]()
 
-  def _scored_batches(self, params: Any, split: str, max_steps: int = 0
-                      ) -> Iterator[tuple[jax.Array, jax.Array, Callable[[], np.ndarray]]]:
+  def _scored_batches(
+      self, params: Any, split: str, max_steps: int = 0
+  ) -> Iterator[tuple[jax.Array, jax.Array, Callable[[], np.ndarray]]]:
     """Runs the eval method over ``split``; yields per step (nll_BxT on device,
     weights_BxT on device, pairs() -> int64 [B, T] stream index of every
     position, -1 where it is not scored), over the padded rows."""
@@ -219,11 +277,13 @@ class Evaluator:
     sliding = self.method == "sliding"
     if sliding:
       make_it = lambda row_ids: data.SlidingWindowIterator(
-          source, b, self.window_cfg.tgt_len, self.stride, boundary, row_ids=row_ids)
+          source, b, self.window_cfg.tgt_len, self.stride, boundary, row_ids=row_ids
+      )
     else:
       documents = data.split_documents(self.corpus, split, self.documents)
-      make_it = lambda row_ids: data.EvalIterator(source, b, self.cfg.tgt_len, boundary,
-                                                  row_ids=row_ids, documents=documents)
+      make_it = lambda row_ids: data.EvalIterator(
+          source, b, self.cfg.tgt_len, boundary, row_ids=row_ids, documents=documents
+      )
     layout = make_it([0])  # every process: the global layout (pairs of all rows)
     num_steps = min(len(layout), max_steps) if max_steps else len(layout)
     it = make_it(real) if real else None
@@ -232,16 +292,17 @@ class Evaluator:
     for i in range(num_steps):
       local = next(it) if it is not None else None
       if n_dummy:
-        dummy = {"inputs": np.zeros((n_dummy, seg), np.int32),
-                 "targets": np.zeros((n_dummy, seg), np.int32),
-                 "weights": np.zeros((n_dummy, seg), np.float32),
-                 "reset": np.full((n_dummy,), i == 0)}
+        dummy = {
+            "inputs": np.zeros((n_dummy, seg), np.int32),
+            "targets": np.zeros((n_dummy, seg), np.int32),
+            "weights": np.zeros((n_dummy, seg), np.float32),
+            "reset": np.full((n_dummy,), i == 0),
+        }
         if sliding:
           dummy["front_pad"] = np.zeros((n_dummy,), np.int32)
         elif self.documents == "reset":
           dummy["doc_pos"] = np.zeros((n_dummy, seg), np.int32)
-        local = dummy if local is None else {k: np.concatenate([local[k], dummy[k]])
-                                             for k in dummy}
+        local = dummy if local is None else {k: np.concatenate([local[k], dummy[k]]) for k in dummy}
       batch = data.to_global_batch(local, self._batch_sharding, b_pad)
       weights = batch.pop("weights")
       if sliding:
@@ -272,8 +333,11 @@ class Evaluator:
       n_tok += float(w.sum())
     loss = nll_sum / max(n_tok, 1.0)
     metric = metrics.metric_name(self.corpus.unit)
-    return {"loss_nats": loss, metric: metrics.metric_value(loss, self.corpus.unit),
-            "tokens": int(round(n_tok))}
+    return {
+        "loss_nats": loss,
+        metric: metrics.metric_value(loss, self.corpus.unit),
+        "tokens": int(round(n_tok)),
+    }
 
   def token_nll(self, params: Any, split: str) -> np.ndarray:
     """The NLL of every token of ``split`` in stream order: float32 [N], nats.
@@ -320,22 +384,27 @@ class Evaluator:
     memory = self._empty_memory(b_pad)
     out = []
     for s in range(n_seg):
-      local = {"inputs": padded[rows, s * seg:(s + 1) * seg],
-               "targets": padded[rows, s * seg + 1:(s + 1) * seg + 1],
-               "reset": np.full((len(rows),), s == 0)}
+      local = {
+          "inputs": padded[rows, s * seg : (s + 1) * seg],
+          "targets": padded[rows, s * seg + 1 : (s + 1) * seg + 1],
+          "reset": np.full((len(rows),), s == 0),
+      }
       batch = data.to_global_batch(local, self._batch_sharding, b_pad)
       nll_BxT, memory = self._eval_step(params, memory, batch)
       out.append(nll_BxT)
     return np.concatenate([np.asarray(jax.device_get(x)) for x in out], axis=1)[:b, :t].astype(
-        np.float32)
+        np.float32
+    )
 
 
 def _fully_replicated(x: jax.Array) -> jax.Array:
   """``x`` gathered onto every device, so that any process can read it."""
   if x.is_fully_replicated:
     return x
-  return jax.jit(lambda a: a, out_shardings=jax.sharding.NamedSharding(
-      x.sharding.mesh, jax.sharding.PartitionSpec()))(x)
+  return jax.jit(
+      lambda a: a,
+      out_shardings=jax.sharding.NamedSharding(x.sharding.mesh, jax.sharding.PartitionSpec()),
+  )(x)
 
 
 def unknown_words(corpus: data.Corpus, text: str) -> int:

@@ -13,10 +13,12 @@ How the prompt is read, what the cache holds, when rows end and what
 context each new token sees: docs/guide/generation.md ("How generation
 works" in the documentation site).
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator, Optional, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -24,8 +26,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from transformer_xl import default_config, sharding
-from transformer_xl.model import attention
-from transformer_xl.model import models
+from transformer_xl.model import attention, models
 
 Array = jax.Array
 
@@ -52,13 +53,15 @@ class SamplingSettings:
   def __post_init__(self):
     problems = []
     if not isinstance(self.top_k, (int, np.integer)) or self.top_k < 0:
-      problems.append(f"top_k={self.top_k} must be an integer >= 0 (0 = no top-k cut, "
-                      "1 = greedy).")
+      problems.append(
+          f"top_k={self.top_k} must be an integer >= 0 (0 = no top-k cut, " "1 = greedy)."
+      )
     if not 0.0 < self.top_p <= 1.0:
       problems.append(f"top_p={self.top_p} must be in (0, 1] (1 = no nucleus cut).")
     if not self.temperature > 0.0:
-      problems.append(f"temperature={self.temperature} must be > 0 (for greedy decoding use "
-                      "top_k=1).")
+      problems.append(
+          f"temperature={self.temperature} must be > 0 (for greedy decoding use " "top_k=1)."
+      )
     if problems:
       raise default_config.ConfigError("Invalid sampling settings: " + " ".join(problems))
 
@@ -107,19 +110,21 @@ def filter_logits(logits_BxV: Array, top_k: Array, top_p: Array, temperature: Ar
     return jnp.take_along_axis(sorted_BxC, (n_keep_B - 1)[:, None], axis=-1)
 
   branches = [
-      lambda x: threshold(jax.lax.top_k(x, fast)[0], top_k),                    # small top_k
-      lambda x: threshold(jnp.flip(jnp.sort(x, axis=-1), axis=-1),              # the rest
-                          jnp.where(top_k > 0, jnp.minimum(top_k, v), v)),
-      lambda x: jnp.full(x.shape[:1] + (1,), -jnp.inf, x.dtype),                # no cut
+      lambda x: threshold(jax.lax.top_k(x, fast)[0], top_k),  # small top_k
+      lambda x: threshold(
+          jnp.flip(jnp.sort(x, axis=-1), axis=-1),  # the rest
+          jnp.where(top_k > 0, jnp.minimum(top_k, v), v),
+      ),
+      lambda x: jnp.full(x.shape[:1] + (1,), -jnp.inf, x.dtype),  # no cut
   ]
-  which = jnp.where((top_k > 0) & (top_k <= fast), 0,
-                    jnp.where((top_k > 0) | (top_p < 1.0), 1, 2))
+  which = jnp.where((top_k > 0) & (top_k <= fast), 0, jnp.where((top_k > 0) | (top_p < 1.0), 1, 2))
   threshold_Bx1 = jax.lax.switch(which, branches, x_BxV)
   return jnp.where(x_BxV >= threshold_Bx1, x_BxV, -jnp.inf)
 
 
-def sample_tokens(keys_B: Array, logits_BxV: Array, top_k: Array, top_p: Array,
-                  temperature: Array) -> Array:
+def sample_tokens(
+    keys_B: Array, logits_BxV: Array, top_k: Array, top_p: Array, temperature: Array
+) -> Array:
   """One token per row: the argmax when ``top_k == 1`` (greedy), otherwise a
   draw (``jax.random.categorical``) from ``filter_logits``, row b with
   its own key ``keys_B[b]`` (so a row's draw does not depend on the others).
@@ -136,7 +141,8 @@ def sample_tokens(keys_B: Array, logits_BxV: Array, top_k: Array, top_p: Array,
   """
   greedy_B = jnp.argmax(logits_BxV, axis=-1)
   drawn_B = jax.vmap(jax.random.categorical)(
-      keys_B, filter_logits(logits_BxV, top_k, top_p, temperature))
+      keys_B, filter_logits(logits_BxV, top_k, top_p, temperature)
+  )
   return jnp.where(top_k == 1, greedy_B, drawn_B).astype(jnp.int32)
 
 
@@ -174,11 +180,18 @@ class Generator:
       see only itself), or chunk < 1.
   """
 
-  def __init__(self, model_cfg: models.ModelConfig, mesh: Mesh, use_cache: bool = True,
-               chunk: int = 32, compact: bool = True):
+  def __init__(
+      self,
+      model_cfg: models.ModelConfig,
+      mesh: Mesh,
+      use_cache: bool = True,
+      chunk: int = 32,
+      compact: bool = True,
+  ):
     if model_cfg.mem_len < 1:
       raise default_config.ConfigError(
-          f"generation needs a memory: eval.mem_len={model_cfg.mem_len} must be >= 1.")
+          f"generation needs a memory: eval.mem_len={model_cfg.mem_len} must be >= 1."
+      )
     if chunk < 1:
       raise default_config.ConfigError(f"chunk={chunk} must be >= 1.")
     self.cfg = model_cfg
@@ -188,59 +201,112 @@ class Generator:
     self.compact = bool(compact)
     self._replicated = sharding.replicated(mesh)
     rep = self._replicated
-    jit = lambda fn: jax.jit(sharding.traced_with_mesh(fn, mesh),
-                             in_shardings=(None,) + (rep,) * 7,
-                             out_shardings=(rep, rep, rep), donate_argnums=(1,))
+    jit = lambda fn: jax.jit(
+        sharding.traced_with_mesh(fn, mesh),
+        in_shardings=(None,) + (rep,) * 7,
+        out_shardings=(rep, rep, rep),
+        donate_argnums=(1,),
+    )
     self.segment_step = jit(self._step)  # tokens [B, tgt_len]
-    self.token_step = jit(lambda params, memory, tokens_B, *rest: self._step(
-        params, memory, tokens_B[:, None], *rest))  # tokens [B]
-    self.start_step = jax.jit(sharding.traced_with_mesh(self._start, mesh),
-                              in_shardings=(None,) + (rep,) * 7,
-                              out_shardings=(rep,) * 4, donate_argnums=(1,))
+    self.token_step = jit(
+        lambda params, memory, tokens_B, *rest: self._step(params, memory, tokens_B[:, None], *rest)
+    )  # tokens [B]
+    self.start_step = jax.jit(
+        sharding.traced_with_mesh(self._start, mesh),
+        in_shardings=(None,) + (rep,) * 7,
+        out_shardings=(rep,) * 4,
+        donate_argnums=(1,),
+    )
     self.take_rows = jax.jit(self._take, in_shardings=(rep,) * 6, out_shardings=(rep,) * 5)
-    self.chunk_step = jax.jit(sharding.traced_with_mesh(self._chunk, mesh),
-                              in_shardings=(None,) + (rep,) * 11, out_shardings=(rep,) * 6,
-                              donate_argnums=(1, 2), static_argnums=(12,))
+    self.chunk_step = jax.jit(
+        sharding.traced_with_mesh(self._chunk, mesh),
+        in_shardings=(None,) + (rep,) * 11,
+        out_shardings=(rep,) * 6,
+        donate_argnums=(1, 2),
+        static_argnums=(12,),
+    )
 
-  def _next(self, params: Any, hidden_BxTxD: Array, key: Array, index: Array, top_k: Array,
-            top_p: Array, temperature: Array) -> tuple[Array, Array]:
+  def _next(
+      self,
+      params: Any,
+      hidden_BxTxD: Array,
+      key: Array,
+      index: Array,
+      top_k: Array,
+      top_p: Array,
+      temperature: Array,
+  ) -> tuple[Array, Array]:
     """(the token after the last position, row b drawn with ``fold_in(keys[b],
     index)``; the log-probabilities it was drawn from, float32 [B, V], nats).
     ``key`` holds the rows' keys, [B, 2]."""
-    logp_BxV = self.model.apply({"params": params}, hidden_BxTxD[:, -1:],
-                                method=models.TransformerXL.log_probs)[:, 0]
+    logp_BxV = self.model.apply(
+        {"params": params}, hidden_BxTxD[:, -1:], method=models.TransformerXL.log_probs
+    )[:, 0]
     keys_B = jax.vmap(jax.random.fold_in, in_axes=(0, None))(key, index)
     next_B = sample_tokens(keys_B, logp_BxV, top_k, top_p, temperature)
     return next_B, logp_BxV
 
-  def _step(self, params: Any, memory: models.Memory, tokens_BxT: Array, key: Array,
-            index: Array, top_k: Array, top_p: Array, temperature: Array):
+  def _step(
+      self,
+      params: Any,
+      memory: models.Memory,
+      tokens_BxT: Array,
+      key: Array,
+      index: Array,
+      top_k: Array,
+      top_p: Array,
+      temperature: Array,
+  ):
     """One pass over a segment; samples the token after its last position.
 
     Returns:
       (next_B int32, log_probs_BxV float32 of the last position (nats),
       the next Memory).
     """
-    hidden_BxTxD, memory = self.model.apply({"params": params}, tokens_BxT, memory, True,
-                                            method=models.TransformerXL.hidden)
+    hidden_BxTxD, memory = self.model.apply(
+        {"params": params}, tokens_BxT, memory, True, method=models.TransformerXL.hidden
+    )
     next_B, logp_BxV = self._next(params, hidden_BxTxD, key, index, top_k, top_p, temperature)
     return next_B, logp_BxV, memory
 
-  def _start(self, params: Any, memory: models.Memory, tokens_B: Array, key: Array,
-             index: Array, top_k: Array, top_p: Array, temperature: Array):
+  def _start(
+      self,
+      params: Any,
+      memory: models.Memory,
+      tokens_B: Array,
+      key: Array,
+      index: Array,
+      top_k: Array,
+      top_p: Array,
+      temperature: Array,
+  ):
     """``_step`` for one token, making the decoding cache of the memory.
 
     Returns:
       (next_B, log_probs_BxV, the next Memory, the next ``CachedKV``).
     """
     hidden_BxTxD, memory, cache = self.model.apply(
-        {"params": params}, tokens_B[:, None], memory, None, method=models.TransformerXL.decode)
+        {"params": params}, tokens_B[:, None], memory, None, method=models.TransformerXL.decode
+    )
     next_B, logp_BxV = self._next(params, hidden_BxTxD, key, index, top_k, top_p, temperature)
     return next_B, logp_BxV, memory, cache
 
-  def _chunk(self, params: Any, memory: models.Memory, cache: Any, token_B: Array, key: Array,
-             index: Array, n: Array, done_B: Array, stop_ids_S: Array, top_k: Array,
-             top_p: Array, temperature: Array, with_logp: bool):
+  def _chunk(
+      self,
+      params: Any,
+      memory: models.Memory,
+      cache: Any,
+      token_B: Array,
+      key: Array,
+      index: Array,
+      n: Array,
+      done_B: Array,
+      stop_ids_S: Array,
+      top_k: Array,
+      top_p: Array,
+      temperature: Array,
+      with_logp: bool,
+  ):
     """Up to ``n`` (traced, 1 <= n <= ``chunk``) passes of one token with the
     cache, each sampling the next token (drawn with ``fold_in(key, index +
     i)``) and feeding it to the next pass; one compilation whatever ``n``.
@@ -264,10 +330,9 @@ class Generator:
     def one(carry):
       i, memory, cache, token_B, tokens_CxB, logp_CxBxV, done_B = carry
       hidden_BxTxD, memory, cache = self.model.apply(
-          {"params": params}, token_B[:, None], memory, cache,
-          method=models.TransformerXL.decode)
-      next_B, logp_BxV = self._next(params, hidden_BxTxD, key, index + i, top_k, top_p,
-                                    temperature)
+          {"params": params}, token_B[:, None], memory, cache, method=models.TransformerXL.decode
+      )
+      next_B, logp_BxV = self._next(params, hidden_BxTxD, key, index + i, top_k, top_p, temperature)
       tokens_CxB = tokens_CxB.at[i].set(jnp.where(done_B, -1, next_B))
       if with_logp:
         logp_CxBxV = logp_CxBxV.at[i].set(logp_BxV)
@@ -275,13 +340,21 @@ class Generator:
       return i + 1, memory, cache, next_B, tokens_CxB, logp_CxBxV, done_B
 
     _, memory, cache, last_B, tokens_CxB, logp_CxBxV, done_B = jax.lax.while_loop(
-        more, one, (jnp.int32(0), memory, cache, token_B, tokens_CxB, logp_CxBxV, done_B))
+        more, one, (jnp.int32(0), memory, cache, token_B, tokens_CxB, logp_CxBxV, done_B)
+    )
     return tokens_CxB, logp_CxBxV, memory, cache, last_B, done_B
 
-  def stream(self, params: Any, prompts: Any, num_tokens: int,
-             settings: SamplingSettings = SamplingSettings(), seed: Any = 0,
-             log_probs: bool = False, stop_tokens: Sequence[int] = (),
-             done_B: Optional[np.ndarray] = None) -> Iterator[Any]:
+  def stream(
+      self,
+      params: Any,
+      prompts: Any,
+      num_tokens: int,
+      settings: SamplingSettings = SamplingSettings(),
+      seed: Any = 0,
+      log_probs: bool = False,
+      stop_tokens: Sequence[int] = (),
+      done_B: np.ndarray | None = None,
+  ) -> Iterator[Any]:
     """Generates up to ``num_tokens`` tokens after each row's prompt.
 
     The prompts are read in segments aligned to their ends, rows of
@@ -344,30 +417,32 @@ class Generator:
     if done_B is None:
       done_B = np.zeros(b, bool)
     elif np.shape(done_B) != (b,) or np.asarray(done_B).dtype != bool:
-      raise ValueError(f"done_B must be a bool array of shape ({b},); got "
-                       f"{np.asarray(done_B).dtype} {np.shape(done_B)}.")
+      raise ValueError(
+          f"done_B must be a bool array of shape ({b},); got "
+          f"{np.asarray(done_B).dtype} {np.shape(done_B)}."
+      )
     if np.ndim(seed) == 0:  # row b: fold_in(PRNGKey(seed), b)
       key = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(
-          jax.random.PRNGKey(int(seed)), np.arange(b, dtype=np.uint32))
+          jax.random.PRNGKey(int(seed)), np.arange(b, dtype=np.uint32)
+      )
     elif np.shape(seed) == (b,):  # row b: fold_in(PRNGKey(seed[b]), 0), as alone
       key = jax.vmap(lambda s: jax.random.fold_in(jax.random.PRNGKey(s), 0))(
-          np.asarray(seed, np.uint32))
+          np.asarray(seed, np.uint32)
+      )
     else:
       raise ValueError(f"give one seed or {b} seeds (one per row); got {np.shape(seed)}.")
     n = -(-max(len(r) for r in rows) // t) * t  # the longest prompt, rounded up to segments
     prompt_BxN = np.zeros((b, n), np.int32)
     for r, row in enumerate(rows):
-      prompt_BxN[r, n - len(row):] = row
+      prompt_BxN[r, n - len(row) :] = row
     front_pad_B = np.asarray([n - len(row) for row in rows], np.int32)
-    knobs = (np.int32(settings.top_k), np.float32(settings.top_p),
-             np.float32(settings.temperature))
+    knobs = (np.int32(settings.top_k), np.float32(settings.top_p), np.float32(settings.temperature))
     memory = models.init_memory(self.cfg, b).with_front_padding(front_pad_B)
     memory = jax.device_put(memory, self._replicated)
     first = np.int32(0)  # the key index of generated token 0
     for s in range(n // t):
-      segment_BxT = prompt_BxN[:, s * t:(s + 1) * t]
-      next_B, logp_BxV, memory = self.segment_step(params, memory, segment_BxT, key, first,
-                                                   *knobs)
+      segment_BxT = prompt_BxN[:, s * t : (s + 1) * t]
+      next_B, logp_BxV, memory = self.segment_step(params, memory, segment_BxT, key, first, *knobs)
 
     def item(token_B, logp_BxV):
       """The host's copy of one token step, -1 for rows done before it;
@@ -380,8 +455,9 @@ class Generator:
       for i in range(num_tokens):
         token_B, token_logp_BxV = next_B, logp_BxV
         if i + 1 < num_tokens:
-          next_B, logp_BxV, memory = self.token_step(params, memory, token_B, key,
-                                                     np.int32(i + 1), *knobs)
+          next_B, logp_BxV, memory = self.token_step(
+              params, memory, token_B, key, np.int32(i + 1), *knobs
+          )
         yield item(token_B, token_logp_BxV)
         if done_B.all():
           return
@@ -391,8 +467,9 @@ class Generator:
     yield item(next_B, logp_BxV)
     if num_tokens == 1 or done_B.all():
       return
-    next_B, logp_BxV, memory, cache = self.start_step(params, memory, next_B, key, np.int32(1),
-                                                      *knobs)
+    next_B, logp_BxV, memory, cache = self.start_step(
+        params, memory, next_B, key, np.int32(1), *knobs
+    )
     yield item(next_B, logp_BxV)
     # The device batch: row r of it is row rows_R[r] of the caller's (-1: padding).  When
     # no more than a quarter of its rows are live, the live ones (padded to a power of 2)
@@ -409,13 +486,24 @@ class Generator:
         if self.compact and 4 * len(live_R) <= len(rows_R) and num_tokens - i > self.chunk:
           take_R = np.r_[live_R, np.full(size - len(live_R), live_R[0])].astype(np.int32)
           memory, cache, next_B, key, device_done_R = self.take_rows(
-              memory, cache, next_B, key, device_done_R, take_R)
+              memory, cache, next_B, key, device_done_R, take_R
+          )
           rows_R = np.r_[rows_R[live_R], np.full(size - len(live_R), -1)]
           host_done_R = (rows_R < 0) | done_B[rows_R]
         k = min(self.chunk, num_tokens - i)
         toks, logps, memory, cache, next_B, device_done_R = self.chunk_step(
-            params, memory, cache, next_B, key, np.int32(i), np.int32(k),
-            device_done_R | host_done_R, stop_ids_S, *knobs, log_probs)
+            params,
+            memory,
+            cache,
+            next_B,
+            key,
+            np.int32(i),
+            np.int32(k),
+            device_done_R | host_done_R,
+            stop_ids_S,
+            *knobs,
+            log_probs,
+        )
         dispatched, i = (toks, logps, k, rows_R), i + k
       if pending is not None:
         toks_NxR, n_read, from_R = np.asarray(pending[0]), pending[2], pending[3]
@@ -434,13 +522,15 @@ class Generator:
       pending = dispatched
 
   @staticmethod
-  def _take(memory: models.Memory, cache: Any, token_B: Array, key: Array, done_B: Array,
-            take_R: Array):
+  def _take(
+      memory: models.Memory, cache: Any, token_B: Array, key: Array, done_B: Array, take_R: Array
+  ):
     """Rows ``take_R`` of the decoding state (the batch axis of each part)."""
     rows = lambda x, axis: jnp.take(x, take_R, axis=axis)
     memory = memory.map_rows(rows)
-    cache = cache._replace(k_BxMxHxDh=rows(cache.k_BxMxHxDh, 1),
-                           v_BxMxHxDh=rows(cache.v_BxMxHxDh, 1))
+    cache = cache._replace(
+        k_BxMxHxDh=rows(cache.k_BxMxHxDh, 1), v_BxMxHxDh=rows(cache.v_BxMxHxDh, 1)
+    )
     return memory, cache, rows(token_B, 0), rows(key, 0), rows(done_B, 0)
 
   def _rows(self, prompts: Any) -> list[np.ndarray]:
@@ -448,23 +538,35 @@ class Generator:
     if isinstance(prompts, np.ndarray) or not isinstance(prompts, (list, tuple)):
       array = np.asarray(prompts)
       if array.ndim != 2:
-        raise ValueError(f"the prompts must be an integer array [B, N] or a sequence of 1-D "
-                         f"arrays; got shape {array.shape}.")
+        raise ValueError(
+            f"the prompts must be an integer array [B, N] or a sequence of 1-D "
+            f"arrays; got shape {array.shape}."
+        )
       prompts = list(array)
     rows = [np.asarray(p) for p in prompts]
     if not rows:
       raise ValueError("no prompt: give at least one row.")
     for r, row in enumerate(rows):
       if row.ndim != 1 or row.size < 1 or not np.issubdtype(row.dtype, np.integer):
-        raise ValueError(f"prompt {r} must be a non-empty 1-D array of integer token ids; got "
-                         f"{row.dtype} {row.shape}.")
+        raise ValueError(
+            f"prompt {r} must be a non-empty 1-D array of integer token ids; got "
+            f"{row.dtype} {row.shape}."
+        )
       if row.min() < 0 or row.max() >= self.cfg.n_token:
-        raise ValueError(f"prompt ids must be in [0, {self.cfg.n_token}); prompt {r} has "
-                         f"[{row.min()}, {row.max()}].")
+        raise ValueError(
+            f"prompt ids must be in [0, {self.cfg.n_token}); prompt {r} has "
+            f"[{row.min()}, {row.max()}]."
+        )
     return [row.astype(np.int32) for row in rows]
 
-  def generate(self, params: Any, prompts: Any, num_tokens: int,
-               settings: SamplingSettings = SamplingSettings(), seed: Any = 0) -> np.ndarray:
+  def generate(
+      self,
+      params: Any,
+      prompts: Any,
+      num_tokens: int,
+      settings: SamplingSettings = SamplingSettings(),
+      seed: Any = 0,
+  ) -> np.ndarray:
     """All of ``stream`` at once: int32 [B, num_tokens] token ids.
 
     Raises:

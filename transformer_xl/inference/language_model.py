@@ -12,11 +12,13 @@ tokenisation), the restored parameters and the mesh; generation is
 ``evaluate.Evaluator.score``'s.  ``--mode=generate`` of the command line
 (``cli/modes.py``) is this class's ``LanguageModel.generate``.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import Any, Callable, Mapping, Optional, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import jax
 import ml_collections
@@ -24,12 +26,11 @@ import numpy as np
 from jax.sharding import Mesh
 
 from transformer_xl import data, default_config, sharding
-from transformer_xl.run import distributed
-from transformer_xl.inference import evaluate
-from transformer_xl.inference import generate
-from transformer_xl.model import models
-from transformer_xl.run import workdir as wd
 from transformer_xl.data import text_vocab
+from transformer_xl.inference import evaluate, generate
+from transformer_xl.model import models
+from transformer_xl.run import distributed
+from transformer_xl.run import workdir as wd
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,11 +71,18 @@ class Generation:
     ``{"tokens", "text", "finish_reason"}``, sample 0 first, without the -1
     padding), and the settings' keys."""
     reasons = self.finish_reasons or ("length",) * len(self.texts)
-    samples = [{"tokens": [int(t) for t in row if t >= 0], "text": text, "finish_reason": why}
-               for row, text, why in zip(self.tokens, self.texts, reasons)]
-    return {"prompt": self.prompt, "prompt_tokens": [int(t) for t in self.prompt_tokens],
-            "tokens": samples[0]["tokens"], "text": samples[0]["text"], "samples": samples,
-            **self.settings}
+    samples = [
+        {"tokens": [int(t) for t in row if t >= 0], "text": text, "finish_reason": why}
+        for row, text, why in zip(self.tokens, self.texts, reasons)
+    ]
+    return {
+        "prompt": self.prompt,
+        "prompt_tokens": [int(t) for t in self.prompt_tokens],
+        "tokens": samples[0]["tokens"],
+        "text": samples[0]["text"],
+        "samples": samples,
+        **self.settings,
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,18 +135,29 @@ class LanguageModel:
     mesh: the device mesh.
   """
 
-  def __init__(self, config: ml_collections.ConfigDict, model_cfg: models.ModelConfig,
-               corpus: data.Corpus, params: Any, step: int, mesh: Mesh):
+  def __init__(
+      self,
+      config: ml_collections.ConfigDict,
+      model_cfg: models.ModelConfig,
+      corpus: data.Corpus,
+      params: Any,
+      step: int,
+      mesh: Mesh,
+  ):
     self.config, self.model_cfg, self.corpus = config, model_cfg, corpus
     self.params, self.step, self.mesh = params, int(step), mesh
     self.eval_cfg = evaluate.eval_model_config(config, model_cfg)
-    self._generator: Optional[generate.Generator] = None
-    self._evaluator: Optional[evaluate.Evaluator] = None
+    self._generator: generate.Generator | None = None
+    self._evaluator: evaluate.Evaluator | None = None
 
   @classmethod
-  def from_workdir(cls, workdir: str, config: Optional[ml_collections.ConfigDict] = None,
-                   mesh: Optional[Mesh] = None, corpus: Optional[data.Corpus] = None
-                   ) -> "LanguageModel":
+  def from_workdir(
+      cls,
+      workdir: str,
+      config: ml_collections.ConfigDict | None = None,
+      mesh: Mesh | None = None,
+      corpus: data.Corpus | None = None,
+  ) -> LanguageModel:
     """Loads a training (or converted) run's directory: its config (or
     ``config``), architecture, corpus and latest checkpoint.
 
@@ -164,11 +183,18 @@ class LanguageModel:
     return cls(config, model_cfg, corpus, params, step, mesh)
 
   @classmethod
-  def from_pretrained(cls, name: str, cache_dir: Optional[str] = None, *,
-                      manual_dir: Optional[str] = None, download: bool = True,
-                      data_dir: Optional[str] = None, dataset_manual_dir: Optional[str] = None,
-                      verify_checksums: bool = True, mesh: Optional[Mesh] = None
-                      ) -> "LanguageModel":
+  def from_pretrained(
+      cls,
+      name: str,
+      cache_dir: str | None = None,
+      *,
+      manual_dir: str | None = None,
+      download: bool = True,
+      data_dir: str | None = None,
+      dataset_manual_dir: str | None = None,
+      verify_checksums: bool = True,
+      mesh: Mesh | None = None,
+  ) -> LanguageModel:
     """A released model of the reference implementation (``enwik8``, ``text8``,
     ``wt103``, ``lm1b``): downloaded, verified, converted once into
     ``<cache>/workdirs/<name>`` and loaded from there, with the release's
@@ -197,9 +223,18 @@ class LanguageModel:
       data.DataError: the corpus cannot be prepared.
     """
     from transformer_xl.convert import pretrained  # the converter stays off other paths
-    workdir = str(pretrained.pretrained_workdir(
-        name, cache_dir, manual_dir=manual_dir, download=download, data_dir=data_dir,
-        dataset_manual_dir=dataset_manual_dir, verify_checksums=verify_checksums))
+
+    workdir = str(
+        pretrained.pretrained_workdir(
+            name,
+            cache_dir,
+            manual_dir=manual_dir,
+            download=download,
+            data_dir=data_dir,
+            dataset_manual_dir=dataset_manual_dir,
+            verify_checksums=verify_checksums,
+        )
+    )
     config = wd.load_config(workdir)
     with config.unlocked():
       config.data.download, config.data.verify_checksums = download, verify_checksums
@@ -227,11 +262,20 @@ class LanguageModel:
     """int32 [N + 1]: the boundary symbol, then the prompt's ids (``encode_prompt``)."""
     return encode_prompt(self.corpus, prompt)
 
-  def generate(self, prompt: str | Sequence[str], num_tokens: int, *, top_k: int = 40,
-               top_p: float = 1.0, temperature: float = 1.0, seed: int | Sequence[int] = 0,
-               num_samples: int = 1, stop: str | Sequence[str] = (), stop_at_eos: bool = False,
-               on_text: Optional[Callable[[list[str]], None]] = None
-               ) -> Generation | list[Generation]:
+  def generate(
+      self,
+      prompt: str | Sequence[str],
+      num_tokens: int,
+      *,
+      top_k: int = 40,
+      top_p: float = 1.0,
+      temperature: float = 1.0,
+      seed: int | Sequence[int] = 0,
+      num_samples: int = 1,
+      stop: str | Sequence[str] = (),
+      stop_at_eos: bool = False,
+      on_text: Callable[[list[str]], None] | None = None,
+  ) -> Generation | list[Generation]:
     """Continues ``prompt`` (or each of several prompts) with up to
     ``num_tokens`` tokens, ``num_samples`` times, all in one batch.
 
@@ -282,8 +326,9 @@ class LanguageModel:
     """
     settings = generate.SamplingSettings(top_k=top_k, top_p=top_p, temperature=temperature)
     if num_tokens < 1 or num_samples < 1:
-      raise default_config.ConfigError(f"num_tokens={num_tokens} and num_samples={num_samples} "
-                                       "must be >= 1.")
+      raise default_config.ConfigError(
+          f"num_tokens={num_tokens} and num_samples={num_samples} " "must be >= 1."
+      )
     stops = [stop] if isinstance(stop, str) else list(stop)
     if not all(isinstance(x, str) and x for x in stops):
       raise default_config.ConfigError(f"stop={stop!r}: stop strings must be non-empty strings.")
@@ -294,24 +339,32 @@ class LanguageModel:
     if per_row_seed and (num_samples != 1 or np.shape(seed) != (len(texts),)):
       raise default_config.ConfigError(
           f"seed={list(seed)}: give one int, or one seed per prompt ({len(texts)}) with "
-          "num_samples=1.")
+          "num_samples=1."
+      )
     ids = [self.encode_prompt(t) for t in texts]
     row_ids = [i for i in ids for _ in range(num_samples)]
     decoders = [self.corpus.decoder() for _ in row_ids]
     for d, i in zip(decoders, row_ids):  # so that the text continues the prompt
-      d.decode(i)                        # (spaces, UTF-8 state)
+      d.decode(i)  # (spaces, UTF-8 state)
     b = len(row_ids)
     steps, pieces, done_B = [], [[] for _ in row_ids], np.zeros(b, bool)
     reasons = ["length"] * b
     lookback = max((len(x) for x in stops), default=0) - 1
     tails = [""] * b  # each row's last lookback characters (a stop string may straddle pieces)
     stream = self.generator.stream(
-        self.params, row_ids, num_tokens, settings, list(seed) if per_row_seed else seed,
-        stop_tokens=[self.corpus.boundary_id] if stop_at_eos else (), done_B=done_B)
+        self.params,
+        row_ids,
+        num_tokens,
+        settings,
+        list(seed) if per_row_seed else seed,
+        stop_tokens=[self.corpus.boundary_id] if stop_at_eos else (),
+        done_B=done_B,
+    )
     for token_B in stream:
       steps.append(token_B)
-      new = [d.decode(token_B[r:r + 1]) if token_B[r] >= 0 else ""
-             for r, d in enumerate(decoders)]
+      new = [
+          d.decode(token_B[r : r + 1]) if token_B[r] >= 0 else "" for r, d in enumerate(decoders)
+      ]
       for r, piece in enumerate(new):
         if token_B[r] < 0:
           continue
@@ -320,9 +373,9 @@ class LanguageModel:
           reasons[r] = "eos"
         elif stops and piece:  # a stop string that ends in this piece
           window = tails[r] + piece
-          if any(x in window[max(0, len(window) - len(piece) - len(x) + 1):] for x in stops):
+          if any(x in window[max(0, len(window) - len(piece) - len(x) + 1) :] for x in stops):
             reasons[r], done_B[r] = "stop", True
-          tails[r] = window[max(0, len(window) - lookback):] if lookback else ""
+          tails[r] = window[max(0, len(window) - lookback) :] if lookback else ""
       if on_text is not None:
         on_text(new)
     tail = [d.decode([], final=True) for d in decoders]
@@ -335,17 +388,33 @@ class LanguageModel:
     out = []
     for j, (text, prompt_ids) in enumerate(zip(texts, ids)):
       rows = slice(j * num_samples, (j + 1) * num_samples)
-      out.append(Generation(
-          prompt=text, prompt_tokens=prompt_ids, tokens=tokens_BxN[rows],
-          texts=tuple("".join(p) for p in pieces[rows]),
-          settings={"seed": int(seed[j]) if per_row_seed else int(seed), "top_k": int(top_k),
-                    "top_p": float(top_p), "temperature": float(temperature),
-                    "num_tokens": int(num_tokens), "num_samples": int(num_samples),
-                    "stop": stops, "stop_at_eos": bool(stop_at_eos),
-                    "step": self.step, "dataset": self.corpus.name,
-                    "context": {"tgt_len": c.tgt_len, "mem_len": c.mem_len,
-                                "same_length": c.same_length, "clamp_len": c.clamp_len}},
-          finish_reasons=tuple(reasons[rows])))
+      out.append(
+          Generation(
+              prompt=text,
+              prompt_tokens=prompt_ids,
+              tokens=tokens_BxN[rows],
+              texts=tuple("".join(p) for p in pieces[rows]),
+              settings={
+                  "seed": int(seed[j]) if per_row_seed else int(seed),
+                  "top_k": int(top_k),
+                  "top_p": float(top_p),
+                  "temperature": float(temperature),
+                  "num_tokens": int(num_tokens),
+                  "num_samples": int(num_samples),
+                  "stop": stops,
+                  "stop_at_eos": bool(stop_at_eos),
+                  "step": self.step,
+                  "dataset": self.corpus.name,
+                  "context": {
+                      "tgt_len": c.tgt_len,
+                      "mem_len": c.mem_len,
+                      "same_length": c.same_length,
+                      "clamp_len": c.clamp_len,
+                  },
+              },
+              finish_reasons=tuple(reasons[rows]),
+          )
+      )
     return out[0] if isinstance(prompt, str) else out
 
   def score_text(self, text: str) -> TextScore:
@@ -362,8 +431,9 @@ class LanguageModel:
     return TextScore(tokens=tokens_1xT1[0, 1:], nll=nll_1xT[0], unit=self.corpus.unit)
 
 
-def load_corpus(config: ml_collections.ConfigDict, model_cfg: models.ModelConfig,
-                workdir: Optional[str] = None) -> data.Corpus:
+def load_corpus(
+    config: ml_collections.ConfigDict, model_cfg: models.ModelConfig, workdir: str | None = None
+) -> data.Corpus:
   """The corpus of ``config.data`` (prepared first if needed), checked against the model.
 
   For one's own text (``data.dataset="text"`` or ``"tfds:..."``) whose
@@ -380,8 +450,7 @@ def load_corpus(config: ml_collections.ConfigDict, model_cfg: models.ModelConfig
   """
   data_cfg = config.data.to_dict()
   try:
-    corpus = distributed.process_0_first(
-        lambda: data.load_configured(data_cfg), (data.DataError,))
+    corpus = distributed.process_0_first(lambda: data.load_configured(data_cfg), (data.DataError,))
   except data.DataError as err:
     saved = None
     if workdir is not None and data_cfg["dataset"] not in data.CORPUS_NAMES:
@@ -389,15 +458,20 @@ def load_corpus(config: ml_collections.ConfigDict, model_cfg: models.ModelConfig
     if saved is None:
       raise
     if jax.process_index() == 0:  # stderr: generated text owns stdout
-      print(f"Note: the corpus cannot be loaded ({str(err).splitlines()[0]}); using the "
-            f"tokenizer saved in {workdir} (enough to generate and score text).",
-            file=sys.stderr, flush=True)
+      print(
+          f"Note: the corpus cannot be loaded ({str(err).splitlines()[0]}); using the "
+          f"tokenizer saved in {workdir} (enough to generate and score text).",
+          file=sys.stderr,
+          flush=True,
+      )
     corpus = saved
   if workdir is not None and corpus.name == data.TEXT:
     text_vocab.check_saved_tokenizer(corpus, workdir)
   if corpus.vocab_size != model_cfg.n_token:
-    raise data.DataError(f"the model has {model_cfg.n_token:,} tokens but corpus {corpus.name} "
-                         f"has {corpus.vocab_size:,}: is data.dataset right?")
+    raise data.DataError(
+        f"the model has {model_cfg.n_token:,} tokens but corpus {corpus.name} "
+        f"has {corpus.vocab_size:,}: is data.dataset right?"
+    )
   return corpus
 
 
@@ -419,10 +493,12 @@ def encode_prompt(corpus: data.Corpus, prompt: str) -> np.ndarray:
   if not ids.size:
     raise default_config.ConfigError(
         f"the prompt {prompt!r} is empty: it has no {corpus.unit} of the {corpus.name} "
-        "vocabulary (give text with --prompt=TEXT or --prompt_file=FILE).")
+        "vocabulary (give text with --prompt=TEXT or --prompt_file=FILE)."
+    )
   if corpus.unk_id is not None and np.all(ids == corpus.unk_id):
     raise default_config.ConfigError(
         f"the prompt {prompt!r} has no known token: every {corpus.unit} would be "
         f"{corpus.vocab[corpus.unk_id]} in the {corpus.name} vocabulary of "
-        f"{corpus.vocab_size:,}.")
+        f"{corpus.vocab_size:,}."
+    )
   return np.concatenate([[corpus.boundary_id], ids]).astype(np.int32)

@@ -47,9 +47,10 @@ Everything has static shapes (no boolean masks, no per-cluster token lists),
 so it compiles once for XLA on TPU/GPU/CPU.  The price is that every token
 pays for every cluster; the costs are given in the class docstrings.
 """
+
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import flax.linen as nn
 import jax
@@ -60,8 +61,14 @@ from transformer_xl.model import attention_ops
 Array = jax.Array
 
 
-def config_problems(n_token: Optional[int], d_embed: int, d_proj: int, cutoffs: Sequence[int],
-                    div_val: int, tie_projs: Sequence[bool] = ()) -> list[str]:
+def config_problems(
+    n_token: int | None,
+    d_embed: int,
+    d_proj: int,
+    cutoffs: Sequence[int],
+    div_val: int,
+    tie_projs: Sequence[bool] = (),
+) -> list[str]:
   """Every problem of the adaptive embedding / softmax hyperparameters.
 
   Args:
@@ -81,32 +88,52 @@ def config_problems(n_token: Optional[int], d_embed: int, d_proj: int, cutoffs: 
   if n_token is not None and n_token < 1:
     problems.append(f"model.n_token={n_token} must be >= 1.")
   if d_embed < 1 or d_proj < 1:
-    problems.append(f"model.d_embed={d_embed} and d_model={d_proj} must be >= 1 "
-                    "(set --config.model.d_embed=0 to use d_model).")
+    problems.append(
+        f"model.d_embed={d_embed} and d_model={d_proj} must be >= 1 "
+        "(set --config.model.d_embed=0 to use d_model)."
+    )
   if div_val < 1:
-    problems.append(f"model.div_val={div_val} must be >= 1 (1 = one embedding size for "
-                    "all clusters); set --config.model.div_val=1 or larger.")
+    problems.append(
+        f"model.div_val={div_val} must be >= 1 (1 = one embedding size for "
+        "all clusters); set --config.model.div_val=1 or larger."
+    )
   if any(c <= 0 for c in cutoffs):
-    problems.append(f"model.cutoffs={cutoffs} must be positive token ids; drop the "
-                    "non-positive ones from --config.model.cutoffs.")
+    problems.append(
+        f"model.cutoffs={cutoffs} must be positive token ids; drop the "
+        "non-positive ones from --config.model.cutoffs."
+    )
   if any(b <= a for a, b in zip(cutoffs, cutoffs[1:])):
-    problems.append(f"model.cutoffs={cutoffs} must be strictly increasing; sort them and "
-                    "remove duplicates in --config.model.cutoffs.")
+    problems.append(
+        f"model.cutoffs={cutoffs} must be strictly increasing; sort them and "
+        "remove duplicates in --config.model.cutoffs."
+    )
   if n_token is not None and cutoffs and cutoffs[-1] >= n_token:
-    problems.append(f"model.cutoffs={cutoffs} must all be < n_token={n_token} (the last "
-                    "cluster ends at n_token implicitly); drop the cutoffs >= n_token.")
+    problems.append(
+        f"model.cutoffs={cutoffs} must all be < n_token={n_token} (the last "
+        "cluster ends at n_token implicitly); drop the cutoffs >= n_token."
+    )
   if div_val > 1 and d_embed // div_val ** len(cutoffs) < 1:
-    problems.append(f"model.div_val={div_val} with d_embed={d_embed} and {len(cutoffs)} "
-                    f"cutoffs gives the last cluster an embedding size of 0; lower div_val "
-                    "or raise d_embed.")
+    problems.append(
+        f"model.div_val={div_val} with d_embed={d_embed} and {len(cutoffs)} "
+        f"cutoffs gives the last cluster an embedding size of 0; lower div_val "
+        "or raise d_embed."
+    )
   if len(tie_projs) not in (0, len(cutoffs) + 1):
-    problems.append(f"model.tie_projs={tuple(tie_projs)} must be empty (nothing tied) or "
-                    f"hold one bool per cluster, len(cutoffs) + 1 = {len(cutoffs) + 1}.")
+    problems.append(
+        f"model.tie_projs={tuple(tie_projs)} must be empty (nothing tied) or "
+        f"hold one bool per cluster, len(cutoffs) + 1 = {len(cutoffs) + 1}."
+    )
   return problems
 
 
-def check_adaptive_config(n_token: int, d_embed: int, d_proj: int, cutoffs: Sequence[int],
-                          div_val: int, tie_projs: Sequence[bool] = ()) -> None:
+def check_adaptive_config(
+    n_token: int,
+    d_embed: int,
+    d_proj: int,
+    cutoffs: Sequence[int],
+    div_val: int,
+    tie_projs: Sequence[bool] = (),
+) -> None:
   """Raises the problems of ``config_problems`` (the modules' own guard).
 
   Raises:
@@ -124,7 +151,7 @@ def cluster_bounds(n_token: int, cutoffs: Sequence[int]) -> tuple[int, ...]:
 
 def cluster_dims(d_embed: int, n_clusters_total: int, div_val: int) -> tuple[int, ...]:
   """Embedding size of each cluster, ``d_embed // div_val**i`` (reference)."""
-  return tuple(d_embed // div_val ** i for i in range(n_clusters_total))
+  return tuple(d_embed // div_val**i for i in range(n_clusters_total))
 
 
 def _tied_proj_index(i: int, div_val: int) -> int:
@@ -191,17 +218,22 @@ class AdaptiveEmbedding(nn.Module):
     proj_init = attention_ops.normal_init(self.proj_init_std, None, "embed")
     if self.div_val == 1:
       self.emb_layers = [self.param("emb_layers_0", table_init, (self.n_token, self.d_embed))]
-      self.emb_projs = [self.param("emb_projs_0", proj_init, (self.d_embed, self.d_proj))
-                        if self.d_proj != self.d_embed else None]
+      self.emb_projs = [
+          self.param("emb_projs_0", proj_init, (self.d_embed, self.d_proj))
+          if self.d_proj != self.d_embed
+          else None
+      ]
     else:
       dims = cluster_dims(self.d_embed, len(bounds) - 1, self.div_val)
       self.emb_layers = [
           self.param(f"emb_layers_{i}", table_init, (bounds[i + 1] - bounds[i], d_i))
-          for i, d_i in enumerate(dims)]
-      self.emb_projs = [self.param(f"emb_projs_{i}", proj_init, (d_i, self.d_proj))
-                        for i, d_i in enumerate(dims)]
+          for i, d_i in enumerate(dims)
+      ]
+      self.emb_projs = [
+          self.param(f"emb_projs_{i}", proj_init, (d_i, self.d_proj)) for i, d_i in enumerate(dims)
+      ]
 
-  def shared(self) -> tuple[list[Array], list[Optional[Array]]]:
+  def shared(self) -> tuple[list[Array], list[Array | None]]:
     """(tables, projections) for tying with ``ProjectedAdaptiveLogSoftmax``.
 
     Returns:
@@ -211,13 +243,14 @@ class AdaptiveEmbedding(nn.Module):
     """
     return list(self.emb_layers), list(self.emb_projs)
 
-  def _project(self, emb: Array, proj: Optional[Array]) -> Array:
+  def _project(self, emb: Array, proj: Array | None) -> Array:
     """[..., d_i] -> [..., d_proj] in the compute dtype (float32 accumulation)."""
     emb = emb.astype(self.dtype)
     if proj is None:
       return emb
-    return jnp.einsum("bte,ed->btd", emb, proj.astype(self.dtype),
-                      preferred_element_type=_acc_dtype(self.dtype)).astype(self.dtype)
+    return jnp.einsum(
+        "bte,ed->btd", emb, proj.astype(self.dtype), preferred_element_type=_acc_dtype(self.dtype)
+    ).astype(self.dtype)
 
   def __call__(self, tokens_BxT: Array) -> Array:
     """Embeds token ids.
@@ -230,7 +263,7 @@ class AdaptiveEmbedding(nn.Module):
       emb_BxTxD: [B, T, d_proj] in ``dtype``, already multiplied by
       sqrt(d_proj) (reference ``emb_scale``).
     """
-    scale = jnp.asarray(self.d_proj ** 0.5, self.dtype)
+    scale = jnp.asarray(self.d_proj**0.5, self.dtype)
     if self.div_val == 1:
       emb_BxTxE = jnp.take(self.emb_layers[0], tokens_BxT, axis=0, mode="clip")
       return self._project(emb_BxTxE, self.emb_projs[0]) * scale
@@ -242,8 +275,9 @@ class AdaptiveEmbedding(nn.Module):
       lo, hi = bounds[i], bounds[i + 1]
       local_BxT = jnp.clip(tokens_BxT - lo, 0, hi - lo - 1)
       emb_BxTxDi = jnp.take(table, local_BxT, axis=0)
-      out_BxTxD = jnp.where((cluster_BxT == i)[..., None], self._project(emb_BxTxDi, proj),
-                            out_BxTxD)
+      out_BxTxD = jnp.where(
+          (cluster_BxT == i)[..., None], self._project(emb_BxTxDi, proj), out_BxTxD
+      )
     return out_BxTxD * scale
 
 
@@ -311,8 +345,9 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
   proj_init_std: float = 0.01
 
   def setup(self):
-    check_adaptive_config(self.n_token, self.d_embed, self.d_proj, self.cutoffs, self.div_val,
-                          self.tie_projs)
+    check_adaptive_config(
+        self.n_token, self.d_embed, self.d_proj, self.cutoffs, self.div_val, self.tie_projs
+    )
     bounds = cluster_bounds(self.n_token, self.cutoffs)
     n_total = len(bounds) - 1
     dims = cluster_dims(self.d_embed, n_total, self.div_val)
@@ -321,24 +356,36 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
     proj_init = attention_ops.normal_init(self.proj_init_std, None, "embed")
     # Output layers: one over the whole vocabulary with div_val == 1 (the
     # reference slices it per cluster), else one per cluster.
-    layer_shapes = ([(self.n_token, self.d_embed)] if self.div_val == 1 else
-                    [(bounds[i + 1] - bounds[i], dims[i]) for i in range(n_total)])
-    self.out_weights = [None if self.tie_weight else
-                        self.param(f"out_weight_{i}", weight_init, shape)
-                        for i, shape in enumerate(layer_shapes)]
-    self.out_biases = [self.param(f"out_bias_{i}", bias_init, (shape[0],))
-                       for i, shape in enumerate(layer_shapes)]
+    layer_shapes = (
+        [(self.n_token, self.d_embed)]
+        if self.div_val == 1
+        else [(bounds[i + 1] - bounds[i], dims[i]) for i in range(n_total)]
+    )
+    self.out_weights = [
+        None if self.tie_weight else self.param(f"out_weight_{i}", weight_init, shape)
+        for i, shape in enumerate(layer_shapes)
+    ]
+    self.out_biases = [
+        self.param(f"out_bias_{i}", bias_init, (shape[0],)) for i, shape in enumerate(layer_shapes)
+    ]
     has_proj = _has_proj(self.d_embed, self.d_proj, self.div_val)
-    self.out_projs = [self.param(f"out_projs_{i}", proj_init, (dims[i], self.d_proj))
-                      if has_proj and not self._tied_proj(i) else None
-                      for i in range(n_total)]
+    self.out_projs = [
+        self.param(f"out_projs_{i}", proj_init, (dims[i], self.d_proj))
+        if has_proj and not self._tied_proj(i)
+        else None
+        for i in range(n_total)
+    ]
     if n_total > 1:
       self.cluster_weight = self.param(
-          "cluster_weight", attention_ops.normal_init(self.init_std, None, "embed"),
-          (n_total - 1, self.d_embed))
+          "cluster_weight",
+          attention_ops.normal_init(self.init_std, None, "embed"),
+          (n_total - 1, self.d_embed),
+      )
       self.cluster_bias = self.param(
-          "cluster_bias", nn.with_logical_partitioning(nn.initializers.zeros, (None,)),
-          (n_total - 1,))
+          "cluster_bias",
+          nn.with_logical_partitioning(nn.initializers.zeros, (None,)),
+          (n_total - 1,),
+      )
 
   def _tied_proj(self, i: int) -> bool:
     """Whether tie_projs asks cluster i to use the embedding's projection."""
@@ -353,8 +400,10 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
     n_total = len(bounds) - 1
     if self.tie_weight:
       if emb_tables is None or len(emb_tables) != len(self.out_biases):
-        raise ValueError("tie_weight=True needs emb_tables: the AdaptiveEmbedding tables "
-                         "(AdaptiveEmbedding.shared()[0]).")
+        raise ValueError(
+            "tie_weight=True needs emb_tables: the AdaptiveEmbedding tables "
+            "(AdaptiveEmbedding.shared()[0])."
+        )
       weights = list(emb_tables)
     else:
       weights = list(self.out_weights)
@@ -370,8 +419,10 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
       if has_proj and self._tied_proj(i):
         j = _tied_proj_index(i, self.div_val)
         if emb_projs is None or len(emb_projs) <= j or emb_projs[j] is None:
-          raise ValueError(f"tie_projs[{i}]=True needs emb_projs: the AdaptiveEmbedding "
-                           "projections (AdaptiveEmbedding.shared()[1]).")
+          raise ValueError(
+              f"tie_projs[{i}]=True needs emb_projs: the AdaptiveEmbedding "
+              "projections (AdaptiveEmbedding.shared()[1])."
+          )
         proj = emb_projs[j]
       if i == 0 and n_total > 1:
         weight = jnp.concatenate([weight, self.cluster_weight], axis=0)
@@ -380,8 +431,9 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
     return out
 
   @staticmethod
-  def _logits(hidden_BxTxD: Array, weight_NxE: Array, bias_N: Array,
-              proj_ExD: Optional[Array]) -> Array:
+  def _logits(
+      hidden_BxTxD: Array, weight_NxE: Array, bias_N: Array, proj_ExD: Array | None
+  ) -> Array:
     """(h @ P.T) @ W.T + b as float32 [B, T, N] (float64 for float64 inputs).
 
     Matmuls run in hidden's dtype with float32 (or wider) accumulation.
@@ -389,14 +441,20 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
     dtype, acc = hidden_BxTxD.dtype, _acc_dtype(hidden_BxTxD.dtype)
     h_BxTxE = hidden_BxTxD
     if proj_ExD is not None:
-      h_BxTxE = jnp.einsum("btd,ed->bte", hidden_BxTxD, proj_ExD.astype(dtype),
-                           preferred_element_type=acc).astype(dtype)
-    logits_BxTxN = jnp.einsum("bte,ne->btn", h_BxTxE, weight_NxE.astype(dtype),
-                              preferred_element_type=acc)
+      h_BxTxE = jnp.einsum(
+          "btd,ed->bte", hidden_BxTxD, proj_ExD.astype(dtype), preferred_element_type=acc
+      ).astype(dtype)
+    logits_BxTxN = jnp.einsum(
+        "bte,ne->btn", h_BxTxE, weight_NxE.astype(dtype), preferred_element_type=acc
+    )
     return logits_BxTxN + bias_N.astype(acc)
 
-  def log_prob(self, hidden_BxTxD: Array, emb_tables: Optional[Sequence[Array]] = None,
-               emb_projs: Optional[Sequence[Optional[Array]]] = None) -> Array:
+  def log_prob(
+      self,
+      hidden_BxTxD: Array,
+      emb_tables: Sequence[Array] | None = None,
+      emb_projs: Sequence[Array | None] | None = None,
+  ) -> Array:
     """Log-probabilities of every token of the vocabulary.
 
     Args:
@@ -424,9 +482,13 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
       parts.append(head_logp_BxTxH[..., -i, None] + tail_logp_BxTxNi)  # column -i: reversed
     return jnp.concatenate(parts, axis=-1)
 
-  def nll(self, hidden_BxTxD: Array, targets_BxT: Array,
-          emb_tables: Optional[Sequence[Array]] = None,
-          emb_projs: Optional[Sequence[Optional[Array]]] = None) -> Array:
+  def nll(
+      self,
+      hidden_BxTxD: Array,
+      targets_BxT: Array,
+      emb_tables: Sequence[Array] | None = None,
+      emb_projs: Sequence[Array | None] | None = None,
+  ) -> Array:
     """Negative log-likelihood of the targets, in token order.
 
     Equals ``-take_along_axis(log_prob(h), targets)`` without building the
@@ -465,9 +527,13 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
       logp_BxT = logp_BxT + jnp.where(cluster_BxT == i, tail_BxT, 0.0)
     return -logp_BxT
 
-  def __call__(self, hidden_BxTxD: Array, targets_BxT: Optional[Array] = None,
-               emb_tables: Optional[Sequence[Array]] = None,
-               emb_projs: Optional[Sequence[Optional[Array]]] = None) -> Array:
+  def __call__(
+      self,
+      hidden_BxTxD: Array,
+      targets_BxT: Array | None = None,
+      emb_tables: Sequence[Array] | None = None,
+      emb_projs: Sequence[Array | None] | None = None,
+  ) -> Array:
     """``nll`` (float32 [B, T], nats) with targets, else ``log_prob`` ([B, T, V])."""
     if targets_BxT is None:
       return self.log_prob(hidden_BxTxD, emb_tables, emb_projs)

@@ -32,11 +32,13 @@ What every variant shares (the Appendix B shift, the mask, the
 projections, the blockwise softmax attention) is in ``attention_ops.py``;
 a variant is its parameters, its positional scheme and its score function.
 """
+
 from __future__ import annotations
 
 import functools
 import logging
-from typing import Any, Callable, ClassVar, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
@@ -44,11 +46,23 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from transformer_xl.model import pallas_attention
-from transformer_xl.model.attention_ops import (MASK_VALUE, CachedKV, Kernel, MaskParts,
-                                          absolute_positions, attend, content_scores, kv_rows,
-                                          normal_init,
-                                          output_projection, position_scores, position_table,
-                                          qkv, rel_shift, sinusoid_pos_emb)
+from transformer_xl.model.attention_ops import (
+    MASK_VALUE,
+    CachedKV,
+    Kernel,
+    MaskParts,
+    absolute_positions,
+    attend,
+    content_scores,
+    kv_rows,
+    normal_init,
+    output_projection,
+    position_scores,
+    position_table,
+    qkv,
+    rel_shift,
+    sinusoid_pos_emb,
+)
 
 Array = jax.Array
 Dtype = Any
@@ -96,8 +110,15 @@ class _Attention(nn.Module):
   DECODE_CACHE: ClassVar[bool] = False  # supports ``decode`` (a cache of projected memory)
 
   @classmethod
-  def from_config(cls, cfg: Any, deterministic: bool, record: bool, block_size: int,
-                  name: str, decode: bool = False) -> "_Attention":
+  def from_config(
+      cls,
+      cfg: Any,
+      deterministic: bool,
+      record: bool,
+      block_size: int,
+      name: str,
+      decode: bool = False,
+  ) -> _Attention:
     """The module of one layer: the common attributes from ``cfg``, and
     the variant's own (``own_attributes``).
 
@@ -105,15 +126,28 @@ class _Attention(nn.Module):
       NotImplementedError: ``decode`` for a type without a decoding cache.
     """
     if decode and not cls.DECODE_CACHE:
-      raise NotImplementedError(f"{cls.__name__} has no decoding cache (attn_type 0 and 1 "
-                                "have one): generate without it.")
-    return cls(n_head=cfg.n_head, d_head=cfg.d_head, d_model=cfg.d_model, dropatt=cfg.dropatt,
-               init_std=cfg.init_std, dtype=cfg.compute_dtype, deterministic=deterministic,
-               record=record, block_size=block_size, name=name, decode=decode,
-               **cls.own_attributes(cfg))
+      raise NotImplementedError(
+          f"{cls.__name__} has no decoding cache (attn_type 0 and 1 "
+          "have one): generate without it."
+      )
+    return cls(
+        n_head=cfg.n_head,
+        d_head=cfg.d_head,
+        d_model=cfg.d_model,
+        dropatt=cfg.dropatt,
+        init_std=cfg.init_std,
+        dtype=cfg.compute_dtype,
+        deterministic=deterministic,
+        record=record,
+        block_size=block_size,
+        name=name,
+        decode=decode,
+        **cls.own_attributes(cfg),
+    )
 
-  def _with_cache(self, out_BxTxD: Array, k_BxKxHxDh: Array, v_BxKxHxDh: Array,
-                  r_KxHxDh: Array | None) -> Any:
+  def _with_cache(
+      self, out_BxTxD: Array, k_BxKxHxDh: Array, v_BxKxHxDh: Array, r_KxHxDh: Array | None
+  ) -> Any:
     """``out_BxTxD``, or with ``decode`` (out, CachedKV of the last M = K - T
     key rows, which the next memory holds, and the position keys)."""
     if not self.decode:
@@ -139,16 +173,23 @@ class _Attention(nn.Module):
     return None
 
   @classmethod
-  def model_inputs(cls, cfg: Any, shared: Any, emb_BxTxD: Array, mems_LxBxMxD: Array,
-                   dropout: Callable[[Array], Array]) -> tuple[Array, Array, Any]:
+  def model_inputs(
+      cls,
+      cfg: Any,
+      shared: Any,
+      emb_BxTxD: Array,
+      mems_LxBxMxD: Array,
+      dropout: Callable[[Array], Array],
+  ) -> tuple[Array, Array, Any]:
     """Before the layers: (emb_BxTxD, mems_LxBxMxD, pos), ``pos`` a pytree
     broadcast to every layer.  ``dropout`` is the model's (reference: the
     positions of type 0 are dropped out like the embeddings)."""
     return emb_BxTxD, mems_LxBxMxD, None
 
   @classmethod
-  def layer_inputs(cls, layer: nn.Module, cfg: Any, mem_BxMxD: Array, h_BxTxD: Array,
-                   pos: Any) -> tuple[Array, Array, Any]:
+  def layer_inputs(
+      cls, layer: nn.Module, cfg: Any, mem_BxMxD: Array, h_BxTxD: Array, pos: Any
+  ) -> tuple[Array, Array, Any]:
     """In each layer, before concat(memory, segment) is cached: (mem_BxMxD,
     h_BxTxD, pos) of that layer; parameters created in ``layer``'s scope."""
     return mem_BxMxD, h_BxTxD, pos
@@ -157,17 +198,21 @@ class _Attention(nn.Module):
 @functools.cache
 def _log_dropatt_fallback() -> None:
   """Once per process: the kernel has no dropatt, training uses the XLA path."""
-  logging.warning("model.attention_impl='pallas' has no dropatt: training steps with "
-                  "model.dropatt > 0 use the XLA attention (evaluation, scoring and "
-                  "generation use the kernel).")
+  logging.warning(
+      "model.attention_impl='pallas' has no dropatt: training steps with "
+      "model.dropatt > 0 use the XLA attention (evaluation, scoring and "
+      "generation use the kernel)."
+  )
 
 
 def _uv_biases(module: nn.Module, cfg: Any) -> tuple[Array, Array]:
   """u and v of Sec. 3.3 (reference ``r_w_bias``, ``r_r_bias``), [n_head,
   d_head], created in ``module``'s scope."""
   init = normal_init(cfg.init_std, "heads", "kv")
-  return (module.param("r_w_bias", init, (cfg.n_head, cfg.d_head)),
-          module.param("r_r_bias", init, (cfg.n_head, cfg.d_head)))
+  return (
+      module.param("r_w_bias", init, (cfg.n_head, cfg.d_head)),
+      module.param("r_r_bias", init, (cfg.n_head, cfg.d_head)),
+  )
 
 
 class RelPartialLearnableAttention(_Attention):
@@ -219,8 +264,14 @@ class RelPartialLearnableAttention(_Attention):
     return mem_BxMxD, h_BxTxD, (pos_emb_KxD, *u_v)
 
   @nn.compact
-  def __call__(self, h_BxTxD: Array, mem_in_BxMxD: Array, seg_in_BxTxD: Array,
-               pos: tuple[Array, Array, Array], mask_Bx1xTxK: Array) -> Array:
+  def __call__(
+      self,
+      h_BxTxD: Array,
+      mem_in_BxMxD: Array,
+      seg_in_BxTxD: Array,
+      pos: tuple[Array, Array, Array],
+      mask_Bx1xTxK: Array,
+  ) -> Array:
     """Attention output for the T segment positions.
 
     Args:
@@ -248,10 +299,13 @@ class RelPartialLearnableAttention(_Attention):
       r_KxHxDh = mem_in_BxMxD.r_KxHxDh
     else:
       r_KxHxDh = nn.DenseGeneral(
-          (self.n_head, self.d_head), use_bias=False, dtype=self.dtype,
+          (self.n_head, self.d_head),
+          use_bias=False,
+          dtype=self.dtype,
           param_dtype=self.param_dtype,
           kernel_init=normal_init(self.init_std, "embed", "heads", "kv"),
-          name="r_net")(pos_emb_KxD.astype(self.dtype))
+          name="r_net",
+      )(pos_emb_KxD.astype(self.dtype))
       r_KxHxDh = checkpoint_name(r_KxHxDh, "r_head_k")
 
     u = r_w_bias_HxDh.astype(self.dtype)
@@ -260,10 +314,20 @@ class RelPartialLearnableAttention(_Attention):
     if isinstance(mask_Bx1xTxK, MaskParts):  # model.attention_impl="pallas"
       if self.dropatt == 0 or self.deterministic:
         vec_BxTxHxDh = pallas_attention.rel_attention(
-            q_BxTxHxDh, k_BxKxHxDh, v_BxKxHxDh, r_KxHxDh, u, v, mask_Bx1xTxK.mlen_B,
-            mask_Bx1xTxK.doc_pos_BxT, mem_len=klen - t, same_length=self.same_length)
-        return self._with_cache(output_projection(self, vec_BxTxHxDh), k_BxKxHxDh,
-                                v_BxKxHxDh, r_KxHxDh)
+            q_BxTxHxDh,
+            k_BxKxHxDh,
+            v_BxKxHxDh,
+            r_KxHxDh,
+            u,
+            v,
+            mask_Bx1xTxK.mlen_B,
+            mask_Bx1xTxK.doc_pos_BxT,
+            mem_len=klen - t,
+            same_length=self.same_length,
+        )
+        return self._with_cache(
+            output_projection(self, vec_BxTxHxDh), k_BxKxHxDh, v_BxKxHxDh, r_KxHxDh
+        )
       _log_dropatt_fallback()
       mask_Bx1xTxK = mask_Bx1xTxK.dense(t, klen - t, self.same_length)
 
@@ -276,20 +340,31 @@ class RelPartialLearnableAttention(_Attention):
       return ac_HxBxQxJ + bd_HxBxQxJ
 
     if self.record:  # Appendix D, Fig. 7: terms (a), (b) and (d), each softmax-ed alone
-      terms = {"a": jnp.einsum("bihd,bjhd->bhij", q_BxTxHxDh, k_BxKxHxDh,
-                               preferred_element_type=jnp.float32),
-               "b": rel_shift(jnp.einsum("bihd,jhd->bhij", q_BxTxHxDh, r_KxHxDh,
-                                         preferred_element_type=jnp.float32)),
-               "d": rel_shift(jnp.broadcast_to(
-                   jnp.einsum("hd,jhd->hj", v, r_KxHxDh, preferred_element_type=jnp.float32)
-                   [None, :, None, :], mask_Bx1xTxK.shape[:1] + (self.n_head,)
-                   + mask_Bx1xTxK.shape[2:]))}
+      terms = {
+          "a": jnp.einsum(
+              "bihd,bjhd->bhij", q_BxTxHxDh, k_BxKxHxDh, preferred_element_type=jnp.float32
+          ),
+          "b": rel_shift(
+              jnp.einsum("bihd,jhd->bhij", q_BxTxHxDh, r_KxHxDh, preferred_element_type=jnp.float32)
+          ),
+          "d": rel_shift(
+              jnp.broadcast_to(
+                  jnp.einsum("hd,jhd->hj", v, r_KxHxDh, preferred_element_type=jnp.float32)[
+                      None, :, None, :
+                  ],
+                  mask_Bx1xTxK.shape[:1] + (self.n_head,) + mask_Bx1xTxK.shape[2:],
+              )
+          ),
+      }
       for name, term in terms.items():
-        term = jnp.where(mask_Bx1xTxK, term * (1.0 / self.d_head ** 0.5), MASK_VALUE)
+        term = jnp.where(mask_Bx1xTxK, term * (1.0 / self.d_head**0.5), MASK_VALUE)
         self.sow("intermediates", f"prob_{name}", jax.nn.softmax(term, axis=-1))
     return self._with_cache(
         attend(self, score, q_BxTxHxDh, k_BxKxHxDh, v_BxKxHxDh, (r_KxHxDh,), mask_Bx1xTxK),
-        k_BxKxHxDh, v_BxKxHxDh, r_KxHxDh)
+        k_BxKxHxDh,
+        v_BxKxHxDh,
+        r_KxHxDh,
+    )
 
 
 class RelLearnableAttention(_Attention):
@@ -326,18 +401,26 @@ class RelLearnableAttention(_Attention):
     return {"max_klen": cfg.pos_table_len, "clamp_len": cfg.clamp_len}
 
   @nn.compact
-  def __call__(self, h_BxTxD: Array, mem_in_BxMxD: Array, seg_in_BxTxD: Array, pos: Any,
-               mask_Bx1xTxK: Array) -> Array:
+  def __call__(
+      self, h_BxTxD: Array, mem_in_BxMxD: Array, seg_in_BxTxD: Array, pos: Any, mask_Bx1xTxK: Array
+  ) -> Array:
     """As ``RelPartialLearnableAttention.__call__``; ``h_BxTxD`` and
     ``pos`` (None) are not used: the tables are this module's."""
     klen = mask_Bx1xTxK.shape[3]
     q_BxTxHxDh, k_BxKxHxDh, v_BxKxHxDh = qkv(self, mem_in_BxMxD, seg_in_BxTxD)
-    r_emb = self.param("r_emb", normal_init(self.init_std, "length", "heads", "kv"),
-                       (self.max_klen, self.n_head, self.d_head))
-    r_w_bias = self.param("r_w_bias", normal_init(self.init_std, "heads", "kv"),
-                          (self.n_head, self.d_head))
-    r_bias = self.param("r_bias", nn.with_logical_partitioning(
-        nn.initializers.zeros, ("length", "heads")), (self.max_klen, self.n_head))
+    r_emb = self.param(
+        "r_emb",
+        normal_init(self.init_std, "length", "heads", "kv"),
+        (self.max_klen, self.n_head, self.d_head),
+    )
+    r_w_bias = self.param(
+        "r_w_bias", normal_init(self.init_std, "heads", "kv"), (self.n_head, self.d_head)
+    )
+    r_bias = self.param(
+        "r_bias",
+        nn.with_logical_partitioning(nn.initializers.zeros, ("length", "heads")),
+        (self.max_klen, self.n_head),
+    )
     r_emb_KxHxDh = position_table(r_emb, klen, self.clamp_len).astype(self.dtype)
     r_bias_KxH = position_table(r_bias, klen, self.clamp_len)
     w = r_w_bias.astype(self.dtype)
@@ -349,9 +432,19 @@ class RelLearnableAttention(_Attention):
       return ac_HxBxQxJ + rel_shift(b_HxBxQxJ + r_bias_JxH.T[:, None, None, :])
 
     return self._with_cache(
-        attend(self, score, q_BxTxHxDh, k_BxKxHxDh, v_BxKxHxDh, (r_emb_KxHxDh, r_bias_KxH),
-               mask_Bx1xTxK),
-        k_BxKxHxDh, v_BxKxHxDh, None)
+        attend(
+            self,
+            score,
+            q_BxTxHxDh,
+            k_BxKxHxDh,
+            v_BxKxHxDh,
+            (r_emb_KxHxDh, r_bias_KxH),
+            mask_Bx1xTxK,
+        ),
+        k_BxKxHxDh,
+        v_BxKxHxDh,
+        None,
+    )
 
 
 class AbsoluteAttention(_Attention):
@@ -370,27 +463,36 @@ class AbsoluteAttention(_Attention):
   """
 
   @nn.compact
-  def __call__(self, h_BxTxD: Array, mem_in_BxMxD: Array, seg_in_BxTxD: Array, pos: Any,
-               mask_Bx1xTxK: Array) -> Array:
+  def __call__(
+      self, h_BxTxD: Array, mem_in_BxMxD: Array, seg_in_BxTxD: Array, pos: Any, mask_Bx1xTxK: Array
+  ) -> Array:
     """As ``RelPartialLearnableAttention.__call__``: queries from
     ``h_BxTxD`` (the raw segment), keys and values from concat(mem_in,
     seg_in); ``pos`` (None) is not used."""
     q_BxTxHxDh = nn.DenseGeneral(
-        (self.n_head, self.d_head), use_bias=False, dtype=self.dtype,
+        (self.n_head, self.d_head),
+        use_bias=False,
+        dtype=self.dtype,
         param_dtype=self.param_dtype,
         kernel_init=normal_init(self.init_std, "embed", "heads", "kv"),
-        name="q_net")(h_BxTxD.astype(self.dtype))
-    kernel_Dx2xHxDh = Kernel((seg_in_BxTxD.shape[-1], 2, self.n_head, self.d_head),
-                             ("embed", None, "heads", "kv"), self.init_std, self.param_dtype,
-                             name="kv_net")()
+        name="q_net",
+    )(h_BxTxD.astype(self.dtype))
+    kernel_Dx2xHxDh = Kernel(
+        (seg_in_BxTxD.shape[-1], 2, self.n_head, self.d_head),
+        ("embed", None, "heads", "kv"),
+        self.init_std,
+        self.param_dtype,
+        name="kv_net",
+    )()
     q_BxTxHxDh = checkpoint_name(q_BxTxHxDh, "qkv")
     kv_BxKx2xHxDh = kv_rows(self, mem_in_BxMxD, seg_in_BxTxD, kernel_Dx2xHxDh)
 
     def score(q_BxQxHxDh, k_BxJxHxDh, pos):
       return content_scores(q_BxQxHxDh, k_BxJxHxDh)
 
-    return attend(self, score, q_BxTxHxDh, kv_BxKx2xHxDh[:, :, 0], kv_BxKx2xHxDh[:, :, 1],
-                   (), mask_Bx1xTxK)
+    return attend(
+        self, score, q_BxTxHxDh, kv_BxKx2xHxDh[:, :, 0], kv_BxKx2xHxDh[:, :, 1], (), mask_Bx1xTxK
+    )
 
 
 class SinusoidAbsoluteAttention(AbsoluteAttention):
@@ -405,7 +507,8 @@ class SinusoidAbsoluteAttention(AbsoluteAttention):
   def model_inputs(cls, cfg, shared, emb_BxTxD, mems_LxBxMxD, dropout):
     klen = mems_LxBxMxD.shape[2] + emb_BxTxD.shape[1]
     mem0_BxMxD, emb_BxTxD = absolute_positions(
-        sinusoid_pos_emb(klen, cfg.d_model, cfg.clamp_len), mems_LxBxMxD[0], emb_BxTxD)
+        sinusoid_pos_emb(klen, cfg.d_model, cfg.clamp_len), mems_LxBxMxD[0], emb_BxTxD
+    )
     return emb_BxTxD, mems_LxBxMxD.at[0].set(mem0_BxMxD), None
 
 
@@ -425,15 +528,18 @@ class LearnedAbsoluteAttention(AbsoluteAttention):
   def config_problems(cls, fields):
     if fields["n_head"] * fields["d_head"] == fields["d_model"]:
       return []
-    return [f"model.attn_type=3 adds a [d_model] row of its [max_klen, n_head, d_head] table: "
-            f"it needs n_head * d_head == d_model (got {fields['n_head']} * "
-            f"{fields['d_head']} != {fields['d_model']})."]
+    return [
+        f"model.attn_type=3 adds a [d_model] row of its [max_klen, n_head, d_head] table: "
+        f"it needs n_head * d_head == d_model (got {fields['n_head']} * "
+        f"{fields['d_head']} != {fields['d_model']})."
+    ]
 
   @classmethod
   def layer_inputs(cls, layer, cfg, mem_BxMxD, h_BxTxD, pos):
     n = cfg.pos_table_len
-    table = layer.param("r_emb", normal_init(cfg.init_std, "length", "heads", "kv"),
-                        (n, cfg.n_head, cfg.d_head))
+    table = layer.param(
+        "r_emb", normal_init(cfg.init_std, "length", "heads", "kv"), (n, cfg.n_head, cfg.d_head)
+    )
     klen = mem_BxMxD.shape[1] + h_BxTxD.shape[1]
     rows_KxD = position_table(table.reshape(n, cfg.d_model), klen).astype(cfg.compute_dtype)
     mem_BxMxD, h_BxTxD = absolute_positions(rows_KxD, mem_BxMxD, h_BxTxD)
@@ -442,8 +548,11 @@ class LearnedAbsoluteAttention(AbsoluteAttention):
 
 # attn_type (the reference's numbering) -> the variant.
 ATTENTION_TYPES: dict[int, type[_Attention]] = {
-    0: RelPartialLearnableAttention, 1: RelLearnableAttention,
-    2: SinusoidAbsoluteAttention, 3: LearnedAbsoluteAttention}
+    0: RelPartialLearnableAttention,
+    1: RelLearnableAttention,
+    2: SinusoidAbsoluteAttention,
+    3: LearnedAbsoluteAttention,
+}
 
 
 def variant(cfg: Any) -> type[_Attention]:

@@ -26,10 +26,12 @@ projections' outputs are tagged with ``checkpoint_name`` ("qkv",
 "r_head_k", "attn_out") so that a remat policy can keep them and recompute
 the scores (``tuning.REMAT_POLICIES``).
 """
+
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, NamedTuple, Optional
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -44,7 +46,7 @@ Dtype = Any
 MASK_VALUE = -1e30
 
 
-def normal_init(std: float, *logical_axes: Optional[str]):
+def normal_init(std: float, *logical_axes: str | None):
   """N(0, std) initializer annotated with logical axis names for sharding."""
   return nn.with_logical_partitioning(nn.initializers.normal(stddev=std), logical_axes)
 
@@ -97,8 +99,9 @@ def rel_shift(x_XxTxK: Array) -> Array:
   return x_padded[..., 1:, :].reshape(*lead, t, k)
 
 
-def attention_mask(tgt_len: int, mem_len: int, mlen_B: Array, same_length: bool,
-                   doc_pos_BxT: Optional[Array] = None) -> Array:
+def attention_mask(
+    tgt_len: int, mem_len: int, mlen_B: Array, same_length: bool, doc_pos_BxT: Array | None = None
+) -> Array:
   """Which keys each query may attend to (True = attend).
 
   Keys are M = mem_len memory slots, right-aligned (only the last
@@ -151,8 +154,9 @@ class MaskParts(NamedTuple):
     mlen_B: int32 [B], valid memory slots per row.
     doc_pos_BxT: optional int [B, T], offsets in the documents.
   """
+
   mlen_B: Array
-  doc_pos_BxT: Optional[Array] = None
+  doc_pos_BxT: Array | None = None
 
   def dense(self, tgt_len: int, mem_len: int, same_length: bool) -> Array:
     """The same mask as ``attention_mask``: bool [B, 1, T, M + T]."""
@@ -176,9 +180,10 @@ class CachedKV(NamedTuple):
       distances M..0 (K = M + 1, one query); None for attn_type 1, whose
       position tables are parameters read as they are.
   """
+
   k_BxMxHxDh: Array
   v_BxMxHxDh: Array
-  r_KxHxDh: Optional[Array] = None
+  r_KxHxDh: Array | None = None
 
 
 def query_blocks(tgt_len: int, klen: int, block_size: int) -> list[tuple[int, int, int]]:
@@ -194,8 +199,10 @@ def query_blocks(tgt_len: int, klen: int, block_size: int) -> list[tuple[int, in
   if block_size <= 0 or block_size >= tgt_len:
     return [(0, tgt_len, klen)]
   mem_len = klen - tgt_len
-  return [(i0, min(i0 + block_size, tgt_len), min(i0 + block_size, tgt_len) + mem_len)
-          for i0 in range(0, tgt_len, block_size)]
+  return [
+      (i0, min(i0 + block_size, tgt_len), min(i0 + block_size, tgt_len) + mem_len)
+      for i0 in range(0, tgt_len, block_size)
+  ]
 
 
 def _keep_mask(rng: Array, i0: int, i1: int, j1: int, shape_BxHxK: tuple, keep: float) -> Array:
@@ -207,7 +214,8 @@ def _keep_mask(rng: Array, i0: int, i1: int, j1: int, shape_BxHxK: tuple, keep: 
   """
   rows = jnp.arange(i0, i1)
   keep_QxBxHxK = jax.vmap(
-      lambda i: jax.random.bernoulli(jax.random.fold_in(rng, i), keep, shape_BxHxK))(rows)
+      lambda i: jax.random.bernoulli(jax.random.fold_in(rng, i), keep, shape_BxHxK)
+  )(rows)
   return jnp.transpose(keep_QxBxHxK, (1, 2, 0, 3))[..., :j1]
 
 
@@ -219,15 +227,17 @@ def content_scores(q_BxQxHxDh: Array, k_BxJxHxDh: Array) -> Array:
   contiguous rows (XLA lays out a dot's output as batch dims, then the
   lhs's and the rhs's free dims).
   """
-  return jax.lax.dot_general(q_BxQxHxDh, k_BxJxHxDh, (((3,), (3,)), ((2, 0), (2, 0))),
-                             preferred_element_type=jnp.float32)
+  return jax.lax.dot_general(
+      q_BxQxHxDh, k_BxJxHxDh, (((3,), (3,)), ((2, 0), (2, 0))), preferred_element_type=jnp.float32
+  )
 
 
 def position_scores(q_BxQxHxDh: Array, r_JxHxDh: Array) -> Array:
   """q . r against position rows shared by the batch: float32 [H, B, Q, J]
   (one [B*Q, Dh] x [Dh, J] product per head)."""
-  return jax.lax.dot_general(q_BxQxHxDh, r_JxHxDh, (((3,), (2,)), ((2,), (1,))),
-                             preferred_element_type=jnp.float32)
+  return jax.lax.dot_general(
+      q_BxQxHxDh, r_JxHxDh, (((3,), (2,)), ((2,), (1,))), preferred_element_type=jnp.float32
+  )
 
 
 def weighted_values(prob_HxBxQxJ: Array, v_BxJxHxDh: Array) -> Array:
@@ -235,8 +245,15 @@ def weighted_values(prob_HxBxQxJ: Array, v_BxJxHxDh: Array) -> Array:
   return jax.lax.dot_general(prob_HxBxQxJ, v_BxJxHxDh, (((3,), (1,)), ((0, 1), (2, 0))))
 
 
-def attend(mod: nn.Module, score_fn: Callable, q_BxTxHxDh: Array, k_BxKxHxDh: Array,
-           v_BxKxHxDh: Array, pos: tuple, mask_Bx1xTxK: Array) -> Array:
+def attend(
+    mod: nn.Module,
+    score_fn: Callable,
+    q_BxTxHxDh: Array,
+    k_BxKxHxDh: Array,
+    v_BxKxHxDh: Array,
+    pos: tuple,
+    mask_Bx1xTxK: Array,
+) -> Array:
   """Scores, scale, mask, float32 softmax, dropatt, weighted values, ``o_net``.
 
   The part every attention type shares (reference: ``attn_score.mul_(scale)``
@@ -278,7 +295,7 @@ def attend(mod: nn.Module, score_fn: Callable, q_BxTxHxDh: Array, k_BxKxHxDh: Ar
   blocks = [(0, t, k)] if mod.record else query_blocks(t, k, mod.block_size)
 
   def block(i0, i1, j1, q, kk, vv, pos_rows, mask, rng):
-    score_HxBxQxJ = score_fn(q, kk, pos_rows) * (1.0 / mod.d_head ** 0.5)
+    score_HxBxQxJ = score_fn(q, kk, pos_rows) * (1.0 / mod.d_head**0.5)
     prob_HxBxQxJ = jax.nn.softmax(jnp.where(mask, score_HxBxQxJ, MASK_VALUE), axis=-1)
     if mod.record:
       mod.sow("intermediates", "prob", jnp.swapaxes(prob_HxBxQxJ, 0, 1))
@@ -293,8 +310,16 @@ def attend(mod: nn.Module, score_fn: Callable, q_BxTxHxDh: Array, k_BxKxHxDh: Ar
     fn = functools.partial(block, i0, i1, j1)
     if len(blocks) > 1:
       fn = jax.checkpoint(fn, prevent_cse=False)
-    vecs.append(fn(q_BxTxHxDh[:, i0:i1], k_BxKxHxDh[:, :j1], v_BxKxHxDh[:, :j1],
-                   tuple(p[k - j1:] for p in pos), mask_1xBxTxK[:, :, i0:i1, :j1], rng))
+    vecs.append(
+        fn(
+            q_BxTxHxDh[:, i0:i1],
+            k_BxKxHxDh[:, :j1],
+            v_BxKxHxDh[:, :j1],
+            tuple(p[k - j1 :] for p in pos),
+            mask_1xBxTxK[:, :, i0:i1, :j1],
+            rng,
+        )
+    )
   vec_HxBxTxDh = vecs[0] if len(vecs) == 1 else jnp.concatenate(vecs, axis=2)
   return output_projection(mod, jnp.transpose(vec_HxBxTxDh, (1, 2, 0, 3)))
 
@@ -303,10 +328,15 @@ def output_projection(mod: nn.Module, vec_BxTxHxDh: Array) -> Array:
   """``o_net`` (no bias) over the attention vectors: [B, T, d_model] in
   ``mod.dtype``, tagged "attn_out"; the param is ``mod``'s "o_net"."""
   out_BxTxD = nn.DenseGeneral(
-      mod.d_model, axis=(-2, -1), use_bias=False, dtype=mod.dtype,
+      mod.d_model,
+      axis=(-2, -1),
+      use_bias=False,
+      dtype=mod.dtype,
       param_dtype=mod.param_dtype,
       kernel_init=normal_init(mod.init_std, "heads", "kv", "embed"),
-      parent=mod, name="o_net")(vec_BxTxHxDh)
+      parent=mod,
+      name="o_net",
+  )(vec_BxTxHxDh)
   return checkpoint_name(out_BxTxD, "attn_out")
 
 
@@ -322,19 +352,22 @@ class Kernel(nn.Module):
 
   @nn.compact
   def __call__(self) -> Array:
-    return self.param("kernel", normal_init(self.init_std, *self.logical_axes), self.shape,
-                      self.param_dtype)
+    return self.param(
+        "kernel", normal_init(self.init_std, *self.logical_axes), self.shape, self.param_dtype
+    )
 
 
 def _project_rows(x_BxNxD: Array, kernel_DxF: Array, dtype: Dtype) -> Array:
   """x @ kernel over the last input axis: [B, N, *F] in ``dtype`` (as
   ``nn.DenseGeneral`` with ``dtype``: both operands cast first)."""
-  return jax.lax.dot_general(x_BxNxD.astype(dtype), kernel_DxF.astype(dtype),
-                             (((2,), (0,)), ((), ())))
+  return jax.lax.dot_general(
+      x_BxNxD.astype(dtype), kernel_DxF.astype(dtype), (((2,), (0,)), ((), ()))
+  )
 
 
-def kv_rows(mod: nn.Module, mem_in_BxMxD: Array, seg_in_BxTxD: Array,
-            kernel_Dx2xHxDh: Array) -> Array:
+def kv_rows(
+    mod: nn.Module, mem_in_BxMxD: Array, seg_in_BxTxD: Array, kernel_Dx2xHxDh: Array
+) -> Array:
   """Keys and values of concat(memory, segment): [B, K, 2, H, Dh] (types 2, 3).
 
   The memory rows and the segment rows are projected separately: the same
@@ -364,20 +397,27 @@ def qkv(mod: nn.Module, mem_in_BxMxD: Array, seg_in_BxTxD: Array):
   Given a ``CachedKV`` instead of the memory rows (decoding), their
   keys and values are the cache's and only the segment rows are projected.
   """
-  kernel_Dx3xHxDh = Kernel((seg_in_BxTxD.shape[-1], 3, mod.n_head, mod.d_head),
-                           ("embed", None, "heads", "kv"), mod.init_std, mod.param_dtype,
-                           parent=mod, name="qkv_net")()
-  qkv_BxTx3xHxDh = checkpoint_name(
-      _project_rows(seg_in_BxTxD, kernel_Dx3xHxDh, mod.dtype), "qkv")
+  kernel_Dx3xHxDh = Kernel(
+      (seg_in_BxTxD.shape[-1], 3, mod.n_head, mod.d_head),
+      ("embed", None, "heads", "kv"),
+      mod.init_std,
+      mod.param_dtype,
+      parent=mod,
+      name="qkv_net",
+  )()
+  qkv_BxTx3xHxDh = checkpoint_name(_project_rows(seg_in_BxTxD, kernel_Dx3xHxDh, mod.dtype), "qkv")
   q_BxTxHxDh = qkv_BxTx3xHxDh[:, :, 0]
   if isinstance(mem_in_BxMxD, CachedKV):
-    return (q_BxTxHxDh,
-            jnp.concatenate([mem_in_BxMxD.k_BxMxHxDh, qkv_BxTx3xHxDh[:, :, 1]], axis=1),
-            jnp.concatenate([mem_in_BxMxD.v_BxMxHxDh, qkv_BxTx3xHxDh[:, :, 2]], axis=1))
+    return (
+        q_BxTxHxDh,
+        jnp.concatenate([mem_in_BxMxD.k_BxMxHxDh, qkv_BxTx3xHxDh[:, :, 1]], axis=1),
+        jnp.concatenate([mem_in_BxMxD.v_BxMxHxDh, qkv_BxTx3xHxDh[:, :, 2]], axis=1),
+    )
   if mem_in_BxMxD.shape[1] == 0:
     return q_BxTxHxDh, qkv_BxTx3xHxDh[:, :, 1], qkv_BxTx3xHxDh[:, :, 2]
   kv_BxMx2xHxDh = checkpoint_name(
-      _project_rows(mem_in_BxMxD, kernel_Dx3xHxDh[:, 1:], mod.dtype), "qkv")
+      _project_rows(mem_in_BxMxD, kernel_Dx3xHxDh[:, 1:], mod.dtype), "qkv"
+  )
   kv_BxKx2xHxDh = jnp.concatenate([kv_BxMx2xHxDh, qkv_BxTx3xHxDh[:, :, 1:]], axis=1)
   return q_BxTxHxDh, kv_BxKx2xHxDh[:, :, 0], kv_BxKx2xHxDh[:, :, 1]
 
@@ -399,11 +439,10 @@ def position_table(table_NxX: Array, klen: int, clamp_len: int = 0) -> Array:
   if klen > n:
     pad = jnp.broadcast_to(table_NxX[:1], (klen - n,) + table_NxX.shape[1:])
     return jnp.concatenate([pad, table_NxX], axis=0)
-  return table_NxX[n - klen:]
+  return table_NxX[n - klen :]
 
 
-def absolute_positions(pos_KxD: Array, mem_BxMxD: Array, h_BxTxD: Array
-                       ) -> tuple[Array, Array]:
+def absolute_positions(pos_KxD: Array, mem_BxMxD: Array, h_BxTxD: Array) -> tuple[Array, Array]:
   """Adds absolute positions to a layer's memory and segment (types 2, 3).
 
   ``pos_KxD`` lists the positions of the K = M + T keys counted from the end
@@ -423,5 +462,7 @@ def absolute_positions(pos_KxD: Array, mem_BxMxD: Array, h_BxTxD: Array
     (mem_BxMxD + pos[:M], h_BxTxD + pos[M:]) in the inputs' dtypes.
   """
   m = mem_BxMxD.shape[1]
-  return ((mem_BxMxD + pos_KxD[:m]).astype(mem_BxMxD.dtype),
-          (h_BxTxD + pos_KxD[m:]).astype(h_BxTxD.dtype))
+  return (
+      (mem_BxMxD + pos_KxD[:m]).astype(mem_BxMxD.dtype),
+      (h_BxTxD + pos_KxD[m:]).astype(h_BxTxD.dtype),
+  )

@@ -8,11 +8,13 @@ run config (``transformer_xl.default_config``) derives its ``model``
 section from ``ModelConfig`` and adds the checks of the other sections.
 Nothing here depends on the data, training or run code.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Mapping, Optional
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax.numpy as jnp
 import ml_collections
@@ -25,8 +27,10 @@ ATTENTION_IMPLS = ("xla", "pallas")  # model.attention_impl
 # The finite range of each float field, for the message that refuses a NaN or
 # an infinity (the range itself is checked in config_problems).
 FLOAT_RANGES = {
-    "model.dropout": "in [0, 1)", "model.dropatt": "in [0, 1)",
-    "model.init_std": "> 0", "model.proj_init_std": "> 0",
+    "model.dropout": "in [0, 1)",
+    "model.dropatt": "in [0, 1)",
+    "model.init_std": "> 0",
+    "model.proj_init_std": "> 0",
 }
 
 
@@ -129,7 +133,7 @@ class ModelConfig:
   init_std: float = 0.02
   dtype: str = "float32"
   remat: str = "none"
-  d_embed: Optional[int] = 0
+  d_embed: int | None = 0
   div_val: int = 1
   cutoffs: tuple = ()
   tie_projs: tuple = ()
@@ -163,8 +167,14 @@ class ModelConfig:
     return jnp.dtype(self.dtype)
 
 
-def segment_problems(tgt_len: int, mem_len: int, clamp_len: int, same_length: bool,
-                     ext_len: int = 0, section: str = "model") -> list[str]:
+def segment_problems(
+    tgt_len: int,
+    mem_len: int,
+    clamp_len: int,
+    same_length: bool,
+    ext_len: int = 0,
+    section: str = "model",
+) -> list[str]:
   """Problems of a segment layout (training ``model.*`` or ``eval.*``).
 
   Returns:
@@ -173,11 +183,15 @@ def segment_problems(tgt_len: int, mem_len: int, clamp_len: int, same_length: bo
   """
   problems = []
   if tgt_len < 1 or mem_len < 0 or clamp_len < 0:
-    problems.append(f"{section}: tgt_len must be >= 1 and mem_len, clamp_len >= 0 (got "
-                    f"{tgt_len}, {mem_len}, {clamp_len}).")
+    problems.append(
+        f"{section}: tgt_len must be >= 1 and mem_len, clamp_len >= 0 (got "
+        f"{tgt_len}, {mem_len}, {clamp_len})."
+    )
   if same_length and mem_len < 1:
-    problems.append(f"{section}.same_length=True needs {section}.mem_len >= 1 (with no memory "
-                    "every key would be masked).")
+    problems.append(
+        f"{section}.same_length=True needs {section}.mem_len >= 1 (with no memory "
+        "every key would be masked)."
+    )
   if not 0 <= ext_len < max(tgt_len, 1):
     problems.append(f"{section}.ext_len={ext_len} must be in [0, tgt_len={tgt_len}).")
   return problems
@@ -196,15 +210,19 @@ def config_problems(fields: Mapping[str, Any]) -> list[str]:
   """
   f = {**ModelConfig.defaults(), **fields}
   problems, nonfinite = nonfinite_problems(
-      "model", f, default=lambda name: ModelConfig.defaults().get(name.partition(".")[2]),
-      float_ranges=FLOAT_RANGES)
+      "model",
+      f,
+      default=lambda name: ModelConfig.defaults().get(name.partition(".")[2]),
+      float_ranges=FLOAT_RANGES,
+  )
   for key in ("n_layer", "d_model", "n_head", "d_head", "d_inner"):
     if f[key] < 1:
       problems.append(f"model.{key}={f[key]} must be >= 1.")
   if f["d_model"] % 2:
     problems.append(f"model.d_model={f['d_model']} must be even (sinusoid encoding).")
-  problems += segment_problems(f["tgt_len"], f["mem_len"], f["clamp_len"], f["same_length"],
-                               f["ext_len"])
+  problems += segment_problems(
+      f["tgt_len"], f["mem_len"], f["clamp_len"], f["same_length"], f["ext_len"]
+  )
   for key in ("dropout", "dropatt"):
     if f"model.{key}" not in nonfinite and not 0.0 <= f[key] < 1.0:
       problems.append(f"model.{key}={f[key]} must be in [0, 1).")
@@ -217,33 +235,49 @@ def config_problems(fields: Mapping[str, Any]) -> list[str]:
     problems.append(f"model.remat={f['remat']!r}: use one of {tuple(tuning.REMAT_POLICIES)}.")
   problems += attention.config_problems(f)
   if f["attn_block"] < -1:
-    problems.append(f"model.attn_block={f['attn_block']} must be >= -1 (-1 = chosen per "
-                    "backend, 0 = no blocks, N = queries per block).")
+    problems.append(
+        f"model.attn_block={f['attn_block']} must be >= -1 (-1 = chosen per "
+        "backend, 0 = no blocks, N = queries per block)."
+    )
   if f["attention_impl"] not in ATTENTION_IMPLS:
-    problems.append(f"model.attention_impl={f['attention_impl']!r}: use one of "
-                    f"{ATTENTION_IMPLS}.")
+    problems.append(
+        f"model.attention_impl={f['attention_impl']!r}: use one of " f"{ATTENTION_IMPLS}."
+    )
   elif f["attention_impl"] == "pallas" and f["attn_type"] != 0:
-    problems.append(f"model.attention_impl='pallas' is the kernel of attn_type 0 "
-                    f"(Transformer-XL); model.attn_type={f['attn_type']} needs "
-                    "model.attention_impl='xla'.")
+    problems.append(
+        f"model.attention_impl='pallas' is the kernel of attn_type 0 "
+        f"(Transformer-XL); model.attn_type={f['attn_type']} needs "
+        "model.attention_impl='xla'."
+    )
   if f["scan_unroll"] < -1 or f["scan_unroll"] == 0:
-    problems.append(f"model.scan_unroll={f['scan_unroll']} must be -1 (chosen per backend) or "
-                    ">= 1 (layers per iteration of the loop over layers).")
+    problems.append(
+        f"model.scan_unroll={f['scan_unroll']} must be -1 (chosen per backend) or "
+        ">= 1 (layers per iteration of the loop over layers)."
+    )
   if f["max_klen"] < 0:
-    problems.append(f"model.max_klen={f['max_klen']} must be >= 0 (0 = tgt_len + ext_len + "
-                    "mem_len).")
+    problems.append(
+        f"model.max_klen={f['max_klen']} must be >= 0 (0 = tgt_len + ext_len + " "mem_len)."
+    )
   embed_dim = f["d_model"] if not f["d_embed"] else int(f["d_embed"])
-  problems += adaptive.config_problems(f.get("n_token"), embed_dim, f["d_model"],
-                                       tuple(f["cutoffs"] or ()), f["div_val"],
-                                       tuple(f["tie_projs"] or ()))
+  problems += adaptive.config_problems(
+      f.get("n_token"),
+      embed_dim,
+      f["d_model"],
+      tuple(f["cutoffs"] or ()),
+      f["div_val"],
+      tuple(f["tie_projs"] or ()),
+  )
   return problems
 
 
-def nonfinite_problems(section: str, values: Mapping[str, Any], *,
-                       default: Callable[[str], Any] = lambda name: None,
-                       infinity_allowed: Optional[Mapping[str, str]] = None,
-                       float_ranges: Optional[Mapping[str, str]] = None
-                       ) -> tuple[list[str], set[str]]:
+def nonfinite_problems(
+    section: str,
+    values: Mapping[str, Any],
+    *,
+    default: Callable[[str], Any] = lambda name: None,
+    infinity_allowed: Mapping[str, str] | None = None,
+    float_ranges: Mapping[str, str] | None = None,
+) -> tuple[list[str], set[str]]:
   """The NaN and infinite floats among a config section's values.
 
   One generic check of every float (and every float inside a tuple or list;
@@ -270,15 +304,20 @@ def nonfinite_problems(section: str, values: Mapping[str, Any], *,
   for key, value in values.items():
     name = f"{section}.{key}" if section else str(key)
     if isinstance(value, (ml_collections.ConfigDict, Mapping)):
-      sub_problems, sub_names = nonfinite_problems(name, value, default=default,
-                                                   infinity_allowed=allowed_inf,
-                                                   float_ranges=ranges)
+      sub_problems, sub_names = nonfinite_problems(
+          name, value, default=default, infinity_allowed=allowed_inf, float_ranges=ranges
+      )
       problems += sub_problems
       names |= sub_names
       continue
     items = list(value) if isinstance(value, (tuple, list)) else [value]
-    bad = [float(v) for v in items if isinstance(v, (float, np.floating))
-           and not math.isfinite(v) and not (v == math.inf and name in allowed_inf)]
+    bad = [
+        float(v)
+        for v in items
+        if isinstance(v, (float, np.floating))
+        and not math.isfinite(v)
+        and not (v == math.inf and name in allowed_inf)
+    ]
     if not bad:
       continue
     if isinstance(value, (tuple, list)):
@@ -286,11 +325,18 @@ def nonfinite_problems(section: str, values: Mapping[str, Any], *,
     else:
       what = "is not a number" if math.isnan(bad[0]) else "is infinite"
     allowed, default_value = allowed_inf.get(name), default(name)
-    notes = [n for n in (allowed, f"e.g. {default_value!r}" if isinstance(default_value, float) else "") if n]
-    fix = ("give finite values" if isinstance(value, (tuple, list)) else
-           f"give a {'' if allowed else 'finite '}value"
-           + (f" {ranges[name]}" if name in ranges else "")
-           + (f" ({'; '.join(notes)})" if notes else ""))
+    notes = [
+        n
+        for n in (allowed, f"e.g. {default_value!r}" if isinstance(default_value, float) else "")
+        if n
+    ]
+    fix = (
+        "give finite values"
+        if isinstance(value, (tuple, list))
+        else f"give a {'' if allowed else 'finite '}value"
+        + (f" {ranges[name]}" if name in ranges else "")
+        + (f" ({'; '.join(notes)})" if notes else "")
+    )
     problems.append(f"{name}={value} {what}: {fix}.")
     names.add(name)
   return problems, names

@@ -37,11 +37,12 @@ shardings over the batch mesh axes) uses ``Memory.map_rows`` and
 ``Memory.shardings``, which read the row axes.  The pytree (two fields,
 these names) is what checkpoints hold: adding a field breaks them.
 """
+
 from __future__ import annotations
 
 import types
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar
 
 import flax.struct
 import jax
@@ -73,10 +74,8 @@ class Memory:
   mlen_B: Array
 
   # field -> (rows axis, number of axes); class-level, not pytree fields.
-  ROW_AXES: ClassVar[Mapping[str, int]] = types.MappingProxyType(
-      {"mems_LxBxMxD": 1, "mlen_B": 0})
-  NDIMS: ClassVar[Mapping[str, int]] = types.MappingProxyType(
-      {"mems_LxBxMxD": 4, "mlen_B": 1})
+  ROW_AXES: ClassVar[Mapping[str, int]] = types.MappingProxyType({"mems_LxBxMxD": 1, "mlen_B": 0})
+  NDIMS: ClassVar[Mapping[str, int]] = types.MappingProxyType({"mems_LxBxMxD": 4, "mlen_B": 1})
 
   @property
   def mem_len(self) -> int:
@@ -91,8 +90,9 @@ class Memory:
     splitting rows into micro-batches and back.  ``rows_axis`` is the
     field's batch axis (``ROW_AXES``): 1 for mems_LxBxMxD, 0 for mlen_B.
     """
-    return self.replace(**{name: fn(getattr(self, name), axis)
-                           for name, axis in self.ROW_AXES.items()})
+    return self.replace(
+        **{name: fn(getattr(self, name), axis) for name, axis in self.ROW_AXES.items()}
+    )
 
   @classmethod
   def shardings(cls, mesh: Mesh) -> Memory:
@@ -136,11 +136,13 @@ class Memory:
       tgt_len: T, the segment length.
       ext_len: the trailing positions not cached (the reference's ext_len).
     """
-    return Memory(mems_LxBxMxD=new_mems_LxBxMxD,
-                  mlen_B=advance_mlen(self.mlen_B, self.mem_len, tgt_len, ext_len))
+    return Memory(
+        mems_LxBxMxD=new_mems_LxBxMxD,
+        mlen_B=advance_mlen(self.mlen_B, self.mem_len, tgt_len, ext_len),
+    )
 
 
-def init_memory(config: ModelConfig, batch_size: int, mem_len: Optional[int] = None) -> Memory:
+def init_memory(config: ModelConfig, batch_size: int, mem_len: int | None = None) -> Memory:
   """Empty memory: zeros with no valid slot (the reference's empty start).
 
   Args:
@@ -155,7 +157,8 @@ def init_memory(config: ModelConfig, batch_size: int, mem_len: Optional[int] = N
   m = config.mem_len if mem_len is None else mem_len
   return Memory(
       mems_LxBxMxD=jnp.zeros((config.n_layer, batch_size, m, config.d_model), config.compute_dtype),
-      mlen_B=jnp.zeros((batch_size,), jnp.int32))
+      mlen_B=jnp.zeros((batch_size,), jnp.int32),
+  )
 
 
 def reset_memory(memory: Memory, reset_B: Array) -> Memory:
@@ -197,4 +200,4 @@ def layer_update(mem_BxMxD: Array, h_BxTxD: Array, ext_len: int) -> Array:
   mem_len, tgt_len = mem_BxMxD.shape[1], h_BxTxD.shape[1]
   cat_BxKxD = jnp.concatenate([mem_BxMxD, h_BxTxD], axis=1)  # h~ = [SG(m) o h]
   end = mem_len + tgt_len - ext_len
-  return jax.lax.stop_gradient(cat_BxKxD[:, end - mem_len:end])
+  return jax.lax.stop_gradient(cat_BxKxD[:, end - mem_len : end])

@@ -33,21 +33,20 @@ The layer stack is one ``nn.scan`` (parameters stacked on a leading
 ``layers`` axis); each layer may be rematerialised with a named policy
 (``tuning.REMAT_POLICIES``).
 """
+
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from transformer_xl.model import adaptive
-from transformer_xl.model import attention
-from transformer_xl.model import attention_ops
+from transformer_xl.model import adaptive, attention, attention_ops, tuning
 from transformer_xl.model import memory as memory_lib
-from transformer_xl.model import tuning
 from transformer_xl.model.config import ModelConfig  # re-exported: the model's hyperparameters
+
 # Re-exported: the memory's state and functions live in memory.py.
 from transformer_xl.model.memory import Memory as Memory
 from transformer_xl.model.memory import advance_mlen as advance_mlen
@@ -56,13 +55,15 @@ from transformer_xl.model.memory import reset_memory as reset_memory
 
 Array = jax.Array
 
+
 class LayerCache(NamedTuple):
   """What a layer reads and returns when decoding with a cache
   (``TransformerXL.decode``): its memory and the ``CachedKV`` of it
   (None on the first pass, which projects the memory and starts the cache).
   Stacked over layers ([n_layer, ...] leading axes) outside the scan."""
+
   mem: Array
-  kv: Optional[attention_ops.CachedKV]
+  kv: attention_ops.CachedKV | None
 
 
 class DecoderLayer(nn.Module):
@@ -84,8 +85,9 @@ class DecoderLayer(nn.Module):
   record_attention: bool = False
 
   @nn.compact
-  def __call__(self, h_BxTxD: Array, mem_BxMxD: Array, pos: Any, mask_Bx1xTxK: Array,
-               deterministic: bool):
+  def __call__(
+      self, h_BxTxD: Array, mem_BxMxD: Array, pos: Any, mask_Bx1xTxK: Array, deterministic: bool
+  ):
     """Runs the layer on one segment and returns the layer's next memory.
 
     Args:
@@ -110,17 +112,21 @@ class DecoderLayer(nn.Module):
     mem_BxMxD = mem_BxMxD.mem if decode else mem_BxMxD
 
     # ---- The memory path (Sec. 3.2): h~ = [SG(m) o h] ----------------------
-    mem_BxMxD = memory_lib.layer_read(mem_BxMxD)              # stop-gradient
-    mem_BxMxD, h_BxTxD, pos = self.variant.layer_inputs(      # (absolute positions
-        self, cfg, mem_BxMxD, h_BxTxD, pos)                   # are cached too)
-    new_mem_BxMxD = memory_lib.layer_update(                  # concat, truncate
-        mem_BxMxD, h_BxTxD, cfg.ext_len)
+    mem_BxMxD = memory_lib.layer_read(mem_BxMxD)  # stop-gradient
+    mem_BxMxD, h_BxTxD, pos = self.variant.layer_inputs(  # (absolute positions
+        self, cfg, mem_BxMxD, h_BxTxD, pos
+    )  # are cached too)
+    new_mem_BxMxD = memory_lib.layer_update(mem_BxMxD, h_BxTxD, cfg.ext_len)  # concat, truncate
     # --------------------------------------------------------------------------
 
     attn = self.variant.from_config(
-        cfg, deterministic=deterministic, record=self.record_attention,
-        block_size=tuning.attn_block_size(cfg.attn_block, deterministic), name="attn",
-        decode=decode)
+        cfg,
+        deterministic=deterministic,
+        record=self.record_attention,
+        block_size=tuning.attn_block_size(cfg.attn_block, deterministic),
+        name="attn",
+        decode=decode,
+    )
     drop = nn.Dropout(cfg.dropout)
     ff = PositionwiseFF(cfg, name="pos_ff")
 
@@ -129,18 +135,21 @@ class DecoderLayer(nn.Module):
     if cfg.pre_lnorm:  # the LayerNorm of cat_BxKxD, row by row
       attn_norm = _layer_norm("attn_layer_norm")
       mem_in = cached if cached is not None else attn_norm(mem_BxMxD).astype(cfg.compute_dtype)
-      attn_out = attn(h_BxTxD, mem_in, attn_norm(h_BxTxD).astype(cfg.compute_dtype), pos,
-                      mask_Bx1xTxK)
+      attn_out = attn(
+          h_BxTxD, mem_in, attn_norm(h_BxTxD).astype(cfg.compute_dtype), pos, mask_Bx1xTxK
+      )
       attn_out, new_mem_BxMxD = _split_cache(attn_out, new_mem_BxMxD, decode)
       x_BxTxD = h_BxTxD + drop(attn_out, deterministic=deterministic)
       ff_in = _layer_norm("ff_layer_norm")(x_BxTxD).astype(cfg.compute_dtype)
       out_BxTxD = x_BxTxD + ff(ff_in, deterministic)
     else:
-      attn_out = attn(h_BxTxD, cached if cached is not None else mem_BxMxD, h_BxTxD, pos,
-                      mask_Bx1xTxK)
+      attn_out = attn(
+          h_BxTxD, cached if cached is not None else mem_BxMxD, h_BxTxD, pos, mask_Bx1xTxK
+      )
       attn_out, new_mem_BxMxD = _split_cache(attn_out, new_mem_BxMxD, decode)
       x_BxTxD = _layer_norm("attn_layer_norm")(
-          h_BxTxD + drop(attn_out, deterministic=deterministic))
+          h_BxTxD + drop(attn_out, deterministic=deterministic)
+      )
       x_BxTxD = x_BxTxD.astype(cfg.compute_dtype)
       out_BxTxD = _layer_norm("ff_layer_norm")(x_BxTxD + ff(x_BxTxD, deterministic))
     return out_BxTxD.astype(cfg.compute_dtype), new_mem_BxMxD
@@ -159,9 +168,12 @@ def _layer_norm(name: str) -> nn.LayerNorm:
   """LayerNorm with the reference init: weight N(1, 0.02), bias 0, eps 1e-5."""
   scale_init = lambda key, shape, dtype: 1.0 + 0.02 * jax.random.normal(key, shape, dtype)
   return nn.LayerNorm(
-      epsilon=1e-5, dtype=jnp.float32, name=name,
+      epsilon=1e-5,
+      dtype=jnp.float32,
+      name=name,
       scale_init=nn.with_logical_partitioning(scale_init, ("embed",)),
-      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)))
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+  )
 
 
 class PositionwiseFF(nn.Module):
@@ -178,15 +190,21 @@ class PositionwiseFF(nn.Module):
     """[B, T, d_model] -> [B, T, d_model] in the compute dtype."""
     cfg = self.config
     h_BxTxF = nn.Dense(
-        cfg.d_inner, dtype=cfg.compute_dtype, name="ff_1",
+        cfg.d_inner,
+        dtype=cfg.compute_dtype,
+        name="ff_1",
         kernel_init=attention_ops.normal_init(cfg.init_std, "embed", "mlp"),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("mlp",)))(x_BxTxD)
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("mlp",)),
+    )(x_BxTxD)
     h_BxTxF = checkpoint_name(h_BxTxF, "ff_1")
     h_BxTxF = nn.Dropout(cfg.dropout)(nn.relu(h_BxTxF), deterministic=deterministic)
     out_BxTxD = nn.Dense(
-        cfg.d_model, dtype=cfg.compute_dtype, name="ff_2",
+        cfg.d_model,
+        dtype=cfg.compute_dtype,
+        name="ff_2",
         kernel_init=attention_ops.normal_init(cfg.init_std, "mlp", "embed"),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)))(h_BxTxF)
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+    )(h_BxTxF)
     out_BxTxD = checkpoint_name(out_BxTxD, "ff_2")
     return nn.Dropout(cfg.dropout)(out_BxTxD, deterministic=deterministic)
 
@@ -214,13 +232,26 @@ class TransformerXL(nn.Module):
   def setup(self):
     cfg = self.config
     self.word_emb = adaptive.AdaptiveEmbedding(
-        n_token=cfg.n_token, d_embed=cfg.embed_dim, d_proj=cfg.d_model, cutoffs=cfg.cutoffs,
-        div_val=cfg.div_val, init_std=cfg.init_std, proj_init_std=cfg.proj_init_std,
-        dtype=cfg.compute_dtype)
+        n_token=cfg.n_token,
+        d_embed=cfg.embed_dim,
+        d_proj=cfg.d_model,
+        cutoffs=cfg.cutoffs,
+        div_val=cfg.div_val,
+        init_std=cfg.init_std,
+        proj_init_std=cfg.proj_init_std,
+        dtype=cfg.compute_dtype,
+    )
     self.crit = adaptive.ProjectedAdaptiveLogSoftmax(
-        n_token=cfg.n_token, d_embed=cfg.embed_dim, d_proj=cfg.d_model, cutoffs=cfg.cutoffs,
-        div_val=cfg.div_val, tie_weight=cfg.tie_weight, tie_projs=cfg.tie_projs,
-        init_std=cfg.init_std, proj_init_std=cfg.proj_init_std)
+        n_token=cfg.n_token,
+        d_embed=cfg.embed_dim,
+        d_proj=cfg.d_model,
+        cutoffs=cfg.cutoffs,
+        div_val=cfg.div_val,
+        tie_weight=cfg.tie_weight,
+        tie_projs=cfg.tie_projs,
+        init_std=cfg.init_std,
+        proj_init_std=cfg.proj_init_std,
+    )
     self.variant = attention.variant(cfg)  # the attention type, chosen once
     self.shared_pos = self.variant.model_params(self, cfg)  # e.g. type 0's u, v
     self.drop = nn.Dropout(cfg.dropout)
@@ -228,8 +259,9 @@ class TransformerXL(nn.Module):
     layer_cls = DecoderLayer
     if cfg.remat != "none":
       # static_argnums counts self as 0: `deterministic` is argument 5.
-      layer_cls = nn.remat(layer_cls, prevent_cse=False, static_argnums=(5,),
-                           policy=tuning.REMAT_POLICIES[cfg.remat])
+      layer_cls = nn.remat(
+          layer_cls, prevent_cse=False, static_argnums=(5,), policy=tuning.REMAT_POLICIES[cfg.remat]
+      )
     self.layers = nn.scan(
         layer_cls,
         variable_axes={"params": 0, "intermediates": 0, "losses": 0},  # losses: sown, stacked
@@ -237,12 +269,19 @@ class TransformerXL(nn.Module):
         # Scanned: the memory.  Broadcast: the position terms, mask, deterministic.
         in_axes=(0,) + (nn.broadcast,) * 3,
         out_axes=0,
-        length=cfg.n_layer, unroll=tuning.scan_unroll_layers(cfg.scan_unroll, cfg.n_layer),
+        length=cfg.n_layer,
+        unroll=tuning.scan_unroll_layers(cfg.scan_unroll, cfg.n_layer),
         metadata_params={nn.PARTITION_NAME: "layers"},
     )(cfg, self.variant, record_attention=self.record_attention)
 
-  def hidden(self, tokens_BxT: Array, memory: Memory, deterministic: bool = True,
-             reset_B: Optional[Array] = None, doc_pos_BxT: Optional[Array] = None):
+  def hidden(
+      self,
+      tokens_BxT: Array,
+      memory: Memory,
+      deterministic: bool = True,
+      reset_B: Array | None = None,
+      doc_pos_BxT: Array | None = None,
+  ):
     """Final hidden states and the next memory.
 
     Args:
@@ -260,11 +299,13 @@ class TransformerXL(nn.Module):
       (hidden_BxTxD in the compute dtype, next Memory).
     """
     emb_BxTxD = self.word_emb(tokens_BxT)
-    return self.hidden_from_embeddings(emb_BxTxD, memory, deterministic, reset_B,
-                                       doc_pos_BxT=doc_pos_BxT)
+    return self.hidden_from_embeddings(
+        emb_BxTxD, memory, deterministic, reset_B, doc_pos_BxT=doc_pos_BxT
+    )
 
-  def decode(self, tokens_BxT: Array, memory: Memory,
-             kv_cache: Optional[attention_ops.CachedKV] = None):
+  def decode(
+      self, tokens_BxT: Array, memory: Memory, kv_cache: attention_ops.CachedKV | None = None
+  ):
     """``hidden`` (no dropout) with a decoding cache, for generation.
 
     Each layer reads its memory's keys and values (and attn_type 0's
@@ -292,13 +333,21 @@ class TransformerXL(nn.Module):
       NotImplementedError: attn_type 2 or 3 (absolute positions: a cached
         state would carry the position of an earlier window).
     """
-    return self.hidden_from_embeddings(self.word_emb(tokens_BxT), memory, True,
-                                       decode=True, kv_cache=kv_cache)
+    return self.hidden_from_embeddings(
+        self.word_emb(tokens_BxT), memory, True, decode=True, kv_cache=kv_cache
+    )
 
-  def hidden_from_embeddings(self, emb_BxTxD: Array, memory: Memory, deterministic: bool = True,
-                             reset_B: Optional[Array] = None,
-                             doc_pos_BxT: Optional[Array] = None, *, decode: bool = False,
-                             kv_cache: Optional[attention_ops.CachedKV] = None):
+  def hidden_from_embeddings(
+      self,
+      emb_BxTxD: Array,
+      memory: Memory,
+      deterministic: bool = True,
+      reset_B: Array | None = None,
+      doc_pos_BxT: Array | None = None,
+      *,
+      decode: bool = False,
+      kv_cache: attention_ops.CachedKV | None = None,
+  ):
     """As ``hidden``, from the scaled word embeddings [B, T, d_model]
     (the output of ``word_emb``): where the memory enters and leaves the model.
     With ``decode``, as ``decode`` (and the next cache is returned too).
@@ -311,21 +360,26 @@ class TransformerXL(nn.Module):
     tgt_len = emb_BxTxD.shape[1]
     if tgt_len <= cfg.ext_len:
       raise ValueError(f"segment length {tgt_len} must exceed ext_len={cfg.ext_len}.")
-    if reset_B is not None:                                       # reset
+    if reset_B is not None:  # reset
       memory = memory.reset(reset_B)
     emb_BxTxD = emb_BxTxD.astype(cfg.compute_dtype)
     mems_LxBxMxD = memory.mems_LxBxMxD.astype(cfg.compute_dtype)
     emb_BxTxD, mems_LxBxMxD, pos = self.variant.model_inputs(  # e.g. R of Sec. 3.3
-        cfg, self.shared_pos, emb_BxTxD, mems_LxBxMxD,
-        dropout=lambda x: self.drop(x, deterministic=deterministic))
+        cfg,
+        self.shared_pos,
+        emb_BxTxD,
+        mems_LxBxMxD,
+        dropout=lambda x: self.drop(x, deterministic=deterministic),
+    )
     h_BxTxD = self.drop(emb_BxTxD, deterministic=deterministic)
     mask = attention_ops.MaskParts(memory.mlen_B, doc_pos_BxT)
     if cfg.attention_impl == "xla" or self.record_attention:  # the fused kernel masks in-kernel
       mask = mask.dense(tgt_len, mem_len, cfg.same_length)
 
     layer_mems = LayerCache(mems_LxBxMxD, kv_cache) if decode else mems_LxBxMxD
-    h_BxTxD, new_mems_LxBxMxD = self.layers(                      # read (scanned in),
-        h_BxTxD, layer_mems, pos, mask, deterministic)            # new memory (out)
+    h_BxTxD, new_mems_LxBxMxD = self.layers(  # read (scanned in),
+        h_BxTxD, layer_mems, pos, mask, deterministic
+    )  # new memory (out)
     if decode:
       new_mems_LxBxMxD, kv_cache = new_mems_LxBxMxD
     new_memory = memory.advance(new_mems_LxBxMxD, tgt_len, cfg.ext_len)  # return
@@ -347,9 +401,15 @@ class TransformerXL(nn.Module):
     """Per-token negative log-likelihood of ``targets_BxT``, float32 [B, T] (nats)."""
     return self.crit.nll(hidden_BxTxD, targets_BxT, *self._shared())
 
-  def __call__(self, tokens_BxT: Array, memory: Memory, targets_BxT: Optional[Array] = None,
-               deterministic: bool = True, reset_B: Optional[Array] = None,
-               doc_pos_BxT: Optional[Array] = None):
+  def __call__(
+      self,
+      tokens_BxT: Array,
+      memory: Memory,
+      targets_BxT: Array | None = None,
+      deterministic: bool = True,
+      reset_B: Array | None = None,
+      doc_pos_BxT: Array | None = None,
+  ):
     """Scores one segment.
 
     Args:
@@ -366,8 +426,9 @@ class TransformerXL(nn.Module):
       (nll_BxT float32 in nats, next Memory) with targets, else
       (log_probs_BxTxV float32, next Memory).
     """
-    hidden_BxTxD, new_memory = self.hidden(tokens_BxT, memory, deterministic, reset_B,
-                                           doc_pos_BxT=doc_pos_BxT)
+    hidden_BxTxD, new_memory = self.hidden(
+        tokens_BxT, memory, deterministic, reset_B, doc_pos_BxT=doc_pos_BxT
+    )
     if targets_BxT is None:
       return self.log_probs(hidden_BxTxD), new_memory
     return self.nll(hidden_BxTxD, targets_BxT), new_memory

@@ -65,12 +65,12 @@ time: a multi-platform export (``platforms=("tpu", "cuda")``) lowers every
 branch for every platform, which the Mosaic and Triton calls refuse.  The kernel's speed has not been
 measured on an accelerator yet (``benchmarks/attention_kernel.py``; docs/guide/benchmarks.md).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import functools
 import math
-from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -86,7 +86,7 @@ from transformer_xl.model.axes import BATCH_AXES
 Array = jax.Array
 
 # doc_pos of a query without documents: larger than any distance.
-NO_DOCUMENT = 2 ** 30
+NO_DOCUMENT = 2**30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +96,7 @@ class Problem:
   T queries, K = M + T keys (M = mem_len slots, then the segment), scale
   = d_head^-1/2, same_length and whether a document mask is given.
   """
+
   T: int
   K: int
   M: int
@@ -115,6 +116,7 @@ class Flavor:
       wide.  0: the smallest power of two >= T, at least 8, at most 128.
     interpret: run in Pallas interpret mode (any platform; for checking).
   """
+
   backend: str
   block: int
   interpret: bool = False
@@ -138,13 +140,14 @@ def _cdiv(a, b: int):
 @dataclasses.dataclass(frozen=True)
 class _Geometry:
   """Padded sizes: T and K to a multiple of the block, d_head to Dp."""
+
   b: int
   Tp: int
   Kp: int
   Dp: int
 
   @classmethod
-  def of(cls, p: Problem, fl: Flavor, d_head: int) -> "_Geometry":
+  def of(cls, p: Problem, fl: Flavor, d_head: int) -> _Geometry:
     b = fl.block or min(128, max(8, 1 << (p.T - 1).bit_length()))
     dp = d_head
     if fl.backend == "gpu":  # Triton tensors: powers of two, dot operands >= 16
@@ -155,6 +158,7 @@ class _Geometry:
 # ----------------------------------------------------------------------------
 # The per-row rotation, two ways.
 # ----------------------------------------------------------------------------
+
 
 class _Rotate:
   """Row a of x_QxW rotated by ``shift + a * stride`` (``jnp.roll``'s sense:
@@ -207,8 +211,9 @@ class _Rotate:
 
 def _dot_nt(a_QxD, b_KxD):
   """a @ b.T in float32."""
-  return jax.lax.dot_general(a_QxD, b_KxD, (((1,), (1,)), ((), ())),
-                             preferred_element_type=jnp.float32)
+  return jax.lax.dot_general(
+      a_QxD, b_KxD, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+  )
 
 
 def _dot_tn(a_QxK, b_QxD):
@@ -224,6 +229,7 @@ def _dot(a_QxK, b_KxD):
 # ----------------------------------------------------------------------------
 # One tile: scores and mask in (query, key) coordinates.
 # ----------------------------------------------------------------------------
+
 
 def _tile_scores(p: Problem, g: _Geometry, rot: _Rotate, qu, qv, k_blk, r_band):
   """s * ((q+u) k^T + shift((q+v) band^T)): float32 [b, b].
@@ -279,6 +285,7 @@ def _band_start(g: _Geometry, i0, j0):
 # Kernels.  Refs per program: mlen (the batch's), then per (batch, head).
 # ----------------------------------------------------------------------------
 
+
 class _QueryBlock:
   """What the query-block kernels (forward, dq) share: this program's
   query block (q + u, q + v, its documents' offsets, the row's mlen) and,
@@ -307,8 +314,9 @@ class _QueryBlock:
     return k_blk, v_blk, r_band, ok, s
 
 
-def _fwd_kernel(p, g, fl, mlen_ref, q_ref, k_ref, v_ref, r_ref, u_ref, rr_ref, doc_ref,
-                o_ref, lse_ref, *scratch):
+def _fwd_kernel(
+    p, g, fl, mlen_ref, q_ref, k_ref, v_ref, r_ref, u_ref, rr_ref, doc_ref, o_ref, lse_ref, *scratch
+):
   blk = _QueryBlock(p, g, fl, mlen_ref, q_ref, u_ref, rr_ref, doc_ref, scratch)
 
   def body(kb, carry):
@@ -323,16 +331,36 @@ def _fwd_kernel(p, g, fl, mlen_ref, q_ref, k_ref, v_ref, r_ref, u_ref, rr_ref, d
     return m_new, l, acc
 
   lo, hi = blk.key_blocks()
-  init = (jnp.full((g.b, 1), MASK_VALUE, jnp.float32), jnp.zeros((g.b, 1), jnp.float32),
-          jnp.zeros((g.b, g.Dp), jnp.float32))
+  init = (
+      jnp.full((g.b, 1), MASK_VALUE, jnp.float32),
+      jnp.zeros((g.b, 1), jnp.float32),
+      jnp.zeros((g.b, g.Dp), jnp.float32),
+  )
   m, l, acc = jax.lax.fori_loop(lo, hi, body, init)
   has = l > 0
   o_ref[...] = jnp.where(has, acc / jnp.where(has, l, 1.0), 0.0).astype(o_ref.dtype)
   lse_ref[...] = jnp.where(has, m + jnp.log(jnp.where(has, l, 1.0)), 0.0)
 
 
-def _dq_kernel(p, g, fl, mlen_ref, q_ref, k_ref, v_ref, r_ref, u_ref, rr_ref, doc_ref,
-               do_ref, lse_ref, delta_ref, dqu_ref, dqv_ref, *scratch):
+def _dq_kernel(
+    p,
+    g,
+    fl,
+    mlen_ref,
+    q_ref,
+    k_ref,
+    v_ref,
+    r_ref,
+    u_ref,
+    rr_ref,
+    doc_ref,
+    do_ref,
+    lse_ref,
+    delta_ref,
+    dqu_ref,
+    dqv_ref,
+    *scratch,
+):
   blk = _QueryBlock(p, g, fl, mlen_ref, q_ref, u_ref, rr_ref, doc_ref, scratch)
   do, lse, delta = do_ref[...], lse_ref[...], delta_ref[...]
 
@@ -354,8 +382,25 @@ def _dq_kernel(p, g, fl, mlen_ref, q_ref, k_ref, v_ref, r_ref, u_ref, rr_ref, do
   dqv_ref[...] = dqv
 
 
-def _dkv_kernel(p, g, fl, mlen_ref, q_ref, k_ref, v_ref, r_ref, u_ref, rr_ref, doc_ref,
-                do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *scratch):
+def _dkv_kernel(
+    p,
+    g,
+    fl,
+    mlen_ref,
+    q_ref,
+    k_ref,
+    v_ref,
+    r_ref,
+    u_ref,
+    rr_ref,
+    doc_ref,
+    do_ref,
+    lse_ref,
+    delta_ref,
+    dk_ref,
+    dv_ref,
+    *scratch,
+):
   bi, kb = pl.program_id(0), pl.program_id(2)
   rot = _Rotate(fl, scratch[0] if scratch else None)
   j0 = kb * g.b
@@ -386,8 +431,24 @@ def _dkv_kernel(p, g, fl, mlen_ref, q_ref, k_ref, v_ref, r_ref, u_ref, rr_ref, d
   dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
-def _dr_kernel(p, g, fl, mlen_ref, q_ref, k_ref, v_ref, r_ref, u_ref, rr_ref, doc_ref,
-               do_ref, lse_ref, delta_ref, dr_ref, *scratch):
+def _dr_kernel(
+    p,
+    g,
+    fl,
+    mlen_ref,
+    q_ref,
+    k_ref,
+    v_ref,
+    r_ref,
+    u_ref,
+    rr_ref,
+    doc_ref,
+    do_ref,
+    lse_ref,
+    delta_ref,
+    dr_ref,
+    *scratch,
+):
   """One batch row's share of d r for position rows p0..p0+b-1 (r-index
   K-1-distance).  In (query a, position c) coordinates the key is j =
   p0 + c + i0 + a - T + 1: the content term and dP read a band of 2b keys
@@ -424,8 +485,7 @@ def _dr_kernel(p, g, fl, mlen_ref, q_ref, k_ref, v_ref, r_ref, u_ref, rr_ref, do
 
   # Queries with j >= max(0, M - mlen) for some position of the block.
   first_i = jnp.maximum(jnp.maximum(p.M - mlen, 0) + p.T - 1 - (p0 + g.b - 1), 0)
-  dr = jax.lax.fori_loop(_div(first_i, g.b), g.Tp // g.b, body,
-                         jnp.zeros((g.b, g.Dp), jnp.float32))
+  dr = jax.lax.fori_loop(_div(first_i, g.b), g.Tp // g.b, body, jnp.zeros((g.b, g.Dp), jnp.float32))
   dr_ref[...] = dr
 
 
@@ -433,7 +493,10 @@ def _dr_kernel(p, g, fl, mlen_ref, q_ref, k_ref, v_ref, r_ref, u_ref, rr_ref, do
 # pallas_call plumbing, per flavor.
 # ----------------------------------------------------------------------------
 
-def _call(fl: Flavor, g: _Geometry, kernel, grid, in_specs, out_specs, out_shape, mlen_B, args, name):
+
+def _call(
+    fl: Flavor, g: _Geometry, kernel, grid, in_specs, out_specs, out_shape, mlen_B, args, name
+):
   """One pallas_call: ``in_specs`` are (block_shape, index_map(*grid_idx))
   pairs for ``args``, mlen_B first in every kernel's signature.  TPU: mlen
   by scalar prefetch.  GPU: mlen as an input, plus a per-program [b, 2b]
@@ -441,29 +504,43 @@ def _call(fl: Flavor, g: _Geometry, kernel, grid, in_specs, out_specs, out_shape
   if fl.backend == "tpu":
     spec = lambda shape, imap: pl.BlockSpec(shape, lambda *ix: imap(*ix[:-1]))
     grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=1, grid=grid,
-        in_specs=[spec(*s) for s in in_specs], out_specs=[spec(*s) for s in out_specs])
-    params = None if fl.interpret else pltpu.CompilerParams(
-        dimension_semantics=("parallel",) * len(grid))
-    outs = pl.pallas_call(kernel, out_shape=out_shape, grid_spec=grid_spec,
-                          compiler_params=params, interpret=fl.interpret,
-                          name=name)(mlen_B, *args)
+        num_scalar_prefetch=1,
+        grid=grid,
+        in_specs=[spec(*s) for s in in_specs],
+        out_specs=[spec(*s) for s in out_specs],
+    )
+    params = (
+        None
+        if fl.interpret
+        else pltpu.CompilerParams(dimension_semantics=("parallel",) * len(grid))
+    )
+    outs = pl.pallas_call(
+        kernel,
+        out_shape=out_shape,
+        grid_spec=grid_spec,
+        compiler_params=params,
+        interpret=fl.interpret,
+        name=name,
+    )(mlen_B, *args)
     return outs
   n_prog = grid[0] * grid[1] * grid[2]
   block = (None, g.b, 2 * g.b)
   scratch_spec = pl.BlockSpec(
-      block, lambda x, y, z: (x * grid[1] * grid[2] + y * grid[2] + z, 0, 0))
+      block, lambda x, y, z: (x * grid[1] * grid[2] + y * grid[2] + z, 0, 0)
+  )
   b_pad = 1 << max(len(mlen_B) - 1, 0).bit_length()
   mlen_pad = jnp.pad(mlen_B, (0, b_pad - len(mlen_B)))
   params = None if fl.interpret else plgpu.CompilerParams(num_warps=4, num_stages=1)
   outs = pl.pallas_call(
-      kernel, grid=grid,
-      in_specs=[pl.BlockSpec((b_pad,), lambda *ix: (0,))]
-      + [pl.BlockSpec(*s) for s in in_specs],
+      kernel,
+      grid=grid,
+      in_specs=[pl.BlockSpec((b_pad,), lambda *ix: (0,))] + [pl.BlockSpec(*s) for s in in_specs],
       out_specs=[pl.BlockSpec(*s) for s in out_specs] + [scratch_spec],
-      out_shape=list(out_shape)
-      + [jax.ShapeDtypeStruct((n_prog, g.b, 2 * g.b), jnp.float32)],
-      compiler_params=params, interpret=fl.interpret, name=name)(mlen_pad, *args)
+      out_shape=list(out_shape) + [jax.ShapeDtypeStruct((n_prog, g.b, 2 * g.b), jnp.float32)],
+      compiler_params=params,
+      interpret=fl.interpret,
+      name=name,
+  )(mlen_pad, *args)
   return outs[:-1]
 
 
@@ -509,11 +586,21 @@ def _forward(fl: Flavor, p: Problem, q, k, v, r, u, rr, mlen, doc):
   args = _padded_inputs(p, g, q, k, v, r, u, rr, doc)
   row = lambda last: ((None, None, g.b, last), lambda b, h, n: (b, h, n, 0))
   o, lse = _call(
-      fl, g, functools.partial(_fwd_kernel, p, g, fl), (bsz, nh, g.Tp // g.b),
-      _specs(g, True), [row(g.Dp), row(1)],
-      [jax.ShapeDtypeStruct((bsz, nh, g.Tp, g.Dp), q.dtype),
-       jax.ShapeDtypeStruct((bsz, nh, g.Tp, 1), jnp.float32)], mlen, args, "txl_attention_fwd")
-  return o[:, :, :p.T, :dh], lse[:, :, :p.T, 0]
+      fl,
+      g,
+      functools.partial(_fwd_kernel, p, g, fl),
+      (bsz, nh, g.Tp // g.b),
+      _specs(g, True),
+      [row(g.Dp), row(1)],
+      [
+          jax.ShapeDtypeStruct((bsz, nh, g.Tp, g.Dp), q.dtype),
+          jax.ShapeDtypeStruct((bsz, nh, g.Tp, 1), jnp.float32),
+      ],
+      mlen,
+      args,
+      "txl_attention_fwd",
+  )
+  return o[:, :, : p.T, :dh], lse[:, :, : p.T, 0]
 
 
 def _backward(fl: Flavor, p: Problem, q, k, v, r, u, rr, mlen, doc, lse, delta, do):
@@ -529,17 +616,32 @@ def _backward(fl: Flavor, p: Problem, q, k, v, r, u, rr, mlen, doc, lse, delta, 
   full = lambda n_rows, last: ((None, None, n_rows, last), lambda b, h, n: (b, h, 0, 0))
 
   dqu, dqv = _call(
-      fl, g, functools.partial(_dq_kernel, p, g, fl), (bsz, nh, g.Tp // g.b),
-      _specs(g, True) + [blk(g.Dp), blk(1), blk(1)], [blk(g.Dp), blk(g.Dp)],
-      [jax.ShapeDtypeStruct((bsz, nh, g.Tp, g.Dp), f32)] * 2, mlen,
-      (qp, kp, vp, r_pad, up, rrp, docp, dop, lsep, deltap), "txl_attention_dq")
+      fl,
+      g,
+      functools.partial(_dq_kernel, p, g, fl),
+      (bsz, nh, g.Tp // g.b),
+      _specs(g, True) + [blk(g.Dp), blk(1), blk(1)],
+      [blk(g.Dp), blk(g.Dp)],
+      [jax.ShapeDtypeStruct((bsz, nh, g.Tp, g.Dp), f32)] * 2,
+      mlen,
+      (qp, kp, vp, r_pad, up, rrp, docp, dop, lsep, deltap),
+      "txl_attention_dq",
+  )
   dk, dv = _call(
-      fl, g, functools.partial(_dkv_kernel, p, g, fl), (bsz, nh, g.Kp // g.b),
+      fl,
+      g,
+      functools.partial(_dkv_kernel, p, g, fl),
+      (bsz, nh, g.Kp // g.b),
       _specs(g, False) + [full(g.Tp, g.Dp), full(g.Tp, 1), full(g.Tp, 1)],
       [blk(g.Dp), blk(g.Dp)],
-      [jax.ShapeDtypeStruct((bsz, nh, g.Kp, g.Dp), k.dtype),
-       jax.ShapeDtypeStruct((bsz, nh, g.Kp, g.Dp), v.dtype)], mlen,
-      (qp, kp, vp, r_pad, up, rrp, docp, dop, lsep, deltap), "txl_attention_dkv")
+      [
+          jax.ShapeDtypeStruct((bsz, nh, g.Kp, g.Dp), k.dtype),
+          jax.ShapeDtypeStruct((bsz, nh, g.Kp, g.Dp), v.dtype),
+      ],
+      mlen,
+      (qp, kp, vp, r_pad, up, rrp, docp, dop, lsep, deltap),
+      "txl_attention_dkv",
+  )
   # dr: keys padded so that each tile's band of 2b keys starts at row >= 0.
   k_len = g.Kp + g.Tp + 2 * g.b
   kd = _pad_to(kp, 2, k_len, front=p.T - 1 + g.b)
@@ -547,41 +649,57 @@ def _backward(fl: Flavor, p: Problem, q, k, v, r, u, rr, mlen, doc, lse, delta, 
   r_blk = ((None, g.b, g.Dp), lambda b, h, n: (h, n, 0))
   bias = ((None, 1, g.Dp), lambda b, h, n: (h, 0, 0))
   (dr_b,) = _call(
-      fl, g, functools.partial(_dr_kernel, p, g, fl), (bsz, nh, g.Kp // g.b),
-      [full(g.Tp, g.Dp), full(k_len, g.Dp), full(k_len, g.Dp), r_blk, bias, bias,
-       ((None, g.Tp, 1), lambda b, h, n: (b, 0, 0)),
-       full(g.Tp, g.Dp), full(g.Tp, 1), full(g.Tp, 1)],
-      [blk(g.Dp)], [jax.ShapeDtypeStruct((bsz, nh, g.Kp, g.Dp), f32)], mlen,
+      fl,
+      g,
+      functools.partial(_dr_kernel, p, g, fl),
+      (bsz, nh, g.Kp // g.b),
+      [
+          full(g.Tp, g.Dp),
+          full(k_len, g.Dp),
+          full(k_len, g.Dp),
+          r_blk,
+          bias,
+          bias,
+          ((None, g.Tp, 1), lambda b, h, n: (b, 0, 0)),
+          full(g.Tp, g.Dp),
+          full(g.Tp, 1),
+          full(g.Tp, 1),
+      ],
+      [blk(g.Dp)],
+      [jax.ShapeDtypeStruct((bsz, nh, g.Kp, g.Dp), f32)],
+      mlen,
       (qp, kd, vd, _pad_to(_pad_to(r, 2, g.Dp), 1, g.Kp), up, rrp, docp, dop, lsep, deltap),
-      "txl_attention_dr")
-  dq = (dqu + dqv)[:, :, :p.T, :dh].astype(q.dtype)
-  du = jnp.sum(dqu[:, :, :p.T, :dh], axis=(0, 2))
-  drr = jnp.sum(dqv[:, :, :p.T, :dh], axis=(0, 2))
-  dr = jnp.sum(dr_b, axis=0)[:, :p.K, :dh].astype(r.dtype)
-  return dq, dk[:, :, :p.K, :dh], dv[:, :, :p.K, :dh], dr, du, drr
+      "txl_attention_dr",
+  )
+  dq = (dqu + dqv)[:, :, : p.T, :dh].astype(q.dtype)
+  du = jnp.sum(dqu[:, :, : p.T, :dh], axis=(0, 2))
+  drr = jnp.sum(dqv[:, :, : p.T, :dh], axis=(0, 2))
+  dr = jnp.sum(dr_b, axis=0)[:, : p.K, :dh].astype(r.dtype)
+  return dq, dk[:, :, : p.K, :dh], dv[:, :, : p.K, :dh], dr, du, drr
 
 
-def _on_backend(fn, flavor: Optional[Flavor], *args):
+def _on_backend(fn, flavor: Flavor | None, *args):
   """``fn(flavor, *args)`` for the given flavor, or per platform at lowering:
   tpu -> Mosaic, cuda/rocm -> Triton, anything else -> TPU's kernels in
   interpret mode (CPU; exact, slow)."""
   if flavor is not None:
     return fn(flavor, *args)
   return jax.lax.platform_dependent(
-      *args, tpu=functools.partial(fn, TPU), cuda=functools.partial(fn, GPU),
+      *args,
+      tpu=functools.partial(fn, TPU),
+      cuda=functools.partial(fn, GPU),
       rocm=functools.partial(fn, GPU),
-      default=functools.partial(fn, INTERPRET))
+      default=functools.partial(fn, INTERPRET),
+  )
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def _attention(flavor, p, q, k, v, r, u, rr, mlen, doc):
-  return _on_backend(lambda fl, *a: _forward(fl, p, *a)[0], flavor, q, k, v, r, u, rr, mlen,
-                     doc)
+  return _on_backend(lambda fl, *a: _forward(fl, p, *a)[0], flavor, q, k, v, r, u, rr, mlen, doc)
 
 
 def _attention_fwd(flavor, p, q, k, v, r, u, rr, mlen, doc):
-  o, lse = _on_backend(lambda fl, *a: _forward(fl, p, *a), flavor, q, k, v, r, u, rr, mlen,
-                       doc)
+  o, lse = _on_backend(lambda fl, *a: _forward(fl, p, *a), flavor, q, k, v, r, u, rr, mlen, doc)
   return o, (q, k, v, r, u, rr, mlen, doc, o, lse)
 
 
@@ -589,17 +707,28 @@ def _attention_bwd(flavor, p, res, do):
   q, k, v, r, u, rr, mlen, doc, o, lse = res
   delta = jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1)
   dq, dk, dv, dr, du, drr = _on_backend(
-      lambda fl, *a: _backward(fl, p, *a), flavor, q, k, v, r, u, rr, mlen, doc, lse, delta, do)
+      lambda fl, *a: _backward(fl, p, *a), flavor, q, k, v, r, u, rr, mlen, doc, lse, delta, do
+  )
   return dq, dk, dv, dr, du.astype(u.dtype), drr.astype(rr.dtype), None, None
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-def rel_attention(q_BxTxHxDh: Array, k_BxKxHxDh: Array, v_BxKxHxDh: Array, r_KxHxDh: Array,
-                  u_HxDh: Array, rr_HxDh: Array, mlen_B: Array,
-                  doc_pos_BxT: Optional[Array] = None, *, mem_len: int, same_length: bool,
-                  flavor: Optional[Flavor] = None) -> Array:
+def rel_attention(
+    q_BxTxHxDh: Array,
+    k_BxKxHxDh: Array,
+    v_BxKxHxDh: Array,
+    r_KxHxDh: Array,
+    u_HxDh: Array,
+    rr_HxDh: Array,
+    mlen_B: Array,
+    doc_pos_BxT: Array | None = None,
+    *,
+    mem_len: int,
+    same_length: bool,
+    flavor: Flavor | None = None,
+) -> Array:
   """Transformer-XL attention vectors, fused: [B, T, H, Dh] in q's dtype.
 
   Equals ``attention_ops.attend`` with attn_type 0's score function
@@ -632,28 +761,60 @@ def rel_attention(q_BxTxHxDh: Array, k_BxKxHxDh: Array, v_BxKxHxDh: Array, r_KxH
   """
   bsz, t, nh, dh = q_BxTxHxDh.shape
   klen = k_BxKxHxDh.shape[1]
-  if (k_BxKxHxDh.shape != (bsz, klen, nh, dh) or v_BxKxHxDh.shape != k_BxKxHxDh.shape
-      or r_KxHxDh.shape != (klen, nh, dh) or klen != mem_len + t
-      or u_HxDh.shape != (nh, dh) or rr_HxDh.shape != (nh, dh)):
+  if (
+      k_BxKxHxDh.shape != (bsz, klen, nh, dh)
+      or v_BxKxHxDh.shape != k_BxKxHxDh.shape
+      or r_KxHxDh.shape != (klen, nh, dh)
+      or klen != mem_len + t
+      or u_HxDh.shape != (nh, dh)
+      or rr_HxDh.shape != (nh, dh)
+  ):
     raise ValueError(
         f"rel_attention: shapes do not agree: q {q_BxTxHxDh.shape}, k {k_BxKxHxDh.shape}, "
         f"v {v_BxKxHxDh.shape}, r {r_KxHxDh.shape}, u {u_HxDh.shape}, v-bias {rr_HxDh.shape}, "
-        f"mem_len {mem_len} (need K = mem_len + T keys and position rows)")
+        f"mem_len {mem_len} (need K = mem_len + T keys and position rows)"
+    )
   dtype = q_BxTxHxDh.dtype
-  p = Problem(T=t, K=klen, M=mem_len, same_length=bool(same_length), scale=dh ** -0.5,
-              has_doc=doc_pos_BxT is not None)
-  doc = (jnp.full((bsz, t), NO_DOCUMENT, jnp.int32) if doc_pos_BxT is None
-         else doc_pos_BxT.astype(jnp.int32))
+  p = Problem(
+      T=t,
+      K=klen,
+      M=mem_len,
+      same_length=bool(same_length),
+      scale=dh**-0.5,
+      has_doc=doc_pos_BxT is not None,
+  )
+  doc = (
+      jnp.full((bsz, t), NO_DOCUMENT, jnp.int32)
+      if doc_pos_BxT is None
+      else doc_pos_BxT.astype(jnp.int32)
+  )
   heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # [B, N, H, Dh] -> [B, H, N, Dh]
 
   def local(q, k, v, r, u, rr, mlen, doc):  # on one device's rows and heads
-    out_BxHxTxDh = _attention(flavor, p, heads_first(q), heads_first(k), heads_first(v),
-                              jnp.swapaxes(r, 0, 1), u, rr, mlen, doc)
+    out_BxHxTxDh = _attention(
+        flavor,
+        p,
+        heads_first(q),
+        heads_first(k),
+        heads_first(v),
+        jnp.swapaxes(r, 0, 1),
+        u,
+        rr,
+        mlen,
+        doc,
+    )
     return jnp.swapaxes(out_BxHxTxDh, 1, 2)
 
-  args = (q_BxTxHxDh, k_BxKxHxDh.astype(dtype), v_BxKxHxDh.astype(dtype),
-          r_KxHxDh.astype(dtype), u_HxDh.astype(dtype), rr_HxDh.astype(dtype),
-          mlen_B.astype(jnp.int32), doc)
+  args = (
+      q_BxTxHxDh,
+      k_BxKxHxDh.astype(dtype),
+      v_BxKxHxDh.astype(dtype),
+      r_KxHxDh.astype(dtype),
+      u_HxDh.astype(dtype),
+      rr_HxDh.astype(dtype),
+      mlen_B.astype(jnp.int32),
+      doc,
+  )
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1:
     return local(*args)
@@ -663,26 +824,43 @@ def rel_attention(q_BxTxHxDh: Array, k_BxKxHxDh: Array, v_BxKxHxDh: Array, r_KxH
   rows = rows if rows and bsz % math.prod(mesh.shape[a] for a in rows) == 0 else None
   heads = "model" if "model" in mesh.axis_names and nh % mesh.shape["model"] == 0 else None
   bthd = P(rows, None, heads, None)
-  specs = (bthd, bthd, bthd, P(None, heads, None), P(heads, None), P(heads, None), P(rows),
-           P(rows, None))
-  return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=bthd,
-                       check_vma=False)(*args)
+  specs = (
+      bthd,
+      bthd,
+      bthd,
+      P(None, heads, None),
+      P(heads, None),
+      P(heads, None),
+      P(rows),
+      P(rows, None),
+  )
+  return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=bthd, check_vma=False)(*args)
 
 
-def xla_reference(q_BxTxHxDh: Array, k_BxKxHxDh: Array, v_BxKxHxDh: Array, r_KxHxDh: Array,
-                  u_HxDh: Array, rr_HxDh: Array, mlen_B: Array,
-                  doc_pos_BxT: Optional[Array] = None, *, mem_len: int,
-                  same_length: bool) -> Array:
+def xla_reference(
+    q_BxTxHxDh: Array,
+    k_BxKxHxDh: Array,
+    v_BxKxHxDh: Array,
+    r_KxHxDh: Array,
+    u_HxDh: Array,
+    rr_HxDh: Array,
+    mlen_B: Array,
+    doc_pos_BxT: Array | None = None,
+    *,
+    mem_len: int,
+    same_length: bool,
+) -> Array:
   """What ``rel_attention`` replaces: attn_type 0's XLA path, the
   [H, B, T, K] scores and probabilities of ``attention_ops`` (no blocks, no
   dropatt): [B, T, H, Dh] in q's dtype.  For the tests and the benchmark."""
   t, dh = q_BxTxHxDh.shape[1], q_BxTxHxDh.shape[3]
-  mask_1xBxTxK = jnp.swapaxes(attention_ops.attention_mask(t, mem_len, mlen_B, same_length,
-                                                           doc_pos_BxT), 0, 1)
-  score_HxBxTxK = (attention_ops.content_scores(q_BxTxHxDh + u_HxDh, k_BxKxHxDh)
-                   + attention_ops.rel_shift(attention_ops.position_scores(
-                       q_BxTxHxDh + rr_HxDh, r_KxHxDh))) * dh ** -0.5
+  mask_1xBxTxK = jnp.swapaxes(
+      attention_ops.attention_mask(t, mem_len, mlen_B, same_length, doc_pos_BxT), 0, 1
+  )
+  score_HxBxTxK = (
+      attention_ops.content_scores(q_BxTxHxDh + u_HxDh, k_BxKxHxDh)
+      + attention_ops.rel_shift(attention_ops.position_scores(q_BxTxHxDh + rr_HxDh, r_KxHxDh))
+  ) * dh**-0.5
   prob_HxBxTxK = jax.nn.softmax(jnp.where(mask_1xBxTxK, score_HxBxTxK, MASK_VALUE), axis=-1)
-  vec_HxBxTxDh = attention_ops.weighted_values(prob_HxBxTxK.astype(q_BxTxHxDh.dtype),
-                                               v_BxKxHxDh)
+  vec_HxBxTxDh = attention_ops.weighted_values(prob_HxBxTxK.astype(q_BxTxHxDh.dtype), v_BxKxHxDh)
   return jnp.transpose(vec_HxBxTxDh, (1, 2, 0, 3))

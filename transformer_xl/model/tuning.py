@@ -18,6 +18,7 @@ resolved here.  The CPU choices were measured with
 ``benchmarks/vs_pytorch.py`` (``benchmarks/results/REPORT.md`` has the
 runs); GPU and TPU get the plain computation until they are measured.
 """
+
 from __future__ import annotations
 
 import jax
@@ -30,8 +31,8 @@ PROJ_NAMES = ("qkv", "r_head_k", "attn_out", "ff_1", "ff_2")
 # model.remat -> the jax.checkpoint policy of each layer (None = save nothing,
 # recompute the whole layer).
 REMAT_POLICIES = {
-    "none": None,   # no rematerialisation at all
-    "full": None,   # save only the layer's inputs
+    "none": None,  # no rematerialisation at all
+    "full": None,  # save only the layer's inputs
     "dots": jax.checkpoint_policies.checkpoint_dots,  # every matmul, scores included
     "save_qkv_proj": jax.checkpoint_policies.save_only_these_names("qkv", "r_head_k"),
     "save_proj": jax.checkpoint_policies.save_only_these_names(*PROJ_NAMES),

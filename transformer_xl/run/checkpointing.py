@@ -33,6 +33,7 @@ interrupted run are removed at the start of training
 Failures are raised, never logged here; orbax logs its own (the command
 line keeps them quiet unless ``--debug``: ``process_settings.configure_logging``).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -42,16 +43,17 @@ import json
 import os
 import shutil
 import time
-from typing import Any, Callable, Mapping, Optional
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
+from transformer_xl import errors
 from transformer_xl.run import distributed
 from transformer_xl.run.fingerprints import fingerprint
-from transformer_xl import errors
 
 RECORD_FORMAT = 1
 _RELISTS = 5  # listings of a directory that a running training changes
@@ -82,10 +84,14 @@ def make_manager(workdir: str, create: bool = True) -> ocp.CheckpointManager:
   # Synchronous: save() waits for the write anyway (so a crash right after
   # cannot leave a half-written latest checkpoint), and errors then surface
   # in the calling thread.
-  options = ocp.CheckpointManagerOptions(max_to_keep=None, create=create,
-                                         enable_async_checkpointing=False)
-  return _listing(lambda: ocp.CheckpointManager(checkpoint_dir(workdir), options=options,
-                                                item_names=("state", "iterator", "integrity")))
+  options = ocp.CheckpointManagerOptions(
+      max_to_keep=None, create=create, enable_async_checkpointing=False
+  )
+  return _listing(
+      lambda: ocp.CheckpointManager(
+          checkpoint_dir(workdir), options=options, item_names=("state", "iterator", "integrity")
+      )
+  )
 
 
 _LISTING_TRIES = 20  # of listing a checkpoint directory while a training rotates it
@@ -114,13 +120,16 @@ def reload(manager: ocp.CheckpointManager) -> None:
 
 
 def _shape_dtype(tree: Any) -> dict[str, list]:
-  return {jax.tree_util.keystr(p): [list(x.shape), str(x.dtype)]
-          for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+  return {
+      jax.tree_util.keystr(p): [list(x.shape), str(x.dtype)]
+      for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+  }
 
 
 def _nbytes(tree: Any) -> int:
-  return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize
-             for x in jax.tree_util.tree_leaves(tree))
+  return sum(
+      int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(tree)
+  )
 
 
 def _short(names: list[str], n: int = 3) -> str:
@@ -162,7 +171,7 @@ def remove_partial_writes(workdir: str) -> list[str]:
   return found
 
 
-def _free_bytes(path: epath.Path) -> Optional[int]:
+def _free_bytes(path: epath.Path) -> int | None:
   """Free bytes on the file system of a local ``path`` (None for gs:// or unknown)."""
   if "://" in str(path):
     return None
@@ -175,8 +184,7 @@ def _free_bytes(path: epath.Path) -> Optional[int]:
     return None
 
 
-def _checkpoint_bytes(manager: ocp.CheckpointManager, previous: Optional[int],
-                      state: Any) -> int:
+def _checkpoint_bytes(manager: ocp.CheckpointManager, previous: int | None, state: Any) -> int:
   """Bytes a checkpoint takes: the previous one's size on a local disk, else
   twice the state's (orbax keeps a per-process copy of the data beside the
   merged one)."""
@@ -191,7 +199,7 @@ def _checkpoint_bytes(manager: ocp.CheckpointManager, previous: Optional[int],
   return 2 * _nbytes(state)
 
 
-def _write_error_kind(err: BaseException) -> Optional[str]:
+def _write_error_kind(err: BaseException) -> str | None:
   """A user-fixable write failure (full disk, read-only, no permission), or None."""
   chain, e = [], err
   while e is not None and len(chain) < 10:
@@ -209,8 +217,9 @@ def _write_error_kind(err: BaseException) -> Optional[str]:
   return None
 
 
-def _remove_failed_write(manager: ocp.CheckpointManager, step: int,
-                        settle_s: float = 0.5, limit_s: float = 30.0) -> None:
+def _remove_failed_write(
+    manager: ocp.CheckpointManager, step: int, settle_s: float = 0.5, limit_s: float = 30.0
+) -> None:
   """Removes what a failed write of ``step`` left, once orbax stopped writing.
 
   When one array's write fails, orbax raises while the writes of the other
@@ -225,8 +234,7 @@ def _remove_failed_write(manager: ocp.CheckpointManager, step: int,
   if jax.process_index() == 0:
     start = last_seen = time.monotonic()
     while time.monotonic() - last_seen < settle_s and time.monotonic() - start < limit_s:
-      leftovers = [p for p in partial_writes(manager.directory)
-                   if p.name.startswith(f"{step}.")]
+      leftovers = [p for p in partial_writes(manager.directory) if p.name.startswith(f"{step}.")]
       for path in leftovers:
         with contextlib.suppress(OSError):
           path.rmtree(missing_ok=True)
@@ -236,8 +244,14 @@ def _remove_failed_write(manager: ocp.CheckpointManager, step: int,
   distributed.barrier("remove_failed_write")
 
 
-def save(manager: ocp.CheckpointManager, step: int, state: Any, iterator_state: dict,
-         meta: Optional[Mapping[str, Any]] = None, force: bool = False) -> bool:
+def save(
+    manager: ocp.CheckpointManager,
+    step: int,
+    state: Any,
+    iterator_state: dict,
+    meta: Mapping[str, Any] | None = None,
+    force: bool = False,
+) -> bool:
   """Saves ``state`` (a pytree of global arrays), the iterator position and
   an integrity record (fingerprints of every array, and ``meta``).
 
@@ -267,21 +281,30 @@ def save(manager: ocp.CheckpointManager, step: int, state: Any, iterator_state: 
   fps, finite = fingerprint(state)
   bad = [p for p, ok in finite.items() if not ok]
   if bad:
-    raise CheckpointError(f"Refusing to save step {step}: non-finite values in {_short(bad)}. "
-                          f"The checkpoints in {manager.directory} are unchanged.")
+    raise CheckpointError(
+        f"Refusing to save step {step}: non-finite values in {_short(bad)}. "
+        f"The checkpoints in {manager.directory} are unchanged."
+    )
   shapes = _shape_dtype(state)
-  record = {"format": RECORD_FORMAT, "step": int(step),
-            "leaves": {p: {"fingerprint": fps[p], "shape": shapes[p][0], "dtype": shapes[p][1]}
-                       for p in fps},
-            "meta": dict(meta or {})}
+  record = {
+      "format": RECORD_FORMAT,
+      "step": int(step),
+      "leaves": {
+          p: {"fingerprint": fps[p], "shape": shapes[p][0], "dtype": shapes[p][1]} for p in fps
+      },
+      "meta": dict(meta or {}),
+  }
   previous = manager.latest_step()
   try:
     saved = manager.save(
         step,
-        args=ocp.args.Composite(state=ocp.args.StandardSave(_without_empty(state)),
-                                iterator=ocp.args.JsonSave(iterator_state),
-                                integrity=ocp.args.JsonSave(record)),
-        force=force)
+        args=ocp.args.Composite(
+            state=ocp.args.StandardSave(_without_empty(state)),
+            iterator=ocp.args.JsonSave(iterator_state),
+            integrity=ocp.args.JsonSave(record),
+        ),
+        force=force,
+    )
     manager.wait_until_finished()
   except Exception as err:  # pylint: disable=broad-except
     kind = _write_error_kind(err)
@@ -290,15 +313,25 @@ def save(manager: ocp.CheckpointManager, step: int, state: Any, iterator_state: 
     _remove_failed_write(manager, step)
     need = _checkpoint_bytes(manager, previous, state)
     free = _free_bytes(manager.directory)
-    space = (f" A checkpoint needs about {need / 2**20:,.1f} MiB"
-             + (f"; {free / 2**20:,.1f} MiB are free there." if free is not None else "."))
-    fix = ("free some space" if "space" in kind else
-           "make the directory writable (or copy the workdir to a writable place)")
-    intact = (f" The previous checkpoint {_step_path(manager, previous)} is intact: {fix} and "
-              "run the same command again to resume from it." if previous is not None else
-              f" There is no previous checkpoint: {fix} and start again.")
-    raise CheckpointError(f"Could not write checkpoint {_step_path(manager, step)}: {kind}."
-                          + (space if "space" in kind else "") + intact) from err
+    space = f" A checkpoint needs about {need / 2**20:,.1f} MiB" + (
+        f"; {free / 2**20:,.1f} MiB are free there." if free is not None else "."
+    )
+    fix = (
+        "free some space"
+        if "space" in kind
+        else "make the directory writable (or copy the workdir to a writable place)"
+    )
+    intact = (
+        f" The previous checkpoint {_step_path(manager, previous)} is intact: {fix} and "
+        "run the same command again to resume from it."
+        if previous is not None
+        else f" There is no previous checkpoint: {fix} and start again."
+    )
+    raise CheckpointError(
+        f"Could not write checkpoint {_step_path(manager, step)}: {kind}."
+        + (space if "space" in kind else "")
+        + intact
+    ) from err
   return saved
 
 
@@ -342,7 +375,7 @@ def _written_with_record(manager: ocp.CheckpointManager, step: int) -> bool:
   return "integrity" in (saved.get("item_handlers") or {})
 
 
-def read_record(manager: ocp.CheckpointManager, step: int) -> Optional[dict]:
+def read_record(manager: ocp.CheckpointManager, step: int) -> dict | None:
   """The integrity record saved with checkpoint ``step``.
 
   Returns:
@@ -357,8 +390,10 @@ def read_record(manager: ocp.CheckpointManager, step: int) -> Optional[dict]:
   path = _step_path(manager, step) / "integrity"
   if not (path / "metadata").exists():
     if _written_with_record(manager, step):
-      raise CheckpointError("its integrity record is missing (it was written with one, which "
-                            "was deleted or lost), so its files cannot be verified")
+      raise CheckpointError(
+          "its integrity record is missing (it was written with one, which "
+          "was deleted or lost), so its files cannot be verified"
+      )
     return None
   try:
     record = json.loads((path / "metadata").read_text())
@@ -369,7 +404,7 @@ def read_record(manager: ocp.CheckpointManager, step: int) -> Optional[dict]:
   return record
 
 
-def _verify(state: Any, record: Optional[dict]) -> Optional[str]:
+def _verify(state: Any, record: dict | None) -> str | None:
   """Why a restored state is not usable (fingerprint or finiteness), or None."""
   fps, finite = fingerprint(state)
   bad = [p for p, ok in finite.items() if not ok]
@@ -383,8 +418,10 @@ def _verify(state: Any, record: Optional[dict]) -> Optional[str]:
     return f"its arrays differ from its record ({_short(missing)})"
   changed = [p for p in fps if fps[p] != want[p]["fingerprint"]]
   if changed:
-    return (f"fingerprint mismatch in {_short(changed)}: its files changed after they were "
-            "written (disk or copy corruption)")
+    return (
+        f"fingerprint mismatch in {_short(changed)}: its files changed after they were "
+        "written (disk or copy corruption)"
+    )
   return None
 
 
@@ -406,14 +443,20 @@ def _with_empty(restored: Any, abstract: Any) -> Any:
   """Puts the zero-size arrays of ``abstract`` back where ``restored`` has None."""
   leaves, treedef = jax.tree_util.tree_flatten(abstract)
   got = jax.tree_util.tree_flatten(restored, is_leaf=lambda x: x is None)[0]
-  return treedef.unflatten([
-      r if a.size else jax.device_put(np.zeros(a.shape, a.dtype), a.sharding)
-      for r, a in zip(got, leaves)])
+  return treedef.unflatten(
+      [
+          r if a.size else jax.device_put(np.zeros(a.shape, a.dtype), a.sharding)
+          for r, a in zip(got, leaves)
+      ]
+  )
 
 
-def restore(manager: ocp.CheckpointManager, step: int,
-            abstract_state: Any | Callable[[dict], Any],
-            check_meta: Optional[Callable[[str, dict], None]] = None) -> Restored:
+def restore(
+    manager: ocp.CheckpointManager,
+    step: int,
+    abstract_state: Any | Callable[[dict], Any],
+    check_meta: Callable[[str, dict], None] | None = None,
+) -> Restored:
   """Restores checkpoint ``step`` and verifies it (fingerprints, finiteness).
 
   Args:
@@ -439,8 +482,12 @@ def restore(manager: ocp.CheckpointManager, step: int,
   abstract = abstract_state(meta) if callable(abstract_state) else abstract_state
   try:
     restored = manager.restore(
-        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(_without_empty(abstract)),
-                                      iterator=ocp.args.JsonRestore()))
+        step,
+        args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(_without_empty(abstract)),
+            iterator=ocp.args.JsonRestore(),
+        ),
+    )
   except Exception as err:  # pylint: disable=broad-except
     # Whatever orbax or tensorstore raise for a damaged checkpoint.
     raise CheckpointError(f"it cannot be read: {_first_line(err)}") from None
@@ -448,15 +495,23 @@ def restore(manager: ocp.CheckpointManager, step: int,
   reason = _verify(state, record)
   if reason is not None:
     raise CheckpointError(reason)
-  return Restored(step=step, state=state,
-                  iterator_state=dict(restored["iterator"] or {}), meta=meta, path=path,
-                  rejected=[], verified=record is not None)
+  return Restored(
+      step=step,
+      state=state,
+      iterator_state=dict(restored["iterator"] or {}),
+      meta=meta,
+      path=path,
+      rejected=[],
+      verified=record is not None,
+  )
 
 
-def restore_latest(manager: ocp.CheckpointManager,
-                   abstract_state: Any | Callable[[dict], Any],
-                   check_meta: Optional[Callable[[str, dict], None]] = None,
-                   log: Callable[[str], None] = print) -> Optional[Restored]:
+def restore_latest(
+    manager: ocp.CheckpointManager,
+    abstract_state: Any | Callable[[dict], Any],
+    check_meta: Callable[[str, dict], None] | None = None,
+    log: Callable[[str], None] = print,
+) -> Restored | None:
   """Restores the newest usable checkpoint, or returns None when there is none.
 
   Checkpoints are tried from the newest: each one's integrity record is
@@ -508,16 +563,20 @@ def restore_latest(manager: ocp.CheckpointManager,
       if distributed.any_process(reason is not None):
         reload(manager)
         if distributed.any_process(step not in manager.all_steps()):
-          log(f"Checkpoint {path} was removed while it was read (the rotation of a training "
-              "running in this workdir); trying the next one.")
+          log(
+              f"Checkpoint {path} was removed while it was read (the rotation of a training "
+              "running in this workdir); trying the next one."
+          )
           continue
         reason = reason or "it failed to restore on another process"
         rejected.append((path, reason))
         log(f"Checkpoint {path} is not usable: {reason}. Trying the previous one.")
         continue
       if not restored.verified:
-        log(f"Checkpoint {path} has no integrity record (written by an older version): "
-            "checked for finite values only.")
+        log(
+            f"Checkpoint {path} has no integrity record (written by an older version): "
+            "checked for finite values only."
+        )
       restored.rejected = rejected
       return restored
     reload(manager)
@@ -526,12 +585,17 @@ def restore_latest(manager: ocp.CheckpointManager,
         f"No usable checkpoint in {manager.directory}: "
         + "; ".join(f"{p}: {r}" for p, r in rejected)
         + ". Nothing was changed. Copy back a good checkpoint if you have one, or train from "
-          "scratch with a new --workdir (these checkpoints stay where they are).")
+        "scratch with a new --workdir (these checkpoints stay where they are)."
+    )
   return None
 
 
-def set_aside(manager: ocp.CheckpointManager, workdir: str, rejected: list[tuple[str, str]],
-              log: Callable[[str], None] = print) -> list[str]:
+def set_aside(
+    manager: ocp.CheckpointManager,
+    workdir: str,
+    rejected: list[tuple[str, str]],
+    log: Callable[[str], None] = print,
+) -> list[str]:
   """Moves checkpoints out of the manager's directory, each with its reason.
 
   They go to ``<workdir>/checkpoints_rejected/<step>`` (deleted instead
@@ -563,8 +627,10 @@ def set_aside(manager: ocp.CheckpointManager, workdir: str, rejected: list[tuple
         path.rename(target)
         (target / "reason.txt").write_text(reason + "\n")
         went.append(str(target))
-        log(f"Moved the checkpoint {path} to {target} ({reason}; delete it when you no longer "
-            "need it).")
+        log(
+            f"Moved the checkpoint {path} to {target} ({reason}; delete it when you no longer "
+            "need it)."
+        )
       except OSError as err:
         path.rmtree(missing_ok=True)
         went.append("deleted")
@@ -574,8 +640,7 @@ def set_aside(manager: ocp.CheckpointManager, workdir: str, rejected: list[tuple
   return went
 
 
-def prune(manager: ocp.CheckpointManager, max_to_keep: int, keep: Optional[int] = None
-          ) -> list[int]:
+def prune(manager: ocp.CheckpointManager, max_to_keep: int, keep: int | None = None) -> list[int]:
   """Deletes all but the newest ``max_to_keep`` checkpoints and ``keep``.
 
   A checkpoint is renamed to a partial-write name first (atomic on a local
@@ -639,7 +704,7 @@ class Verification:
       from them.
   """
 
-  def __init__(self, workdir: str, manager: ocp.CheckpointManager, restored: Optional[int]):
+  def __init__(self, workdir: str, manager: ocp.CheckpointManager, restored: int | None):
     self._path = epath.Path(workdir) / VERIFIED_FILE
     self._manager = manager
     recorded = None
@@ -660,7 +725,7 @@ class Verification:
     """The parameters after ``step`` gave a finite loss and gradient (or validation)."""
     self.step = max(self.step, step)
 
-  def newest(self) -> Optional[int]:
+  def newest(self) -> int | None:
     """The newest good checkpoint's step (None: none is known good)."""
     good = [s for s in self._manager.all_steps() if s <= self.step]
     return max(good) if good else None
@@ -669,8 +734,10 @@ class Verification:
     """The newest good checkpoint, for a message."""
     step = self.newest()
     if step is None:
-      return ("none yet (no checkpoint has had a finite step computed from it); the same "
-              "command starts from scratch")
+      return (
+          "none yet (no checkpoint has had a finite step computed from it); the same "
+          "command starts from scratch"
+      )
     return f"{_step_path(self._manager, step)} (step {step})"
 
   def write(self) -> None:
@@ -688,10 +755,15 @@ class Verification:
         tmp.replace(self._path)
     self._written = step
 
-  def reject_unverified(self, workdir: str, reason: str,
-                        log: Callable[[str], None] = print) -> list[str]:
+  def reject_unverified(
+      self, workdir: str, reason: str, log: Callable[[str], None] = print
+  ) -> list[str]:
     """Sets aside (``set_aside``) every checkpoint newer than the newest
     good one, with ``reason``; returns where they went."""
     newer = sorted(s for s in self._manager.all_steps() if s > self.step)
-    return set_aside(self._manager, workdir,
-                     [(str(_step_path(self._manager, s)), reason) for s in newer], log=log)
+    return set_aside(
+        self._manager,
+        workdir,
+        [(str(_step_path(self._manager, s)), reason) for s in newer],
+        log=log,
+    )

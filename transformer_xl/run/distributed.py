@@ -5,9 +5,11 @@ Every process of a run executes the same program on its own devices
 ``process_settings.initialize_distributed``).  With one process every
 function here is a plain call.
 """
+
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 import jax
 import numpy as np
@@ -20,6 +22,7 @@ def any_process(flag: bool) -> bool:
   if jax.process_count() == 1:
     return bool(flag)
   from jax.experimental import multihost_utils
+
   flags = multihost_utils.process_allgather(np.asarray([flag], np.int32))
   return bool(np.any(flags))
 
@@ -28,11 +31,13 @@ def barrier(name: str) -> None:
   """Waits until every process has reached the barrier ``name``; a no-op for one process."""
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
+
     multihost_utils.sync_global_devices(name)
 
 
-def process_0_first(fn: Callable[[], T], errors: tuple[type[Exception], ...],
-                    what: str = "prepare the dataset") -> T:
+def process_0_first(
+    fn: Callable[[], T], errors: tuple[type[Exception], ...], what: str = "prepare the dataset"
+) -> T:
   """Runs ``fn`` on process 0, then on the others (e.g. preparing a dataset).
 
   With several processes, process 0 goes first (so a shared directory is

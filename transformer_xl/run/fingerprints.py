@@ -6,6 +6,7 @@ summed, so that a changed element (one flipped bit included) or two
 changed elements change it except with probability 2**-32; no array is
 copied to the host, and a sharded array stays where it is.
 """
+
 from __future__ import annotations
 
 import functools
@@ -46,22 +47,25 @@ def _leaf_fingerprint(x: jax.Array) -> tuple[jax.Array, jax.Array]:
   index = jnp.zeros(x.shape, jnp.uint32)
   stride = 1
   for dim in reversed(range(x.ndim)):
-    index = index + jax.lax.broadcasted_iota(jnp.uint32, x.shape, dim) * jnp.uint32(
-        stride % 2**32)
+    index = index + jax.lax.broadcasted_iota(jnp.uint32, x.shape, dim) * jnp.uint32(stride % 2**32)
     stride *= x.shape[dim]
   mixed = _fmix32(bits ^ _fmix32(index + jnp.uint32(0x9E3779B9)))
   total = jnp.sum(mixed, dtype=jnp.uint32)
-  finite = (jnp.all(jnp.isfinite(x)) if jnp.issubdtype(x.dtype, jnp.inexact)
-            else jnp.ones((), jnp.bool_))
+  finite = (
+      jnp.all(jnp.isfinite(x)) if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.ones((), jnp.bool_)
+  )
   return total, finite
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _fingerprint_fn(out_sharding):
   def fn(leaves):
     pairs = [_leaf_fingerprint(x) for x in leaves]
-    return (jnp.stack([p[0] for p in pairs]) if pairs else jnp.zeros((0,), jnp.uint32),
-            jnp.stack([p[1] for p in pairs]) if pairs else jnp.zeros((0,), jnp.bool_))
+    return (
+        jnp.stack([p[0] for p in pairs]) if pairs else jnp.zeros((0,), jnp.uint32),
+        jnp.stack([p[1] for p in pairs]) if pairs else jnp.zeros((0,), jnp.bool_),
+    )
+
   return jax.jit(fn, out_shardings=out_sharding)
 
 
@@ -81,10 +85,11 @@ def fingerprint(tree: Any) -> tuple[dict[str, int], dict[str, bool]]:
   paths_leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
   paths = [jax.tree_util.keystr(p) for p, _ in paths_leaves]
   leaves = [x for _, x in paths_leaves]
-  mesh = next((x.sharding.mesh for x in leaves
-               if isinstance(getattr(x, "sharding", None), NamedSharding)), None)
+  mesh = next(
+      (x.sharding.mesh for x in leaves if isinstance(getattr(x, "sharding", None), NamedSharding)),
+      None,
+  )
   out = NamedSharding(mesh, PartitionSpec()) if mesh is not None else None
   fps, finite = _fingerprint_fn(out)(leaves)
   fps, finite = np.asarray(fps), np.asarray(finite)
-  return ({p: int(v) for p, v in zip(paths, fps)},
-          {p: bool(v) for p, v in zip(paths, finite)})
+  return ({p: int(v) for p, v in zip(paths, fps)}, {p: bool(v) for p, v in zip(paths, finite)})

@@ -9,11 +9,13 @@ The writer is hand-written rather than clu's ``metric_writers``: clu's
 TensorBoard writer needs TensorFlow at run time, which training does not
 (tensorboardX writes the same event files).
 """
+
 from __future__ import annotations
 
 import json
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import numpy as np
@@ -22,12 +24,11 @@ from etils import epath
 
 from transformer_xl import errors
 
-
 PER_TOKEN_UNITS = ("word", "subword")  # reported as perplexity; byte/char as bpc
 
 
 def metric_name(unit: str) -> str:
-  """"bpc" for byte/char-level corpora, "ppl" for word and subword level."""
+  """ "bpc" for byte/char-level corpora, "ppl" for word and subword level."""
   return "ppl" if unit in PER_TOKEN_UNITS else "bpc"
 
 
@@ -61,6 +62,7 @@ def _summary_writer_class():
   its import sets ``os.environ["CRC32C_SW_MODE"]`` when unset (removed again)."""
   unset = "CRC32C_SW_MODE" not in os.environ
   from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+
   if unset:
     os.environ.pop("CRC32C_SW_MODE", None)
   return SummaryWriter
@@ -79,8 +81,14 @@ def log(msg: str) -> None:
 
 def progress_bar(total: int, initial: int = 0, desc: str = "train") -> tqdm.tqdm:
   """A console progress bar over steps, shown on process 0 only."""
-  return tqdm.tqdm(total=total, initial=initial, disable=jax.process_index() != 0, desc=desc,
-                   unit="step", dynamic_ncols=True)
+  return tqdm.tqdm(
+      total=total,
+      initial=initial,
+      disable=jax.process_index() != 0,
+      desc=desc,
+      unit="step",
+      dynamic_ncols=True,
+  )
 
 
 NonFiniteError = errors.NonFiniteError  # re-exported (transformer_xl.errors)
@@ -184,14 +192,18 @@ class MetricWriter:
           side = path.parent / (path.name + ".corrupt")
           with side.open("a") as f:
             f.write("".join(line + "\n" for line in bad))
-          log(f"{path}: moved {len(bad)} line(s) that are not complete JSON rows (a run "
-              f"killed while writing) to {side}.")
+          log(
+              f"{path}: moved {len(bad)} line(s) that are not complete JSON rows (a run "
+              f"killed while writing) to {side}."
+          )
         if bad or kept != rows:
           tmp = path.parent / (path.name + ".tmp")
           tmp.write_text("".join(json.dumps(r, allow_nan=False) + "\n" for r in kept))
           tmp.replace(path)
-      self._writer = SummaryWriter(logdir=str(epath.Path(workdir) / "tensorboard"),
-                                   purge_step=start_step + 1 if start_step else None)
+      self._writer = SummaryWriter(
+          logdir=str(epath.Path(workdir) / "tensorboard"),
+          purge_step=start_step + 1 if start_step else None,
+      )
       self._jsonl = path.open("a")
 
   def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:

@@ -25,6 +25,7 @@ restored its checkpoint or initialised a fresh state (a run that stops
 before, e.g. because its model differs from the checkpoint's, leaves the
 workdir as it was).  Only process 0 writes these files.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -34,22 +35,18 @@ import fcntl
 import json
 import os
 import socket
-from typing import Any, Callable, Iterator, Mapping, Optional
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import jax
 import ml_collections
 from etils import epath
 from jax.sharding import Mesh
 
-from transformer_xl import default_config
-from transformer_xl.run import checkpointing
-from transformer_xl.run import distributed
-from transformer_xl.run import metrics
-from transformer_xl.model import models
+from transformer_xl import default_config, errors
+from transformer_xl.model import models, tuning
+from transformer_xl.run import checkpointing, distributed, metrics
 from transformer_xl.training import train_state
-from transformer_xl.model import tuning
-from transformer_xl import errors
-
 
 WorkdirError = errors.WorkdirError  # re-exported (transformer_xl.errors)
 
@@ -70,8 +67,10 @@ def require_dir(workdir: str) -> epath.Path:
   """
   path = epath.Path(workdir)
   if path.exists() and not path.is_dir():
-    raise WorkdirError(f"--workdir={workdir} is a file, not a directory: pass a directory "
-                       "(it is created if it does not exist).")
+    raise WorkdirError(
+        f"--workdir={workdir} is a file, not a directory: pass a directory "
+        "(it is created if it does not exist)."
+    )
   return path
 
 
@@ -92,9 +91,10 @@ def check_writable(workdir: str) -> None:
     probe.unlink()
   except OSError as err:
     reason = err.strerror or str(err)
-    raise WorkdirError(f"--workdir={workdir} cannot be written ({reason}): pass a directory "
-                       "on a writable file system that you have permission to write to."
-                       ) from err
+    raise WorkdirError(
+        f"--workdir={workdir} cannot be written ({reason}): pass a directory "
+        "on a writable file system that you have permission to write to."
+    ) from err
 
 
 LOCK_FILE = "train.lock"
@@ -110,7 +110,7 @@ def _lock_holder(text: str) -> str:
     return "a process that left no details"
 
 
-def _acquire(path: str) -> tuple[Optional[int], str]:
+def _acquire(path: str) -> tuple[int | None, str]:
   """(fd, text) with an exclusive flock on ``path`` held through fd, and the
   text a previous holder left (non-empty: it ended without releasing, e.g.
   kill -9); (None, holder text) when another process holds the lock."""
@@ -170,12 +170,15 @@ def training_lock(workdir: str, log: Callable[[str], None] = print) -> Iterator[
         f"--workdir={workdir} is in use by another training ({where}; lock {path}): two "
         "trainings in one workdir would mix their checkpoints and metrics. Wait for it to "
         "end or stop it (SIGTERM or Ctrl-C: it saves a checkpoint first), or use another "
-        "--workdir. Evaluating, scoring and generating need no lock and can run beside it.")
+        "--workdir. Evaluating, scoring and generating need no lock and can run beside it."
+    )
   _HELD[path] = [fd, 1]  # on every process, so that the nested calls agree
   if fd is not None:
     if text.strip():
-      log(f"Took over {path} from a training that ended without releasing it "
-          f"({_lock_holder(text)}).")
+      log(
+          f"Took over {path} from a training that ended without releasing it "
+          f"({_lock_holder(text)})."
+      )
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     info = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": started})
     os.ftruncate(fd, 0)
@@ -205,25 +208,32 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   """
   path = require_dir(workdir) / "config.json"
   if not path.exists():
-    raise FileNotFoundError(f"{path} does not exist: pass --config=configs/<name>.py, or use the "
-                            "--workdir of a training run (it saves its config there).")
+    raise FileNotFoundError(
+        f"{path} does not exist: pass --config=configs/<name>.py, or use the "
+        "--workdir of a training run (it saves its config there)."
+    )
   config = default_config.get_config()
   try:
     config.update(json.loads(path.read_text()))
   except (ValueError, KeyError, TypeError, AttributeError) as err:
-    raise WorkdirError(f"{path} is damaged ({err}): pass --config=configs/<name>.py with the "
-                       "run's settings instead.") from None
+    raise WorkdirError(
+        f"{path} is damaged ({err}): pass --config=configs/<name>.py with the "
+        "run's settings instead."
+    ) from None
   return config
 
 
-def save_model_config(workdir: str, model_cfg: models.ModelConfig, unit: str,
-                      dataset: str) -> None:
+def save_model_config(workdir: str, model_cfg: models.ModelConfig, unit: str, dataset: str) -> None:
   """Writes ``<workdir>/model_config.json``: the architecture (with n_token),
   the corpus unit ("byte", "char", "word" or "subword") and the dataset name
   (process 0)."""
   if jax.process_index() == 0:
-    _atomic_write(epath.Path(workdir) / "model_config.json", json.dumps(
-        {"model": dataclasses.asdict(model_cfg), "unit": unit, "dataset": dataset}, indent=2))
+    _atomic_write(
+        epath.Path(workdir) / "model_config.json",
+        json.dumps(
+            {"model": dataclasses.asdict(model_cfg), "unit": unit, "dataset": dataset}, indent=2
+        ),
+    )
 
 
 def load_model_config(workdir: str) -> tuple[models.ModelConfig, str]:
@@ -243,16 +253,25 @@ def load_model_config(workdir: str) -> tuple[models.ModelConfig, str]:
     raise WorkdirError(f"{path} is damaged ({err}).") from None
 
 
-def checkpoint_meta(model_cfg: models.ModelConfig, unit: str, dataset: str,
-                    global_batch: int) -> dict:
+def checkpoint_meta(
+    model_cfg: models.ModelConfig, unit: str, dataset: str, global_batch: int
+) -> dict:
   """What a checkpoint records about the run that made it (JSON-serialisable):
   the model config (with n_token), the corpus's unit and name, and the
   training batch (the rows of the saved memory)."""
-  return json.loads(json.dumps({"model": dataclasses.asdict(model_cfg), "unit": unit,
-                                "dataset": dataset, "global_batch": int(global_batch)}))
+  return json.loads(
+      json.dumps(
+          {
+              "model": dataclasses.asdict(model_cfg),
+              "unit": unit,
+              "dataset": dataset,
+              "global_batch": int(global_batch),
+          }
+      )
+  )
 
 
-def _same_meaning(model: Optional[Mapping[str, Any]]) -> dict:
+def _same_meaning(model: Mapping[str, Any] | None) -> dict:
   """Model fields with equivalent spellings made equal: d_embed None, 0 and
   d_model all mean "no projection" (models.ModelConfig.embed_dim)."""
   model = dict(model or {})
@@ -281,20 +300,24 @@ def run_differences(saved: Mapping[str, Any], wanted: Mapping[str, Any]) -> list
       continue
     a, b = saved_model[key], wanted_model[key]
     if (list(a) if isinstance(a, (list, tuple)) else a) != (
-        list(b) if isinstance(b, (list, tuple)) else b):
+        list(b) if isinstance(b, (list, tuple)) else b
+    ):
       name = "model.n_token (the vocabulary size)" if key == "n_token" else f"model.{key}"
       lines.append(f"the workdir was trained with {name}={a!r}; this run asks for {b!r}")
   for key, name in (("dataset", "data.dataset"), ("global_batch", "train.global_batch")):
     if key == "dataset" and "converted" in (saved.get(key), wanted.get(key)):
       continue  # a converted checkpoint of no particular corpus (convert/workdir.py)
     if key in saved and key in wanted and saved[key] != wanted[key]:
-      lines.append(f"the workdir was trained with {name}={saved[key]!r}; this run asks for "
-                   f"{wanted[key]!r}")
+      lines.append(
+          f"the workdir was trained with {name}={saved[key]!r}; this run asks for "
+          f"{wanted[key]!r}"
+      )
   return lines
 
 
-def check_same_run(workdir: str, checkpoint: str, saved: Mapping[str, Any],
-                   wanted: Mapping[str, Any]) -> None:
+def check_same_run(
+    workdir: str, checkpoint: str, saved: Mapping[str, Any], wanted: Mapping[str, Any]
+) -> None:
   """Stops a run whose model (or data, or batch) differs from a checkpoint's.
 
   Args:
@@ -319,11 +342,13 @@ def check_same_run(workdir: str, checkpoint: str, saved: Mapping[str, Any],
         f"--workdir={workdir} holds checkpoints of a different model ({checkpoint}):\n  - "
         + "\n  - ".join(lines)
         + f"\nRun with the workdir's settings (they are in {epath.Path(workdir) / 'config.json'}),"
-          " or use a new --workdir for the new model. Nothing in the workdir was changed.")
+        " or use a new --workdir for the new model. Nothing in the workdir was changed."
+    )
 
 
-def restore_params(config: ml_collections.ConfigDict, workdir: str,
-                   model_cfg: models.ModelConfig, mesh: Mesh) -> tuple[int, Any]:
+def restore_params(
+    config: ml_collections.ConfigDict, workdir: str, model_cfg: models.ModelConfig, mesh: Mesh
+) -> tuple[int, Any]:
   """(step, parameters) of the newest usable checkpoint in ``workdir``, on ``mesh``.
 
   Damaged checkpoints are reported and skipped
@@ -339,8 +364,9 @@ def restore_params(config: ml_collections.ConfigDict, workdir: str,
   require_dir(workdir)
   directory = checkpointing.checkpoint_dir(workdir)
   if not directory.exists():
-    raise FileNotFoundError(f"No checkpoint in {directory}: train first with the same "
-                            "--workdir (--mode=train).")
+    raise FileNotFoundError(
+        f"No checkpoint in {directory}: train first with the same " "--workdir (--mode=train)."
+    )
   model = models.TransformerXL(model_cfg)
   tx = train_state.make_optimizer(config.train)
   abstract = {}
@@ -355,13 +381,18 @@ def restore_params(config: ml_collections.ConfigDict, workdir: str,
   manager = checkpointing.make_manager(workdir, create=False)
   try:
     restored = checkpointing.restore_latest(
-        manager, abstract_for, log=metrics.log,
-        check_meta=lambda path, meta: check_same_run(workdir, path, meta, wanted))
+        manager,
+        abstract_for,
+        log=metrics.log,
+        check_meta=lambda path, meta: check_same_run(workdir, path, meta, wanted),
+    )
   finally:
     manager.close()
   if restored is None:
-    raise FileNotFoundError(f"No checkpoint in {manager.directory}: train first with the same "
-                            "--workdir (--mode=train).")
+    raise FileNotFoundError(
+        f"No checkpoint in {manager.directory}: train first with the same "
+        "--workdir (--mode=train)."
+    )
   if restored.rejected:
     metrics.log(f"Using {restored.path} (step {restored.step}), the newest usable checkpoint.")
   return restored.step, restored.state.params

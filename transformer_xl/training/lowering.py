@@ -13,21 +13,21 @@ Used by ``benchmarks/fit.py`` (compile and read the memory analysis) and by
 the lowering test (``jax.export`` for ``tpu`` and ``cuda``: a step that
 would not lower on the hardware a config targets fails the suite on CPU).
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from transformer_xl import default_config, sharding
-from transformer_xl.inference import evaluate
-from transformer_xl.inference import generate
+from transformer_xl.inference import evaluate, generate
 from transformer_xl.model import models
-from transformer_xl.training import train
-from transformer_xl.training import train_state
+from transformer_xl.training import train, train_state
 
 STEPS = ("train", "eval", "generate_segment", "generate_token", "generate_chunk")
 
@@ -39,11 +39,15 @@ def vocab_sizes() -> dict[str, int]:
   (267,735) and One Billion Word (793,471; the reference's vocabulary
   file), taken from ``transformer_xl.data``."""
   from transformer_xl.data import lm1b, ptb_wikitext  # noqa: PLC0415 (tfds builders)
-  return {"enwik8": 256, "text8": 27,
-          "ptb": ptb_wikitext.PTB.expected.vocab_size,
-          "wikitext2": ptb_wikitext.WIKITEXT2.expected.vocab_size,
-          "wikitext103": ptb_wikitext.WIKITEXT103.expected.vocab_size,
-          "lm1b": lm1b.LM1B_VOCAB_SIZE}
+
+  return {
+      "enwik8": 256,
+      "text8": 27,
+      "ptb": ptb_wikitext.PTB.expected.vocab_size,
+      "wikitext2": ptb_wikitext.WIKITEXT2.expected.vocab_size,
+      "wikitext103": ptb_wikitext.WIKITEXT103.expected.vocab_size,
+      "lm1b": lm1b.LM1B_VOCAB_SIZE,
+  }
 
 
 def resolved_model_config(config: Any, vocab: int) -> models.ModelConfig:
@@ -58,8 +62,9 @@ def resolved_model_config(config: Any, vocab: int) -> models.ModelConfig:
   return cfg
 
 
-def abstract_step(config: Any, model_cfg: models.ModelConfig, mesh: Mesh,
-                  step: str) -> tuple[Callable, tuple]:
+def abstract_step(
+    config: Any, model_cfg: models.ModelConfig, mesh: Mesh, step: str
+) -> tuple[Callable, tuple]:
   """(jitted step function, abstract arguments) of one of ``STEPS``.
 
   Args:
@@ -84,8 +89,7 @@ def abstract_step(config: Any, model_cfg: models.ModelConfig, mesh: Mesh,
     raise ValueError(f"unknown step {step!r}; one of {STEPS}")
   model = models.TransformerXL(model_cfg)
   tx = train_state.make_optimizer(config.train)
-  abstract, shardings = train_state.abstract_train_state(model, tx, config.train.global_batch,
-                                                         mesh)
+  abstract, shardings = train_state.abstract_train_state(model, tx, config.train.global_batch, mesh)
   rows, row_sh = sharding.batch_sharding(mesh), sharding.rows_sharding(mesh)
   spec = lambda shape, dtype, sh: jax.ShapeDtypeStruct(shape, dtype, sharding=sh)
 
@@ -94,12 +98,23 @@ def abstract_step(config: Any, model_cfg: models.ModelConfig, mesh: Mesh,
     return jax.tree_util.tree_map(lambda x, s: spec(x.shape, x.dtype, s), shapes, sh)
 
   if step == "train":
-    fn = train.make_train_step(model, tx, mesh, shardings, config.train.batch_chunk,
-                               config.train.seed, config.train.loss_span,
-                               config.train.aux_loss_weight)
+    fn = train.make_train_step(
+        model,
+        tx,
+        mesh,
+        shardings,
+        config.train.batch_chunk,
+        config.train.seed,
+        config.train.loss_span,
+        config.train.aux_loss_weight,
+    )
     b, t = config.train.global_batch, model_cfg.tgt_len
-    batch = {"inputs": spec((b, t), jnp.int32, rows), "targets": spec((b, t), jnp.int32, rows),
-             "weights": spec((b, t), jnp.float32, rows), "reset": spec((b,), jnp.bool_, row_sh)}
+    batch = {
+        "inputs": spec((b, t), jnp.int32, rows),
+        "targets": spec((b, t), jnp.int32, rows),
+        "weights": spec((b, t), jnp.float32, rows),
+        "reset": spec((b,), jnp.bool_, row_sh),
+    }
     return fn, (abstract, batch)
   ecfg = evaluate.eval_model_config(config, model_cfg)
   if step == "eval":
@@ -109,29 +124,54 @@ def abstract_step(config: Any, model_cfg: models.ModelConfig, mesh: Mesh,
       wcfg = evaluate.window_model_config(config, model_cfg)
       fn = evaluate.make_window_step(models.TransformerXL(wcfg), mesh, config.eval.stride)
       t = wcfg.tgt_len
-      batch = {"inputs": spec((b, t), jnp.int32, rows), "targets": spec((b, t), jnp.int32, rows),
-               "front_pad": spec((b,), jnp.int32, row_sh)}
+      batch = {
+          "inputs": spec((b, t), jnp.int32, rows),
+          "targets": spec((b, t), jnp.int32, rows),
+          "front_pad": spec((b,), jnp.int32, row_sh),
+      }
       return fn, (abstract.params, batch)
     fn = evaluate.make_eval_step(models.TransformerXL(ecfg), mesh)
     t = ecfg.tgt_len
-    batch = {"inputs": spec((b, t), jnp.int32, rows), "targets": spec((b, t), jnp.int32, rows),
-             "reset": spec((b,), jnp.bool_, row_sh)}
+    batch = {
+        "inputs": spec((b, t), jnp.int32, rows),
+        "targets": spec((b, t), jnp.int32, rows),
+        "reset": spec((b,), jnp.bool_, row_sh),
+    }
     return fn, (abstract.params, memory_of(ecfg, b, train_state.memory_sharding(mesh)), batch)
   gen = generate.Generator(ecfg, mesh)
   rep = sharding.replicated(mesh)
   memory = memory_of(ecfg, 1, models.Memory.replicated_shardings(mesh))
   tokens = spec((1, ecfg.tgt_len) if step == "generate_segment" else (1,), jnp.int32, rep)
-  knobs = (spec((1, 2), jnp.uint32, rep), spec((), jnp.int32, rep), spec((), jnp.int32, rep),
-           spec((), jnp.float32, rep), spec((), jnp.float32, rep))  # row keys, index, k, p, temp.
+  knobs = (
+      spec((1, 2), jnp.uint32, rep),
+      spec((), jnp.int32, rep),
+      spec((), jnp.int32, rep),
+      spec((), jnp.float32, rep),
+      spec((), jnp.float32, rep),
+  )  # row keys, index, k, p, temp.
   if step == "generate_chunk" and gen.use_cache:  # the decoding loop with the cache
     cache_shapes = jax.eval_shape(
-        lambda p, m, x: gen.model.apply({"params": p}, x[:, None], m, None,
-                                        method=models.TransformerXL.decode)[2],
-        abstract.params, memory, tokens)
+        lambda p, m, x: gen.model.apply(
+            {"params": p}, x[:, None], m, None, method=models.TransformerXL.decode
+        )[2],
+        abstract.params,
+        memory,
+        tokens,
+    )
     cache = jax.tree_util.tree_map(lambda x: spec(x.shape, x.dtype, rep), cache_shapes)
     n = spec((), jnp.int32, rep)  # tokens in this chunk (traced)
     done, stop_ids = spec((1,), jnp.bool_, rep), spec((1,), jnp.int32, rep)  # rows done; stops
-    return gen.chunk_step, (abstract.params, memory, cache, tokens, *knobs[:2], n, done,
-                            stop_ids, *knobs[2:], False)
+    return gen.chunk_step, (
+        abstract.params,
+        memory,
+        cache,
+        tokens,
+        *knobs[:2],
+        n,
+        done,
+        stop_ids,
+        *knobs[2:],
+        False,
+    )
   fn = gen.segment_step if step == "generate_segment" else gen.token_step
   return fn, (abstract.params, memory, tokens, *knobs)

@@ -11,11 +11,13 @@ placed by logical axis rules (sharding.py), batch and memory rows over
 ``data``; the TrainState (which holds the memory, so it never leaves the
 devices) is donated.
 """
+
 from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -26,15 +28,13 @@ from etils import epath
 from jax.sharding import Mesh
 
 from transformer_xl import data, default_config, sharding
-from transformer_xl.run import checkpointing
-from transformer_xl.run import distributed
-from transformer_xl.inference import evaluate
-from transformer_xl.run import metrics
-from transformer_xl.model import models
-from transformer_xl.training import train_state
-from transformer_xl.run import workdir as wd
-from transformer_xl.training.train_state import TrainState
 from transformer_xl.data import text_vocab
+from transformer_xl.inference import evaluate
+from transformer_xl.model import models
+from transformer_xl.run import checkpointing, distributed, metrics
+from transformer_xl.run import workdir as wd
+from transformer_xl.training import train_state
+from transformer_xl.training.train_state import TrainState
 
 Array = jax.Array
 
@@ -47,7 +47,7 @@ def _to_chunks(x: Array, n_chunk: int, axis: int) -> Array:
   Returns the micro-batch axis first.
   """
   shape = x.shape
-  x = x.reshape(shape[:axis] + (shape[axis] // n_chunk, n_chunk) + shape[axis + 1:])
+  x = x.reshape(shape[:axis] + (shape[axis] // n_chunk, n_chunk) + shape[axis + 1 :])
   return jnp.moveaxis(x, axis + 1, 0)
 
 
@@ -56,7 +56,7 @@ def _from_chunks(x: Array, axis: int) -> Array:
   n_chunk = x.shape[0]
   x = jnp.moveaxis(x, 0, axis + 1)
   shape = x.shape
-  return x.reshape(shape[:axis] + (shape[axis] * n_chunk,) + shape[axis + 2:])
+  return x.reshape(shape[:axis] + (shape[axis] * n_chunk,) + shape[axis + 2 :])
 
 
 def _all_finite(tree) -> Array:
@@ -94,9 +94,16 @@ def aux_loss_means(rows: list[Mapping[str, Any]]) -> dict[str, float]:
   return {k: float(np.mean([row[k] for row in rows if k in row])) for k in keys}
 
 
-def make_train_step(model: models.TransformerXL, tx, mesh: Mesh, state_shardings,
-                    batch_chunk: int, dropout_seed: int, loss_span: str = "full",
-                    aux_loss_weight: float = 1.0) -> Callable:
+def make_train_step(
+    model: models.TransformerXL,
+    tx,
+    mesh: Mesh,
+    state_shardings,
+    batch_chunk: int,
+    dropout_seed: int,
+    loss_span: str = "full",
+    aux_loss_weight: float = 1.0,
+) -> Callable:
   """The jitted train step: (TrainState, batch) -> (TrainState, metrics).
 
   batch: the global batch (the batch contract of ``transformer_xl.data``): ``inputs``
@@ -133,8 +140,16 @@ def make_train_step(model: models.TransformerXL, tx, mesh: Mesh, state_shardings
     objective is the weighted nll sum plus, scaled to it (the gradient is
     divided by n_tokens), the weighted auxiliary losses of this micro-batch."""
     (nll_BxT, new_memory), sown = model.apply(
-        {"params": params}, inputs, memory, targets, deterministic=False, reset_B=reset,
-        doc_pos_BxT=doc_pos, rngs={"dropout": rng}, mutable=["losses"])
+        {"params": params},
+        inputs,
+        memory,
+        targets,
+        deterministic=False,
+        reset_B=reset,
+        doc_pos_BxT=doc_pos,
+        rngs={"dropout": rng},
+        mutable=["losses"],
+    )
     loss_sum = jnp.sum(nll_BxT * weights)
     aux = aux_losses(sown)
     objective = loss_sum
@@ -150,16 +165,24 @@ def make_train_step(model: models.TransformerXL, tx, mesh: Mesh, state_shardings
     if loss_span == "half":
       t = weights_BxT.shape[1]
       weights_BxT = weights_BxT * (jnp.arange(t) >= t // 2).astype(weights_BxT.dtype)
-    inputs = (batch["inputs"], batch["targets"], weights_BxT, batch["reset"],
-              batch.get("doc_pos"))  # None (no leaf) without documents
+    inputs = (
+        batch["inputs"],
+        batch["targets"],
+        weights_BxT,
+        batch["reset"],
+        batch.get("doc_pos"),
+    )  # None (no leaf) without documents
     n_tokens = jnp.maximum(jnp.sum(weights_BxT), 1.0)
     if batch_chunk == 1:
-      (_, (new_memory, loss_sum, aux)), grads = grad_fn(state.params, *inputs, state.memory,
-                                                        rng, n_tokens)
+      (_, (new_memory, loss_sum, aux)), grads = grad_fn(
+          state.params, *inputs, state.memory, rng, n_tokens
+      )
     else:
-      xs = (*jax.tree_util.tree_map(lambda x: _to_chunks(x, batch_chunk, 0), inputs),
-            state.memory.map_rows(lambda x, axis: _to_chunks(x, batch_chunk, axis)),
-            jax.random.split(rng, batch_chunk))
+      xs = (
+          *jax.tree_util.tree_map(lambda x: _to_chunks(x, batch_chunk, 0), inputs),
+          state.memory.map_rows(lambda x, axis: _to_chunks(x, batch_chunk, axis)),
+          jax.random.split(rng, batch_chunk),
+      )
 
       def micro_step(carry, x):
         grads_acc, loss_acc = carry
@@ -168,8 +191,7 @@ def make_train_step(model: models.TransformerXL, tx, mesh: Mesh, state_shardings
         return (grads_acc, loss_acc + loss_c), (mem_c, aux_c)
 
       zeros = jax.tree_util.tree_map(jnp.zeros_like, state.params)
-      (grads, loss_sum), (mem_chunks, aux) = jax.lax.scan(micro_step, (zeros, jnp.zeros(())),
-                                                           xs)
+      (grads, loss_sum), (mem_chunks, aux) = jax.lax.scan(micro_step, (zeros, jnp.zeros(())), xs)
       aux = {name: jnp.mean(v) for name, v in aux.items()}  # over the micro-batches
       # The micro-batch axis leads each field; ``axis`` is the field's rows axis.
       new_memory = mem_chunks.map_rows(_from_chunks)
@@ -182,21 +204,28 @@ def make_train_step(model: models.TransformerXL, tx, mesh: Mesh, state_shardings
     if aux:
       step_metrics.update({f"aux_loss/{name}": v for name, v in aux.items()})
       step_metrics["total_loss"] = loss + aux_loss_weight * sum(aux.values())
-    finite = (jnp.isfinite(step_metrics.get("total_loss", loss)) & jnp.isfinite(grad_norm)
-              & _all_finite(params))
+    finite = (
+        jnp.isfinite(step_metrics.get("total_loss", loss))
+        & jnp.isfinite(grad_norm)
+        & _all_finite(params)
+    )
     # The non-finite guard: such a step keeps the old state (a select on the
     # devices, no host sync).
     keep = lambda new, old: jnp.where(finite, new, old)
     new_state = TrainState(
-        step=state.step + 1, params=jax.tree_util.tree_map(keep, params, state.params),
+        step=state.step + 1,
+        params=jax.tree_util.tree_map(keep, params, state.params),
         opt_state=jax.tree_util.tree_map(keep, opt_state, state.opt_state),
-        memory=jax.tree_util.tree_map(keep, new_memory, state.memory))
+        memory=jax.tree_util.tree_map(keep, new_memory, state.memory),
+    )
     return new_state, {**step_metrics, "finite": finite}
 
-  return jax.jit(sharding.traced_with_mesh(train_step, mesh),
-                 in_shardings=(state_shardings, batch_shardings),
-                 out_shardings=(state_shardings, sharding.replicated(mesh)),
-                 donate_argnums=(0,))
+  return jax.jit(
+      sharding.traced_with_mesh(train_step, mesh),
+      in_shardings=(state_shardings, batch_shardings),
+      out_shardings=(state_shardings, sharding.replicated(mesh)),
+      donate_argnums=(0,),
+  )
 
 
 class PreemptionGuard:
@@ -247,8 +276,14 @@ class NonFiniteGuard:
     say: where "skip" reports each skipped step.
   """
 
-  def __init__(self, policy: str, max_skipped: int, train_cfg: ml_collections.ConfigDict,
-               last_checkpoint: Callable[[], str], say: Callable[[str], None]):
+  def __init__(
+      self,
+      policy: str,
+      max_skipped: int,
+      train_cfg: ml_collections.ConfigDict,
+      last_checkpoint: Callable[[], str],
+      say: Callable[[str], None],
+  ):
     self.policy, self.max_skipped = policy, max_skipped
     self.skipped = 0
     self._in_a_row = []
@@ -258,18 +293,22 @@ class NonFiniteGuard:
 
   @staticmethod
   def _what(row: Mapping[str, float]) -> str:
-    bad = [f"the {name} is {row[key]}" for key, name in (("loss", "loss"),
-                                                         ("grad_norm", "gradient norm"))
-           if not np.isfinite(row[key])]
+    bad = [
+        f"the {name} is {row[key]}"
+        for key, name in (("loss", "loss"), ("grad_norm", "gradient norm"))
+        if not np.isfinite(row[key])
+    ]
     return " and ".join(bad) or "the update made parameters non-finite"
 
   def _advice(self) -> str:
     t = self._cfg
-    return (f"The last good checkpoint is {self._last_checkpoint()}; nothing non-finite was "
-            f"saved. Try a lower --config.train.learning_rate (now {t.learning_rate}), a "
-            f"smaller --config.train.clip (now {t.clip}) or a longer "
-            f"--config.train.warmup_steps (now {t.warmup_steps}): the same command with such "
-            "a change resumes from that checkpoint.")
+    return (
+        f"The last good checkpoint is {self._last_checkpoint()}; nothing non-finite was "
+        f"saved. Try a lower --config.train.learning_rate (now {t.learning_rate}), a "
+        f"smaller --config.train.clip (now {t.clip}) or a longer "
+        f"--config.train.warmup_steps (now {t.warmup_steps}): the same command with such "
+        "a change resumes from that checkpoint."
+    )
 
   def check(self, rows: list[Mapping[str, Any]]) -> int:
     """Applies the policy to the metrics of consecutive steps, in order.
@@ -294,23 +333,31 @@ class NonFiniteGuard:
         raise metrics.NonFiniteError(
             f"step {row['step']}: {self._what(row)} (train.nonfinite=stop): the run stopped "
             f"before applying that step. {self._advice()} "
-            "(--config.train.nonfinite=skip skips such steps instead.)")
+            "(--config.train.nonfinite=skip skips such steps instead.)"
+        )
       skipped += 1
       self.skipped += 1
       self._in_a_row.append(row["step"])
-      self._say(f"step {row['step']}: {self._what(row)}; the update was skipped "
-                f"({len(self._in_a_row)} in a row, at most {self.max_skipped}).")
+      self._say(
+          f"step {row['step']}: {self._what(row)}; the update was skipped "
+          f"({len(self._in_a_row)} in a row, at most {self.max_skipped})."
+      )
       if len(self._in_a_row) >= self.max_skipped:
         raise metrics.NonFiniteError(
             f"steps {self._in_a_row[0]} to {self._in_a_row[-1]}: {len(self._in_a_row)} steps in "
             f"a row had a non-finite loss or gradient (train.max_skipped_steps="
-            f"{self.max_skipped}); the run stopped. {self._advice()}")
+            f"{self.max_skipped}); the run stopped. {self._advice()}"
+        )
     return skipped
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: data.Corpus,
-                       mesh: Mesh, stop_requested: Callable[[], bool | str] = lambda: False
-                       ) -> dict:
+def train_and_evaluate(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    corpus: data.Corpus,
+    mesh: Mesh,
+    stop_requested: Callable[[], bool | str] = lambda: False,
+) -> dict:
   """Trains until ``config.train.num_steps``, resuming from ``workdir`` if possible.
 
   Resumes from the newest usable checkpoint (damaged ones are reported,
@@ -354,8 +401,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: 
     return _train_and_evaluate(config, workdir, corpus, mesh, stop_requested)
 
 
-def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus: data.Corpus,
-                        mesh: Mesh, stop_requested: Callable[[], bool | str]) -> dict:
+def _train_and_evaluate(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    corpus: data.Corpus,
+    mesh: Mesh,
+    stop_requested: Callable[[], bool | str],
+) -> dict:
   """``train_and_evaluate``'s work, with the workdir's lock held."""
   tcfg = config.train
   mcfg = default_config.model_config(config, corpus.vocab_size)
@@ -363,22 +415,31 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus:
   tx = train_state.make_optimizer(tcfg)
   schedule = train_state.learning_rate_schedule(tcfg)
   abstract_state, state_shardings = train_state.abstract_train_state(
-      model, tx, tcfg.global_batch, mesh)
+      model, tx, tcfg.global_batch, mesh
+  )
   meta = wd.checkpoint_meta(mcfg, corpus.unit, corpus.name, tcfg.global_batch)
 
   manager = checkpointing.make_manager(workdir)
   # Ordered contiguous rows, or (One Billion Word) shuffled-sentence rows.
   train_iter = data.make_train_iterator(
-      corpus, "train", tcfg.global_batch, mcfg.tgt_len, seed=tcfg.seed,
-      row_ids=data.process_row_ids(sharding.batch_sharding(mesh), tcfg.global_batch,
-                                   mcfg.tgt_len),
-      documents=config.data.get("documents", "stream"))  # "reset": batches carry doc_pos
+      corpus,
+      "train",
+      tcfg.global_batch,
+      mcfg.tgt_len,
+      seed=tcfg.seed,
+      row_ids=data.process_row_ids(sharding.batch_sharding(mesh), tcfg.global_batch, mcfg.tgt_len),
+      documents=config.data.get("documents", "stream"),
+  )  # "reset": batches carry doc_pos
   restored = checkpointing.restore_latest(
-      manager, abstract_state, log=metrics.log,
-      check_meta=lambda path, saved: wd.check_same_run(workdir, path, saved, meta))
+      manager,
+      abstract_state,
+      log=metrics.log,
+      check_meta=lambda path, saved: wd.check_same_run(workdir, path, saved, meta),
+  )
   if restored is None:
-    state = train_state.create_train_state(model, tx, tcfg.global_batch, mesh,
-                                           jax.random.PRNGKey(tcfg.seed), state_shardings)
+    state = train_state.create_train_state(
+        model, tx, tcfg.global_batch, mesh, jax.random.PRNGKey(tcfg.seed), state_shardings
+    )
     start_step = 0
   else:
     start_step, state = restored.step, restored.state
@@ -388,11 +449,13 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus:
       except ValueError as err:
         raise default_config.ConfigError(
             f"The data position saved in {restored.path} does not fit this run's data: {err} "
-            "Resume with the workdir's data settings, or use a new --workdir.") from None
+            "Resume with the workdir's data settings, or use a new --workdir."
+        ) from None
     checkpointing.set_aside(manager, workdir, restored.rejected, log=metrics.log)
     metrics.log(f"Resumed from {restored.path} at step {start_step}.")
-  verification = checkpointing.Verification(workdir, manager,
-                                            None if restored is None else start_step)
+  verification = checkpointing.Verification(
+      workdir, manager, None if restored is None else start_step
+  )
   for path in checkpointing.remove_partial_writes(workdir):
     metrics.log(f"Removed {path}, a checkpoint write that an interrupted run left unfinished.")
   wd.save_config(workdir, config)
@@ -403,11 +466,21 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus:
   n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(state.params))
   paper = ""
   if config.paper.n_params:
-    paper = (f"; paper: {config.paper.n_params / 1e6:.0f}M "
-             f"({100 * (n_params / config.paper.n_params - 1):+.1f}%), {config.paper.result}")
+    paper = (
+        f"; paper: {config.paper.n_params / 1e6:.0f}M "
+        f"({100 * (n_params / config.paper.n_params - 1):+.1f}%), {config.paper.result}"
+    )
   metrics.log(f"Model: {n_params:,} parameters ({n_params / 1e6:.1f}M{paper}).")
-  train_step = make_train_step(model, tx, mesh, state_shardings, tcfg.batch_chunk, tcfg.seed,
-                               tcfg.loss_span, tcfg.aux_loss_weight)
+  train_step = make_train_step(
+      model,
+      tx,
+      mesh,
+      state_shardings,
+      tcfg.batch_chunk,
+      tcfg.seed,
+      tcfg.loss_span,
+      tcfg.aux_loss_weight,
+  )
   evaluator = evaluate.Evaluator(config, mcfg, corpus, mesh) if tcfg.eval_every else None
   writer = metrics.MetricWriter(workdir, start_step, log=metrics.log)
   metric = metrics.metric_name(corpus.unit)
@@ -419,16 +492,17 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus:
   bar = metrics.progress_bar(tcfg.num_steps, start_step)
   say = bar.write if jax.process_index() == 0 else (lambda msg: None)
 
-  guard = NonFiniteGuard(tcfg.nonfinite, tcfg.max_skipped_steps, tcfg, verification.describe,
-                         say)
+  guard = NonFiniteGuard(tcfg.nonfinite, tcfg.max_skipped_steps, tcfg, verification.describe, say)
 
   def drain():
     """Reads the metrics of the steps run since the last read; applies the guard."""
     nonlocal pending
     if pending:
       host = jax.device_get([m for _, m in pending])
-      rows = [{"step": s, **{k: (bool(v) if k == "finite" else float(v)) for k, v in m.items()}}
-              for (s, _), m in zip(pending, host)]
+      rows = [
+          {"step": s, **{k: (bool(v) if k == "finite" else float(v)) for k, v in m.items()}}
+          for (s, _), m in zip(pending, host)
+      ]
       pending = []
       interval.extend(rows)
       for row in rows:  # a finite step verifies the parameters it was computed from
@@ -441,8 +515,11 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus:
     return data.to_global_batch(rows, sharding.batch_sharding(mesh), tcfg.global_batch)
 
   # Each batch comes with the iterator's position after it: what a checkpoint saves.
-  batches = (data.Prefetcher(train_iter, place, tcfg.prefetch) if tcfg.prefetch else
-             ((place(rows), train_iter.get_state()) for rows in train_iter))
+  batches = (
+      data.Prefetcher(train_iter, place, tcfg.prefetch)
+      if tcfg.prefetch
+      else ((place(rows), train_iter.get_state()) for rows in train_iter)
+  )
   step = start_step
   finished = False
   preemption = PreemptionGuard(stop_requested)
@@ -462,9 +539,12 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus:
         elapsed = time.perf_counter() - t_last
         good = [m for m in interval if m["finite"]]
         loss = float(np.mean([m["loss"] for m in good])) if good else float("nan")
-        last = {"loss": loss, metric: metrics.metric_value(loss, corpus.unit),
-                "grad_norm": good[-1]["grad_norm"] if good else float("nan"),
-                "learning_rate": float(schedule(step - 1))}
+        last = {
+            "loss": loss,
+            metric: metrics.metric_value(loss, corpus.unit),
+            "grad_norm": good[-1]["grad_norm"] if good else float("nan"),
+            "learning_rate": float(schedule(step - 1)),
+        }
         last.update(aux_loss_means(good))
         if tcfg.nonfinite == "skip":
           last["skipped_steps"] = len(interval) - len(good)
@@ -491,21 +571,29 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, corpus:
         t_last, steps_since = time.perf_counter(), 0
       if preempted:
         what = stop_requested()
-        say(f"{what if isinstance(what, str) and what else 'Stop requested'}: saved a checkpoint at step "
-            f"{step}; stopping (the same command resumes here).")
+        say(
+            f"{what if isinstance(what, str) and what else 'Stop requested'}: saved a checkpoint at step "
+            f"{step}; stopping (the same command resumes here)."
+        )
         last["preempted_at_step"] = step
         break
     finished = True
   except metrics.NonFiniteError as err:
     went = verification.reject_unverified(
-        workdir, "set aside when the run diverged: a step computed from it was not finite",
-        log=lambda msg: None)
+        workdir,
+        "set aside when the run diverged: a step computed from it was not finite",
+        log=lambda msg: None,
+    )
     if went:
-      where = ("deleted (this file system cannot move them)" if "deleted" in went else
-               f"moved to {epath.Path(workdir) / 'checkpoints_rejected'}")
+      where = (
+          "deleted (this file system cannot move them)"
+          if "deleted" in went
+          else f"moved to {epath.Path(workdir) / 'checkpoints_rejected'}"
+      )
       raise metrics.NonFiniteError(
           f"{err} The {len(went)} checkpoint(s) saved after it were {where} (a step computed "
-          "from them was not finite).") from None
+          "from them was not finite)."
+      ) from None
     raise
   finally:
     bar.close()

@@ -10,10 +10,11 @@ names of the parameters give their shardings (sharding.py), and
 devices.  Training, the converter and the benchmarks all go through
 ``abstract_train_state`` and ``create_train_state``.
 """
+
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional
+from typing import Any
 
 import flax.linen as nn
 import flax.struct
@@ -58,21 +59,31 @@ def learning_rate_schedule(train_cfg: ml_collections.ConfigDict) -> optax.Schedu
       peak_value=train_cfg.learning_rate,
       warmup_steps=train_cfg.warmup_steps,
       decay_steps=max(train_cfg.num_steps, train_cfg.warmup_steps + 1),
-      end_value=train_cfg.min_lr)
+      end_value=train_cfg.min_lr,
+  )
 
 
 def make_optimizer(train_cfg: ml_collections.ConfigDict) -> optax.GradientTransformation:
   """Global-norm clipping then Adam on ``learning_rate_schedule``."""
   return optax.chain(
       optax.clip_by_global_norm(train_cfg.clip),
-      optax.adam(learning_rate_schedule(train_cfg), b1=train_cfg.adam_b1,
-                 b2=train_cfg.adam_b2, eps=train_cfg.adam_eps))
+      optax.adam(
+          learning_rate_schedule(train_cfg),
+          b1=train_cfg.adam_b1,
+          b2=train_cfg.adam_b2,
+          eps=train_cfg.adam_eps,
+      ),
+  )
 
 
 def _state_from_params(model: models.TransformerXL, tx, global_batch: int, params) -> TrainState:
   """Step 0, fresh optimizer state and an empty memory around ``params``."""
-  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                    memory=models.init_memory(model.config, global_batch))
+  return TrainState(
+      step=jnp.zeros((), jnp.int32),
+      params=params,
+      opt_state=tx.init(params),
+      memory=models.init_memory(model.config, global_batch),
+  )
 
 
 def _init(model: models.TransformerXL, tx, global_batch: int, rng: Array) -> TrainState:
@@ -103,19 +114,34 @@ def abstract_train_state(model: models.TransformerXL, tx, global_batch: int, mes
   shapes = jax.eval_shape(functools.partial(_init, model, tx, global_batch), rng)
   param_shardings = sharding.logical_shardings(boxed_params, mesh)
   opt_shardings = optax.tree_map_params(
-      tx, lambda _, s: s, shapes.opt_state, param_shardings,
+      tx,
+      lambda _, s: s,
+      shapes.opt_state,
+      param_shardings,
       transform_non_params=lambda _: sharding.replicated(mesh),
-      is_leaf=lambda x: isinstance(x, NamedSharding))
-  shardings = TrainState(step=sharding.replicated(mesh), params=param_shardings,
-                         opt_state=opt_shardings, memory=memory_sharding(mesh))
+      is_leaf=lambda x: isinstance(x, NamedSharding),
+  )
+  shardings = TrainState(
+      step=sharding.replicated(mesh),
+      params=param_shardings,
+      opt_state=opt_shardings,
+      memory=memory_sharding(mesh),
+  )
   abstract = jax.tree_util.tree_map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, shardings)
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, shardings
+  )
   return abstract, shardings
 
 
-def create_train_state(model: models.TransformerXL, tx, global_batch: int, mesh: Mesh,
-                       rng: Optional[Array] = None, state_shardings=None,
-                       params: Optional[Any] = None) -> TrainState:
+def create_train_state(
+    model: models.TransformerXL,
+    tx,
+    global_batch: int,
+    mesh: Mesh,
+    rng: Array | None = None,
+    state_shardings=None,
+    params: Any | None = None,
+) -> TrainState:
   """A step-0 TrainState created on the mesh, each array on its devices.
 
   Args:
@@ -135,8 +161,9 @@ def create_train_state(model: models.TransformerXL, tx, global_batch: int, mesh:
     _, state_shardings = abstract_train_state(model, tx, global_batch, mesh)
   if params is not None:
     from_params = functools.partial(_state_from_params, model, tx, global_batch)
-    return jax.jit(from_params, in_shardings=(state_shardings.params,),
-                   out_shardings=state_shardings)(params)
+    return jax.jit(
+        from_params, in_shardings=(state_shardings.params,), out_shardings=state_shardings
+    )(params)
   if rng is None:
     raise ValueError("create_train_state needs rng (fresh parameters) or params.")
   init = functools.partial(_init, model, tx, global_batch)
