@@ -251,7 +251,15 @@ def hparams_from_model_config(cfg) -> dict:
   Inverse of ``model_config_from_hparams`` (``clamp_len`` 0 is written
   as -1, the reference's "no clamp"; ``tie_projs`` always has one entry per
   cluster).
+
+  Raises:
+    ConvertError: a memory variant other than the reference's ("xl").
   """
+  if cfg.memory != "xl":
+    raise ConvertError(
+        f"model.memory={cfg.memory!r}: the reference implementation has only the XL memory; "
+        "only a model with model.memory='xl' converts to it."
+    )
   n_clusters = len(cfg.cutoffs) + 1
   return {
       "n_token": cfg.n_token,

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from transformer_xl.model import adaptive, attention, tuning
+from transformer_xl.model import adaptive, attention, memory, tuning
 
 DTYPES = ("float32", "bfloat16")  # model.dtype
 ATTENTION_IMPLS = ("xla", "pallas")  # model.attention_impl
@@ -103,6 +103,9 @@ class ModelConfig:
       (reference ``tie_projs``; wt103 uses (False, True, True, True)).  A
       no-op where there is no projection (div_val == 1, d_embed == d_model).
     proj_init_std: std of the embedding/softmax projection init (0.01).
+    memory: the memory variant, a key of ``memory.VARIANTS``: "xl" (the
+      default: each layer caches its last mem_len inputs, Sec. 3.2) or a
+      registered variant (``memory.register``).
 
   Raises:
     ValueError (on construction): every problem ``config_problems``
@@ -138,6 +141,7 @@ class ModelConfig:
   cutoffs: tuple = ()
   tie_projs: tuple = ()
   proj_init_std: float = 0.01
+  memory: str = "xl"
 
   def __post_init__(self):
     object.__setattr__(self, "cutoffs", tuple(int(c) for c in (self.cutoffs or ())))
@@ -153,8 +157,9 @@ class ModelConfig:
 
   @property
   def pos_table_len(self) -> int:
-    """``max_klen`` resolved: tgt_len + ext_len + mem_len when it is 0."""
-    return self.max_klen or self.tgt_len + self.ext_len + self.mem_len
+    """``max_klen`` resolved when it is 0: tgt_len + ext_len + the memory
+    slots (mem_len for the XL memory)."""
+    return self.max_klen or self.tgt_len + self.ext_len + memory.variant(self).slots(self.mem_len)
 
   @property
   def embed_dim(self) -> int:
@@ -234,6 +239,7 @@ def config_problems(fields: Mapping[str, Any]) -> list[str]:
   if f["remat"] not in tuning.REMAT_POLICIES:
     problems.append(f"model.remat={f['remat']!r}: use one of {tuple(tuning.REMAT_POLICIES)}.")
   problems += attention.config_problems(f)
+  problems += memory.config_problems(f)
   if f["attn_block"] < -1:
     problems.append(
         f"model.attn_block={f['attn_block']} must be >= -1 (-1 = chosen per "

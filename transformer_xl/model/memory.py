@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import types
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import flax.struct
 import jax
@@ -50,7 +50,11 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from transformer_xl.model import axes
-from transformer_xl.model.config import ModelConfig
+
+if TYPE_CHECKING:  # config.py validates model.memory against VARIANTS (imports this module)
+  import flax.linen as nn
+
+  from transformer_xl.model.config import ModelConfig
 
 Array = jax.Array
 
@@ -148,13 +152,15 @@ def init_memory(config: ModelConfig, batch_size: int, mem_len: int | None = None
   Args:
     config: model config (n_layer, d_model, dtype).
     batch_size: B.
-    mem_len: slots per layer; defaults to config.mem_len.
+    mem_len: the memory length (``mem_len``); defaults to config.mem_len.
+      The slots per layer are the variant's ``slots(mem_len)`` (mem_len for
+      the XL memory).
 
   Returns:
     A Memory of zeros [n_layer, B, M, d_model] in the compute dtype and an
     int32 [B] count of 0.
   """
-  m = config.mem_len if mem_len is None else mem_len
+  m = variant(config).slots(config.mem_len if mem_len is None else mem_len)
   return Memory(
       mems_LxBxMxD=jnp.zeros((config.n_layer, batch_size, m, config.d_model), config.compute_dtype),
       mlen_B=jnp.zeros((batch_size,), jnp.int32),
@@ -201,3 +207,85 @@ def layer_update(mem_BxMxD: Array, h_BxTxD: Array, ext_len: int) -> Array:
   cat_BxKxD = jnp.concatenate([mem_BxMxD, h_BxTxD], axis=1)  # h~ = [SG(m) o h]
   end = mem_len + tgt_len - ext_len
   return jax.lax.stop_gradient(cat_BxKxD[:, end - mem_len : end])
+
+
+# ---------------------------------------------------------------------------
+# Memory variants: how a layer's memory slots are filled.  ``model.memory``
+# names one; a new variant subclasses ``MemoryVariant`` and is registered
+# with ``register``.  It may use more slots than ``mem_len`` (``slots``),
+# learn parameters and ``sow`` auxiliary losses in its ``layer_update``; the
+# key layout stays the one above (K = slots + T keys, the valid slots
+# right-aligned, counted by ``advance_mlen``), so the masks, relative
+# positions and the fused kernel need no change.
+
+
+class MemoryVariant:
+  """The XL memory (Sec. 3.2): each layer keeps its last ``mem_len`` inputs.
+
+  The base class of memory variants; a variant overrides what differs.
+  """
+
+  name: ClassVar[str] = "xl"
+  # Generation's decoding cache rolls each layer's projected keys and
+  # values as a FIFO beside the memory (``attention_ops.CachedKV``): only
+  # right for a memory that is a FIFO of the layer's inputs.
+  decode_cache: ClassVar[bool] = True
+
+  @staticmethod
+  def slots(mem_len: int) -> int:
+    """Memory slots per layer for a memory length ``mem_len`` (M)."""
+    return mem_len
+
+  @staticmethod
+  def config_problems(fields: Mapping[str, Any]) -> list[str]:
+    """What the variant needs of the other model fields: one message per
+    problem, naming ``model.<key>`` and the fix ([] if none)."""
+    del fields
+    return []
+
+  @staticmethod
+  def layer_update(module: nn.Module, cfg: ModelConfig, mem_BxMxD: Array, h_BxTxD: Array) -> Array:
+    """A layer's next memory (gradient stopped), called inside the layer
+    (``DecoderLayer``) so that a variant may create parameters and
+    ``module.sow("losses", name, scalar)`` an auxiliary loss there.
+
+    Args:
+      module: the calling layer (a compact flax module).
+      cfg: the ModelConfig.
+      mem_BxMxD: the layer's memory as read (``layer_read``, after the
+        attention variant's ``layer_inputs``), [B, slots, d_model].
+      h_BxTxD: the layer's inputs for the segment, [B, T, d_model].
+
+    Returns:
+      new_mem_BxMxD, [B, slots, d_model], the inputs' dtype.
+    """
+    del module
+    return layer_update(mem_BxMxD, h_BxTxD, cfg.ext_len)
+
+
+VARIANTS: dict[str, type[MemoryVariant]] = {"xl": MemoryVariant}
+
+
+def register(cls: type[MemoryVariant]) -> type[MemoryVariant]:
+  """Adds a memory variant under ``cls.name`` (a class decorator).
+
+  Raises:
+    ValueError: another variant has that name.
+  """
+  if VARIANTS.get(cls.name, cls) is not cls:
+    raise ValueError(f"a memory variant named {cls.name!r} exists: {VARIANTS[cls.name]}.")
+  VARIANTS[cls.name] = cls
+  return cls
+
+
+def variant(cfg: ModelConfig) -> type[MemoryVariant]:
+  """The memory variant of ``cfg.memory`` (a validated ModelConfig)."""
+  return VARIANTS[cfg.memory]
+
+
+def config_problems(fields: Mapping[str, Any]) -> list[str]:
+  """Problems of ``model.memory`` and of what its variant needs; [] if none."""
+  name = fields.get("memory", "xl")
+  if name not in VARIANTS:
+    return [f"model.memory={name!r}: use one of {tuple(sorted(VARIANTS))}."]
+  return VARIANTS[name].config_problems(fields)

@@ -116,7 +116,9 @@ class DecoderLayer(nn.Module):
     mem_BxMxD, h_BxTxD, pos = self.variant.layer_inputs(  # (absolute positions
         self, cfg, mem_BxMxD, h_BxTxD, pos
     )  # are cached too)
-    new_mem_BxMxD = memory_lib.layer_update(mem_BxMxD, h_BxTxD, cfg.ext_len)  # concat, truncate
+    new_mem_BxMxD = memory_lib.variant(cfg).layer_update(  # concat, truncate
+        self, cfg, mem_BxMxD, h_BxTxD
+    )
     # --------------------------------------------------------------------------
 
     attn = self.variant.from_config(
@@ -331,8 +333,15 @@ class TransformerXL(nn.Module):
 
     Raises:
       NotImplementedError: attn_type 2 or 3 (absolute positions: a cached
-        state would carry the position of an earlier window).
+        state would carry the position of an earlier window), or a memory
+        variant whose memory is not a FIFO of the layer inputs
+        (``MemoryVariant.decode_cache``).
     """
+    if not memory_lib.variant(self.config).decode_cache:
+      raise NotImplementedError(
+          f"model.memory={self.config.memory!r} has no decoding cache (the cache is rolled "
+          "as a FIFO of the layer inputs); score the sequence with hidden() instead."
+      )
     return self.hidden_from_embeddings(
         self.word_emb(tokens_BxT), memory, True, decode=True, kv_cache=kv_cache
     )
