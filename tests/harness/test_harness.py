@@ -56,7 +56,11 @@ def _project_pytest_settings() -> str:
   """[tool:pytest] of the project's setup.cfg, minus testpaths."""
   cfg = configparser.ConfigParser()
   cfg.read(_ROOT / "setup.cfg")
-  lines = [f"{key} = {value}" for key, value in cfg["tool:pytest"].items() if key != "testpaths"]
+  lines = [  # a multi-line value (markers) keeps its continuation lines indented
+      f"{key} = {value}".replace("\n", "\n    ")
+      for key, value in cfg["tool:pytest"].items()
+      if key != "testpaths"
+  ]
   return "[tool:pytest]\n" + "\n".join(lines) + "\n"
 
 
