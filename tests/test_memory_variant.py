@@ -24,15 +24,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_xl import data, default_config, sharding
+from transformer_xl import default_config, sharding
 from transformer_xl.inference import evaluate
 from transformer_xl.model import attention_ops, memory, models
 from transformer_xl.run import workdir as wd
 from transformer_xl.training import train
 
+from test_reliability import VOCAB as CORPUS_VOCAB
+from test_reliability import toy_corpus
 from test_train import tiny_config
 
 VOCAB = 64
+SIZES = dict(n_token=VOCAB, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32)
 
 
 @memory.register
@@ -79,17 +82,7 @@ def pooled_config(**train_kw):
 
 
 def test_the_variant_is_chosen_by_the_config_and_unknown_names_are_refused():
-  cfg = models.ModelConfig(
-      n_token=VOCAB,
-      n_layer=2,
-      d_model=16,
-      n_head=2,
-      d_head=8,
-      d_inner=32,
-      tgt_len=6,
-      mem_len=6,
-      memory=PooledMemory.name,
-  )
+  cfg = models.ModelConfig(**SIZES, tgt_len=6, mem_len=6, memory=PooledMemory.name)
   assert memory.variant(cfg) is PooledMemory
   assert models.init_memory(cfg, 3).mems_LxBxMxD.shape == (2, 3, 7, 16)
   assert cfg.pos_table_len == 6 + 7  # the learned position tables cover the extra slot
@@ -103,17 +96,7 @@ def test_the_extra_slot_is_hidden_until_the_xl_memory_drops_an_input():
   """Segments 1-3 score as the XL model with the same parameters (4, 8, 8
   valid XL slots, the summary slot masked); segment 3 is the first whose XL
   update drops inputs, so from segment 4 on the summary slot is read."""
-  kw = dict(
-      n_token=VOCAB,
-      n_layer=2,
-      d_model=16,
-      n_head=2,
-      d_head=8,
-      d_inner=32,
-      tgt_len=4,
-      mem_len=8,
-      dropout=0.0,
-  )
+  kw = dict(**SIZES, tgt_len=4, mem_len=8, dropout=0.0)
   pooled = models.TransformerXL(models.ModelConfig(**kw, memory=PooledMemory.name))
   xl = models.TransformerXL(models.ModelConfig(**kw))
   params = nn.unbox(models.init_params(pooled, jax.random.PRNGKey(0)))
@@ -140,18 +123,6 @@ def test_the_extra_slot_is_hidden_until_the_xl_memory_drops_an_input():
     pooled.apply({"params": params}, tokens[:, :1], mem_p, None, method=pooled.decode)
 
 
-def _corpus():
-  rng = np.random.default_rng(0)
-  stream = lambda n: data.ArraySource(rng.integers(0, VOCAB, size=n).astype(np.int32))
-  return data.Corpus(
-      name="toy",
-      unit="word",
-      vocab=[f"w{i}" for i in range(VOCAB)],
-      boundary_id=0,
-      splits={"train": stream(8 * 6 * 20 + 8), "valid": stream(200), "test": stream(200)},
-  )
-
-
 def _fingerprints(workdir, step):
   rec = json.loads(
       (Path(workdir) / "checkpoints" / str(step) / "integrity" / "metadata").read_text()
@@ -165,7 +136,7 @@ def test_it_trains_sharded_with_accumulation_resumes_exactly_and_evaluates(tmp_p
   config = pooled_config(num_steps=6, batch_chunk=2, log_every=1, eval_every=0, aux_loss_weight=0.5)
   config.checkpoint.update(every_steps=2, max_to_keep=10)
   straight = tmp_path / "straight"
-  train.train_and_evaluate(config, str(straight), _corpus(), mesh)
+  train.train_and_evaluate(config, str(straight), toy_corpus(), mesh)
 
   rows = [json.loads(line) for line in (straight / "metrics.jsonl").read_text().splitlines()]
   logged = [r for r in rows if "train/aux_loss/pool_mse" in r]
@@ -183,12 +154,12 @@ def test_it_trains_sharded_with_accumulation_resumes_exactly_and_evaluates(tmp_p
   for path in (resumed / "checkpoints").iterdir():
     if path.name.isdigit() and int(path.name) > 4:
       shutil.rmtree(path)
-  train.train_and_evaluate(config, str(resumed), _corpus(), mesh)
+  train.train_and_evaluate(config, str(resumed), toy_corpus(), mesh)
   assert _fingerprints(resumed, 6) == _fingerprints(straight, 6)  # params, optimizer, memory
 
-  mcfg = default_config.model_config(config, VOCAB)
+  mcfg = default_config.model_config(config, CORPUS_VOCAB)
   step, params = wd.restore_params(config, str(straight), mcfg, mesh)
   assert step == 6 and "pool_proj" in params["layers"]
   config.eval.update(tgt_len=6, mem_len=12, global_batch=8)
-  result = evaluate.Evaluator(config, mcfg, _corpus(), mesh).evaluate(params, "valid")
-  assert np.isfinite(result["loss_nats"]) and result["loss_nats"] < 2 * np.log(VOCAB)
+  result = evaluate.Evaluator(config, mcfg, toy_corpus(), mesh).evaluate(params, "valid")
+  assert np.isfinite(result["loss_nats"]) and result["loss_nats"] < 2 * np.log(CORPUS_VOCAB)
