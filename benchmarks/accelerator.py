@@ -79,7 +79,7 @@ def load_config(name: str):
   path = os.path.join(common.REPO, "configs", f"{name}.py")
   if not os.path.isfile(path):
     raise SystemExit(
-        f"error: no config configs/{name}.py (--configs takes names such as " "enwik8_24l)"
+        f"error: no config configs/{name}.py (--configs takes names such as enwik8_24l)"
     )
   spec = importlib.util.spec_from_file_location(f"config_{name}", path)
   module = importlib.util.module_from_spec(spec)

@@ -31,7 +31,7 @@ the same device, in one run:
   Evaluator keeps the last; the reference computes only the last: at the
   default vocabulary of 256 that is a few percent of the step.)  The reference
   implementation (kimiyoung/transformer-xl) evaluates the vanilla model
-  with tgt_len = 1, ext_len = L - 1, mem_len = 0: the same windows
+  with tgt_len = 1, mem_len = 0 and L - 1 tokens of extended context: the same windows
   (``data.SlidingWindowIterator``).
 
 Timing: inputs are random token ids placed on the device before timing (no
@@ -179,7 +179,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   bad = [k for k in sizes if getattr(args, k) < 1]
   if bad or args.warmup < 0 or not args.min_repeat_s > 0:
     raise UsageError(
-        f"{', '.join('--' + k for k in bad) or '--warmup/--min_repeat_s'} must be " "positive."
+        f"{', '.join('--' + k for k in bad) or '--warmup/--min_repeat_s'} must be positive."
     )
   if not args.attn_lens or any(L <= args.tgt_len for L in args.attn_lens):
     raise UsageError(

@@ -268,7 +268,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str, str
   p.add_argument(
       "--json",
       default="",
-      help="write the results here (default: " "benchmarks/results/fit_<date>_<time>_<host>.json)",
+      help="write the results here (default: benchmarks/results/fit_<date>_<time>_<host>.json)",
   )
   p.add_argument("--worker", default="", help=argparse.SUPPRESS)  # the Job as JSON
   p.add_argument("--result_file", default="", help=argparse.SUPPRESS)

@@ -489,7 +489,7 @@ def main(argv=None) -> int:
           "cells": [{"batch": b, "mem_len": m} for b, m in args.cells],
           "target_ratio": TARGET_RATIO,
           "ours": "generate.Generator.generate / .stream (num_tokens=1)",
-          "pytorch": "transformers TransfoXLLMHeadModel.generate " "(max_new_tokens=N / =1)",
+          "pytorch": "transformers TransfoXLLMHeadModel.generate (max_new_tokens=N / =1)",
       },
       "machine": info,
       "results": results,

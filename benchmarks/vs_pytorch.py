@@ -553,7 +553,7 @@ def main(argv=None) -> int:
   print(
       f"machine: {info['cpu']}, {info['cpu_count']} CPUs, {args.threads} threads; load average "
       + "; ".join(
-          f"{w} {p} {results[w][p]['loadavg_before'][0]}->" f"{results[w][p]['loadavg_after'][0]}"
+          f"{w} {p} {results[w][p]['loadavg_before'][0]}->{results[w][p]['loadavg_after'][0]}"
           for p in phases
           for w in which
       )

@@ -95,9 +95,7 @@ def compare_runs(old: dict, new: dict, tolerance: float) -> tuple[list[str], int
     if name not in o_num or name not in n_num:
       where = "old" if name in o_num else "new"
       value = o_num.get(name, n_num.get(name))
-      lines.append(
-          f"{name:<{width}}  {'':>12}  {'':>12}  {'':>8}  only in {where}: " f"{_num(value)}"
-      )
+      lines.append(f"{name:<{width}}  {'':>12}  {'':>12}  {'':>8}  only in {where}: {_num(value)}")
       continue
     a, b = o_num[name], n_num[name]
     change = (b - a) / abs(a) * 100 if a else None
@@ -110,7 +108,7 @@ def compare_runs(old: dict, new: dict, tolerance: float) -> tuple[list[str], int
     ch = "n/a" if change is None else f"{change:+.1f}%"
     lines.append(f"{name:<{width}}  {_num(a):>12}  {_num(b):>12}  {ch:>8}  {verdict}".rstrip())
   lines.append(
-      f"{regressions} regression(s) beyond {tolerance:g}% " "(throughput down, or time / memory up)"
+      f"{regressions} regression(s) beyond {tolerance:g}% (throughput down, or time / memory up)"
   )
   return lines, regressions
 

@@ -181,9 +181,7 @@ def _run(cmd: Sequence[str], log_path: Path) -> float:
     r = subprocess.run(list(cmd), cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
   if r.returncode:
     tail = "".join(Path(log_path).read_text().splitlines(keepends=True)[-20:])
-    raise RuntimeError(
-        f"{' '.join(cmd)} failed (exit {r.returncode}); end of {log_path}:\n" f"{tail}"
-    )
+    raise RuntimeError(f"{' '.join(cmd)} failed (exit {r.returncode}); end of {log_path}:\n{tail}")
   return _now() - t0
 
 
@@ -226,13 +224,14 @@ def _load(workdir: Path, data_dir: str | None, manual_dir: str | None):
   import jax
 
   from transformer_xl import sharding
+  from transformer_xl.run import run_dir
   from transformer_xl.run import workdir as wd
 
   config = wd.load_config(str(workdir))
   model_cfg, unit = wd.load_model_config(str(workdir))
   mesh = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
   config.mesh.shape = (1, 1)
-  step, params = wd.restore_params(config, str(workdir), model_cfg, mesh)
+  step, params = run_dir.restore_params(str(workdir), model_cfg, mesh)
   return config, model_cfg, unit, step, params, mesh
 
 
@@ -566,7 +565,7 @@ def report(results: dict, findings: bool = False) -> str:
       rc["table"],
       "```",
       "",
-      "![Fig. 3](recl/fig3_relative_gains.png) " "![Fig. 4](recl/fig4_perplexity.png)",
+      "![Fig. 3](recl/fig3_relative_gains.png) ![Fig. 4](recl/fig4_perplexity.png)",
       "",
   ]
   sp = results["speed"]

@@ -65,11 +65,47 @@ def _restore_process_logging():
   import logging
   import sys
 
+  from absl import logging as absl_logging
+
   loggers = [logging.getLogger(name) for name in ("absl", "asyncio")]
-  saved = [(lg, list(lg.filters), lg.level) for lg in loggers]
+  saved = [(lg, list(lg.filters), list(lg.handlers), lg.level, lg.propagate) for lg in loggers]
+  absl_handler = absl_logging.get_absl_handler()
+  handler_filters = list(absl_handler.filters)
   hook = sys.unraisablehook
   yield
-  for lg, filters, level in saved:
+  for lg, filters, handlers, level, propagate in saved:
     lg.filters[:] = filters
+    lg.handlers[:] = handlers
     lg.setLevel(level)
+    lg.propagate = propagate
+  absl_handler.filters[:] = handler_filters
   sys.unraisablehook = hook
+
+
+class Reports:
+  """The package's reports (``metrics.log`` and other absl INFO records of
+  its modules) that a test's own process logged."""
+
+  def __init__(self, caplog):
+    self._caplog = caplog
+
+  @property
+  def lines(self) -> list[str]:
+    import logging
+
+    return [
+        r.getMessage()
+        for r in self._caplog.records
+        if r.levelno == logging.INFO and f"{os.sep}transformer_xl{os.sep}" in r.pathname
+    ]
+
+  @property
+  def text(self) -> str:
+    return "\n".join(self.lines)
+
+
+@pytest.fixture
+def reports(caplog):
+  """``Reports`` of this test (absl INFO captured through caplog)."""
+  caplog.set_level("INFO")
+  return Reports(caplog)

@@ -212,12 +212,12 @@ _TRAIN = {
         "and on until it is longer than one segment .\n"
     )
     * 2,
-    3: ("zebra\n" "The dog sat on the cat .\n" "Monday is a day .\n") * 3,
+    3: ("zebra\nThe dog sat on the cat .\nMonday is a day .\n") * 3,
 }
 
 
 _HELDOUT = {
-    0: ("The cat sat on a zebra .\n" "An unseen word appears : aardvark .\n" "the dog\n"),
+    0: ("The cat sat on a zebra .\nAn unseen word appears : aardvark .\nthe dog\n"),
     1: "This shard is not used .\n",
 }
 

@@ -10,7 +10,7 @@ are done in place on the very arrays the memory is cut from, as the
 reference's ``mems_i += ...`` and ``core_out += ...`` do.
 
 Only what the tests need: no dropout, no adaptive softmax (one embedding
-table tied to the softmax, with a bias), ext_len 0.
+table tied to the softmax, with a bias), no extended context.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ import torch  # noqa: E402  (test extra: missing is an error, not a skip)
 import transformers  # noqa: E402,F401
 
 from transformer_xl import convert
+from transformer_xl.run import run_dir
 from transformer_xl.run import workdir as wd  # noqa: E402
 
 from test_parity import (  # noqa: E402
@@ -49,7 +50,7 @@ def restored(workdir):
   """(config, ModelConfig, unit, step, numpy params) of a workdir, as main loads it."""
   config = wd.load_config(str(workdir))
   cfg, unit = wd.load_model_config(str(workdir))
-  step, params = wd.restore_params(config, str(workdir), cfg, convert.one_device_mesh())
+  step, params = run_dir.restore_params(str(workdir), cfg, convert.one_device_mesh())
   return config, cfg, unit, step, jax.tree_util.tree_map(np.asarray, jax.device_get(params))
 
 
@@ -284,7 +285,7 @@ def test_state_dict_validation_names_tensor_and_shapes():
       layout="reference",
   )
   with pytest.raises(
-      convert.ConvertError, match="lacks 'layers.0.dec_attn.r_._bias'.*set " "untie_r=false"
+      convert.ConvertError, match="lacks 'layers.0.dec_attn.r_._bias'.*set untie_r=false"
   ):
     convert.params_from_state_dict(
         reference_names, convert.model_config_from_hparams(hparams("plain", untie_r=True))
@@ -294,7 +295,7 @@ def test_state_dict_validation_names_tensor_and_shapes():
   tied_sd = state_dict(hf_model(hparams("adaptive_div4_tied"), seed=17))
   tied_sd["crit.out_projs.1"] = tied_sd["crit.out_projs.1"] + 1.0
   with pytest.raises(
-      convert.ConvertError, match="crit.out_projs.1 should be tied to " "word_emb.emb_projs.1"
+      convert.ConvertError, match="crit.out_projs.1 should be tied to word_emb.emb_projs.1"
   ):
     convert.params_from_state_dict(tied_sd, tied_cfg)
 
@@ -461,7 +462,7 @@ def test_tf_checkpoint_validation(tmp_path):
       {**variables, "transformer/notes": np.array([b"x"])}, tmp_path / "tf_strings"
   )
   with pytest.raises(
-      convert.ConvertError, match="transformer/notes has dtype object, not a real " "number type"
+      convert.ConvertError, match="transformer/notes has dtype object, not a real number type"
   ):
     convert.read_tf_checkpoint(strings)
   index = Path(prefix + ".index")
@@ -476,7 +477,7 @@ def test_tf_checkpoint_validation(tmp_path):
 
 
 @pytest.mark.slow
-def test_enwik8_reference_vocabulary_maps_onto_bytes(tmp_path, capsys):
+def test_enwik8_reference_vocabulary_maps_onto_bytes(tmp_path, reports):
   """The reference enwik8 vocabulary: 204 byte values written as decimals, by
   frequency, no newline (byte 10).  Mapped onto our 256 byte ids."""
   rng = np.random.default_rng(31)
@@ -494,7 +495,7 @@ def test_enwik8_reference_vocabulary_maps_onto_bytes(tmp_path, capsys):
       vocab=str(tmp_path / "vocab.txt"),
       dataset="enwik8",
   )
-  out = capsys.readouterr().out
+  out = reports.text
   assert report["vocab"]["matched"] == 204 and len(report["vocab"]["ours_unseen"]) == 52
   assert "matched 204 of the model's 204 symbols onto enwik8's 256 ids" in out
   assert "newline" in out and "byte 10" in out
@@ -546,9 +547,7 @@ def test_vocabulary_remap_keeps_adaptive_clusters(tmp_path):
   assert not new["word_emb"]["emb_layers_2"][30 - 25].any()
   swapped = np.arange(40)
   swapped[[3, 30]] = [30, 3]
-  with pytest.raises(
-      convert.ConvertError, match="2 symbols would change adaptive-softmax " "cluster"
-  ):
+  with pytest.raises(convert.ConvertError, match="2 symbols would change adaptive-softmax cluster"):
     convert.remap_vocab(params, cfg, swapped)
   # A vocabulary needs a dataset to map onto, and must fit the hparams.
   np.savez(tmp_path / "sd.npz", **state_dict(hf_model(hparams("plain"), seed=35)))
@@ -734,7 +733,7 @@ BAD_INPUTS = {
         lambda r, p, sd: torch.save(
             {"model": {k: torch.from_numpy(v) for k, v in sd.items()}, "step": 3}, p
         ),
-        "is not a state dict (a flat dict name -> tensor) (its keys: " "['model', 'step'])",
+        "is not a state dict (a flat dict name -> tensor) (its keys: ['model', 'step'])",
     ),
     "hparams: not JSON": (
         "hp.json",

@@ -23,6 +23,7 @@ import torch  # noqa: E402  (test extra: missing is an error, not a skip)
 
 from transformer_xl import convert  # noqa: E402
 from transformer_xl.convert.__main__ import main  # noqa: E402
+from transformer_xl.run import run_dir  # noqa: E402
 from transformer_xl.run import workdir as wd  # noqa: E402
 
 from test_convert import flat, restored, write_json  # noqa: E402
@@ -167,13 +168,13 @@ def test_reading_widens_floats_to_float32_and_refuses_other_types(tmp_path):
       (
           "complex",
           values.to(torch.complex64),
-          "tensor 'w' has dtype complex64, not a real " "number type",
+          "tensor 'w' has dtype complex64, not a real number type",
       ),
       ("bool", values > 0, "tensor 'w' has dtype bool, not a real number type"),
       (
           "float8",
           values.to(torch.float8_e4m3fn),
-          "tensor 'w' has dtype F8_E4M3, which numpy " "cannot hold",
+          "tensor 'w' has dtype F8_E4M3, which numpy cannot hold",
       ),
   ]:
     bad = tmp_path / f"{name}.safetensors"
@@ -212,19 +213,19 @@ BAD_FILES = {
     "empty": (lambda good: b"", "is empty (0 bytes)"),
     "cut in the header": (
         lambda good: good[:40],
-        "is truncated, damaged or not a safetensors " "file (SafetensorError",
+        "is truncated, damaged or not a safetensors file (SafetensorError",
     ),
     "cut at half": (
         lambda good: good[: len(good) // 2],
-        "is truncated, damaged or not a " "safetensors file (SafetensorError",
+        "is truncated, damaged or not a safetensors file (SafetensorError",
     ),
     "cut 3 bytes short": (
         lambda good: good[:-3],
-        "is truncated, damaged or not a safetensors " "file (SafetensorError",
+        "is truncated, damaged or not a safetensors file (SafetensorError",
     ),
     "random bytes": (
         lambda good: np.random.default_rng(71).bytes(4096),
-        "is truncated, " "damaged or not a safetensors file (SafetensorError",
+        "is truncated, damaged or not a safetensors file (SafetensorError",
     ),
 }
 
@@ -256,8 +257,8 @@ def test_a_misnamed_file_says_which_format_it_is(good_safetensors, tmp_path):
           "is a zip archive (an .npz or torch file), not a "
           "safetensors file; give it a .npz or .pt name",
       ),
-      ("st.pt", "is a safetensors file, not a torch file; give it a " ".safetensors name"),
-      ("st.npz", "is a safetensors file, not an .npz archive; give it a " ".safetensors name"),
+      ("st.pt", "is a safetensors file, not a torch file; give it a .safetensors name"),
+      ("st.npz", "is a safetensors file, not an .npz archive; give it a .safetensors name"),
   ]:
     if not (tmp_path / name).exists():
       (tmp_path / name).write_bytes(good)
@@ -279,8 +280,9 @@ def test_mismatched_extensions_are_refused_before_any_work(tmp_path, monkeypatch
   def never(*args, **kwargs):
     raise AssertionError("the workdir was read before the extension was checked")
 
-  for name in ("load_config", "load_model_config", "restore_params"):
+  for name in ("load_config", "load_model_config"):
     monkeypatch.setattr(wd, name, never)
+  monkeypatch.setattr(run_dir, "restore_params", never)
   (tmp_path / "wd").mkdir()
   for out in ("out.pt", "out.npz", "out"):
     message = cli_error(

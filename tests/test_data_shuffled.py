@@ -60,7 +60,7 @@ def _iterator(tokens, offsets, batch, tgt_len, seed=0, row_ids=None, source=None
 
 
 def _reference_batches(tokens, offsets, order, bsz, bptt):
-  """The reference's LMShuffledIterator.stream_iterator (ext_len = 0),
+  """The reference's LMShuffledIterator.stream_iterator (no extended context),
   ported line by line to lists; sentences are ``<S> w1 .. wn <S>``
   (add_double_eos), dealt in ``order``.  Yields batch-major (data, target)."""
 

@@ -376,7 +376,7 @@ def test_subword_decoder_holds_back_an_incomplete_character():
 BOOKS = {
     "train": [
         "Call me Ishmael.\nSome years ago, never mind how long.",
-        "It was the best of times,\n" "it was the worst of times.",
+        "It was the best of times,\nit was the worst of times.",
         "Happy families are all alike.",
     ],
     "validation": ["It is a truth universally acknowledged."],

@@ -10,6 +10,7 @@ from transformer_xl import data, default_config, errors
 from transformer_xl.analysis import recl
 from transformer_xl.cli import user_errors
 from transformer_xl.convert import errors as convert_errors
+from transformer_xl.data import download
 from transformer_xl.inference import evaluate
 from transformer_xl.run import checkpointing, metrics, workdir
 
@@ -29,6 +30,7 @@ def test_every_kind_is_reexported_by_the_module_that_raises_it():
       metrics.NonFiniteError,
       workdir.WorkdirError,
       convert_errors.ConvertError,
+      download.DownloadError,
       recl.UsageError,
   }
   assert reexports == set(KINDS)
@@ -45,6 +47,7 @@ def test_every_kind_is_reexported_by_the_module_that_raises_it():
         (errors.ScoreInputError, ValueError),
         (errors.ConvertError, ValueError),
         (errors.UsageError, ValueError),
+        (errors.DownloadError, OSError),
     ],
 )
 def test_each_kind_keeps_its_builtin_base(kind, builtin):

@@ -17,11 +17,12 @@ from transformer_xl.training import train, train_state
 L, B, M, D = 3, 8, 5, 4
 
 
-def _memory(seed: int = 0) -> models.Memory:
+def _memory(seed: int = 0, padded: bool = False) -> models.Memory:
   rng = np.random.default_rng(seed)
   return models.Memory(
       mems_LxBxMxD=jnp.asarray(rng.normal(size=(L, B, M, D)), jnp.float32),
-      mlen_B=jnp.asarray(rng.integers(-2, M + 1, size=B), jnp.int32),
+      mlen_B=jnp.asarray(rng.integers(0, M + 1, size=B), jnp.int32),
+      pad_B=jnp.asarray(rng.integers(0, 3, size=B), jnp.int32) if padded else None,
   )
 
 
@@ -29,17 +30,56 @@ def _assert_memory_equal(a: models.Memory, b: models.Memory):
   np.testing.assert_array_equal(a.mems_LxBxMxD, b.mems_LxBxMxD)
   np.testing.assert_array_equal(a.mlen_B, b.mlen_B)
   assert a.mlen_B.dtype == b.mlen_B.dtype and a.mems_LxBxMxD.dtype == b.mems_LxBxMxD.dtype
+  assert (a.pad_B is None) == (b.pad_B is None)
+  if a.pad_B is not None:
+    np.testing.assert_array_equal(a.pad_B, b.pad_B)
 
 
 def test_pytree_is_unchanged_and_reexported():
-  # Checkpoints hold these two fields by name; the row axes are not fields.
-  assert [f.name for f in dataclasses.fields(models.Memory)] == ["mems_LxBxMxD", "mlen_B"]
+  # Checkpoints hold the two fields of the training memory by name; the
+  # front padding is a child only when set; the row axes are not fields.
+  assert [f.name for f in dataclasses.fields(models.Memory)] == ["mems_LxBxMxD", "mlen_B", "pad_B"]
   assert models.Memory is memory_lib.Memory
   assert models.init_memory is memory_lib.init_memory
   assert models.reset_memory is memory_lib.reset_memory
   assert models.advance_mlen is memory_lib.advance_mlen
-  assert len(jax.tree_util.tree_leaves(_memory())) == 2
-  assert dict(models.Memory.ROW_AXES) == {"mems_LxBxMxD": 1, "mlen_B": 0}
+  paths = lambda m: [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(m)[0]]
+  assert paths(_memory()) == [".mems_LxBxMxD", ".mlen_B"]
+  assert paths(_memory(padded=True)) == [".mems_LxBxMxD", ".mlen_B", ".pad_B"]
+  assert dict(models.Memory.ROW_AXES) == {"mems_LxBxMxD": 1, "mlen_B": 0, "pad_B": 0}
+  back = jax.tree_util.tree_map(lambda x: x, _memory(padded=True))
+  _assert_memory_equal(back, _memory(padded=True))
+
+
+def test_checkpoints_of_the_two_field_memory_restore(tmp_path):
+  """A checkpoint written when Memory was a two-field flax struct restores
+  into today's Memory (pad_B unset), and today's training memory writes the
+  same tree."""
+  import flax.struct
+  import orbax.checkpoint as ocp
+
+  @flax.struct.dataclass
+  class OldMemory:
+    mems_LxBxMxD: jax.Array
+    mlen_B: jax.Array
+
+  mem = _memory()
+  with ocp.StandardCheckpointer() as ckpt:
+    ckpt.save(tmp_path / "old", {"memory": OldMemory(mem.mems_LxBxMxD, mem.mlen_B)})
+    ckpt.save(tmp_path / "new", {"memory": mem})
+    abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, {"memory": mem})
+    for name in ("old", "new"):
+      got = ckpt.restore(tmp_path / name, abstract)["memory"]
+      assert isinstance(got, models.Memory) and got.pad_B is None
+      _assert_memory_equal(got, mem)
+
+
+def test_key_count_is_the_valid_slots_minus_the_padding():
+  memory = _memory(padded=True)
+  np.testing.assert_array_equal(
+      memory.key_count_B(), np.asarray(memory.mlen_B) - np.asarray(memory.pad_B)
+  )
+  np.testing.assert_array_equal(_memory().key_count_B(), _memory().mlen_B)
 
 
 def test_init_memory_and_mem_len():
@@ -67,16 +107,19 @@ def test_map_rows_gathers_the_rows_of_every_field():
   _assert_memory_equal(back, memory)
 
 
+@pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("n_chunk", [1, 2, 4])
-def test_map_rows_chunks_round_trip(n_chunk):
+def test_map_rows_chunks_round_trip(n_chunk, padded):
   """The train step's micro-batches: row r in chunk r % n_chunk, and back."""
-  memory = _memory()
+  memory = _memory(padded=padded)
   chunks = memory.map_rows(lambda x, axis: train._to_chunks(x, n_chunk, axis))
   assert chunks.mems_LxBxMxD.shape == (n_chunk, L, B // n_chunk, M, D)
   assert chunks.mlen_B.shape == (n_chunk, B // n_chunk)
   for c in range(n_chunk):
     np.testing.assert_array_equal(chunks.mems_LxBxMxD[c], memory.mems_LxBxMxD[:, c::n_chunk])
     np.testing.assert_array_equal(chunks.mlen_B[c], memory.mlen_B[c::n_chunk])
+    if padded:
+      np.testing.assert_array_equal(chunks.pad_B[c], memory.pad_B[c::n_chunk])
   _assert_memory_equal(chunks.map_rows(train._from_chunks), memory)
 
 
@@ -124,33 +167,33 @@ def test_shardings_place_a_memory():
   assert shard_shapes == {(L, B // 4, M, D)}
   assert {s.data.shape for s in placed.mlen_B.addressable_shards} == {(B // 4,)}
   _assert_memory_equal(placed, _memory())
+  padded = jax.device_put(_memory(padded=True), models.Memory.shardings(mesh, padded=True))
+  assert {s.data.shape for s in padded.pad_B.addressable_shards} == {(B // 4,)}
+  _assert_memory_equal(padded, _memory(padded=True))
 
 
-def _old_layer_update(mem_BxMxD, h_BxTxD, ext_len):
+def _old_layer_update(mem_BxMxD, h_BxTxD):
   """DecoderLayer's inline FIFO before the memory module."""
   mem_len, tgt_len = mem_BxMxD.shape[1], h_BxTxD.shape[1]
   mem_BxMxD = jax.lax.stop_gradient(mem_BxMxD)
   cat_BxKxD = jnp.concatenate([mem_BxMxD, h_BxTxD], axis=1)
-  end = mem_len + tgt_len - ext_len
+  end = mem_len + tgt_len
   return jax.lax.stop_gradient(cat_BxKxD[:, end - mem_len : end])
 
 
-@pytest.mark.parametrize(
-    "mem_len,tgt_len,ext_len", [(5, 3, 0), (5, 3, 2), (2, 6, 0), (2, 6, 3), (0, 4, 0), (4, 4, 1)]
-)
+@pytest.mark.parametrize("mem_len,tgt_len", [(5, 3), (2, 6), (0, 4), (4, 4)])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_layer_update_equals_the_inline_fifo(mem_len, tgt_len, ext_len, dtype):
-  rng = np.random.default_rng(mem_len * 100 + tgt_len * 10 + ext_len)
+def test_layer_update_equals_the_inline_fifo(mem_len, tgt_len, dtype):
+  rng = np.random.default_rng(mem_len * 100 + tgt_len * 10)
   mem = jnp.asarray(rng.normal(size=(2, mem_len, D)), dtype)
   h = jnp.asarray(rng.normal(size=(2, tgt_len, D)), dtype)
-  new = memory_lib.layer_update(memory_lib.layer_read(mem), h, ext_len)
-  old = _old_layer_update(mem, h, ext_len)
+  new = memory_lib.layer_update(memory_lib.layer_read(mem), h)
+  old = _old_layer_update(mem, h)
   assert new.shape == (2, mem_len, D) and new.dtype == dtype
   np.testing.assert_array_equal(np.asarray(new, np.float32), np.asarray(old, np.float32))
-  # The last M inputs before the ext_len tail, by hand.
+  # The last M inputs, by hand.
   full = np.concatenate([np.asarray(mem, np.float32), np.asarray(h, np.float32)], axis=1)
-  end = mem_len + tgt_len - ext_len
-  np.testing.assert_array_equal(np.asarray(new, np.float32), full[:, end - mem_len : end])
+  np.testing.assert_array_equal(np.asarray(new, np.float32), full[:, tgt_len:])
 
 
 def test_layer_read_and_update_stop_the_gradient():
@@ -158,9 +201,9 @@ def test_layer_read_and_update_stop_the_gradient():
   mem = jnp.asarray(rng.normal(size=(2, 3, D)), jnp.float32)
   h = jnp.asarray(rng.normal(size=(2, 4, D)), jnp.float32)
   g_read = jax.grad(lambda m: jnp.sum(memory_lib.layer_read(m) ** 2))(mem)
-  g_mem, g_h = jax.grad(
-      lambda m, x: jnp.sum(memory_lib.layer_update(m, x, 1) ** 2), argnums=(0, 1)
-  )(mem, h)
+  g_mem, g_h = jax.grad(lambda m, x: jnp.sum(memory_lib.layer_update(m, x) ** 2), argnums=(0, 1))(
+      mem, h
+  )
   assert not np.any(g_read) and not np.any(g_mem) and not np.any(g_h)
   # Without the stop-gradient the same function has a gradient: the test can fail.
   assert np.any(jax.grad(lambda x: jnp.sum(x**2))(mem))
@@ -178,15 +221,32 @@ def test_reset_empties_only_the_flagged_rows():
 
 def test_advance_counts_the_valid_slots():
   mlen_B = jnp.asarray([0, 3, 5, -4, -9], jnp.int32)
-  np.testing.assert_array_equal(models.advance_mlen(mlen_B, 5, 3, 0), [3, 5, 5, -1, -6])
-  np.testing.assert_array_equal(models.advance_mlen(mlen_B, 5, 3, 1), [2, 5, 5, -2, -7])
-  np.testing.assert_array_equal(models.advance_mlen(mlen_B, 0, 4, 0), [0, 0, 0, 0, -5])
+  np.testing.assert_array_equal(models.advance_mlen(mlen_B, 5, 3), [3, 5, 5, -1, -6])
+  np.testing.assert_array_equal(models.advance_mlen(mlen_B, 5, 2), [2, 5, 5, -2, -7])
+  np.testing.assert_array_equal(models.advance_mlen(mlen_B, 0, 4), [0, 0, 0, 0, -5])
   memory = _memory()
   new_mems = memory.mems_LxBxMxD + 1.0
-  out = memory.advance(new_mems, 3, 1)
+  out = memory.advance(new_mems, 2)
   np.testing.assert_array_equal(out.mems_LxBxMxD, new_mems)
   np.testing.assert_array_equal(out.mlen_B, np.minimum(M, np.asarray(memory.mlen_B) + 2))
-  assert out.mlen_B.dtype == jnp.int32
+  assert out.mlen_B.dtype == jnp.int32 and out.pad_B is None
+
+
+def test_advance_consumes_the_padding_first():
+  """p padding positions before a segment of T: max(p - T, 0) remain (they
+  carry over), max(T - p, 0) positions become valid slots (at most M)."""
+  empty = models.Memory(jnp.zeros((1, 4, 5, 2)), jnp.zeros((4,), jnp.int32))
+  memory = empty.with_front_padding(np.asarray([0, 2, 5, 9], np.int32))
+  out = memory.advance(memory.mems_LxBxMxD, 3)
+  np.testing.assert_array_equal(out.mlen_B, [3, 1, 0, 0])
+  np.testing.assert_array_equal(out.pad_B, [0, 0, 2, 6])
+  assert out.mlen_B.dtype == out.pad_B.dtype == jnp.int32
+  again = out.advance(out.mems_LxBxMxD, 3)
+  np.testing.assert_array_equal(again.mlen_B, [5, 4, 1, 0])
+  np.testing.assert_array_equal(again.pad_B, [0, 0, 0, 3])
+  reset = again.reset(jnp.asarray([False, False, False, True]))
+  np.testing.assert_array_equal(reset.mlen_B, [5, 4, 1, 0])
+  np.testing.assert_array_equal(reset.pad_B, [0, 0, 0, 0])
 
 
 def test_with_front_padding_masks_the_padded_positions():
@@ -195,8 +255,10 @@ def test_with_front_padding_masks_the_padded_positions():
   )
   pad_B = np.asarray([0, 2, 5], np.int32)
   memory = models.init_memory(cfg, 3, mem_len=0).with_front_padding(pad_B)
-  np.testing.assert_array_equal(memory.mlen_B, -pad_B)
-  assert memory.mlen_B.dtype == jnp.int32
+  np.testing.assert_array_equal(memory.pad_B, pad_B)
+  np.testing.assert_array_equal(memory.mlen_B, 0)
+  np.testing.assert_array_equal(memory.key_count_B(), -pad_B)
+  assert memory.pad_B.dtype == jnp.int32
   # The real tokens of a padded row score as they would alone.
   model = models.TransformerXL(cfg)
   params = models.init_params(model, jax.random.PRNGKey(0))

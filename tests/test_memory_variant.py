@@ -27,7 +27,7 @@ import pytest
 from transformer_xl import default_config, sharding
 from transformer_xl.inference import evaluate
 from transformer_xl.model import attention_ops, memory, models
-from transformer_xl.run import workdir as wd
+from transformer_xl.run import run_dir
 from transformer_xl.training import train
 
 from test_reliability import VOCAB as CORPUS_VOCAB
@@ -52,7 +52,7 @@ class PooledMemory(memory.MemoryVariant):
   @staticmethod
   def layer_update(module, cfg, mem_BxMxD, h_BxTxD):
     if mem_BxMxD.shape[1] == 0:
-      return memory.layer_update(mem_BxMxD, h_BxTxD, cfg.ext_len)
+      return memory.layer_update(mem_BxMxD, h_BxTxD)
     tgt_len = h_BxTxD.shape[1]
     xl_BxMxD = mem_BxMxD[:, 1:]
     cat_BxKxD = jnp.concatenate([xl_BxMxD, h_BxTxD], axis=1)
@@ -69,7 +69,7 @@ class PooledMemory(memory.MemoryVariant):
         "pool_mse",
         jnp.mean(jnp.square(summary_Bx1xD.astype(jnp.float32) - dropped_mean_Bx1xD)),
     )
-    new_xl_BxMxD = memory.layer_update(xl_BxMxD, h_BxTxD, cfg.ext_len)
+    new_xl_BxMxD = memory.layer_update(xl_BxMxD, h_BxTxD)
     return jax.lax.stop_gradient(
         jnp.concatenate([summary_Bx1xD.astype(h_BxTxD.dtype), new_xl_BxMxD], axis=1)
     )
@@ -158,7 +158,7 @@ def test_it_trains_sharded_with_accumulation_resumes_exactly_and_evaluates(tmp_p
   assert _fingerprints(resumed, 6) == _fingerprints(straight, 6)  # params, optimizer, memory
 
   mcfg = default_config.model_config(config, CORPUS_VOCAB)
-  step, params = wd.restore_params(config, str(straight), mcfg, mesh)
+  step, params = run_dir.restore_params(str(straight), mcfg, mesh)
   assert step == 6 and "pool_proj" in params["layers"]
   config.eval.update(tgt_len=6, mem_len=12, global_batch=8)
   result = evaluate.Evaluator(config, mcfg, toy_corpus(), mesh).evaluate(params, "valid")

@@ -470,7 +470,7 @@ def test_unknown_release_and_unreachable_server_are_one_line_errors(tmp_path, mo
     cli("--pretrained=text8", f"--workdir={tmp_path / 'wd'}", f"--cache_dir={tmp_path / 'c'}")
   msg = str(exc.value)
   assert (
-      msg.startswith("error: cannot download http://127.0.0.1:9/tf_text8/data/corpus-info" ".json")
+      msg.startswith("error: cannot download http://127.0.0.1:9/tf_text8/data/corpus-info.json")
       and "--manual_dir" in msg
       and "\n" not in msg
   )

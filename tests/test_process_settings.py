@@ -137,6 +137,7 @@ import jax
 from transformer_xl import sharding
 from transformer_xl.run import checkpointing
 from transformer_xl.run import workdir as wd
+from transformer_xl.run import run_dir
 from test_reliability import VOCAB, toy_config, toy_corpus, train_toy, _damage
 from transformer_xl import default_config
 
@@ -158,7 +159,7 @@ config = toy_config(num_steps=4)
 train_toy(workdir, mesh, config)                      # training, checkpoints 2 and 4
 _damage(__import__("pathlib").Path(workdir) / "checkpoints" / "4", "data_file_deleted", None)
 mcfg = default_config.model_config(config, VOCAB)
-step, _ = wd.restore_params(config, workdir, mcfg, mesh)  # a failed read, then the fallback
+step, _ = run_dir.restore_params(workdir, mcfg, mesh)  # a failed read, then the fallback
 after = snapshot()
 print(json.dumps({"step": step, "before": before, "after": after}))
 """

@@ -29,7 +29,7 @@ import pytest
 from transformer_xl import data, default_config, sharding
 from transformer_xl.cli import process_settings
 from transformer_xl.model import models
-from transformer_xl.run import checkpointing, fingerprints, metrics
+from transformer_xl.run import checkpointing, fingerprints, metrics, run_dir
 from transformer_xl.training import train, train_state
 
 from test_train import REPO, read_metrics, run_main, small_args, tiny_config, write_ptb_sample
@@ -375,13 +375,13 @@ def resumed_from_4(tmp_path_factory, mesh, clean):
     ],
 )
 def test_a_damaged_latest_checkpoint_falls_back_to_the_previous(
-    tmp_path, mesh, clean, resumed_from_4, kind, capsys
+    tmp_path, mesh, clean, resumed_from_4, kind, reports
 ):
   workdir = copy_upto(clean, tmp_path / "wd", 6)
   step6 = workdir / "checkpoints" / "6"
   _damage(step6, kind, workdir / "checkpoints" / "4")
   train_toy(workdir, mesh)
-  out = capsys.readouterr().out
+  out = reports.text
   assert f"Checkpoint {step6} is not usable" in out, out
   assert f"Resumed from {workdir / 'checkpoints' / '4'} at step 4." in out
   assert (workdir / "checkpoints_rejected" / "6").is_dir() and "Moved the checkpoint" in out
@@ -397,14 +397,14 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous(
   assert records(workdir)[N_STEPS] == records(resumed_from_4)[N_STEPS]
 
 
-def test_reasons_are_named_and_no_usable_checkpoint_is_an_error(tmp_path, mesh, clean):
+def test_reasons_are_named_and_no_usable_checkpoint_is_an_error(tmp_path, mesh, clean, reports):
   workdir = copy_upto(clean, tmp_path / "wd", 4)
   _damage(workdir / "checkpoints" / "4", "other_arrays", workdir / "checkpoints" / "2")
   _damage(workdir / "checkpoints" / "2", "data_file_deleted", None)
   manager = checkpointing.make_manager(str(workdir))
-  logged = []
   with pytest.raises(checkpointing.CheckpointError) as err:
-    checkpointing.restore_latest(manager, abstract_state(toy_config(), mesh), log=logged.append)
+    checkpointing.restore_latest(manager, abstract_state(toy_config(), mesh))
+  logged = reports.lines
   message = str(err.value)
   for step in (2, 4):
     assert str(workdir / "checkpoints" / str(step)) in message
@@ -415,12 +415,12 @@ def test_reasons_are_named_and_no_usable_checkpoint_is_an_error(tmp_path, mesh, 
 
 
 @pytest.mark.smoke
-def test_partial_writes_are_removed_at_start(tmp_path, mesh, clean, capsys):
+def test_partial_writes_are_removed_at_start(tmp_path, mesh, clean, reports):
   workdir = copy_upto(clean, tmp_path / "wd", 10)
   leftover = workdir / "checkpoints" / "12.orbax-checkpoint-tmp-1234"
   shutil.copytree(clean / "checkpoints" / "12", leftover)
   train_toy(workdir, mesh)
-  out = capsys.readouterr().out
+  out = reports.text
   assert f"Removed {leftover}" in out and not leftover.exists()
   assert records(workdir)[12] == records(clean)[12]
 
@@ -813,7 +813,7 @@ def test_a_full_disk_stops_with_the_previous_checkpoint_intact(cli, tmp_path):
   assert f"Resumed from {moved / 'checkpoints' / '4'} at step 4" in r.stdout
 
 
-def test_a_checkpoint_with_non_finite_values_is_not_used(tmp_path, mesh, clean):
+def test_a_checkpoint_with_non_finite_values_is_not_used(tmp_path, mesh, clean, reports):
   """A checkpoint written without a record (an older version) that holds a
   NaN: rejected for it, the previous one is used."""
   workdir = copy_upto(clean, tmp_path / "wd", 4)
@@ -828,10 +828,8 @@ def test_a_checkpoint_with_non_finite_values_is_not_used(tmp_path, mesh, clean):
       ),
   )
   manager.wait_until_finished()
-  logged = []
-  restored = checkpointing.restore_latest(
-      manager, abstract_state(toy_config(), mesh), log=logged.append
-  )
+  restored = checkpointing.restore_latest(manager, abstract_state(toy_config(), mesh))
+  logged = reports.lines
   assert restored.step == 4 and restored.verified
   assert "non-finite values in .params[" in logged[0] and "/checkpoints/6" in logged[0]
 
@@ -871,7 +869,7 @@ def test_run_differences_lists_what_a_checkpoint_cannot_take():
 
 
 @pytest.mark.parametrize("cut", [1, 7, -25, -1])
-def test_a_torn_metrics_line_is_moved_aside_and_every_step_stays_once(tmp_path, cut):
+def test_a_torn_metrics_line_is_moved_aside_and_every_step_stays_once(tmp_path, cut, reports):
   """A run killed while writing row 3 leaves it torn (cut at several byte
   offsets, the last one only without its newline); the resumed run (from
   step 2) moves the torn text to metrics.jsonl.corrupt with a warning,
@@ -885,8 +883,7 @@ def test_a_torn_metrics_line_is_moved_aside_and_every_step_stays_once(tmp_path, 
   start = text.index('{"step": 3')
   path.write_text(text[: start + cut] if cut > 0 else text[: len(text) + cut])
   torn = path.read_text()[start:]
-  logged = []
-  writer = metrics.MetricWriter(str(tmp_path), start_step=2, log=logged.append)
+  writer = metrics.MetricWriter(str(tmp_path), start_step=2)
   for step in (3, 4):
     writer.write_scalars(step, {"train/loss": 3.0 - 0.1 * step})
   writer.close()
@@ -896,6 +893,7 @@ def test_a_torn_metrics_line_is_moved_aside_and_every_step_stays_once(tmp_path, 
   ]
   assert [r["step"] for r in rows] == [1, 2, 3, 4] and path.read_text().endswith("\n")
   assert (tmp_path / "metrics.jsonl.corrupt").read_text() == torn + "\n"
+  logged = reports.lines
   assert len(logged) == 1 and "metrics.jsonl.corrupt" in logged[0]
 
 
@@ -907,7 +905,7 @@ def test_metrics_lines_that_are_not_rows_or_repeat_a_step_are_cleaned(tmp_path):
       '{"step": 1, "a": 1}\n{"step": 2, "a": NaN}\n[1, 2]\n{"step": 1, "a": 2}\n'
       '{"step": 2, "a": 3}\n'
   )
-  metrics.MetricWriter(str(tmp_path), start_step=5, log=lambda m: None).close()
+  metrics.MetricWriter(str(tmp_path), start_step=5).close()
   assert [json.loads(l) for l in path.read_text().splitlines()] == [
       {"step": 1, "a": 2},
       {"step": 2, "a": 3},
@@ -920,8 +918,8 @@ def test_metrics_lines_that_are_not_rows_or_repeat_a_step_are_cleaned(tmp_path):
 
 HOLD_LOCK = """
 import sys, time
-from transformer_xl.run import workdir
-with workdir.training_lock(sys.argv[1]):
+from transformer_xl.run import lock
+with lock.training_lock(sys.argv[1]):
   print("held", flush=True)
   time.sleep(120)
 """
@@ -939,28 +937,114 @@ def _hold_lock(directory):
   return proc
 
 
-def test_the_training_lock_names_its_holder_and_is_taken_over_when_it_is_gone(tmp_path):
-  from transformer_xl.run import workdir as wd
+def _lock_is_free(path):
+  """Whether no process holds the flock on ``path`` (tried, then let go)."""
+  import fcntl
 
+  fd = os.open(path, os.O_RDWR)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except BlockingIOError:
+    return False
+  finally:
+    os.close(fd)  # closing releases a flock it got
+  return True
+
+
+def test_the_training_lock_names_its_holder_and_is_taken_over_when_it_is_gone(tmp_path, caplog):
+  from transformer_xl import errors
+  from transformer_xl.run import lock
+
+  caplog.set_level(logging.INFO)
+  record = tmp_path / "train.lock.json"  # the holder's record, beside the lock
   holder = _hold_lock(tmp_path)
   try:
-    with pytest.raises(wd.WorkdirError) as err:
-      with wd.training_lock(str(tmp_path)):
+    with pytest.raises(errors.WorkdirError) as err:
+      with lock.training_lock(str(tmp_path)):
         pytest.fail("a second holder")
     assert f"is in use by another training (pid {holder.pid} on host " in str(err.value)
     assert str(tmp_path / "train.lock") in str(err.value)
   finally:
-    holder.kill()  # kill -9: no release; the file keeps the holder's details
+    holder.kill()  # kill -9: no release; the record keeps the holder's details
     holder.wait()
-  assert f'"pid": {holder.pid}' in (tmp_path / "train.lock").read_text()
-  logged = []
-  with wd.training_lock(str(tmp_path), log=logged.append):
-    assert f"pid {holder.pid} on host" in logged[0] and "Took over" in logged[0]
-    assert json.loads((tmp_path / "train.lock").read_text())["pid"] == os.getpid()
-    with wd.training_lock(str(tmp_path)):  # re-entrant in one process
+  assert f'"pid": {holder.pid}' in record.read_text()
+  assert _lock_is_free(tmp_path / "train.lock")  # the kernel released it
+  with lock.training_lock(str(tmp_path)):
+    (note,) = [r.getMessage() for r in caplog.records if "Took over" in r.getMessage()]
+    assert f"pid {holder.pid} on host" in note
+    assert json.loads(record.read_text())["pid"] == os.getpid()
+    with lock.training_lock(str(tmp_path)):  # re-entrant in one process
       pass
-    assert (tmp_path / "train.lock").exists()
-  assert not (tmp_path / "train.lock").exists()  # released
+    assert record.exists() and not _lock_is_free(tmp_path / "train.lock")
+  assert not record.exists() and _lock_is_free(tmp_path / "train.lock")  # released
+
+
+def test_the_training_lock_released_cleanly_leaves_no_record_and_no_note(tmp_path, caplog):
+  """A clean release removes the holder's record, so the next taker (here a
+  second process) takes it without a "Took over" note."""
+  from transformer_xl.run import lock
+
+  caplog.set_level(logging.INFO)
+  record = tmp_path / "train.lock.json"
+  with lock.training_lock(str(tmp_path / "new")):  # the workdir is created
+    assert (tmp_path / "new" / "train.lock.json").exists()
+  assert not (tmp_path / "new" / "train.lock.json").exists()
+  with lock.training_lock(str(tmp_path)):
+    held = json.loads(record.read_text())
+    assert held["pid"] == os.getpid() and set(held) == {"host", "pid", "started"}
+  assert not record.exists()
+  assert not [r for r in caplog.records if "Took over" in r.getMessage()]
+  holder = _hold_lock(tmp_path)  # another process takes it at once
+  holder.kill()
+  holder.wait()
+
+
+def test_a_training_lock_holder_killed_with_sigkill_is_taken_over_with_a_note(tmp_path, caplog):
+  """SIGKILL gives the holder no chance to release: the kernel frees the
+  lock, its record stays, and the next taker says whose lock it took."""
+  from transformer_xl.run import lock
+
+  caplog.set_level(logging.INFO)
+  holder = _hold_lock(tmp_path)
+  os.kill(holder.pid, signal.SIGKILL)
+  assert holder.wait() == -signal.SIGKILL
+  assert _lock_is_free(tmp_path / "train.lock")
+  assert json.loads((tmp_path / "train.lock.json").read_text())["pid"] == holder.pid
+  with lock.training_lock(str(tmp_path)):
+    notes = [r for r in caplog.records if "Took over" in r.getMessage()]
+    assert len(notes) == 1 and notes[0].levelno >= logging.INFO
+    note = notes[0].getMessage()
+    assert note.startswith(
+        f"Took over {os.path.realpath(tmp_path / 'train.lock')} from a training that ended "
+        f"without releasing it (pid {holder.pid} on host "
+    )
+
+
+def test_a_refused_training_names_the_live_holder_and_leaves_its_lock(tmp_path):
+  from transformer_xl import errors
+  from transformer_xl.run import lock
+
+  holder = _hold_lock(tmp_path)
+  try:
+    before = (tmp_path / "train.lock.json").read_text()
+    t = time.monotonic()
+    with pytest.raises(errors.WorkdirError) as err:
+      with lock.training_lock(str(tmp_path)):
+        pytest.fail("a second holder")
+    assert time.monotonic() - t < 5  # no waiting
+    assert f"(pid {holder.pid} on host " in str(err.value)
+    assert (tmp_path / "train.lock.json").read_text() == before  # the holder's record stays
+    assert holder.poll() is None and not _lock_is_free(tmp_path / "train.lock")
+  finally:
+    holder.kill()
+    holder.wait()
+
+
+def test_the_training_lock_is_not_taken_on_a_remote_workdir(tmp_path):
+  from transformer_xl.run import lock
+
+  with lock.training_lock("gs://bucket/none"):
+    pass
 
 
 def _wait_for(predicate, what, timeout=240):
@@ -1012,7 +1096,7 @@ def test_a_second_training_stops_and_readers_work_beside_a_training(cli, tmp_pat
     assert "Corpus" not in second.stdout  # it stopped before loading the data
     assert (copy / "config.json").read_text() == metrics_before
 
-    config = wd.load_config(str(copy))
+    wd.load_config(str(copy))
     model_cfg, _ = wd.load_model_config(str(copy))
     mesh = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
     logged, steps = [], []
@@ -1020,7 +1104,7 @@ def test_a_second_training_stops_and_readers_work_beside_a_training(cli, tmp_pat
     metrics.log = logged.append
     try:
       for _ in range(20):
-        step, params = wd.restore_params(config, str(copy), model_cfg, mesh)
+        step, params = run_dir.restore_params(str(copy), model_cfg, mesh)
         steps.append(step)
     finally:
       metrics.log = real_log
@@ -1043,7 +1127,7 @@ def test_a_second_training_stops_and_readers_work_beside_a_training(cli, tmp_pat
   assert r.returncode == 0, r.stderr[-2000:]
   assert (
       f"Took over {copy / 'train.lock'} from a training that ended without releasing it "
-      f"(pid {first.pid} on host" in r.stdout
+      f"(pid {first.pid} on host" in r.stdout + r.stderr  # a report (stdout)
   )
 
 

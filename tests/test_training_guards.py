@@ -1,11 +1,10 @@
 """Tests that guard what a user trains: each catches a realistic one-line bug
 that the rest of the suite let through (dropout masks, gradient scale under
 accumulation, clipping, warmup, bf16 attention scores and masking, the
-evaluator's own segment settings, ext_len's memory window)."""
+evaluator's own segment settings)."""
 
 import dataclasses
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -263,51 +262,3 @@ def test_evaluator_uses_the_eval_segment_settings():
   # Each override matters on this stream (else the test could not fail).
   for change in (dict(clamp_len=0), dict(same_length=False)):
     assert not np.allclose(direct(dataclasses.replace(eval_cfg, **change)), nll, atol=1e-4), change
-
-
-# --------------------------------------------------------------------------- #
-# ext_len's memory window.
-
-
-def test_ext_len_memory_window():
-  """With ext_len e, the memory after a segment of T tokens holds the layer
-  inputs up to position T - e: exactly the memory a model without ext_len
-  leaves after the first T - e tokens; valid slots min(M, T - e)."""
-  base = dict(
-      n_token=32,
-      n_layer=2,
-      d_model=16,
-      n_head=2,
-      d_head=8,
-      d_inner=32,
-      dropout=0.0,
-      dropatt=0.0,
-      tgt_len=6,
-      mem_len=8,
-  )
-  with_ext = models.ModelConfig(**base, ext_len=2)
-  without = models.ModelConfig(**base, ext_len=0)
-  params = nn.unbox(models.init_params(models.TransformerXL(without), jax.random.PRNGKey(0)))
-  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 32, size=(2, 12)), jnp.int32)
-  mem_e, mem_0 = models.init_memory(with_ext, 2), models.init_memory(without, 2)
-  apply_e = jax.jit(
-      lambda x, mem: models.TransformerXL(with_ext).apply({"params": params}, x, mem, x)
-  )
-  apply_0 = jax.jit(
-      lambda x, mem: models.TransformerXL(without).apply({"params": params}, x, mem, x)
-  )
-  for seg in range(2):  # the second segment starts from the compared memories
-    x = tokens[:, 6 * seg : 6 * seg + 6]
-    nll_e, mem_e = apply_e(x, mem_e)
-    nll_0, mem_0 = apply_0(x[:, :4], mem_0)
-    np.testing.assert_allclose(np.asarray(nll_e)[:, :4], np.asarray(nll_0), rtol=1e-5, atol=1e-6)
-    valid = min(8, 4 * (seg + 1))
-    np.testing.assert_array_equal(np.asarray(mem_e.mlen_B), [valid] * 2)
-    np.testing.assert_array_equal(np.asarray(mem_0.mlen_B), [valid] * 2)
-    # The valid (right-aligned) slots hold the same layer inputs.
-    np.testing.assert_allclose(
-        np.asarray(mem_e.mems_LxBxMxD)[:, :, -valid:],
-        np.asarray(mem_0.mems_LxBxMxD)[:, :, -valid:],
-        rtol=1e-5,
-        atol=1e-6,
-    )

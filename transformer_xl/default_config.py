@@ -246,11 +246,6 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, 
   def finite(key: str) -> bool:
     return key not in nonfinite
 
-  if m.ext_len:
-    problems.append(
-        f"model.ext_len={m.ext_len}: extended context is not supported by the "
-        "input pipeline; set --config.model.ext_len=0 (all reference scripts do)."
-    )
   problems += segment_problems(e.tgt_len, e.mem_len, e.clamp_len, e.same_length, section="eval")
   if e.global_batch < 1:
     problems.append(f"eval.global_batch={e.global_batch} must be >= 1.")
@@ -383,6 +378,20 @@ def _optimizer_problems(t: ml_collections.ConfigDict, nonfinite: set[str]) -> li
         "the auxiliary losses)."
     )
   return problems
+
+
+def without_legacy_keys(saved: Any) -> Any:
+  """A saved config (a workdir's ``config.json``, parsed) without the model
+  keys of earlier versions (``model.config.drop_legacy_keys``), so that it
+  updates ``get_config()``'s locked dict; anything but a dict with a
+  ``model`` dict is returned as it is.
+
+  Raises:
+    ValueError: a legacy key at a value that was never supported.
+  """
+  if not isinstance(saved, Mapping) or not isinstance(saved.get("model"), Mapping):
+    return saved
+  return {**saved, "model": model_config_lib.drop_legacy_keys(saved["model"], "model")}
 
 
 def model_config(config: ml_collections.ConfigDict, n_token: int) -> ModelConfig:

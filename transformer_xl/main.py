@@ -28,7 +28,7 @@ _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file (configs/*.py).", lock_config=True
 )
 _WORKDIR = flags.DEFINE_string(
-    "workdir", None, "Directory for checkpoints, TensorBoard " "events and eval_results.json."
+    "workdir", None, "Directory for checkpoints, TensorBoard events and eval_results.json."
 )
 _MODE = flags.DEFINE_enum(
     "mode",
@@ -42,7 +42,7 @@ _MODE = flags.DEFINE_enum(
 _TOKENS = flags.DEFINE_string(
     "tokens",
     None,
-    "--mode=score: .npy integer array [B, T+1]; each row one contiguous " "stream of token ids.",
+    "--mode=score: .npy integer array [B, T+1]; each row one contiguous stream of token ids.",
 )
 _TEXT = flags.DEFINE_string(
     "text",
@@ -65,7 +65,7 @@ _PROMPT_FILE = flags.DEFINE_string(
     "skipped), all continued in one batch.",
 )
 _NUM_TOKENS = flags.DEFINE_integer(
-    "num_tokens", 100, "--mode=generate: tokens per sample, at " "most (see --stop, --stop_at_eos)."
+    "num_tokens", 100, "--mode=generate: tokens per sample, at most (see --stop, --stop_at_eos)."
 )
 _STOP = flags.DEFINE_multi_string(
     "stop",
@@ -117,7 +117,7 @@ def main(argv):
     raise app.UsageError("--config is required to train.")
   if _MODE.value == "score" and (bool(_TOKENS.value) == bool(_TEXT.value) or not _OUT.value):
     raise app.UsageError(
-        "--mode=score needs --out=NLL.npy and one of --tokens=FILE.npy or " "--text=FILE."
+        "--mode=score needs --out=NLL.npy and one of --tokens=FILE.npy or --text=FILE."
     )
   process_settings.configure_logging(_DEBUG.value, flags.FLAGS["verbosity"].present)
   process_settings.release_after_compiles()  # compilers' freed memory back to the kernel

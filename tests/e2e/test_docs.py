@@ -178,9 +178,9 @@ def _quick_start(readme: Path) -> list[list[str]]:
       and b["code"].splitlines()[0].strip() == QUICK_START_INSTALL
       and "transformer_xl.main" in b["code"]
   ]
-  assert len(found) == 1, (
-      "README.md: expected one quick-start block whose first line is " f"{QUICK_START_INSTALL!r}"
-  )
+  assert (
+      len(found) == 1
+  ), f"README.md: expected one quick-start block whose first line is {QUICK_START_INSTALL!r}"
   runs = []
   for line in found[0]["code"].splitlines()[1:]:
     argv = shlex.split(line, comments=True)

@@ -43,6 +43,7 @@ import numpy as np
 from transformer_xl import data, default_config, sharding
 from transformer_xl.inference import evaluate
 from transformer_xl.model import attention, models
+from transformer_xl.run import run_dir
 from transformer_xl.run import workdir as wd
 
 Array = jax.Array
@@ -284,11 +285,11 @@ def _parse_heads(spec: str, n_layer: int, n_head: int) -> list[tuple[int, int]]:
       layer, head = (int(x) for x in part.split(":"))
     except ValueError:
       raise default_config.ConfigError(
-          f"--heads={spec!r}: use LAYER:HEAD,... " "(e.g. 0:0,3:1)."
+          f"--heads={spec!r}: use LAYER:HEAD,... (e.g. 0:0,3:1)."
       ) from None
     if not (0 <= layer < n_layer and 0 <= head < n_head):
       raise default_config.ConfigError(
-          f"--heads: {layer}:{head} is outside {n_layer} layers " f"x {n_head} heads."
+          f"--heads: {layer}:{head} is outside {n_layer} layers x {n_head} heads."
       )
     heads.append((layer, head))
   return heads
@@ -316,7 +317,7 @@ def run(
   data_cfg = config.data.to_dict()
   corpus = data.load_configured(data_cfg)
   train_cfg = default_config.model_config(config, corpus.vocab_size)
-  step, params = wd.restore_params(config, workdir, train_cfg, mesh)
+  step, params = run_dir.restore_params(workdir, train_cfg, mesh)
   eval_cfg = evaluate.eval_model_config(config, train_cfg)
   eval_cfg = dataclasses.replace(eval_cfg, remat="none")
   chosen = _parse_heads(heads, eval_cfg.n_layer, eval_cfg.n_head)
@@ -404,7 +405,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument(
       "--heads",
       default="",
-      help="LAYER:HEAD,... for the context plot " "(default: head 0 of every layer)",
+      help="LAYER:HEAD,... for the context plot (default: head 0 of every layer)",
   )
   parser.add_argument(
       "--segment",

@@ -279,7 +279,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   p.add_argument(
       "--names",
       default="",
-      help="comma list of model names (default: the " "workdirs' last path components)",
+      help="comma list of model names (default: the workdirs' last path components)",
   )
   p.add_argument("--split", default="valid", choices=("train", "valid", "test"))
   p.add_argument(
@@ -292,7 +292,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
       "--delta",
       type=int,
       default=None,
-      help="the step Delta of Appendix C in tokens (default: each evaluated length " "to the next)",
+      help="the step Delta of Appendix C in tokens (default: each evaluated length to the next)",
   )
   p.add_argument(
       "--threshold",
@@ -374,9 +374,7 @@ def check_args(args: argparse.Namespace) -> Request:
     raise UsageError(f"model names must differ: {names}; pass --names=a,b,...")
   rs = _csv(args.r, float, "r")
   if not rs or any(not 0.0 < r <= 1.0 for r in rs):
-    raise UsageError(
-        f"--r={args.r!r}: every r must be in (0, 1] (the top-r ratio of " "Appendix C)."
-    )
+    raise UsageError(f"--r={args.r!r}: every r must be in (0, 1] (the top-r ratio of Appendix C).")
   lengths = _csv(args.context_lengths, int, "context_lengths")
   try:
     walk = walk_indices(lengths, args.delta)
@@ -479,7 +477,7 @@ def load_members(request: Request) -> list:
     ckpt = epath.Path(w) / "checkpoints"
     if not ckpt.is_dir() or not any(p.name.isdigit() for p in ckpt.iterdir()):
       raise UsageError(
-          f"workdir {w} has no checkpoint in {ckpt}: train (or convert) into it " "first."
+          f"workdir {w} has no checkpoint in {ckpt}: train (or convert) into it first."
       )
     members.append(Member(name, w, config, model_cfg, unit))
   datasets = {m.name: (m.config.data.dataset, m.model_cfg.n_token) for m in members}
@@ -550,10 +548,10 @@ def member_losses(
   """
   from transformer_xl import sharding
   from transformer_xl.inference import evaluate
-  from transformer_xl.run import workdir as wd
+  from transformer_xl.run import run_dir
 
   mesh = sharding.make_mesh(member.config.mesh.shape, member.config.mesh.axis_names)
-  step, params = wd.restore_params(member.config, member.workdir, member.model_cfg, mesh)
+  step, params = run_dir.restore_params(member.workdir, member.model_cfg, mesh)
   out_CxT = np.zeros((len(lengths), corpus.splits[split].num_tokens), np.float32)
   for k, c in enumerate(lengths):
     t0 = time.perf_counter()

@@ -153,7 +153,7 @@ def walk_indices(context_lengths: Sequence[int], delta: int | None = None) -> li
   lengths = [int(c) for c in context_lengths]
   if len(lengths) < 2:
     raise ValueError(
-        f"RECL needs at least 2 context lengths (a short c and a long c'); got " f"{lengths}."
+        f"RECL needs at least 2 context lengths (a short c and a long c'); got {lengths}."
     )
   if lengths[0] < 1 or any(b <= a for a, b in zip(lengths, lengths[1:])):
     raise ValueError(f"context lengths must be >= 1 and strictly increasing; got {lengths}.")
@@ -212,7 +212,7 @@ def recl(
   x = _losses(losses_NxCxT)
   if x.shape[1] != len(context_lengths):
     raise ValueError(
-        f"losses have {x.shape[1]} context lengths, context_lengths " f"{len(context_lengths)}."
+        f"losses have {x.shape[1]} context lengths, context_lengths {len(context_lengths)}."
     )
   walk = walk_indices(context_lengths, delta)
   n_models, n_steps = x.shape[0], len(walk) - 1

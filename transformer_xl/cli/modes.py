@@ -37,7 +37,7 @@ from transformer_xl import data, default_config, sharding
 from transformer_xl.cli import process_settings, user_errors
 from transformer_xl.data import text_vocab
 from transformer_xl.inference import evaluate, generate, language_model
-from transformer_xl.run import distributed, metrics
+from transformer_xl.run import distributed, lock, metrics, run_dir
 from transformer_xl.run import workdir as wd
 from transformer_xl.training import train
 
@@ -106,7 +106,7 @@ def _run(r: Request) -> None:
     _run_mode(r, config, tokens)
     return
   wd.check_writable(r.workdir)
-  with wd.training_lock(r.workdir, log=metrics.log):  # before the data: a second run stops now
+  with lock.training_lock(r.workdir):  # before the data: a second run stops now
     _run_mode(r, config, tokens)
 
 
@@ -150,7 +150,7 @@ def _run_mode(r: Request, config: ml_collections.ConfigDict, tokens: np.ndarray 
     )
   else:
     if tokens is None:
-      tokens = text_tokens(corpus, r.text)
+      tokens = text_file_tokens(corpus, r.text)
     run_score(config, r.workdir, mesh, tokens, r.out)
 
 
@@ -168,7 +168,7 @@ def run_train(
     return train.train_and_evaluate(config, workdir, corpus, mesh, stop_requested=signals.received)
 
 
-def text_tokens(corpus: data.Corpus, path: str) -> np.ndarray:
+def text_file_tokens(corpus: data.Corpus, path: str) -> np.ndarray:
   """``--text=FILE`` as a token stream for scoring: int32 [1, N + 1], the
   boundary symbol then the file's N tokens (``evaluate.text_tokens``); says
   how many words the vocabulary lacks.
@@ -202,7 +202,7 @@ def run_eval(
     FileNotFoundError: no checkpoint in ``workdir``.
   """
   model_cfg = default_config.model_config(config, corpus.vocab_size)
-  step, params = wd.restore_params(config, workdir, model_cfg, mesh)
+  step, params = run_dir.restore_params(workdir, model_cfg, mesh)
   evaluator = evaluate.Evaluator(config, model_cfg, corpus, mesh)
   metric = metrics.metric_name(corpus.unit)
   results = {}
@@ -288,7 +288,7 @@ def run_score(
   check_output_path(out_path)
   model_cfg, unit = wd.load_model_config(workdir)
   evaluate.check_tokens(tokens_BxT1, model_cfg.n_token)
-  step, params = wd.restore_params(config, workdir, model_cfg, mesh)
+  step, params = run_dir.restore_params(workdir, model_cfg, mesh)
   nll_BxT = evaluate.Evaluator(config, model_cfg, None, mesh).score(params, tokens_BxT1)
   if not np.all(np.isfinite(nll_BxT)):
     b, t = np.argwhere(~np.isfinite(nll_BxT))[0]
@@ -390,7 +390,7 @@ def run_generate(
   generate.SamplingSettings(top_k=top_k, top_p=top_p, temperature=temperature)
   if num_tokens < 1 or num_samples < 1:
     raise default_config.ConfigError(
-        f"--num_tokens={num_tokens} and --num_samples={num_samples} " "must be >= 1."
+        f"--num_tokens={num_tokens} and --num_samples={num_samples} must be >= 1."
     )
   if not all(stop):
     raise default_config.ConfigError("--stop= is empty: give the text that ends a sample.")
@@ -414,7 +414,7 @@ def run_generate(
 
   if main:
     read = (
-        f"the prompt as read ({len(prompt_ids[0])} tokens): " f"{lm.corpus.decode(prompt_ids[0])!r}"
+        f"the prompt as read ({len(prompt_ids[0])} tokens): {lm.corpus.decode(prompt_ids[0])!r}"
         if not many
         else f"{len(prompt_ids)} prompts of {prompt_file} ({min(map(len, prompt_ids))} to "
         f"{max(map(len, prompt_ids))} tokens as read)"

@@ -174,6 +174,43 @@ def release_after_compiles() -> None:
 
 
 _ORBAX_DIR = os.sep + "orbax" + os.sep
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _is_report(record: logging.LogRecord) -> bool:
+  """An INFO record of a module of this package (a report for the user)."""
+  return record.levelno == logging.INFO and (record.pathname or "").startswith(_PACKAGE_DIR)
+
+
+class _Reports(logging.StreamHandler):
+  """Prints the package's reports as plain lines on stdout."""
+
+  def __init__(self):
+    super().__init__(sys.stdout)
+    self.setFormatter(logging.Formatter("%(message)s"))
+    self.addFilter(_is_report)
+
+  def emit(self, record: logging.LogRecord) -> None:
+    self.setStream(sys.stdout)  # the current one (tests and tools swap it)
+    super().emit(record)
+    self.flush()
+
+
+class _NotReports(logging.Filter):
+  """On absl's handler: everything but the package's reports (printed by
+  ``_Reports``), and other libraries' records below WARNING only with
+  ``third_party_info``."""
+
+  def __init__(self, third_party_info: bool):
+    super().__init__()
+    self._third_party_info = third_party_info
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if _is_report(record):
+      return False
+    return record.levelno >= logging.WARNING or self._third_party_info
+
+
 _UNRETRIEVED = " exception was never retrieved"
 
 
@@ -221,21 +258,43 @@ def _quiet_unraisable(previous):
 
 
 def configure_logging(debug: bool, verbosity_given: bool = False) -> None:
-  """The command line's logging: absl at WARNING unless ``--verbosity`` was
-  given (orbax and tfds log every file at INFO), and, unless ``debug``, none
-  of the logs of orbax's failures (``_NotFromOrbax``,
-  ``_NoUnretrievedTasks``, ``_quiet_unraisable``): a failed
-  checkpoint write or read is reported by the command line as one message.
+  """The command line's logging.
+
+  * The package's reports (``metrics.log`` and every other absl INFO record
+    of a module of this package) are printed as plain lines on stdout,
+    what the user reads (``_Reports``); absl's own handler (stderr, with
+    its prefix) does not repeat them.
+  * Other libraries' INFO records (orbax and tfds log every file) are
+    dropped unless ``--verbosity`` was given; warnings and errors always
+    reach absl's handler.
+  * Unless ``debug``, none of the logs of orbax's failures
+    (``_NotFromOrbax``, ``_NoUnretrievedTasks``, ``_quiet_unraisable``): a
+    failed checkpoint write or read is reported by the command line as
+    one message.
+
   Idempotent.
 
   Args:
     debug: ``--debug``: keep every log (and the tracebacks of user errors).
     verbosity_given: absl's ``--verbosity`` flag was given: leave it.
   """
-  if not verbosity_given:
-    from absl import logging as absl_logging
+  from absl import logging as absl_logging
 
-    absl_logging.set_verbosity(absl_logging.WARNING)
+  if not verbosity_given:
+    absl_logging.set_verbosity(absl_logging.INFO)
+  # absl's records go to these two handlers only (not also to handlers that
+  # another library put on the root logger, e.g. through basicConfig).
+  absl_logger = logging.getLogger("absl")
+  if not any(isinstance(h, _Reports) for h in absl_logger.handlers):
+    absl_logger.addHandler(_Reports())
+  handler = absl_logging.get_absl_handler()
+  if handler not in absl_logger.handlers:
+    absl_logger.addHandler(handler)
+  absl_logger.propagate = False
+  for f in list(handler.filters):
+    if isinstance(f, _NotReports):
+      handler.removeFilter(f)
+  handler.addFilter(_NotReports(third_party_info=verbosity_given))
   if debug:
     return
   for name, filter_cls in (("absl", _NotFromOrbax), ("asyncio", _NoUnretrievedTasks)):
@@ -281,7 +340,7 @@ class StopSignals:
     if signum == signal.SIGINT:
       if self._received == name:
         sys.stderr.write(
-            "\nSIGINT again: quitting without a checkpoint (the newest one written " "is intact).\n"
+            "\nSIGINT again: quitting without a checkpoint (the newest one written is intact).\n"
         )
         sys.stderr.flush()
         os._exit(130)

@@ -95,7 +95,7 @@ def load_tokens(path: str) -> np.ndarray:
     raise evaluate.ScoreInputError(f"--tokens={path} does not exist.") from None
   except (ValueError, OSError, EOFError) as err:
     raise evaluate.ScoreInputError(
-        f"--tokens={path} is not a .npy array ({err}); write one " "with numpy.save."
+        f"--tokens={path} is not a .npy array ({err}); write one with numpy.save."
     ) from None
   try:
     return evaluate.check_tokens(tokens)

@@ -54,7 +54,7 @@ guarantees (parity to 1e-5 with HuggingFace's port, bit-exact round
 trips): docs/guide/conversion.md.
 
 Modules, one role each.  The converter is off the training path (nothing
-in training imports it); of the package, only ``workdir.py`` calls
+in training imports it); of the package, only ``workdir_io.py`` calls
 ``default_config``, ``train_state``, ``workdir``, ``sharding`` and
 ``checkpointing``, to write and read workdirs:
 
@@ -70,10 +70,10 @@ in training imports it); of the package, only ``workdir.py`` calls
   ``state_dict_from_tf``;
 * ``vocab.py``: ``read_vocab``, ``dataset_vocab``, ``map_vocab``,
   ``remap_vocab``;
-* ``workdir.py``: ``write_workdir``, ``convert_to_workdir``,
+* ``workdir_io.py``: ``write_workdir``, ``convert_to_workdir``,
   ``export_pytorch``;
-* ``download.py``: ``fetch`` (resumed, retried), the checksums recorded at
-  a first download;
+* ``download.py``: the checksums recorded at a first download (the
+  download itself: ``transformer_xl.data.download.fetch``);
 * ``pretrained.py``: ``RELEASES``, their files (cache, manual dir, the
   Hub), ``convert_release``, ``pretrained_workdir`` (``--pretrained``,
   ``LanguageModel.from_pretrained``);
@@ -117,7 +117,7 @@ from transformer_xl.convert.vocab import (
     read_vocab,
     remap_vocab,
 )
-from transformer_xl.convert.workdir import (
+from transformer_xl.convert.workdir_io import (
     convert_to_workdir,
     export_pytorch,
     one_device_mesh,

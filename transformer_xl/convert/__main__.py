@@ -14,7 +14,7 @@ import transformer_xl.convert as package
 from transformer_xl.convert import pretrained
 from transformer_xl.convert.errors import ConvertError, one_line
 from transformer_xl.convert.vocab import UNSEEN_BIAS
-from transformer_xl.convert.workdir import convert_to_workdir, export_pytorch
+from transformer_xl.convert.workdir_io import convert_to_workdir, export_pytorch
 
 
 def _define_flags(fv):
@@ -59,7 +59,7 @@ def _define_flags(fv):
       flag_values=fv,
   )
   f["workdir"] = flags.DEFINE_string(
-      "workdir", None, "Our workdir (output of --from, input of " "--to).", flag_values=fv
+      "workdir", None, "Our workdir (output of --from, input of --to).", flag_values=fv
   )
   f["cluster_order"] = flags.DEFINE_enum(
       "cluster_order",
@@ -74,17 +74,17 @@ def _define_flags(fv):
       "layout",
       "reference",
       ["reference", "hf"],
-      "--to: reference (MemTransformerLM) or hf " "(TransfoXLLMHeadModel) names.",
+      "--to: reference (MemTransformerLM) or hf (TransfoXLLMHeadModel) names.",
       flag_values=fv,
   )
   f["vocab"] = flags.DEFINE_string(
       "vocab",
       None,
-      "The model's vocabulary file (one symbol per " "line); mapped onto --dataset's vocabulary.",
+      "The model's vocabulary file (one symbol per line); mapped onto --dataset's vocabulary.",
       flag_values=fv,
   )
   f["dataset"] = flags.DEFINE_string(
-      "dataset", None, "Our corpus (data.dataset of the " "converted config).", flag_values=fv
+      "dataset", None, "Our corpus (data.dataset of the converted config).", flag_values=fv
   )
   f["data_dir"] = flags.DEFINE_string(
       "data_dir", None, "tfds data dir of --dataset.", flag_values=fv
@@ -98,7 +98,7 @@ def _define_flags(fv):
   f["verify_checksums"] = flags.DEFINE_boolean(
       "verify_checksums",
       True,
-      "Check --dataset's source files (False for non-canonical " "files).",
+      "Check --dataset's source files (False for non-canonical files).",
       flag_values=fv,
   )
   f["unit"] = flags.DEFINE_enum(
@@ -112,18 +112,18 @@ def _define_flags(fv):
       "unseen_bias", UNSEEN_BIAS, "Softmax bias of ids missing from --vocab.", flag_values=fv
   )
   f["eval_tgt_len"] = flags.DEFINE_integer(
-      "eval_tgt_len", None, "eval.tgt_len (default: " "hparams tgt_len).", flag_values=fv
+      "eval_tgt_len", None, "eval.tgt_len (default: hparams tgt_len).", flag_values=fv
   )
   f["eval_mem_len"] = flags.DEFINE_integer(
-      "eval_mem_len", None, "eval.mem_len (default: " "hparams mem_len).", flag_values=fv
+      "eval_mem_len", None, "eval.mem_len (default: hparams mem_len).", flag_values=fv
   )
   f["eval_clamp_len"] = flags.DEFINE_integer(
-      "eval_clamp_len", None, "eval.clamp_len " "(default: hparams clamp_len).", flag_values=fv
+      "eval_clamp_len", None, "eval.clamp_len (default: hparams clamp_len).", flag_values=fv
   )
   f["eval_same_length"] = flags.DEFINE_boolean(
       "eval_same_length",
       None,
-      "eval.same_length " "(default: hparams same_length).",
+      "eval.same_length (default: hparams same_length).",
       flag_values=fv,
   )
   f["global_batch"] = flags.DEFINE_integer(
@@ -203,7 +203,7 @@ def main(argv: Sequence[str]) -> None:
       raise ConvertError("--dataset_manual_dir and --cache_dir go with --pretrained.")
     if (f["from"] is None) == (f["to"] is None):
       raise ConvertError(
-          "give exactly one of --from=pytorch|safetensors|tf and " "--to=pytorch|safetensors."
+          "give exactly one of --from=pytorch|safetensors|tf and --to=pytorch|safetensors."
       )
     if not f["checkpoint"] or not f["workdir"]:
       raise ConvertError("--checkpoint and --workdir are required.")

@@ -1,37 +1,22 @@
-"""Downloads of the released models' files: resumed, retried, checksummed.
+"""The released models' checksums, recorded at their first download.
 
-``fetch`` downloads a URL through ``<dest>.part``, resuming it with an
-HTTP Range request; ``Records`` keeps the SHA-256 and size of each file
-at its first download (``checksums.json``), against which every later use is
-checked (``matches``).  Used by ``transformer_xl.convert.pretrained``.
+The release publishes none, so ``Records`` keeps the SHA-256 and size of
+each file at its first download (``checksums.json``), against which every
+later use is checked (``matches``).  Used by
+``transformer_xl.convert.pretrained``; the download itself (resumed,
+retried) is ``transformer_xl.data.download.fetch``.
 """
 
 from __future__ import annotations
 
 import datetime
-import hashlib
-import http.client
 import json
-import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
-from transformer_xl.convert.errors import ConvertError, describe, log
+from transformer_xl.convert.errors import ConvertError, describe
+from transformer_xl.data.download import sha256_of
 
 CHECKSUMS_FILE = "checksums.json"
-CHUNK = 1 << 20
-TRIES = 3
-
-
-def sha256_of(path: Path) -> str:
-  """Hex SHA-256 of a file, read in 1 MiB chunks."""
-  h = hashlib.sha256()
-  with open(path, "rb") as f:
-    while chunk := f.read(CHUNK):
-      h.update(chunk)
-  return h.hexdigest()
 
 
 class Records:
@@ -79,83 +64,3 @@ def matches(path: Path, record: dict | None) -> tuple[bool, str, int]:
     return False, "", size
   sha = sha256_of(path)
   return record is None or sha == record["sha256"], sha, size
-
-
-def fetch(url: str, dest: Path, *, progress: bool = True, tries: int = TRIES) -> None:
-  """Downloads ``url`` to ``dest`` through ``<dest>.part``, resuming.
-
-  A ``.part`` left by an interrupted run, or by a try that ended early (a
-  dropped connection, fewer bytes than the server's Content-Length), is
-  continued with an HTTP ``Range`` request; a server that ignores the range
-  (status 200) or refuses it (416) gets a fresh download.  ``dest`` appears
-  (atomically renamed) only when complete.
-
-  Raises:
-    ConvertError: no complete file after ``tries`` tries, or the server
-      says the file does not exist (404); the message names the URL.
-  """
-  dest.parent.mkdir(parents=True, exist_ok=True)
-  part = dest.with_name(dest.name + ".part")
-  last = "no try"
-  for attempt in range(tries):
-    have = part.stat().st_size if part.exists() else 0
-    request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
-    try:
-      with urllib.request.urlopen(request, timeout=60) as resp:
-        resumed = have > 0 and resp.status == 206
-        if not resumed:
-          have = 0
-        length = resp.headers.get("Content-Length")
-        total = have + int(length) if length is not None else None
-        with (
-            open(part, "ab" if resumed else "wb") as f,
-            _bar(dest.name, total, have, progress) as bar,
-        ):
-          while chunk := resp.read(CHUNK):
-            f.write(chunk)
-            bar.update(len(chunk))
-      size = part.stat().st_size
-      if total is not None and size < total:
-        last = f"the connection ended after {size:,} of {total:,} bytes"
-      else:
-        part.replace(dest)
-        return
-    except urllib.error.HTTPError as err:
-      if err.code == 416:  # the .part is not a prefix the server recognises: start again
-        part.unlink(missing_ok=True)
-        last = "the server refused to resume (HTTP 416)"
-        continue
-      if err.code in (403, 404, 410):
-        raise ConvertError(
-            f"{url}: HTTP {err.code} {err.reason}; the release is not at this "
-            "address (download its files by hand and pass --manual_dir)."
-        ) from None
-      last = f"HTTP {err.code} {err.reason}"
-    except (urllib.error.URLError, http.client.HTTPException, OSError) as err:
-      last = describe(getattr(err, "reason", err))
-    if attempt + 1 < tries:
-      log(
-          f"  {dest.name}: {last}; trying again ({attempt + 2} of {tries}, "
-          f"{part.stat().st_size if part.exists() else 0:,} bytes kept)."
-      )
-      time.sleep(0.5 * (attempt + 1))
-  raise ConvertError(
-      f"cannot download {url} ({last}, {tries} tries); check the network, run "
-      f"again to resume, or download it by hand and pass --manual_dir."
-  )
-
-
-def _bar(name: str, total: int | None, initial: int, enabled: bool):
-  import tqdm
-
-  return tqdm.tqdm(
-      total=total,
-      initial=initial,
-      unit="B",
-      unit_scale=True,
-      unit_divisor=1024,
-      desc=name,
-      file=sys.stderr,
-      disable=not enabled,
-      leave=False,
-  )

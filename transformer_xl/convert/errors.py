@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import re
 
+from absl import logging
+
 from transformer_xl import errors
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -21,8 +23,10 @@ ConvertError = errors.ConvertError  # re-exported (transformer_xl.errors)
 
 
 def log(msg: str) -> None:
-  """Conversion reports go to stdout (they are what the user reads)."""
-  print(msg, flush=True)
+  """A conversion report: absl logging at INFO, attributed to the caller (the
+  command line prints the package's reports on stdout:
+  ``cli.process_settings.configure_logging``)."""
+  logging.info(msg, stacklevel=2)
 
 
 def one_line(text: object, limit: int = 0) -> str:

@@ -106,11 +106,11 @@ def load_hparams(source: str | Mapping[str, Any]) -> dict:
         raw = json.loads(f.read().decode("utf-8"))
     except OSError as err:
       raise ConvertError(
-          f"cannot read the hparams file {source} ({describe(err)}); " f"{fix}."
+          f"cannot read the hparams file {source} ({describe(err)}); {fix}."
       ) from None
     except UnicodeDecodeError as err:
       raise ConvertError(
-          f"hparams file {source} is not UTF-8 text (byte {err.start}); " f"{fix}."
+          f"hparams file {source} is not UTF-8 text (byte {err.start}); {fix}."
       ) from None
     except json.JSONDecodeError as err:
       raise ConvertError(
@@ -193,7 +193,7 @@ def load_hparams(source: str | Mapping[str, Any]) -> dict:
     )
   if hp["tgt_len"] < 1 or hp["mem_len"] < 0:
     raise ConvertError(
-        f"{where}: tgt_len={hp['tgt_len']} must be >= 1 and " f"mem_len={hp['mem_len']} >= 0."
+        f"{where}: tgt_len={hp['tgt_len']} must be >= 1 and mem_len={hp['mem_len']} >= 0."
     )
   if hp["same_length"] and hp["mem_len"] < 1:
     raise ConvertError(f"{where}: same_length=true needs mem_len >= 1.")
@@ -231,7 +231,6 @@ def model_config_from_hparams(hp: Mapping[str, Any], n_token: int | None = None)
       dropatt=float(hp["dropatt"]),
       tgt_len=hp["tgt_len"],
       mem_len=hp["mem_len"],
-      ext_len=0,
       clamp_len=max(0, int(hp["clamp_len"])),
       same_length=bool(hp["same_length"]),
       pre_lnorm=bool(hp["pre_lnorm"]),
@@ -276,7 +275,7 @@ def hparams_from_model_config(cfg) -> dict:
       "tie_projs": list(cfg.tie_projs) if cfg.tie_projs else [False] * n_clusters,
       "pre_lnorm": cfg.pre_lnorm,
       "tgt_len": cfg.tgt_len,
-      "ext_len": cfg.ext_len,
+      "ext_len": 0,  # the reference's extended context: not supported, always 0
       "mem_len": cfg.mem_len,
       "cutoffs": list(cfg.cutoffs),
       "same_length": cfg.same_length,

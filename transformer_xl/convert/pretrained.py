@@ -19,10 +19,11 @@ What happens, in order:
    ``model/model.ckpt-N.data-00000-of-00001``; the reference's
    ``pretrained_xl/tf_<name>`` directory is one) or from the cache
    (``$TRANSFORMER_XL_CACHE``, default ``~/.cache/transformer_xl``, under
-   ``downloads/<name>/``), downloading what is missing: a progress bar on
-   stderr, a partial download (``<file>.part``) resumed with an HTTP range
-   request, a download cut short (fewer bytes than the server announced)
-   resumed, three tries.
+   ``downloads/<name>/``), downloading what is missing
+   (``transformer_xl.data.download.fetch``): a progress bar on stderr, a
+   partial download (``<file>.part``) resumed with an HTTP range request,
+   a download cut short (fewer bytes than the server announced) resumed,
+   three tries.
 2. **Integrity.**  The release publishes no checksum, so the SHA-256 and
    size of each file are recorded at its first download
    (``downloads/<name>/checksums.json``, ``transformer_xl.convert.download``), printed for the user to compare
@@ -60,8 +61,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from transformer_xl.convert.download import CHUNK, Records, fetch, matches, sha256_of
+from transformer_xl.convert.download import Records, matches
 from transformer_xl.convert.errors import ConvertError, describe, log
+from transformer_xl.data.download import CHUNK, DownloadError, fetch, sha256_of
 
 RELEASE_URL = "http://curtis.ml.cmu.edu/datasets/pretrained_xl"
 CACHE_ENV = "TRANSFORMER_XL_CACHE"
@@ -335,7 +337,7 @@ def _download_checked(url: str, path: Path, name: str, records: Records, progres
   record = records.get(name)
   for attempt in range(2):
     log(f"Downloading {url}")
-    fetch(url, path, progress=progress)
+    _fetch(url, path, progress)
     ok, sha, size = matches(path, record)
     if ok:
       if record is None:
@@ -357,6 +359,28 @@ def _download_checked(url: str, path: Path, name: str, records: Records, progres
       f"downloads: the file on the server changed or the network corrupts it; "
       f"delete {records.path} only if you trust the new file."
   )
+
+
+def _fetch(url: str, path: Path, progress: bool) -> None:
+  """``fetch`` (resumed, retried), its failure phrased with the way out (--manual_dir).
+
+  Raises:
+    ConvertError: the file is not at ``url`` (HTTP 403, 404, 410), or no
+      complete file after the tries; the message names the URL.
+  """
+  try:
+    fetch(url, path, progress=progress)
+  except DownloadError as err:
+    if err.status in (403, 404, 410):
+      raise ConvertError(
+          f"{url}: {err.reason}; the release is not at this "
+          "address (download its files by hand and pass --manual_dir)."
+      ) from None
+    tries = f"{err.tries} tr{'y' if err.tries == 1 else 'ies'}"
+    raise ConvertError(
+        f"cannot download {url} ({err.reason}, {tries}); check the network, run "
+        "again to resume, or download it by hand and pass --manual_dir."
+    ) from None
 
 
 def _describe_record(record: dict | None) -> str:
@@ -392,7 +416,7 @@ def read_corpus_info(rel: Release, base: Path) -> dict:
     size, cutoffs = int(info["vocab_size"]), [int(c) for c in info["cutoffs"]]
   except (OSError, ValueError, KeyError, TypeError) as err:
     raise ConvertError(
-        f"{path} is not the release's corpus-info.json ({describe(err)}); " "fetch it again."
+        f"{path} is not the release's corpus-info.json ({describe(err)}); fetch it again."
     ) from None
   inner = cutoffs[1:-1] if cutoffs else []
   if size != rel.n_token or tuple(inner) != tuple(rel.cutoffs):
@@ -468,7 +492,7 @@ def convert_release(
   """
   from transformer_xl.convert import safe_pickle
   from transformer_xl.convert.tf import check_tf_checkpoint
-  from transformer_xl.convert.workdir import check_new_workdir, convert_to_workdir
+  from transformer_xl.convert.workdir_io import check_new_workdir, convert_to_workdir
 
   rel = release(name)
   like = RELEASES[rel.like] if isinstance(rel, HubRelease) else rel
@@ -670,7 +694,7 @@ def hub_hparams(config_json: Path, like: Release) -> dict:
         hp[k] = c[k]
   except (OSError, ValueError, AttributeError) as err:
     raise ConvertError(
-        f"{config_json} is not a HuggingFace TransfoXL config.json " f"({describe(err)})."
+        f"{config_json} is not a HuggingFace TransfoXL config.json ({describe(err)})."
     ) from None
   hp.setdefault("tie_weight", c.get("tie_word_embeddings", True))
   hp.pop("adapt_inp", None)

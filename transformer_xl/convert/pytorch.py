@@ -105,7 +105,7 @@ def params_from_state_dict(state: Mapping[str, Any], cfg, cluster_order: str = "
       )
     if a.dtype.kind not in "fiu":
       raise ConvertError(
-          f"{name} has dtype {a.dtype}, not a real number type; save the " "model's float tensors."
+          f"{name} has dtype {a.dtype}, not a real number type; save the model's float tensors."
       )
     a = a.astype(np.float32)
     bad = int(a.size - np.count_nonzero(np.isfinite(a)))
@@ -299,7 +299,7 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
     ) from None
   if size == 0:
     raise ConvertError(
-        f"checkpoint {path} is empty (0 bytes); copy it again or save the " "state dict again."
+        f"checkpoint {path} is empty (0 bytes); copy it again or save the state dict again."
     )
   state = {"npz": _read_npz, "safetensors": _read_safetensors, "torch": _read_torch}[
       state_dict_format(path)
@@ -407,7 +407,7 @@ def _read_torch(path: str) -> dict[str, np.ndarray]:
         names = z.namelist()
       if names and all(n.endswith(".npy") for n in names):
         raise ConvertError(
-            f"checkpoint {path} is an .npz archive, not a torch file; give it a " ".npz name."
+            f"checkpoint {path} is an .npz archive, not a torch file; give it a .npz name."
         ) from None
     raise ConvertError(
         f"checkpoint {path} is damaged or not a torch file ({describe(err)}); "

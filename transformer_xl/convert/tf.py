@@ -91,7 +91,7 @@ def _tf_reader(path: str):
         "directory"
     )
     raise ConvertError(
-        f"no TF checkpoint at {path} (neither a directory nor {path}.index " f"exists); {hint}."
+        f"no TF checkpoint at {path} (neither a directory nor {path}.index exists); {hint}."
     )
   try:
     import tensorflow as tf

@@ -25,6 +25,8 @@ Modules, one role each:
 * ``tokenizers.py``: tokenisation rules (the builders and
   ``Corpus.encode``) and their inverses (``Corpus.decode``);
 * ``sources.py``: locating, downloading and checksumming source files;
+* ``download.py``: ``fetch``, the one downloader (resumed, retried,
+  bounded), of the corpora and of the released models;
 * ``storage.py``: chunked array_record storage: the base tfds builder,
   readers;
 * ``enwik8_text8.py``: builders of the byte/char corpora of one file;

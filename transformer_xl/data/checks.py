@@ -27,7 +27,7 @@ def check_positive(name: str, value: Any) -> int:
   """``value`` as an int; ValueError unless it is an integer >= 1."""
   if not is_int(value) or value < 1:
     raise ValueError(
-        f"{name} must be an integer >= 1, got {value!r}; " f"set {name} to a positive integer."
+        f"{name} must be an integer >= 1, got {value!r}; set {name} to a positive integer."
     )
   return int(value)
 
@@ -52,7 +52,7 @@ def check_source(source: Any) -> int:
     )
   num_tokens = source.num_tokens
   if not is_int(num_tokens) or num_tokens < 0:
-    raise ValueError(f"source.num_tokens must be a non-negative integer, got " f"{num_tokens!r}.")
+    raise ValueError(f"source.num_tokens must be a non-negative integer, got {num_tokens!r}.")
   return int(num_tokens)
 
 
@@ -111,7 +111,7 @@ def check_state(
   """
   if not isinstance(state, Mapping):
     raise ValueError(
-        f"{kind} state must be a dict with keys {list(keys)}, got " f"{type(state).__name__}."
+        f"{kind} state must be a dict with keys {list(keys)}, got {type(state).__name__}."
     )
   if set(state) != set(keys):
     missing = sorted(set(keys) - set(state))
@@ -123,7 +123,7 @@ def check_state(
     )
   for key in keys:
     if not is_int(state[key]):
-      raise ValueError(f"{kind} state[{key!r}] must be an integer, got " f"{state[key]!r}.")
+      raise ValueError(f"{kind} state[{key!r}] must be an integer, got {state[key]!r}.")
   for key, value in expected.items():
     if state[key] != value:
       raise ValueError(

@@ -141,7 +141,7 @@ class ArraySentenceIndex:
   def read_offsets(self, start: int, stop: int) -> np.ndarray:
     """int64 ``offsets[start:stop]``; IndexError outside [0, num_sentences + 1]."""
     if not 0 <= start <= stop <= self.offsets.shape[0]:
-      raise IndexError(f"range [{start}, {stop}) outside " f"[0, {self.offsets.shape[0]}]")
+      raise IndexError(f"range [{start}, {stop}) outside [0, {self.offsets.shape[0]}]")
     return self.offsets[start:stop].copy()
 
 

@@ -407,8 +407,9 @@ class SlidingWindowIterator(Iterator[Batch]):
   ``end_k = min((k + 1) * stride, N)``, and holds as context the ``L -
   stride`` pairs before them (``L = window``): pairs ``[max(0, k * stride -
   (L - stride)), end_k)``, as the reference does with ``tgt_len = stride,
-  ext_len = L - stride, mem_len = 0`` (its batches at the start and the end
-  of a split are shorter).  With stride 1 every pair is scored with exactly
+  mem_len = 0`` and an extended context of ``L - stride`` unscored
+  positions (its batches at the start and the end of a split are
+  shorter).  With stride 1 every pair is scored with exactly
   ``min(j, L - 1)`` earlier pairs as context: the evaluation that Table 9 of
   Dai et al. 2019 times.  No memory is carried.
 

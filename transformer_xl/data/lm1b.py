@@ -40,17 +40,13 @@ def _lm1b_source() -> sources.ShardedSourceSpec:
   train = tuple(
       sources.SourceFile(
           name=f"news.en-{i:05d}-of-00100",
-          member=(
-              f"{_LM1B_TOP}/training-monolingual.tokenized.shuffled/" f"news.en-{i:05d}-of-00100"
-          ),
+          member=(f"{_LM1B_TOP}/training-monolingual.tokenized.shuffled/news.en-{i:05d}-of-00100"),
       )
       for i in range(1, 100)
   )
   heldout = sources.SourceFile(
       name="news.en.heldout-00000-of-00050",
-      member=(
-          f"{_LM1B_TOP}/heldout-monolingual.tokenized.shuffled/" "news.en.heldout-00000-of-00050"
-      ),
+      member=(f"{_LM1B_TOP}/heldout-monolingual.tokenized.shuffled/news.en.heldout-00000-of-00050"),
   )
   return sources.ShardedSourceSpec(
       corpus="lm1b",

@@ -108,7 +108,7 @@ def to_global_batch(
     local = np.asarray(local)
     if local.ndim == 0:
       raise ValueError(
-          f"local_batch[{key!r}] is a scalar; every batch array " f"needs a leading row axis."
+          f"local_batch[{key!r}] is a scalar; every batch array needs a leading row axis."
       )
     global_shape = (global_batch,) + local.shape[1:]
     target = sharding if local.ndim >= 2 else row_sharding

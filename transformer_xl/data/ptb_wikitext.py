@@ -80,7 +80,7 @@ def _wikitext_source(
   return sources.SourceSpec(
       corpus=corpus,
       archive=f"{top}-v1.zip",
-      url=("https://s3.amazonaws.com/research.metamind.io/wikitext/" f"{top}-v1.zip"),
+      url=(f"https://s3.amazonaws.com/research.metamind.io/wikitext/{top}-v1.zip"),
       files=tuple(
           sources.SourceFile(
               name=f"wiki.{s}.tokens", member=f"{top}/wiki.{s}.tokens", md5=md5[s] if md5 else None
@@ -93,7 +93,7 @@ def _wikitext_source(
 
 _PTB_HOMEPAGE = "http://www.fit.vutbr.cz/~imikolov/rnnlm/"
 _PTB_FILES = {s: f"ptb.{s}.txt" for s in SPLITS}
-_PTB_MANUAL = "Put simple-examples.tgz or ptb.{train,valid,test}.txt into the manual " "dir."
+_PTB_MANUAL = "Put simple-examples.tgz or ptb.{train,valid,test}.txt into the manual dir."
 _WIKITEXT_HOMEPAGE = (
     "https://www.salesforce.com/blog/"
     "the-wikitext-long-term-dependency-language-modeling-dataset/"
@@ -135,7 +135,7 @@ WIKITEXT2 = _line_spec(
     ),
     split_files=_WIKITEXT_FILES,
     manual_instructions=(
-        "Put wikitext-2-v1.zip or wiki.{train,valid,test}.tokens into " "the manual dir."
+        "Put wikitext-2-v1.zip or wiki.{train,valid,test}.tokens into the manual dir."
     ),
     expected=Expected({"train": 2_088_628, "valid": 217_646, "test": 245_569}, 33_278),
 )
@@ -157,7 +157,7 @@ WIKITEXT103 = _line_spec(
     ),
     split_files=_WIKITEXT_FILES,
     manual_instructions=(
-        "Put wikitext-103-v1.zip or wiki.{train,valid,test}.tokens " "into the manual dir."
+        "Put wikitext-103-v1.zip or wiki.{train,valid,test}.tokens into the manual dir."
     ),
     expected=Expected({"train": 103_227_021, "valid": 217_646, "test": 245_569}, 267_735),
 )

@@ -170,7 +170,7 @@ class ShuffledSentenceIterator(Iterator[Batch]):
       )
     n = sentence_index.num_sentences
     if not is_int(n) or n < 1:
-      raise ValueError(f"the split must hold at least one sentence, got " f"num_sentences={n!r}.")
+      raise ValueError(f"the split must hold at least one sentence, got num_sentences={n!r}.")
     self.num_sentences = int(n)
     offsets = np.asarray(sentence_index.read_offsets(0, self.num_sentences + 1))
     if offsets.shape != (self.num_sentences + 1,) or not np.issubdtype(offsets.dtype, np.integer):
@@ -367,11 +367,11 @@ class ShuffledSentenceIterator(Iterator[Batch]):
     )
     if s["epoch"] < 0 or s["step"] < 0:
       raise ValueError(
-          f"{kind} state epoch and step must be >= 0, got " f"{s['epoch']} and {s['step']}."
+          f"{kind} state epoch and step must be >= 0, got {s['epoch']} and {s['step']}."
       )
     if not 0 <= s["position"] <= self.num_sentences:
       raise ValueError(
-          f"{kind} state position must be in [0, " f"{self.num_sentences}], got {s['position']}."
+          f"{kind} state position must be in [0, {self.num_sentences}], got {s['position']}."
       )
     lists = {}
     for key in rows:
@@ -391,7 +391,7 @@ class ShuffledSentenceIterator(Iterator[Batch]):
     for r, (sid, u) in enumerate(zip(lists["row_sentence"], lists["row_used"])):
       if not -1 <= sid < self.num_sentences:
         raise ValueError(
-            f"{kind} state row_sentence[{r}] = {sid} is outside " f"[-1, {self.num_sentences})."
+            f"{kind} state row_sentence[{r}] = {sid} is outside [-1, {self.num_sentences})."
         )
       n = 0 if sid < 0 else int(self._offsets[sid + 1] - self._offsets[sid])
       if not 0 <= u <= n:

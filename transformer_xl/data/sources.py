@@ -8,7 +8,8 @@ those files, in this order:
    ``<manual_dir>/<path inside the archive>``);
 2. the canonical archive in the manual dir, then in the download dir (a
    previous download);
-3. if ``download`` is true, the canonical URL, fetched into the download dir.
+3. if ``download`` is true, the canonical URL, fetched into the download dir
+   (``transformer_xl.data.download.fetch``: a cut connection is resumed).
    The request must answer within ``DOWNLOAD_TIMEOUT_S`` seconds, so an
    unreachable host costs a few seconds, not a hang.
 
@@ -36,14 +37,13 @@ import io
 import os
 import shutil
 import tarfile
-import threading
-import urllib.request
 import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
 from transformer_xl.data.corpus import DataError
+from transformer_xl.data.download import TRIES, DownloadError, fetch
 
 # Seconds the canonical host has to answer (name lookup and connection
 # included) and the longest pause allowed between two reads of a download.
@@ -208,7 +208,7 @@ def _archive_members(archive: Path) -> list[str]:
       return [m.name for m in tf.getmembers() if m.isfile()]
   except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError) as e:
     raise DataError(
-        f"Cannot read the archive {archive}: {e}. Remove it, or replace it " "with an intact copy."
+        f"Cannot read the archive {archive}: {e}. Remove it, or replace it with an intact copy."
     ) from e
 
 
@@ -246,34 +246,16 @@ def _from_archive(spec: SourceSpec, archive: Path) -> dict[str, Source]:
 def _download(url: str, dest: Path, timeout_s: float) -> str | None:
   """Fetches ``url`` into ``dest``; returns None on success, else the reason.
 
-  The request runs in a daemon thread that must answer within ``timeout_s``
-  (this bounds the name lookup too, which socket timeouts do not); reads then
-  time out after ``timeout_s`` of silence.  A partial file never remains.
+  ``transformer_xl.data.download.fetch``: the host must answer within
+  ``timeout_s`` (the name lookup included; one that does not is not tried
+  again), reads time out after ``timeout_s`` of silence, a cut connection
+  is resumed (``TRIES`` tries), a progress bar when stderr is a terminal.
+  A partial file never remains.
   """
-  answer: dict[str, object] = {}
-
-  def request():
-    try:
-      answer["response"] = urllib.request.urlopen(url, timeout=timeout_s)
-    except Exception as e:  # pylint: disable=broad-except
-      answer["error"] = e
-
-  thread = threading.Thread(target=request, daemon=True)
-  thread.start()
-  thread.join(timeout_s)
-  if thread.is_alive():
-    return f"no answer within {timeout_s:g} s"
-  if "error" in answer:
-    return str(answer["error"])
-  partial = dest.with_name(dest.name + ".part")
   try:
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with answer["response"] as response, open(partial, "wb") as out:
-      shutil.copyfileobj(response, out, _READ_BLOCK)
-    os.replace(partial, dest)
-  except Exception as e:  # pylint: disable=broad-except
-    partial.unlink(missing_ok=True)
-    return f"download interrupted: {e}"
+    fetch(url, dest, tries=TRIES, timeout_s=timeout_s, progress=None, keep_partial=False)
+  except DownloadError as err:
+    return err.reason + (f" ({err.tries} tries)" if err.tries > 1 else "")
   return None
 
 
@@ -286,7 +268,7 @@ def _missing_message(
   width = max(len(f.name) for f in spec.files)
   listing = "\n".join(f"      {f.name:<{width}}  ({f.expected()})" for f in spec.files)
   lines = [
-      f"Cannot build corpus {spec.corpus!r}: source file(s) " f"{', '.join(missing)} not found.",
+      f"Cannot build corpus {spec.corpus!r}: source file(s) {', '.join(missing)} not found.",
       f"Put one of the following into the manual dir {manual_dir} :",
       f"  * the canonical archive {spec.archive}, from {spec.url}",
       "  * or the extracted files:",
@@ -323,8 +305,9 @@ def locate(
   Raises:
     DataError: a file is missing (message: the missing names, ``manual_dir``,
       ``spec.url`` and the expected checksums), or a local archive is
-      unreadable or lacks a file.  Raised within ``timeout_s`` (plus the
-      time to list a local archive).
+      unreadable or lacks a file.  Raised within ``timeout_s`` when the
+      host does not answer (about 1.5 s when it refuses the connection:
+      ``TRIES`` tries with pauses), plus the time to list a local archive.
   """
   if timeout_s is None:
     timeout_s = DOWNLOAD_TIMEOUT_S
@@ -451,7 +434,7 @@ def _sharded_missing(
 def _summary(names: Sequence[str], limit: int = 4) -> str:
   if len(names) <= limit:
     return ", ".join(names)
-  return f"{', '.join(names[:limit])} and {len(names) - limit} more " f"({len(names)} files)"
+  return f"{', '.join(names[:limit])} and {len(names) - limit} more ({len(names)} files)"
 
 
 def _extract_shards(spec: ShardedSourceSpec, archive: Path, dest: Path) -> dict[str, Source]:
@@ -574,7 +557,8 @@ def locate_sharded(
     DataError: shards missing (message: the missing names, ``manual_dir``,
       ``spec.url``, that no checksum is published and which structure is
       checked instead), or an archive that is unreadable or lacks shards.
-      Raised within ``timeout_s`` when nothing is present locally.
+      Raised within ``timeout_s`` when nothing is present locally and the
+      host does not answer (as ``locate``).
   """
   if timeout_s is None:
     timeout_s = DOWNLOAD_TIMEOUT_S

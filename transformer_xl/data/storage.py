@@ -144,7 +144,7 @@ class ChunkedSource:
         raise DataError(
             damaged_message(
                 self._path or self._name,
-                f"{self._name}: records " f"{todo[0]}..{todo[-1]} cannot be read ({err})",
+                f"{self._name}: records {todo[0]}..{todo[-1]} cannot be read ({err})",
             )
         ) from None
       for key, record in zip(todo, records):
@@ -154,7 +154,7 @@ class ChunkedSource:
           raise DataError(
               damaged_message(
                   self._path or self._name,
-                  f"{self._name}: record " f"{key} does not decode ({err})",
+                  f"{self._name}: record {key} does not decode ({err})",
               )
           ) from None
         c = self._chunk_size
@@ -163,7 +163,7 @@ class ChunkedSource:
           raise DataError(
               damaged_message(
                   self._path or self._name,
-                  f"{self._name}: record {key} holds " f"{tokens.size} tokens, expected {expected}",
+                  f"{self._name}: record {key} holds {tokens.size} tokens, expected {expected}",
               )
           )
         tokens.flags.writeable = False
@@ -268,7 +268,7 @@ class ChunkedSentenceIndex:
     """
     start, stop = int(start), int(stop)
     if not 0 <= start <= stop <= self.num_sentences + 1:
-      raise IndexError(f"range [{start}, {stop}) outside " f"[0, {self.num_sentences + 1}]")
+      raise IndexError(f"range [{start}, {stop}) outside [0, {self.num_sentences + 1}]")
     return self._all_offsets()[start:stop].copy()
 
 
@@ -495,7 +495,7 @@ class TokenStreamBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True
     for split in SPLITS if plan.num_tokens is not None else ():
       if plan.num_tokens[split] == 0:
         raise DataError(
-            f"{self.SPEC.name}: split {split!r} would be empty; the source " "files are too short."
+            f"{self.SPEC.name}: split {split!r} would be empty; the source files are too short."
         )
     self.info.metadata.update(
         {
@@ -545,7 +545,7 @@ class TokenStreamBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True
       return self.as_data_source(split=split)
     except (RuntimeError, ValueError, OSError) as err:
       raise DataError(
-          damaged_message(str(self.data_dir), f"split {split!r} cannot be " f"opened ({err})")
+          damaged_message(str(self.data_dir), f"split {split!r} cannot be opened ({err})")
       ) from None
 
   def as_corpus(self) -> Corpus:

@@ -85,11 +85,11 @@ def settings_problems(s: TextSettings) -> list[str]:
     )
   if s.tokenizer == "sentencepiece" and s.vocab_size < 1:
     problems.append(
-        "data.tokenizer=sentencepiece needs data.vocab_size (the number of " "pieces, e.g. 8000)."
+        "data.tokenizer=sentencepiece needs data.vocab_size (the number of pieces, e.g. 8000)."
     )
   if s.vocab_size < 0 or s.min_count < 1:
     problems.append(
-        f"data.vocab_size={s.vocab_size} must be >= 0 and data.min_count=" f"{s.min_count} >= 1."
+        f"data.vocab_size={s.vocab_size} must be >= 0 and data.min_count={s.min_count} >= 1."
     )
   if s.document_separator not in DOCUMENT_SEPARATORS:
     problems.append(

@@ -230,7 +230,7 @@ class AlphabetTokenizer:
     del end_last_line
     bad = sorted(set(text) - set(self.alphabet))
     if bad:
-      raise DataError(f"{self.corpus} has only {self.description}; the text " f"has {bad[:10]}.")
+      raise DataError(f"{self.corpus} has only {self.description}; the text has {bad[:10]}.")
     index = {s: i for i, s in enumerate(vocab)}
     return np.asarray([index[c] for c in text], dtype=np.int32)
 

@@ -82,7 +82,6 @@ def eval_model_config(
       same_length=e.same_length,
       dropout=0.0,
       dropatt=0.0,
-      ext_len=0,
       max_klen=train_cfg.pos_table_len,
   )
 
@@ -102,7 +101,6 @@ def window_model_config(
       clamp_len=config.eval.clamp_len,
       dropout=0.0,
       dropatt=0.0,
-      ext_len=0,
       max_klen=train_cfg.pos_table_len,
   )
 
@@ -149,8 +147,8 @@ def make_window_step(model: models.TransformerXL, mesh: Mesh, stride: int) -> Ca
   (mem_len 0), its first ``front_pad`` positions masked as keys.  Only the
   last ``stride`` positions of a window are ever scored, so the softmax runs
   on those alone (as the reference, whose window is ``tgt_len = stride``
-  plus ``ext_len = L - stride`` of context); ``nll_BxL`` float32 nats,
-  replicated, 0 at the other positions.
+  scored positions after ``L - stride`` unscored ones of extended context);
+  ``nll_BxL`` float32 nats, replicated, 0 at the other positions.
   """
   batch_shardings = {
       "inputs": sharding.batch_sharding(mesh),

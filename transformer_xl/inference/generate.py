@@ -53,14 +53,12 @@ class SamplingSettings:
   def __post_init__(self):
     problems = []
     if not isinstance(self.top_k, (int, np.integer)) or self.top_k < 0:
-      problems.append(
-          f"top_k={self.top_k} must be an integer >= 0 (0 = no top-k cut, " "1 = greedy)."
-      )
+      problems.append(f"top_k={self.top_k} must be an integer >= 0 (0 = no top-k cut, 1 = greedy).")
     if not 0.0 < self.top_p <= 1.0:
       problems.append(f"top_p={self.top_p} must be in (0, 1] (1 = no nucleus cut).")
     if not self.temperature > 0.0:
       problems.append(
-          f"temperature={self.temperature} must be > 0 (for greedy decoding use " "top_k=1)."
+          f"temperature={self.temperature} must be > 0 (for greedy decoding use top_k=1)."
       )
     if problems:
       raise default_config.ConfigError("Invalid sampling settings: " + " ".join(problems))

@@ -29,7 +29,7 @@ from transformer_xl import data, default_config, sharding
 from transformer_xl.data import text_vocab
 from transformer_xl.inference import evaluate, generate
 from transformer_xl.model import models
-from transformer_xl.run import distributed
+from transformer_xl.run import distributed, run_dir
 from transformer_xl.run import workdir as wd
 
 
@@ -179,7 +179,7 @@ class LanguageModel:
       default_config.validate(config, jax.device_count())
       mesh = sharding.make_mesh(config.mesh.shape, config.mesh.axis_names)
     corpus = load_corpus(config, model_cfg, workdir) if corpus is None else corpus
-    step, params = wd.restore_params(config, workdir, model_cfg, mesh)
+    step, params = run_dir.restore_params(workdir, model_cfg, mesh)
     return cls(config, model_cfg, corpus, params, step, mesh)
 
   @classmethod
@@ -327,7 +327,7 @@ class LanguageModel:
     settings = generate.SamplingSettings(top_k=top_k, top_p=top_p, temperature=temperature)
     if num_tokens < 1 or num_samples < 1:
       raise default_config.ConfigError(
-          f"num_tokens={num_tokens} and num_samples={num_samples} " "must be >= 1."
+          f"num_tokens={num_tokens} and num_samples={num_samples} must be >= 1."
       )
     stops = [stop] if isinstance(stop, str) else list(stop)
     if not all(isinstance(x, str) and x for x in stops):

@@ -385,8 +385,8 @@ class RelLearnableAttention(_Attention):
   Its attributes are ``_Attention``'s, plus the ones below.
 
   Attributes:
-    max_klen: rows of the learned tables (the training tgt_len + ext_len +
-      mem_len; must be >= 1).
+    max_klen: rows of the learned tables (the training tgt_len + mem_len;
+      must be >= 1).
     clamp_len: cut the tables to their last clamp_len rows (0 = no cut).
   """
 

@@ -122,8 +122,9 @@ def attention_mask(
   Args:
     tgt_len: T, queries per segment.
     mem_len: M, memory slots.
-    mlen_B: int32 [B], valid memory slots per example, in [0, M]; -p (with
-      M = 0) masks the segment's first p positions as keys (front padding).
+    mlen_B: int32 [B], the key layout's count (``Memory.key_count_B``):
+      the valid memory slots, in [0, M], minus the front padding (-p with
+      an empty memory masks the segment's first p positions as keys).
     same_length: mask distances >= M as well.
     doc_pos_BxT: optional int [B, T], each query's offset from the first
       input of its document (0 there; the document's first input is the
@@ -151,7 +152,7 @@ class MaskParts(NamedTuple):
   this instead of the dense mask with ``model.attention_impl="pallas"``.
 
   Attributes:
-    mlen_B: int32 [B], valid memory slots per row.
+    mlen_B: int32 [B], the key layout's count per row (``Memory.key_count_B``).
     doc_pos_BxT: optional int [B, T], offsets in the documents.
   """
 

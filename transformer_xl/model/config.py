@@ -32,6 +32,42 @@ FLOAT_RANGES = {
     "model.init_std": "> 0",
     "model.proj_init_std": "> 0",
 }
+# Fields since removed that files of earlier versions hold (a workdir's
+# model_config.json and config.json, a checkpoint's recorded model): the
+# one value they could hold there, and why no other is read.
+LEGACY_KEYS: dict[str, tuple[Any, str]] = {
+    # The reference's extended context: validation and the converter only
+    # ever allowed 0.
+    "ext_len": (0, "the extended context (the reference's ext_len) is not supported"),
+}
+
+
+def drop_legacy_keys(fields: Mapping[str, Any], section: str = "model") -> dict[str, Any]:
+  """Saved model fields without the keys of earlier versions (``LEGACY_KEYS``).
+
+  The one place where files written before a field was removed are read:
+  ``ModelConfig.from_dict`` and ``default_config.without_legacy_keys``
+  (config.json) go through it.
+
+  Args:
+    fields: model fields by name, as saved.
+    section: the fields' dotted name, for the message.
+
+  Returns:
+    A new dict: ``fields`` less the legacy keys that hold their one value.
+
+  Raises:
+    ValueError: a legacy key holds another value (naming
+      ``<section>.<key>``).
+  """
+  kept = dict(fields)
+  for key, (only, why) in LEGACY_KEYS.items():
+    if key in kept and (value := kept.pop(key)) != only:
+      raise ValueError(
+          f"{section}.{key}={value!r}: {why}; files of earlier versions are read only "
+          f"with {key}={only!r}."
+      )
+  return kept
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,8 +87,6 @@ class ModelConfig:
     dropatt: rate on the attention probabilities.
     tgt_len: T, tokens predicted per segment.
     mem_len: M, cached positions per layer.
-    ext_len: positions at the end of a segment that are not cached
-      (reference ``ext_len``; 0 in every reference script).
     clamp_len: largest relative distance encoded (0 = no clamp).
     same_length: every query attends to at most mem_len keys.
     pre_lnorm: LayerNorm before each sub-block (default: after, as in the
@@ -66,7 +100,7 @@ class ModelConfig:
       absolute sinusoid, 3 = Al-Rfou et al. (2018) learned absolute per
       layer (needs n_head * d_head == d_model).
     max_klen: rows of the learned position tables of types 1 and 3; 0 =
-      the training attention length tgt_len + ext_len + mem_len (the
+      the training attention length tgt_len + mem_len (the
       reference's ``max_klen``).  The eval config keeps the training value.
     attn_block: queries per block of the blockwise attention (0 = the full
       [B, H, T, K] computation at once); the result is the same, the
@@ -122,7 +156,6 @@ class ModelConfig:
   dropatt: float = 0.0
   tgt_len: int = 512
   mem_len: int = 512
-  ext_len: int = 0
   clamp_len: int = 0
   same_length: bool = False
   pre_lnorm: bool = False
@@ -155,11 +188,24 @@ class ModelConfig:
     """{field: default} for every field but n_token (``default_config.model``)."""
     return {f.name: f.default for f in dataclasses.fields(cls) if f.name != "n_token"}
 
+  @classmethod
+  def from_dict(cls, fields: Mapping[str, Any]) -> ModelConfig:
+    """A ModelConfig from saved fields (a workdir's ``model_config.json``,
+    a checkpoint's recorded ``model``), which may hold the keys of earlier
+    versions: ``drop_legacy_keys`` drops those.
+
+    Raises:
+      ValueError: a legacy key with a value never supported, or the
+        fields' problems (``config_problems``).
+      TypeError: an unknown key.
+    """
+    return cls(**drop_legacy_keys(fields))
+
   @property
   def pos_table_len(self) -> int:
-    """``max_klen`` resolved when it is 0: tgt_len + ext_len + the memory
-    slots (mem_len for the XL memory)."""
-    return self.max_klen or self.tgt_len + self.ext_len + memory.variant(self).slots(self.mem_len)
+    """``max_klen`` resolved when it is 0: tgt_len + the memory slots
+    (mem_len for the XL memory)."""
+    return self.max_klen or self.tgt_len + memory.variant(self).slots(self.mem_len)
 
   @property
   def embed_dim(self) -> int:
@@ -177,7 +223,6 @@ def segment_problems(
     mem_len: int,
     clamp_len: int,
     same_length: bool,
-    ext_len: int = 0,
     section: str = "model",
 ) -> list[str]:
   """Problems of a segment layout (training ``model.*`` or ``eval.*``).
@@ -197,8 +242,6 @@ def segment_problems(
         f"{section}.same_length=True needs {section}.mem_len >= 1 (with no memory "
         "every key would be masked)."
     )
-  if not 0 <= ext_len < max(tgt_len, 1):
-    problems.append(f"{section}.ext_len={ext_len} must be in [0, tgt_len={tgt_len}).")
   return problems
 
 
@@ -225,9 +268,7 @@ def config_problems(fields: Mapping[str, Any]) -> list[str]:
       problems.append(f"model.{key}={f[key]} must be >= 1.")
   if f["d_model"] % 2:
     problems.append(f"model.d_model={f['d_model']} must be even (sinusoid encoding).")
-  problems += segment_problems(
-      f["tgt_len"], f["mem_len"], f["clamp_len"], f["same_length"], f["ext_len"]
-  )
+  problems += segment_problems(f["tgt_len"], f["mem_len"], f["clamp_len"], f["same_length"])
   for key in ("dropout", "dropatt"):
     if f"model.{key}" not in nonfinite and not 0.0 <= f[key] < 1.0:
       problems.append(f"model.{key}={f[key]} must be in [0, 1).")
@@ -246,9 +287,7 @@ def config_problems(fields: Mapping[str, Any]) -> list[str]:
         "backend, 0 = no blocks, N = queries per block)."
     )
   if f["attention_impl"] not in ATTENTION_IMPLS:
-    problems.append(
-        f"model.attention_impl={f['attention_impl']!r}: use one of " f"{ATTENTION_IMPLS}."
-    )
+    problems.append(f"model.attention_impl={f['attention_impl']!r}: use one of {ATTENTION_IMPLS}.")
   elif f["attention_impl"] == "pallas" and f["attn_type"] != 0:
     problems.append(
         f"model.attention_impl='pallas' is the kernel of attn_type 0 "
@@ -261,9 +300,7 @@ def config_problems(fields: Mapping[str, Any]) -> list[str]:
         ">= 1 (layers per iteration of the loop over layers)."
     )
   if f["max_klen"] < 0:
-    problems.append(
-        f"model.max_klen={f['max_klen']} must be >= 0 (0 = tgt_len + ext_len + " "mem_len)."
-    )
+    problems.append(f"model.max_klen={f['max_klen']} must be >= 0 (0 = tgt_len + mem_len).")
   embed_dim = f["d_model"] if not f["d_embed"] else int(f["d_embed"])
   problems += adaptive.config_problems(
       f.get("n_token"),

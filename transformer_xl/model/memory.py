@@ -11,13 +11,16 @@ State, per batch row b (the rows axis of each field is ``Memory.ROW_AXES``):
                 positions, compute dtype, right-aligned;
   mlen_B        int32, how many of those M slots hold states (0: an empty
                 memory, the reference's start with no memory; shapes stay
-                static, empty slots are masked).
+                static, empty slots are masked);
+  pad_B         int32 or unset: positions at the front of the next segment
+                that are padding (evaluation and generation only).
 
 Key layout: a layer attends over K = M + T keys, its M memory slots then the
 T positions of the segment; the valid slots are the last ``mlen_B[b]`` of
 the M, so key k of row b is visible when ``k >= M - mlen_B[b]``
-(``attention_ops.attention_mask``).  A negative count -p marks the
-segment's first p positions as padding (``Memory.with_front_padding``).
+(``attention_ops.attention_mask``).  Front padding (``pad_B``, set by
+``Memory.with_front_padding``) masks the segment's first positions the
+same way: the layout's count is ``Memory.key_count_B`` = mlen_B - pad_B.
 
 Life of a segment:
 
@@ -25,26 +28,28 @@ Life of a segment:
            (a new stream; the stale states stay, masked).
   read     ``TransformerXL.hidden_from_embeddings`` hands layer l the slice
            ``mems_LxBxMxD[l]`` (scanned input) and builds the mask from
-           ``mlen_B``; ``layer_read`` stops the gradient into it.
+           ``Memory.key_count_B``; ``layer_read`` stops the gradient into it.
   update   ``layer_update``: the layer's new memory is the last M of
-           [memory; segment inputs] before the ext_len tail (the
-           reference's ``end - M .. end`` window, ``end = M + T - ext_len``).
+           [memory; segment inputs] (the reference's ``end - M .. end``
+           window, ``end = M + T``).
   advance  ``Memory.advance``: the stacked new memories with
-           ``advance_mlen``'s count, ``min(M, mlen_B + T - ext_len)``.
+           ``advance_mlen``'s count, ``min(M, mlen_B + T)``.
 
 Row-wise work (gradient-accumulation chunks, gathering generation rows,
 shardings over the batch mesh axes) uses ``Memory.map_rows`` and
-``Memory.shardings``, which read the row axes.  The pytree (two fields,
-these names) is what checkpoints hold: adding a field breaks them.
+``Memory.shardings``, which read the row axes.  The pytree (these field
+names; ``pad_B`` only when set) is what checkpoints hold: a field that
+training carries breaks them, unless it is left out while unset as
+``pad_B`` is.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import types
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -59,91 +64,146 @@ if TYPE_CHECKING:  # config.py validates model.memory against VARIANTS (imports 
 Array = jax.Array
 
 
-@flax.struct.dataclass
+@dataclasses.dataclass(frozen=True)
 class Memory:
   """Per-layer recurrence memory (Dai et al. 2019, Sec. 3.2).
+
+  A pytree whose children are its array fields: ``pad_B`` is a child only
+  when set, so the memory that training carries (and its checkpoints
+  hold) has exactly the two fields that checkpoints have always held.
 
   Attributes:
     mems_LxBxMxD: cached inputs of each layer, [n_layer, B, mem_len,
       d_model], compute dtype, right-aligned.
-    mlen_B: int32 [B], how many of the last slots hold states.  A negative
-      value -p says that the segment's first p positions are padding,
-      masked as keys like empty slots (the sliding-window evaluator, with
-      mem_len 0; generation's prompts padded in front); after the pass
-      ``advance_mlen`` leaves -p + T, so padding longer than a segment
-      carries over.
+    mlen_B: int32 [B], in [0, M]: how many of the last slots hold states.
+    pad_B: int32 [B] >= 0, or None (no padding): how many positions at the
+      front of the next segment are padding, masked as keys like empty
+      slots, so that the rest of the row is read as if it stood alone (the
+      sliding-window evaluator with mem_len 0; generation's prompts of
+      different lengths).  Padding longer than a segment carries over to
+      the next one (``advance``).
   """
 
   mems_LxBxMxD: Array
   mlen_B: Array
+  pad_B: Array | None = None
 
   # field -> (rows axis, number of axes); class-level, not pytree fields.
-  ROW_AXES: ClassVar[Mapping[str, int]] = types.MappingProxyType({"mems_LxBxMxD": 1, "mlen_B": 0})
-  NDIMS: ClassVar[Mapping[str, int]] = types.MappingProxyType({"mems_LxBxMxD": 4, "mlen_B": 1})
+  ROW_AXES: ClassVar[Mapping[str, int]] = types.MappingProxyType(
+      {"mems_LxBxMxD": 1, "mlen_B": 0, "pad_B": 0}
+  )
+  NDIMS: ClassVar[Mapping[str, int]] = types.MappingProxyType(
+      {"mems_LxBxMxD": 4, "mlen_B": 1, "pad_B": 1}
+  )
+
+  def replace(self, **changes: Any) -> Memory:
+    """A copy with ``changes`` (field name -> value)."""
+    return dataclasses.replace(self, **changes)
+
+  def _present(self) -> tuple[str, ...]:
+    """The fields that are children of the pytree (pad_B only when set)."""
+    return ("mems_LxBxMxD", "mlen_B") + (() if self.pad_B is None else ("pad_B",))
 
   @property
   def mem_len(self) -> int:
     """M, the memory slots per layer (static)."""
     return self.mems_LxBxMxD.shape[2]
 
+  def key_count_B(self) -> Array:
+    """The key layout's count per row, int32 [B]: key k (of K = M + T) is
+    visible when ``k >= M - count`` (``attention_ops.attention_mask``, the
+    Pallas kernel): the valid slots, minus the front padding (a negative
+    count masks the segment's first positions)."""
+    return self.mlen_B if self.pad_B is None else self.mlen_B - self.pad_B
+
   def map_rows(self, fn: Callable[[Any, int], Any]) -> Memory:
-    """A Memory of ``fn(field, rows_axis)`` for each field.
+    """A Memory of ``fn(field, rows_axis)`` for each field that is set.
 
     For row-wise work that must treat every field alike: selecting or
     gathering rows (``lambda x, axis: jnp.take(x, idx, axis=axis)``),
     splitting rows into micro-batches and back.  ``rows_axis`` is the
-    field's batch axis (``ROW_AXES``): 1 for mems_LxBxMxD, 0 for mlen_B.
+    field's batch axis (``ROW_AXES``): 1 for mems_LxBxMxD, 0 for the others.
     """
     return self.replace(
-        **{name: fn(getattr(self, name), axis) for name, axis in self.ROW_AXES.items()}
+        **{name: fn(getattr(self, name), self.ROW_AXES[name]) for name in self._present()}
     )
 
   @classmethod
-  def shardings(cls, mesh: Mesh) -> Memory:
+  def shardings(cls, mesh: Mesh, padded: bool = False) -> Memory:
     """NamedShardings of a Memory on ``mesh``: each field's rows split over
     the batch mesh axes (``axes.BATCH_AXES`` present in ``mesh``, as the
-    batch's rows), its other axes replicated."""
+    batch's rows), its other axes replicated; ``padded``: with ``pad_B``."""
     rows = tuple(a for a in axes.BATCH_AXES if a in mesh.axis_names)
 
     def spec(name: str) -> PartitionSpec:
       row_axis, ndim = cls.ROW_AXES[name], cls.NDIMS[name]
       return PartitionSpec(*(rows if i == row_axis else None for i in range(ndim)))
 
-    return cls(**{name: NamedSharding(mesh, spec(name)) for name in cls.ROW_AXES})
+    names = [n for n in cls.ROW_AXES if padded or n != "pad_B"]
+    return cls(**{name: NamedSharding(mesh, spec(name)) for name in names})
 
   @classmethod
-  def replicated_shardings(cls, mesh: Mesh) -> Memory:
+  def replicated_shardings(cls, mesh: Mesh, padded: bool = False) -> Memory:
     """NamedShardings of a Memory held whole on every device of ``mesh``."""
-    return cls(**{name: NamedSharding(mesh, PartitionSpec()) for name in cls.ROW_AXES})
+    names = [n for n in cls.ROW_AXES if padded or n != "pad_B"]
+    return cls(**{name: NamedSharding(mesh, PartitionSpec()) for name in names})
 
   def reset(self, reset_B: Array) -> Memory:
-    """Empties the memory of the rows where ``reset_B`` (bool [B]) is True.
+    """Empties the memory of the rows where ``reset_B`` (bool [B]) is True
+    (and drops their padding).
 
-    Only the valid-slot count changes: empty slots are masked, so their
-    stale contents never reach an output.
+    Only the counts change: empty slots are masked, so their stale
+    contents never reach an output.
     """
-    return self.replace(mlen_B=jnp.where(reset_B, 0, self.mlen_B))
+    out = self.replace(mlen_B=jnp.where(reset_B, 0, self.mlen_B))
+    if self.pad_B is not None:
+      out = out.replace(pad_B=jnp.where(reset_B, 0, self.pad_B))
+    return out
 
   def with_front_padding(self, pad_B: Array) -> Memory:
-    """An empty memory (``init_memory``) whose next segment starts with
-    ``pad_B[b]`` (int32 [B], >= 0) padding positions in row b: those are
-    masked as keys, like empty slots, so the rest of the segment is read as
-    if it stood alone.  Encoded as the valid-slot count ``-pad_B``."""
-    return self.replace(mlen_B=-jnp.asarray(pad_B))
+    """This memory, with ``pad_B[b]`` (int32 [B], >= 0) padding positions at
+    the front of row b's next segment.  Meant for an empty memory
+    (``init_memory``): the padded positions are masked as keys, like empty
+    slots, so the rest of the segment is read as if it stood alone."""
+    return self.replace(pad_B=jnp.asarray(pad_B, jnp.int32))
 
-  def advance(self, new_mems_LxBxMxD: Array, tgt_len: int, ext_len: int) -> Memory:
+  def advance(self, new_mems_LxBxMxD: Array, tgt_len: int) -> Memory:
     """The memory after a segment of ``tgt_len`` inputs.
+
+    Padding is consumed first: a row with p padding positions before the
+    segment keeps ``max(p - T, 0)`` of them and gains ``max(T - p, 0)``
+    valid slots (``advance_mlen``).
 
     Args:
       new_mems_LxBxMxD: the layers' new memories (``layer_update``, stacked
         over layers), [n_layer, B, M, d_model].
       tgt_len: T, the segment length.
-      ext_len: the trailing positions not cached (the reference's ext_len).
     """
+    count_B = advance_mlen(self.key_count_B(), self.mem_len, tgt_len)
+    if self.pad_B is None:
+      return Memory(mems_LxBxMxD=new_mems_LxBxMxD, mlen_B=count_B)
     return Memory(
         mems_LxBxMxD=new_mems_LxBxMxD,
-        mlen_B=advance_mlen(self.mlen_B, self.mem_len, tgt_len, ext_len),
+        mlen_B=jnp.maximum(count_B, 0),
+        pad_B=jnp.maximum(-count_B, 0).astype(jnp.int32),
     )
+
+
+def _flatten_with_keys(memory: Memory):
+  names = memory._present()
+  return [(jax.tree_util.GetAttrKey(n), getattr(memory, n)) for n in names], names
+
+
+def _flatten(memory: Memory):
+  names = memory._present()
+  return [getattr(memory, n) for n in names], names
+
+
+def _unflatten(names: tuple[str, ...], children) -> Memory:
+  return Memory(**dict(zip(names, children)))
+
+
+jax.tree_util.register_pytree_with_keys(Memory, _flatten_with_keys, _unflatten, _flatten)
 
 
 def init_memory(config: ModelConfig, batch_size: int, mem_len: int | None = None) -> Memory:
@@ -173,9 +233,11 @@ def reset_memory(memory: Memory, reset_B: Array) -> Memory:
   return memory.reset(reset_B)
 
 
-def advance_mlen(mlen_B: Array, mem_len: int, tgt_len: int, ext_len: int) -> Array:
-  """Valid slots after caching a segment: ``min(M, mlen + T - ext_len)``, int32 [B]."""
-  return jnp.minimum(mem_len, mlen_B + tgt_len - ext_len).astype(jnp.int32)
+def advance_mlen(mlen_B: Array, mem_len: int, tgt_len: int) -> Array:
+  """The key layout's count after caching a segment: ``min(M, count + T)``,
+  int32 [B] (``Memory.key_count_B``: the valid slots, or minus the padding
+  still to come when negative)."""
+  return jnp.minimum(mem_len, mlen_B + tgt_len).astype(jnp.int32)
 
 
 def layer_read(mem_BxMxD: Array) -> Array:
@@ -185,27 +247,25 @@ def layer_read(mem_BxMxD: Array) -> Array:
   return jax.lax.stop_gradient(mem_BxMxD)
 
 
-def layer_update(mem_BxMxD: Array, h_BxTxD: Array, ext_len: int) -> Array:
-  """A layer's next memory: the last M of [memory; segment] before the
-  ext_len tail.
+def layer_update(mem_BxMxD: Array, h_BxTxD: Array) -> Array:
+  """A layer's next memory: the last M of [memory; segment].
 
-  The reference's ``cat[end - M:end]`` with ``end = M + T - ext_len``
-  (``_update_mems``), so with ext_len 0 the memory is a FIFO of the layer's
-  last M inputs.  Its gradient is stopped.
+  The reference's ``cat[end - M:end]`` with ``end = M + T``
+  (``_update_mems``): the memory is a FIFO of the layer's last M inputs.
+  Its gradient is stopped.
 
   Args:
     mem_BxMxD: the layer's memory as read (``layer_read``, after the
       variant's ``layer_inputs``), [B, M, d_model].
     h_BxTxD: the layer's inputs for the segment, [B, T, d_model], the
       memory's dtype.
-    ext_len: trailing positions of the segment not cached (< T).
 
   Returns:
     new_mem_BxMxD, [B, M, d_model], the inputs' dtype.
   """
   mem_len, tgt_len = mem_BxMxD.shape[1], h_BxTxD.shape[1]
   cat_BxKxD = jnp.concatenate([mem_BxMxD, h_BxTxD], axis=1)  # h~ = [SG(m) o h]
-  end = mem_len + tgt_len - ext_len
+  end = mem_len + tgt_len
   return jax.lax.stop_gradient(cat_BxKxD[:, end - mem_len : end])
 
 
@@ -260,7 +320,7 @@ class MemoryVariant:
       new_mem_BxMxD, [B, slots, d_model], the inputs' dtype.
     """
     del module
-    return layer_update(mem_BxMxD, h_BxTxD, cfg.ext_len)
+    return layer_update(mem_BxMxD, h_BxTxD)
 
 
 VARIANTS: dict[str, type[MemoryVariant]] = {"xl": MemoryVariant}

@@ -23,7 +23,7 @@ The whole memory path, in the order a segment meets it:
   stop-grad  ... with the gradient stopped on the memory (``memory.layer_read``:
              no gradient ever flows into a previous segment);
   truncate   ... keeping the last M inputs (the reference's ``end - M .. end``
-             window, ``end = M + T - ext_len``) as the layer's new memory
+             window, ``end = M + T``) as the layer's new memory
              (``memory.layer_update``);
   return     the scan stacks the layers' new memories (scanned output) and
              ``Memory.advance`` counts the valid slots (``advance_mlen``);
@@ -362,13 +362,13 @@ class TransformerXL(nn.Module):
     With ``decode``, as ``decode`` (and the next cache is returned too).
 
     Raises:
-      ValueError: the segment is not longer than ext_len.
+      ValueError: the segment is empty.
     """
     cfg = self.config
     mem_len = memory.mem_len
     tgt_len = emb_BxTxD.shape[1]
-    if tgt_len <= cfg.ext_len:
-      raise ValueError(f"segment length {tgt_len} must exceed ext_len={cfg.ext_len}.")
+    if tgt_len < 1:
+      raise ValueError(f"segment length {tgt_len}: a segment needs at least one position.")
     if reset_B is not None:  # reset
       memory = memory.reset(reset_B)
     emb_BxTxD = emb_BxTxD.astype(cfg.compute_dtype)
@@ -381,7 +381,7 @@ class TransformerXL(nn.Module):
         dropout=lambda x: self.drop(x, deterministic=deterministic),
     )
     h_BxTxD = self.drop(emb_BxTxD, deterministic=deterministic)
-    mask = attention_ops.MaskParts(memory.mlen_B, doc_pos_BxT)
+    mask = attention_ops.MaskParts(memory.key_count_B(), doc_pos_BxT)
     if cfg.attention_impl == "xla" or self.record_attention:  # the fused kernel masks in-kernel
       mask = mask.dense(tgt_len, mem_len, cfg.same_length)
 
@@ -391,7 +391,7 @@ class TransformerXL(nn.Module):
     )  # new memory (out)
     if decode:
       new_mems_LxBxMxD, kv_cache = new_mems_LxBxMxD
-    new_memory = memory.advance(new_mems_LxBxMxD, tgt_len, cfg.ext_len)  # return
+    new_memory = memory.advance(new_mems_LxBxMxD, tgt_len)  # return
     h_BxTxD = self.drop(h_BxTxD, deterministic=deterministic)
     return (h_BxTxD, new_memory, kv_cache) if decode else (h_BxTxD, new_memory)
 

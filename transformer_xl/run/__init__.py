@@ -1,8 +1,10 @@
 """A run's directory: its files, checkpoints, metrics and coordination.
 
-``workdir`` (the files of a --workdir, the training lock, parameters of the
-newest usable checkpoint), ``checkpointing`` (orbax checkpoints written,
-verified and restored), ``fingerprints`` (the checksums that verify them),
-``metrics`` (metrics.jsonl, TensorBoard, the package log) and
-``distributed`` (what several processes agree on).
+``run_dir`` (``RunDir``: what the training loop restores and saves;
+``restore_params``: the parameters readers use), ``workdir`` (the files of
+a --workdir, and the one way each is read and written), ``lock`` (one
+training at a time per workdir), ``checkpointing`` (orbax checkpoints
+written, verified and restored), ``fingerprints`` (the checksums that
+verify them), ``metrics`` (metrics.jsonl, TensorBoard, the package's
+reports) and ``distributed`` (what several processes agree on).
 """

@@ -30,7 +30,8 @@ interrupted run are removed at the start of training
 (``remove_partial_writes``); a failed write removes its own
 (``save``).
 
-Failures are raised, never logged here; orbax logs its own (the command
+Failures are raised; what is skipped or moved is reported through
+``metrics.log`` (absl logging); orbax logs its own (the command
 line keeps them quiet unless ``--debug``: ``process_settings.configure_logging``).
 """
 
@@ -41,6 +42,7 @@ import dataclasses
 import errno
 import json
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable, Mapping
@@ -52,7 +54,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from transformer_xl import errors
-from transformer_xl.run import distributed
+from transformer_xl.run import distributed, metrics
 from transformer_xl.run.fingerprints import fingerprint
 
 RECORD_FORMAT = 1
@@ -75,7 +77,12 @@ def make_manager(workdir: str, create: bool = True) -> ocp.CheckpointManager:
   Orbax keeps every checkpoint: rotation is ``prune``'s, which never
   deletes the newest verified checkpoint (``Verification``) and
   deletes by renaming first, so that a reader beside a running training
-  sees a checkpoint whole or not at all.
+  sees a checkpoint whole or not at all.  Orbax's own
+  ``preservation_policy`` and deleter do not give that: the policy is
+  fixed when the manager is made (the newest verified step moves as the
+  run goes) and the deleter unlinks a checkpoint's files in place; its
+  ``cleanup_tmp_directories`` removes partial writes silently, where
+  ``remove_partial_writes`` names each one.
 
   Args:
     workdir: the run's directory (local or gs://).
@@ -404,8 +411,20 @@ def read_record(manager: ocp.CheckpointManager, step: int) -> dict | None:
   return record
 
 
-def _verify(state: Any, record: dict | None) -> str | None:
-  """Why a restored state is not usable (fingerprint or finiteness), or None."""
+def _as_recorded(path: str, recorded: Mapping[str, Any]) -> str:
+  """A leaf path of a partial restore (a dict of the state's fields,
+  ``['params']['crit']...``) as the record spells it when the saved state
+  was a dataclass (``.params['crit']...``)."""
+  if path in recorded:
+    return path
+  return re.sub(r"^\['([A-Za-z_]\w*)'\]", r".\1", path)
+
+
+def _verify(state: Any, record: dict | None, partial: bool = False) -> str | None:
+  """Why a restored state is not usable (fingerprint or finiteness), or None.
+
+  With ``partial`` the state holds some of the saved fields only: those
+  leaves are checked against their fingerprints, the others not read."""
   fps, finite = fingerprint(state)
   bad = [p for p, ok in finite.items() if not ok]
   if bad:
@@ -413,7 +432,11 @@ def _verify(state: Any, record: dict | None) -> str | None:
   if record is None:
     return None
   want = record.get("leaves", {})
-  missing = sorted(set(want) ^ set(fps))
+  if partial:
+    fps = {_as_recorded(p, want): v for p, v in fps.items()}
+    missing = sorted(set(fps) - set(want))
+  else:
+    missing = sorted(set(want) ^ set(fps))
   if missing:
     return f"its arrays differ from its record ({_short(missing)})"
   changed = [p for p in fps if fps[p] != want[p]["fingerprint"]]
@@ -456,6 +479,7 @@ def restore(
     step: int,
     abstract_state: Any | Callable[[dict], Any],
     check_meta: Callable[[str, dict], None] | None = None,
+    partial: bool = False,
 ) -> Restored:
   """Restores checkpoint ``step`` and verifies it (fingerprints, finiteness).
 
@@ -464,6 +488,7 @@ def restore(
     step: the checkpoint's step.
     abstract_state: as ``restore_latest``.
     check_meta: as ``restore_latest``.
+    partial: as ``restore_latest``.
 
   Returns:
     A ``Restored`` (``rejected`` empty).
@@ -480,19 +505,23 @@ def restore(
   if check_meta is not None:
     check_meta(path, meta)
   abstract = abstract_state(meta) if callable(abstract_state) else abstract_state
+  if partial:  # orbax reads only the arrays named in ``abstract``
+    state_args = ocp.args.PyTreeRestore(
+        item=abstract,
+        restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
+        partial_restore=True,
+    )
+  else:
+    state_args = ocp.args.StandardRestore(_without_empty(abstract))
   try:
     restored = manager.restore(
-        step,
-        args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(_without_empty(abstract)),
-            iterator=ocp.args.JsonRestore(),
-        ),
+        step, args=ocp.args.Composite(state=state_args, iterator=ocp.args.JsonRestore())
     )
   except Exception as err:  # pylint: disable=broad-except
     # Whatever orbax or tensorstore raise for a damaged checkpoint.
     raise CheckpointError(f"it cannot be read: {_first_line(err)}") from None
-  state = _with_empty(restored["state"], abstract)
-  reason = _verify(state, record)
+  state = restored["state"] if partial else _with_empty(restored["state"], abstract)
+  reason = _verify(state, record, partial)
   if reason is not None:
     raise CheckpointError(reason)
   return Restored(
@@ -510,7 +539,7 @@ def restore_latest(
     manager: ocp.CheckpointManager,
     abstract_state: Any | Callable[[dict], Any],
     check_meta: Callable[[str, dict], None] | None = None,
-    log: Callable[[str], None] = print,
+    partial: bool = False,
 ) -> Restored | None:
   """Restores the newest usable checkpoint, or returns None when there is none.
 
@@ -518,8 +547,8 @@ def restore_latest(
   read, ``check_meta`` may reject the whole run (e.g. a different model),
   then the state is restored and its fingerprints and finiteness verified.
   A checkpoint that fails (unreadable, truncated, a missing file, a changed
-  fingerprint, a non-finite value) is reported through ``log`` with its
-  path and the reason, and the previous one is tried.
+  fingerprint, a non-finite value) is reported (``metrics.log``) with
+  its path and the reason, and the previous one is tried.
 
   A reader may run beside a training of the same workdir: after a failure
   the directory is listed again, and a checkpoint that is gone (the
@@ -537,7 +566,11 @@ def restore_latest(
     check_meta: called with (checkpoint path, meta) before a checkpoint is
       restored ({} for a checkpoint without a record); raises to stop (its
       exception propagates, nothing is restored).
-    log: where the reports of unusable checkpoints go.
+    partial: ``abstract_state`` is a dict of some of the saved state's
+      top-level fields (e.g. ``{"step": ..., "params": ...}``): only their
+      arrays are read (and verified against their fingerprints), the rest
+      (the optimizer state, the memory) is not; the restored state is that
+      dict.
 
   Returns:
     A ``Restored``, or None when the directory holds no checkpoint.
@@ -557,23 +590,23 @@ def restore_latest(
       path = str(_step_path(manager, step))
       reason, restored = None, None
       try:
-        restored = restore(manager, step, abstract_state, check_meta)
+        restored = restore(manager, step, abstract_state, check_meta, partial)
       except CheckpointError as err:
         reason = str(err)
       if distributed.any_process(reason is not None):
         reload(manager)
         if distributed.any_process(step not in manager.all_steps()):
-          log(
+          metrics.log(
               f"Checkpoint {path} was removed while it was read (the rotation of a training "
               "running in this workdir); trying the next one."
           )
           continue
         reason = reason or "it failed to restore on another process"
         rejected.append((path, reason))
-        log(f"Checkpoint {path} is not usable: {reason}. Trying the previous one.")
+        metrics.log(f"Checkpoint {path} is not usable: {reason}. Trying the previous one.")
         continue
       if not restored.verified:
-        log(
+        metrics.log(
             f"Checkpoint {path} has no integrity record (written by an older version): "
             "checked for finite values only."
         )
@@ -594,7 +627,6 @@ def set_aside(
     manager: ocp.CheckpointManager,
     workdir: str,
     rejected: list[tuple[str, str]],
-    log: Callable[[str], None] = print,
 ) -> list[str]:
   """Moves checkpoints out of the manager's directory, each with its reason.
 
@@ -627,14 +659,14 @@ def set_aside(
         path.rename(target)
         (target / "reason.txt").write_text(reason + "\n")
         went.append(str(target))
-        log(
+        metrics.log(
             f"Moved the checkpoint {path} to {target} ({reason}; delete it when you no longer "
             "need it)."
         )
       except OSError as err:
         path.rmtree(missing_ok=True)
         went.append("deleted")
-        log(f"Deleted the checkpoint {path} ({reason}; it could not be moved: {err}).")
+        metrics.log(f"Deleted the checkpoint {path} ({reason}; it could not be moved: {err}).")
   distributed.barrier("set_aside")
   manager.reload()
   return went
@@ -755,9 +787,7 @@ class Verification:
         tmp.replace(self._path)
     self._written = step
 
-  def reject_unverified(
-      self, workdir: str, reason: str, log: Callable[[str], None] = print
-  ) -> list[str]:
+  def reject_unverified(self, workdir: str, reason: str) -> list[str]:
     """Sets aside (``set_aside``) every checkpoint newer than the newest
     good one, with ``reason``; returns where they went."""
     newer = sorted(s for s in self._manager.all_steps() if s > self.step)
@@ -765,5 +795,4 @@ class Verification:
         self._manager,
         workdir,
         [(str(_step_path(self._manager, s)), reason) for s in newer],
-        log=log,
     )

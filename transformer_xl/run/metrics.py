@@ -20,6 +20,7 @@ from typing import Any
 import jax
 import numpy as np
 import tqdm
+from absl import logging
 from etils import epath
 
 from transformer_xl import errors
@@ -74,9 +75,13 @@ def metric_value(loss_nats: float, unit: str) -> float:
 
 
 def log(msg: str) -> None:
-  """Prints on process 0 only."""
+  """The package's reports (resumed from, checkpoints set aside, files
+  written, ...): absl logging at INFO, on process 0 only, attributed to the
+  caller.  The command line shows them as plain lines on stdout
+  (``cli.process_settings.configure_logging``); from Python, set
+  ``absl.logging.set_verbosity(absl.logging.INFO)`` to see them."""
   if jax.process_index() == 0:
-    print(msg, flush=True)
+    logging.info(msg, stacklevel=2)
 
 
 def progress_bar(total: int, initial: int = 0, desc: str = "train") -> tqdm.tqdm:
@@ -173,12 +178,12 @@ class MetricWriter:
   redone, are removed from metrics.jsonl, and TensorBoard is told to drop
   its events of those steps (``purge_step``), so each step appears once.
   Lines that are not rows (a line torn by a killed run, anything that is
-  not strict JSON) are moved to ``metrics.jsonl.corrupt`` with a warning
+  not strict JSON) are moved to ``metrics.jsonl.corrupt`` with a note
   (``log``), and a repeated step keeps its last row; the file is rewritten
   through a temporary file and a rename.
   """
 
-  def __init__(self, workdir: str, start_step: int = 0, log=print):
+  def __init__(self, workdir: str, start_step: int = 0):
     self._writer = self._jsonl = None
     if jax.process_index() == 0:
       SummaryWriter = _summary_writer_class()  # pylint: disable=invalid-name

@@ -15,8 +15,9 @@ A workdir (a local path or gs://) holds:
   reason.txt);
 * ``checkpoints_verified.json``: the newest checkpoint known good
   (``checkpointing.Verification``);
-* ``train.lock``: held by the training running in it, if any
-  (``training_lock``);
+* ``train.lock`` and ``train.lock.json``: held by the training running
+  in it, if any, and its holder's record (``run/lock.py``,
+  ``lock.training_lock``);
 * ``eval_results.json``: the last ``--mode=eval`` results;
 * ``metrics.jsonl``, ``tensorboard/``: training metrics (``metrics.py``).
 
@@ -28,25 +29,19 @@ workdir as it was).  Only process 0 writes these files.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import datetime
-import fcntl
 import json
 import os
-import socket
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import jax
 import ml_collections
 from etils import epath
-from jax.sharding import Mesh
 
 from transformer_xl import default_config, errors
 from transformer_xl.model import models, tuning
-from transformer_xl.run import checkpointing, distributed, metrics
-from transformer_xl.training import train_state
+from transformer_xl.run import metrics
 
 WorkdirError = errors.WorkdirError  # re-exported (transformer_xl.errors)
 
@@ -97,102 +92,6 @@ def check_writable(workdir: str) -> None:
     ) from err
 
 
-LOCK_FILE = "train.lock"
-_HELD: dict[str, list] = {}  # lock path -> [file descriptor, depth] held by this process
-
-
-def _lock_holder(text: str) -> str:
-  """The holder recorded in a lock file's text, for a message."""
-  try:
-    h = json.loads(text)
-    return f"pid {h['pid']} on host {h['host']}, started {h['started']}"
-  except (ValueError, KeyError, TypeError):
-    return "a process that left no details"
-
-
-def _acquire(path: str) -> tuple[int | None, str]:
-  """(fd, text) with an exclusive flock on ``path`` held through fd, and the
-  text a previous holder left (non-empty: it ended without releasing, e.g.
-  kill -9); (None, holder text) when another process holds the lock."""
-  while True:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-      text = os.pread(fd, 4096, 0).decode("utf-8", "replace")
-      os.close(fd)
-      return None, text
-    try:  # its holder may have removed the file between our open and flock
-      if os.fstat(fd).st_ino == os.stat(path).st_ino:
-        return fd, os.pread(fd, 4096, 0).decode("utf-8", "replace")
-    except FileNotFoundError:
-      pass
-    os.close(fd)
-
-
-@contextlib.contextmanager
-def training_lock(workdir: str, log: Callable[[str], None] = print) -> Iterator[None]:
-  """Holds ``<workdir>/train.lock``, so that one training at a time writes a workdir.
-
-  Two trainings in one workdir would interleave their metrics and overwrite
-  each other's checkpoints and config.json.  The lock is an exclusive
-  ``flock`` on the file, which the kernel releases when the holder ends
-  however it ends (kill -9 included); the file records the holder's host,
-  PID and start time for the message.  A lock left by a holder that is gone
-  is taken over, with a note.  Re-entrant within a process (the command
-  line takes it before loading data, ``train.train_and_evaluate`` again).
-  With several processes, process 0 holds it and all agree.  Readers
-  (eval, score, generate, the Python API) take no lock: they can run beside
-  a training.  On a non-local workdir (gs://) there is no lock: run one
-  training per workdir yourself.
-
-  Raises:
-    WorkdirError: another training holds the lock (the message names it).
-  """
-  if "://" in str(workdir):
-    yield
-    return
-  path = os.path.realpath(os.path.join(str(workdir), LOCK_FILE))
-  if path in _HELD:
-    _HELD[path][1] += 1
-    try:
-      yield
-    finally:
-      _HELD[path][1] -= 1
-    return
-  fd, text = None, ""
-  if jax.process_index() == 0:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, text = _acquire(path)
-  if distributed.any_process(jax.process_index() == 0 and fd is None):
-    where = _lock_holder(text) if jax.process_index() == 0 else "see process 0's message"
-    raise WorkdirError(
-        f"--workdir={workdir} is in use by another training ({where}; lock {path}): two "
-        "trainings in one workdir would mix their checkpoints and metrics. Wait for it to "
-        "end or stop it (SIGTERM or Ctrl-C: it saves a checkpoint first), or use another "
-        "--workdir. Evaluating, scoring and generating need no lock and can run beside it."
-    )
-  _HELD[path] = [fd, 1]  # on every process, so that the nested calls agree
-  if fd is not None:
-    if text.strip():
-      log(
-          f"Took over {path} from a training that ended without releasing it "
-          f"({_lock_holder(text)})."
-      )
-    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-    info = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": started})
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, (info + "\n").encode(), 0)
-  try:
-    yield
-  finally:
-    del _HELD[path]
-    if fd is not None:
-      with contextlib.suppress(OSError):
-        os.unlink(path)
-      os.close(fd)
-
-
 def save_config(workdir: str, config: ml_collections.ConfigDict) -> None:
   """Writes ``<workdir>/config.json`` (process 0)."""
   if jax.process_index() == 0:
@@ -214,7 +113,7 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
     )
   config = default_config.get_config()
   try:
-    config.update(json.loads(path.read_text()))
+    config.update(default_config.without_legacy_keys(json.loads(path.read_text())))
   except (ValueError, KeyError, TypeError, AttributeError) as err:
     raise WorkdirError(
         f"{path} is damaged ({err}): pass --config=configs/<name>.py with the "
@@ -248,7 +147,7 @@ def load_model_config(workdir: str) -> tuple[models.ModelConfig, str]:
     raise FileNotFoundError(f"{path} does not exist: train (or convert) into this --workdir first.")
   try:
     saved = json.loads(path.read_text())
-    return models.ModelConfig(**saved["model"]), saved["unit"]
+    return models.ModelConfig.from_dict(saved["model"]), saved["unit"]
   except (ValueError, KeyError, TypeError) as err:
     raise WorkdirError(f"{path} is damaged ({err}).") from None
 
@@ -306,7 +205,7 @@ def run_differences(saved: Mapping[str, Any], wanted: Mapping[str, Any]) -> list
       lines.append(f"the workdir was trained with {name}={a!r}; this run asks for {b!r}")
   for key, name in (("dataset", "data.dataset"), ("global_batch", "train.global_batch")):
     if key == "dataset" and "converted" in (saved.get(key), wanted.get(key)):
-      continue  # a converted checkpoint of no particular corpus (convert/workdir.py)
+      continue  # a converted checkpoint of no particular corpus (convert/workdir_io.py)
     if key in saved and key in wanted and saved[key] != wanted[key]:
       lines.append(
           f"the workdir was trained with {name}={saved[key]!r}; this run asks for "
@@ -344,58 +243,6 @@ def check_same_run(
         + f"\nRun with the workdir's settings (they are in {epath.Path(workdir) / 'config.json'}),"
         " or use a new --workdir for the new model. Nothing in the workdir was changed."
     )
-
-
-def restore_params(
-    config: ml_collections.ConfigDict, workdir: str, model_cfg: models.ModelConfig, mesh: Mesh
-) -> tuple[int, Any]:
-  """(step, parameters) of the newest usable checkpoint in ``workdir``, on ``mesh``.
-
-  Damaged checkpoints are reported and skipped
-  (``checkpointing.restore_latest``); nothing in the workdir is changed,
-  and a training may run in it meanwhile (no lock is taken; a checkpoint
-  its rotation removes while it is read is skipped).
-
-  Raises:
-    FileNotFoundError: no checkpoint.
-    default_config.ConfigError: ``model_cfg`` differs from the checkpoint's model.
-    checkpointing.CheckpointError: checkpoints exist but none is usable.
-  """
-  require_dir(workdir)
-  directory = checkpointing.checkpoint_dir(workdir)
-  if not directory.exists():
-    raise FileNotFoundError(
-        f"No checkpoint in {directory}: train first with the same " "--workdir (--mode=train)."
-    )
-  model = models.TransformerXL(model_cfg)
-  tx = train_state.make_optimizer(config.train)
-  abstract = {}
-
-  def abstract_for(meta):  # the saved memory has the training run's batch rows
-    batch = int(meta.get("global_batch") or config.train.global_batch)
-    if batch not in abstract:
-      abstract[batch] = train_state.abstract_train_state(model, tx, batch, mesh)[0]
-    return abstract[batch]
-
-  wanted = {"model": checkpoint_meta(model_cfg, "", "", 0)["model"]}
-  manager = checkpointing.make_manager(workdir, create=False)
-  try:
-    restored = checkpointing.restore_latest(
-        manager,
-        abstract_for,
-        log=metrics.log,
-        check_meta=lambda path, meta: check_same_run(workdir, path, meta, wanted),
-    )
-  finally:
-    manager.close()
-  if restored is None:
-    raise FileNotFoundError(
-        f"No checkpoint in {manager.directory}: train first with the same "
-        "--workdir (--mode=train)."
-    )
-  if restored.rejected:
-    metrics.log(f"Using {restored.path} (step {restored.step}), the newest usable checkpoint.")
-  return restored.step, restored.state.params
 
 
 def write_eval_results(workdir: str, results: Mapping[str, Any]) -> str:

@@ -24,14 +24,13 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
-from etils import epath
 from jax.sharding import Mesh
 
 from transformer_xl import data, default_config, sharding
 from transformer_xl.data import text_vocab
 from transformer_xl.inference import evaluate
 from transformer_xl.model import models
-from transformer_xl.run import checkpointing, distributed, metrics
+from transformer_xl.run import distributed, metrics, run_dir
 from transformer_xl.run import workdir as wd
 from transformer_xl.training import train_state
 from transformer_xl.training.train_state import TrainState
@@ -384,7 +383,7 @@ def train_and_evaluate(
   lower learning rate resumes.  Rotation keeps the newest
   ``checkpoint.max_to_keep`` checkpoints and the newest good one
   (``checkpointing.prune``).  One training at a time per workdir: a second
-  one stops at once naming the first (``workdir.training_lock``).
+  one stops at once naming the first (``lock.training_lock``).
 
   Returns:
     The last logged training metrics (dict of floats).
@@ -397,29 +396,30 @@ def train_and_evaluate(
       one cannot be written (full disk, read-only).
     metrics.NonFiniteError: training diverged (``train.nonfinite``).
   """
-  with wd.training_lock(workdir, log=metrics.log):
-    return _train_and_evaluate(config, workdir, corpus, mesh, stop_requested)
+  tcfg = config.train
+  mcfg = default_config.model_config(config, corpus.vocab_size)
+  meta = wd.checkpoint_meta(mcfg, corpus.unit, corpus.name, tcfg.global_batch)
+  with run_dir.RunDir(workdir, meta, config.checkpoint.max_to_keep) as rundir:
+    return _train_and_evaluate(config, mcfg, rundir, corpus, mesh, stop_requested)
 
 
 def _train_and_evaluate(
     config: ml_collections.ConfigDict,
-    workdir: str,
+    mcfg: models.ModelConfig,
+    rundir: run_dir.RunDir,
     corpus: data.Corpus,
     mesh: Mesh,
     stop_requested: Callable[[], bool | str],
 ) -> dict:
-  """``train_and_evaluate``'s work, with the workdir's lock held."""
+  """``train_and_evaluate``'s work in its run directory (lock held)."""
+  workdir = rundir.workdir
   tcfg = config.train
-  mcfg = default_config.model_config(config, corpus.vocab_size)
   model = models.TransformerXL(mcfg)
   tx = train_state.make_optimizer(tcfg)
   schedule = train_state.learning_rate_schedule(tcfg)
   abstract_state, state_shardings = train_state.abstract_train_state(
       model, tx, tcfg.global_batch, mesh
   )
-  meta = wd.checkpoint_meta(mcfg, corpus.unit, corpus.name, tcfg.global_batch)
-
-  manager = checkpointing.make_manager(workdir)
   # Ordered contiguous rows, or (One Billion Word) shuffled-sentence rows.
   train_iter = data.make_train_iterator(
       corpus,
@@ -430,12 +430,7 @@ def _train_and_evaluate(
       row_ids=data.process_row_ids(sharding.batch_sharding(mesh), tcfg.global_batch, mcfg.tgt_len),
       documents=config.data.get("documents", "stream"),
   )  # "reset": batches carry doc_pos
-  restored = checkpointing.restore_latest(
-      manager,
-      abstract_state,
-      log=metrics.log,
-      check_meta=lambda path, saved: wd.check_same_run(workdir, path, saved, meta),
-  )
+  restored = rundir.restore(abstract_state)
   if restored is None:
     state = train_state.create_train_state(
         model, tx, tcfg.global_batch, mesh, jax.random.PRNGKey(tcfg.seed), state_shardings
@@ -451,15 +446,8 @@ def _train_and_evaluate(
             f"The data position saved in {restored.path} does not fit this run's data: {err} "
             "Resume with the workdir's data settings, or use a new --workdir."
         ) from None
-    checkpointing.set_aside(manager, workdir, restored.rejected, log=metrics.log)
-    metrics.log(f"Resumed from {restored.path} at step {start_step}.")
-  verification = checkpointing.Verification(
-      workdir, manager, None if restored is None else start_step
-  )
-  for path in checkpointing.remove_partial_writes(workdir):
-    metrics.log(f"Removed {path}, a checkpoint write that an interrupted run left unfinished.")
-  wd.save_config(workdir, config)
-  wd.save_model_config(workdir, mcfg, corpus.unit, corpus.name)
+  rundir.start(restored, config, mcfg)
+  verification = rundir.verification
   if corpus.name == data.TEXT and jax.process_index() == 0:  # generate/score without the files
     text_vocab.save_tokenizer(corpus, workdir)
 
@@ -482,7 +470,7 @@ def _train_and_evaluate(
       tcfg.aux_loss_weight,
   )
   evaluator = evaluate.Evaluator(config, mcfg, corpus, mesh) if tcfg.eval_every else None
-  writer = metrics.MetricWriter(workdir, start_step, log=metrics.log)
+  writer = metrics.MetricWriter(workdir, start_step)
   metric = metrics.metric_name(corpus.unit)
   tokens_per_step = tcfg.global_batch * mcfg.tgt_len
 
@@ -565,9 +553,7 @@ def _train_and_evaluate(
       preempted = preemption.should_stop(step)
       if step % config.checkpoint.every_steps == 0 or step == tcfg.num_steps or preempted:
         drain()  # never save before every step since the last check is known to be finite
-        checkpointing.save(manager, step, state, iter_state, meta=meta)
-        verification.write()
-        checkpointing.prune(manager, config.checkpoint.max_to_keep, keep=verification.newest())
+        rundir.save(step, state, iter_state)
         t_last, steps_since = time.perf_counter(), 0
       if preempted:
         what = stop_requested()
@@ -579,16 +565,14 @@ def _train_and_evaluate(
         break
     finished = True
   except metrics.NonFiniteError as err:
-    went = verification.reject_unverified(
-        workdir,
-        "set aside when the run diverged: a step computed from it was not finite",
-        log=lambda msg: None,
+    went = rundir.set_aside_unverified(
+        "set aside when the run diverged: a step computed from it was not finite"
     )
     if went:
       where = (
           "deleted (this file system cannot move them)"
           if "deleted" in went
-          else f"moved to {epath.Path(workdir) / 'checkpoints_rejected'}"
+          else f"moved to {rundir.rejected_dir}"
       )
       raise metrics.NonFiniteError(
           f"{err} The {len(went)} checkpoint(s) saved after it were {where} (a step computed "
@@ -601,9 +585,7 @@ def _train_and_evaluate(
       batches.close()
     if finished:
       writer.close()
-      manager.close()
     else:  # the error that stops the run is the one to report, not a second one here
-      for close in (writer.close, manager.close):
-        with contextlib.suppress(Exception):
-          close()
+      with contextlib.suppress(Exception):
+        writer.close()
   return last

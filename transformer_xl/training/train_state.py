@@ -98,6 +98,23 @@ def memory_sharding(mesh: Mesh) -> models.Memory:
   return models.Memory.shardings(mesh)
 
 
+def abstract_params(model: models.TransformerXL, mesh: Mesh):
+  """Shapes and shardings of the parameters alone (no optimizer, nothing
+  allocated): each placed by its logical axis names (sharding.py).
+
+  Returns:
+    (parameters as jax.ShapeDtypeStruct with shardings, their NamedShardings).
+  """
+  boxed_params = jax.eval_shape(functools.partial(models.init_params, model), jax.random.PRNGKey(0))
+  shardings = sharding.logical_shardings(boxed_params, mesh)
+  abstract = jax.tree_util.tree_map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+      nn.unbox(boxed_params),
+      shardings,
+  )
+  return abstract, shardings
+
+
 def abstract_train_state(model: models.TransformerXL, tx, global_batch: int, mesh: Mesh):
   """Shapes and shardings of the state, without allocating anything.
 
@@ -109,10 +126,8 @@ def abstract_train_state(model: models.TransformerXL, tx, global_batch: int, mes
     (abstract TrainState of jax.ShapeDtypeStruct with shardings, TrainState
     of NamedShardings).
   """
-  rng = jax.random.PRNGKey(0)
-  boxed_params = jax.eval_shape(functools.partial(models.init_params, model), rng)
-  shapes = jax.eval_shape(functools.partial(_init, model, tx, global_batch), rng)
-  param_shardings = sharding.logical_shardings(boxed_params, mesh)
+  shapes = jax.eval_shape(functools.partial(_init, model, tx, global_batch), jax.random.PRNGKey(0))
+  _, param_shardings = abstract_params(model, mesh)
   opt_shardings = optax.tree_map_params(
       tx,
       lambda _, s: s,

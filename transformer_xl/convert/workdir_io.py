@@ -147,7 +147,7 @@ def _check_creatable(path: str, flag: str, file: bool = False) -> None:
     existing = os.path.dirname(existing)
   if not os.path.isdir(existing):
     raise ConvertError(
-        f"{flag}={path} cannot be created: {existing} is a file; pass a path in a " "directory."
+        f"{flag}={path} cannot be created: {existing} is a file; pass a path in a directory."
     )
   if not os.access(existing, os.W_OK | os.X_OK):
     raise ConvertError(
@@ -262,7 +262,7 @@ def write_workdir(
   extra = sorted(set(flat) - set(expected))
   if bad or extra:
     raise ConvertError(
-        f"params do not fit the model config: (got, expected) {bad}; " f"unexpected {extra}."
+        f"params do not fit the model config: (got, expected) {bad}; unexpected {extra}."
     )
 
   from transformer_xl.model import models
@@ -418,7 +418,7 @@ def convert_to_workdir(
           f"{len(our_vocab)}: pass the model's vocabulary file with --vocab."
       )
     else:
-      log(f"No --vocab: taking the model's ids as {dataset}'s ids (same size, " f"{cfg.n_token}).")
+      log(f"No --vocab: taking the model's ids as {dataset}'s ids (same size, {cfg.n_token}).")
   our_unit = our_unit or "word"
   write_workdir(
       workdir,
@@ -484,7 +484,7 @@ def export_pytorch(
   import jax
 
   from transformer_xl import default_config
-  from transformer_xl.run import checkpointing
+  from transformer_xl.run import checkpointing, run_dir
   from transformer_xl.run import workdir as wd
 
   if to not in ("pytorch", "safetensors"):
@@ -494,7 +494,7 @@ def export_pytorch(
   fmt = state_dict_format(checkpoint)
   if fmt == "torch" and importlib.util.find_spec("torch") is None:
     raise ConvertError(
-        f"writing the torch file {checkpoint} needs torch; use a .npz or " ".safetensors path."
+        f"writing the torch file {checkpoint} needs torch; use a .npz or .safetensors path."
     )
   if fmt == "safetensors" and importlib.util.find_spec("safetensors") is None:
     raise ConvertError(
@@ -512,9 +512,9 @@ def export_pytorch(
         "training run or of a conversion."
     )
   try:
-    config = wd.load_config(workdir)
+    wd.load_config(workdir)  # a damaged config.json stops the export too
     cfg, _ = wd.load_model_config(workdir)
-    step, params = wd.restore_params(config, workdir, cfg, one_device_mesh())
+    step, params = run_dir.restore_params(workdir, cfg, one_device_mesh())
   except (
       FileNotFoundError,
       wd.WorkdirError,
