@@ -9,15 +9,14 @@ name server.
 
 from __future__ import annotations
 
-import collections
 import hashlib
-import http.server
 import logging
 import socket
 import threading
 import time
 
 import pytest
+from http_server import FileServer
 
 from transformer_xl import errors
 from transformer_xl.data import download, sources
@@ -25,73 +24,19 @@ from transformer_xl.data import download, sources
 BODY = bytes(range(256)) * 40  # 10,240 bytes
 
 
-class FileServer:
-  """Serves ``body`` at every path.
-
-  Attributes:
-    honour_range: answer a Range request with 206 from its offset (False:
-      200 and the whole body, as a server without range support).
-    faults: consumed one per GET: "truncate" (announce the whole length,
-      send half, close) or an HTTP status to answer instead (e.g. 503).
-    requests: the Range header (or None) of every GET, in order.
-  """
-
-  def __init__(self, body: bytes = BODY):
-    self.body = body
-    self.honour_range = True
-    self.faults: collections.deque = collections.deque()
-    self.requests: list[str | None] = []
-    server = self
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-      protocol_version = "HTTP/1.1"
-
-      def log_message(self, *args):
-        pass
-
-      def do_GET(self):  # noqa: N802 (http.server's name)
-        rng = self.headers.get("Range")
-        server.requests.append(rng)
-        fault = server.faults.popleft() if server.faults else None
-        if isinstance(fault, int):
-          self.send_error(fault)
-          return
-        body, start = server.body, 0
-        if rng and server.honour_range:
-          start = int(rng.split("=")[1].split("-")[0])
-          if start >= len(body):
-            self.send_response(416)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
-        chunk = body[start:]
-        partial = bool(rng) and server.honour_range
-        self.send_response(206 if partial else 200)
-        self.send_header("Content-Length", str(len(chunk)))
-        if partial:
-          self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
-        self.end_headers()
-        if fault == "truncate":
-          self.wfile.write(chunk[: len(chunk) // 2])
-          self.wfile.flush()
-          self.close_connection = True
-          return
-        self.wfile.write(chunk)
-
-    self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/file.bin"
-    threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-  def close(self):
-    self.httpd.shutdown()
-    self.httpd.server_close()
+PATH = "/file.bin"
 
 
 @pytest.fixture
 def server():
-  s = FileServer()
+  """BODY at PATH (``file_url``)."""
+  s = FileServer({PATH: BODY})
   yield s
   s.close()
+
+
+def file_url(server: FileServer) -> str:
+  return server.url + PATH
 
 
 @pytest.fixture
@@ -109,9 +54,9 @@ def test_a_part_file_is_resumed_with_a_range_request(server, tmp_path):
   dest.parent.mkdir()
   part = dest.with_name("file.bin.part")
   part.write_bytes(BODY[:100])
-  download.fetch(server.url, dest, progress=False)
+  download.fetch(file_url(server), dest, progress=False)
   assert dest.read_bytes() == BODY and not part.exists()
-  assert server.requests == ["bytes=100-"]
+  assert server.gets(PATH) == ["bytes=100-"]
 
 
 def test_a_server_that_ignores_the_range_gets_a_fresh_download(server, tmp_path):
@@ -119,26 +64,26 @@ def test_a_server_that_ignores_the_range_gets_a_fresh_download(server, tmp_path)
   dest = tmp_path / "file.bin"
   part = tmp_path / "file.bin.part"
   part.write_bytes(b"x" * 100)  # not a prefix: would corrupt the file if appended to
-  download.fetch(server.url, dest, progress=False)
+  download.fetch(file_url(server), dest, progress=False)
   assert dest.read_bytes() == BODY and not part.exists()
-  assert server.requests == ["bytes=100-"]
+  assert server.gets(PATH) == ["bytes=100-"]
 
 
 def test_a_refused_range_gets_a_fresh_download(server, tmp_path):
   dest = tmp_path / "file.bin"
   (tmp_path / "file.bin.part").write_bytes(BODY + b"extra")  # longer than the file: 416
-  download.fetch(server.url, dest, progress=False)
+  download.fetch(file_url(server), dest, progress=False)
   assert dest.read_bytes() == BODY
-  assert server.requests == [f"bytes={len(BODY) + 5}-", None]
+  assert server.gets(PATH) == [f"bytes={len(BODY) + 5}-", None]
 
 
 def test_a_download_cut_short_is_resumed_and_the_retry_is_logged(server, tmp_path, caplog):
-  server.faults.append("truncate")
+  server.faults[PATH].append("truncate")
   dest = tmp_path / "file.bin"
   with caplog.at_level(logging.INFO):
-    download.fetch(server.url, dest, progress=False)
+    download.fetch(file_url(server), dest, progress=False)
   assert dest.read_bytes() == BODY
-  assert server.requests == [None, f"bytes={len(BODY) // 2}-"]
+  assert server.gets(PATH) == [None, f"bytes={len(BODY) // 2}-"]
   assert (
       f"file.bin: the connection ended after {len(BODY) // 2:,} of {len(BODY):,} bytes; "
       f"trying again (2 of 3, {len(BODY) // 2:,} bytes kept)." in caplog.text
@@ -146,41 +91,41 @@ def test_a_download_cut_short_is_resumed_and_the_retry_is_logged(server, tmp_pat
 
 
 def test_404_fails_at_once_with_its_status(server, tmp_path):
-  server.faults.extend([404, 404, 404])
+  server.faults[PATH].extend([404, 404, 404])
   dest = tmp_path / "file.bin"
   with pytest.raises(download.DownloadError) as err:
-    download.fetch(server.url, dest, progress=False)
+    download.fetch(file_url(server), dest, progress=False)
   e = err.value
   assert isinstance(e, errors.UserError) and isinstance(e, OSError)
-  assert (e.url, e.status, e.tries, e.reason) == (server.url, 404, 1, "HTTP 404 Not Found")
-  assert str(e).startswith(f"{server.url}: HTTP 404 Not Found")
-  assert server.requests == [None]
+  assert (e.url, e.status, e.tries, e.reason) == (file_url(server), 404, 1, "HTTP 404 Not Found")
+  assert str(e).startswith(f"{file_url(server)}: HTTP 404 Not Found")
+  assert server.gets(PATH) == [None]
   assert not dest.exists() and not (tmp_path / "file.bin.part").exists()
 
 
 def test_after_every_try_the_error_names_the_last_reason_and_keeps_the_part(server, tmp_path):
-  server.faults.extend(["truncate", 503, 503])
+  server.faults[PATH].extend(["truncate", 503, 503])
   dest = tmp_path / "file.bin"
   with pytest.raises(download.DownloadError) as err:
-    download.fetch(server.url, dest, progress=False)
+    download.fetch(file_url(server), dest, progress=False)
   e = err.value
   assert (e.status, e.tries) == (503, 3) and e.reason.startswith("HTTP 503")
-  assert f"cannot download {server.url} (HTTP 503" in str(e)
-  assert len(server.requests) == 3
+  assert f"cannot download {file_url(server)} (HTTP 503" in str(e)
+  assert len(server.gets(PATH)) == 3
   assert not dest.exists()
   assert (tmp_path / "file.bin.part").read_bytes() == BODY[: len(BODY) // 2]  # for the next run
-  download.fetch(server.url, dest, progress=False)  # ... which resumes it
-  assert dest.read_bytes() == BODY and server.requests[-1] == f"bytes={len(BODY) // 2}-"
+  download.fetch(file_url(server), dest, progress=False)  # ... which resumes it
+  assert dest.read_bytes() == BODY and server.gets(PATH)[-1] == f"bytes={len(BODY) // 2}-"
 
 
 def test_keep_partial_false_leaves_no_file_after_a_failure(server, tmp_path):
-  server.faults.extend(["truncate", "truncate", "truncate"])
+  server.faults[PATH].extend(["truncate", "truncate", "truncate"])
   dest = tmp_path / "file.bin"
   with pytest.raises(download.DownloadError, match="the connection ended after"):
-    download.fetch(server.url, dest, progress=False, keep_partial=False)
+    download.fetch(file_url(server), dest, progress=False, keep_partial=False)
   assert list(tmp_path.iterdir()) == []
-  assert len(server.requests) == 3  # each try resumed the part of the one before
-  assert server.requests[1] == f"bytes={len(BODY) // 2}-"
+  assert len(server.gets(PATH)) == 3  # each try resumed the part of the one before
+  assert server.gets(PATH)[1] == f"bytes={len(BODY) // 2}-"
 
 
 def test_a_host_that_never_answers_is_bounded_by_timeout_s(silent_port, tmp_path):
@@ -219,11 +164,11 @@ def test_a_malformed_url_fails_at_once(tmp_path):
 
 def test_the_corpus_path_leaves_no_file_after_a_failure(server, tmp_path):
   """``sources.locate``: a download that fails leaves neither the archive nor a .part."""
-  server.faults.extend(["truncate", "truncate", "truncate"])
+  server.faults[PATH].extend(["truncate", "truncate", "truncate"])
   spec = sources.SourceSpec(
       corpus="tiny",
       archive="tiny.zip",
-      url=server.url,
+      url=file_url(server),
       files=(sources.SourceFile(name="tiny.txt", member="tiny/tiny.txt"),),
   )
   downloads = tmp_path / "downloads"
@@ -232,7 +177,7 @@ def test_the_corpus_path_leaves_no_file_after_a_failure(server, tmp_path):
         spec, manual_dir=tmp_path / "manual", download_dir=downloads, download=True, timeout_s=2
     )
   assert (
-      f"Downloading {server.url} failed: the connection ended after "
+      f"Downloading {file_url(server)} failed: the connection ended after "
       f"{len(BODY) * 7 // 8:,} of {len(BODY):,} bytes (3 tries)" in str(err.value)  # 1/2+1/4+1/8
   )
   assert not downloads.exists() or list(downloads.iterdir()) == []

@@ -15,18 +15,17 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
-import http.server
 import json
 import pickle
 import re
 import sys
-import threading
 import types
 import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
+from http_server import FileServer
 
 from transformer_xl import convert, data
 from transformer_xl.convert import pretrained
@@ -45,82 +44,6 @@ EVAL = dict(tgt_len=8, mem_len=24, clamp_len=20, same_length=True, global_batch=
 # ---------------------------------------------------------------------------
 # The server
 # ---------------------------------------------------------------------------
-
-
-class ReleaseServer:
-  """Serves ``files`` (URL path -> bytes) with Range support and injected faults.
-
-  ``faults[path]`` is a list consumed one per GET of that path: "truncate"
-  (announce the whole length, send half, close), "corrupt" (flip a byte in
-  the middle); ``requests`` logs (path, Range header or None) of every GET.
-  """
-
-  def __init__(self):
-    self.files: dict[str, bytes] = {}
-    self.faults: dict[str, list[str]] = collections.defaultdict(list)
-    self.requests: list[tuple[str, str | None]] = []
-    self.etags: dict[str, str] = {}  # path -> the Hub's ETag (HEAD answers with it)
-    server = self
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-      protocol_version = "HTTP/1.1"
-
-      def log_message(self, *args):
-        pass
-
-      def do_HEAD(self):  # noqa: N802  (the Hub's metadata request, huggingface_hub)
-        body = server.files.get(self.path)
-        if body is None or self.path not in server.etags:
-          self.send_error(404)
-          return
-        self.send_response(200)
-        self.send_header("X-Repo-Commit", "0123456789abcdef0123456789abcdef01234567")
-        self.send_header("ETag", f'"{server.etags[self.path]}"')
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-
-      def do_GET(self):  # noqa: N802 (http.server's name)
-        rng = self.headers.get("Range")
-        server.requests.append((self.path, rng))
-        body = server.files.get(self.path)
-        if body is None:
-          self.send_error(404)
-          return
-        fault = server.faults[self.path].pop(0) if server.faults[self.path] else None
-        start = int(rng.split("=")[1].split("-")[0]) if rng else 0
-        if start >= len(body) and rng:
-          self.send_response(416)
-          self.send_header("Content-Length", "0")
-          self.end_headers()
-          return
-        chunk = body[start:]
-        if fault == "corrupt":
-          mid = len(chunk) // 2
-          chunk = chunk[:mid] + bytes([chunk[mid] ^ 0xFF]) + chunk[mid + 1 :]
-        self.send_response(206 if rng else 200)
-        self.send_header("Content-Length", str(len(chunk)))
-        if rng:
-          self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
-        self.end_headers()
-        if fault == "truncate":
-          self.wfile.write(chunk[: len(chunk) // 2])
-          self.wfile.flush()
-          self.close_connection = True
-          return
-        self.wfile.write(chunk)
-
-    self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-    self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-    self.thread.start()
-
-  def gets(self, suffix: str) -> list[str | None]:
-    """The Range headers of the GETs of paths ending in ``suffix``."""
-    return [r for p, r in self.requests if p.endswith(suffix)]
-
-  def close(self):
-    self.httpd.shutdown()
-    self.httpd.server_close()
 
 
 # ---------------------------------------------------------------------------
@@ -245,7 +168,7 @@ def small_release(tmp_path_factory) -> SmallRelease:
 
 @pytest.fixture
 def server(small_release, monkeypatch):
-  srv = ReleaseServer()
+  srv = FileServer()
   for name, body in small_release.files.items():
     srv.files[f"/tf_wt103/{name}"] = body
   monkeypatch.setitem(
