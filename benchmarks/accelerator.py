@@ -22,9 +22,25 @@ every local device on the ``fsdp`` axis as the slice presets place them):
   step: tokens/s;
 * **the PyTorch reference port** (HuggingFace ``TransfoXLLMHeadModel``, the
   same sizes, cutoffs and div_val) trained with ``torch.autocast`` in
-  bfloat16 on the same device (the adaptive softmax in float32: HF 4.35's
-  cannot run under autocast), when torch sees a CUDA GPU (on CPU only with
-  ``--smoke``): tokens/s, the baseline of the same run.
+  bfloat16 on the same device, when torch sees a CUDA GPU (on CPU only with
+  ``--smoke``): tokens/s, the baseline of the same run.  HF 4.35's adaptive
+  embedding and adaptive softmax cannot run under autocast (with div_val > 1
+  the embedding's ``index_copy_`` of bf16 rows into its float32 buffer
+  raises "self and source expected to have the same dtype"; the softmax's
+  index-put likewise), so both run outside it in float32, HF's own modules
+  unchanged: the embedding is computed first and handed to
+  ``model.transformer`` as ``inputs_embeds``, the layers run under autocast,
+  the softmax gets their output cast to float32.  (With div_val 1 and
+  d_embed = d_model, as in every default config but wt103_large, the
+  embedding is a plain lookup, the same in either dtype.)
+
+A measurement that raises does not end the run: the config's row in the
+JSON and in the summary table says why (``"error"``: the exception's type
+and the first line of its message) in place of the numbers (the whole row
+where our train step failed, the ``eval`` or ``pytorch`` part where only
+that failed), and the run goes on to the next config.  The exit status is 0
+when anything was measured, 1 when nothing was (every config's train step
+failed); an unknown config name is refused before anything runs.
 
 MFU = model FLOPs per token x tokens/s / the device's peak dense bf16
 FLOP/s (``common.PEAK_BF16_FLOPS``; none for a device not in the table).
@@ -114,6 +130,14 @@ def model_flops_per_token(model_cfg, batch: int, train: bool) -> float:
 
 def _is_oom(err: Exception) -> bool:
   return any(s in str(err) for s in OOM)
+
+
+def failure(err: BaseException) -> str:
+  """One line for a result row: the exception's type and the first line of
+  its message (at most 300 characters)."""
+  lines = str(err).strip().splitlines()
+  text = f"{type(err).__name__}: {lines[0].strip()}" if lines else type(err).__name__
+  return text if len(text) <= 300 else text[:297] + "..."
 
 
 def _peak_memory(device, compiled) -> dict:
@@ -209,7 +233,31 @@ def train_timing(args, config, vocab: int):
 
 
 def ours(args, name: str, config, vocab: int) -> dict:
-  """Train and eval timings of our model for one config."""
+  """Train and eval timings of our model for one config (an eval that raises
+  leaves ``{"error": ...}`` as the row's eval part)."""
+  import jax  # noqa: PLC0415
+
+  devices = jax.local_devices()
+  out = {"config": name, "device_kind": devices[0].device_kind, "devices": len(devices)}
+  out["train"], state, mesh, mcfg = train_timing(args, config, vocab)
+  tr = out["train"]
+  train_line = (
+      f"{name}: train {tr['tokens_per_sec']:,.0f} tokens/s ({tr['step_ms']:.1f} ms/step, "
+      f"batch {tr['global_batch']}" + (f", MFU {100 * tr['mfu']:.1f}%" if tr["mfu"] else "") + ")"
+  )
+  try:
+    out["eval"] = eval_timing(args, config, vocab, state, mesh, mcfg)
+  except Exception as err:  # the train numbers stay; the row says why
+    out["eval"] = {"error": failure(err)}
+    print(f"{train_line}; eval FAILED: {out['eval']['error']}", flush=True)
+  else:
+    print(f"{train_line}; eval {out['eval']['tokens_per_sec']:,.0f} tokens/s", flush=True)
+  return out
+
+
+def eval_timing(args, config, vocab: int, state, mesh, mcfg) -> dict:
+  """Eval tokens/s of our model at the config's eval settings, the
+  parameters of ``state``, the memory carried from step to step."""
   import jax  # noqa: PLC0415
   import numpy as np  # noqa: PLC0415
 
@@ -219,8 +267,6 @@ def ours(args, name: str, config, vocab: int) -> dict:
   from transformer_xl.training import train_state  # noqa: PLC0415
 
   devices = jax.local_devices()
-  out = {"config": name, "device_kind": devices[0].device_kind, "devices": len(devices)}
-  out["train"], state, mesh, mcfg = train_timing(args, config, vocab)
   # Evaluation at the config's eval settings, parameters as trained above.
   ecfg = evaluate.eval_model_config(config, mcfg)
   eval_step = evaluate.make_eval_step(models.TransformerXL(ecfg), mesh)
@@ -245,26 +291,21 @@ def ours(args, name: str, config, vocab: int) -> dict:
   t0 = time.perf_counter()
   run(args.steps)
   eval_tps = args.steps * eb * ecfg.tgt_len / (time.perf_counter() - t0)
-  out["eval"] = {
+  return {
       "global_batch": eb,
       "tgt_len": ecfg.tgt_len,
       "mem_len": ecfg.mem_len,
       "clamp_len": ecfg.clamp_len,
       "tokens_per_sec": eval_tps,
   }
-  tr = out["train"]
-  print(
-      f"{name}: train {tr['tokens_per_sec']:,.0f} tokens/s ({tr['step_ms']:.1f} ms/step, "
-      f"batch {tr['global_batch']}"
-      + (f", MFU {100 * tr['mfu']:.1f}%" if tr["mfu"] else "")
-      + f"); eval {eval_tps:,.0f} tokens/s",
-      flush=True,
-  )
-  return out
 
 
 def pytorch(args, config, vocab: int, batch: int) -> dict:
-  """The HF port of the reference trained with bf16 autocast: tokens/s."""
+  """The HF port of the reference trained with bf16 autocast: tokens/s.
+
+  HF's adaptive embedding and adaptive softmax run outside autocast, in
+  float32 (HF 4.35's cannot run under it: see the module docstring); the
+  layers in between under it."""
   import torch  # noqa: PLC0415
   from transformers import TransfoXLConfig, TransfoXLLMHeadModel  # noqa: PLC0415
 
@@ -295,10 +336,13 @@ def pytorch(args, config, vocab: int, batch: int) -> dict:
   mems, times = None, []
   for i in range(args.warmup + args.steps):
     t0 = time.perf_counter()
-    # The layers under bf16 autocast; the adaptive softmax in float32 (HF
-    # 4.35's index-put into a float32 output refuses bf16 under autocast).
+    # The adaptive embedding in float32, outside autocast (with div_val > 1
+    # HF 4.35's index_copy_ of bf16 rows into its float32 buffer raises);
+    # the layers under bf16 autocast; the adaptive softmax in float32 (its
+    # index-put into a float32 output refuses bf16 likewise).
+    emb = model.transformer.word_emb(x)  # scaled by sqrt(d_model), as HF's forward does
     with torch.autocast(device_type=device, dtype=torch.bfloat16):
-      res = model.transformer(input_ids=x, mems=mems)
+      res = model.transformer(inputs_embeds=emb, mems=mems)
     loss = model.crit(res.last_hidden_state.float(), x).mean()  # shifts the labels itself
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
@@ -310,6 +354,9 @@ def pytorch(args, config, vocab: int, batch: int) -> dict:
     if i >= args.warmup:
       times.append(time.perf_counter() - t0)
   tps = batch * m.tgt_len / statistics.median(times)
+  del model, opt, res, mems, loss
+  if device == "cuda":
+    torch.cuda.empty_cache()  # hand its memory back before the next config
   print(f"  pytorch ({device}, bf16 autocast): {tps:,.0f} tokens/s", flush=True)
   return {
       "device": device,
@@ -319,8 +366,37 @@ def pytorch(args, config, vocab: int, batch: int) -> dict:
   }
 
 
+def _cell(part: dict | None) -> str:
+  """A table cell: the part's tokens/s, or "failed" where it has an error,
+  or "-" where it is missing."""
+  if not part:
+    return "-"
+  return "failed" if "error" in part else f"{part['tokens_per_sec']:,.0f}"
+
+
+def summary(results: list[dict], baseline_note: str = "") -> str:
+  """The markdown table of a run's rows: tokens/s of our train and eval
+  steps and of the PyTorch baseline, and why a part failed."""
+  lines = [
+      "| config | train tokens/s | eval tokens/s | pytorch tokens/s | notes |",
+      "|---|---|---|---|---|",
+  ]
+  for r in results:
+    notes = [f"{k}: {r[k]['error']}" for k in ("eval", "pytorch") if "error" in r.get(k, {})]
+    if "error" in r:
+      notes = [f"ours: {r['error']}"]
+    elif "pytorch" not in r and baseline_note:
+      notes.append(baseline_note)
+    cells = [_cell(r.get(k)) for k in ("train", "eval", "pytorch")]
+    if "error" in r:
+      cells[0] = "failed"
+    lines.append(f"| {r['config']} | {' | '.join(cells)} | {'; '.join(notes)} |")
+  return "\n".join(lines)
+
+
 def compare(old_path: str, new_path: str) -> int:
-  """Prints the tokens/s of two saved runs side by side, per config."""
+  """Prints the tokens/s of two saved runs side by side, per config (a part
+  that failed in either run shows as "failed")."""
   runs = []
   for path in (old_path, new_path):
     try:
@@ -331,10 +407,14 @@ def compare(old_path: str, new_path: str) -> int:
       return 1
   print("| config | phase | old tokens/s | new tokens/s | new / old |")
   print("|---|---|---|---|---|")
-  for name in runs[0].keys() & runs[1].keys():
+  for name in [n for n in runs[0] if n in runs[1]]:
     for phase in ("train", "eval"):
-      a, b = runs[0][name][phase]["tokens_per_sec"], runs[1][name][phase]["tokens_per_sec"]
-      print(f"| {name} | {phase} | {a:,.0f} | {b:,.0f} | {b / a:.2f} |")
+      a, b = ("failed" if "error" in run[name] else _cell(run[name].get(phase)) for run in runs)
+      if a[0].isdigit() and b[0].isdigit():
+        ratio = runs[1][name][phase]["tokens_per_sec"] / runs[0][name][phase]["tokens_per_sec"]
+        print(f"| {name} | {phase} | {a} | {b} | {ratio:.2f} |")
+      else:
+        print(f"| {name} | {phase} | {a} | {b} | - |")
   return 0
 
 
@@ -346,9 +426,18 @@ def main(argv=None) -> int:
 
   from transformer_xl.training import lowering  # noqa: PLC0415
 
+  # Every name is checked before anything runs (an unknown one exits here).
+  configs = [(name, load_config(name)) for name in args.configs.split(",") if name]
+  baseline, baseline_note = not args.no_pytorch, ""
+  if baseline and importlib.util.find_spec("torch") is None:
+    baseline, baseline_note = False, "pytorch: not run (no torch)"
+  elif baseline:
+    import torch  # noqa: PLC0415
+
+    if not (torch.cuda.is_available() or args.smoke):
+      baseline, baseline_note = False, "pytorch: not run (no CUDA GPU)"
   results = []
-  for name in [n for n in args.configs.split(",") if n]:
-    config = load_config(name)
+  for name, config in configs:
     config.model.update(dtype="bfloat16")
     if args.smoke:
       config.model.update(
@@ -365,13 +454,18 @@ def main(argv=None) -> int:
       config.model.update(
           cutoffs=cutoffs, d_embed=32, tie_projs=list(config.model.tie_projs)[: len(cutoffs) + 1]
       )
-    res = ours(args, name, config, vocab)
-    torch_ok = importlib.util.find_spec("torch") is not None
-    if not args.no_pytorch and torch_ok:
-      import torch  # noqa: PLC0415
-
-      if torch.cuda.is_available() or args.smoke:
+    try:
+      res = ours(args, name, config, vocab)
+    except Exception as err:  # the row says why; the next config runs
+      results.append({"config": name, "error": failure(err)})
+      print(f"{name}: FAILED: {results[-1]['error']}", flush=True)
+      continue  # the baseline takes its batch from our train step
+    if baseline:
+      try:
         res["pytorch"] = pytorch(args, config, vocab, res["train"]["global_batch"])
+      except Exception as err:  # the row says why; the next config runs
+        res["pytorch"] = {"error": failure(err)}
+        print(f"  pytorch FAILED: {res['pytorch']['error']}", flush=True)
     results.append(res)
   machine = common.machine_info(("jax", "jaxlib", "flax", "torch", "transformers"))
   data = {
@@ -380,9 +474,13 @@ def main(argv=None) -> int:
       "devices": [str(d) for d in jax.local_devices()],
       "results": results,
   }
+  print(summary(results, baseline_note), flush=True)
   common.write_json(
       args.json or common.default_json_path(machine["host"], prefix="accelerator_"), data
   )
+  if not any("train" in r for r in results):
+    print("error: nothing could be measured", file=sys.stderr)
+    return 1
   return 0
 
 

@@ -452,27 +452,41 @@ def test_attention_kernel_smoke_writes_both_paths(tmp_path):
 # ---------------------------------------------------------------------------
 
 
+def _accelerator():
+  spec = importlib.util.spec_from_file_location("bench_acc", REPO / "benchmarks" / "accelerator.py")
+  acc = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(acc)
+  return acc
+
+
 def test_accelerator_smoke_trains_evaluates_and_compares(tmp_path):
-  """The accelerator benchmark at --smoke sizes on CPU: our train and eval
-  steps, the PyTorch port with bf16 autocast (CPU in smoke mode), an
-  adaptive-softmax config among them; the JSON, and --compare on it."""
+  """The accelerator benchmark at --smoke sizes on CPU, EVERY default config
+  (wt103_large's div_val 4 among them: HF's adaptive embedding, which fails
+  under bf16 autocast, runs in float32): our train and eval steps, the
+  PyTorch port with bf16 autocast (CPU in smoke mode), no failed part; the
+  JSON, the summary table, and --compare on it.  About 2 minutes on 2 CPUs."""
   out_json = tmp_path / "acc.json"
   script = str(REPO / "benchmarks" / "accelerator.py")
   proc = subprocess.run(
-      [sys.executable, script, "--smoke", "--configs=enwik8_12l,wt103_base", f"--json={out_json}"],
+      [sys.executable, script, "--smoke", f"--json={out_json}"],  # the default --configs
       capture_output=True,
       text=True,
       cwd=REPO,
       timeout=900,
   )
   assert proc.returncode == 0, proc.stderr[-3000:]
+  defaults = _accelerator().parse_args([]).configs.split(",")
+  assert len(defaults) == 4 and "wt103_large" in defaults
   res = {r["config"]: r for r in json.loads(out_json.read_text())["results"]}
-  assert set(res) == {"enwik8_12l", "wt103_base"}
-  for r in res.values():
+  assert list(res) == defaults
+  for name, r in res.items():
+    assert "error" not in json.dumps(r), r
     assert r["train"]["tokens_per_sec"] > 0 and r["eval"]["tokens_per_sec"] > 0
     assert r["train"]["flops_per_token"] > 0 and r["train"]["mfu"] is None  # CPU: no peak
     assert r["train"]["source"] in ("device", "xla_estimate")
     assert r["pytorch"]["tokens_per_sec"] > 0 and r["pytorch"]["device"] == "cpu"
+    cells = _cells(proc.stdout, f"| {name} |")
+    assert all(re.fullmatch(NUMBER, c) for c in cells[1:4]) and cells[4] == "", cells
   proc = subprocess.run(
       [sys.executable, script, f"--compare={out_json}", f"--new={out_json}"],
       capture_output=True,
@@ -481,16 +495,107 @@ def test_accelerator_smoke_trains_evaluates_and_compares(tmp_path):
       timeout=120,
   )
   assert (
-      proc.returncode == 0 and "| wt103_base | train |" in proc.stdout and "| 1.00 |" in proc.stdout
+      proc.returncode == 0
+      and "| wt103_large | train |" in proc.stdout
+      and "| 1.00 |" in proc.stdout
   )
+
+
+def _fake_ours(args, name, config, vocab):
+  """Our measurement without running anything: a row as ``ours`` returns."""
+  return {
+      "config": name,
+      "train": {"global_batch": 2, "tokens_per_sec": 100.0},
+      "eval": {"tokens_per_sec": 200.0},
+  }
+
+
+def test_accelerator_failed_baseline_is_a_row_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
+  """A PyTorch baseline that raises (here injected: HF's dtype error of the
+  adaptive embedding under autocast) gives its config a row that says why,
+  in one line, and the next config still runs; exit 0.  Our own measurement
+  that raises gives the whole row an error; --compare shows it as failed."""
+  acc = _accelerator()
+  calls = []
+
+  def failing_pytorch(args, config, vocab, batch):
+    calls.append(config.model.div_val)
+    if config.model.div_val > 1:
+      raise RuntimeError(
+          "index_copy_(): self and source expected to have the same dtype, but got (self) "
+          "Float and (source) BFloat16\nsecond line"
+      )
+    return {"device": "cpu", "global_batch": batch, "tokens_per_sec": 50.0}
+
+  def ours(args, name, config, vocab):
+    if name == "enwik8_24l":
+      raise ValueError("compile failed\n  details")
+    return _fake_ours(args, name, config, vocab)
+
+  monkeypatch.setattr(acc, "ours", ours)
+  monkeypatch.setattr(acc, "pytorch", failing_pytorch)
+  out_json = tmp_path / "acc.json"
+  argv = ["--smoke", "--configs=wt103_large,enwik8_24l,enwik8_12l", f"--json={out_json}"]
+  assert acc.main(argv) == 0
+  out = capsys.readouterr().out
+  assert calls == [4, 1]  # wt103_large's failed, enwik8_24l had no train step, enwik8_12l's ran
+  res = {r["config"]: r for r in json.loads(out_json.read_text())["results"]}
+  reason = (
+      "RuntimeError: index_copy_(): self and source expected to have the same dtype, "
+      "but got (self) Float and (source) BFloat16"
+  )
+  assert res["wt103_large"]["pytorch"] == {"error": reason}
+  assert res["wt103_large"]["train"]["tokens_per_sec"] == 100.0
+  assert res["enwik8_24l"] == {"config": "enwik8_24l", "error": "ValueError: compile failed"}
+  assert res["enwik8_12l"]["pytorch"]["tokens_per_sec"] == 50.0
+  assert _cells(out, "| wt103_large |") == [
+      "wt103_large",
+      "100",
+      "200",
+      "failed",
+      f"pytorch: {reason}",
+  ]
+  assert _cells(out, "| enwik8_24l |") == [
+      "enwik8_24l",
+      "failed",
+      "-",
+      "-",
+      "ours: ValueError: compile failed",
+  ]
+  assert _cells(out, "| enwik8_12l |") == ["enwik8_12l", "100", "200", "50", ""]
+  assert acc.main([f"--compare={out_json}", f"--new={out_json}"]) == 0
+  out = capsys.readouterr().out
+  assert "| enwik8_24l | train | failed | failed | - |" in out
+  assert "| wt103_large | eval | 200 | 200 | 1.00 |" in out
+
+
+def test_accelerator_nothing_measured_exits_1(tmp_path, monkeypatch, capsys):
+  """Where no config's train step could be measured the rows are still
+  written, and the exit status is 1; an unknown config name stops the run
+  before anything is measured."""
+  acc = _accelerator()
+
+  def ours(args, name, config, vocab):
+    raise RuntimeError("RESOURCE_EXHAUSTED: out of memory")
+
+  monkeypatch.setattr(acc, "ours", ours)
+  out_json = tmp_path / "acc.json"
+  assert acc.main(["--smoke", "--configs=enwik8_12l", "--no_pytorch", f"--json={out_json}"]) == 1
+  assert json.loads(out_json.read_text())["results"] == [
+      {"config": "enwik8_12l", "error": "RuntimeError: RESOURCE_EXHAUSTED: out of memory"}
+  ]
+  assert "nothing could be measured" in capsys.readouterr().err
+  measured = []
+  monkeypatch.setattr(acc, "ours", lambda *a: measured.append(a) or _fake_ours(*a))
+  with pytest.raises(SystemExit, match="no config configs/nope.py"):
+    acc.main(["--smoke", "--configs=enwik8_12l,nope", "--no_pytorch", f"--json={out_json}"])
+  assert measured == []
 
 
 def test_accelerator_softmax_flops_by_hand():
   """Adaptive softmax FLOPs as adaptive.py computes them: every cluster for
   every token (head: cutoffs[0] + clusters columns)."""
-  spec = importlib.util.spec_from_file_location("bench_acc", REPO / "benchmarks" / "accelerator.py")
-  acc = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(acc)
+  acc = _accelerator()
   from transformer_xl.model import models
 
   dense = models.ModelConfig(n_token=100, d_model=8, n_head=2, d_head=4, d_inner=16)

@@ -197,6 +197,38 @@ def test_char_and_byte_tokenizers(tmp_path):
   assert byte.num_bytes["train"] == byte.splits["train"].num_tokens
 
 
+@pytest.mark.parametrize("tokenizer", ["byte", "char", "subword"])
+def test_document_lengths_of_every_unit_equal_a_naive_count(tokenizer, spm_corpus, tmp_path):
+  """Each document's token count (``data.documents="reset"``) is its lines'
+  tokens, each line ended by one end token: UTF-8 bytes, characters, or a
+  SentencePiece model's pieces (the model of ``spm_corpus``, as pretrained)
+  of each line, counted here one line at a time."""
+  folder = _write(tmp_path / "files", DOCS)
+  if tokenizer == "subword":
+    import sentencepiece
+
+    model = tmp_path / "m.model"
+    model.write_bytes(spm_corpus[0].tokenizer.model_proto)
+    processor = sentencepiece.SentencePieceProcessor(model_proto=model.read_bytes())
+    per_line, setting = lambda line: len(processor.encode(line)), f"pretrained:{model}"  # noqa: E731
+  else:
+    per_line = {"byte": lambda line: len(line.encode("utf-8")), "char": len}[tokenizer]
+    setting = tokenizer
+  for separator in ("file", "paragraph", "line"):
+    corpus = text_files.load_text_corpus(
+        _settings(folder, tokenizer=setting, document_separator=separator),
+        data_dir=tmp_path / "tfds",
+        chunk_size=7,
+    )
+    docs = _naive_documents(TRAIN_ORDER, separator)
+    lengths = [sum(per_line(line) + 1 for line in doc) for doc in docs]
+    index = corpus.documents["train"]
+    assert index.num_sentences == len(docs), separator
+    offsets = index.read_offsets(0, len(lengths) + 1)
+    np.testing.assert_array_equal(np.diff(offsets), lengths, err_msg=separator)
+    assert corpus.splits["train"].num_tokens == sum(lengths)
+
+
 def test_word_vocab_size_and_min_count(tmp_path):
   folder = _write(tmp_path / "files", {"t.txt": "a a a b b c\nd\n", "v.txt": "a z\n"})
   s = dict(

@@ -294,6 +294,33 @@ def test_manual_dir_offline_and_its_missing_files_named(small_release, server, t
     )
 
 
+def test_garbage_release_files_are_not_recorded_as_the_release(small_release, server, tmp_path):
+  """A manual dir whose files fail the conversion's checks (a checkpoint
+  that does not read, a corpus-info.json that is not one) records no
+  checksum: a later correct copy is used, not refused as "differs from the
+  recorded"."""
+  manual, cache = tmp_path / "tf_wt103", tmp_path / "cache"
+  for name, body in small_release.files.items():
+    (manual / name).parent.mkdir(parents=True, exist_ok=True)
+    (manual / name).write_bytes(body)
+  ckpt = "model/model.ckpt-0.data-00000-of-00001"
+  (manual / ckpt).write_bytes(b"not a checkpoint" * 64)
+  (manual / "data/corpus-info.json").write_text("{")
+  args = [f"--cache_dir={cache}", f"--manual_dir={manual}", "--download=false"]
+  with pytest.raises(SystemExit):
+    cli("--pretrained=wt103", f"--workdir={tmp_path / 'wd1'}", *args, *data_flags(small_release))
+  records = cache / "downloads/wt103/checksums.json"
+  assert not records.exists() or not json.loads(records.read_text())["files"]
+  for name in (ckpt, "data/corpus-info.json"):
+    (manual / name).write_bytes(small_release.files[name])
+  cli("--pretrained=wt103", f"--workdir={tmp_path / 'wd2'}", *args, *data_flags(small_release))
+  recorded = json.loads(records.read_text())["files"]
+  assert sorted(recorded) == sorted(small_release.files)
+  for name, body in small_release.files.items():
+    assert recorded[name]["sha256"] == hashlib.sha256(body).hexdigest()
+  assert server.requests == []
+
+
 def test_a_download_cut_short_is_resumed_with_a_range_request(small_release, server, tmp_path):
   name = "model/model.ckpt-0.data-00000-of-00001"
   body = small_release.files[name]

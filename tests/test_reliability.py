@@ -13,6 +13,7 @@ import gc
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -195,6 +196,42 @@ def test_fingerprint_sees_one_and_two_bit_flips_and_ignores_placement():
   assert finite == {"['h']": True, "['n']": True, "['x']": True, "['y']": False}
 
 
+def test_a_full_restore_refuses_arrays_that_do_not_match_their_fingerprints(tmp_path):
+  """Fast (a tiny state, no model, no training): a checkpoint whose arrays
+  are not the recorded ones (one element of one array changed), or whose
+  record's fingerprint of one array was changed, is refused by a full
+  restore naming that array; an intact one restores, verified."""
+  state = {
+      "w": jnp.arange(12, dtype=jnp.float32).reshape(3, 4),
+      "b": jnp.ones(4, jnp.float32),
+      "n": jnp.asarray(3, jnp.int32),
+  }
+  manager = checkpointing.make_manager(str(tmp_path))
+  checkpointing.save(manager, 1, state, {"step": 1})
+  checkpointing.save(manager, 2, dict(state, w=state["w"].at[1, 2].add(1.0)), {"step": 2})
+  checkpointing.save(manager, 3, state, {"step": 3})
+  ckpt = tmp_path / "checkpoints"
+  # Step 2: the arrays of step 1 under step 2's record ('w' differs in one element).
+  shutil.rmtree(ckpt / "2" / "state")
+  shutil.copytree(ckpt / "1" / "state", ckpt / "2" / "state")
+  # Step 3: its arrays as written, its record's fingerprint of 'b' changed.
+  path = ckpt / "3" / "integrity" / "metadata"
+  record = json.loads(path.read_text())
+  record["leaves"]["['b']"]["fingerprint"] ^= 1
+  path.write_text(json.dumps(record))
+  abstract = jax.tree_util.tree_map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state
+  )
+  good = checkpointing.restore(manager, 1, abstract)
+  assert good.verified and all(np.array_equal(good.state[k], state[k]) for k in state)
+  for step, leaf in ((2, "['w']"), (3, "['b']")):
+    with pytest.raises(checkpointing.CheckpointError, match="fingerprint mismatch") as err:
+      checkpointing.restore(manager, step, abstract)
+    others = [k for k in ("['w']", "['b']", "['n']") if k != leaf]
+    assert leaf in str(err.value) and not any(k in str(err.value) for k in others), step
+  manager.close()
+
+
 def test_strict_json_replaces_non_finite_values_and_says_so():
   out = metrics.strict_json(
       {"a": 1.0, "b": float("nan"), "c": {"d": float("inf"), "e": 2}, "f": np.float32(3.5)}
@@ -203,6 +240,38 @@ def test_strict_json_replaces_non_finite_values_and_says_so():
   text = metrics.dumps({"loss": float("-inf")})
   assert json.loads(text) == {"loss": None, "nonfinite": ["loss"]}
   assert "Infinity" not in text and "NaN" not in text
+
+
+def test_bits_per_byte_is_the_split_loss_in_bits_over_its_utf8_bytes(tmp_path):
+  """``corpus_level`` against the definition worked out by hand: mean loss
+  (nats) x tokens / (UTF-8 bytes x ln 2), on a word corpus (tokens and bytes
+  differ; multi-byte characters) with a document per line."""
+  from transformer_xl.data import text_files
+  from transformer_xl.data.text_settings import TextSettings
+
+  (tmp_path / "train.txt").write_text("der Hund und die Katze\nGrüße aus Köln\n", "utf-8")
+  valid = "Grüße  aus   Köln\nein Hund ü\nund\n"
+  (tmp_path / "valid.txt").write_text(valid, "utf-8")
+  corpus = text_files.load_text_corpus(
+      TextSettings(
+          train_files=f"{tmp_path}/train.txt",
+          valid_files=f"{tmp_path}/valid.txt",
+          test_files=f"{tmp_path}/valid.txt",
+          tokenizer="word",
+          document_separator="line",
+      ),
+      data_dir=tmp_path / "tfds",
+  )
+  lines = valid.splitlines()
+  tokens = sum(len(line.split()) + 1 for line in lines)  # 3 + 3 + 1 words, an <eos> each
+  num_bytes = sum(len(line.encode("utf-8")) + 1 for line in lines)  # 21 + 12 + 4
+  assert (tokens, num_bytes) == (10, 37)
+  assert corpus.splits["valid"].num_tokens == tokens and corpus.num_bytes["valid"] == num_bytes
+  loss = 2.75
+  out = metrics.corpus_level(loss, tokens, corpus, "valid")
+  assert out["bits_per_byte"] == pytest.approx(loss * tokens / (num_bytes * math.log(2)), rel=1e-9)
+  assert out["documents"] == len(lines)
+  assert metrics.corpus_level(loss, tokens - 1, corpus, "valid") == {}  # not the whole split
 
 
 # --------------------------------------------------------------------------- #
@@ -1256,6 +1325,27 @@ def test_which_checkpoint_a_resumed_run_counts_as_good(tmp_path, recorded, resto
     v.params_good(restored)  # a finite step came from the restored checkpoint
     v.write()
     assert json.loads((tmp_path / checkpointing.VERIFIED_FILE).read_text()) == {"step": restored}
+
+
+def test_rotation_keeps_the_newest_good_checkpoint_older_than_those_kept(tmp_path):
+  """max_to_keep=1 with the newest good checkpoint (2) older than the newest
+  one (6): rotation deletes 4 only, 2 stays (and the record naming it);
+  without ``keep`` only the newest stays."""
+  manager = checkpointing.make_manager(str(tmp_path))
+  v = checkpointing.Verification(str(tmp_path), manager, None)
+  for step in (2, 4, 6):
+    checkpointing.save(manager, step, {"a": jnp.full(3, float(step))}, {"step": step})
+  v.params_good(2)  # a finite step came from checkpoint 2; none from 4 or 6 yet
+  v.write()
+  assert v.newest() == 2
+  assert checkpointing.prune(manager, 1, keep=v.newest()) == [4]
+  assert sorted(manager.all_steps()) == [2, 6]
+  assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["2", "6"]
+  assert json.loads((tmp_path / checkpointing.VERIFIED_FILE).read_text()) == {"step": 2}
+  assert checkpointing.prune(manager, 2, keep=2) == []  # 2 is among the newest two anyway
+  assert checkpointing.prune(manager, 1) == [2]
+  assert manager.all_steps() == [6]
+  manager.close()
 
 
 def test_listing_checkpoints_while_the_rotation_removes_some(tmp_path):

@@ -15,15 +15,24 @@ from pathlib import Path
 
 from transformer_xl.convert.errors import ConvertError, describe
 from transformer_xl.data.download import sha256_of
+from transformer_xl.run import files
 
 CHECKSUMS_FILE = "checksums.json"
 
 
 class Records:
-  """``downloads/<name>/checksums.json``: file -> {"sha256", "size", "url", "recorded"}."""
+  """``downloads/<name>/checksums.json``: file -> {"sha256", "size", "url", "recorded"}.
 
-  def __init__(self, directory: Path):
+  Args:
+    directory: ``downloads/<name>``.
+    deferred: new records are kept in memory until ``commit`` (the
+      conversion of a release commits them once its files have passed every
+      check: a file that fails one is never recorded as the release's).
+  """
+
+  def __init__(self, directory: Path, deferred: bool = False):
     self.path = directory / CHECKSUMS_FILE
+    self.deferred = deferred
     self.files: dict[str, dict] = {}
     if self.path.exists():
       try:
@@ -44,6 +53,11 @@ class Records:
         "url": url,
         "recorded": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+    if not self.deferred:
+      self._write()
+
+  def commit(self) -> None:
+    """Writes the records kept by a ``deferred`` instance."""
     self._write()
 
   def drop(self, rel: str) -> None:
@@ -52,9 +66,7 @@ class Records:
 
   def _write(self) -> None:
     self.path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = self.path.with_name(f".{self.path.name}.tmp")
-    tmp.write_text(json.dumps({"files": self.files}, indent=2, sort_keys=True))
-    tmp.replace(self.path)
+    files.write_text_atomic(self.path, json.dumps({"files": self.files}, indent=2, sort_keys=True))
 
 
 def matches(path: Path, record: dict | None) -> tuple[bool, str, int]:

@@ -64,6 +64,7 @@ from typing import Any
 from transformer_xl.convert.download import Records, matches
 from transformer_xl.convert.errors import ConvertError, describe, log
 from transformer_xl.data.download import CHUNK, DownloadError, fetch, sha256_of
+from transformer_xl.run import files
 
 RELEASE_URL = "http://curtis.ml.cmu.edu/datasets/pretrained_xl"
 CACHE_ENV = "TRANSFORMER_XL_CACHE"
@@ -275,6 +276,7 @@ def release_files(
     manual_dir: str | None = None,
     download: bool = True,
     progress: bool = True,
+    records: Records | None = None,
 ) -> Path:
   """The directory that holds ``rel.files``, each verified (see the module docstring).
 
@@ -285,6 +287,10 @@ def release_files(
       downloaded into); checked against the recorded checksums.
     download: may download missing files (``False``: cached files only).
     progress: show a progress bar per download.
+    records: the release's checksum records (default: read from, and new
+      ones written at once to, ``<cache>/downloads/<name>/checksums.json``;
+      ``convert_release`` passes deferred ones that it commits only once
+      the files have passed its checks).
 
   Returns:
     ``manual_dir`` or the download directory.
@@ -295,7 +301,7 @@ def release_files(
       differs from its record, a download that fails.
   """
   downloads = cache_root(cache_dir) / "downloads" / rel.name
-  records = Records(downloads)
+  records = Records(downloads) if records is None else records
   base = Path(manual_dir).expanduser() if manual_dir else downloads
   missing = []
   for name in rel.files:
@@ -510,7 +516,9 @@ def convert_release(
     vocab = _write_vocab(symbols, paths["vocab.pkl"], hp["n_token"], vocab_out)
   else:
     hp = release_hparams(rel)
-    base = release_files(rel, cache_dir, manual_dir, download, progress)
+    # First-use checksums are recorded only once the files pass the checks below.
+    records = Records(cache_root(cache_dir) / "downloads" / rel.name, deferred=True)
+    base = release_files(rel, cache_dir, manual_dir, download, progress, records)
     source, checkpoint = "tf", str(base / rel.checkpoint)
     try:
       check_tf_checkpoint(checkpoint)
@@ -519,10 +527,12 @@ def convert_release(
         raise
       log(f"  {err}\n  Fetching the checkpoint again.")
       forget(rel, [f for f in rel.files if f.startswith(rel.checkpoint)], cache_dir)
-      base = release_files(rel, cache_dir, manual_dir, download, progress)
+      records = Records(cache_root(cache_dir) / "downloads" / rel.name, deferred=True)
+      base = release_files(rel, cache_dir, manual_dir, download, progress, records)
       check_tf_checkpoint(checkpoint)
     read_corpus_info(rel, base)
     vocab = release_vocab(rel, base, vocab_out)
+    records.commit()
   e = like.eval
   report = convert_to_workdir(
       source,
@@ -725,9 +735,7 @@ def _write_vocab(symbols: list[str], source: Path, n_token: int, out: Path) -> P
         "written one per line; this is not a released vocabulary."
     )
   out.parent.mkdir(parents=True, exist_ok=True)
-  tmp = out.with_name(f".{out.name}.tmp")
-  tmp.write_text("\n".join(symbols) + "\n", encoding="utf-8")
-  tmp.replace(out)
+  files.write_text_atomic(out, "\n".join(symbols) + "\n")
   return out
 
 

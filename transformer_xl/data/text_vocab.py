@@ -26,6 +26,7 @@ import numpy as np
 from transformer_xl.data import tokenizers
 from transformer_xl.data.corpus import Corpus, DataError
 from transformer_xl.data.text_settings import TextSettings
+from transformer_xl.run import files
 
 
 def count_vocab(
@@ -212,10 +213,7 @@ def save_tokenizer(corpus: Corpus, workdir) -> None:
       "boundary_id": int(corpus.boundary_id),
       "tokenizer": tokenizer_record(corpus.tokenizer),
   }
-  path = epath.Path(workdir) / TOKENIZER_FILE
-  tmp = path.parent / f".{path.name}.tmp"
-  tmp.write_text(json.dumps(record))
-  tmp.replace(path)
+  files.write_text_atomic(epath.Path(workdir) / TOKENIZER_FILE, json.dumps(record))
 
 
 def check_saved_tokenizer(corpus: Corpus, workdir) -> None:

@@ -54,7 +54,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from transformer_xl import errors
-from transformer_xl.run import distributed, metrics
+from transformer_xl.run import distributed, files, metrics
 from transformer_xl.run.fingerprints import fingerprint
 
 RECORD_FORMAT = 1
@@ -782,9 +782,7 @@ class Verification:
       if step is None:
         self._path.unlink(missing_ok=True)
       else:
-        tmp = self._path.parent / f".{self._path.name}.tmp"
-        tmp.write_text(json.dumps({"step": step}) + "\n")
-        tmp.replace(self._path)
+        files.write_text_atomic(self._path, json.dumps({"step": step}) + "\n")
     self._written = step
 
   def reject_unverified(self, workdir: str, reason: str) -> list[str]:

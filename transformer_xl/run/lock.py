@@ -33,7 +33,7 @@ import filelock
 import jax
 
 from transformer_xl import errors
-from transformer_xl.run import distributed, metrics
+from transformer_xl.run import distributed, files, metrics
 
 LOCK_FILE = "train.lock"
 RECORD_SUFFIX = ".json"  # the holder's record: train.lock.json
@@ -64,10 +64,7 @@ def _write_record(path: str) -> None:
   rename, so that a reader never sees half of it."""
   started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
   record = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": started})
-  tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.write(record + "\n")
-  os.replace(tmp, path)
+  files.write_text_atomic(path, record + "\n")
 
 
 def _acquire(path: str) -> tuple[filelock.BaseFileLock | None, str]:

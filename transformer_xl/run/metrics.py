@@ -24,6 +24,7 @@ from absl import logging
 from etils import epath
 
 from transformer_xl import errors
+from transformer_xl.run import files
 
 PER_TOKEN_UNITS = ("word", "subword")  # reported as perplexity; byte/char as bpc
 
@@ -202,9 +203,9 @@ class MetricWriter:
               f"killed while writing) to {side}."
           )
         if bad or kept != rows:
-          tmp = path.parent / (path.name + ".tmp")
-          tmp.write_text("".join(json.dumps(r, allow_nan=False) + "\n" for r in kept))
-          tmp.replace(path)
+          files.write_text_atomic(
+              path, "".join(json.dumps(r, allow_nan=False) + "\n" for r in kept)
+          )
       self._writer = SummaryWriter(
           logdir=str(epath.Path(workdir) / "tensorboard"),
           purge_step=start_step + 1 if start_step else None,

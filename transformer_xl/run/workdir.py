@@ -41,17 +41,16 @@ from etils import epath
 
 from transformer_xl import default_config, errors
 from transformer_xl.model import models, tuning
-from transformer_xl.run import metrics
+from transformer_xl.run import files, metrics
 
 WorkdirError = errors.WorkdirError  # re-exported (transformer_xl.errors)
 
 
 def _atomic_write(path: epath.Path, text: str) -> None:
-  """Writes ``text`` to ``path`` through a temporary file and a rename, so a
-  killed run never leaves a half-written file."""
-  tmp = path.parent / f".{path.name}.tmp"
-  tmp.write_text(text)
-  tmp.replace(path)
+  """Writes ``text`` to ``path`` atomically (``files.write_text_atomic``): a
+  killed run never leaves a half-written file, two writers never share a
+  temporary file."""
+  files.write_text_atomic(path, text)
 
 
 def require_dir(workdir: str) -> epath.Path:
