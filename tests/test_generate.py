@@ -460,6 +460,13 @@ def test_filter_logits_keeps_the_support_of_the_whole_sorted_vocabulary(top_k, t
         (dict(top_p=0.0), r"top_p=0.0 must be in \(0, 1\]"),
         (dict(top_p=1.5), "top_p=1.5"),
         (dict(temperature=0.0), "temperature=0.0 must be > 0"),
+        # Non-finite: inf would tie every logit (top_k ignored, a uniform draw).
+        (dict(temperature=float("inf")), "temperature=inf must be > 0 and finite"),
+        (dict(temperature=float("nan")), "temperature=nan must be > 0 and finite"),
+        (dict(temperature=1e39), "must be > 0 and finite"),  # inf as a float32
+        (dict(top_p=float("nan")), r"top_p=nan must be in \(0, 1\]"),
+        (dict(top_p=float("inf")), r"top_p=inf must be in \(0, 1\]"),
+        (dict(top_k=float("inf")), "top_k=inf must be an integer"),
     ],
 )
 def test_bad_settings_are_config_errors(kwargs, match):
@@ -480,3 +487,17 @@ def test_bad_prompts_fail_before_compiling(model):
   with pytest.raises(default_config.ConfigError, match="num_tokens=0"):
     next(gen.stream(params, prompt(), 0))
   assert gen.token_step._cache_size() == before
+
+
+def test_rows_generated_in_batches_get_the_tokens_of_one_batch(model):
+  """first_row: rows 2.. streamed alone as rows 2.. of the call (an int seed) get the
+  tokens they get in the whole batch."""
+  _, _, params, gen = model
+  rows = [prompt(seed=s)[0, : 3 + 4 * s] for s in range(5)]
+  settings = generate.SamplingSettings(top_k=0)
+  whole = gen.generate(params, rows, 6, settings, seed=7)
+  head = np.stack(list(gen.stream(params, rows[:2], 6, settings, seed=7)), axis=1)
+  tail = np.stack(list(gen.stream(params, rows[2:], 6, settings, seed=7, first_row=2)), axis=1)
+  np.testing.assert_array_equal(np.concatenate([head, tail]), whole)
+  unshifted = np.stack(list(gen.stream(params, rows[2:], 6, settings, seed=7)), axis=1)
+  assert not np.array_equal(unshifted, tail)  # the offset matters

@@ -45,6 +45,35 @@ def trained(tmp_path_factory):
   return tmp, workdir
 
 
+@pytest.fixture
+def read_only_dir(tmp_path):
+  """make(name, copy_of=None): a read-only directory (holding a copy of copy_of): a tmpfs
+  remounted read-only as root, chmod otherwise; None when neither can be had."""
+  mounted = []
+
+  def make(name, copy_of=None):
+    path = tmp_path / name
+    path.mkdir()
+    if os.geteuid() != 0:
+      if copy_of is not None:
+        shutil.copytree(copy_of, path, dirs_exist_ok=True)
+      for p in [path, *path.rglob("*")]:
+        p.chmod(0o555 if p.is_dir() else 0o444)
+      return path
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(path)])
+    if r.returncode != 0:
+      return None
+    mounted.append(path)
+    if copy_of is not None:
+      shutil.copytree(copy_of, path, dirs_exist_ok=True)
+    r = subprocess.run(["mount", "-o", "remount,ro", str(path)])
+    return path if r.returncode == 0 else None
+
+  yield make
+  for path in mounted:
+    subprocess.run(["umount", str(path)], check=False)
+
+
 @pytest.fixture(scope="module")
 def lm(trained):
   return LanguageModel.from_workdir(str(trained[1]))
@@ -166,6 +195,37 @@ def test_samples_end_at_their_stop_conditions(lm):
     lm.generate(prompts, 3, stop=[""])
 
 
+def test_prompts_in_batches_get_what_they_get_in_one_batch(lm):
+  """5 prompts of different lengths in batches of 2 rows (and 2 samples each in batches of
+  3 rows: a prompt's samples split over two batches), with an int seed and with one seed per
+  prompt: the same Generations as one batch; on_batch hands them out in order as their
+  batches end."""
+  v = lm.corpus.vocab
+  prompts = [" ".join(v[(7 * j + i) % len(v)] for i in range(1 + 3 * j)) for j in range(5)]
+  for kw, batch_size in [
+      (dict(seed=4), 2),
+      (dict(seed=[3, 1, 9, 2, 5]), 2),
+      (dict(seed=6, num_samples=2), 3),
+      (dict(seed=6, stop_at_eos=True, num_samples=2), 3),
+  ]:
+    whole = lm.generate(prompts, 7, top_k=0, **kw)
+    handed = []
+    batched = lm.generate(
+        prompts,
+        7,
+        top_k=0,
+        batch_size=batch_size,
+        on_batch=lambda first, gens: handed.append((first, len(gens))),
+        **kw,
+    )
+    assert [b.to_json() for b in batched] == [w.to_json() for w in whole], (kw, batch_size)
+    if "stop_at_eos" not in kw:  # no stop: every batch takes num_tokens steps
+      for b, w in zip(batched, whole):
+        np.testing.assert_array_equal(b.tokens, w.tokens)
+    assert [f for f, _ in handed] == list(np.cumsum([0] + [n for _, n in handed])[:-1])
+    assert sum(n for _, n in handed) == 5 and len(handed) > 1, handed
+
+
 def test_text_streams_step_by_step(lm):
   seen = []
   out = lm.generate(words(lm), 6, top_k=1, num_samples=2, on_text=seen.append)
@@ -182,6 +242,9 @@ def test_text_streams_step_by_step(lm):
         ("the", dict(num_tokens=0), "num_tokens=0"),
         ("the", dict(top_p=1.5), "top_p=1.5"),
         ("the", dict(temperature=-1.0), "temperature=-1.0"),
+        ("the", dict(temperature=float("inf")), "temperature=inf must be > 0 and finite"),
+        ("the", dict(temperature=float("nan")), "temperature=nan must be > 0 and finite"),
+        ("the", dict(batch_size=0), "batch_size=0 must be an integer >= 1"),
     ],
 )
 def test_bad_generation_input_is_a_config_error(lm, prompt, kwargs, match):
@@ -263,6 +326,13 @@ def test_generate_a_prompt_file_from_the_command_line(trained, lm, tmp_path):
   assert [g["prompt"] for g in got] == prompts
   assert got == [json.loads(json.dumps(a.to_json())) for a in api]
   assert r.stdout == f"=== prompt 0 ===\n{api[0].texts[0]}\n=== prompt 1 ===\n{api[1].texts[0]}\n"
+  # In batches of one row: the same stdout and --out, each batch printed as it ends.
+  out1 = tmp_path / "gen1.json"
+  r1 = run_main([a.replace(str(out), str(out1)) for a in r.args[3:]] + ["--batch_size=1"])
+  assert r1.returncode == 0, r1.stderr[-3000:]
+  assert r1.stdout == r.stdout and json.loads(out1.read_text()) == got
+  assert "in batches of up to 1 rows" in r1.stderr
+  assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary
 
 
 def _run_all(arg_lists):
@@ -282,8 +352,9 @@ def _run_all(arg_lists):
   return [p.communicate(timeout=300) + (p.returncode,) for p in procs]
 
 
-def test_bad_input_from_the_command_line(trained, tmp_path):
+def test_bad_input_from_the_command_line(trained, tmp_path, read_only_dir):
   _, workdir = trained
+  ro = read_only_dir("ro")
   bare = tmp_path / "no_checkpoint"  # the run's files but no checkpoint
   bare.mkdir()
   for name in ("config.json", "model_config.json"):
@@ -310,7 +381,17 @@ def test_bad_input_from_the_command_line(trained, tmp_path):
       (gen + ["--prompt=the", "--stop="], "--stop= is empty"),
       (gen, "(got neither)"),
       (gen + ["--prompt=the", f"--out={tmp_path / 'no' / 'x.json'}"], "does not exist"),
+      # Non-finite sampling settings would sample uniformly (top_k ignored).
+      (gen + ["--prompt=the", "--temperature=inf"], "--temperature=inf must be > 0 and finite"),
+      (gen + ["--prompt=the", "--temperature=nan"], "--temperature=nan must be > 0 and finite"),
+      (gen + ["--prompt=the", "--top_p=nan"], r"--top_p=nan must be in (0, 1]"),
+      (gen + ["--prompt=the", "--batch_size=0"], "--batch_size=0 must be >= 1"),
+      # --out is checked before the work, not after it.
+      (gen + ["--prompt=the", f"--out={tmp_path}"], f"--out={tmp_path} is a directory"),
+      (gen + [f"--prompt_file={prompt_file}", f"--out={tmp_path}"], "is a directory"),
   ]
+  if ro is not None:
+    cases.append((gen + ["--prompt=the", f"--out={ro / 'x.json'}"], "cannot be written"))
   for (args, message), (stdout, stderr, rc) in zip(cases, _run_all([a for a, _ in cases])):
     lines = [l for l in stderr.splitlines() if l.startswith("error: ")]
     assert rc != 0 and len(lines) == 1 and message in lines[0], (args, stderr[-2000:])
@@ -321,3 +402,32 @@ def test_bad_input_from_the_command_line(trained, tmp_path):
     else:
       assert not compiled, (args, compiled)  # stopped before anything was compiled
     assert stdout == ""
+
+
+def test_eval_of_a_read_only_workdir_prints_the_results_it_cannot_save(
+    trained, tmp_path, read_only_dir
+):
+  """--mode=eval on a read-only workdir: a note before the evaluation, both splits
+  evaluated, the results (those a writable copy writes to eval_results.json) printed as
+  one JSON line, exit status 0."""
+  _, workdir = trained
+  copy = tmp_path / "copy"
+  shutil.copytree(workdir, copy)
+  (copy / "eval_results.json").unlink(missing_ok=True)
+  ro = read_only_dir("ro_wd", copy_of=copy)
+  if ro is None:
+    pytest.skip("no read-only directory can be made here")
+  writable, read_only = [
+      run_main([f"--workdir={w}", "--mode=eval"], timeout=300) for w in (copy, ro)
+  ]
+  assert writable.returncode == 0, writable.stderr[-3000:]
+  saved = json.loads((copy / "eval_results.json").read_text())
+  assert read_only.returncode == 0, read_only.stderr[-3000:]
+  assert "Traceback" not in read_only.stderr
+  out = read_only.stdout + read_only.stderr
+  note = out.index(f"--workdir={ro} cannot be written (")
+  assert note < out.index("valid: loss") < out.index("test: loss")
+  (line,) = [l for l in out.splitlines() if "eval results (not saved): " in l]
+  assert f"Could not save {ro / 'eval_results.json'}" in line
+  assert json.loads(line.split("eval results (not saved): ", 1)[1]) == saved
+  assert not (ro / "eval_results.json").exists()

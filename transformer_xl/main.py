@@ -62,7 +62,7 @@ _PROMPT_FILE = flags.DEFINE_string(
     "prompt_file",
     None,
     "--mode=generate: a UTF-8 file of prompts, one per line (blank lines "
-    "skipped), all continued in one batch.",
+    "skipped), continued in batches of --batch_size rows.",
 )
 _NUM_TOKENS = flags.DEFINE_integer(
     "num_tokens", 100, "--mode=generate: tokens per sample, at most (see --stop, --stop_at_eos)."
@@ -89,7 +89,14 @@ _TOP_K = flags.DEFINE_integer(
 _TOP_P = flags.DEFINE_float("top_p", 1.0, "--mode=generate: nucleus mass in (0, 1].")
 _TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "--mode=generate: softmax temperature.")
 _SEED = flags.DEFINE_integer("seed", 0, "--mode=generate: PRNG seed.")
-_NUM_SAMPLES = flags.DEFINE_integer("num_samples", 1, "--mode=generate: samples, one batch.")
+_NUM_SAMPLES = flags.DEFINE_integer("num_samples", 1, "--mode=generate: samples per prompt.")
+_BATCH_SIZE = flags.DEFINE_integer(
+    "batch_size",
+    cli.language_model.DEFAULT_BATCH_SIZE,
+    "--mode=generate: rows (prompts x samples) generated together at most; a long "
+    "--prompt_file is generated batch by batch (the same samples, bounded memory), each "
+    "batch's text printed and written to --out when it is done.",
+)
 _COORDINATOR = flags.DEFINE_string(
     "coordinator_address",
     None,
@@ -139,6 +146,7 @@ def main(argv):
           temperature=_TEMPERATURE.value,
           seed=_SEED.value,
           num_samples=_NUM_SAMPLES.value,
+          batch_size=_BATCH_SIZE.value,
           coordinator_address=_COORDINATOR.value,
           num_processes=_NUM_PROCESSES.value,
           process_id=_PROCESS_ID.value,

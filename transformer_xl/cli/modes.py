@@ -24,7 +24,10 @@ status 1 (``user_errors.report``; ``--debug`` shows their traceback).
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
+import os
+import re
 import sys
 
 import jax
@@ -37,7 +40,7 @@ from transformer_xl import data, default_config, sharding
 from transformer_xl.cli import process_settings, user_errors
 from transformer_xl.data import text_vocab
 from transformer_xl.inference import evaluate, generate, language_model
-from transformer_xl.run import distributed, lock, metrics, run_dir
+from transformer_xl.run import distributed, files, lock, metrics, run_dir
 from transformer_xl.run import workdir as wd
 from transformer_xl.training import train
 
@@ -53,8 +56,8 @@ class Request:
     workdir: the run's directory.
     config: the ``--config`` file's config (None: the workdir's config.json).
     tokens, text, out: ``--mode=score`` (and ``out`` of ``--mode=generate``).
-    prompt, prompt_file, num_tokens, num_samples, stop, stop_at_eos:
-      ``--mode=generate``.
+    prompt, prompt_file, num_tokens, num_samples, stop, stop_at_eos,
+      batch_size: ``--mode=generate``.
     top_k, top_p, temperature, seed: ``--mode=generate``'s sampling.
     coordinator_address, num_processes, process_id: a multi-process run.
   """
@@ -75,6 +78,7 @@ class Request:
   temperature: float = 1.0
   seed: int = 0
   num_samples: int = 1
+  batch_size: int = language_model.DEFAULT_BATCH_SIZE
   coordinator_address: str | None = None
   num_processes: int | None = None
   process_id: int | None = None
@@ -98,6 +102,8 @@ def _run(r: Request) -> None:
   process_settings.initialize_distributed(r.coordinator_address, r.num_processes, r.process_id)
   if r.mode == "score":
     check_output_path(r.out)
+  elif r.mode == "generate" and r.out:
+    check_output_path(r.out, example="samples.json", error=wd.WorkdirError)
   wd.require_dir(r.workdir)
   config = r.config if r.config is not None else wd.load_config(r.workdir)
   tokens = user_errors.load_tokens(r.tokens) if r.mode == "score" and r.tokens else None
@@ -147,6 +153,7 @@ def _run_mode(r: Request, config: ml_collections.ConfigDict, tokens: np.ndarray 
         seed=r.seed,
         num_samples=r.num_samples,
         out=r.out,
+        batch_size=r.batch_size,
     )
   else:
     if tokens is None:
@@ -196,13 +203,24 @@ def run_eval(
   Writes ``<workdir>/eval_results.json``: {"valid": {...}, "test": {...},
   "step": int}, each split's dict as ``evaluate.Evaluator.evaluate`` returns it,
   plus ``metrics.corpus_level`` (bits per byte and the number of documents,
-  for corpora of one's own text).
+  for corpora of one's own text).  A workdir that cannot be written (a
+  read-only copy of someone's run) is still evaluated: a note says so
+  before the evaluation, and the results, which cannot be saved, are
+  printed whole (one JSON line, ``eval results (not saved): {...}``);
+  the exit status is 0.
 
   Raises:
     FileNotFoundError: no checkpoint in ``workdir``.
   """
   model_cfg = default_config.model_config(config, corpus.vocab_size)
   step, params = run_dir.restore_params(workdir, model_cfg, mesh)
+  path = str(epath.Path(workdir) / "eval_results.json")
+  unwritable = _cannot_write(workdir)
+  if unwritable:
+    metrics.log(
+        f"Note: --workdir={workdir} cannot be written ({unwritable}): evaluating anyway; the "
+        f"results will be printed here, not saved to {path}."
+    )
   evaluator = evaluate.Evaluator(config, model_cfg, corpus, mesh)
   metric = metrics.metric_name(corpus.unit)
   results = {}
@@ -218,40 +236,68 @@ def run_eval(
     )
   results["step"] = int(step)
   results["eval"] = evaluator.lengths
-  path = wd.write_eval_results(workdir, results)
-  metrics.log(f"Wrote {path}")
+  if not unwritable:
+    try:
+      wd.write_eval_results(workdir, results)
+    except OSError as err:  # e.g. the disk filled up during the evaluation
+      unwritable = err.strerror or str(err)
+  if unwritable:
+    metrics.log(
+        f"Could not save {path} ({unwritable}); eval results (not saved): "
+        + metrics.dumps(results, sort_keys=True)
+    )
+  else:
+    metrics.log(f"Wrote {path}")
   bad = [s for s in ("valid", "test") if not np.isfinite(results[s]["loss_nats"])]
   if bad:
+    where = f"printed as null, not saved to {path}" if unwritable else f"written as null in {path}"
     raise metrics.NonFiniteError(
-        f"the {' and '.join(bad)} loss of checkpoint step {step} is not finite (written as null "
-        f"in {path}), although its parameters are finite: the computation overflowed; with "
+        f"the {' and '.join(bad)} loss of checkpoint step {step} is not finite ({where}), "
+        "although its parameters are finite: the computation overflowed; with "
         "--config.model.dtype=bfloat16 try float32."
     )
   return results
 
 
-def check_output_path(out_path: str) -> None:
-  """Checks, before any scoring, that ``out_path`` can be written.
+def _cannot_write(workdir: str) -> str | None:
+  """Why a file cannot be written in the existing directory ``workdir`` (a
+  probe file written and removed by process 0), or None when it can."""
+  if jax.process_index() != 0:
+    return None
+  probe = epath.Path(workdir) / f".txl_eval_probe.{os.getpid()}"
+  try:
+    probe.write_bytes(b"")
+    probe.unlink()
+  except OSError as err:
+    return err.strerror or str(err)
+  return None
+
+
+def check_output_path(
+    out_path: str, example: str = "nll.npy", error: type[Exception] = evaluate.ScoreInputError
+) -> None:
+  """Checks, before any scoring or generation, that ``out_path`` can be written.
+
+  Args:
+    out_path: the --out path.
+    example: a file name the message suggests.
+    error: the kind raised (``evaluate.ScoreInputError`` for --mode=score).
 
   Raises:
-    evaluate.ScoreInputError: it is a directory, its directory does not
-      exist, or it cannot be written there.
+    error: it is a directory, its directory does not exist, or it cannot
+      be written there.
   """
   path = epath.Path(out_path)
   if path.is_dir():
-    raise evaluate.ScoreInputError(
-        f"--out={out_path} is a directory; give a file name (e.g. nll.npy)."
-    )
+    raise error(f"--out={out_path} is a directory; give a file name (e.g. {example}).")
   if not path.parent.is_dir():
-    raise evaluate.ScoreInputError(
-        f"--out={out_path}: the directory {path.parent} does not exist; create it first."
-    )
+    raise error(f"--out={out_path}: the directory {path.parent} does not exist; create it first.")
   probe = path.parent / f".{path.name}.probe.{jax.process_index()}"
   try:
     probe.write_bytes(b"")
     probe.unlink()
   except OSError as err:
-    raise evaluate.ScoreInputError(
+    raise error(
         f"--out={out_path} cannot be written "
         f"({err.strerror or err}); choose a writable location."
     ) from None
@@ -259,11 +305,9 @@ def check_output_path(out_path: str) -> None:
 
 def _save_npy(out_path: str, array: np.ndarray) -> None:
   """``array`` as .npy at exactly ``out_path``, through a temporary file and a rename."""
-  path = epath.Path(out_path)
-  tmp = path.parent / f".{path.name}.tmp"
-  with tmp.open("wb") as f:
-    np.save(f, array)
-  tmp.replace(path)
+  buf = io.BytesIO()
+  np.save(buf, array)
+  files.write_bytes_atomic(out_path, buf.getvalue())
 
 
 def run_score(
@@ -364,38 +408,52 @@ def run_generate(
     out: str | None,
     stop: tuple[str, ...] = (),
     stop_at_eos: bool = False,
+    batch_size: int = language_model.DEFAULT_BATCH_SIZE,
 ) -> language_model.Generation | list[language_model.Generation]:
   """``--mode=generate``: continues a prompt, or every line of a prompt
   file, with the workdir's latest checkpoint (Dai et al. 2019, Appendix E),
-  all rows (prompts x samples) in one batch (``LanguageModel.generate``).
+  the rows (prompts x samples) in batches of at most ``batch_size``
+  (``LanguageModel.generate``; the samples are those of one batch).
 
-  The settings, the prompt source and the output directory are checked
+  The settings, the prompt source and the output path are checked
   first, then the corpus loaded and the prompts encoded, then the
   checkpoint restored: bad input stops before anything is compiled.  The
   generated text of row 0 streams to stdout as it is produced; with
   several rows, each is headed by ``=== sample s ===`` (one prompt) or
   ``=== prompt p ===`` / ``=== prompt p, sample s ===`` (a prompt file),
-  and rows 1.. follow when all are done.  What the model read and the
-  settings go to stderr.  ``out`` (a .json path) receives
+  and the other rows of a batch follow when it is done.  What the model
+  read and the settings go to stderr.  ``out`` (a .json path) receives
   ``language_model.Generation.to_json`` (a prompt file: a list of them,
-  in the file's order).
+  in the file's order, written batch by batch to a temporary file renamed
+  to ``out`` at the end).
 
   Raises:
     default_config.ConfigError: a bad flag or prompt.
     FileNotFoundError: no prompt file, config, model_config.json or
-      checkpoint, or no directory for ``out``.
+      checkpoint.
+    wd.WorkdirError: ``out`` cannot be written (``check_output_path``).
     data.DataError: the corpus cannot be loaded or cannot encode a prompt.
   """
+  if out:
+    check_output_path(out, example="samples.json", error=wd.WorkdirError)
   texts = read_prompts(prompt, prompt_file)
-  generate.SamplingSettings(top_k=top_k, top_p=top_p, temperature=temperature)
+  try:
+    generate.SamplingSettings(top_k=top_k, top_p=top_p, temperature=temperature)
+  except default_config.ConfigError as err:  # named as the flags
+    raise default_config.ConfigError(
+        re.sub(r"\b(top_k|top_p|temperature)=", r"--\1=", str(err))
+    ) from None
   if num_tokens < 1 or num_samples < 1:
     raise default_config.ConfigError(
         f"--num_tokens={num_tokens} and --num_samples={num_samples} must be >= 1."
     )
+  if batch_size < 1:
+    raise default_config.ConfigError(
+        f"--batch_size={batch_size} must be >= 1 (rows generated together; default "
+        f"{language_model.DEFAULT_BATCH_SIZE})."
+    )
   if not all(stop):
     raise default_config.ConfigError("--stop= is empty: give the text that ends a sample.")
-  if out and not epath.Path(out).parent.exists():
-    raise FileNotFoundError(f"--out={out}: the directory {epath.Path(out).parent} does not exist.")
   model_cfg, _ = wd.load_model_config(workdir)
   corpus = language_model.load_corpus(config, model_cfg, workdir)
   many = not isinstance(texts, str)
@@ -405,7 +463,7 @@ def run_generate(
   ]
   lm = language_model.LanguageModel.from_workdir(workdir, config, mesh, corpus)
   c, main = lm.eval_cfg, jax.process_index() == 0
-  rows = [(p, s) for p in range(len(prompt_ids)) for s in range(num_samples)]
+  n_rows = len(prompt_ids) * num_samples
 
   def header(p: int, s: int) -> str:
     if not many:
@@ -420,42 +478,71 @@ def run_generate(
         f"{max(map(len, prompt_ids))} tokens as read)"
     )
     print(
-        f"Step {lm.step} of {workdir} ({lm.corpus.name}); {read}; {len(rows)} rows x up to "
-        f"{num_tokens} tokens, top_k={top_k} top_p={top_p} temperature={temperature} "
-        f"seed={seed}, stop={list(stop)} stop_at_eos={stop_at_eos}; prompt segments of "
-        f"{c.tgt_len}, memory {c.mem_len}, same_length={c.same_length}, clamp_len="
-        f"{c.clamp_len}.",
+        f"Step {lm.step} of {workdir} ({lm.corpus.name}); {read}; {n_rows} rows x up to "
+        f"{num_tokens} tokens in batches of up to {batch_size} rows, top_k={top_k} "
+        f"top_p={top_p} temperature={temperature} seed={seed}, stop={list(stop)} "
+        f"stop_at_eos={stop_at_eos}; prompt segments of {c.tgt_len}, memory {c.mem_len}, "
+        f"same_length={c.same_length}, clamp_len={c.clamp_len}.",
         file=sys.stderr,
         flush=True,
     )
-    if len(rows) > 1:
+    if n_rows > 1:
       sys.stdout.write(header(0, 0))
 
+  # Row 0 streams token by token (it is in the first batch); every other row is printed,
+  # and every prompt's Generation written to out, when its batch is done.
+  first_batch = [True]
+  tmp = files.temporary_name(out) if out else None
+  sink = tmp.open("w", encoding="utf-8") if out and main else None
+
   def on_text(pieces: list[str]) -> None:
-    if main:
+    if main and first_batch[0]:
       sys.stdout.write(pieces[0])
       sys.stdout.flush()
 
-  result = lm.generate(
-      texts,
-      num_tokens,
-      top_k=top_k,
-      top_p=top_p,
-      temperature=temperature,
-      seed=seed,
-      num_samples=num_samples,
-      stop=stop,
-      stop_at_eos=stop_at_eos,
-      on_text=on_text,
-  )
-  results = result if many else [result]
+  def on_batch(first: int, generations: list[language_model.Generation]) -> None:
+    first_batch[0] = False
+    if not main:
+      return
+    for p, g in enumerate(generations, start=first):
+      for s, text in enumerate(g.texts):
+        if (p, s) != (0, 0):
+          sys.stdout.write(f"\n{header(p, s)}{text}")
+    sys.stdout.flush()
+    if sink is not None and many:
+      sink.write(
+          ("[" if first == 0 else ", ")
+          + ", ".join(json.dumps(g.to_json(), ensure_ascii=False) for g in generations)
+      )
+      sink.flush()
+
+  try:
+    result = lm.generate(
+        texts,
+        num_tokens,
+        top_k=top_k,
+        top_p=top_p,
+        temperature=temperature,
+        seed=seed,
+        num_samples=num_samples,
+        stop=stop,
+        stop_at_eos=stop_at_eos,
+        on_text=on_text,
+        batch_size=batch_size,
+        on_batch=on_batch,
+    )
+    if sink is not None:
+      sink.write(("]" if many else json.dumps(result.to_json(), ensure_ascii=False)) + "\n")
+      sink.close()
+      tmp.replace(epath.Path(out))
+  finally:  # a failed or interrupted run leaves no temporary file
+    if sink is not None:
+      sink.close()
+      if tmp.exists():
+        tmp.unlink()
   if main:
-    for p, s in rows[1:]:
-      sys.stdout.write(f"\n{header(p, s)}{results[p].texts[s]}")
     sys.stdout.write("\n")
     sys.stdout.flush()
   if out and main:
-    obj = [r.to_json() for r in results] if many else result.to_json()
-    epath.Path(out).write_text(json.dumps(obj, ensure_ascii=False) + "\n")
     print(f"Wrote {out}", file=sys.stderr, flush=True)
   return result

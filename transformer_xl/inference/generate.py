@@ -17,6 +17,8 @@ works" in the documentation site).
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -31,6 +33,9 @@ from transformer_xl.model import attention, models
 Array = jax.Array
 
 
+_F32_TINY, _F32_MAX = float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max)
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingSettings:
   """How the next token is drawn from the model's distribution.
@@ -40,7 +45,8 @@ class SamplingSettings:
       argmax); Appendix E uses 40.
     top_p: keep the smallest set of most probable tokens whose probability
       (after top_k, renormalised) reaches top_p; in (0, 1], 1 = all.
-    temperature: logits are divided by it before top_p and the draw; > 0.
+    temperature: logits are divided by it before top_p and the draw; finite
+      and > 0 (as a float32).
 
   Raises:
     default_config.ConfigError (on construction): a value out of range.
@@ -54,11 +60,15 @@ class SamplingSettings:
     problems = []
     if not isinstance(self.top_k, (int, np.integer)) or self.top_k < 0:
       problems.append(f"top_k={self.top_k} must be an integer >= 0 (0 = no top-k cut, 1 = greedy).")
-    if not 0.0 < self.top_p <= 1.0:
+    if not 0.0 < self.top_p <= 1.0:  # also refuses nan
       problems.append(f"top_p={self.top_p} must be in (0, 1] (1 = no nucleus cut).")
-    if not self.temperature > 0.0:
+    # inf (or a value whose float32 is inf or 0) would make every logit tie: top_k and
+    # top_p would keep the whole vocabulary and the draw would be uniform.
+    t = float(self.temperature) if isinstance(self.temperature, numbers.Real) else math.nan
+    if not (math.isfinite(t) and _F32_TINY <= t <= _F32_MAX):
       problems.append(
-          f"temperature={self.temperature} must be > 0 (for greedy decoding use top_k=1)."
+          f"temperature={self.temperature} must be > 0 and finite (1 = the model's "
+          "distribution, < 1 sharper, > 1 flatter; for greedy decoding use top_k=1)."
       )
     if problems:
       raise default_config.ConfigError("Invalid sampling settings: " + " ".join(problems))
@@ -352,6 +362,7 @@ class Generator:
       log_probs: bool = False,
       stop_tokens: Sequence[int] = (),
       done_B: np.ndarray | None = None,
+      first_row: int = 0,
   ) -> Iterator[Any]:
     """Generates up to ``num_tokens`` tokens after each row's prompt.
 
@@ -392,6 +403,9 @@ class Generator:
       done_B: optional bool [B] numpy array, shared: this method sets the
         rows that drew a stop token, the caller may set rows it has ended
         (before iterating, or while it iterates).
+      first_row: with an int seed, row b is drawn as row ``first_row + b``
+        (``row_key = fold_in(PRNGKey(seed), first_row + b)``): a long list
+        of prompts generated batch by batch gets the tokens of one batch.
 
     Yields:
       int32 [B] (token i of every row; -1 for a row already done), or with
@@ -421,7 +435,7 @@ class Generator:
       )
     if np.ndim(seed) == 0:  # row b: fold_in(PRNGKey(seed), b)
       key = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(
-          jax.random.PRNGKey(int(seed)), np.arange(b, dtype=np.uint32)
+          jax.random.PRNGKey(int(seed)), np.arange(first_row, first_row + b, dtype=np.uint32)
       )
     elif np.shape(seed) == (b,):  # row b: fold_in(PRNGKey(seed[b]), 0), as alone
       key = jax.vmap(lambda s: jax.random.fold_in(jax.random.PRNGKey(s), 0))(

@@ -32,6 +32,11 @@ from transformer_xl.model import models
 from transformer_xl.run import distributed, run_dir
 from transformer_xl.run import workdir as wd
 
+# Rows (prompts x samples) that ``LanguageModel.generate`` and --mode=generate run as one
+# batch at most: bounds the memory of a long prompt list (docs/guide/generation.md).
+DEFAULT_BATCH_SIZE = 64
+_SamplingSettings = generate.SamplingSettings  # (in the class, ``generate`` is the method)
+
 
 @dataclasses.dataclass(frozen=True)
 class Generation:
@@ -275,9 +280,12 @@ class LanguageModel:
       stop: str | Sequence[str] = (),
       stop_at_eos: bool = False,
       on_text: Callable[[list[str]], None] | None = None,
+      batch_size: int = DEFAULT_BATCH_SIZE,
+      on_batch: Callable[[int, list[Generation]], None] | None = None,
   ) -> Generation | list[Generation]:
     """Continues ``prompt`` (or each of several prompts) with up to
-    ``num_tokens`` tokens, ``num_samples`` times, all in one batch.
+    ``num_tokens`` tokens, ``num_samples`` times, in batches of at most
+    ``batch_size`` rows (prompts x samples, in order).
 
     Each prompt (after the boundary symbol, ``encode_prompt``) fills the
     memory in segments of the eval tgt_len; prompts of different lengths
@@ -293,7 +301,9 @@ class LanguageModel:
     a line or sentence, or a newline for character corpora), or a stop
     string in its text; the others go on, and the batch ends when all have
     ended.  A sample's tokens before its stop are those it gets without
-    stops (same seed).
+    stops (same seed).  Rows are independent: every sample gets the
+    tokens it gets in one batch, whatever ``batch_size``; the batch size
+    bounds the memory (a batch's rows, their memories and logits).
 
     Args:
       prompt: text in the corpus's format (e.g. PTB: lower-case words), or a
@@ -301,22 +311,28 @@ class LanguageModel:
       num_tokens: tokens per sample at most, >= 1.
       top_k: ``generate.SamplingSettings`` (top_k=1 is greedy).
       top_p: ``generate.SamplingSettings``.
-      temperature: ``generate.SamplingSettings``.
+      temperature: ``generate.SamplingSettings`` (finite, > 0).
       seed: PRNG seed; the same seed gives the same samples.  With several
         prompts (and num_samples 1), one seed per prompt gives each prompt
         the tokens it gets alone with that seed.
-      num_samples: samples per prompt, drawn together (rows of one batch), >= 1.
+      num_samples: samples per prompt, >= 1.
       stop: a string or strings, each non-empty: a sample whose generated
         text comes to hold one ends with the token that completed it.
       stop_at_eos: a sample ends with the corpus's boundary symbol.
-      on_text: called after every step with the B new pieces of text (one
-        per row: prompt by prompt, sample by sample; detokenised
-        incrementally: a UTF-8 sequence split over tokens comes out whole;
-        "" for a sample that has ended), and once more at the end if a
-        held-back piece is flushed.
+      on_text: called after every step with the new pieces of text of the
+        rows of the current batch (one per row: prompt by prompt, sample by
+        sample; detokenised incrementally: a UTF-8 sequence split over
+        tokens comes out whole; "" for a sample that has ended), and once
+        more at the end of a batch if a held-back piece is flushed.
+      batch_size: rows (prompts x samples) generated together at most, >= 1.
+      on_batch: called after each batch with (the index of the first prompt
+        completed, the ``Generation`` of each prompt whose samples are all
+        done by then, in order): results stream out batch by batch.
 
     Returns:
-      A ``Generation``, or one per prompt for a sequence of prompts.
+      A ``Generation``, or one per prompt for a sequence of prompts.  A
+      Generation's ``tokens`` has as many columns as its batch took steps
+      (num_tokens unless every row of the batch stopped early).
 
     Raises:
       default_config.ConfigError: a setting out of range (before anything
@@ -328,6 +344,11 @@ class LanguageModel:
     if num_tokens < 1 or num_samples < 1:
       raise default_config.ConfigError(
           f"num_tokens={num_tokens} and num_samples={num_samples} must be >= 1."
+      )
+    if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+      raise default_config.ConfigError(
+          f"batch_size={batch_size} must be an integer >= 1 (rows generated together; "
+          f"default {DEFAULT_BATCH_SIZE})."
       )
     stops = [stop] if isinstance(stop, str) else list(stop)
     if not all(isinstance(x, str) and x for x in stops):
@@ -342,7 +363,83 @@ class LanguageModel:
           "num_samples=1."
       )
     ids = [self.encode_prompt(t) for t in texts]
-    row_ids = [i for i in ids for _ in range(num_samples)]
+    n_rows = len(ids) * num_samples
+    row_tokens: list[np.ndarray | None] = [None] * n_rows
+    row_texts, row_reasons = [""] * n_rows, ["length"] * n_rows
+    out, c = [], self.eval_cfg
+    for first in range(0, n_rows, batch_size):
+      last = min(first + batch_size, n_rows)
+      row_seed = [int(seed[r // num_samples]) for r in range(first, last)] if per_row_seed else seed
+      tokens_BxN, batch_texts, reasons = self._generate_rows(
+          [ids[r // num_samples] for r in range(first, last)],
+          num_tokens,
+          settings,
+          row_seed,
+          first,
+          stops,
+          stop_at_eos,
+          on_text,
+      )
+      row_tokens[first:last] = list(tokens_BxN)
+      row_texts[first:last], row_reasons[first:last] = batch_texts, reasons
+      done_prompts = last // num_samples if last < n_rows else len(ids)
+      new = []
+      for j in range(len(out), done_prompts):
+        rows = slice(j * num_samples, (j + 1) * num_samples)
+        width = max(len(t) for t in row_tokens[rows])
+        tokens = np.stack(
+            [np.pad(t, (0, width - len(t)), constant_values=-1) for t in row_tokens[rows]]
+        ).astype(np.int32)
+        new.append(
+            Generation(
+                prompt=texts[j],
+                prompt_tokens=ids[j],
+                tokens=tokens,
+                texts=tuple(row_texts[rows]),
+                settings={
+                    "seed": int(seed[j]) if per_row_seed else int(seed),
+                    "top_k": int(top_k),
+                    "top_p": float(top_p),
+                    "temperature": float(temperature),
+                    "num_tokens": int(num_tokens),
+                    "num_samples": int(num_samples),
+                    "stop": stops,
+                    "stop_at_eos": bool(stop_at_eos),
+                    "step": self.step,
+                    "dataset": self.corpus.name,
+                    "context": {
+                        "tgt_len": c.tgt_len,
+                        "mem_len": c.mem_len,
+                        "same_length": c.same_length,
+                        "clamp_len": c.clamp_len,
+                    },
+                },
+                finish_reasons=tuple(row_reasons[rows]),
+            )
+        )
+        for r in range(rows.start, rows.stop):  # its rows are no longer needed
+          row_tokens[r] = None
+      if new and on_batch is not None:
+        on_batch(len(out), new)
+      out.extend(new)
+    return out[0] if isinstance(prompt, str) else out
+
+  def _generate_rows(
+      self,
+      row_ids: list[np.ndarray],
+      num_tokens: int,
+      settings: _SamplingSettings,
+      seed: Any,
+      first_row: int,
+      stops: list[str],
+      stop_at_eos: bool,
+      on_text: Callable[[list[str]], None] | None,
+  ) -> tuple[np.ndarray, list[str], list[str]]:
+    """One batch of ``generate``: rows ``first_row ..`` of the whole call.
+
+    Returns:
+      (int32 [B, n] tokens, -1 after a row's end; B texts; B finish reasons).
+    """
     decoders = [self.corpus.decoder() for _ in row_ids]
     for d, i in zip(decoders, row_ids):  # so that the text continues the prompt
       d.decode(i)  # (spaces, UTF-8 state)
@@ -356,9 +453,10 @@ class LanguageModel:
         row_ids,
         num_tokens,
         settings,
-        list(seed) if per_row_seed else seed,
+        seed,
         stop_tokens=[self.corpus.boundary_id] if stop_at_eos else (),
         done_B=done_B,
+        first_row=first_row,
     )
     for token_B in stream:
       steps.append(token_B)
@@ -384,38 +482,7 @@ class LanguageModel:
         pieces[r].append(piece)
       if on_text is not None:
         on_text(tail)
-    tokens_BxN, c = np.stack(steps, axis=1), self.eval_cfg
-    out = []
-    for j, (text, prompt_ids) in enumerate(zip(texts, ids)):
-      rows = slice(j * num_samples, (j + 1) * num_samples)
-      out.append(
-          Generation(
-              prompt=text,
-              prompt_tokens=prompt_ids,
-              tokens=tokens_BxN[rows],
-              texts=tuple("".join(p) for p in pieces[rows]),
-              settings={
-                  "seed": int(seed[j]) if per_row_seed else int(seed),
-                  "top_k": int(top_k),
-                  "top_p": float(top_p),
-                  "temperature": float(temperature),
-                  "num_tokens": int(num_tokens),
-                  "num_samples": int(num_samples),
-                  "stop": stops,
-                  "stop_at_eos": bool(stop_at_eos),
-                  "step": self.step,
-                  "dataset": self.corpus.name,
-                  "context": {
-                      "tgt_len": c.tgt_len,
-                      "mem_len": c.mem_len,
-                      "same_length": c.same_length,
-                      "clamp_len": c.clamp_len,
-                  },
-              },
-              finish_reasons=tuple(reasons[rows]),
-          )
-      )
-    return out[0] if isinstance(prompt, str) else out
+    return np.stack(steps, axis=1), ["".join(p) for p in pieces], reasons
 
   def score_text(self, text: str) -> TextScore:
     """Per-token NLL of ``text`` with the evaluation settings

@@ -31,6 +31,19 @@ def temporary_name(path: epath.PathLike) -> epath.Path:
   )
 
 
+def write_bytes_atomic(path: epath.PathLike, data: bytes) -> None:
+  """``write_text_atomic`` for bytes (e.g. a .npy file)."""
+  path = epath.Path(path)
+  tmp = temporary_name(path)
+  try:
+    tmp.write_bytes(data)
+    tmp.replace(path)
+  except BaseException:
+    with contextlib.suppress(OSError):
+      tmp.unlink()
+    raise
+
+
 def write_text_atomic(path: epath.PathLike, text: str, encoding: str = "utf-8") -> None:
   """Replaces ``path`` with ``text`` atomically (local file systems; on gs://
   the rename is a copy, still never a half-written target).
