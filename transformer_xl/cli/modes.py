@@ -56,8 +56,8 @@ class Request:
     workdir: the run's directory.
     config: the ``--config`` file's config (None: the workdir's config.json).
     tokens, text, out: ``--mode=score`` (and ``out`` of ``--mode=generate``).
-    prompt, prompt_file, num_tokens, num_samples, stop, stop_at_eos,
-      batch_size: ``--mode=generate``.
+    prompt, prompt_file, num_tokens, num_samples, stop, stop_at_eos: ``--mode=generate``.
+    batch_size: ``--mode=generate``'s rows generated together at most.
     top_k, top_p, temperature, seed: ``--mode=generate``'s sampling.
     coordinator_address, num_processes, process_id: a multi-process run.
   """
