@@ -52,8 +52,10 @@ plus the adaptive softmax of ``softmax_flops_per_token`` (every
 cluster's logits for every token, as ``adaptive.py`` computes them); 3x
 the forward for training.
 
-**Measured so far: nothing on an accelerator** (no GPU or TPU has been
-available to this project); the docs' benchmark page says so.
+On a GPU with the baseline, JAX is given half of the device's memory
+(``XLA_PYTHON_CLIENT_MEM_FRACTION=0.5`` unless set), PyTorch the rest.  The
+JSON is rewritten after every config (``"complete"`` says whether all ran).
+Measured so far: one NVIDIA H200 (``benchmarks/results/REPORT.md``).
 """
 
 from __future__ import annotations
@@ -422,10 +424,6 @@ def main(argv=None) -> int:
   args = parse_args(argv)
   if args.compare:
     return compare(args.compare, args.new)
-  import jax  # noqa: PLC0415
-
-  from transformer_xl.training import lowering  # noqa: PLC0415
-
   # Every name is checked before anything runs (an unknown one exits here).
   configs = [(name, load_config(name)) for name in args.configs.split(",") if name]
   baseline, baseline_note = not args.no_pytorch, ""
@@ -436,7 +434,32 @@ def main(argv=None) -> int:
 
     if not (torch.cuda.is_available() or args.smoke):
       baseline, baseline_note = False, "pytorch: not run (no CUDA GPU)"
+    elif torch.cuda.is_available():
+      # JAX takes 75% of a GPU's memory at its first use by default, which would leave the
+      # PyTorch baseline in this process a quarter: each gets half (set before JAX starts its
+      # backend; an explicit setting in the environment wins).  Our train step's batch is halved
+      # until it fits in that half, and the baseline runs at the same batch.
+      os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.5")
+  import jax  # noqa: PLC0415
+
+  from transformer_xl.training import lowering  # noqa: PLC0415
+
+  machine = common.machine_info(("jax", "jaxlib", "flax", "torch", "transformers"))
+  out = args.json or common.default_json_path(machine["host"], prefix="accelerator_")
   results = []
+
+  def write(complete: bool) -> None:
+    # Rewritten after every config, so a run stopped part-way (a time limit, a lost
+    # machine) keeps the rows it measured; "complete" says whether every config ran.
+    data = {
+        "args": vars(args),
+        "machine": machine,
+        "devices": [str(d) for d in jax.local_devices()],
+        "complete": complete,
+        "results": results,
+    }
+    common.write_json(out, data, quiet=not complete)
+
   for name, config in configs:
     config.model.update(dtype="bfloat16")
     if args.smoke:
@@ -459,6 +482,7 @@ def main(argv=None) -> int:
     except Exception as err:  # the row says why; the next config runs
       results.append({"config": name, "error": failure(err)})
       print(f"{name}: FAILED: {results[-1]['error']}", flush=True)
+      write(complete=False)
       continue  # the baseline takes its batch from our train step
     if baseline:
       try:
@@ -467,17 +491,9 @@ def main(argv=None) -> int:
         res["pytorch"] = {"error": failure(err)}
         print(f"  pytorch FAILED: {res['pytorch']['error']}", flush=True)
     results.append(res)
-  machine = common.machine_info(("jax", "jaxlib", "flax", "torch", "transformers"))
-  data = {
-      "args": vars(args),
-      "machine": machine,
-      "devices": [str(d) for d in jax.local_devices()],
-      "results": results,
-  }
+    write(complete=False)
   print(summary(results, baseline_note), flush=True)
-  common.write_json(
-      args.json or common.default_json_path(machine["host"], prefix="accelerator_"), data
-  )
+  write(complete=True)
   if not any("train" in r for r in results):
     print("error: nothing could be measured", file=sys.stderr)
     return 1

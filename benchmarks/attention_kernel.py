@@ -174,9 +174,14 @@ def main(argv=None) -> int:
           "kind": device.device_kind,
           "count": jax.device_count(),
       },
+      "complete": False,
       "attention": attention_part(args),
-      "train": train_part(args),
   }
+  out = args.json or common.default_json_path(result["machine"]["host"], prefix="attention_kernel_")
+  # Written once the attention part is measured, again at the end: a run stopped during the
+  # (slower) training part keeps the attention rows.
+  common.write_json(out, result, quiet=True)
+  result.update(train=train_part(args), complete=True)
   print(
       "| T | K | fwd ms xla | fwd ms pallas | fwd+bwd ms xla | fwd+bwd ms pallas "
       "| fwd+bwd temp MiB xla | pallas |"
@@ -189,10 +194,7 @@ def main(argv=None) -> int:
         f"{x['fwd_bwd_ms']:.2f} | {p['fwd_bwd_ms']:.2f} | {x['fwd_bwd_temp_mib'] or 0:.1f} | "
         f"{p['fwd_bwd_temp_mib'] or 0:.1f} |"
     )
-  common.write_json(
-      args.json or common.default_json_path(result["machine"]["host"], prefix="attention_kernel_"),
-      result,
-  )
+  common.write_json(out, result)
   return 0
 
 

@@ -126,13 +126,16 @@ def pin_threads(threads: int) -> int:
   return threads
 
 
-def write_json(path: str, data: dict) -> None:
-  """Writes ``data`` to ``path`` (indented; missing folders are created) and
-  says so."""
+def write_json(path: str, data: dict, quiet: bool = False) -> None:
+  """Writes ``data`` to ``path`` (indented; missing folders are created;
+  atomically, so a run stopped mid-write leaves the previous version) and
+  says so unless ``quiet``."""
+  from transformer_xl.run import files  # noqa: PLC0415
+
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with open(path, "w") as f:
-    json.dump(data, f, indent=2)
-  print(f"wrote {path}")
+  files.write_text_atomic(path, json.dumps(data, indent=2))
+  if not quiet:
+    print(f"wrote {path}")
 
 
 # ---------------------------------------------------------------------------
