@@ -117,6 +117,12 @@ def get_config() -> ml_collections.ConfigDict:
           spm_model_type="unigram",  # unigram | bpe (tokenizer=sentencepiece)
           spm_sample_mb=32.0,  # MB of training lines SentencePiece learns from, at most
           # (a random sample; its memory is ~30x this)
+          # SentencePiece's trainer (docs/guide/own_text.md): pieces of spaces only (indentation),
+          spm_allow_whitespace_only_pieces=True,
+          spm_split_digits=True,  # one piece per digit
+          spm_byte_fallback=True,  # unseen characters as <0xNN> byte pieces, not <unk>
+          spm_character_coverage=0.9995,  # share of training characters with own pieces
+          spm_max_sentence_length=1 << 16,  # bytes: longer lines are not trained on
           text_key="text",  # data.dataset="tfds:NAME": the feature with the text
           tfds_splits="train,validation,test",  # ... and its splits read as train, valid, test
           documents="stream",  # stream: memory flows across documents (the reference);
@@ -383,12 +389,16 @@ def _optimizer_problems(t: ml_collections.ConfigDict, nonfinite: set[str]) -> li
 def without_legacy_keys(saved: Any) -> Any:
   """A saved config (a workdir's ``config.json``, parsed) without the model
   keys of earlier versions (``model.config.drop_legacy_keys``), so that it
-  updates ``get_config()``'s locked dict; anything but a dict with a
-  ``model`` dict is returned as it is.
+  updates ``get_config()``'s locked dict, and with the SentencePiece options
+  its own-text ``data`` lacks at the values of the versions before them
+  (``text_settings.with_earlier_defaults``); anything but a dict is
+  returned as it is.
 
   Raises:
     ValueError: a legacy key at a value that was never supported.
   """
+  if isinstance(saved, Mapping) and isinstance(saved.get("data"), Mapping):
+    saved = {**saved, "data": text_settings.with_earlier_defaults(saved["data"])}
   if not isinstance(saved, Mapping) or not isinstance(saved.get("model"), Mapping):
     return saved
   return {**saved, "model": model_config_lib.drop_legacy_keys(saved["model"], "model")}

@@ -129,6 +129,11 @@ TEXT_FIELDS = (
     "document_separator",
     "spm_model_type",
     "spm_sample_mb",
+    "spm_allow_whitespace_only_pieces",
+    "spm_split_digits",
+    "spm_byte_fallback",
+    "spm_character_coverage",
+    "spm_max_sentence_length",
     "text_key",
     "tfds_splits",
 )

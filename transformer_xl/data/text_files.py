@@ -17,9 +17,10 @@ becomes its tokens followed by an end symbol, whatever the tokenizer
   the built-in corpora exactly);
 * ``sentencepiece`` (unit: subword): a SentencePiece model's pieces, then
   ``</s>``; the model (``data.spm_model_type`` unigram or bpe,
-  ``data.vocab_size`` pieces, byte fallback, identity normalisation,
-  whitespace kept) is trained here on a uniform random sample of the
-  training lines of at most ``data.spm_sample_mb``;
+  ``data.vocab_size`` pieces, identity normalisation, whitespace kept,
+  the trainer options ``data.spm_*``: ``text_vocab.train_sentencepiece``)
+  is trained here on a uniform random sample of the training lines of at
+  most ``data.spm_sample_mb``;
 * ``pretrained:P`` (unit: subword): P is a SentencePiece ``.model``, or a
   Hugging Face ``tokenizer.json`` (a line ends with its newline token).
 
@@ -75,7 +76,12 @@ from transformer_xl.data.storage import (
     Plan,
     TokenStreamBuilder,
 )
-from transformer_xl.data.text_settings import PRETRAINED, TextSettings, settings_problems  # noqa: F401 (re-exported)
+from transformer_xl.data.text_settings import (  # noqa: F401 (settings_problems re-exported)
+    PRETRAINED,
+    TextSettings,
+    fingerprint_settings,
+    settings_problems,
+)
 
 DOCUMENT_LENGTHS = "_document_lengths"  # suffix of the document-length splits
 STORAGE_FORMAT = 1  # in the fingerprint: a change of how corpora are stored prepares them again
@@ -156,7 +162,7 @@ def fingerprint(s: TextSettings, files: Mapping[str, Sequence[Path]]) -> str:
   (each file's path, size and modification time; not its contents)."""
   desc = {
       "format": STORAGE_FORMAT,
-      "settings": dataclasses.asdict(s),
+      "settings": fingerprint_settings(s),
       "files": {
           split: [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in fs]
           for split, fs in files.items()
@@ -357,7 +363,7 @@ class TfdsText:
     """16 hex digits naming the prepared corpus: settings, dataset version, sizes."""
     desc = {
         "format": STORAGE_FORMAT,
-        "settings": dataclasses.asdict(self._settings),
+        "settings": fingerprint_settings(self._settings),
         "version": str(self.builder.info.version),
         "sizes": {split: self.num_documents(split) for split in SPLITS},
     }

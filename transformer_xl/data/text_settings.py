@@ -7,12 +7,27 @@ validation checks them without importing tfds.  Meanings: ``text_files.py``.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 SPLITS = ("train", "valid", "test")
 TOKENIZERS = ("byte", "char", "word", "sentencepiece")  # and "pretrained:PATH"
 PRETRAINED = "pretrained:"
 DOCUMENT_SEPARATORS = ("file", "paragraph", "line")
 SPM_MODEL_TYPES = ("unigram", "bpe")
+# SentencePiece's own limits (its trainer_interface.cc refuses values outside them).
+SPM_CHARACTER_COVERAGE = (0.98, 1.0)
+SPM_MAX_SENTENCE_LENGTH = (10, 1 << 30)  # bytes
+# The SentencePiece options added after datasets were first prepared, at the
+# values those datasets were trained with: at these values an option does not
+# enter the fingerprint (``fingerprint_settings``), so a dataset prepared before
+# the option existed is still found; any other value prepares a new one.
+SPM_OPTIONS_BEFORE = {
+    "spm_allow_whitespace_only_pieces": False,
+    "spm_split_digits": True,
+    "spm_byte_fallback": True,
+    "spm_character_coverage": 0.9995,
+    "spm_max_sentence_length": 1 << 16,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +46,18 @@ class TextSettings:
     spm_sample_mb: MB of training text SentencePiece is trained on at most:
       a uniform random sample of the training lines (its trainer needs about
       30 times this in memory).
+    spm_allow_whitespace_only_pieces: SentencePiece may learn pieces made
+      only of spaces, so a run of spaces (code's indentation) can be one
+      piece instead of one piece per space.
+    spm_split_digits: every digit is its own piece (numbers are not merged).
+    spm_byte_fallback: a character outside the pieces becomes its UTF-8
+      bytes (``<0xNN>`` pieces) instead of ``<unk>``, so decoding gives the
+      text back exactly.
+    spm_character_coverage: the share of the training characters (by
+      count) that get pieces of their own, in [0.98, 1]; the rarest others
+      become bytes (with byte fallback) or ``<unk>``.
+    spm_max_sentence_length: bytes; SentencePiece trains on no line longer
+      than this (such lines are left out of its sample, not of the corpus).
     tfds_name: instead of files, a tfds dataset ``NAME[/CONFIG]``
       (``data.dataset="tfds:NAME"``), each example one document.
     text_key: the tfds feature holding the text (e.g. ``book_text``).
@@ -46,6 +73,11 @@ class TextSettings:
   document_separator: str = "file"
   spm_model_type: str = "unigram"
   spm_sample_mb: float = 32.0
+  spm_allow_whitespace_only_pieces: bool = True
+  spm_split_digits: bool = True
+  spm_byte_fallback: bool = True
+  spm_character_coverage: float = 0.9995
+  spm_max_sentence_length: int = 1 << 16
   tfds_name: str = ""
   text_key: str = "text"
   tfds_splits: str = "train,validation,test"
@@ -100,4 +132,49 @@ def settings_problems(s: TextSettings) -> list[str]:
     problems.append(f"data.spm_model_type={s.spm_model_type!r}: use unigram or bpe.")
   if not s.spm_sample_mb > 0:
     problems.append(f"data.spm_sample_mb={s.spm_sample_mb} must be > 0.")
+  for name in ("spm_allow_whitespace_only_pieces", "spm_split_digits", "spm_byte_fallback"):
+    if not isinstance(getattr(s, name), bool):
+      problems.append(f"data.{name}={getattr(s, name)!r}: use True or False.")
+  low, high = SPM_CHARACTER_COVERAGE
+  if not low <= s.spm_character_coverage <= high:
+    problems.append(
+        f"data.spm_character_coverage={s.spm_character_coverage} must be in [{low}, {high}] "
+        "(SentencePiece's range; 1 gives every training character a piece)."
+    )
+  low, high = SPM_MAX_SENTENCE_LENGTH
+  if isinstance(s.spm_max_sentence_length, bool) or not (
+      isinstance(s.spm_max_sentence_length, int) and low <= s.spm_max_sentence_length <= high
+  ):
+    problems.append(
+        f"data.spm_max_sentence_length={s.spm_max_sentence_length!r} must be a whole number "
+        f"of bytes in [{low}, {high:,}] (SentencePiece's range)."
+    )
   return problems
+
+
+def fingerprint_settings(s: TextSettings) -> dict:
+  """The settings as they enter a prepared dataset's fingerprint.
+
+  Every field, except that the SentencePiece options of ``SPM_OPTIONS_BEFORE``
+  enter only with ``tokenizer="sentencepiece"`` and a value other than the
+  one datasets were prepared with before the option existed: these options
+  prepare no new dataset of another tokenizer, and a dataset prepared
+  before they existed keeps its name (and is found again).
+  """
+  settings = dataclasses.asdict(s)
+  for name, before in SPM_OPTIONS_BEFORE.items():
+    if s.tokenizer != "sentencepiece" or settings[name] == before:
+      del settings[name]
+  return settings
+
+
+def with_earlier_defaults(saved_data: Mapping) -> dict:
+  """A saved config's ``data`` section (a workdir's ``config.json``) with the
+  SentencePiece options it lacks at the values runs had before the options
+  existed (``SPM_OPTIONS_BEFORE``), for one's own text (``dataset`` "text"
+  or "tfds:NAME"); other corpora's sections as they are.  A run trained
+  before then keeps its dataset and tokenizer."""
+  dataset = str(saved_data.get("dataset", ""))
+  if dataset != "text" and not dataset.startswith("tfds:"):
+    return dict(saved_data)
+  return {**SPM_OPTIONS_BEFORE, **saved_data}

@@ -25,8 +25,8 @@ import numpy as np
 
 from transformer_xl.data import tokenizers
 from transformer_xl.data.corpus import Corpus, DataError
-from transformer_xl.data.text_settings import TextSettings
-from transformer_xl.run import files
+from transformer_xl.data.text_settings import SPM_MAX_SENTENCE_LENGTH, TextSettings
+from transformer_xl.run import files, metrics
 
 
 def count_vocab(
@@ -81,45 +81,164 @@ def sample_lines(lines: Iterator[str], max_bytes: int, seed: int = 0) -> list[st
   return [line for _, _, line in sorted(heap, key=lambda item: item[1])]
 
 
+def _trainer_reason(err: RuntimeError) -> str:
+  """The reason in a SentencePiece trainer error, e.g. ``INTERNAL:
+  src/trainer_interface.cc(744) [check] Vocabulary size too high (300). ...``:
+  its message, else the check that failed."""
+  text = str(err).strip()
+  check, _, message = text.partition("] ")
+  reason = message.strip().rstrip(".") or check.partition("[")[2].strip() or text
+  return reason
+
+
+def _mb_at_least(num_bytes: int) -> str:
+  """The smallest ``data.spm_sample_mb`` (to the byte: 6 decimals) whose
+  budget (``int(mb * 1e6)`` bytes, as ``train_sentencepiece`` counts) holds
+  ``num_bytes``."""
+  while True:
+    text = f"{num_bytes / 1e6:.6f}".rstrip("0").rstrip(".")
+    if int(float(text) * 1e6) >= num_bytes:
+      return text
+    num_bytes += 1
+
+
 def train_sentencepiece(lines: Iterator[str], s: TextSettings, name: str) -> bytes:
   """A SentencePiece model trained on a random sample of the training lines
-  (``sample_lines``, ``data.spm_sample_mb``).
+  (``sample_lines``, ``data.spm_sample_mb``) with the trainer options of ``s``.
+
+  Blank lines, and lines longer than ``data.spm_max_sentence_length`` bytes
+  (which SentencePiece would skip) or than the sample, are left out of the
+  sample before it is drawn (reported when some are); the corpus keeps them.
+
+  Args:
+    lines: the training lines (no line breaks).
+    s: the settings: ``vocab_size``, ``spm_model_type``, ``spm_sample_mb``
+      (MB, 1e6 bytes), ``spm_max_sentence_length`` (bytes) and the trainer
+      options ``spm_allow_whitespace_only_pieces``, ``spm_split_digits``,
+      ``spm_byte_fallback``, ``spm_character_coverage``.
+    name: the corpus's name, for messages.
+
+  Returns:
+    The serialised model (a ``ModelProto``): ``unk_id`` 0, ``</s>`` 1, no
+    ``<s>`` or padding; identity normalisation, every space kept.
 
   Raises:
-    DataError: the library refuses (e.g. a vocabulary larger than the text
-      allows; its message gives the largest possible).
+    DataError: no line can be trained on (each too long: the message names
+      the limit and the setting to raise), or the library refuses (e.g. a
+      vocabulary larger than the text allows: its message gives the largest
+      possible).
   """
   import sentencepiece  # pylint: disable=import-outside-toplevel
 
+  budget = int(s.spm_sample_mb * 1e6)  # bytes, each line with its newline (sample_lines)
+  seen = {"lines": 0, "too_long": 0, "too_big": 0}
+  shortest = {"too_long": 0, "too_big": 0}  # bytes: the shortest line left out for each reason
+
+  def trainable(line_iter: Iterator[str]) -> Iterator[str]:
+    for line in line_iter:
+      if not line.strip():
+        continue
+      seen["lines"] += 1
+      size = len(line.encode("utf-8"))
+      why = (
+          "too_long" if size > s.spm_max_sentence_length else "too_big" if size + 1 > budget else ""
+      )
+      if why:
+        seen[why] += 1
+        shortest[why] = min(shortest[why] or size, size)
+        continue
+      yield line
+
+  sample = sample_lines(trainable(lines), budget)
+  phrases = {
+      "too_long": (
+          f"longer than data.spm_max_sentence_length={s.spm_max_sentence_length:,} bytes, "
+          "SentencePiece's limit"
+      ),
+      "too_big": (
+          f"too long for the sample of data.spm_sample_mb={s.spm_sample_mb:g} MB = {budget:,} "
+          "bytes, newlines included"
+      ),
+  }
+  left_out = [
+      f"{seen[why]:,} {'is' if seen[why] == 1 else 'are'} {phrases[why]} (the shortest: "
+      f"{shortest[why]:,} bytes)"
+      for why in ("too_long", "too_big")
+      if seen[why]
+  ]
+  if not sample:
+    n = seen["lines"]
+    if not n:
+      raise DataError(
+          f"{name}: SentencePiece cannot be trained: every training line is blank; give "
+          "training text."
+      )
+    if len(left_out) == 2:
+      why = f"of the {n:,} non-blank lines, {' and '.join(left_out)}"
+    else:
+      reason = "too_long" if seen["too_long"] else "too_big"
+      why = (
+          f"the only non-blank line ({shortest[reason]:,} bytes) is {phrases[reason]}"
+          if n == 1
+          else f"all {n:,} non-blank lines are {phrases[reason]} (the shortest: "
+          f"{shortest[reason]:,} bytes)"
+      )
+    if seen["too_big"]:  # the smallest change: the shortest such line fits the sample
+      fix = f"raise data.spm_sample_mb to at least {_mb_at_least(shortest['too_big'] + 1)}, or "
+    elif shortest["too_long"] <= SPM_MAX_SENTENCE_LENGTH[1]:
+      fix = f"raise data.spm_max_sentence_length to at least {shortest['too_long']:,}"
+      if shortest["too_long"] + 1 > budget:
+        fix += f" and data.spm_sample_mb to at least {_mb_at_least(shortest['too_long'] + 1)}"
+      fix += ", or "
+    else:
+      fix = ""
+    raise DataError(
+        f"{name}: SentencePiece cannot be trained: no training line fits in its sample: "
+        f"{why}. {(fix + 'break the text into shorter lines').capitalize()}."
+    )
+  if left_out:
+    metrics.log(
+        f"{name}: SentencePiece is trained without {seen['too_long'] + seen['too_big']:,} of the "
+        f"{seen['lines']:,} non-blank training lines (the corpus keeps them): "
+        f"{'; '.join(left_out)}."
+    )
+  options = dict(
+      byte_fallback=s.spm_byte_fallback,
+      split_digits=s.spm_split_digits,
+      character_coverage=s.spm_character_coverage,
+      max_sentence_length=s.spm_max_sentence_length,
+  )
+  if s.spm_allow_whitespace_only_pieces:  # at False not given, as before the option existed:
+    options["allow_whitespace_only_pieces"] = True  # the same model, byte for byte
   model = io.BytesIO()
   sentencepiece.set_random_generator_seed(0)
   try:
     sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(
-            sample_lines((line for line in lines if line.strip()), int(s.spm_sample_mb * 1e6))
-        ),
+        sentence_iterator=iter(sample),
         model_writer=model,
         vocab_size=s.vocab_size,
         model_type=s.spm_model_type,
-        byte_fallback=True,
         normalization_rule_name="identity",
         remove_extra_whitespaces=False,
-        split_digits=True,
-        character_coverage=0.9995,
-        max_sentence_length=1 << 16,
         unk_id=0,
         bos_id=-1,
         eos_id=1,
         pad_id=-1,
         num_threads=os.cpu_count() or 1,
         minloglevel=2,
+        **options,
     )
   except RuntimeError as err:
-    reason = str(err).split("] ", 1)[-1].strip().rstrip(".")
+    reason = _trainer_reason(err)
+    if "vocabulary size" in reason.lower():
+      raise DataError(
+          f"{name}: SentencePiece cannot be trained with data.vocab_size="
+          f"{s.vocab_size} (data.spm_model_type={s.spm_model_type}): {reason}. "
+          "Change data.vocab_size."
+      ) from None
     raise DataError(
-        f"{name}: SentencePiece cannot be trained with data.vocab_size="
-        f"{s.vocab_size} (data.spm_model_type={s.spm_model_type}): {reason}. "
-        "Change data.vocab_size."
+        f"{name}: SentencePiece cannot be trained on the sample of {len(sample):,} training "
+        f"lines ({reason}); check the data.spm_* settings."
     ) from None
   return model.getvalue()
 
