@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
+from transformer_xl import errors
 from transformer_xl.data.checks import (
     Batch,
     check_boundary_id,
@@ -119,9 +120,10 @@ class TrainIterator(Iterator[Batch]):
 
     Raises:
       ValueError: global_batch or tgt_len < 1; source is not a TokenSource;
-        the split has fewer than ``global_batch * (tgt_len + 1)`` tokens (no
-        full training step); row_ids empty, out of range, unsorted or
-        duplicated.
+        row_ids empty, out of range, unsorted or duplicated.
+      errors.ConfigError (a ValueError and a UserError: the command line's
+        one error line): the split has fewer than ``global_batch * (tgt_len
+        + 1)`` tokens (no full training step).
     """
     self.global_batch = check_positive("global_batch", global_batch)
     self.tgt_len = check_positive("tgt_len", tgt_len)
@@ -132,12 +134,12 @@ class TrainIterator(Iterator[Batch]):
     self._doc_offsets = document_offsets(documents, self.num_tokens)
     if self.steps_per_epoch < 1:
       needed = self.global_batch * (self.tgt_len + 1)
-      raise ValueError(
+      raise errors.ConfigError(  # a UserError (one error line), and still a ValueError
           f"the training split has {self.num_tokens} tokens, too few for one "
           f"training step with global_batch={self.global_batch} and "
           f"tgt_len={self.tgt_len}: each of the {self.global_batch} rows needs "
           f"tgt_len + 1 = {self.tgt_len + 1} tokens, i.e. at least {needed} "
-          f"tokens. Lower global_batch or tgt_len, or use a larger split."
+          f"tokens. Lower train.global_batch or model.tgt_len, or use a larger split."
       )
     self.row_ids = check_row_ids(row_ids, self.global_batch)
     self._epoch = 0

@@ -21,21 +21,36 @@ from __future__ import annotations
 
 import abc
 import collections
+import contextlib
 import dataclasses
+import errno
+import os
+import re
+import tempfile
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
 
+import filelock
 import numpy as np
 import tensorflow_datasets as tfds
 
+from transformer_xl import errors
 from transformer_xl.data import sources
+from transformer_xl.data.checks import is_int
 from transformer_xl.data.corpus import Corpus, DataError, Tokenizer, sentence_offsets
+from transformer_xl.run import metrics
 
 CHUNK_SIZE = 65536  # tokens per record
 SPLITS = ("train", "valid", "test")
 BUILDER_PREFIX = "txl_"  # tfds name = prefix + corpus name: no clash with tfds's own
+LOCK_SUFFIX = ".lock"  # <data_dir>/.locks/<dataset folder>.lock: held while a run prepares it
+# The metadata.json entries every prepared dataset has (``TokenStreamBuilder.metadata``).
+METADATA_KEYS = ("unit", "vocab", "boundary_id", "num_tokens", "chunk_size")
+# What a full disk looks like in an OSError's errno, or in the text of the RuntimeError that
+# array_record raises through tfds ("write() failed: No space left on device; writing PATH; ...").
+_DISK_FULL = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded"}
 
 
 # -- reading -----------------------------------------------------------------
@@ -47,6 +62,60 @@ def damaged_message(path: str, what: str) -> str:
       f"The prepared dataset in {path} is damaged: {what}. Delete it to rebuild it "
       f"(rm -r {path}); the next run prepares it again from the source files."
   )
+
+
+def first_line(err: BaseException) -> str:
+  """``Kind: first line of the message`` (at most 200 characters), for a message."""
+  text = (str(err).strip().splitlines() or [""])[0][:200]
+  return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+class PreparedInfo(tfds.core.DatasetInfo):
+  """tfds's ``DatasetInfo``, whose reading of a prepared dataset's files is checked.
+
+  tfds reads ``dataset_info.json`` (and ``features.json``) of a prepared
+  dataset when its builder is made, and fails on a damaged one with
+  whatever the parser raises (``ParseError``, ``UnicodeDecodeError``,
+  ``AssertionError`` for a missing version, ...).  Here that is a
+  ``DataError`` that names the folder and says to delete it.  The split
+  files it names must be files of that folder: tfds would follow a
+  ``filepathTemplate`` with a ``..`` or an absolute path to records
+  elsewhere, which no preparation writes (a copied or hand-edited file).
+  """
+
+  def read_from_directory(self, dataset_info_dir) -> None:
+    """tfds's ``read_from_directory``, then the split files checked to lie in the folder.
+
+    Raises:
+      DataError: the files cannot be read or parsed, or a split's files lie
+        outside ``dataset_info_dir``.
+    """
+    folder = os.fspath(dataset_info_dir)
+    try:
+      super().read_from_directory(dataset_info_dir)
+    except Exception as err:  # pylint: disable=broad-except  (tfds raises many kinds)
+      raise DataError(
+          damaged_message(folder, f"its dataset_info.json cannot be read ({first_line(err)})")
+      ) from None
+    if "://" in folder:  # a remote folder: its paths are URLs, not resolved here
+      return
+    inside = os.path.normpath(os.path.abspath(folder))
+    for name, split in self.splits.items():
+      try:
+        paths = [os.fspath(p) for p in split.filepaths]
+      except Exception as err:  # pylint: disable=broad-except  (a template tfds cannot expand)
+        raise DataError(
+            damaged_message(folder, f"its dataset_info.json names no files ({first_line(err)})")
+        ) from None
+      for path in paths:
+        if os.path.dirname(os.path.normpath(os.path.join(inside, path))) != inside:
+          raise DataError(
+              damaged_message(
+                  folder,
+                  f"its dataset_info.json names files outside the folder for split "
+                  f"{name!r} ({path})",
+              )
+          )
 
 
 class ChunkedSource:
@@ -95,9 +164,11 @@ class ChunkedSource:
     expected = -(-self._num_tokens // self._chunk_size)
     if len(records) != expected:
       raise DataError(
-          f"{name}: {len(records)} records stored, expected {expected} "
-          f"({self._num_tokens} tokens in chunks of {self._chunk_size}); the "
-          "prepared dataset is corrupt, delete its directory to rebuild it."
+          damaged_message(
+              self._path or name,
+              f"{name}: {len(records)} records stored, expected {expected} "
+              f"({self._num_tokens} tokens in chunks of {self._chunk_size})",
+          )
       )
 
   def __getstate__(self):
@@ -398,7 +469,7 @@ class TokenStreamBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True
     super().__init__(data_dir=data_dir, **kwargs)
 
   def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
+    return PreparedInfo(
         builder=self,
         description=(self.__doc__ or "").strip().split("\n\n")[0],
         features=tfds.features.FeaturesDict(
@@ -463,6 +534,11 @@ class TokenStreamBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True
   ) -> None:
     """Locates the sources, then writes the dataset (``download_and_prepare``).
 
+    One run at a time prepares a dataset folder: the run holds its lock
+    (``preparation_lock``) while it works, and a second
+    run waits for it, then uses the dataset the first one wrote (or, if
+    that one failed, prepares it itself).
+
     Args:
       manual_dir: directory holding the archive or the extracted files
         (default ``default_manual_dir``).
@@ -471,16 +547,130 @@ class TokenStreamBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True
         token counts and vocabulary size); tiny test files need False.
 
     Raises:
-      DataError: missing or bad source files (before any tokenisation), or a
+      DataError: missing or bad source files (before any tokenisation), a
         source that cannot be tokenised (e.g. a valid/test word outside the
-        vocabulary and no ``<unk>``).
+        vocabulary and no ``<unk>``), a full disk (nothing of the unfinished
+        dataset is kept), or a damaged dataset that another run prepared.
     """
+    with self.preparation_lock():
+      if self.is_prepared():  # another run prepared it while this one waited
+        metrics.log(f"Using the dataset in {self.data_dir} that another run prepared.")
+        self.info.read_from_directory(self.data_dir)
+        return
+      self._prepare(manual_dir=manual_dir, download=download, verify_checksums=verify_checksums)
+
+  def _prepare(self, *, manual_dir, download: bool, verify_checksums: bool) -> None:
+    """``prepare``'s work, its lock held: the sources located, the dataset written."""
     self._sources = self.locate_sources(
         manual_dir=manual_dir, download=download, verify_checksums=verify_checksums
     )
     self._verify_checksums = verify_checksums
     config = tfds.download.DownloadConfig(manual_dir=str(manual_dir) if manual_dir else None)
-    self.download_and_prepare(download_config=config)
+    self._write(config)
+
+  def lock_path(self) -> str:
+    """The lock file of this dataset folder's preparation.
+
+    ``<data_dir>/.locks/<the folder's path under data_dir>.lock``, e.g.
+    ``<data_dir>/.locks/txl_ptb/1.0.0.lock`` for ``<data_dir>/txl_ptb/1.0.0``:
+    outside the dataset's folders, so that a preparation that fails early
+    (a missing source file) leaves none of them behind.
+    """
+    root, folder = str(self.data_dir_root), str(self.data_dir)
+    return os.path.join(root, ".locks", os.path.relpath(folder, root) + LOCK_SUFFIX)
+
+  @contextlib.contextmanager
+  def preparation_lock(self) -> Iterator[None]:
+    """Holds ``lock_path()`` while this run prepares the dataset folder.
+
+    An exclusive ``flock`` (``filelock``, as ``run/lock.py``), which the
+    kernel releases when its holder ends however it ends (kill -9
+    included); the empty file stays.  A run that finds it held says so
+    (``metrics.log``) and waits as long as the other one prepares.  On a
+    remote data dir (gs://), or where the file cannot be locked, there is
+    no lock (with a note for the latter).
+    """
+    folder = str(self.data_dir)
+    if "://" in folder:
+      yield
+      return
+    path = self.lock_path()
+    lock = filelock.FileLock(path, thread_local=False, fallback_to_soft=False)
+    try:
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+      try:
+        lock.acquire(timeout=0)
+      except filelock.Timeout:
+        metrics.log(
+            f"Waiting for another run that prepares the dataset in {folder} (it holds {path})."
+        )
+        lock.acquire()
+    except OSError as err:  # no flock on this file system, or the folder cannot be written
+      metrics.log(f"Preparing {folder} without a lock ({path}: {err}).")
+      yield
+      return
+    try:
+      yield
+    finally:
+      lock.release()
+
+  def _write(self, download_config) -> None:
+    """``download_and_prepare``, with a full disk reported as one DataError.
+
+    tfds writes into a temporary folder beside the dataset's and renames it
+    when complete; a failure removes it, so nothing half-written stays.
+    """
+    try:
+      self.download_and_prepare(download_config=download_config)
+    except errors.UserError:
+      raise
+    except (OSError, RuntimeError) as err:
+      message = self._disk_full_message(err)
+      if message is None:
+        raise
+      raise DataError(message) from None
+
+  def _disk_full_message(self, err: BaseException) -> str | None:
+    """The message of a preparation that found its disk full; None for another error.
+
+    A full disk arrives as an OSError (ENOSPC, EDQUOT: the temporary token
+    files, tfds's own files) or as the RuntimeError of array_record's writer,
+    whose text holds the C library's reason and the file written.
+    """
+    reason = path = None
+    seen: BaseException | None = err
+    chain: set[int] = set()  # the exceptions looked at: a chain that loops ends
+    while seen is not None and reason is None and id(seen) not in chain:
+      chain.add(id(seen))
+      if isinstance(seen, OSError) and seen.errno in _DISK_FULL:
+        reason, path = _DISK_FULL[seen.errno], seen.filename
+      else:
+        text = str(seen)
+        for code, what in _DISK_FULL.items():
+          if os.strerror(code) in text:
+            found = re.search(r"writing (\S+?);", text)
+            reason, path = what, (found.group(1) if found else None)
+            break
+        if reason is None and "Not enough disk space" in text:  # tfds's check before it starts
+          reason = "not enough space left on the device"
+      seen = seen.__cause__ or seen.__context__
+    if reason is None:
+      return None
+    root = os.path.abspath(str(self.data_dir_root))
+    temp = os.path.abspath(tempfile.gettempdir())
+    path = os.path.abspath(os.fspath(path)) if path else None
+    if path is None or path.startswith(root + os.sep):
+      where, advice = root, "set data.data_dir to a folder on a disk with room"
+    elif path.startswith(temp + os.sep):
+      where = temp
+      advice = "set TMPDIR to a folder on a disk with room (the temporary token files go there)"
+    else:
+      where, advice = os.path.dirname(path), "set data.data_dir to a folder on a disk with room"
+    return (
+        f"Could not prepare the dataset in {self.data_dir}: {reason} in {where}. "
+        f"Nothing of the unfinished dataset was kept. Free space there, or {advice}, "
+        "and run the same command again."
+    )
 
   @abc.abstractmethod
   def _plan(self, found: Mapping[str, sources.Source], verify: bool) -> Plan:
@@ -548,27 +738,49 @@ class TokenStreamBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True
           damaged_message(str(self.data_dir), f"split {split!r} cannot be opened ({err})")
       ) from None
 
+  def metadata(self, required: Sequence[str] = ()) -> dict:
+    """The prepared dataset's metadata.json, read and checked.
+
+    Args:
+      required: keys a family needs beyond ``METADATA_KEYS`` (text: the
+        documents, bytes and tokenizer).
+
+    Returns:
+      A copy of its entries: ``unit`` (str), ``vocab`` (id -> symbol),
+      ``boundary_id``, ``chunk_size`` (tokens per record), ``num_tokens``
+      (split -> tokens), and the family's own.
+
+    Raises:
+      DataError: the file cannot be read or parsed (cut short, not UTF-8,
+        not a JSON object), lacks a key, or an entry has the wrong type (the
+        message names the folder and says to delete it).
+    """
+    folder = str(self.data_dir)
+    try:
+      md = self.info.metadata  # tfds reads metadata.json here, once it is asked for
+      entries = dict(md.items()) if md is not None else {}
+    except (ValueError, TypeError, OSError) as err:  # JSONDecodeError, UnicodeDecodeError, ...
+      raise DataError(
+          damaged_message(folder, f"its metadata.json cannot be read ({first_line(err)})")
+      ) from None
+    missing = [k for k in (*METADATA_KEYS, *required) if k not in entries]
+    problem = f"lacks {', '.join(missing)}" if missing else _metadata_problem(entries)
+    if problem:
+      raise DataError(damaged_message(folder, f"its metadata.json {problem}"))
+    return entries
+
   def as_corpus(self) -> Corpus:
     """The prepared dataset as a ``Corpus`` of ``ChunkedSource``.
 
     The corpus carries ``SPEC.tokenizer`` (for ``Corpus.encode``).
 
     Raises:
-      DataError: the dataset is not prepared or its metadata is incomplete.
+      DataError: the dataset is not prepared, or its metadata is damaged or
+        incomplete (``metadata``).
     """
     if not self.is_prepared():
       raise DataError(f"{self.name} is not prepared in {self.data_dir}.")
-    md = self.info.metadata
-    missing = [
-        k
-        for k in ("unit", "vocab", "boundary_id", "num_tokens", "chunk_size")
-        if k not in (md or {})
-    ]
-    if missing:
-      raise DataError(
-          f"{self.data_dir}: metadata.json lacks {missing}; delete the "
-          "directory to rebuild the dataset."
-      )
+    md = self.metadata()
     splits = {
         split: ChunkedSource(
             self.data_source(split),
@@ -587,3 +799,28 @@ class TokenStreamBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True
         splits=splits,
         tokenizer=self.SPEC.tokenizer,
     )
+
+
+def counts_problem(entries: Mapping, key: str) -> str | None:
+  """Why ``entries[key]`` is not a split -> count (integer >= 0) mapping; None if it is."""
+  counts = entries[key]
+  if not isinstance(counts, Mapping) or not all(
+      is_int(counts.get(split)) and counts[split] >= 0 for split in SPLITS
+  ):
+    return f"has no count per split in {key!r} ({str(counts)[:80]})"
+  return None
+
+
+def _metadata_problem(entries: Mapping) -> str | None:
+  """Why the ``METADATA_KEYS`` entries of a metadata.json cannot be used; None if they can."""
+  vocab = entries["vocab"]
+  if not isinstance(vocab, list) or not vocab or not all(isinstance(v, str) for v in vocab):
+    return "has no vocabulary (a list of symbols) in 'vocab'"
+  if not isinstance(entries["unit"], str):
+    return f"has unit={entries['unit']!r}, not a name"
+  boundary = entries["boundary_id"]
+  if not is_int(boundary) or not 0 <= boundary < len(vocab):
+    return f"has boundary_id={boundary!r}, not an id of its {len(vocab)} symbols"
+  if not is_int(entries["chunk_size"]) or entries["chunk_size"] < 1:
+    return f"has chunk_size={entries['chunk_size']!r}, not a positive integer"
+  return counts_problem(entries, "num_tokens")

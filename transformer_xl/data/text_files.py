@@ -66,6 +66,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 import tqdm
 
+from transformer_xl import errors
 from transformer_xl.data import text_vocab, tokenizers
 from transformer_xl.data.corpus import Corpus, DataError
 from transformer_xl.data.storage import (
@@ -74,7 +75,11 @@ from transformer_xl.data.storage import (
     ChunkedSource,
     CorpusSpec,
     Plan,
+    PreparedInfo,
     TokenStreamBuilder,
+    counts_problem,
+    damaged_message,
+    first_line,
 )
 from transformer_xl.data.text_settings import (  # noqa: F401 (settings_problems re-exported)
     PRETRAINED,
@@ -416,9 +421,14 @@ class _Int32File:
       self.flush()
 
   def flush(self) -> None:
-    with open(self.path, "ab") as f:
-      for values in self._buf:
-        f.write(values.tobytes())
+    try:
+      with open(self.path, "ab") as f:
+        for values in self._buf:
+          f.write(values.tobytes())
+    except OSError as err:  # a full disk: the message names the file (storage.py)
+      if err.filename is None:
+        err.filename = str(self.path)
+      raise
     self.count += self._pending
     self._buf, self._pending = [], 0
 
@@ -465,7 +475,7 @@ class TxlText(TokenStreamBuilder, skip_registration=True):
     super().__init__(config=config, **kwargs)
 
   def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
+    return PreparedInfo(  # a damaged dataset_info.json is a DataError (storage.py)
         builder=self,
         description="Text files tokenised into one int32 stream per split.",
         features=tfds.features.FeaturesDict(
@@ -479,14 +489,17 @@ class TxlText(TokenStreamBuilder, skip_registration=True):
         metadata=tfds.core.MetadataDict(),
     )
 
-  def prepare(self, *, manual_dir=None, download=True, verify_checksums=True) -> None:
-    """Tokenises the files into the dataset (the arguments do not apply)."""
+  def _prepare(self, *, manual_dir, download, verify_checksums) -> None:
+    """Tokenises the files into the dataset (the arguments do not apply); ``prepare``
+    (storage.py) holds the folder's lock and reports a full disk.  The tokens
+    go to temporary files first (``tempfile``'s folder, ``$TMPDIR``), removed
+    however the preparation ends."""
     del manual_dir, download, verify_checksums
     self._sources = self.files or {}
     self._verify_checksums = False
     with tempfile.TemporaryDirectory(prefix="txl_text_") as tmp:
       self._tmp = tmp
-      self.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=tmp))
+      self._write(tfds.download.DownloadConfig(manual_dir=tmp))
 
   def _tokenizer(self):
     """(tokenizer, unit, its record for the metadata), trained first for sentencepiece."""
@@ -631,10 +644,38 @@ class TxlText(TokenStreamBuilder, skip_registration=True):
     )
 
   def as_corpus(self) -> Corpus:
-    """The prepared dataset as a ``Corpus`` with its tokenizer and documents."""
+    """The prepared dataset as a ``Corpus`` with its tokenizer and documents.
+
+    Raises:
+      DataError: as ``TokenStreamBuilder.as_corpus``; the documents, bytes or
+        tokenizer of its metadata.json are missing or cannot be used.
+    """
     corpus = super().as_corpus()
-    md = self.info.metadata
     path = str(self.data_dir)
+    md = self.metadata(required=("num_documents", "num_bytes", "tokenizer"))
+    problem = counts_problem(md, "num_documents") or counts_problem(md, "num_bytes")
+    if problem:
+      raise DataError(damaged_message(path, f"its metadata.json {problem}"))
+    try:
+      tokenizer = text_vocab.tokenizer_from_metadata(md, "text")
+      # Bytes and subwords: the model's own pieces (loading it) are the stored vocabulary.
+      pieces = getattr(tokenizer, "vocab", None)
+    except errors.UserError:
+      raise
+    except Exception as err:  # pylint: disable=broad-except  (a damaged model: several kinds)
+      raise DataError(
+          damaged_message(
+              path, f"the tokenizer in its metadata.json cannot be rebuilt ({first_line(err)})"
+          )
+      ) from None
+    if pieces is not None and list(pieces) != list(md["vocab"]):
+      raise DataError(
+          damaged_message(
+              path,
+              f"the tokenizer in its metadata.json has {len(pieces):,} tokens that are not its "
+              f"vocabulary of {len(md['vocab']):,}",
+          )
+      )
     documents = {
         split: ChunkedSentenceIndex(
             ChunkedSource(
@@ -651,7 +692,7 @@ class TxlText(TokenStreamBuilder, skip_registration=True):
     }
     return dataclasses.replace(
         corpus,
-        tokenizer=text_vocab.tokenizer_from_metadata(md, "text"),
+        tokenizer=tokenizer,
         documents=documents,
         num_bytes=dict(md["num_bytes"]),
     )
