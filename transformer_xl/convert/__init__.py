@@ -24,7 +24,9 @@ or else a torch file, for ``--from=pytorch`` and ``--to=pytorch`` alike.
 ``--checkpoint`` that does not end in ``.safetensors``.  A ``.safetensors``
 export holds float32 tensors and the metadata ``{"format": "pt"}``, so
 ``safetensors.torch.load_file`` and transformers' ``from_pretrained`` (as
-``model.safetensors`` beside the model's ``config.json``) read it.
+``model.safetensors`` beside the model's ``config.json``) read it.  An
+export never replaces an existing ``--checkpoint`` (or an hparams file of
+other hparams) without ``--overwrite``.
 
 A converted workdir holds ``config.json``, ``model_config.json`` and an orbax
 checkpoint of a full ``train_state.TrainState`` at step 0, so that

@@ -51,6 +51,12 @@ def _define_flags(fv):
       "--to=safetensors: a .safetensors output file.",
       flag_values=fv,
   )
+  f["overwrite"] = flags.DEFINE_boolean(
+      "overwrite",
+      False,
+      "--to: replace an existing --checkpoint or hparams file (otherwise refused).",
+      flag_values=fv,
+  )
   f["hparams"] = flags.DEFINE_string(
       "hparams",
       None,
@@ -196,6 +202,10 @@ def main(argv: Sequence[str]) -> None:
   process_settings.configure_logging(debug=False)  # orbax logs every file at INFO
   f = {k: v.value for k, v in holders.items()}
   try:
+    if f["overwrite"] and not f["to"]:
+      raise ConvertError(
+          "--overwrite goes with --to (an export); a conversion writes into a new --workdir."
+      )
     if f["pretrained"]:
       _convert_pretrained(f)
       return
@@ -209,7 +219,13 @@ def main(argv: Sequence[str]) -> None:
       raise ConvertError("--checkpoint and --workdir are required.")
     if f["to"]:
       export_pytorch(
-          f["workdir"], f["checkpoint"], f["hparams"], f["layout"], f["cluster_order"], to=f["to"]
+          f["workdir"],
+          f["checkpoint"],
+          f["hparams"],
+          f["layout"],
+          f["cluster_order"],
+          to=f["to"],
+          overwrite=f["overwrite"],
       )
       return
     if not f["hparams"]:

@@ -12,6 +12,7 @@ safetensors are imported only to read or write their files.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import zipfile
 from collections.abc import Mapping
@@ -35,6 +36,7 @@ from transformer_xl.convert.names import (
     to_pytorch,
     unflatten_params,
 )
+from transformer_xl.run import files
 
 # What to check when a state dict's shapes do not fit the hparams.
 _SIZES_HINT = (
@@ -79,8 +81,9 @@ def params_from_state_dict(state: Mapping[str, Any], cfg, cluster_order: str = "
   Raises:
     ConvertError: a missing tensor, an unknown name, a shape that does not
       match the hparams (naming the tensor, expected and actual shapes), a
-      tensor that is not of a real number type or holds NaN or inf, or
-      tied copies that differ.
+      parameter that is not of a floating-point type (integers, which a
+      .safetensors header can also claim for float data) or holds NaN or
+      inf, or tied copies that differ.
   """
   order = resolve_cluster_order(cluster_order, list(state))
   state, _ = strip_hf_prefix({k: v for k, v in state.items()})
@@ -103,9 +106,11 @@ def params_from_state_dict(state: Mapping[str, Any], cfg, cluster_order: str = "
           f"{tuple(a.shape)}; the state dict and the hparams describe different "
           f"models: {_SIZES_HINT}."
       )
-    if a.dtype.kind not in "fiu":
+    if a.dtype.kind != "f":  # integers would become parameters of nonsense values
       raise ConvertError(
-          f"{name} has dtype {a.dtype}, not a real number type; save the model's float tensors."
+          f"{name} has dtype {a.dtype}, not a floating-point type: a parameter stored as "
+          "integers (or float data labelled as integers) cannot be converted; save the "
+          "model's float tensors (float32, float16 or bfloat16)."
       )
     a = a.astype(np.float32)
     bad = int(a.size - np.count_nonzero(np.isfinite(a)))
@@ -518,7 +523,11 @@ def save_state_dict(state: Mapping[str, np.ndarray], path: str) -> None:
   tensor C-contiguous and of the state dict's dtype (float32 for the
   parameters of ``state_dict_from_params``), which
   ``safetensors.torch.load_file`` and transformers' ``from_pretrained`` read.
-  Otherwise a torch file of tensors (``torch.save``).
+  Otherwise a torch file of tensors (``torch.save``).  The file is written
+  under a temporary name beside ``path`` (``run.files.temporary_name``) and
+  renamed to it when complete, so a file already at ``path`` is replaced
+  whole or not at all (whether it may be replaced is the caller's decision:
+  ``export_pytorch``'s ``overwrite``).
 
   Raises:
     ConvertError: a torch or safetensors file was asked for but its package
@@ -526,30 +535,45 @@ def save_state_dict(state: Mapping[str, np.ndarray], path: str) -> None:
   """
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   fmt = state_dict_format(path)
-  if fmt == "npz":
-    with open(path, "wb") as f:  # a file object: numpy appends ".npz" to other names
-      np.savez(f, **{k: np.asarray(v) for k, v in state.items()})
-    return
-  if fmt == "safetensors":
-    try:
-      import safetensors
-      import safetensors.numpy
-    except ImportError:
-      raise ConvertError(
-          f"writing the safetensors file {path} needs the safetensors package "
-          "(pip install safetensors); or use a .npz path."
-      ) from None
-    arrays = {k: np.asarray(v, order="C") for k, v in state.items()}
-    try:
-      safetensors.numpy.save_file(arrays, path, metadata=dict(SAFETENSORS_METADATA))
-    except safetensors.SafetensorError as err:  # a dtype it cannot store (str, object, ...)
-      raise ConvertError(
-          f"cannot write {path} as safetensors ({describe(err)}); save the "
-          "state dict's float tensors as float32, or use a .npz path."
-      ) from None
-    return
+  writers = {"npz": _write_npz, "safetensors": _write_safetensors, "torch": _write_torch}
+  tmp = str(files.temporary_name(path))
+  try:
+    writers[fmt](state, tmp, path)
+    os.replace(tmp, path)
+  except BaseException:
+    with contextlib.suppress(OSError):
+      os.unlink(tmp)
+    raise
+
+
+def _write_npz(state: Mapping[str, np.ndarray], tmp: str, path: str) -> None:
+  del path
+  with open(tmp, "wb") as f:  # a file object: numpy appends ".npz" to other names
+    np.savez(f, **{k: np.asarray(v) for k, v in state.items()})
+
+
+def _write_safetensors(state: Mapping[str, np.ndarray], tmp: str, path: str) -> None:
+  try:
+    import safetensors
+    import safetensors.numpy
+  except ImportError:
+    raise ConvertError(
+        f"writing the safetensors file {path} needs the safetensors package "
+        "(pip install safetensors); or use a .npz path."
+    ) from None
+  arrays = {k: np.asarray(v, order="C") for k, v in state.items()}
+  try:
+    safetensors.numpy.save_file(arrays, tmp, metadata=dict(SAFETENSORS_METADATA))
+  except safetensors.SafetensorError as err:  # a dtype it cannot store (str, object, ...)
+    raise ConvertError(
+        f"cannot write {path} as safetensors ({describe(err)}); save the "
+        "state dict's float tensors as float32, or use a .npz path."
+    ) from None
+
+
+def _write_torch(state: Mapping[str, np.ndarray], tmp: str, path: str) -> None:
   try:
     import torch
   except ImportError:
     raise ConvertError(f"writing the torch file {path} needs torch; use a .npz path.") from None
-  torch.save({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.items()}, path)
+  torch.save({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.items()}, tmp)

@@ -44,6 +44,7 @@ from transformer_xl.convert.vocab import (
     read_vocab,
     remap_vocab,
 )
+from transformer_xl.run import files
 
 
 def one_device_mesh():
@@ -438,6 +439,23 @@ def convert_to_workdir(
   return report
 
 
+def _exists(flag: str, path: str, what: str = "") -> str:
+  """The message refusing to replace the existing output ``path`` of ``flag``."""
+  return (
+      f"{flag}={path} already exists{' ' + what if what else ''}; pass --overwrite to "
+      "replace it, or choose another path."
+  )
+
+
+def _json_or_none(path: str) -> Any:
+  """The parsed JSON file at ``path``; None if it cannot be read or parsed."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      return json.load(f)
+  except (OSError, ValueError, RecursionError):
+    return None
+
+
 def _naming(checkpoint: str, fn, *args):
   """``fn(*args)``, with the checkpoint's path in front of a ConvertError's
   message (the state-dict checks name tensors, not files)."""
@@ -454,6 +472,7 @@ def export_pytorch(
     layout: str = "reference",
     cluster_order: str = "auto",
     to: str = "pytorch",
+    overwrite: bool = False,
 ) -> dict:
   """``--to=pytorch|safetensors``: the latest checkpoint of a workdir as a reference state dict.
 
@@ -470,13 +489,20 @@ def export_pytorch(
     cluster_order: see ``state_dict_from_params``.
     to: "pytorch" (any of the formats) or "safetensors" (``checkpoint``
       must end in ``.safetensors``).
+    overwrite: replace an existing ``checkpoint``, or an existing
+      ``hparams_path`` that holds other hparams (one with the same hparams
+      is rewritten: several exports of one model share it).  Otherwise
+      refused before the checkpoint is restored.  Both are written under
+      a temporary name and renamed, so an interrupted export leaves a file
+      that was there as it was.
 
   Returns:
     {"step", "tensors", "hparams_path"}.
 
   Raises:
     ConvertError: missing or damaged workdir files or checkpoint; output
-      paths that cannot be written, a ``checkpoint`` that does not end in
+      paths that cannot be written or (without ``overwrite``) already
+      exist, a ``checkpoint`` that does not end in
       ``.safetensors`` with to="safetensors", or a torch (safetensors)
       output without torch (safetensors) installed (all checked before
       the restore).
@@ -505,28 +531,31 @@ def export_pytorch(
   for flag, path in (("--checkpoint", checkpoint), ("--hparams", hparams_path)):
     if os.path.isdir(path):
       raise ConvertError(f"{flag}={path} is a directory; pass the path of the file to write.")
+    if flag == "--checkpoint" and os.path.lexists(path) and not overwrite:
+      raise ConvertError(_exists(flag, path))
     _check_creatable(path, flag, file=True)
   if not os.path.isdir(workdir) and "://" not in workdir:
     raise ConvertError(
         f"--workdir={workdir} is not a directory; pass the workdir of a "
         "training run or of a conversion."
     )
+  errors = (FileNotFoundError, wd.WorkdirError, checkpointing.CheckpointError)
   try:
     wd.load_config(workdir)  # a damaged config.json stops the export too
     cfg, _ = wd.load_model_config(workdir)
+  except errors as err:
+    raise ConvertError(one_line(err)) from None
+  hparams = hparams_from_model_config(cfg)
+  if not overwrite and os.path.lexists(hparams_path) and _json_or_none(hparams_path) != hparams:
+    raise ConvertError(_exists("--hparams", hparams_path, "with other hparams"))
+  try:
     step, params = run_dir.restore_params(workdir, cfg, one_device_mesh())
-  except (
-      FileNotFoundError,
-      wd.WorkdirError,
-      checkpointing.CheckpointError,
-      default_config.ConfigError,
-  ) as err:
+  except (*errors, default_config.ConfigError) as err:
     raise ConvertError(one_line(err)) from None
   params = jax.tree_util.tree_map(lambda x: np.asarray(jax.device_get(x)), params)
   state = state_dict_from_params(params, cfg, layout, cluster_order)
   save_state_dict(state, checkpoint)
-  with open(hparams_path, "w") as f:
-    json.dump(hparams_from_model_config(cfg), f, indent=2)
+  files.write_text_atomic(hparams_path, json.dumps(hparams, indent=2))
   log(
       f"Wrote {len(state)} tensors of step {step} to {checkpoint} ({layout} names) and the "
       f"hparams to {hparams_path}."

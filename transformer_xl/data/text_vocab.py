@@ -18,6 +18,7 @@ import itertools
 import json
 import os
 import random
+import reprlib
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -284,21 +285,76 @@ def load_pretrained(path: str, name: str):
   )
 
 
-def tokenizer_from_metadata(md: Mapping, name: str):
-  """The tokenizer a prepared dataset stored (metadata ``"tokenizer"``)."""
-  t = md["tokenizer"]
-  kind = t["kind"]
+class _Damaged(ValueError):
+  """A stored tokenizer record that does not load; the message says why
+  (wrapped by ``tokenizer_from_metadata`` and ``load_saved_tokenizer``, which
+  name the file and what to do)."""
+
+
+def _why(err: BaseException) -> str:
+  """The first line of an exception's message (at most 120 characters), with its type."""
+  text = str(err).splitlines()[0][:120] if str(err) else ""
+  return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def _short(value) -> str:
+  """``repr(value)``, shortened (nesting and length bounded) for a message."""
+  return reprlib.repr(value)
+
+
+def _tokenizer_of_record(t, name: str):
+  """The tokenizer of a stored record (``tokenizer_record``), loaded now so that
+  a damaged model fails here and not at the first encoding.
+
+  Raises:
+    _Damaged: not a record of a known kind, or its model does not load.
+    ImportError: the library its kind needs is not installed.
+  """
+  if not isinstance(t, Mapping):
+    raise _Damaged(f"its tokenizer is {type(t).__name__}, not a JSON object")
+  kind = t.get("kind")
   if kind == "byte":
     return tokenizers.ByteTokenizer()
   if kind == "char":
     return tokenizers.CharTokenizer(name)
   if kind == "word":
     return tokenizers.LineTokenizer(name, end=tokenizers.EOS, unk=tokenizers.UNK)
-  if kind == "sentencepiece":
-    return tokenizers.SentencePieceTokenizer(name, base64.b64decode(t["model"]))
-  if kind == "huggingface":
-    return tokenizers.HuggingFaceTokenizer(name, t["json"])
-  raise DataError(f"unknown stored tokenizer kind {kind!r}; delete the prepared dataset.")
+  if kind not in ("sentencepiece", "huggingface"):
+    raise _Damaged(f"unknown tokenizer kind {_short(kind)}")
+  field = "model" if kind == "sentencepiece" else "json"
+  if not isinstance(t.get(field), str):
+    raise _Damaged(f"its {kind} tokenizer has no {field!r} string")
+  try:
+    if kind == "sentencepiece":
+      tok = tokenizers.SentencePieceTokenizer(name, base64.b64decode(t[field], validate=True))
+      _ = tok.processor
+    else:
+      tok = tokenizers.HuggingFaceTokenizer(name, t[field])
+      _ = tok.tokenizer
+  except ImportError:
+    raise
+  except Exception as err:  # pylint: disable=broad-except  (base64, protobuf, Rust errors)
+    # SentencePiece's own: "INTERNAL: src/....cc(109) [the failed check] reason"
+    detail = str(err).split("] ", 1)[-1].strip() if "] " in str(err) else _why(err)
+    raise _Damaged(f"its {kind} model does not load{': ' + detail if detail else ''}") from None
+  return tok
+
+
+def tokenizer_from_metadata(md: Mapping, name: str):
+  """The tokenizer a prepared dataset stored (metadata ``"tokenizer"``), loaded.
+
+  Raises:
+    DataError: the stored record is not a tokenizer (the prepared dataset
+      is damaged).
+  """
+  try:
+    return _tokenizer_of_record(md["tokenizer"], name)
+  except (_Damaged, KeyError, TypeError) as err:
+    raise DataError(
+        f"The prepared dataset is damaged: its stored tokenizer does not load "
+        f"({err if isinstance(err, _Damaged) else _why(err)}). Delete it to rebuild it; the "
+        "next run prepares it again from the source files."
+    ) from None
 
 
 def tokenizer_record(tok) -> dict:
@@ -341,7 +397,8 @@ def check_saved_tokenizer(corpus: Corpus, workdir) -> None:
 
   Raises:
     DataError: they differ (the files, a setting or this package's
-      tokenisation changed since the run was trained).
+      tokenisation changed since the run was trained), or the workdir's
+      ``tokenizer.json`` is damaged (``load_saved_tokenizer``).
   """
   saved = load_saved_tokenizer(workdir)
   if saved is None or corpus.name != "text":
@@ -359,23 +416,82 @@ def check_saved_tokenizer(corpus: Corpus, workdir) -> None:
     )
 
 
+UNITS = ("byte", "char", "word", "subword")  # a corpus's unit, as tokenizer.json records it
+_KIND_UNITS = {  # tokenizer kind -> the unit of its corpus (text_files.py)
+    "byte": "byte",
+    "char": "char",
+    "word": "word",
+    "sentencepiece": "subword",
+    "huggingface": "subword",
+}
+
+
+def _saved_corpus(record) -> Corpus:
+  """The vocabulary-only corpus of a ``tokenizer.json`` record (``save_tokenizer``).
+
+  Raises:
+    _Damaged: a field missing or of the wrong type, a boundary outside the
+      vocabulary, a tokenizer that does not load or does not fit the unit
+      and the vocabulary.
+  """
+  if not isinstance(record, Mapping):
+    raise _Damaged(f"a JSON {type(record).__name__}, not an object")
+  missing = [k for k in ("unit", "vocab", "boundary_id", "tokenizer") if k not in record]
+  if missing:
+    raise _Damaged(f"no {', '.join(map(repr, missing))}")
+  unit, vocab, boundary = record["unit"], record["vocab"], record["boundary_id"]
+  if unit not in UNITS:
+    raise _Damaged(f"unit {_short(unit)} is not one of {', '.join(UNITS)}")
+  if not isinstance(vocab, list) or not vocab or not all(isinstance(v, str) for v in vocab):
+    raise _Damaged("its vocab is not a non-empty list of strings")
+  if type(boundary) is not int or not 0 <= boundary < len(vocab):  # noqa: E721  (not bool)
+    raise _Damaged(f"boundary_id {_short(boundary)} is not an id of its {len(vocab):,} symbols")
+  tok = _tokenizer_of_record(record["tokenizer"], "text")
+  kind = record["tokenizer"]["kind"]
+  if _KIND_UNITS[kind] != unit:
+    raise _Damaged(f"a {kind} tokenizer with unit {unit!r}")
+  try:
+    if unit in ("byte", "subword"):  # the vocabulary is the tokenizer's own
+      end = 10 if unit == "byte" else tok.end_id
+      fits = list(tok.vocab) == vocab and boundary == end
+    else:  # counted: the end symbol at the boundary, the unknown symbol present
+      fits = vocab[boundary] == tok.end and tok.unk in vocab
+  except DataError as err:  # a Hugging Face tokenizer without a newline token
+    raise _Damaged(str(err)) from None
+  if not fits:
+    raise _Damaged(f"its vocab and boundary_id do not fit its {kind} tokenizer")
+  return Corpus(
+      name="text", unit=unit, vocab=tuple(vocab), boundary_id=boundary, splits={}, tokenizer=tok
+  )
+
+
 def load_saved_tokenizer(workdir) -> Corpus | None:
   """A vocabulary-only ``Corpus`` (no splits) from ``<workdir>/tokenizer.json``,
-  or None if the workdir has none: encodes and decodes as the training corpus did."""
+  or None if the workdir has none: encodes and decodes as the training corpus did.
+
+  The record is checked whole (fields, types, the tokenizer's model loaded,
+  its vocabulary and boundary those recorded), so that damage shows here,
+  as one message, and not as a traceback at the first encoding.
+
+  Raises:
+    DataError: the file is damaged (cut short, not JSON, nested too deep,
+      a field missing or wrong, a tokenizer model that does not load); the
+      message names it and says what to do.
+  """
   from etils import epath  # pylint: disable=import-outside-toplevel
 
   path = epath.Path(workdir) / TOKENIZER_FILE
   if not path.exists():
     return None
-  record = json.loads(path.read_text())
-  return Corpus(
-      name="text",
-      unit=record["unit"],
-      vocab=tuple(record["vocab"]),
-      boundary_id=int(record["boundary_id"]),
-      splits={},
-      tokenizer=tokenizer_from_metadata(record, "text"),
-  )
+  try:
+    return _saved_corpus(json.loads(path.read_text()))
+  except (_Damaged, ValueError, RecursionError) as err:  # ValueError: JSON, UTF-8
+    reason = str(err) if isinstance(err, _Damaged) else _why(err)
+    raise DataError(
+        f"{path} is damaged ({reason}): restore it from a copy, or delete it (resuming the "
+        "training with its text files writes it again; without it, generation and scoring "
+        "need those files)."
+    ) from None
 
 
 def line_encoder(unit: str, tok, vocab: Sequence[str], end: int):

@@ -70,6 +70,67 @@ def drop_legacy_keys(fields: Mapping[str, Any], section: str = "model") -> dict[
   return kept
 
 
+class UnknownKeysError(TypeError):
+  """Saved fields with keys this version does not know: a file written by a
+  newer version (``newer_version_message``), not a damaged one.
+
+  Attributes:
+    keys: the unknown keys' dotted names (e.g. ``("model.rope_base",)``).
+  """
+
+  def __init__(self, keys: list[str]):
+    self.keys = tuple(keys)
+    super().__init__(f"unknown key{'s' if len(self.keys) > 1 else ''} {', '.join(self.keys)}")
+
+
+def unknown_keys(saved: Any, known: Mapping[str, Any], prefix: str = "") -> list[str]:
+  """The dotted names of the keys of a saved config that ``known`` lacks.
+
+  Args:
+    saved: the saved config, parsed (anything but a mapping has none).
+    known: this version's config as nested dicts (``ConfigDict.to_dict()``);
+      a key is unknown if ``known`` lacks it.
+    prefix: the dotted name of ``saved`` itself ("" at the top).
+
+  Returns:
+    Sorted dotted names (``"model.rope_base"``, ``"newsection"``), looking
+    into the sections that both hold as mappings.
+  """
+  if not isinstance(saved, Mapping):
+    return []
+  found = []
+  for key, value in saved.items():
+    name = f"{prefix}{key}"
+    if key not in known:
+      found.append(name)
+    elif isinstance(known[key], Mapping):
+      found += unknown_keys(value, known[key], name + ".")
+  return sorted(found)
+
+
+def known_only(saved: Any, known: Mapping[str, Any]) -> Any:
+  """A copy of the saved config ``saved`` with only the keys ``known`` has
+  (``unknown_keys`` names the others), looking into the sections that both
+  hold as mappings; anything but a mapping is returned as it is."""
+  if not isinstance(saved, Mapping):
+    return saved
+  return {
+      key: known_only(value, known[key]) if isinstance(known[key], Mapping) else value
+      for key, value in saved.items()
+      if key in known
+  }
+
+
+def newer_version_message(path: Any, keys: list[str] | tuple[str, ...]) -> str:
+  """What to say of a saved config (``path``) that is valid but for ``keys``,
+  which this version does not know: a newer version wrote it."""
+  s = "s" if len(keys) > 1 else ""
+  return (
+      f"{path} was written by a newer version of transformer_xl (unknown key{s} "
+      f"{', '.join(keys)}); upgrade, or remove the key{s}."
+  )
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """The model's hyperparameters: the one definition of their names and defaults.
@@ -197,9 +258,17 @@ class ModelConfig:
     Raises:
       ValueError: a legacy key with a value never supported, or the
         fields' problems (``config_problems``).
-      TypeError: an unknown key.
+      UnknownKeysError: (a TypeError) keys this version does not know,
+        beside fields that are otherwise valid (a newer version's file).
+      TypeError: a field missing.
     """
-    return cls(**drop_legacy_keys(fields))
+    fields = drop_legacy_keys(fields)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(k for k in fields if k not in names)
+    if unknown:
+      cls(**{k: v for k, v in fields.items() if k in names})  # the other fields' problems first
+      raise UnknownKeysError([f"model.{k}" for k in unknown])
+    return cls(**fields)
 
   @property
   def pos_table_len(self) -> int:

@@ -40,6 +40,7 @@ import ml_collections
 from etils import epath
 
 from transformer_xl import default_config, errors
+from transformer_xl.model import config as model_config_lib
 from transformer_xl.model import models, tuning
 from transformer_xl.run import files, metrics
 
@@ -102,7 +103,8 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
 
   Raises:
     FileNotFoundError: no config.json (pass --config instead).
-    WorkdirError: the workdir is a file, or config.json is damaged.
+    WorkdirError: the workdir is a file, or config.json is damaged or has
+      keys this version does not know (written by a newer version).
   """
   path = require_dir(workdir) / "config.json"
   if not path.exists():
@@ -112,12 +114,17 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
     )
   config = default_config.get_config()
   try:
-    config.update(default_config.without_legacy_keys(json.loads(path.read_text())))
+    saved = default_config.without_legacy_keys(json.loads(path.read_text()))
+    known = config.to_dict()
+    unknown = model_config_lib.unknown_keys(saved, known)
+    config.update(model_config_lib.known_only(saved, known))
   except (ValueError, KeyError, TypeError, AttributeError) as err:
     raise WorkdirError(
         f"{path} is damaged ({err}): pass --config=configs/<name>.py with the "
         "run's settings instead."
     ) from None
+  if unknown:  # valid but for keys this version does not know
+    raise WorkdirError(model_config_lib.newer_version_message(path, unknown))
   return config
 
 
@@ -139,14 +146,18 @@ def load_model_config(workdir: str) -> tuple[models.ModelConfig, str]:
 
   Raises:
     FileNotFoundError: the workdir has no model_config.json.
-    WorkdirError: the workdir is a file, or model_config.json is damaged.
+    WorkdirError: the workdir is a file, or model_config.json is damaged or
+      has model keys this version does not know (written by a newer version).
   """
   path = require_dir(workdir) / "model_config.json"
   if not path.exists():
     raise FileNotFoundError(f"{path} does not exist: train (or convert) into this --workdir first.")
   try:
     saved = json.loads(path.read_text())
-    return models.ModelConfig.from_dict(saved["model"]), saved["unit"]
+    unit = saved["unit"]
+    return models.ModelConfig.from_dict(saved["model"]), unit
+  except model_config_lib.UnknownKeysError as err:
+    raise WorkdirError(model_config_lib.newer_version_message(path, err.keys)) from None
   except (ValueError, KeyError, TypeError) as err:
     raise WorkdirError(f"{path} is damaged ({err}).") from None
 
