@@ -657,7 +657,7 @@ class TxlText(TokenStreamBuilder, skip_registration=True):
     if problem:
       raise DataError(damaged_message(path, f"its metadata.json {problem}"))
     try:
-      tokenizer = text_vocab.tokenizer_from_metadata(md, "text")
+      tokenizer = text_vocab.tokenizer_from_metadata(md, "text", path)
       # Bytes and subwords: the model's own pieces (loading it) are the stored vocabulary.
       pieces = getattr(tokenizer, "vocab", None)
     except errors.UserError:

@@ -340,20 +340,27 @@ def _tokenizer_of_record(t, name: str):
   return tok
 
 
-def tokenizer_from_metadata(md: Mapping, name: str):
+def tokenizer_from_metadata(md: Mapping, name: str, folder: str = ""):
   """The tokenizer a prepared dataset stored (metadata ``"tokenizer"``), loaded.
+
+  Args:
+    md: the dataset's metadata.json, read.
+    name: the dataset's name, for messages.
+    folder: the prepared dataset's folder, named in the message ("" when unknown).
 
   Raises:
     DataError: the stored record is not a tokenizer (the prepared dataset
-      is damaged).
+      is damaged: ``storage.damaged_message``'s words).
   """
   try:
     return _tokenizer_of_record(md["tokenizer"], name)
   except (_Damaged, KeyError, TypeError) as err:
+    where = f" in {folder}" if folder else ""
+    remove = f" (rm -r {folder})" if folder else ""
     raise DataError(
-        f"The prepared dataset is damaged: its stored tokenizer does not load "
-        f"({err if isinstance(err, _Damaged) else _why(err)}). Delete it to rebuild it; the "
-        "next run prepares it again from the source files."
+        f"The prepared dataset{where} is damaged: its stored tokenizer does not load "
+        f"({err if isinstance(err, _Damaged) else _why(err)}). Delete it to rebuild it{remove}; "
+        "the next run prepares it again from the source files."
     ) from None
 
 
