@@ -13,6 +13,10 @@ TOKENIZERS = ("byte", "char", "word", "sentencepiece")  # and "pretrained:PATH"
 PRETRAINED = "pretrained:"
 DOCUMENT_SEPARATORS = ("file", "paragraph", "line")
 SPM_MODEL_TYPES = ("unigram", "bpe")
+BYTE_VOCAB_SIZE = 256
+# Fields that choose which files are accepted, not what is prepared from them: left out of
+# the prepared dataset's fingerprint (text_files.fingerprint).
+NOT_FINGERPRINTED = ("allow_split_overlap",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,10 +25,14 @@ class TextSettings:
 
   Attributes:
     train_files, valid_files, test_files: comma-separated glob patterns
-      (``**`` recursive); every split needs at least one non-empty file.
+      (``**`` recursive, following no directory link); every split needs at
+      least one non-empty file, and no file may be in two splits.
+    allow_split_overlap: let one file (compared by its real path, links and
+      ``..`` resolved) be in two splits, e.g. train on the valid text on
+      purpose; the prepared data does not depend on it.
     tokenizer: "byte", "char", "word", "sentencepiece" or "pretrained:PATH".
     vocab_size: word/char: cap (0 = all); sentencepiece: number of pieces
-      (required).
+      (required); byte: 0 (or 256, what it is anyway).
     min_count: word/char: a symbol must occur this often in train.
     document_separator: "file", "paragraph" or "line".
     spm_model_type: "unigram" or "bpe" (sentencepiece).
@@ -40,6 +48,7 @@ class TextSettings:
   train_files: str
   valid_files: str
   test_files: str
+  allow_split_overlap: bool = False
   tokenizer: str = "word"
   vocab_size: int = 0
   min_count: int = 1
@@ -64,6 +73,11 @@ def settings_problems(s: TextSettings) -> list[str]:
           f"data.train_files/valid_files/test_files are not read with "
           f"data.dataset='tfds:{s.tfds_name}': remove them."
       )
+    if s.allow_split_overlap:
+      problems.append(
+          f"data.allow_split_overlap is for text files, not data.dataset='tfds:"
+          f"{s.tfds_name}' (its splits are tfds's): remove it."
+      )
     if len([x for x in s.tfds_splits.split(",") if x.strip()]) != 3 or not s.text_key:
       problems.append(
           f"data.tfds_splits={s.tfds_splits!r} must name three tfds splits (train,"
@@ -86,6 +100,11 @@ def settings_problems(s: TextSettings) -> list[str]:
   if s.tokenizer == "sentencepiece" and s.vocab_size < 1:
     problems.append(
         "data.tokenizer=sentencepiece needs data.vocab_size (the number of pieces, e.g. 8000)."
+    )
+  if s.tokenizer == "byte" and s.vocab_size not in (0, BYTE_VOCAB_SIZE):
+    problems.append(
+        f"data.vocab_size={s.vocab_size} does not apply to data.tokenizer=byte (always the "
+        f"{BYTE_VOCAB_SIZE} byte values): set data.vocab_size=0."
     )
   if s.vocab_size < 0 or s.min_count < 1:
     problems.append(
