@@ -13,12 +13,13 @@ Each ``*_files`` is a comma-separated list of glob patterns (plain or gzip
 files; quote them so the shell does not expand them).  A SentencePiece
 model of 8,000 pieces (unigram, byte fallback) is trained on the training
 files the first time; the tokenised corpus is kept in the tfds data dir and
-reused while the files and settings stay the same.  A document is a
-paragraph (``data.document_separator``); ``data.documents="reset"`` keeps
-the memory from crossing documents.  The model: 4 layers, d_model 128, 4x32
-heads, d_inner 512, tgt_len = mem_len = 64; eval with tgt_len 64, mem_len
-256, same_length.  Expected result (the WikiText-2 files above, 2 CPU
-cores): see the guide "Train on your own text" (docs/guide/own_text.md).
+reused while the files and settings stay the same.  A document is a file
+(``data.document_separator``, as the guide says; ``paragraph`` or ``line``
+for shorter ones); ``data.documents="reset"`` keeps the memory from
+crossing documents.  The model: 4 layers, d_model 128, 4x32 heads, d_inner
+512, tgt_len = mem_len = 64; eval with tgt_len 64, mem_len 256,
+same_length.  Expected result (the WikiText-2 files above, 2 CPU cores):
+see the guide "Train on your own text" (docs/guide/own_text.md).
 """
 
 from transformer_xl import default_config
@@ -30,7 +31,7 @@ def get_config():
       dataset="text",
       tokenizer="sentencepiece",
       vocab_size=8000,
-      document_separator="paragraph",
+      document_separator="file",  # as the guide (own_text.md) says: each file one document
       documents="stream",
   )
   c.model.update(

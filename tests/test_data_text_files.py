@@ -46,6 +46,7 @@ def _settings(folder: Path, **kw) -> TextSettings:
   kw.setdefault("train_files", f"{folder}/*.txt,{folder}/*.gz")
   kw.setdefault("valid_files", f"{folder}/c.txt")
   kw.setdefault("test_files", f"{folder}/a.txt")
+  kw.setdefault("allow_split_overlap", True)  # train's patterns match valid's and test's files
   return TextSettings(**kw)
 
 
@@ -232,7 +233,10 @@ def test_document_lengths_of_every_unit_equal_a_naive_count(tokenizer, spm_corpu
 def test_word_vocab_size_and_min_count(tmp_path):
   folder = _write(tmp_path / "files", {"t.txt": "a a a b b c\nd\n", "v.txt": "a z\n"})
   s = dict(
-      train_files=f"{folder}/t.txt", valid_files=f"{folder}/v.txt", test_files=f"{folder}/v.txt"
+      train_files=f"{folder}/t.txt",
+      valid_files=f"{folder}/v.txt",
+      test_files=f"{folder}/v.txt",
+      allow_split_overlap=True,
   )
   corpus = text_files.load_text_corpus(TextSettings(**s, vocab_size=4), data_dir=tmp_path / "t")
   assert list(corpus.vocab) == ["<eos>", "a", "b", "<unk>"]
@@ -260,6 +264,7 @@ def spm_corpus(tmp_path_factory):
       train_files=f"{folder}/train.txt",
       valid_files=f"{folder}/valid.txt",
       test_files=f"{folder}/valid.txt",
+      allow_split_overlap=True,
       tokenizer="sentencepiece",
       vocab_size=300,
       spm_model_type="bpe",
@@ -291,6 +296,7 @@ def test_a_pretrained_sentencepiece_model_and_tokenizer_json(spm_corpus, tmp_pat
       train_files=f"{folder}/train.txt",
       valid_files=f"{folder}/valid.txt",
       test_files=f"{folder}/valid.txt",
+      allow_split_overlap=True,
       tokenizer=f"pretrained:{model}",
   )
   again = text_files.load_text_corpus(settings, data_dir=tmp_path / "tfds")
@@ -313,6 +319,7 @@ def test_a_pretrained_sentencepiece_model_and_tokenizer_json(spm_corpus, tmp_pat
       train_files=f"{folder}/train.txt",
       valid_files=f"{folder}/valid.txt",
       test_files=f"{folder}/valid.txt",
+      allow_split_overlap=True,
       tokenizer=f"pretrained:{path}",
   )
   hf_corpus = text_files.load_text_corpus(settings, data_dir=tmp_path / "tfds")
@@ -380,9 +387,9 @@ def test_bad_input_on_the_command_line_is_one_line(tmp_path):
             f"--config={REPO / 'configs/text.py'}",
             f"--workdir={tmp_path / 'run'}",
             f"--config.data.data_dir={tmp_path / 'tfds'}",
-            f"--config.data.train_files={folder}/[ac].txt",
+            f"--config.data.train_files={folder}/a.txt",
             f"--config.data.valid_files={folder}/c.txt",
-            f"--config.data.test_files={folder}/a.txt",
+            f"--config.data.test_files={folder}/b.txt.gz",
             *extra,
         ],
         timeout=300,

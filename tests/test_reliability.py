@@ -257,6 +257,7 @@ def test_bits_per_byte_is_the_split_loss_in_bits_over_its_utf8_bytes(tmp_path):
           train_files=f"{tmp_path}/train.txt",
           valid_files=f"{tmp_path}/valid.txt",
           test_files=f"{tmp_path}/valid.txt",
+          allow_split_overlap=True,
           tokenizer="word",
           document_separator="line",
       ),

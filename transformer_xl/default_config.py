@@ -110,6 +110,7 @@ def get_config() -> ml_collections.ConfigDict:
           train_files="",
           valid_files="",
           test_files="",
+          allow_split_overlap=False,  # True: a file may be in two splits (refused otherwise)
           tokenizer="word",  # byte | char | word | sentencepiece | pretrained:PATH
           vocab_size=0,  # word/char cap (0 = all); sentencepiece: pieces (required)
           min_count=1,  # word/char: fewer occurrences in train -> <unk>

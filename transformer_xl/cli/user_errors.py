@@ -104,13 +104,15 @@ def load_tokens(path: str) -> np.ndarray:
 
 
 def read_text(path: str) -> str:
-  """The --text file as UTF-8.
+  """The --text file as UTF-8 (a byte order mark at its start dropped, as
+  corpus files are read: ``text_files._open_lines``).
 
   Raises:
     evaluate.ScoreInputError: missing, or not UTF-8.
   """
   try:
-    return epath.Path(path).read_text(encoding="utf-8")
+    text = epath.Path(path).read_text(encoding="utf-8")
+    return text.removeprefix("\ufeff")  # a byte order mark (epath reads utf-8 only)
   except FileNotFoundError:
     raise evaluate.ScoreInputError(f"--text={path} does not exist.") from None
   except UnicodeDecodeError as err:

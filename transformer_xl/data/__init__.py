@@ -123,6 +123,7 @@ TEXT_FIELDS = (
     "train_files",
     "valid_files",
     "test_files",
+    "allow_split_overlap",
     "tokenizer",
     "vocab_size",
     "min_count",

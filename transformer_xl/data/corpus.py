@@ -191,6 +191,9 @@ class Corpus:
     num_bytes: "train", "valid", "test" -> UTF-8 bytes of the split's text
       (each line with one line break), for bits per byte; None where not
       recorded (the built-in corpora).
+    num_files: "train", "valid", "test" -> files the split was read from,
+      for corpora of one's own text files; None elsewhere (tfds datasets,
+      the built-in corpora).
   """
 
   name: str
@@ -202,6 +205,7 @@ class Corpus:
   tokenizer: Tokenizer | None = None
   documents: Mapping[str, SentenceIndex] | None = None
   num_bytes: Mapping[str, int] | None = None
+  num_files: Mapping[str, int] | None = None
 
   @property
   def vocab_size(self) -> int:

@@ -4,9 +4,11 @@ The files of each split are given as comma-separated glob patterns
 (``data.train_files``, ``data.valid_files``, ``data.test_files``; plain or
 gzip, told apart by their first bytes); a split's stream is its files in
 the order of the patterns, each pattern's matches sorted (a file matched
-twice is read once), each read line by line with universal newlines.  Every line
-becomes its tokens followed by an end symbol, whatever the tokenizer
-(``data.tokenizer``):
+twice is read once; ``**`` follows no directory link: ``expand_pattern``;
+a file in two splits is refused unless ``data.allow_split_overlap``), each
+read line by line with universal newlines (a byte order mark opening a file
+dropped).  Every line becomes its tokens followed by an end symbol,
+whatever the tokenizer (``data.tokenizer``):
 
 * ``byte`` (unit: byte): its UTF-8 bytes, then the byte ``\\n`` (256 ids);
 * ``char`` (unit: char): its characters, then ``\\n``; vocabulary: ``\\n``,
@@ -119,33 +121,121 @@ def _sniff(path: Path) -> str | None:
   return None
 
 
+def _dirs_below(base: str) -> Iterator[str]:
+  """``base`` and every directory below it that ``**`` matches: names not
+  starting with ``.`` (as ``glob``), reached without following a directory
+  link (a link is not descended into, nor matched).  ``base`` itself may be
+  a link; "" is the current directory (paths then stay relative)."""
+  stack = [base]
+  while stack:
+    folder = stack.pop()
+    yield folder
+    try:
+      with os.scandir(folder or os.curdir) as entries:
+        below = [
+            os.path.join(folder, e.name)
+            for e in entries
+            if not e.name.startswith(".") and e.is_dir(follow_symlinks=False)
+        ]
+    except OSError:  # unreadable: as glob, what cannot be listed matches nothing
+      continue
+    stack.extend(sorted(below, reverse=True))
+
+
+def _glob(pattern: str) -> Iterator[str]:
+  """``glob.glob(pattern, recursive=True)``, but a ``**`` component follows no
+  directory link (``_dirs_below``); may repeat a path."""
+  parts = pattern.split(os.sep)
+  if "**" not in parts:
+    yield from glob.glob(pattern)
+    return
+  i = parts.index("**")
+  head, rest = os.sep.join(parts[:i]) or (os.sep if i else ""), os.sep.join(parts[i + 1 :])
+  if glob.has_magic(head):
+    bases = [b for b in glob.glob(head) if os.path.isdir(b)]
+  else:
+    bases = [head] if not head or os.path.isdir(head) else []
+  for base in bases:
+    for folder in _dirs_below(base):
+      prefix = glob.escape(folder) if folder else ""
+      yield from _glob(os.path.join(prefix, rest or "*"))
+
+
+def expand_pattern(pattern: str) -> list[str]:
+  """The files ``pattern`` matches (``~`` expanded), sorted, without repeats.
+
+  As ``glob.glob(pattern, recursive=True)`` (hidden names matched only by a
+  component that starts with ``.``), except that ``**`` follows no
+  directory link: a link to a directory below a ``**`` is neither descended
+  into nor matched, so links to ``..`` cannot make the search endless (glob's
+  own recursion through two of them grows exponentially) nor reach files
+  outside the folder.  A directory link named in the pattern, or matched by
+  a one-level wildcard (``*``, ``?``, ``[...]``), is followed (the pattern
+  bounds the depth), and ``**`` recurses inside it.  A link to a file is a
+  file wherever it is.
+
+  Args:
+    pattern: one glob pattern (``data.train_files`` holds several, comma-separated).
+
+  Returns:
+    The paths of the matching regular files (links to files included), as
+    spelled from ``pattern`` (not resolved).
+  """
+  return sorted({p for p in _glob(os.path.expanduser(pattern)) if os.path.isfile(p)})
+
+
+def _overlap_message(path: Path, first: tuple[str, str], second: tuple[str, str]) -> str:
+  """One line: ``path`` is matched by two splits' patterns ((split, pattern) each)."""
+  (a, pa), (b, pb) = first, second
+  why = (
+      "the model would be trained on text it is evaluated on"
+      if "train" in (a, b)
+      else f"{a} and {b} would score the same text"
+  )
+  return (
+      f"{path} is in two splits: data.{a}_files ({pa!r}) and data.{b}_files ({pb!r}) both "
+      f"match it, so {why}; change the patterns so that each file is in one split, or set "
+      "data.allow_split_overlap=True if that is meant."
+  )
+
+
 def resolve_files(s: TextSettings) -> dict[str, list[Path]]:
-  """The files of each split: each pattern's matches, sorted, without repeats.
+  """The files of each split: each pattern's matches (``expand_pattern``),
+  sorted, without repeats, as real paths (links and ``..`` resolved).
+
+  All the patterns are expanded before any file is read: a file in two
+  splits (the same real path, however spelled) is refused unless
+  ``s.allow_split_overlap``; then each split's files are checked.
 
   Raises:
-    DataError: a pattern matches no file, a split's files are all empty, or a
-      file is not UTF-8 text (checked on its first 8 KiB).
+    DataError: a pattern matches no file, a file is in two splits, a split's
+      files are all empty, or a file is not UTF-8 text (checked on its first
+      8 KiB).
   """
   found: dict[str, list[Path]] = {}
+  first_match: dict[Path, tuple[str, str]] = {}  # real path -> (split, pattern) first matching
   for split in SPLITS:
     files: list[Path] = []
     seen: set[Path] = set()
     for pattern in s.patterns(split):
-      matches = sorted(
-          Path(p)
-          for p in glob.glob(os.path.expanduser(pattern), recursive=True)
-          if os.path.isfile(p)
-      )
+      matches = [Path(p) for p in expand_pattern(pattern)]
       if not matches:
         raise DataError(
             f"data.{split}_files: no file matches {pattern!r} (from "
             f"{os.getcwd()}); check the path, or quote the pattern so the shell "
             "does not expand it."
         )
-      for m in (m.resolve() for m in matches):
-        if m not in seen:
-          seen.add(m)
-          files.append(m)
+      for m in sorted(matches):
+        real = m.resolve()
+        if real in seen:
+          continue  # matched twice in one split: read once
+        first = first_match.setdefault(real, (split, pattern))
+        if first[0] != split and not s.allow_split_overlap:
+          raise DataError(_overlap_message(real, first, (split, pattern)))
+        seen.add(real)
+        files.append(real)
+    found[split] = files
+  for split, files in found.items():
     if all(f.stat().st_size == 0 for f in files):
       raise DataError(
           f"data.{split}_files: the {split} split would be empty: "
@@ -158,7 +248,6 @@ def resolve_files(s: TextSettings) -> dict[str, list[Path]]:
             f"data.{split}_files: {f} is not UTF-8 text ({why}); give UTF-8 text "
             "files, plain or gzip."
         )
-    found[split] = files
   return found
 
 
@@ -223,7 +312,8 @@ def _open_binary(path: Path, hashes: dict | None = None):
 
 @contextlib.contextmanager
 def _open_lines(path: Path, hashes: dict | None = None) -> Iterator[Iterator[str]]:
-  """The lines of ``path`` (UTF-8, universal newlines, line breaks kept).
+  """The lines of ``path`` (UTF-8, universal newlines, line breaks kept; a
+  byte order mark at the start of the file dropped, as ``utf-8-sig`` does).
 
   Raises:
     DataError: not UTF-8, a NUL byte, or a damaged gzip file (the message
@@ -242,7 +332,8 @@ def _open_lines(path: Path, hashes: dict | None = None) -> Iterator[Iterator[str
       yield line
 
   with _open_binary(path, hashes) as f:
-    text = io.TextIOWrapper(f, encoding="utf-8", newline=None)
+    # utf-8-sig: a byte order mark opening the file is not text (one later in it is)
+    text = io.TextIOWrapper(f, encoding="utf-8-sig", newline=None)
     try:
       yield lines(text)
     except UnicodeDecodeError:
@@ -714,4 +805,37 @@ def load_text_corpus(
   builder = TxlText(settings, data_dir=data_dir, **kwargs)
   if not builder.is_prepared():
     builder.prepare()
-  return builder.as_corpus()
+  corpus = builder.as_corpus()
+  if builder.files is not None:
+    corpus = dataclasses.replace(
+        corpus, num_files={split: len(files) for split, files in builder.files.items()}
+    )
+  return corpus
+
+
+def _count(n: int, what: str) -> str:
+  return f"{n:,} {what}" + ("" if n == 1 else "s")
+
+
+def documents_report(corpus: Corpus, document_separator: str, documents: str) -> str:
+  """One line for the start of a training: each split's documents, files
+  (where read from files) and tokens, e.g. ``Text corpus (a document is a
+  file; data.documents=stream): train: 569 documents in 569 files,
+  1,101,422 tokens; valid: ...``.
+
+  Args:
+    corpus: a corpus of ``load_text_corpus`` (``documents`` set).
+    document_separator: ``data.document_separator`` ("file", "paragraph",
+      "line"); a tfds dataset's document is an example whatever it says.
+    documents: ``data.documents`` ("stream" or "reset").
+  """
+  unit = document_separator if corpus.num_files is not None else "tfds example"
+  parts = []
+  for split in SPLITS:
+    n_docs = corpus.documents[split].num_sentences if corpus.documents else 0
+    where = f" in {_count(corpus.num_files[split], 'file')}" if corpus.num_files is not None else ""
+    parts.append(
+        f"{split}: {_count(n_docs, 'document')}{where}, "
+        f"{_count(corpus.splits[split].num_tokens, 'token')}"
+    )
+  return f"Text corpus (a document is a {unit}; data.documents={documents}): " + "; ".join(parts)

@@ -28,6 +28,10 @@ SPM_OPTIONS_BEFORE = {
     "spm_character_coverage": 0.9995,
     "spm_max_sentence_length": 1 << 16,
 }
+BYTE_VOCAB_SIZE = 256
+# Fields that choose which files are accepted, not what is prepared from them: left out of
+# the prepared dataset's fingerprint (text_files.fingerprint).
+NOT_FINGERPRINTED = ("allow_split_overlap",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,10 +40,14 @@ class TextSettings:
 
   Attributes:
     train_files, valid_files, test_files: comma-separated glob patterns
-      (``**`` recursive); every split needs at least one non-empty file.
+      (``**`` recursive, following no directory link); every split needs at
+      least one non-empty file, and no file may be in two splits.
+    allow_split_overlap: let one file (compared by its real path, links and
+      ``..`` resolved) be in two splits, e.g. train on the valid text on
+      purpose; the prepared data does not depend on it.
     tokenizer: "byte", "char", "word", "sentencepiece" or "pretrained:PATH".
     vocab_size: word/char: cap (0 = all); sentencepiece: number of pieces
-      (required).
+      (required); byte: 0 (or 256, what it is anyway).
     min_count: word/char: a symbol must occur this often in train.
     document_separator: "file", "paragraph" or "line".
     spm_model_type: "unigram" or "bpe" (sentencepiece).
@@ -67,6 +75,7 @@ class TextSettings:
   train_files: str
   valid_files: str
   test_files: str
+  allow_split_overlap: bool = False
   tokenizer: str = "word"
   vocab_size: int = 0
   min_count: int = 1
@@ -96,6 +105,11 @@ def settings_problems(s: TextSettings) -> list[str]:
           f"data.train_files/valid_files/test_files are not read with "
           f"data.dataset='tfds:{s.tfds_name}': remove them."
       )
+    if s.allow_split_overlap:
+      problems.append(
+          f"data.allow_split_overlap is for text files, not data.dataset='tfds:"
+          f"{s.tfds_name}' (its splits are tfds's): remove it."
+      )
     if len([x for x in s.tfds_splits.split(",") if x.strip()]) != 3 or not s.text_key:
       problems.append(
           f"data.tfds_splits={s.tfds_splits!r} must name three tfds splits (train,"
@@ -118,6 +132,11 @@ def settings_problems(s: TextSettings) -> list[str]:
   if s.tokenizer == "sentencepiece" and s.vocab_size < 1:
     problems.append(
         "data.tokenizer=sentencepiece needs data.vocab_size (the number of pieces, e.g. 8000)."
+    )
+  if s.tokenizer == "byte" and s.vocab_size not in (0, BYTE_VOCAB_SIZE):
+    problems.append(
+        f"data.vocab_size={s.vocab_size} does not apply to data.tokenizer=byte (always the "
+        f"{BYTE_VOCAB_SIZE} byte values): set data.vocab_size=0."
     )
   if s.vocab_size < 0 or s.min_count < 1:
     problems.append(
@@ -155,13 +174,13 @@ def settings_problems(s: TextSettings) -> list[str]:
 def fingerprint_settings(s: TextSettings) -> dict:
   """The settings as they enter a prepared dataset's fingerprint.
 
-  Every field, except that the SentencePiece options of ``SPM_OPTIONS_BEFORE``
+  Every field but ``NOT_FINGERPRINTED``'s, except that the SentencePiece options of ``SPM_OPTIONS_BEFORE``
   enter only with ``tokenizer="sentencepiece"`` and a value other than the
   one datasets were prepared with before the option existed: these options
   prepare no new dataset of another tokenizer, and a dataset prepared
   before they existed keeps its name (and is found again).
   """
-  settings = dataclasses.asdict(s)
+  settings = {k: v for k, v in dataclasses.asdict(s).items() if k not in NOT_FINGERPRINTED}
   for name, before in SPM_OPTIONS_BEFORE.items():
     if s.tokenizer != "sentencepiece" or settings[name] == before:
       del settings[name]

@@ -450,6 +450,16 @@ def _train_and_evaluate(
   verification = rundir.verification
   if corpus.name == data.TEXT and jax.process_index() == 0:  # generate/score without the files
     text_vocab.save_tokenizer(corpus, workdir)
+  if corpus.name == data.TEXT and corpus.documents is not None:
+    from transformer_xl.data import text_files  # imports tfds (already loaded for this corpus)
+
+    metrics.log(
+        text_files.documents_report(
+            corpus,
+            config.data.get("document_separator", "file"),
+            config.data.get("documents", "stream"),
+        )
+    )
 
   n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(state.params))
   paper = ""
