@@ -358,7 +358,7 @@ def tokenizer_from_metadata(md: Mapping, name: str, folder: str = ""):
     where = f" in {folder}" if folder else ""
     remove = f" (rm -r {folder})" if folder else ""
     raise DataError(
-        f"The prepared dataset{where} is damaged: its stored tokenizer does not load "
+        f"The prepared dataset{where} is damaged: the tokenizer stored in its metadata.json does not load "
         f"({err if isinstance(err, _Damaged) else _why(err)}). Delete it to rebuild it{remove}; "
         "the next run prepares it again from the source files."
     ) from None
