@@ -282,6 +282,10 @@ def test_an_unreadable_config_is_still_damaged(name, tmp_path):
   with pytest.raises(wd.WorkdirError, match=f"^{path} is damaged") as err:
     load(str(workdir))
   assert "newer version" not in str(err.value)
+  # Nested 200,000 deep: json.loads runs out of recursion (a RecursionError, not a ValueError).
+  path.write_text("[" * 200_000 + "]" * 200_000)
+  with pytest.raises(wd.WorkdirError, match=f"^{path} is damaged"):
+    load(str(workdir))
 
 
 # ---------------------------------------------------------------------------

@@ -118,7 +118,7 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
     known = config.to_dict()
     unknown = model_config_lib.unknown_keys(saved, known)
     config.update(model_config_lib.known_only(saved, known))
-  except (ValueError, KeyError, TypeError, AttributeError) as err:
+  except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as err:
     raise WorkdirError(
         f"{path} is damaged ({err}): pass --config=configs/<name>.py with the "
         "run's settings instead."
@@ -158,7 +158,7 @@ def load_model_config(workdir: str) -> tuple[models.ModelConfig, str]:
     return models.ModelConfig.from_dict(saved["model"]), unit
   except model_config_lib.UnknownKeysError as err:
     raise WorkdirError(model_config_lib.newer_version_message(path, err.keys)) from None
-  except (ValueError, KeyError, TypeError) as err:
+  except (ValueError, KeyError, TypeError, RecursionError) as err:  # Recursion: nested too deep
     raise WorkdirError(f"{path} is damaged ({err}).") from None
 
 
