@@ -249,12 +249,27 @@ class EvalIterator(Iterator[Batch]):
   input).  With ``documents`` each batch also has ``doc_pos`` (as
   ``TrainIterator``; 0 at padding).
 
+  *Aligned documents* (``align_documents``, with ``documents``): every
+  document also starts a segment.  Document ``k`` of ``n_k`` pairs takes
+  ``ceil(n_k / T)`` segments of its row, its pairs in order from position 0
+  of the first, then padding to the end of its last segment; rows hold the
+  documents in stream order, row ``r`` from the first document with at
+  least ``r * ceil(S / B)`` segments before it (``S`` segments in all).  A
+  document is then laid out exactly as when it is scored alone
+  (``Evaluator.score``), which makes its scores equal to those even where
+  a query's keys depend on its place in the segment (``same_length=False``:
+  query ``i`` sees ``mem_len + i`` keys; the absolute positions of
+  ``attn_type`` 2 and 3).  The weights still sum to ``N``.
+
   Attributes:
     global_batch: B, number of rows of the global batch.
     tgt_len: T, segment length in tokens.
     boundary_id: token id used as the first token's context and as padding.
     row_ids: the global rows this iterator materialises (sorted tuple).
-    row_len: pairs of the longest row (ceil(N / B) without documents).
+    align_documents: whether every document starts a segment.
+    row_len: pairs of the longest row (ceil(N / B) without documents);
+      aligned: positions of the longest row, the padding after its
+      documents included (``num_steps * T``).
     num_steps: ceil(row_len / T), batches in the pass.
   """
 
@@ -266,6 +281,7 @@ class EvalIterator(Iterator[Batch]):
       boundary_id: int,
       row_ids: Sequence[int] | None = None,
       documents: SentenceIndex | None = None,
+      align_documents: bool = False,
   ):
     """Builds the iterator at step 0.
 
@@ -278,11 +294,13 @@ class EvalIterator(Iterator[Batch]):
       row_ids: sorted, duplicate-free global row indices in [0, B) that this
         process materialises (``process_row_ids``); None for all rows.
       documents: the split's documents, to emit ``doc_pos``; None for none.
+      align_documents: start every document at a segment (see the class
+        docstring); needs ``documents``.
 
     Raises:
       ValueError: global_batch or tgt_len < 1; boundary_id not an integer
         >= 0; source is not a TokenSource or has no tokens; row_ids empty, out
-        of range, unsorted or duplicated.
+        of range, unsorted or duplicated; align_documents without documents.
     """
     self.global_batch = check_positive("global_batch", global_batch)
     self.tgt_len = check_positive("tgt_len", tgt_len)
@@ -296,6 +314,13 @@ class EvalIterator(Iterator[Batch]):
       )
     self.row_ids = check_row_ids(row_ids, self.global_batch)
     self._doc_offsets = document_offsets(documents, self.num_tokens)
+    self.align_documents = bool(align_documents)
+    if self.align_documents:
+      if self._doc_offsets is None:
+        raise ValueError("align_documents=True needs the split's documents (documents=...).")
+      self._init_aligned(self._doc_offsets)
+      self._step = 0
+      return
     even = -(-self.num_tokens // self.global_batch)
     starts = np.minimum(np.arange(self.global_batch + 1) * even, self.num_tokens)
     if self._doc_offsets is not None:  # rows start at documents: none is cut between rows
@@ -304,6 +329,41 @@ class EvalIterator(Iterator[Batch]):
     self.row_len = int(np.max(self._row_end - self._row_start))
     self.num_steps = -(-self.row_len // self.tgt_len)
     self._step = 0
+
+  def _init_aligned(self, offsets: np.ndarray) -> None:
+    """The aligned layout: every segment of every row, in row order.
+
+    Segment ``g`` (``0 <= g < S``) holds pairs ``[seg_a[g], seg_a[g] +
+    seg_n[g])`` (``1 <= seg_n[g] <= T``) of one document at its positions 0
+    to ``seg_n[g] - 1``; row ``r`` holds segments ``[row_seg[r], row_seg[r +
+    1])``, one per step.
+    """
+    T = self.tgt_len
+    lengths = np.diff(offsets)  # pairs of each document (0 for an empty one)
+    segs = -(-lengths // T)
+    first_seg = np.concatenate([[0], np.cumsum(segs)])  # segments before each document
+    total = int(first_seg[-1])
+    doc = np.repeat(np.arange(len(lengths)), segs)  # the document of each segment
+    within = np.arange(total) - first_seg[doc]  # the segment's index in its document
+    self._seg_a = offsets[doc] + within * T
+    self._seg_n = np.minimum(T, lengths[doc] - within * T)
+    share = -(-total // self.global_batch)
+    targets = np.minimum(np.arange(self.global_batch + 1) * share, total)
+    # Rows start at documents: the first document with at least r * share segments before it.
+    self._row_seg = first_seg[np.searchsorted(first_seg, targets)]
+    self.num_steps = int(np.max(np.diff(self._row_seg)))
+    self.row_len = self.num_steps * T
+
+  def _segments(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+    """(first pair, number of pairs) of every global row's segment at
+    ``step``: int64 [B] each; 0 pairs where the segment is all padding."""
+    if self.align_documents:
+      g = self._row_seg[:-1] + step
+      real = g < self._row_seg[1:]
+      g = np.minimum(g, len(self._seg_a) - 1)
+      return np.where(real, self._seg_a[g], 0), np.where(real, self._seg_n[g], 0)
+    a = self._row_start + step * self.tgt_len
+    return a, np.clip(self._row_end - a, 0, self.tgt_len)
 
   def __len__(self) -> int:
     """Total number of batches in a pass (``num_steps``), wherever the iterator is."""
@@ -324,13 +384,11 @@ class EvalIterator(Iterator[Batch]):
     inputs_BxT = np.full((b, T), self.boundary_id, dtype=np.int32)
     targets_BxT = np.full((b, T), self.boundary_id, dtype=np.int32)
     weights_BxT = np.zeros((b, T), dtype=np.float32)
-    seg_start = self._step * T  # Offset of this segment within each row.
-    seg_stop = min(seg_start + T, self.row_len)
+    a_B, n_B = self._segments(self._step)
     for i, r in enumerate(self.row_ids):
-      # Real pairs [a, z) of the stream; a >= z means the segment is all padding.
-      a = int(self._row_start[r]) + seg_start
-      z = min(int(self._row_start[r]) + seg_stop, int(self._row_end[r]))
-      n = z - a
+      # Real pairs [a, z) of the stream; n = 0 means the segment is all padding.
+      a, n = int(a_B[r]), int(n_B[r])
+      z = a + n
       if n <= 0:
         continue
       if a == 0:
@@ -360,8 +418,9 @@ class EvalIterator(Iterator[Batch]):
   def pairs(self, step: int) -> np.ndarray:
     """Stream index j of every position of batch ``step``, for all B global
     rows: int64 [B, T], -1 where the position is padding."""
-    j_BxT = self._row_start[:, None] + step * self.tgt_len + np.arange(self.tgt_len)[None, :]
-    return np.where(j_BxT < self._row_end[:, None], j_BxT, -1).astype(np.int64)
+    a_B, n_B = self._segments(step)
+    t_T = np.arange(self.tgt_len)
+    return np.where(t_T[None, :] < n_B[:, None], a_B[:, None] + t_T[None, :], -1).astype(np.int64)
 
   def get_state(self) -> dict[str, int]:
     """Position of the next batch.

@@ -28,7 +28,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from transformer_xl import data, errors, sharding
-from transformer_xl.model import models
+from transformer_xl.model import attention, models
 from transformer_xl.run import metrics
 
 ScoreInputError = errors.ScoreInputError  # re-exported (transformer_xl.errors)
@@ -193,8 +193,15 @@ class Evaluator:
     (``data.SlidingWindowIterator``), ``eval.global_batch`` windows a step.
 
   With ``data.documents="reset"`` ("segments" only) the batches carry
-  ``doc_pos``, so that no query attends across a document boundary: each
-  document is scored as if alone (``data.iterators.doc_pos``).
+  ``doc_pos``, so that no query attends across a document boundary, and
+  every row starts at a document, so that none is cut between two rows:
+  each document is scored as if alone (``Evaluator.score`` of the boundary
+  symbol and the document), to float32 rounding (``data.iterators.doc_pos``).
+  Where a query's keys depend on its place in the segment
+  (``eval.same_length=False``, or the absolute positions of ``attn_type`` 2
+  and 3), every document also starts a segment (``align_documents``), as it
+  does alone; with ``same_length`` and relative positions (every config's
+  setting) documents follow each other without padding.
 
   Either way every token of the split is scored exactly once.  Any number
   of rows works on any mesh: rows are padded to a multiple of the
@@ -222,6 +229,12 @@ class Evaluator:
     self.global_batch = config.eval.global_batch
     self.corpus = corpus
     self.documents = config.data.get("documents", "stream")  # "reset": batches carry doc_pos
+    # With "reset": each document starts a segment where the keys a query sees depend on
+    # its place in the segment (as they do for a document scored alone): without
+    # same_length, query i sees mem_len + i keys; absolute positions count from the window.
+    self.align_documents = not self.cfg.same_length or issubclass(
+        attention.variant(self.cfg), attention.AbsoluteAttention
+    )
     self.mesh = mesh
     self.model = models.TransformerXL(self.cfg)
     self._batch_sharding = sharding.batch_sharding(mesh)
@@ -279,8 +292,15 @@ class Evaluator:
       )
     else:
       documents = data.split_documents(self.corpus, split, self.documents)
+      align = documents is not None and self.align_documents
       make_it = lambda row_ids: data.EvalIterator(
-          source, b, self.cfg.tgt_len, boundary, row_ids=row_ids, documents=documents
+          source,
+          b,
+          self.cfg.tgt_len,
+          boundary,
+          row_ids=row_ids,
+          documents=documents,
+          align_documents=align,
       )
     layout = make_it([0])  # every process: the global layout (pairs of all rows)
     num_steps = min(len(layout), max_steps) if max_steps else len(layout)
