@@ -210,3 +210,19 @@ def test_training_progress_bar_only_on_a_terminal(monkeypatch, terminal):
   if not terminal:
     assert err.getvalue() == ""
   assert out.getvalue() == "step 3: loss=1.234\n"
+
+
+def test_every_page_that_says_to_run_tensorboard_names_its_extra():
+  """Issue 37: the README told users to run tensorboard, but no extra
+  installed it (training writes the event files with tensorboardX)."""
+  import configparser
+
+  cfg = configparser.ConfigParser()
+  cfg.read(REPO / "setup.cfg")
+  extra = cfg["options.extras_require"]["tensorboard"].split()
+  assert any(req.startswith("tensorboard>=") for req in extra), extra
+  pages = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+  telling = [p for p in pages if "tensorboard --logdir" in p.read_text()]
+  assert REPO / "README.md" in telling
+  for page in telling:
+    assert '".[tensorboard]"' in page.read_text(), page
