@@ -12,10 +12,12 @@ tools, ``benchmarks/``) call what they need from here, explicitly:
 * ``release_after_compiles``: hand the memory a compilation freed back
   to the kernel after every XLA compilation (glibc's ``malloc_trim``);
 * ``configure_logging``: absl at WARNING (orbax and tfds log every file
-  at INFO), and, unless ``debug``, no log of the errors that the command
-  line reports as one line anyway (orbax's own logs, asyncio's tasks that
-  orbax abandons after a failed write, reads that complete after orbax gave
-  up on a damaged checkpoint);
+  at INFO), no preparation noise from tfds (its progress bars, its two
+  printed lines, its warning about a custom configuration) unless
+  ``--verbosity`` is given, and, unless ``debug``, no log of the errors that
+  the command line reports as one line anyway (orbax's own logs, asyncio's
+  tasks that orbax abandons after a failed write, reads that complete after
+  orbax gave up on a damaged checkpoint);
 * ``StopSignals``: SIGTERM (a preempted Cloud TPU VM) and SIGINT
   (Ctrl-C) set a flag that the training loop reads at a step boundary to
   save and stop, instead of killing;
@@ -41,11 +43,14 @@ benchmark's PyTorch worker imports it without JAX).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import inspect
+import io
 import logging
 import os
 import platform
+import re
 import signal
 import sys
 from collections.abc import Mapping
@@ -196,10 +201,23 @@ class _Reports(logging.StreamHandler):
     self.flush()
 
 
+# Other libraries' warnings that leave nothing to act on, as (a part of the
+# path of the file that logs it, the start of its message): tfds's for every
+# dataset of this package, each a custom BuilderConfig named by the corpus's
+# fingerprint (data/text_files.py, own text only).
+_NOISE = ((os.sep + "tensorflow_datasets" + os.sep, "Using custom data configuration"),)
+
+
+def _is_noise(record: logging.LogRecord) -> bool:
+  """A record of ``_NOISE``."""
+  path, msg = record.pathname or "", str(record.msg)
+  return any(part in path and msg.startswith(start) for part, start in _NOISE)
+
+
 class _NotReports(logging.Filter):
   """On absl's handler: everything but the package's reports (printed by
-  ``_Reports``), and other libraries' records below WARNING only with
-  ``third_party_info``."""
+  ``_Reports``), and other libraries' records below WARNING, and their
+  warnings of ``_NOISE``, only with ``third_party_info``."""
 
   def __init__(self, third_party_info: bool):
     super().__init__()
@@ -208,7 +226,57 @@ class _NotReports(logging.Filter):
   def filter(self, record: logging.LogRecord) -> bool:
     if _is_report(record):
       return False
-    return record.levelno >= logging.WARNING or self._third_party_info
+    if self._third_party_info:
+      return True
+    return record.levelno >= logging.WARNING and not _is_noise(record)
+
+
+_ESCAPES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _printed_as_logged(method):
+  """``method`` (of tfds's ``DatasetBuilder``, taking no arguments), with
+  what it prints on stdout logged instead, one absl INFO record per line
+  (terminal escape codes removed), attributed to tfds's own code that
+  called it: a third-party INFO record, shown only with ``--verbosity``."""
+
+  def logged(self) -> None:
+    from absl import logging as absl_logging
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+      method(self)
+    for line in _ESCAPES.sub("", printed.getvalue()).splitlines():
+      if line.strip():
+        absl_logging.info("%s", line, stacklevel=2)
+
+  logged.txl_logged = True  # type: ignore[attr-defined]
+  return logged
+
+
+# The tfds methods that print on stdout while a dataset is prepared:
+# "Downloading and preparing dataset <size> ... to DIR..." before (an own-text
+# corpus has no size: "Unknown size" four times) and "Dataset NAME downloaded
+# and prepared to DIR. Subsequent calls will reuse this data." after.
+_TFDS_PRINTS = ("_log_download_bytes", "_log_download_done")
+
+
+def _quiet_preparation(verbose: bool) -> None:
+  """tfds's output while it prepares a dataset, as verbose as ``verbose``:
+  its progress bars (tqdm, with cursor-moving escape codes even in a log
+  file; ``tfds.display_progress_bar``) only when it is, and its two
+  printed lines (``_TFDS_PRINTS``) logged as its INFO records instead
+  (``_printed_as_logged``), which ``_NotReports`` shows only when it is.
+  The package's own progress bars (a corpus's tokenisation, training) are
+  shown on terminals only, whatever ``verbose``.  Idempotent; imports tfds."""
+  import tensorflow_datasets as tfds
+
+  tfds.display_progress_bar(verbose)
+  builder = tfds.core.DatasetBuilder
+  for name in _TFDS_PRINTS:
+    method = getattr(builder, name, None)  # a later tfds may rename them: then as it is
+    if method is not None and not getattr(method, "txl_logged", False):
+      setattr(builder, name, _printed_as_logged(method))
 
 
 _UNRETRIEVED = " exception was never retrieved"
@@ -265,8 +333,10 @@ def configure_logging(debug: bool, verbosity_given: bool = False) -> None:
     what the user reads (``_Reports``); absl's own handler (stderr, with
     its prefix) does not repeat them.
   * Other libraries' INFO records (orbax and tfds log every file) are
-    dropped unless ``--verbosity`` was given; warnings and errors always
-    reach absl's handler.
+    dropped unless ``--verbosity`` was given; so is tfds's preparation
+    noise (``_quiet_preparation``: its progress bars, the lines it prints,
+    its warning of ``_NOISE``); other warnings and errors always reach
+    absl's handler.
   * Unless ``debug``, none of the logs of orbax's failures
     (``_NotFromOrbax``, ``_NoUnretrievedTasks``, ``_quiet_unraisable``): a
     failed checkpoint write or read is reported by the command line as
@@ -295,6 +365,7 @@ def configure_logging(debug: bool, verbosity_given: bool = False) -> None:
     if isinstance(f, _NotReports):
       handler.removeFilter(f)
   handler.addFilter(_NotReports(third_party_info=verbosity_given))
+  _quiet_preparation(verbose=verbosity_given)
   if debug:
     return
   for name, filter_cls in (("absl", _NotFromOrbax), ("asyncio", _NoUnretrievedTasks)):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -86,11 +87,14 @@ def log(msg: str) -> None:
 
 
 def progress_bar(total: int, initial: int = 0, desc: str = "train") -> tqdm.tqdm:
-  """A console progress bar over steps, shown on process 0 only."""
+  """A console progress bar over steps on stderr, shown on process 0 and only
+  where stderr is a terminal (in a log file it would be carriage returns and
+  redrawn bars beside the step lines)."""
+  terminal = bool(getattr(sys.stderr, "isatty", lambda: False)())
   return tqdm.tqdm(
       total=total,
       initial=initial,
-      disable=jax.process_index() != 0,
+      disable=jax.process_index() != 0 or not terminal,
       desc=desc,
       unit="step",
       dynamic_ncols=True,
