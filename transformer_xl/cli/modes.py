@@ -15,8 +15,10 @@ reads ``--tokens``/``--text``/``--prompt_file`` or writes ``--out``:
 
 Everything that can be checked before compiling is checked first, in this
 order: the output path, the workdir, the config (``default_config.validate``:
-keys, values, the mesh against the devices and batch), then the data files,
-then the checkpoint's model against the config; so bad input fails in
+keys, values, the mesh against the devices and batch), for eval, score and
+generate the config's model against the trained one (its architecture
+fixed, its free settings applied: ``language_model.apply_free_settings``),
+then the data files, then the checkpoint's model; so bad input fails in
 seconds.  Errors a user can cause end as one ``error: ...`` line with exit
 status 1 (``user_errors.report``; ``--debug`` shows their traceback).
 """
@@ -410,7 +412,7 @@ def run_score(
   }
   if unit not in metrics.PER_TOKEN_UNITS:  # a token is a byte or a character
     result["bpc"] = result["bits_per_token"]
-  if num_bytes is None:
+  if result["bits_per_byte"] is None:
     per_text = (
         "bits per byte: unknown for --tokens (the text's bytes are not known; score "
         "--text=FILE for bits per byte and word perplexity)"
