@@ -15,8 +15,10 @@ reads ``--tokens``/``--text``/``--prompt_file`` or writes ``--out``:
 
 Everything that can be checked before compiling is checked first, in this
 order: the output path, the workdir, the config (``default_config.validate``:
-keys, values, the mesh against the devices and batch), then the data files,
-then the checkpoint's model against the config; so bad input fails in
+keys, values, the mesh against the devices and batch), for eval, score and
+generate the config's model against the trained one (its architecture
+fixed, its free settings applied: ``language_model.apply_free_settings``),
+then the data files, then the checkpoint's model; so bad input fails in
 seconds.  Errors a user can cause end as one ``error: ...`` line with exit
 status 1 (``user_errors.report``; ``--debug`` shows their traceback).
 """
@@ -26,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import math
 import os
 import re
 import sys
@@ -119,6 +122,9 @@ def _run(r: Request) -> None:
 def _run_mode(r: Request, config: ml_collections.ConfigDict, tokens: np.ndarray | None) -> None:
   """The mesh, the corpus where the mode needs one, then the mode."""
   mesh = sharding.make_mesh(config.mesh.shape, config.mesh.axis_names)
+  source = "--config" if r.config is not None else str(epath.Path(r.workdir) / "config.json")
+  if r.mode != "train" and (epath.Path(r.workdir) / "model_config.json").exists():
+    language_model.model_configs(config, r.workdir, source)  # an architecture change: now
   corpus = None
   if r.mode == "score" and r.text:  # the workdir's saved tokenizer may stand in for the files
     corpus = language_model.load_corpus(config, wd.load_model_config(r.workdir)[0], r.workdir)
@@ -128,15 +134,16 @@ def _run_mode(r: Request, config: ml_collections.ConfigDict, tokens: np.ndarray 
     if corpus.name == data.TEXT:  # a resumed or evaluated run: the ids it was trained with
       text_vocab.check_saved_tokenizer(corpus, r.workdir)
   if corpus is not None:
+    splits = ", ".join(f"{k} {v.num_tokens:,} tokens" for k, v in corpus.splits.items())
     metrics.log(
         f"Corpus {corpus.name}: vocab {corpus.vocab_size:,}, "
-        + ", ".join(f"{k} {v.num_tokens:,} tokens" for k, v in corpus.splits.items())
+        + (splits or f"the tokenizer saved in {r.workdir} (no corpus file read)")
         + f"; mesh {dict(mesh.shape)}; {jax.process_count()} process(es)."
     )
   if r.mode == "train":
     run_train(config, r.workdir, corpus, mesh)
   elif r.mode == "eval":
-    run_eval(config, r.workdir, corpus, mesh)
+    run_eval(config, r.workdir, corpus, mesh, source=source)
   elif r.mode == "generate":
     run_generate(
         config,
@@ -154,11 +161,14 @@ def _run_mode(r: Request, config: ml_collections.ConfigDict, tokens: np.ndarray 
         num_samples=r.num_samples,
         out=r.out,
         batch_size=r.batch_size,
+        source=source,
     )
   else:
+    sizes: tuple[int | None, int | None] = (None, None)
     if tokens is None:
-      tokens = text_file_tokens(corpus, r.text)
-    run_score(config, r.workdir, mesh, tokens, r.out)
+      tokens, text = text_file_tokens(corpus, r.text)
+      sizes = language_model.text_size(text)
+    run_score(config, r.workdir, mesh, tokens, r.out, *sizes, source=source)
 
 
 def run_train(
@@ -175,10 +185,10 @@ def run_train(
     return train.train_and_evaluate(config, workdir, corpus, mesh, stop_requested=signals.received)
 
 
-def text_file_tokens(corpus: data.Corpus, path: str) -> np.ndarray:
+def text_file_tokens(corpus: data.Corpus, path: str) -> tuple[np.ndarray, str]:
   """``--text=FILE`` as a token stream for scoring: int32 [1, N + 1], the
-  boundary symbol then the file's N tokens (``evaluate.text_tokens``); says
-  how many words the vocabulary lacks.
+  boundary symbol then the file's N tokens (``evaluate.text_tokens``), and
+  the file's text; says how many words the vocabulary lacks.
 
   Raises:
     evaluate.ScoreInputError: the file is missing or not UTF-8.
@@ -192,13 +202,22 @@ def text_file_tokens(corpus: data.Corpus, path: str) -> np.ndarray:
       f"({100 * unknown / max(tokens.shape[1] - 1, 1):.2f}%) are scored as the "
       "vocabulary's unknown-word symbol."
   )
-  return tokens
+  return tokens, text
 
 
 def run_eval(
-    config: ml_collections.ConfigDict, workdir: str, corpus: data.Corpus, mesh: Mesh
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    corpus: data.Corpus,
+    mesh: Mesh,
+    source: str = "--config",
 ) -> dict:
   """``--mode=eval``: scores valid and test from the latest checkpoint.
+
+  The model is the trained one (``<workdir>/model_config.json``) with the
+  free settings of ``config.model`` (``language_model.apply_free_settings``:
+  ``dtype``, ``attention_impl``, ...); ``source`` names the config in the
+  message that refuses another architecture.
 
   Writes ``<workdir>/eval_results.json``: {"valid": {...}, "test": {...},
   "step": int}, each split's dict as ``evaluate.Evaluator.evaluate`` returns it,
@@ -211,9 +230,15 @@ def run_eval(
 
   Raises:
     FileNotFoundError: no checkpoint in ``workdir``.
+    default_config.ConfigError: ``config`` changes the architecture.
+    data.DataError: the corpus's vocabulary is not the model's.
   """
-  model_cfg = default_config.model_config(config, corpus.vocab_size)
-  step, params = run_dir.restore_params(workdir, model_cfg, mesh)
+  if (epath.Path(workdir) / "model_config.json").exists():
+    trained, model_cfg, _ = language_model.model_configs(config, workdir, source)
+  else:  # no record (a checkpoint's own is compared when it is restored)
+    trained = model_cfg = default_config.model_config(config, corpus.vocab_size)
+  language_model.check_vocabulary(corpus, trained)
+  step, params = run_dir.restore_params(workdir, trained, mesh)
   path = str(epath.Path(workdir) / "eval_results.json")
   unwritable = _cannot_write(workdir)
   if unwritable:
@@ -316,23 +341,51 @@ def run_score(
     mesh: Mesh,
     tokens_BxT1: np.ndarray,
     out_path: str,
+    num_bytes: int | None = None,
+    num_words: int | None = None,
+    *,
+    source: str = "--config",
 ) -> dict:
   """``--mode=score``: per-token NLL of token streams with the workdir's model.
 
-  Writes float32 [B, T] nats to ``out_path`` (.npy, exactly that path) and
-  returns (and prints) the mean loss in nats, bpc and ppl over all B*T
-  tokens.  The token ids and ``out_path`` are checked before the model is
-  loaded.
+  The model is the trained one with the free settings of ``config.model``
+  (``language_model.apply_free_settings``: ``dtype``, ``attention_impl``,
+  ...).  Writes float32 [B, T] nats to ``out_path`` (.npy, exactly that
+  path; an existing file is replaced, and the report says so) and returns
+  (and prints) over all B*T tokens:
+
+  * ``loss_nats``: mean NLL per token, nats; ``bits_per_token`` (= it / ln
+    2) and ``ppl`` (per token, exp of it); ``bpc`` only for byte- and
+    character-level corpora, where a token is a character;
+  * ``bits_per_byte``: total NLL / (num_bytes x ln 2), and ``word_ppl``:
+    exp(total NLL / num_words), for text of known size (``--text``: its
+    UTF-8 bytes and whitespace-separated words); None for ``--tokens``,
+    whose text is not known (the report says so);
+  * ``tokens``, ``bytes``, ``words``, ``step``.
+
+  The token ids and ``out_path`` are checked before the model is loaded.
+
+  Args:
+    config: the config (its ``eval`` section and free model settings).
+    workdir: the trained run's directory.
+    mesh: the device mesh.
+    tokens_BxT1: integer [B, T + 1] token ids, each row one stream.
+    out_path: the .npy file written.
+    num_bytes: UTF-8 bytes of the text the tokens encode (None: unknown).
+    num_words: whitespace-separated words of that text (None: unknown).
+    source: what ``config`` came from, for the message that refuses
+      another architecture.
 
   Raises:
     evaluate.ScoreInputError: a bad token array or ``out_path``;
     FileNotFoundError: no model_config.json or checkpoint;
+    default_config.ConfigError: ``config`` changes the architecture;
     metrics.NonFiniteError: a score is not finite (nothing is written).
   """
   check_output_path(out_path)
-  model_cfg, unit = wd.load_model_config(workdir)
+  trained, model_cfg, unit = language_model.model_configs(config, workdir, source)
   evaluate.check_tokens(tokens_BxT1, model_cfg.n_token)
-  step, params = run_dir.restore_params(workdir, model_cfg, mesh)
+  step, params = run_dir.restore_params(workdir, trained, mesh)
   nll_BxT = evaluate.Evaluator(config, model_cfg, None, mesh).score(params, tokens_BxT1)
   if not np.all(np.isfinite(nll_BxT)):
     b, t = np.argwhere(~np.isfinite(nll_BxT))[0]
@@ -341,19 +394,38 @@ def run_score(
         f"{b}, position {t}) although the parameters of checkpoint step {step} are finite: the "
         f"computation overflowed; nothing was written to {out_path}."
     )
+  replaced = epath.Path(out_path).exists()
   if jax.process_index() == 0:
     _save_npy(out_path, nll_BxT)
-  loss = float(np.mean(nll_BxT, dtype=np.float64))
+  total = float(np.sum(nll_BxT, dtype=np.float64))
+  loss = total / nll_BxT.size
   result = {
       "loss_nats": loss,
-      "bpc": loss / float(np.log(2.0)),
+      "bits_per_token": loss / math.log(2.0),
       "ppl": float(np.exp(loss)),
+      "bits_per_byte": language_model.bits_per_byte(total, num_bytes),
+      "word_ppl": language_model.word_perplexity(total, num_words),
       "tokens": int(nll_BxT.size),
+      "bytes": num_bytes,
+      "words": num_words,
       "step": int(step),
   }
+  if unit not in metrics.PER_TOKEN_UNITS:  # a token is a byte or a character
+    result["bpc"] = result["bits_per_token"]
+  if result["bits_per_byte"] is None:
+    per_text = (
+        "bits per byte: unknown for --tokens (the text's bytes are not known; score "
+        "--text=FILE for bits per byte and word perplexity)"
+    )
+  else:
+    per_text = f"bits per byte {result['bits_per_byte']:.4f} (over {num_bytes:,} bytes)"
+    if result["word_ppl"] is not None:
+      per_text += f", word perplexity {result['word_ppl']:.3f} (over {num_words:,} words)"
   metrics.log(
-      f"step {step}: scored {nll_BxT.size:,} tokens ({unit} level): loss {loss:.4f} "
-      f"nats, bpc {result['bpc']:.4f}, ppl {result['ppl']:.3f}; wrote {out_path}"
+      f"step {step}: scored {nll_BxT.size:,} tokens ({unit} level): loss {loss:.4f} nats "
+      f"per token, bits per token {result['bits_per_token']:.4f}, ppl {result['ppl']:.3f} "
+      f"per token; {per_text}; wrote {out_path}"
+      + (" (replacing the existing file)" if replaced else "")
   )
   return result
 
@@ -409,15 +481,21 @@ def run_generate(
     stop: tuple[str, ...] = (),
     stop_at_eos: bool = False,
     batch_size: int = language_model.DEFAULT_BATCH_SIZE,
+    source: str = "--config",
 ) -> language_model.Generation | list[language_model.Generation]:
   """``--mode=generate``: continues a prompt, or every line of a prompt
   file, with the workdir's latest checkpoint (Dai et al. 2019, Appendix E),
   the rows (prompts x samples) in batches of at most ``batch_size``
   (``LanguageModel.generate``; the samples are those of one batch).
 
-  The settings, the prompt source and the output path are checked
-  first, then the corpus loaded and the prompts encoded, then the
-  checkpoint restored: bad input stops before anything is compiled.  The
+  The model is the trained one with the free settings of ``config.model``
+  (``language_model.apply_free_settings``: ``dtype``, ``attention_impl``,
+  ...; ``source`` names the config in the message that refuses another
+  architecture); the corpus of one's own text is the workdir's saved
+  tokenizer (``language_model.load_corpus``).  The settings, the prompt
+  source, the output path and the model are checked first, then the
+  corpus loaded and the prompts encoded, then the checkpoint restored: bad
+  input stops before anything is compiled.  The
   generated text of row 0 streams to stdout as it is produced; with
   several rows, each is headed by ``=== sample s ===`` (one prompt) or
   ``=== prompt p ===`` / ``=== prompt p, sample s ===`` (a prompt file),
@@ -425,13 +503,15 @@ def run_generate(
   read and the settings go to stderr.  ``out`` (a .json path) receives
   ``language_model.Generation.to_json`` (a prompt file: a list of them,
   in the file's order, written batch by batch to a temporary file renamed
-  to ``out`` at the end).
+  to ``out`` at the end; an existing ``out`` is replaced, and the last
+  line on stderr says so).
 
   Raises:
     default_config.ConfigError: a bad flag or prompt.
     FileNotFoundError: no prompt file, config, model_config.json or
       checkpoint.
     wd.WorkdirError: ``out`` cannot be written (``check_output_path``).
+    default_config.ConfigError: ``config`` changes the architecture.
     data.DataError: the corpus cannot be loaded or cannot encode a prompt.
   """
   if out:
@@ -454,14 +534,14 @@ def run_generate(
     )
   if not all(stop):
     raise default_config.ConfigError("--stop= is empty: give the text that ends a sample.")
-  model_cfg, _ = wd.load_model_config(workdir)
-  corpus = language_model.load_corpus(config, model_cfg, workdir)
+  trained, _, _ = language_model.model_configs(config, workdir, source)
+  corpus = language_model.load_corpus(config, trained, workdir)
   many = not isinstance(texts, str)
   prompt_ids = [
       language_model.encode_prompt(corpus, t)  # before the checkpoint is read
       for t in (texts if many else [texts])
   ]
-  lm = language_model.LanguageModel.from_workdir(workdir, config, mesh, corpus)
+  lm = language_model.LanguageModel.from_workdir(workdir, config, mesh, corpus, source=source)
   c, main = lm.eval_cfg, jax.process_index() == 0
   n_rows = len(prompt_ids) * num_samples
 
@@ -477,8 +557,9 @@ def run_generate(
         else f"{len(prompt_ids)} prompts of {prompt_file} ({min(map(len, prompt_ids))} to "
         f"{max(map(len, prompt_ids))} tokens as read)"
     )
+    vocab = "" if lm.corpus.splits else f" using the tokenizer saved in {workdir}"
     print(
-        f"Step {lm.step} of {workdir} ({lm.corpus.name}); {read}; {n_rows} rows x up to "
+        f"Step {lm.step} of {workdir} ({lm.corpus.name}{vocab}); {read}; {n_rows} rows x up to "
         f"{num_tokens} tokens in batches of up to {batch_size} rows, top_k={top_k} "
         f"top_p={top_p} temperature={temperature} seed={seed}, stop={list(stop)} "
         f"stop_at_eos={stop_at_eos}; prompt segments of {c.tgt_len}, memory {c.mem_len}, "
@@ -492,6 +573,7 @@ def run_generate(
   # Row 0 streams token by token (it is in the first batch); every other row is printed,
   # and every prompt's Generation written to out, when its batch is done.
   first_batch = [True]
+  replaced = bool(out) and epath.Path(out).exists()
   tmp = files.temporary_name(out) if out else None
   sink = tmp.open("w", encoding="utf-8") if out and main else None
 
@@ -544,5 +626,6 @@ def run_generate(
     sys.stdout.write("\n")
     sys.stdout.flush()
   if out and main:
-    print(f"Wrote {out}", file=sys.stderr, flush=True)
+    note = " (replacing the existing file)" if replaced else ""
+    print(f"Wrote {out}{note}", file=sys.stderr, flush=True)
   return result
