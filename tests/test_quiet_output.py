@@ -17,6 +17,8 @@ import pytest
 from transformer_xl.cli import process_settings
 from transformer_xl.run import metrics
 
+from test_data_text_files import TINY
+
 REPO = Path(__file__).resolve().parents[1]
 
 # tfds's noise, each as it appeared in a log before: its progress bars (their
@@ -60,22 +62,7 @@ def _own_text(tmp_path: Path) -> list[str]:
       *(f"--config.data.{s}_files={files / s}.txt" for s in ("train", "valid", "test")),
       "--config.data.tokenizer=word",
       "--config.data.vocab_size=0",
-      "--config.model.n_layer=2",
-      "--config.model.d_model=32",
-      "--config.model.n_head=2",
-      "--config.model.d_head=16",
-      "--config.model.d_inner=64",
-      "--config.model.tgt_len=16",
-      "--config.model.mem_len=16",
-      "--config.train.global_batch=8",
-      "--config.train.num_steps=3",
-      "--config.train.warmup_steps=0",
-      "--config.train.log_every=1",
-      "--config.train.eval_every=0",
-      "--config.eval.tgt_len=16",
-      "--config.eval.mem_len=32",
-      "--config.eval.global_batch=8",
-      "--config.checkpoint.every_steps=3",
+      *TINY,
   ]
 
 
