@@ -191,11 +191,10 @@ def _text_workdir(workdir: Path, corpus: Corpus, folder: Path) -> None:
   config.data.data_dir = str(folder / "tfds")
   for split in ("train", "valid", "test"):
     config.data[f"{split}_files"] = f"{folder}/{split}.txt"
+  sizes = dict(n_layer=1, d_model=8, n_head=2, d_head=4, d_inner=16, tgt_len=4, mem_len=4)
+  config.model.update(sizes)  # config.json's model is the trained one, as training saves it
   wd.save_config(str(workdir), config)
-  cfg = models.ModelConfig(
-      n_token=corpus.vocab_size, n_layer=1, d_model=8, n_head=2, d_head=4, d_inner=16,
-      tgt_len=4, mem_len=4,
-  )  # fmt: skip
+  cfg = models.ModelConfig(n_token=corpus.vocab_size, **sizes)
   wd.save_model_config(str(workdir), cfg, "subword", "text")
 
 
