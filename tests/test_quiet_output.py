@@ -7,7 +7,6 @@ progress bar only on a terminal."""
 import io
 import logging
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import pytest
 from transformer_xl.cli import process_settings
 from transformer_xl.run import metrics
 
-from test_data_text_files import TINY
+from test_data_text_files import TINY, _main  # python -m transformer_xl.main, piped, 1 CPU device
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -31,21 +30,6 @@ TFDS_NOISE = (
     "Subsequent calls will reuse this data",
     "Using custom data configuration",
 )
-
-
-def _main(args: list[str]) -> subprocess.CompletedProcess:
-  """``python -m transformer_xl.main ARGS`` with stdout and stderr pipes (not
-  terminals), on one CPU device."""
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env.update(PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
-  return subprocess.run(
-      [sys.executable, "-m", "transformer_xl.main", *args],
-      cwd=REPO,
-      env=env,
-      capture_output=True,
-      text=True,
-      timeout=600,
-  )
 
 
 def _own_text(tmp_path: Path) -> list[str]:
