@@ -14,6 +14,7 @@ floats are refused by one generic check of every float
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -31,6 +32,7 @@ from transformer_xl.model.config import (  # noqa: F401 (re-exported: the model'
 )
 
 NONFINITE_POLICIES = ("stop", "skip")  # train.nonfinite
+DYNAMIC_RULES = ("rms", "sgd")  # eval.dynamic.rule (inference/dynamic_eval.py)
 
 
 ConfigError = errors.ConfigError  # re-exported (transformer_xl.errors)
@@ -53,6 +55,9 @@ FLOAT_RANGES = {
     "train.adam_b2": "in [0, 1)",
     "train.adam_eps": "> 0",
     "train.aux_loss_weight": ">= 0",
+    "eval.dynamic.lr": ">= 0",
+    "eval.dynamic.decay": ">= 0",
+    "eval.dynamic.eps": "> 0",
 }
 
 
@@ -174,6 +179,20 @@ def get_config() -> ml_collections.ConfigDict:
           global_batch=10,  # reference eval_batch_size (rows, or windows per step)
       )
   )
+  # Dynamic evaluation (Krause et al. 2019; inference/dynamic_eval.py), on when lr > 0:
+  # every eval segment scored, then the parameters updated by its gradient.
+  c.eval.dynamic = ml_collections.ConfigDict(
+      dict(
+          rule="rms",  # "rms" (the authors' rule: statistics pass, then RMS-scaled steps
+          # with a decay toward the loaded parameters) | "sgd" (plain SGD)
+          lr=0.0,  # learning rate (0 = static evaluation)
+          decay=0.001,  # "rms": pull toward the loaded parameters (authors' default)
+          eps=1e-4,  # "rms": lr / (sqrt(ss) + eps) (authors' default)
+          stats_tokens=-1,  # "rms": training tokens of the statistics pass
+          # (-1 = 1/5000 of the training split, as the authors)
+          global_batch=1,  # rows sharing one update per segment (authors: 1)
+      )
+  )
 
   c.checkpoint = ml_collections.ConfigDict(
       dict(
@@ -291,6 +310,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, 
   if t.eval_every < 0 or t.eval_max_steps < 0:
     problems.append("train.eval_every and train.eval_max_steps must be >= 0 (0 = never / all).")
   problems += _optimizer_problems(t, nonfinite)
+  problems += _dynamic_problems(config, nonfinite)
   if problems:
     raise ConfigError("Invalid config:\n  - " + "\n  - ".join(problems))
   return mesh_shape
@@ -339,6 +359,65 @@ def _data_problems(d: ml_collections.ConfigDict, nonfinite: set[str]) -> list[st
         f"--config.data.dataset={data.TEXT}."
     ]
   return []
+
+
+def _dynamic_problems(config: ml_collections.ConfigDict, nonfinite: set[str]) -> list[str]:
+  """``eval.dynamic``'s settings (``dynamic_problems``; the
+  non-finite floats already refused are not checked again), and the eval
+  method dynamic evaluation needs when it is on."""
+  d = config.eval.get("dynamic")
+  if d is None:
+    return []
+  values = {k: v for k, v in d.items() if f"eval.dynamic.{k}" not in nonfinite}
+  problems = dynamic_problems(values)
+  lr = values.get("lr", 0.0)
+  if not problems and lr > 0 and config.eval.method != "segments":
+    problems.append(
+        f"eval.dynamic.lr={lr} (dynamic evaluation) needs eval.method='segments', not "
+        f"{config.eval.method!r}: set --config.eval.method=segments or leave eval.dynamic.lr 0."
+    )
+  return problems
+
+
+def dynamic_problems(values: Mapping[str, Any], section: str = "eval.dynamic.") -> list[str]:
+  """What is wrong with dynamic-evaluation settings (``eval.dynamic``;
+  ``inference.dynamic_eval.DynamicSettings``); empty: nothing.
+
+  Args:
+    values: the settings by name (``DynamicSettings``' fields).
+    section: the prefix the messages give the names (``--config.`` keys).
+
+  Returns:
+    One message per problem, naming the key, its value and the fix.
+  """
+  p, problems = section, []
+  rule = values.get("rule", "rms")
+  if rule not in DYNAMIC_RULES:
+    problems.append(f"{p}rule={rule!r}: use 'rms' (the authors' rule) or 'sgd'.")
+  for key, bound in (("lr", ">= 0"), ("decay", ">= 0"), ("eps", "> 0")):
+    v = values.get(key, 0.0 if key != "eps" else 1.0)
+    ok = isinstance(v, (int, float)) and math.isfinite(v) and (v > 0 if key == "eps" else v >= 0)
+    if not ok:
+      problems.append(f"{p}{key}={v} must be finite and {bound}.")
+  if rule == "sgd" and values.get("decay", 0.0) not in (
+      0,
+      0.0,
+      _default_value("eval.dynamic.decay"),
+  ):
+    problems.append(
+        f"{p}decay={values['decay']} applies to rule='rms' only (the 'sgd' rule is plain SGD, "
+        f"as the authors' --rms=False): remove it or set {p}rule=rms."
+    )
+  stats = values.get("stats_tokens", -1)
+  if not isinstance(stats, int) or stats < -1 or stats == 0:
+    problems.append(
+        f"{p}stats_tokens={stats} must be -1 (the reference's 1/5000 of the training split) "
+        "or a number of tokens >= 1."
+    )
+  batch = values.get("global_batch", 1)
+  if not isinstance(batch, int) or batch < 1:
+    problems.append(f"{p}global_batch={batch} must be >= 1 (the authors': 1).")
+  return problems
 
 
 def _schedule_problems(t: ml_collections.ConfigDict, nonfinite: set[str]) -> list[str]:

@@ -57,6 +57,14 @@ _OUT = flags.DEFINE_string(
     "of token t+1 given tokens up to t. --mode=generate (optional): a .json of the prompt, "
     "the tokens and text of every sample, and the settings.",
 )
+_DYNAMIC_STATS = flags.DEFINE_string(
+    "dynamic_stats",
+    None,
+    "--mode=score with dynamic evaluation (--config.eval.dynamic.lr > 0, rule rms): the "
+    "text its gradient statistics come from, a .npy token array like --tokens (each row a "
+    "stream, the rows one batch) or a text file like --text; default: the workdir's "
+    "training split (eval.dynamic.stats_tokens of it).",
+)
 _PROMPT = flags.DEFINE_string("prompt", None, "--mode=generate: the text to continue.")
 _PROMPT_FILE = flags.DEFINE_string(
     "prompt_file",
@@ -136,6 +144,7 @@ def main(argv):
           tokens=_TOKENS.value,
           text=_TEXT.value,
           out=_OUT.value,
+          dynamic_stats=_DYNAMIC_STATS.value,
           prompt=_PROMPT.value,
           prompt_file=_PROMPT_FILE.value,
           num_tokens=_NUM_TOKENS.value,

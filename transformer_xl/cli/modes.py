@@ -32,6 +32,9 @@ import math
 import os
 import re
 import sys
+import time
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import ml_collections
@@ -42,7 +45,7 @@ from jax.sharding import Mesh
 from transformer_xl import data, default_config, sharding
 from transformer_xl.cli import process_settings, user_errors
 from transformer_xl.data import text_vocab
-from transformer_xl.inference import evaluate, generate, language_model
+from transformer_xl.inference import dynamic_eval, evaluate, generate, language_model
 from transformer_xl.run import distributed, files, lock, metrics, run_dir
 from transformer_xl.run import workdir as wd
 from transformer_xl.training import train
@@ -59,6 +62,8 @@ class Request:
     workdir: the run's directory.
     config: the ``--config`` file's config (None: the workdir's config.json).
     tokens, text, out: ``--mode=score`` (and ``out`` of ``--mode=generate``).
+    dynamic_stats: ``--mode=score`` with dynamic evaluation: the statistics' text
+      (.npy token rows or a text file; None: the training split).
     prompt, prompt_file, num_tokens, num_samples, stop, stop_at_eos: ``--mode=generate``.
     batch_size: ``--mode=generate``'s rows generated together at most.
     top_k, top_p, temperature, seed: ``--mode=generate``'s sampling.
@@ -85,6 +90,7 @@ class Request:
   coordinator_address: str | None = None
   num_processes: int | None = None
   process_id: int | None = None
+  dynamic_stats: str | None = None
 
 
 def run(request: Request, debug: bool = False) -> None:
@@ -111,6 +117,7 @@ def _run(r: Request) -> None:
   config = r.config if r.config is not None else wd.load_config(r.workdir)
   tokens = user_errors.load_tokens(r.tokens) if r.mode == "score" and r.tokens else None
   default_config.validate(config, jax.device_count())
+  check_dynamic_request(r, config)
   if r.mode != "train":
     _run_mode(r, config, tokens)
     return
@@ -126,9 +133,14 @@ def _run_mode(r: Request, config: ml_collections.ConfigDict, tokens: np.ndarray 
   if r.mode != "train" and (epath.Path(r.workdir) / "model_config.json").exists():
     language_model.model_configs(config, r.workdir, source)  # an architecture change: now
   corpus = None
-  if r.mode == "score" and r.text:  # the workdir's saved tokenizer may stand in for the files
+  dynamic = dynamic_eval.DynamicSettings.from_config(config)
+  stats_from_split = (
+      r.mode == "score" and dynamic.enabled and dynamic.needs_statistics and not r.dynamic_stats
+  )
+  if r.mode == "score" and (r.text or r.dynamic_stats) and not stats_from_split:
+    # the workdir's saved tokenizer may stand in for the files
     corpus = language_model.load_corpus(config, wd.load_model_config(r.workdir)[0], r.workdir)
-  elif r.mode in ("train", "eval"):
+  elif r.mode in ("train", "eval") or stats_from_split:
     data_cfg = config.data.to_dict()
     corpus = distributed.process_0_first(lambda: data.load_configured(data_cfg), (data.DataError,))
     if corpus.name == data.TEXT:  # a resumed or evaluated run: the ids it was trained with
@@ -168,7 +180,76 @@ def _run_mode(r: Request, config: ml_collections.ConfigDict, tokens: np.ndarray 
     if tokens is None:
       tokens, text = text_file_tokens(corpus, r.text)
       sizes = language_model.text_size(text)
-    run_score(config, r.workdir, mesh, tokens, r.out, *sizes, source=source)
+    stats = dynamic_stats_tokens(corpus, r.dynamic_stats) if r.dynamic_stats else None
+    run_score(
+        config,
+        r.workdir,
+        mesh,
+        tokens,
+        r.out,
+        *sizes,
+        source=source,
+        dynamic_stats=stats,
+        corpus=corpus,
+    )
+
+
+def check_dynamic_request(r: Request, config: ml_collections.ConfigDict) -> None:
+  """Checks ``--dynamic_stats`` against the mode and ``config.eval.dynamic``
+  before anything is loaded, and notes where dynamic evaluation is not used.
+
+  Raises:
+    default_config.ConfigError: ``--dynamic_stats`` outside ``--mode=score``,
+      without dynamic evaluation, or with the "sgd" rule (no statistics).
+  """
+  dynamic = dynamic_eval.DynamicSettings.from_config(config)
+  if r.dynamic_stats and r.mode != "score":
+    raise default_config.ConfigError(
+        f"--dynamic_stats is read by --mode=score only (--mode={r.mode}"
+        + (
+            ": its statistics come from the training split, eval.dynamic.stats_tokens of it)."
+            if r.mode == "eval"
+            else ")."
+        )
+    )
+  if r.dynamic_stats and not dynamic.enabled:
+    raise default_config.ConfigError(
+        f"--dynamic_stats={r.dynamic_stats} is for dynamic evaluation, which is off "
+        "(eval.dynamic.lr=0): set --config.eval.dynamic.lr (e.g. 2e-6) or leave out "
+        "--dynamic_stats."
+    )
+  if r.dynamic_stats and not dynamic.needs_statistics:
+    raise default_config.ConfigError(
+        f"--dynamic_stats={r.dynamic_stats}: eval.dynamic.rule={dynamic.rule!r} uses no "
+        "statistics; leave it out, or set --config.eval.dynamic.rule=rms."
+    )
+  if dynamic.enabled and r.mode in ("train", "generate"):
+    metrics.log(
+        f"Note: eval.dynamic.lr={dynamic.lr}: dynamic evaluation is used by --mode=eval and "
+        f"--mode=score, not by --mode={r.mode}."
+    )
+
+
+def dynamic_stats_tokens(corpus: data.Corpus, path: str) -> np.ndarray:
+  """``--dynamic_stats=FILE`` as token rows: a .npy array [B, T+1] as
+  ``--tokens``, or a text file as ``--text`` ([1, N+1]: the boundary symbol,
+  then the text's N tokens).
+
+  Raises:
+    evaluate.ScoreInputError: missing, not a token array or UTF-8 text, or
+      no token.
+    data.DataError: a symbol the corpus cannot encode.
+  """
+  if path.endswith(".npy"):
+    return user_errors.load_tokens(path, flag="--dynamic_stats")
+  text = user_errors.read_text(path, flag="--dynamic_stats")
+  tokens = evaluate.text_tokens(corpus, text)
+  if tokens.shape[1] < 2:
+    raise evaluate.ScoreInputError(
+        f"--dynamic_stats={path} has no token: give some text of the kind the model scores."
+    )
+  metrics.log(f"--dynamic_stats={path}: {tokens.shape[1] - 1:,} tokens of statistics text.")
+  return tokens
 
 
 def run_train(
@@ -220,9 +301,14 @@ def run_eval(
   message that refuses another architecture.
 
   Writes ``<workdir>/eval_results.json``: {"valid": {...}, "test": {...},
-  "step": int}, each split's dict as ``evaluate.Evaluator.evaluate`` returns it,
-  plus ``metrics.corpus_level`` (bits per byte and the number of documents,
-  for corpora of one's own text).  A workdir that cannot be written (a
+  "step": int, "eval": the settings}, each split's dict as
+  ``evaluate.Evaluator.evaluate`` returns it, plus ``metrics.corpus_level``
+  (bits per byte and the number of documents, for corpora of one's own
+  text).  With dynamic evaluation (``eval.dynamic.lr > 0``,
+  ``dynamic_eval.py``: each split from the loaded parameters, the
+  statistics once from the training split) the same goes to
+  ``<workdir>/eval_results_dynamic.json`` instead, its settings under
+  "eval" / "dynamic", so the static results stay.  A workdir that cannot be written (a
   read-only copy of someone's run) is still evaluated: a note says so
   before the evaluation, and the results, which cannot be saved, are
   printed whole (one JSON line, ``eval results (not saved): {...}``);
@@ -239,7 +325,9 @@ def run_eval(
     trained = model_cfg = default_config.model_config(config, corpus.vocab_size)
   language_model.check_vocabulary(corpus, trained)
   step, params = run_dir.restore_params(workdir, trained, mesh)
-  path = str(epath.Path(workdir) / "eval_results.json")
+  dynamic_on = dynamic_eval.DynamicSettings.from_config(config).enabled
+  name = wd.DYNAMIC_EVAL_RESULTS if dynamic_on else wd.EVAL_RESULTS
+  path = str(epath.Path(workdir) / name)
   unwritable = _cannot_write(workdir)
   if unwritable:
     metrics.log(
@@ -247,10 +335,11 @@ def run_eval(
         f"results will be printed here, not saved to {path}."
     )
   evaluator = evaluate.Evaluator(config, model_cfg, corpus, mesh)
+  score_split, dynamic = _dynamic_split_scorer(config, evaluator, params, corpus)
   metric = metrics.metric_name(corpus.unit)
   results = {}
   for split in ("valid", "test"):
-    r = results[split] = evaluator.evaluate(params, split)
+    r = results[split] = score_split(split)
     r.update(metrics.corpus_level(r["loss_nats"], r["tokens"], corpus, split))
     extra = "".join(f", {k} {r[k]:.4f}" for k in ("bits_per_byte",) if k in r) + "".join(
         f", {r[k]:,} documents" for k in ("documents",) if k in r
@@ -260,10 +349,10 @@ def run_eval(
         f"{r[metric]:.4f} over {r['tokens']:,} tokens{extra}"
     )
   results["step"] = int(step)
-  results["eval"] = evaluator.lengths
+  results["eval"] = {**evaluator.lengths, **({"dynamic": dynamic} if dynamic else {})}
   if not unwritable:
     try:
-      wd.write_eval_results(workdir, results)
+      wd.write_eval_results(workdir, results, name)
     except OSError as err:  # e.g. the disk filled up during the evaluation
       unwritable = err.strerror or str(err)
   if unwritable:
@@ -282,6 +371,61 @@ def run_eval(
         "--config.model.dtype=bfloat16 try float32."
     )
   return results
+
+
+def _dynamic_split_scorer(
+    config: ml_collections.ConfigDict,
+    evaluator: evaluate.Evaluator,
+    params: Any,
+    corpus: data.Corpus,
+) -> tuple[Callable[[str], dict], dict | None]:
+  """How ``--mode=eval`` scores a split: ``evaluator.evaluate``, or with
+  ``eval.dynamic.lr > 0`` dynamic evaluation from the loaded parameters for
+  each split, its "rms" statistics from the start of the training split
+  (computed once, here).
+
+  Returns:
+    (split -> results, the dynamic settings and statistics' size recorded in
+    eval_results.json, or None).
+
+  Raises:
+    data.DataError: the corpus has no training split for the statistics.
+  """
+  settings = dynamic_eval.DynamicSettings.from_config(config)
+  if not settings.enabled:
+    return (lambda split: evaluator.evaluate(params, split)), None
+  dyn = dynamic_eval.DynamicEvaluator(evaluator, settings)
+  ss, record = None, settings.to_json()
+  if settings.needs_statistics:
+    if "train" not in corpus.splits:
+      raise data.DataError(
+          f"dynamic evaluation's statistics come from the training split, which corpus "
+          f"{corpus.name} does not have here; use --mode=score with --dynamic_stats=FILE."
+      )
+    steps = settings.stats_steps(corpus.splits["train"].num_tokens, evaluator.cfg.tgt_len)
+    dynamic_eval.log_settings(
+        settings,
+        f"{steps:,} segment(s) x {settings.global_batch} row(s) x {evaluator.cfg.tgt_len} "
+        "tokens of the training split",
+    )
+    start = time.perf_counter()
+    ss, n = dyn.statistics_of_split(params, "train")
+    record["stats_tokens_read"] = n
+    metrics.log(f"Statistics pass: {n:,} training tokens in {time.perf_counter() - start:.1f} s.")
+  else:
+    dynamic_eval.log_settings(settings, "none")
+
+  def score_split(split: str) -> dict:
+    start = time.perf_counter()
+    r = dyn.evaluate(params, split, ss)
+    seconds = time.perf_counter() - start
+    metrics.log(
+        f"{split}: dynamic evaluation of {r['tokens']:,} tokens in {seconds:.1f} s "
+        f"({r['tokens'] / max(seconds, 1e-9):,.0f} tokens/s)."
+    )
+    return r
+
+  return score_split, record
 
 
 def _cannot_write(workdir: str) -> str | None:
@@ -345,6 +489,8 @@ def run_score(
     num_words: int | None = None,
     *,
     source: str = "--config",
+    dynamic_stats: np.ndarray | None = None,
+    corpus: data.Corpus | None = None,
 ) -> dict:
   """``--mode=score``: per-token NLL of token streams with the workdir's model.
 
@@ -361,7 +507,10 @@ def run_score(
     exp(total NLL / num_words), for text of known size (``--text``: its
     UTF-8 bytes and whitespace-separated words); None for ``--tokens``,
     whose text is not known (the report says so);
-  * ``tokens``, ``bytes``, ``words``, ``step``.
+  * ``tokens``, ``bytes``, ``words``, ``step``;
+  * ``dynamic``: with ``eval.dynamic.lr > 0``, the settings of dynamic
+    evaluation (``dynamic_eval.py``: the B rows share one update per
+    segment) and ``stats_tokens_read``.
 
   The token ids and ``out_path`` are checked before the model is loaded.
 
@@ -375,9 +524,13 @@ def run_score(
     num_words: whitespace-separated words of that text (None: unknown).
     source: what ``config`` came from, for the message that refuses
       another architecture.
+    dynamic_stats: dynamic evaluation ("rms"): the statistics' token rows
+      [B', T'+1] (None: the first ``eval.dynamic.stats_tokens`` of
+      ``corpus``'s training split).
+    corpus: the corpus (needed for statistics from its training split).
 
   Raises:
-    evaluate.ScoreInputError: a bad token array or ``out_path``;
+    evaluate.ScoreInputError: a bad token array (or statistics array) or ``out_path``;
     FileNotFoundError: no model_config.json or checkpoint;
     default_config.ConfigError: ``config`` changes the architecture;
     metrics.NonFiniteError: a score is not finite (nothing is written).
@@ -385,8 +538,28 @@ def run_score(
   check_output_path(out_path)
   trained, model_cfg, unit = language_model.model_configs(config, workdir, source)
   evaluate.check_tokens(tokens_BxT1, model_cfg.n_token)
+  if dynamic_stats is not None:
+    try:
+      evaluate.check_tokens(dynamic_stats, model_cfg.n_token)
+    except evaluate.ScoreInputError as err:
+      raise evaluate.ScoreInputError(f"--dynamic_stats: {err}") from None
+  settings = dynamic_eval.DynamicSettings.from_config(config)
   step, params = run_dir.restore_params(workdir, trained, mesh)
-  nll_BxT = evaluate.Evaluator(config, model_cfg, None, mesh).score(params, tokens_BxT1)
+  evaluator = evaluate.Evaluator(config, model_cfg, corpus, mesh)
+  dynamic = None
+  if not settings.enabled:
+    nll_BxT = evaluator.score(params, tokens_BxT1)
+  else:
+    dyn, ss, dynamic = dynamic_eval.DynamicEvaluator(evaluator, settings), None, settings.to_json()
+    if settings.needs_statistics and dynamic_stats is not None:
+      dynamic_eval.log_settings(settings, f"--dynamic_stats ({dynamic_stats.shape[0]} row(s))")
+      ss, dynamic["stats_tokens_read"] = dyn.statistics_of_tokens(params, dynamic_stats)
+    elif settings.needs_statistics:
+      dynamic_eval.log_settings(settings, "the start of the training split")
+      ss, dynamic["stats_tokens_read"] = dyn.statistics_of_split(params, "train")
+    else:
+      dynamic_eval.log_settings(settings, "none")
+    nll_BxT = dyn.score(params, tokens_BxT1, ss)
   if not np.all(np.isfinite(nll_BxT)):
     b, t = np.argwhere(~np.isfinite(nll_BxT))[0]
     raise metrics.NonFiniteError(
@@ -410,6 +583,8 @@ def run_score(
       "words": num_words,
       "step": int(step),
   }
+  if dynamic is not None:
+    result["dynamic"] = dynamic
   if unit not in metrics.PER_TOKEN_UNITS:  # a token is a byte or a character
     result["bpc"] = result["bits_per_token"]
   if result["bits_per_byte"] is None:
@@ -422,7 +597,8 @@ def run_score(
     if result["word_ppl"] is not None:
       per_text += f", word perplexity {result['word_ppl']:.3f} (over {num_words:,} words)"
   metrics.log(
-      f"step {step}: scored {nll_BxT.size:,} tokens ({unit} level): loss {loss:.4f} nats "
+      f"step {step}: scored {nll_BxT.size:,} tokens ({unit} level"
+      f"{', dynamic evaluation' if dynamic else ''}): loss {loss:.4f} nats "
       f"per token, bits per token {result['bits_per_token']:.4f}, ppl {result['ppl']:.3f} "
       f"per token; {per_text}; wrote {out_path}"
       + (" (replacing the existing file)" if replaced else "")

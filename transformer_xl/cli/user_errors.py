@@ -80,8 +80,9 @@ def os_error_message(err: OSError) -> str:
   return f"{path}{what}.{advice}"
 
 
-def load_tokens(path: str) -> np.ndarray:
-  """The --tokens array, checked (evaluate.check_tokens without the vocabulary).
+def load_tokens(path: str, flag: str = "--tokens") -> np.ndarray:
+  """The --tokens array (or another ``flag``'s), checked
+  (evaluate.check_tokens without the vocabulary).
 
   Returns:
     int32 [B, T+1] token ids.
@@ -92,19 +93,19 @@ def load_tokens(path: str) -> np.ndarray:
   try:
     tokens = np.load(path, allow_pickle=False)
   except FileNotFoundError:
-    raise evaluate.ScoreInputError(f"--tokens={path} does not exist.") from None
+    raise evaluate.ScoreInputError(f"{flag}={path} does not exist.") from None
   except (ValueError, OSError, EOFError) as err:
     raise evaluate.ScoreInputError(
-        f"--tokens={path} is not a .npy array ({err}); write one with numpy.save."
+        f"{flag}={path} is not a .npy array ({err}); write one with numpy.save."
     ) from None
   try:
     return evaluate.check_tokens(tokens)
   except evaluate.ScoreInputError as err:
-    raise evaluate.ScoreInputError(f"--tokens={path}: {err}") from None
+    raise evaluate.ScoreInputError(f"{flag}={path}: {err}") from None
 
 
-def read_text(path: str) -> str:
-  """The --text file as UTF-8 (a byte order mark at its start dropped, as
+def read_text(path: str, flag: str = "--text") -> str:
+  """The --text file (or another ``flag``'s) as UTF-8 (a byte order mark at its start dropped, as
   corpus files are read: ``text_files._open_lines``).
 
   Raises:
@@ -114,10 +115,10 @@ def read_text(path: str) -> str:
     text = epath.Path(path).read_text(encoding="utf-8")
     return text.removeprefix("\ufeff")  # a byte order mark (epath reads utf-8 only)
   except FileNotFoundError:
-    raise evaluate.ScoreInputError(f"--text={path} does not exist.") from None
+    raise evaluate.ScoreInputError(f"{flag}={path} does not exist.") from None
   except UnicodeDecodeError as err:
     raise evaluate.ScoreInputError(
-        f"--text={path} is not UTF-8 text (byte {err.object[err.start]:#04x} at offset "
+        f"{flag}={path} is not UTF-8 text (byte {err.object[err.start]:#04x} at offset "
         f"{err.start}); convert it to UTF-8."
     ) from None
 

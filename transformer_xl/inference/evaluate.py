@@ -33,6 +33,12 @@ from transformer_xl.run import metrics
 
 ScoreInputError = errors.ScoreInputError  # re-exported (transformer_xl.errors)
 
+# A replacement of the eval step ("segments"): (memory, batch, weights_BxT) ->
+# (nll_BxT, memory), with the batch and memory of ``make_eval_step`` and the
+# weights (1: a token scored, 0: padding) as a global array; dynamic
+# evaluation's (``dynamic_eval.py``) updates parameters it holds itself.
+Step = Callable[[Any, dict, jax.Array], tuple[jax.Array, Any]]
+
 
 def check_tokens(tokens: np.ndarray, n_token: int | None = None) -> np.ndarray:
   """Checks a token array for ``Evaluator.score``.
@@ -277,12 +283,15 @@ class Evaluator:
     return self._init_memory[batch_size]()
 
   def _scored_batches(
-      self, params: Any, split: str, max_steps: int = 0
+      self, params: Any, split: str, max_steps: int = 0, step: Step | None = None, num_rows: int = 0
   ) -> Iterator[tuple[jax.Array, jax.Array, Callable[[], np.ndarray]]]:
     """Runs the eval method over ``split``; yields per step (nll_BxT on device,
     weights_BxT on device, pairs() -> int64 [B, T] stream index of every
-    position, -1 where it is not scored), over the padded rows."""
-    source, b, boundary = self.corpus.splits[split], self.global_batch, self.corpus.boundary_id
+    position, -1 where it is not scored), over the padded rows.  ``step``
+    replaces the eval step ("segments"; see ``Step``); ``num_rows``
+    the number of rows (0: ``eval.global_batch``)."""
+    source, boundary = self.corpus.splits[split], self.corpus.boundary_id
+    b = num_rows or self.global_batch
     b_pad, rows = self._rows(b)
     real = [r for r in rows if r < b]
     sliding = self.method == "sliding"
@@ -326,6 +335,8 @@ class Evaluator:
       if sliding:
         batch.pop("reset")
         nll_BxT = self._window_step(params, batch)
+      elif step is not None:
+        nll_BxT, memory = step(memory, batch, weights)
       else:
         nll_BxT, memory = self._eval_step(params, memory, batch)
 
@@ -336,14 +347,23 @@ class Evaluator:
 
       yield nll_BxT, weights, pairs
 
-  def evaluate(self, params: Any, split: str, max_steps: int = 0) -> dict:
+  def evaluate(
+      self, params: Any, split: str, max_steps: int = 0, step: Step | None = None, num_rows: int = 0
+  ) -> dict:
     """Scores ``split`` of the corpus (all of it unless ``max_steps`` > 0).
+
+    Args:
+      params: model parameters.
+      split: "train", "valid" or "test".
+      max_steps: segments scored at most (0: all).
+      step: replaces the eval step (``Step``; dynamic evaluation).
+      num_rows: rows of the batch (0: ``eval.global_batch``).
 
     Returns:
       {"loss_nats": mean NLL per token (nats), "bpc" or "ppl": ...,
         "tokens": number of scored tokens}.
     """
-    pending = list(self._scored_batches(params, split, max_steps))
+    pending = list(self._scored_batches(params, split, max_steps, step, num_rows))
     nll_sum, n_tok = 0.0, 0.0
     for nll_BxT, w_BxT, _ in pending:  # float64 sums over every scored token
       w = np.asarray(jax.device_get(_fully_replicated(w_BxT)), np.float64)
@@ -371,7 +391,7 @@ class Evaluator:
       out[p[scored]] = np.asarray(jax.device_get(nll_BxT))[scored]
     return out
 
-  def score(self, params: Any, tokens_BxT1: np.ndarray) -> np.ndarray:
+  def score(self, params: Any, tokens_BxT1: np.ndarray, step: Step | None = None) -> np.ndarray:
     """Per-token NLL of contiguous streams, segment by segment with memory.
 
     Row b of ``tokens_BxT1`` is one stream; segments of the eval tgt_len go
@@ -384,6 +404,8 @@ class Evaluator:
       params: model parameters.
       tokens_BxT1: integer array [B, T + 1] of token ids (all processes pass
         the same array).
+      step: replaces the eval step (``Step``; dynamic evaluation), with
+        weight 0 on the padding.
 
     Returns:
       float32 [B, T]: entry (b, t) is -log p(token t+1 | tokens <= t), nats.
@@ -399,6 +421,8 @@ class Evaluator:
     n_seg = -(-t // seg)
     padded = np.zeros((b_pad, n_seg * seg + 1), np.int32)
     padded[:b, :t1] = tokens
+    weights = np.zeros((b_pad, n_seg * seg), np.float32)  # 1 on the real tokens (``step``)
+    weights[:b, :t] = 1.0
     memory = self._empty_memory(b_pad)
     out = []
     for s in range(n_seg):
@@ -407,8 +431,13 @@ class Evaluator:
           "targets": padded[rows, s * seg + 1 : (s + 1) * seg + 1],
           "reset": np.full((len(rows),), s == 0),
       }
-      batch = data.to_global_batch(local, self._batch_sharding, b_pad)
-      nll_BxT, memory = self._eval_step(params, memory, batch)
+      if step is None:
+        batch = data.to_global_batch(local, self._batch_sharding, b_pad)
+        nll_BxT, memory = self._eval_step(params, memory, batch)
+      else:
+        local["weights"] = weights[rows, s * seg : (s + 1) * seg]
+        batch = data.to_global_batch(local, self._batch_sharding, b_pad)
+        nll_BxT, memory = step(memory, batch, batch.pop("weights"))
       out.append(nll_BxT)
     return np.concatenate([np.asarray(jax.device_get(x)) for x in out], axis=1)[:b, :t].astype(
         np.float32

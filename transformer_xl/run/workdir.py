@@ -255,10 +255,15 @@ def check_same_run(
     )
 
 
-def write_eval_results(workdir: str, results: Mapping[str, Any]) -> str:
-  """Writes ``<workdir>/eval_results.json`` (process 0; strict JSON, non-finite
-  values as null listed under "nonfinite") and returns its path."""
-  path = epath.Path(workdir) / "eval_results.json"
+EVAL_RESULTS = "eval_results.json"
+DYNAMIC_EVAL_RESULTS = "eval_results_dynamic.json"  # dynamic evaluation's, beside the static
+
+
+def write_eval_results(workdir: str, results: Mapping[str, Any], name: str = EVAL_RESULTS) -> str:
+  """Writes ``<workdir>/<name>`` (``EVAL_RESULTS``, or ``DYNAMIC_EVAL_RESULTS``;
+  process 0; strict JSON, non-finite values as null listed under
+  "nonfinite") and returns its path."""
+  path = epath.Path(workdir) / name
   if jax.process_index() == 0:
     _atomic_write(path, metrics.dumps(results, indent=2, sort_keys=True))
   return str(path)
