@@ -137,7 +137,8 @@ def _run_mode(r: Request, config: ml_collections.ConfigDict, tokens: np.ndarray 
   stats_from_split = (
       r.mode == "score" and dynamic.enabled and dynamic.needs_statistics and not r.dynamic_stats
   )
-  if r.mode == "score" and (r.text or r.dynamic_stats) and not stats_from_split:
+  stats_text = bool(r.dynamic_stats) and not r.dynamic_stats.endswith(".npy")
+  if r.mode == "score" and (r.text or stats_text) and not stats_from_split:
     # the workdir's saved tokenizer may stand in for the files
     corpus = language_model.load_corpus(config, wd.load_model_config(r.workdir)[0], r.workdir)
   elif r.mode in ("train", "eval") or stats_from_split:

@@ -98,6 +98,12 @@ class Release:
     train_global_batch: ``train.global_batch`` of the converted config (the
       rows of the saved training memory); 16 divides the data-parallel
       devices of hosts of 1 to 16 accelerators, as the config requires.
+    dynamic: the dynamic-evaluation settings of Krause et al. (2019) for
+      this model (``config.eval.dynamic``: rule, lr, decay, eps; their
+      ``tf/sota/<name>.sh`` in benkrause/dynamiceval-transformer, with the
+      release's ``eval`` lengths and one row), or None.
+    dynamic_paper: their published test result with them, e.g.
+      ``(16.4, "ppl", "Krause et al. 2019, Table 1")``, or None.
   """
 
   name: str
@@ -111,6 +117,8 @@ class Release:
   paper: tuple[float, str, str]
   params_m: float
   train_global_batch: int = 16
+  dynamic: Mapping[str, Any] | None = None
+  dynamic_paper: tuple[float, str, str] | None = None
 
   @property
   def files(self) -> tuple[str, ...]:
@@ -150,6 +158,8 @@ RELEASES: dict[str, Release | HubRelease] = {
         eval=_CHAR_EVAL,
         paper=(0.99, "bpc", "Table 2"),
         params_m=277,
+        dynamic=dict(rule="rms", lr=1.2e-5, decay=24.0, eps=1e-4),
+        dynamic_paper=(0.940, "bpc", "Krause et al. 2019"),
     ),
     "text8": Release(
         name="text8",
@@ -162,6 +172,8 @@ RELEASES: dict[str, Release | HubRelease] = {
         eval=_CHAR_EVAL,
         paper=(1.08, "bpc", "Table 3"),
         params_m=277,
+        dynamic=dict(rule="rms", lr=1.5e-5, decay=24.0, eps=1e-4),
+        dynamic_paper=(1.038, "bpc", "Krause et al. 2019"),
     ),
     "wt103": Release(
         name="wt103",
@@ -188,6 +200,8 @@ RELEASES: dict[str, Release | HubRelease] = {
         eval=dict(tgt_len=128, mem_len=1600, clamp_len=1000, same_length=True, global_batch=16),
         paper=(18.3, "ppl", "Table 1"),
         params_m=257,
+        dynamic=dict(rule="rms", lr=2e-6, decay=0.0, eps=1e-5),
+        dynamic_paper=(16.4, "ppl", "Krause et al. 2019"),
     ),
     "lm1b": Release(
         name="lm1b",
@@ -249,6 +263,25 @@ class HubRelease:
 RELEASES["transfo-xl/transfo-xl-wt103"] = HubRelease(
     name="transfo-xl/transfo-xl-wt103", repo_id="transfo-xl/transfo-xl-wt103", like="wt103"
 )
+
+
+def dynamic_settings(name: str) -> dict[str, Any]:
+  """The ``config.eval.dynamic`` settings of Krause et al. (2019) for a release
+  (a HubRelease: those of the release it is ``like``), with one row.
+
+  Raises:
+    ConvertError: an unknown name, or a release they did not evaluate (lm1b).
+  """
+  rel = release(name)
+  like = RELEASES[rel.like] if isinstance(rel, HubRelease) else rel
+  assert isinstance(like, Release)
+  if like.dynamic is None:
+    with_it = sorted(k for k, r in RELEASES.items() if isinstance(r, Release) and r.dynamic)
+    raise ConvertError(
+        f"{name!r} has no published dynamic-evaluation settings (Krause et al. 2019 evaluated "
+        f"{', '.join(with_it)}); set eval.dynamic yourself, tuned on the valid split."
+    )
+  return {**like.dynamic, "global_batch": 1}
 
 
 def release(name: str) -> Release | HubRelease:

@@ -12,7 +12,9 @@ from segment to segment, starting empty.  Three entry points:
 * ``Evaluator.token_nll``: every token's NLL of a split (RECL).
 
 The command-line modes around them (``--mode=eval``, ``--mode=score``) are
-in ``cli/modes.py``.
+in ``cli/modes.py``.  Dynamic evaluation (``dynamic_eval.py``) runs the same
+segments, rows and memory with its own step (``Step``), which updates the
+parameters after scoring each segment.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from jax.sharding import Mesh
 
 from transformer_xl import data, default_config, sharding
 from transformer_xl.data import text_vocab
-from transformer_xl.inference import evaluate, generate
+from transformer_xl.inference import dynamic_eval, evaluate, generate
 from transformer_xl.model import models, tuning
 from transformer_xl.run import distributed, metrics, run_dir
 from transformer_xl.run import workdir as wd
@@ -376,6 +376,7 @@ class LanguageModel:
       dataset_manual_dir: str | None = None,
       verify_checksums: bool = True,
       mesh: Mesh | None = None,
+      dynamic_eval: bool = False,
   ) -> LanguageModel:
     """A released model of the reference implementation (``enwik8``, ``text8``,
     ``wt103``, ``lm1b``): downloaded, verified, converted once into
@@ -385,6 +386,12 @@ class LanguageModel:
         lm = LanguageModel.from_pretrained("wt103")
         print(lm.generate("The game", num_tokens=50).texts[0])
         print(lm.score_text("The game is carried over .\\n").ppl)
+
+    With ``dynamic_eval=True``, ``score_text`` adapts the parameters as it
+    scores (``dynamic_eval.py``) with the settings Krause et al. (2019)
+    published for this model (``pretrained.dynamic_settings``: wt103 16.4
+    ppl, enwik8 0.940 bpc, text8 1.038 bpc on the test sets), its
+    statistics from the start of the corpus's training split.
 
     Args:
       name: a key of ``transformer_xl.convert.pretrained.RELEASES``.
@@ -397,15 +404,18 @@ class LanguageModel:
       dataset_manual_dir: the corpus's source files (``data.manual_dir``).
       verify_checksums: check the corpus's source files.
       mesh: defaults to the config's mesh over all devices.
+      dynamic_eval: set ``config.eval.dynamic`` to the published settings.
 
     Raises:
       transformer_xl.convert.ConvertError: the release's files cannot be
         had or fail their checks (one line naming each file, its URL and
-        checksum).
+        checksum); ``dynamic_eval`` for a release without published
+        settings (lm1b).
       data.DataError: the corpus cannot be prepared.
     """
     from transformer_xl.convert import pretrained  # the converter stays off other paths
 
+    dynamic = pretrained.dynamic_settings(name) if dynamic_eval else None  # before downloading
     workdir = str(
         pretrained.pretrained_workdir(
             name,
@@ -424,6 +434,8 @@ class LanguageModel:
         config.data.data_dir = data_dir
       if dataset_manual_dir is not None:
         config.data.manual_dir = dataset_manual_dir
+      if dynamic is not None:
+        config.eval.dynamic.update(dynamic)
     return cls.from_workdir(workdir, config=config, mesh=mesh)
 
   @property
@@ -661,20 +673,62 @@ class LanguageModel:
         on_text(tail)
     return np.stack(steps, axis=1), ["".join(p) for p in pieces], reasons
 
-  def score_text(self, text: str) -> TextScore:
+  def score_text(
+      self,
+      text: str,
+      *,
+      dynamic: dynamic_eval.DynamicSettings | None = None,
+      dynamic_stats: str | np.ndarray | None = None,
+  ) -> TextScore:
     """Per-token NLL of ``text`` with the evaluation settings
     (``evaluate.Evaluator.score``; the first token in the context of the
-    boundary symbol, as ``--mode=score --text``).
+    boundary symbol, as ``--mode=score --text``), statically or with
+    dynamic evaluation (``dynamic_eval.py``).
 
     The result holds the text's UTF-8 bytes and whitespace-separated words
     too (``TextScore.bits_per_byte``, ``TextScore.word_ppl``).
 
+        lm = LanguageModel.from_pretrained("wt103", dynamic_eval=True)
+        lm.score_text(article).ppl          # with the authors' settings
+        lm.score_text(article, dynamic=DynamicSettings(lr=0.0)).ppl  # static
+
+    Args:
+      text: the text, in the corpus's format.
+      dynamic: dynamic-evaluation settings (None: the config's
+        ``eval.dynamic``; static evaluation where its lr is 0).
+      dynamic_stats: the "rms" rule's statistics text: a string (tokenised
+        like ``text``), or int token rows [B, T+1]; None: the start of the
+        corpus's training split (``eval.dynamic.stats_tokens``).
+
     Raises:
-      data.DataError: a symbol the corpus cannot encode.
-      ValueError: the text has no token.
+      data.DataError: a symbol the corpus cannot encode; statistics from a
+        training split that this corpus (a saved tokenizer only) lacks.
+      ValueError: the text has no token; statistics tokens out of the
+        vocabulary (``evaluate.ScoreInputError``).
     """
     tokens_1xT1 = evaluate.text_tokens(self.corpus, text)
-    nll_1xT = self.evaluator.score(self.params, tokens_1xT1)
+    settings = dynamic or dynamic_eval.DynamicSettings.from_config(self.config)
+    if not settings.enabled:
+      nll_1xT = self.evaluator.score(self.params, tokens_1xT1)
+    else:
+      dyn = dynamic_eval.DynamicEvaluator(self.evaluator, settings)
+      ss = None
+      if settings.needs_statistics and dynamic_stats is None:
+        if "train" not in self.corpus.splits:
+          raise data.DataError(
+              f"dynamic evaluation's statistics: corpus {self.corpus.name} was loaded without "
+              "its training split (the tokenizer saved in the workdir); pass dynamic_stats="
+              "some training text."
+          )
+        ss, _ = dyn.statistics_of_split(self.params, "train")
+      elif settings.needs_statistics:
+        stats = (
+            evaluate.text_tokens(self.corpus, dynamic_stats)
+            if isinstance(dynamic_stats, str)
+            else evaluate.check_tokens(dynamic_stats, self.model_cfg.n_token)
+        )
+        ss, _ = dyn.statistics_of_tokens(self.params, stats)
+      nll_1xT = dyn.score(self.params, tokens_1xT1, ss)
     num_bytes, num_words = text_size(text)
     return TextScore(
         tokens=tokens_1xT1[0, 1:],
