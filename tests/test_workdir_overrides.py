@@ -217,6 +217,49 @@ def test_score_and_generate_take_eval_overrides_and_the_kernel(converted, evals,
 
 
 @pytest.mark.slow
+def test_a_mesh_override_is_not_refused_for_the_training_batch(converted, evals):
+  """2 devices, --config.mesh.shape=(2, 1): train.global_batch=1 (the converter's)
+  does not divide the data axis, which evaluation does not use (before: refused);
+  the eval batch is padded to the devices and the result is the one-device one."""
+  _, workdir, _, _ = converted
+  r, _ = _main(
+      [f"--workdir={workdir}", "--mode=eval", "--config.mesh.shape=(2, 1)", *EVAL], devices=2
+  )
+  assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+  got = json.loads((workdir / "eval_results.json").read_text())
+  for split in ("valid", "test"):
+    want = evals["overrides"][split]["loss_nats"]
+    assert got[split]["loss_nats"] == pytest.approx(want, rel=1e-5)
+
+
+def test_validate_checks_the_training_batch_against_the_mesh_only_to_train():
+  config = default_config.get_config()
+  config.train.global_batch = 3  # a data axis of 2 does not divide it
+  with pytest.raises(errors.ConfigError, match=r"train\.global_batch=3 is not divisible"):
+    default_config.validate(config, 2)
+  assert default_config.validate(config, 2, training=False) == (2, 1)
+  config.train.update(global_batch=4, batch_chunk=4)  # 4 rows in 4 chunks on 2 devices
+  with pytest.raises(errors.ConfigError, match="batch_chunk"):
+    default_config.validate(config, 2)
+  assert default_config.validate(config, 2, training=False) == (2, 1)
+  config.eval.mem_len = -1  # everything else is still checked
+  with pytest.raises(errors.ConfigError, match="mem_len"):
+    default_config.validate(config, 2, training=False)
+
+
+def test_the_python_api_loads_a_workdir_whose_training_batch_the_devices_do_not_divide(
+    converted,
+):
+  """LanguageModel.from_workdir on this process's 8 devices: the converter's
+  train.global_batch=1 is no reason to refuse (before: 'not divisible')."""
+  from transformer_xl.inference import language_model
+
+  _, workdir, _, _ = converted
+  lm = language_model.LanguageModel.from_workdir(str(workdir))
+  assert lm.config.train.global_batch == 1 and lm.mesh.size == 8
+
+
+@pytest.mark.slow
 def test_refused_overrides_are_one_line_before_anything_compiles(converted, tmp_path):
   root, workdir, _, _ = converted
   score = [f"--workdir={workdir}", "--mode=score", f"--tokens={root / 'valid.npy'}"]
