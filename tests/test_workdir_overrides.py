@@ -352,6 +352,9 @@ def test_argv_without_overrides_or_with_config_is_unchanged(args, saved, flag_va
 
   argv = ["main.py", *(a.format(w=saved) for a in args)]
   assert saved_config.argv_with_saved_config(argv, flag_values) == argv
+  other_tool = flags.FlagValues()  # no --mode, --workdir: not main's command line
+  over = ["tool.py", f"--workdir={saved}", "--config.eval.mem_len=1"]
+  assert saved_config.argv_with_saved_config(over, other_tool) == over
 
 
 def test_overrides_that_cannot_read_a_saved_config_are_user_errors(saved, flag_values):

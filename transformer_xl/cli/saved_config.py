@@ -55,7 +55,8 @@ def argv_with_saved_config(
 
   Args:
     argv: the command line, ``sys.argv``-like (program name first).
-    flag_values: the defined flags (at least ``mode`` and ``workdir``).
+    flag_values: the defined flags (without ``mode`` and ``workdir``, not
+      ``main``'s: ``argv`` is returned as it is).
 
   Returns:
     The command line to parse.
@@ -66,13 +67,13 @@ def argv_with_saved_config(
     FileNotFoundError, errors.WorkdirError: no usable ``<workdir>/config.json``
       (``wd.load_config``'s messages).
   """
+  if "mode" not in flag_values or "workdir" not in flag_values:  # not main's flags
+    return list(argv)
   try:
     args = flag_values.read_flags_from_files(list(argv), force_gnu=False)
   except flags.Error:  # e.g. a missing --flagfile: the parse proper reports it
     args = list(argv)
-  found: dict[str, str] = {"mode": "train"}
-  if "mode" in flag_values and flag_values["mode"].default is not None:
-    found["mode"] = flag_values["mode"].default
+  found: dict[str, str] = {"mode": flag_values["mode"].default}
   has_config = has_overrides = False
   rest = iter(args[1:])
   for arg in rest:
