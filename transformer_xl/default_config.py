@@ -219,7 +219,9 @@ def get_config() -> ml_collections.ConfigDict:
   return c
 
 
-def validate(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, ...]:
+def validate(
+    config: ml_collections.ConfigDict, num_devices: int, *, training: bool = True
+) -> tuple[int, ...]:
   """Checks the whole config against itself and the devices.
 
   Everything that does not need the corpus is checked here, before data
@@ -229,6 +231,10 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, 
   Args:
     config: a config from ``get_config`` (or a configs/*.py file).
     num_devices: devices the mesh must cover (``jax.device_count()``).
+    training: the config trains (``--mode=train``); False (eval, score,
+      generate, ``LanguageModel``): ``train.global_batch`` and
+      ``train.batch_chunk``, which they never use, are not checked against
+      the mesh.
 
   Returns:
     The mesh shape, with -1 resolved.
@@ -251,13 +257,13 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, 
           f"model.n_head={m.n_head} is not divisible by the 'model' mesh axis "
           f"({n_model}); set --config.mesh.shape so the model axis divides n_head."
       )
-    if t.global_batch % n_data:
+    if training and t.global_batch % n_data:
       problems.append(
           f"train.global_batch={t.global_batch} is not divisible by the "
           f"data-parallel mesh axes (data x fsdp = {n_data}); use a multiple of "
           f"{n_data} or change --config.mesh.shape."
       )
-    elif t.batch_chunk < 1 or t.global_batch % (t.batch_chunk * n_data):
+    elif training and (t.batch_chunk < 1 or t.global_batch % (t.batch_chunk * n_data)):
       problems.append(
           f"train.global_batch={t.global_batch} must be divisible by "
           f"train.batch_chunk * data axis = {t.batch_chunk} * {n_data}."

@@ -5,10 +5,19 @@
     python -m transformer_xl.main --workdir=/tmp/txl --mode=score --tokens=x.npy --out=nll.npy
     python -m transformer_xl.main --workdir=/tmp/txl --mode=generate --prompt="the" --num_tokens=50
 
+    python -m transformer_xl.main --workdir=/tmp/txl --mode=eval --config.eval.mem_len=1600
+
 Flags in, one call out: the process-wide settings (``process_settings``),
 then ``cli.run``, which checks everything it can before compiling and runs
 the mode.  Any config value can be overridden with
 ``--config.<section>.<key>=value``; a restart with the same workdir resumes.
+Without ``--config``, eval, score and generate read the workdir's saved
+config.json and apply the overrides to it (``cli/saved_config.py``): the
+``eval.*`` settings, the free model settings (``model.attention_impl``,
+``dtype``, ``remat``, ``attn_block``, ``scan_unroll``), ``mesh.*``,
+``data.*`` (e.g. a moved corpus's ``data.manual_dir``); an override of the
+trained architecture is refused in one line naming it.  Training needs
+``--config``.
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from transformer_xl.cli import modes as cli
-from transformer_xl.cli import process_settings, user_errors
+from transformer_xl.cli import process_settings, saved_config, user_errors
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file (configs/*.py).", lock_config=True
@@ -122,6 +131,14 @@ _DEBUG = flags.DEFINE_bool(
 )
 
 
+def _config_source() -> str | None:
+  """What the config came from when it is the workdir's config.json with
+  ``--config.*`` overrides (``saved_config.source``), else None."""
+  if _CONFIG.value is None:
+    return None
+  return saved_config.source(flags.FLAGS[_CONFIG.name].config_filename)
+
+
 def main(argv):
   """Flags -> process settings -> ``cli.run``."""
   if len(argv) > 1:
@@ -141,6 +158,7 @@ def main(argv):
           mode=_MODE.value,
           workdir=_WORKDIR.value,
           config=_CONFIG.value,
+          config_source=_config_source(),
           tokens=_TOKENS.value,
           text=_TEXT.value,
           out=_OUT.value,

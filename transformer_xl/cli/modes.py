@@ -61,6 +61,9 @@ class Request:
     mode: one of ``MODES``.
     workdir: the run's directory.
     config: the ``--config`` file's config (None: the workdir's config.json).
+    config_source: what ``config`` came from, for the message that refuses
+      another architecture (None: "--config", or the workdir's config.json
+      when ``config`` is None).
     tokens, text, out: ``--mode=score`` (and ``out`` of ``--mode=generate``).
     dynamic_stats: ``--mode=score`` with dynamic evaluation: the statistics' text
       (.npy token rows or a text file; None: the training split).
@@ -73,6 +76,7 @@ class Request:
   mode: str
   workdir: str
   config: ml_collections.ConfigDict | None = None
+  config_source: str | None = None
   tokens: str | None = None
   text: str | None = None
   out: str | None = None
@@ -116,7 +120,7 @@ def _run(r: Request) -> None:
   wd.require_dir(r.workdir)
   config = r.config if r.config is not None else wd.load_config(r.workdir)
   tokens = user_errors.load_tokens(r.tokens) if r.mode == "score" and r.tokens else None
-  default_config.validate(config, jax.device_count())
+  default_config.validate(config, jax.device_count(), training=r.mode == "train")
   check_dynamic_request(r, config)
   if r.mode != "train":
     _run_mode(r, config, tokens)
@@ -129,7 +133,9 @@ def _run(r: Request) -> None:
 def _run_mode(r: Request, config: ml_collections.ConfigDict, tokens: np.ndarray | None) -> None:
   """The mesh, the corpus where the mode needs one, then the mode."""
   mesh = sharding.make_mesh(config.mesh.shape, config.mesh.axis_names)
-  source = "--config" if r.config is not None else str(epath.Path(r.workdir) / "config.json")
+  source = r.config_source or (
+      "--config" if r.config is not None else str(epath.Path(r.workdir) / "config.json")
+  )
   if r.mode != "train" and (epath.Path(r.workdir) / "model_config.json").exists():
     language_model.model_configs(config, r.workdir, source)  # an architecture change: now
   corpus = None

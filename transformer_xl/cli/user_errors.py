@@ -25,6 +25,7 @@ from absl import flags
 from etils import epath
 
 from transformer_xl import errors
+from transformer_xl.cli import saved_config
 from transformer_xl.inference import evaluate
 
 # What a user can cause; reported as one "error: ..." line (with --debug: a traceback):
@@ -152,13 +153,25 @@ def config_file_problem(argv) -> str | None:
 def parse_flags(argv):
   """absl flag parsing for ``app.run(..., flags_parser=parse_flags)``: a bad
   --config file, an unknown --config.key or a bad flag value becomes a
-  one-line error and exit status 1 (``--debug``: a traceback)."""
+  one-line error and exit status 1 (``--debug``: a traceback).
+
+  ``--config.*`` overrides without ``--config`` (eval, score, generate)
+  override the workdir's config.json: ``saved_config`` is named as the
+  config file (``saved_config.argv_with_saved_config``; ml_collections reads
+  the override names from ``sys.argv``, which holds that command line while
+  the flags are parsed).
+  """
   debug = "--debug" in argv or "--debug=true" in argv
   problem = config_file_problem(argv)
   if problem and not debug:
     sys.exit(f"error: {problem}")
+  with report(debug):  # overrides with --mode=train, a missing or damaged config.json
+    parsed_argv = saved_config.argv_with_saved_config(argv)
+  original_argv = sys.argv
+  if parsed_argv != list(argv):
+    sys.argv = parsed_argv  # where ml_collections reads the override names
   try:
-    return flags.FLAGS(argv)
+    return flags.FLAGS(parsed_argv)
   except (AttributeError, KeyError) as err:  # raised by ml_collections for unknown keys
     if debug:
       raise
@@ -181,3 +194,5 @@ def parse_flags(argv):
         f"error: the --config file failed to build the config: {type(err).__name__}: "
         f"{err} (run with --debug for the traceback)."
     )
+  finally:
+    sys.argv = original_argv

@@ -358,7 +358,7 @@ class LanguageModel:
     config = wd.load_config(workdir) if config is None else config
     trained, model_cfg, _ = model_configs(config, workdir, source)
     if mesh is None:
-      default_config.validate(config, jax.device_count())
+      default_config.validate(config, jax.device_count(), training=False)
       mesh = sharding.make_mesh(config.mesh.shape, config.mesh.axis_names)
     corpus = load_corpus(config, trained, workdir) if corpus is None else corpus
     step, params = run_dir.restore_params(workdir, trained, mesh)
