@@ -236,7 +236,8 @@ def calibrate(run: Callable[[int], None], warmup: int, min_repeat_s: float) -> i
   ``run(n)`` runs n steps and blocks on their results; it is called
   ``max(1, warmup)`` times untimed (compiling on the first step), then three
   times with one step: the fastest of those sets n so that a repeat of n steps
-  lasts at least ``min_repeat_s`` seconds.  Returns n."""
+  lasts ``min_repeat_s`` seconds at that speed (less where a lone step is
+  slower than one of many).  Returns n."""
   run(max(1, warmup))
   one = []
   for _ in range(3):

@@ -42,8 +42,8 @@ placed on the device before timing (no input pipeline is timed); the
 memory (and the dynamic state: parameters, ``m``, ``ss``) is carried from
 step to step, donated as in evaluation; each step is compiled and run
 ``--warmup`` times outside the timed region; the fastest of three single
-steps sets the steps per repeat (a repeat lasts at least
-``--min_repeat_s``); then ``--repeats`` repeats of each step, taken in turn
+steps sets the steps per repeat (a repeat lasts about ``--min_repeat_s``,
+less where a single step's own overhead made it look slower); then ``--repeats`` repeats of each step, taken in turn
 (repeat 1 of (a) to (e), then repeat 2, ...: a change of load on a shared
 machine reaches all five alike), each ending with ``jax.block_until_ready``
 on the outputs; the median over repeats.  The update steps start from
@@ -187,7 +187,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   p.add_argument("--decay", type=float, default=0.001, help='"rms": decay toward the loaded')
   p.add_argument("--eps", type=float, default=1e-4, help='"rms": added to sqrt(ss)')
   p.add_argument("--stats_steps", type=int, default=4, help="untimed steps giving the ss used")
-  p.add_argument("--min_repeat_s", type=float, help="seconds per timed repeat (at least)")
+  p.add_argument("--min_repeat_s", type=float, help="seconds per timed repeat (about)")
   p.add_argument("--warmup", type=int, default=2, help="untimed steps after compilation")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument(
