@@ -14,12 +14,16 @@ from __future__ import annotations
 import datetime
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS_DIR = os.path.join(REPO, "benchmarks", "results")
@@ -99,6 +103,25 @@ def machine_info(packages: tuple[str, ...]) -> dict:
       "python": platform.python_version(),
       "versions": {p: version(p) for p in packages},
   }
+
+
+def git_commit() -> dict:
+  """{"commit": HEAD's hash, "dirty": the files that differ from it (git
+  status --porcelain, untracked files too)}; "unknown" outside a git
+  checkout."""
+
+  def git(*cmd):
+    return subprocess.run(
+        ["git", *cmd], cwd=REPO, capture_output=True, text=True, timeout=30, check=True
+    ).stdout
+
+  try:
+    return {
+        "commit": git("rev-parse", "HEAD").strip(),
+        "dirty": [line[3:] for line in git("status", "--porcelain").splitlines()],
+    }
+  except (OSError, subprocess.SubprocessError):
+    return {"commit": "unknown", "dirty": []}
 
 
 # ---------------------------------------------------------------------------
@@ -205,3 +228,73 @@ def eval_loop(eval_step, params, memory, batches: list):
     holder["memory"] = mem
 
   return run
+
+
+def calibrate(run: Callable[[int], None], warmup: int, min_repeat_s: float) -> int:
+  """Warm-up, then the steps of one timed repeat.
+
+  ``run(n)`` runs n steps and blocks on their results; it is called
+  ``max(1, warmup)`` times untimed (compiling on the first step), then three
+  times with one step: the fastest of those sets n so that a repeat of n steps
+  lasts ``min_repeat_s`` seconds at that speed (less where a lone step is
+  slower than one of many).  Returns n."""
+  run(max(1, warmup))
+  one = []
+  for _ in range(3):
+    t0 = time.perf_counter()
+    run(1)
+    one.append(time.perf_counter() - t0)
+  return max(1, math.ceil(min_repeat_s / max(min(one), 1e-6)))
+
+
+def time_repeats(
+    run: Callable[[int], None], warmup: int, repeats: int, min_repeat_s: float
+) -> tuple[list, int]:
+  """``calibrate``, then ``repeats`` timed runs of n steps.
+
+  Returns:
+    (seconds of each repeat, n)."""
+  n = calibrate(run, warmup, min_repeat_s)
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    run(n)
+    times.append(time.perf_counter() - t0)
+  return times, n
+
+
+def time_interleaved(
+    runs: dict[str, Callable[[int], None]], warmup: int, repeats: int, min_repeat_s: float
+) -> dict[str, tuple[list, int]]:
+  """``time_repeats`` of several loops, their repeats taken in turn
+  (repeat 1 of each, then repeat 2 of each, ...), so that a change of load
+  on a shared machine reaches them all alike.  Each loop is calibrated
+  (``calibrate``) before any is timed.
+
+  Returns:
+    {name: (seconds of each repeat, steps per repeat)}."""
+  steps = {name: calibrate(run, warmup, min_repeat_s) for name, run in runs.items()}
+  times: dict[str, list] = {name: [] for name in runs}
+  for _ in range(repeats):
+    for name, run in runs.items():
+      t0 = time.perf_counter()
+      run(steps[name])
+      times[name].append(time.perf_counter() - t0)
+  return {name: (times[name], steps[name]) for name in runs}
+
+
+def per_token_summary(times: list, steps: int, tokens_per_step: int) -> dict:
+  """Repeats of ``steps`` steps of ``tokens_per_step`` scored tokens each, as
+  {"median_s_per_token" (seconds), "tokens_per_sec" (1 / the median),
+  "steps_per_repeat", "tokens_per_step", "repeat_seconds", "s_per_token"
+  (each repeat's)}."""
+  per_token = [t / (steps * tokens_per_step) for t in times]
+  med = statistics.median(per_token)
+  return {
+      "median_s_per_token": med,
+      "tokens_per_sec": 1.0 / med,
+      "steps_per_repeat": steps,
+      "tokens_per_step": tokens_per_step,
+      "repeat_seconds": [round(t, 4) for t in times],
+      "s_per_token": per_token,
+  }

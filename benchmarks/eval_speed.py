@@ -49,12 +49,9 @@ with the machine (CPU or device, load average, versions).
 from __future__ import annotations
 
 import argparse
-import math
 import os
-import statistics
 import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 BENCHMARKS = os.path.dirname(os.path.abspath(__file__))
 if BENCHMARKS not in sys.path:  # common.py, also when loaded from the file
@@ -227,39 +224,6 @@ def make_config(args: argparse.Namespace, attn_len: int):
   return c
 
 
-def _time_repeats(run: Callable[[int], None], args: argparse.Namespace) -> tuple[list, int]:
-  """Warm-up, calibration, then ``args.repeats`` timed runs of n steps.
-
-  ``run(n)`` runs n steps and blocks on the results.  Returns (seconds of
-  each repeat, n)."""
-  run(max(1, args.warmup))  # compiles on the first step
-  one = []
-  for _ in range(3):  # the fastest of three single steps: repeats last >= min_repeat_s
-    t0 = time.perf_counter()
-    run(1)
-    one.append(time.perf_counter() - t0)
-  n = max(1, math.ceil(args.min_repeat_s / max(min(one), 1e-6)))
-  times = []
-  for _ in range(args.repeats):
-    t0 = time.perf_counter()
-    run(n)
-    times.append(time.perf_counter() - t0)
-  return times, n
-
-
-def _summary(times: list, steps: int, tokens_per_step: int) -> dict:
-  per_token = [t / (steps * tokens_per_step) for t in times]
-  med = statistics.median(per_token)
-  return {
-      "median_s_per_token": med,
-      "tokens_per_sec": 1.0 / med,
-      "steps_per_repeat": steps,
-      "tokens_per_step": tokens_per_step,
-      "repeat_seconds": [round(t, 4) for t in times],
-      "s_per_token": per_token,
-  }
-
-
 def measure(args: argparse.Namespace, attn_len: int) -> dict:
   """Times both evaluations at one attention length L (tokens) on the first
   device, with the same random parameters (float32).
@@ -340,10 +304,10 @@ def measure(args: argparse.Namespace, attn_len: int) -> dict:
       wstate["i"] += 1
     jax.block_until_ready(nll)
 
-  xl_times, xl_n = _time_repeats(run_xl, args)
-  win_times, win_n = _time_repeats(run_window, args)
-  xl = _summary(xl_times, xl_n, b * t)
-  vanilla = _summary(win_times, win_n, b)  # stride 1: one scored token per window
+  xl_times, xl_n = common.time_repeats(run_xl, args.warmup, args.repeats, args.min_repeat_s)
+  win_times, win_n = common.time_repeats(run_window, args.warmup, args.repeats, args.min_repeat_s)
+  xl = common.per_token_summary(xl_times, xl_n, b * t)
+  vanilla = common.per_token_summary(win_times, win_n, b)  # stride 1: one scored token per window
   return {
       "attn_len": attn_len,
       "tgt_len": ecfg.tgt_len,

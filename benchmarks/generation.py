@@ -102,7 +102,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -275,25 +274,6 @@ def parse_args(argv=None) -> argparse.Namespace:
   return args
 
 
-def git_commit() -> dict:
-  """{"commit": HEAD's hash, "dirty": the files that differ from it (git
-  status --porcelain, untracked files too)}; "unknown" outside a git
-  checkout."""
-
-  def git(*cmd):
-    return subprocess.run(
-        ["git", *cmd], cwd=REPO, capture_output=True, text=True, timeout=30, check=True
-    ).stdout
-
-  try:
-    return {
-        "commit": git("rev-parse", "HEAD").strip(),
-        "dirty": [line[3:] for line in git("status", "--porcelain").splitlines()],
-    }
-  except (OSError, subprocess.SubprocessError):
-    return {"commit": "unknown", "dirty": []}
-
-
 def _worker_env(args, which: str) -> dict:
   """The environment of the ``which`` worker: ours a JAX one on the CPU
   (``--xla_flags`` added), and glibc's huge pages where asked for."""
@@ -409,7 +389,7 @@ def main(argv=None) -> int:
   if args.order == "pytorch_first":
     which = sorted(which, key=lambda w: w != "pytorch")
   info = common.machine_info(PACKAGES)
-  info.update(git_commit())
+  info.update(common.git_commit())
   info["threads"] = args.threads
   json_path = args.json
   if not json_path:

@@ -1,5 +1,6 @@
 """Smoke tests of the benchmark tools: benchmarks/vs_pytorch.py, benchmarks/fit.py,
-benchmarks/generation.py and the accelerator and attention-kernel tools.
+benchmarks/generation.py, benchmarks/dynamic_eval.py and the accelerator and
+attention-kernel tools.
 
 vs_pytorch.py runs in a subprocess (it starts one subprocess per
 implementation and phase itself) at --smoke sizes; the test checks that it
@@ -7,12 +8,14 @@ exits 0, prints the markdown table with tokens/s, ratio, % of the matmul
 limit and peak RSS of both implementations, equal parameter counts, writes
 its JSON and compares against an earlier one.  fit.py compiles a tiny
 config on 4 simulated devices.  generation.py samples with both
-implementations in every cell of its --smoke grid.  No test checks speed.  Needs torch and
+implementations in every cell of its --smoke grid.  dynamic_eval.py times
+static and dynamic evaluation's steps on a tiny model.  No test checks speed.  Needs torch and
 transformers (in the ``test`` extra; required, not skipped).
 """
 
 import importlib.util
 import json
+import math
 import os
 import re
 import subprocess
@@ -682,3 +685,91 @@ def test_generation_smoke_times_both_in_every_cell(tmp_path):
   assert proc.returncode == 0, proc.stderr
   assert re.search(r"ratio\.B2_M16 .* \+0\.0%", proc.stdout), proc.stdout
   assert "0 regression(s)" in proc.stdout
+
+
+# ---------------------------------------------------------------------------
+# dynamic_eval.py
+# ---------------------------------------------------------------------------
+
+DYNAMIC_EVAL = REPO / "benchmarks" / "dynamic_eval.py"
+DYNAMIC_STEPS = ("static_b", "static_1", "update_1", "update_b", "stats_1")
+
+
+def _run_dynamic_eval(*args):
+  env = dict(os.environ, PYTHONPATH=str(REPO))  # one CPU device, not the suite's simulated ones
+  env["XLA_FLAGS"] = " ".join(
+      f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f
+  )
+  return subprocess.run(
+      [sys.executable, str(DYNAMIC_EVAL), *args],
+      cwd=REPO,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=600,
+  )
+
+
+def test_dynamic_eval_smoke_times_static_and_dynamic(tmp_path):
+  """The dynamic-evaluation cost benchmark at --smoke sizes: the five steps
+  (static at B = 2 and 1, the dynamic update at 1 and 2, the statistics
+  step at 1) timed, every tokens/s positive and finite, the ratios their
+  quotients, the parameter count against one counted by hand and the
+  dynamic state 4 x the float32 parameters; the table and the JSON.  No
+  speed is checked."""
+  out_json = tmp_path / "dynamic_eval.json"
+  proc = _run_dynamic_eval("--smoke", f"--json={out_json}")
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  assert (
+      "| step | rows | tokens/s | ms per segment | vs static, 1 row | vs static, 2 rows "
+      "| temporaries MiB (XLA) |"
+  ) in proc.stdout, proc.stdout
+  for label in ("(a) static", "(b) static", "(c) dynamic update", "(d) dynamic update"):
+    assert f"| {label} | " in proc.stdout, proc.stdout
+  assert "(c)/(b)" in proc.stdout and "load average" in proc.stdout
+  res = json.loads(out_json.read_text())
+  assert set(res) == {
+      "args",
+      "machine",
+      "model",
+      "settings",
+      "results",
+      "ratios",
+      "device_peak_mib",
+      "table",
+  }
+  assert res["machine"]["platform"] == "cpu" and res["machine"]["commit"]
+  assert len(res["machine"]["loadavg_start"]) == 3 and len(res["machine"]["loadavg_end"]) == 3
+  assert set(res["results"]) == set(DYNAMIC_STEPS)
+  for key, batch in zip(DYNAMIC_STEPS, (2, 1, 1, 2, 1)):
+    r = res["results"][key]
+    assert r["batch"] == batch and r["tokens_per_step"] == batch * 8, (key, r)
+    assert math.isfinite(r["tokens_per_sec"]) and r["tokens_per_sec"] > 0, (key, r)
+    assert len(r["s_per_token"]) == 3 and all(s > 0 for s in r["s_per_token"]), (key, r)
+    assert r.get("last_nll_finite", True), key
+  assert set(res["ratios"]) == {
+      "update_1/static_1",
+      "update_b/static_b",
+      "update_1/static_b",
+      "stats_1/static_1",
+  }
+  for name, ratio in res["ratios"].items():
+    num, den = name.split("/")
+    assert ratio == pytest.approx(
+        res["results"][num]["tokens_per_sec"] / res["results"][den]["tokens_per_sec"]
+    )
+  m = res["model"]
+  # 1 layer, d_model 32, 2x16 heads, d_inner 64, a 64-word tied softmax: embedding 64 x 32,
+  # softmax bias 64; q, k, v 32 x 96; output 32 x 32; r_net 32 x 32; u and v biases 2 x 2 x 16;
+  # feed-forward 32 x 64 + 64 + 64 x 32 + 32; two layer norms 2 x 64.
+  assert m["n_params"] == 2048 + 64 + 3072 + 1024 + 1024 + 64 + 4192 + 128
+  assert m["param_bytes"] == 4 * m["n_params"] and m["dynamic_state_bytes"] == 4 * m["param_bytes"]
+  assert (m["tgt_len"], m["mem_len"], m["same_length"]) == (8, 16, True)
+  assert res["settings"]["global_batch"] == 1 and res["settings"]["rule"] == "rms"
+
+
+def test_dynamic_eval_bad_input_is_one_error_line():
+  proc = _run_dynamic_eval("--smoke", "--eps=0")
+  assert proc.returncode == 2
+  err = proc.stderr.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("error: --eps"), proc.stderr
