@@ -234,3 +234,21 @@ def test_dynamic_evaluation_needs_segments():
     default_config.validate(config, 1)
   config.eval.dynamic.lr = 0.0
   default_config.validate(config, 1)  # off: any method
+
+
+@pytest.mark.parametrize("factor, grows", [(2.5, True), (1.5, False)])
+def test_the_pull_back_diverges_above_a_factor_of_2(factor, grows):
+  """decay * sqrt(ss) is what one update takes back of m = params - loaded: m
+  becomes (1 - factor) m, so |m| grows above 2 (the warning's threshold,
+  ``pull_back_factor``) and shrinks below it."""
+  ss = {"w": jnp.asarray([0.0, 0.04])}  # sqrt: 0, 0.2
+  settings = dynamic_eval.DynamicSettings(lr=1e-2, decay=factor / 0.2, eps=1e-3)
+  assert dynamic_eval.pull_back_factor(settings, ss) == pytest.approx(factor)
+  state = dynamic_eval.DynamicState(params={"w": jnp.zeros(2)}, m={"w": jnp.zeros(2)}, ss=ss)
+  state = dynamic_eval.rms_update(settings, state, {"w": jnp.ones(2)})  # one step away
+  first = abs(float(state.m["w"][1]))
+  for _ in range(10):  # then no gradient: only the pull back acts
+    state = dynamic_eval.rms_update(settings, state, {"w": jnp.zeros(2)})
+  last = abs(float(state.m["w"][1]))
+  assert (last > 10 * first) if grows else (last < first)
+  assert float(state.m["w"][0]) == pytest.approx(-1e-2 / 1e-3)  # ss = 0: no pull back

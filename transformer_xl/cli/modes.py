@@ -370,6 +370,13 @@ def run_eval(
   else:
     metrics.log(f"Wrote {path}")
   bad = [s for s in ("valid", "test") if not np.isfinite(results[s]["loss_nats"])]
+  if bad and dynamic:
+    where = f"printed as null, not saved to {path}" if unwritable else f"written as null in {path}"
+    raise metrics.NonFiniteError(
+        f"the {' and '.join(bad)} loss of dynamic evaluation is not finite ({where}): the "
+        "adapted parameters diverged; lower eval.dynamic.lr (or eval.dynamic.decay, see the "
+        "warning above if there is one); tune them on the valid split."
+    )
   if bad:
     where = f"printed as null, not saved to {path}" if unwritable else f"written as null in {path}"
     raise metrics.NonFiniteError(
@@ -419,6 +426,7 @@ def _dynamic_split_scorer(
     ss, n = dyn.statistics_of_split(params, "train")
     record["stats_tokens_read"] = n
     metrics.log(f"Statistics pass: {n:,} training tokens in {time.perf_counter() - start:.1f} s.")
+    dynamic_eval.check_pull_back(settings, ss)
   else:
     dynamic_eval.log_settings(settings, "none")
 
@@ -566,13 +574,20 @@ def run_score(
       ss, dynamic["stats_tokens_read"] = dyn.statistics_of_split(params, "train")
     else:
       dynamic_eval.log_settings(settings, "none")
+    dynamic_eval.check_pull_back(settings, ss)
     nll_BxT = dyn.score(params, tokens_BxT1, ss)
   if not np.all(np.isfinite(nll_BxT)):
     b, t = np.argwhere(~np.isfinite(nll_BxT))[0]
     raise metrics.NonFiniteError(
         f"{int(np.sum(~np.isfinite(nll_BxT))):,} of the scores are not finite (the first at row "
-        f"{b}, position {t}) although the parameters of checkpoint step {step} are finite: the "
-        f"computation overflowed; nothing was written to {out_path}."
+        f"{b}, position {t}) although the parameters of checkpoint step {step} are finite: "
+        + (
+            "dynamic evaluation's adapted parameters diverged; lower eval.dynamic.lr (or "
+            "eval.dynamic.decay)"
+            if dynamic
+            else "the computation overflowed"
+        )
+        + f"; nothing was written to {out_path}."
     )
   replaced = epath.Path(out_path).exists()
   if jax.process_index() == 0:

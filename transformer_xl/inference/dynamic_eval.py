@@ -50,6 +50,7 @@ float32) plus a training step's activations for one segment of
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -368,6 +369,31 @@ class DynamicEvaluator:
     )
 
 
+def pull_back_factor(settings: DynamicSettings, ss: Any) -> float:
+  """The largest ``decay * sqrt(ss)`` over the parameters: the share of its
+  distance from the loaded value that one update takes back from a
+  parameter.  Above 2 the pull back overshoots by more than it corrects, so
+  the parameter oscillates with growing amplitude: the evaluation diverges
+  (NaN) whatever the lr.  0 for the "sgd" rule or without statistics."""
+  if settings.rule != "rms" or ss is None or settings.decay == 0:
+    return 0.0
+  peak = max(float(jnp.max(x)) for x in jax.tree.leaves(ss))
+  return settings.decay * math.sqrt(peak)
+
+
+def check_pull_back(settings: DynamicSettings, ss: Any) -> None:
+  """Logs a warning when ``pull_back_factor`` exceeds 2 (see there), with the
+  largest stable decay."""
+  factor = pull_back_factor(settings, ss)
+  if factor > 2:
+    metrics.log(
+        f"Warning: eval.dynamic.decay={settings.decay} times sqrt(ss) reaches {factor:.3g} for "
+        "some parameters (above 2 the pull back toward the loaded parameters overshoots and "
+        f"diverges); with these statistics decay must be below "
+        f"{2 * settings.decay / factor:.3g}."
+    )
+
+
 def log_settings(settings: DynamicSettings, stats: str) -> None:
   """One line saying what dynamic evaluation does (the settings and where its
   statistics come from)."""
@@ -387,7 +413,9 @@ __all__ = [
     "DynamicSettings",
     "DynamicState",
     "RULES",
+    "check_pull_back",
     "log_settings",
+    "pull_back_factor",
     "rms_update",
     "sgd_update",
 ]
