@@ -707,7 +707,9 @@ class LanguageModel:
         vocabulary (``evaluate.ScoreInputError``).
     """
     tokens_1xT1 = evaluate.text_tokens(self.corpus, text)
-    settings = dynamic or dynamic_eval.DynamicSettings.from_config(self.config)
+    settings = (
+        dynamic if dynamic is not None else dynamic_eval.DynamicSettings.from_config(self.config)
+    )
     if not settings.enabled:
       nll_1xT = self.evaluator.score(self.params, tokens_1xT1)
     else:
