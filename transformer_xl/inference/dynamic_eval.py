@@ -377,8 +377,15 @@ def pull_back_factor(settings: DynamicSettings, ss: Any) -> float:
   (NaN) whatever the lr.  0 for the "sgd" rule or without statistics."""
   if settings.rule != "rms" or ss is None or settings.decay == 0:
     return 0.0
-  peak = max(float(jnp.max(x)) for x in jax.tree.leaves(ss))
-  return settings.decay * math.sqrt(peak)
+  leaves = jax.tree.leaves(ss)
+  mesh_sharding = getattr(leaves[0], "sharding", None)
+  out = (  # a scalar every process can read, however ss is laid out
+      sharding.replicated(mesh_sharding.mesh)
+      if isinstance(mesh_sharding, jax.sharding.NamedSharding)
+      else None
+  )
+  peak = jax.jit(lambda t: jnp.max(jnp.stack([jnp.max(x) for x in t])), out_shardings=out)(leaves)
+  return settings.decay * math.sqrt(float(peak))
 
 
 def check_pull_back(settings: DynamicSettings, ss: Any) -> None:
