@@ -205,15 +205,7 @@ class DynamicEvaluator:
     self._steps: dict[str, Callable] = {}
 
   def _loss(self, params, memory, batch, weights_BxT):
-    nll_BxT, memory = self.model.apply(
-        {"params": params},
-        batch["inputs"],
-        memory,
-        batch["targets"],
-        deterministic=True,
-        reset_B=batch["reset"],
-        doc_pos_BxT=batch.get("doc_pos"),
-    )
+    nll_BxT, memory = evaluate.segment_nll(self.model, params, memory, batch)
     return _weighted_mean(nll_BxT, weights_BxT), (nll_BxT, memory)
 
   def make_step(self, kind: str, params: Any) -> Callable:

@@ -113,6 +113,22 @@ def window_model_config(
   )
 
 
+def segment_nll(
+    model: models.TransformerXL, params: Any, memory: models.Memory, batch: dict
+) -> tuple[jax.Array, models.Memory]:
+  """One evaluation segment, traced: (nll_BxT float32 nats, the next memory)
+  of ``batch`` (``make_eval_step``'s keys), no dropout."""
+  return model.apply(
+      {"params": params},
+      batch["inputs"],
+      memory,
+      batch["targets"],
+      deterministic=True,
+      reset_B=batch["reset"],
+      doc_pos_BxT=batch.get("doc_pos"),
+  )
+
+
 def make_eval_step(model: models.TransformerXL, mesh: Mesh) -> Callable:
   """The jitted eval step: (params, memory, batch) -> (nll_BxT, memory).
 
@@ -129,15 +145,7 @@ def make_eval_step(model: models.TransformerXL, mesh: Mesh) -> Callable:
   mem_sharding = models.Memory.shardings(mesh)
 
   def eval_step(params, memory, batch):
-    return model.apply(
-        {"params": params},
-        batch["inputs"],
-        memory,
-        batch["targets"],
-        deterministic=True,
-        reset_B=batch["reset"],
-        doc_pos_BxT=batch.get("doc_pos"),
-    )
+    return segment_nll(model, params, memory, batch)
 
   return jax.jit(
       sharding.traced_with_mesh(eval_step, mesh),
