@@ -311,7 +311,8 @@ def run_eval(
   "step": int, "eval": the settings}, each split's dict as
   ``evaluate.Evaluator.evaluate`` returns it, plus ``metrics.corpus_level``
   (bits per byte and the number of documents, for corpora of one's own
-  text).  With dynamic evaluation (``eval.dynamic.lr > 0``,
+  text; the word-level perplexity ``word_ppl`` over the split's ``words``
+  where they can be counted).  With dynamic evaluation (``eval.dynamic.lr > 0``,
   ``dynamic_eval.py``: each split from the loaded parameters, the
   statistics once from the training split) the same goes to
   ``<workdir>/eval_results_dynamic.json`` instead, its settings under
@@ -348,9 +349,11 @@ def run_eval(
   for split in ("valid", "test"):
     r = results[split] = score_split(split)
     r.update(metrics.corpus_level(r["loss_nats"], r["tokens"], corpus, split))
-    extra = "".join(f", {k} {r[k]:.4f}" for k in ("bits_per_byte",) if k in r) + "".join(
-        f", {r[k]:,} documents" for k in ("documents",) if k in r
-    )
+    extra = "".join(f", {k} {r[k]:.4f}" for k in ("bits_per_byte",) if k in r)
+    if "word_ppl" in r:
+      extra += f", word perplexity {r['word_ppl']:.3f} over {r['words']:,} words"
+    if "documents" in r:
+      extra += f", {r['documents']:,} documents"
     metrics.log(
         f"step {step} {split}: loss {r['loss_nats']:.4f} nats, {metric} "
         f"{r[metric]:.4f} over {r['tokens']:,} tokens{extra}"

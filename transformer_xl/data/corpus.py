@@ -145,6 +145,44 @@ class ArraySentenceIndex:
     return self.offsets[start:stop].copy()
 
 
+class WordsOfStream(Mapping[str, int]):
+  """Split -> words of a word-level stream whose lines end with one boundary
+  symbol: the tokens that are not ``boundary_id``, counted when first asked
+  for (one read of the split, in blocks) and kept.
+
+  For PTB and WikiText (``str.split`` of each line, one ``<eos>`` after it,
+  no ``<eos>`` in the raw text) this is the raw text's whitespace words:
+  checked on the shared copies (PTB valid / test 70,390 / 78,669 words,
+  WikiText-2 213,886 / 241,211) in ``tests/test_word_ppl.py``.
+
+  Args:
+    splits: split -> ``TokenSource``.
+    boundary_id: the line-end symbol's id.
+  """
+
+  _BLOCK = 1 << 22  # tokens read at a time (16 MiB of int32)
+
+  def __init__(self, splits: Mapping[str, TokenSource], boundary_id: int):
+    self._splits, self._boundary_id = splits, boundary_id
+    self._counted: dict[str, int] = {}
+
+  def __getitem__(self, split: str) -> int:
+    if split not in self._counted:
+      source = self._splits[split]
+      words = 0
+      for start in range(0, source.num_tokens, self._BLOCK):
+        block = source.read(start, min(start + self._BLOCK, source.num_tokens))
+        words += int(np.count_nonzero(block != self._boundary_id))
+      self._counted[split] = words
+    return self._counted[split]
+
+  def __iter__(self):
+    return iter(self._splits)
+
+  def __len__(self) -> int:
+    return len(self._splits)
+
+
 class Tokenizer(Protocol):
   """A corpus's tokenisation of text and its inverse (see ``tokenizers.py``)."""
 
@@ -194,6 +232,14 @@ class Corpus:
     num_files: "train", "valid", "test" -> files the split was read from,
       for corpora of one's own text files; None elsewhere (tfds datasets,
       the built-in corpora).
+    num_words: "train", "valid", "test" -> whitespace-separated words of the
+      split's raw text (``str.split``, as PG-19 counts them; Rae et al.
+      2020), for word-level perplexity (``run.metrics.corpus_level``): one's
+      own text and tfds datasets record them when prepared; the word-level
+      built-in corpora (ptb, wikitext2, wikitext103) count the tokens that
+      are not ``<eos>`` (``WordsOfStream``); None where words are not
+      known (bytes, characters, lm1b, a text dataset prepared before words
+      were recorded).
   """
 
   name: str
@@ -206,6 +252,7 @@ class Corpus:
   documents: Mapping[str, SentenceIndex] | None = None
   num_bytes: Mapping[str, int] | None = None
   num_files: Mapping[str, int] | None = None
+  num_words: Mapping[str, int] | None = None
 
   @property
   def vocab_size(self) -> int:

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping
 import numpy as np
 
 from transformer_xl.data import sources
-from transformer_xl.data.corpus import DataError
+from transformer_xl.data.corpus import Corpus, DataError, WordsOfStream
 from transformer_xl.data.storage import SPLITS, CorpusSpec, Plan, TokenStreamBuilder
 from transformer_xl.data.tokenizers import EOS, UNK, LineTokenizer
 
@@ -238,6 +238,18 @@ class _LineBuilder(TokenStreamBuilder, skip_registration=True):
     return Plan(
         vocab=vocab, boundary_id=index[spec.boundary], num_tokens=num_tokens, streams=streams
     )
+
+  def as_corpus(self) -> Corpus:
+    """The corpus, with ``num_words`` for the word-level ones (``WordsOfStream``:
+    the tokens that are not ``<eos>``, counted when asked for); ptb_char has none.
+
+    Raises:
+      DataError: as ``TokenStreamBuilder.as_corpus``.
+    """
+    corpus = super().as_corpus()
+    if self.SPEC.unit != "word" or self.SPEC.tokenizer.chars:
+      return corpus
+    return dataclasses.replace(corpus, num_words=WordsOfStream(corpus.splits, corpus.boundary_id))
 
 
 class TxlPtb(_LineBuilder):

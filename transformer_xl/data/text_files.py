@@ -39,7 +39,9 @@ split), for ``data.documents="reset"``.
 Preparation streams (peak memory independent of the corpus size): one pass
 over the training files counts symbols (or trains SentencePiece on a
 sample), then each split is tokenised once as it is written; file sizes,
-sha256s, bytes (for bits per byte) and counts are recorded in the prepared
+sha256s, bytes (for bits per byte), whitespace-separated words (for
+word-level perplexity, counted as PG-19 does: ``str.split`` of the text)
+and counts are recorded in the prepared
 dataset's metadata.  The prepared dataset lives in
 ``<data_dir>/txl_text/<fingerprint>/1.0.0``, where the fingerprint hashes
 the settings and each file's path, size and modification time: changing a
@@ -643,7 +645,13 @@ class TxlText(TokenStreamBuilder, skip_registration=True):
             f"{len(vocab):,} tokens; set data.vocab_size=0."
         )
     self._encode_lines = text_vocab.line_encoder(unit, tok, vocab, end)
-    self._stats = {"num_bytes": {}, "num_documents": {}, "num_tokens": {}, "files": {}}
+    self._stats = {
+        "num_bytes": {},
+        "num_words": {},
+        "num_documents": {},
+        "num_tokens": {},
+        "files": {},
+    }
     self._lengths = {split: _Int32File(self._tmp, split + DOCUMENT_LENGTHS) for split in SPLITS}
     streams = {}
     for split in SPLITS:
@@ -684,7 +692,7 @@ class TxlText(TokenStreamBuilder, skip_registration=True):
     stats = self._stats
     hashes: dict = {}
     lengths = self._lengths[split]
-    n_tokens = n_bytes = 0
+    n_tokens = n_bytes = n_words = 0
     if self.tfds is None:
       total, unit = sum(f.stat().st_size for f in self.files[split]), "B"
     else:
@@ -704,6 +712,7 @@ class TxlText(TokenStreamBuilder, skip_registration=True):
         lengths.append(ended)
         n_tokens += len(ids)
         n_bytes += sum(len(line.encode("utf-8")) + 1 for line, _ in batch)
+        n_words += sum(len(line.split()) for line, _ in batch)  # PG-19's words
         tokens.append(ids)
       if doc_len:
         lengths.append([doc_len])
@@ -712,6 +721,7 @@ class TxlText(TokenStreamBuilder, skip_registration=True):
     stats["num_tokens"][split] = n_tokens
     stats["num_tokens"][split + DOCUMENT_LENGTHS] = lengths.count
     stats["num_bytes"][split] = n_bytes
+    stats["num_words"][split] = n_words
     stats["num_documents"][split] = lengths.count
     stats["files"][split] = (
         [
@@ -730,7 +740,7 @@ class TxlText(TokenStreamBuilder, skip_registration=True):
     self.info.metadata.update(
         {
             "num_tokens": {k: v for k, v in stats["num_tokens"].items() if k in SPLITS},
-            **{k: dict(stats[k]) for k in ("num_bytes", "num_documents", "files")},
+            **{k: dict(stats[k]) for k in ("num_bytes", "num_words", "num_documents", "files")},
         }
     )
 
@@ -767,6 +777,11 @@ class TxlText(TokenStreamBuilder, skip_registration=True):
               f"vocabulary of {len(md['vocab']):,}",
           )
       )
+    # Words (for word-level perplexity) are recorded since issue 39; a dataset prepared
+    # before has none, and then no word-level perplexity.
+    num_words = dict(md["num_words"]) if "num_words" in md else None
+    if num_words is not None and counts_problem(md, "num_words"):
+      raise DataError(damaged_message(path, f"its metadata.json {counts_problem(md, 'num_words')}"))
     documents = {
         split: ChunkedSentenceIndex(
             ChunkedSource(
@@ -786,6 +801,7 @@ class TxlText(TokenStreamBuilder, skip_registration=True):
         tokenizer=tokenizer,
         documents=documents,
         num_bytes=dict(md["num_bytes"]),
+        num_words=num_words,
     )
 
 

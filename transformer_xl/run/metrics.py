@@ -39,10 +39,16 @@ def corpus_level(loss_nats: float, tokens: int, corpus: Any, split: str) -> dict
   """Corpus-level numbers of a whole split's evaluation (as PG-19 reports them).
 
   ``bits_per_byte``: the split's total loss in bits over its UTF-8 bytes
-  (``corpus.num_bytes``; comparable across tokenizers), and ``documents``:
-  how many documents it has, where the corpus records them (one's own text,
-  ``data.dataset="text"``); empty otherwise, or when ``tokens`` is not the
-  whole split (``train.eval_max_steps``).
+  (``corpus.num_bytes``; comparable across tokenizers); ``word_ppl``:
+  exp(total loss in nats / ``words``), the word-level perplexity of PG-19
+  (Rae et al. 2020, Sec. 4), ``words`` being the whitespace-separated
+  words of the split's raw text (``corpus.num_words``; for PTB and
+  WikiText the tokens that are not ``<eos>``, so it is above the per-token
+  ``ppl``, which counts ``<eos>``); and ``documents``: how many documents
+  it has, where the corpus records them (one's own text,
+  ``data.dataset="text"`` or ``"tfds:NAME"``).  Each only where the corpus
+  knows it; empty when ``tokens`` is not the whole split
+  (``train.eval_max_steps``).
 
   Args:
     loss_nats: mean loss per token, nats.
@@ -55,6 +61,10 @@ def corpus_level(loss_nats: float, tokens: int, corpus: Any, split: str) -> dict
     return out
   if corpus.num_bytes:
     out["bits_per_byte"] = float(loss_nats * tokens / corpus.num_bytes[split] / np.log(2.0))
+  words = corpus.num_words[split] if getattr(corpus, "num_words", None) else 0
+  if words:
+    out["words"] = int(words)
+    out["word_ppl"] = float(np.exp(np.float64(loss_nats) * tokens / words))
   if corpus.documents:
     out["documents"] = int(corpus.documents[split].num_sentences)
   return out
