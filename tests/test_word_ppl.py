@@ -122,3 +122,27 @@ def test_ptb_as_text_gives_word_ppl_exp_of_nll_over_words(tmp_path):
       float(nll.astype(np.float64).sum()) / (corpus.num_bytes["valid"] * math.log(2))
   )
   assert "word_ppl" not in metrics.corpus_level(r["loss_nats"], r["tokens"] - 1, corpus, "valid")
+
+
+def test_each_documents_bytes_and_words_are_recorded(tmp_path):
+  """Per document (a file each): UTF-8 bytes (a line break per line) and
+  whitespace words, as counted here from the files."""
+  texts = ["Grüße  aus Köln\n\nzwei\tWörter\n", "one\n", "a b c d\ne f\n"]
+  for k, t in enumerate(texts):
+    (tmp_path / f"d{k}.txt").write_text(t, "utf-8")
+  corpus = text_files.load_text_corpus(
+      TextSettings(
+          train_files=f"{tmp_path}/d*.txt",
+          valid_files=f"{tmp_path}/d*.txt",
+          test_files=f"{tmp_path}/d*.txt",
+          allow_split_overlap=True,
+          tokenizer="char",
+      ),
+      data_dir=tmp_path / "tfds",
+  )
+  for split in SPLITS:
+    n = corpus.documents[split].num_sentences
+    assert n == len(texts)
+    assert corpus.document_bytes[split].read(0, n).tolist() == [len(t.encode()) for t in texts]
+    assert corpus.document_words[split].read(0, n).tolist() == [len(t.split()) for t in texts]
+    assert corpus.num_words[split] == sum(len(t.split()) for t in texts)

@@ -32,6 +32,7 @@ from transformer_xl.model.config import (  # noqa: F401 (re-exported: the model'
 )
 
 NONFINITE_POLICIES = ("stop", "skip")  # train.nonfinite
+EVAL_DOCUMENTS = ("split", "whole")  # eval.documents (inference/evaluate.py)
 DYNAMIC_RULES = ("rms", "sgd")  # eval.dynamic.rule (inference/dynamic_eval.py)
 
 
@@ -177,6 +178,10 @@ def get_config() -> ml_collections.ConfigDict:
           window=0,  # "sliding": window length L (0 = model.tgt_len + model.mem_len)
           stride=1,  # "sliding": tokens scored per window (1 = Al-Rfou et al.)
           global_batch=10,  # reference eval_batch_size (rows, or windows per step)
+          documents="split",  # "split": the split as data.documents says (one stream, or
+          # documents masked apart with "reset"); "whole": every document (book) scored
+          # from an empty memory to its end, results per document too (PG-19; needs a
+          # corpus with documents: data.dataset "text" or "tfds:NAME")
       )
   )
   # Dynamic evaluation (Krause et al. 2019; inference/dynamic_eval.py), on when lr > 0:
@@ -292,6 +297,20 @@ def validate(
   if t.loss_span not in ("full", "half"):
     problems.append(f"train.loss_span={t.loss_span!r}: use 'full' or 'half'.")
   problems += _data_problems(config.data, nonfinite)
+  eval_documents = e.get("documents", "split")
+  if eval_documents not in EVAL_DOCUMENTS:
+    problems.append(f"eval.documents={eval_documents!r}: use 'split' or 'whole'.")
+  elif eval_documents == "whole" and e.method != "segments":
+    problems.append(
+        f"eval.documents='whole' needs eval.method='segments', not {e.method!r}: set "
+        "--config.eval.method=segments."
+    )
+  elif eval_documents == "whole" and e.get("dynamic") and e.dynamic.get("lr", 0.0) > 0:
+    problems.append(
+        "eval.documents='whole' does not go with dynamic evaluation (eval.dynamic.lr > 0: "
+        "its parameters would carry what earlier documents taught them into the next one): "
+        "leave eval.documents='split' or eval.dynamic.lr=0."
+    )
   if config.data.get("documents", "stream") == "reset" and e.method == "sliding":
     problems.append(
         "data.documents='reset' is not supported by eval.method='sliding': use "

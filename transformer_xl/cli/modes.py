@@ -312,7 +312,10 @@ def run_eval(
   ``evaluate.Evaluator.evaluate`` returns it, plus ``metrics.corpus_level``
   (bits per byte and the number of documents, for corpora of one's own
   text; the word-level perplexity ``word_ppl`` over the split's ``words``
-  where they can be counted).  With dynamic evaluation (``eval.dynamic.lr > 0``,
+  where they can be counted).  With ``eval.documents="whole"`` each split
+  is scored document by document (``Evaluator.evaluate_documents``) and
+  its dict also holds ``per_document`` (each document's tokens, loss,
+  bits per byte and word-level perplexity) and ``documents_scored``.  With dynamic evaluation (``eval.dynamic.lr > 0``,
   ``dynamic_eval.py``: each split from the loaded parameters, the
   statistics once from the training split) the same goes to
   ``<workdir>/eval_results_dynamic.json`` instead, its settings under
@@ -410,6 +413,8 @@ def _dynamic_split_scorer(
   """
   settings = dynamic_eval.DynamicSettings.from_config(config)
   if not settings.enabled:
+    if evaluator.whole:  # eval.documents="whole": per-document results too
+      return (lambda split: evaluator.evaluate_documents(params, split)), None
     return (lambda split: evaluator.evaluate(params, split)), None
   dyn = dynamic_eval.DynamicEvaluator(evaluator, settings)
   ss, record = None, settings.to_json()

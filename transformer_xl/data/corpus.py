@@ -240,6 +240,11 @@ class Corpus:
       are not ``<eos>`` (``WordsOfStream``); None where words are not
       known (bytes, characters, lm1b, a text dataset prepared before words
       were recorded).
+    document_bytes, document_words: "train", "valid", "test" -> int32 UTF-8
+      bytes and whitespace words of each document (in ``documents`` order;
+      -1 where a count does not fit in int32), for per-document bits per
+      byte and word-level perplexity (``eval.documents="whole"``); recorded
+      with ``num_words``, None where it is not.
   """
 
   name: str
@@ -253,6 +258,8 @@ class Corpus:
   num_bytes: Mapping[str, int] | None = None
   num_files: Mapping[str, int] | None = None
   num_words: Mapping[str, int] | None = None
+  document_bytes: Mapping[str, TokenSource] | None = None
+  document_words: Mapping[str, TokenSource] | None = None
 
   @property
   def vocab_size(self) -> int:

@@ -32,7 +32,9 @@ whatever the tokenizer (``data.tokenizer``):
 Documents (``data.document_separator``): ``"file"`` (each file one
 document), ``"paragraph"`` (a run of lines up to and including the blank
 lines after it) or ``"line"``.  Documents add no token: their lengths are
-stored beside the stream (split ``<split>_document_lengths``) and the
+stored beside the stream (split ``<split>_document_lengths``; their UTF-8
+bytes and whitespace words in ``<split>_document_bytes`` and
+``<split>_document_words``, for per-document results) and the
 Corpus carries them as ``documents`` (a ``SentenceIndex`` per
 split), for ``data.documents="reset"``.
 
@@ -93,6 +95,9 @@ from transformer_xl.data.text_settings import (  # noqa: F401 (settings_problems
 )
 
 DOCUMENT_LENGTHS = "_document_lengths"  # suffix of the document-length splits
+DOCUMENT_BYTES = "_document_bytes"  # suffix of the splits of each document's UTF-8 bytes
+DOCUMENT_WORDS = "_document_words"  # ... and whitespace words (-1: more than int32 holds)
+_INT32_MAX = (1 << 31) - 1
 STORAGE_FORMAT = 1  # in the fingerprint: a change of how corpora are stored prepares them again
 _SNIFF_BYTES = 8192  # read from every file up front: binary files are refused before any work
 _BLOCK = 1 << 20
@@ -653,10 +658,16 @@ class TxlText(TokenStreamBuilder, skip_registration=True):
         "files": {},
     }
     self._lengths = {split: _Int32File(self._tmp, split + DOCUMENT_LENGTHS) for split in SPLITS}
+    self._doc_sizes = {
+        split: {k: _Int32File(self._tmp, split + k) for k in (DOCUMENT_BYTES, DOCUMENT_WORDS)}
+        for split in SPLITS
+    }
     streams = {}
     for split in SPLITS:
       streams[split] = lambda split=split: self._encode(split)
       streams[split + DOCUMENT_LENGTHS] = lambda split=split: self._lengths[split].read()
+      for k in (DOCUMENT_BYTES, DOCUMENT_WORDS):
+        streams[split + k] = lambda split=split, k=k: self._doc_sizes[split][k].read()
     return Plan(
         vocab=vocab,
         boundary_id=end,
@@ -684,14 +695,24 @@ class TxlText(TokenStreamBuilder, skip_registration=True):
     self._tokenize(split, tokens)
     self._counts[split] = tokens.count
     self._counts[split + DOCUMENT_LENGTHS] = self._lengths[split].count
+    for k, f in self._doc_sizes[split].items():
+      self._counts[split + k] = f.count
     yield from tokens.read()
     tokens.path.unlink()
 
   def _tokenize(self, split: str, tokens: _Int32File) -> None:
-    """Writes the ids of ``split`` to ``tokens``, recording document lengths and statistics."""
+    """Writes the ids of ``split`` to ``tokens``, recording document lengths, bytes and
+    words, and statistics."""
     stats = self._stats
     hashes: dict = {}
     lengths = self._lengths[split]
+    doc_bytes, doc_words = (self._doc_sizes[split][k] for k in (DOCUMENT_BYTES, DOCUMENT_WORDS))
+
+    def end_document(length: int, n_bytes: int, n_words: int) -> None:
+      lengths.append([length])
+      doc_bytes.append([n_bytes if n_bytes <= _INT32_MAX else -1])
+      doc_words.append([n_words if n_words <= _INT32_MAX else -1])
+
     n_tokens = n_bytes = n_words = 0
     if self.tfds is None:
       total, unit = sum(f.stat().st_size for f in self.files[split]), "B"
@@ -700,23 +721,24 @@ class TxlText(TokenStreamBuilder, skip_registration=True):
     with tqdm.tqdm(
         total=total, desc=f"text: {split}", unit=unit, unit_scale=True, mininterval=5, disable=None
     ) as progress:
-      doc_len = 0
+      doc_len = doc_b = doc_w = 0  # the open document's tokens, bytes and words
       for batch in _batches(self._document_lines(split, progress, hashes)):
         ids, counts = self._encode_lines([line for line, _ in batch])
-        ended = []  # lengths of the documents this batch ends
-        for (_, new_doc), count in zip(batch, counts.tolist()):
+        for (line, new_doc), count in zip(batch, counts.tolist()):
           if new_doc and doc_len:
-            ended.append(doc_len)
-            doc_len = 0
-          doc_len += count
-        lengths.append(ended)
+            end_document(doc_len, doc_b, doc_w)
+            doc_len = doc_b = doc_w = 0
+          line_bytes, line_words = len(line.encode("utf-8")) + 1, len(line.split())
+          doc_len, doc_b, doc_w = doc_len + count, doc_b + line_bytes, doc_w + line_words
+          n_bytes += line_bytes
+          n_words += line_words  # PG-19's words: str.split of the text
         n_tokens += len(ids)
-        n_bytes += sum(len(line.encode("utf-8")) + 1 for line, _ in batch)
-        n_words += sum(len(line.split()) for line, _ in batch)  # PG-19's words
         tokens.append(ids)
       if doc_len:
-        lengths.append([doc_len])
+        end_document(doc_len, doc_b, doc_w)
     lengths.flush()
+    doc_bytes.flush()
+    doc_words.flush()
     tokens.flush()
     stats["num_tokens"][split] = n_tokens
     stats["num_tokens"][split + DOCUMENT_LENGTHS] = lengths.count
@@ -777,11 +799,27 @@ class TxlText(TokenStreamBuilder, skip_registration=True):
               f"vocabulary of {len(md['vocab']):,}",
           )
       )
-    # Words (for word-level perplexity) are recorded since issue 39; a dataset prepared
-    # before has none, and then no word-level perplexity.
+    # Words (for word-level perplexity) and each document's bytes and words are recorded
+    # since issue 39; a dataset prepared before has none of them (and then no word-level
+    # perplexity).
     num_words = dict(md["num_words"]) if "num_words" in md else None
     if num_words is not None and counts_problem(md, "num_words"):
       raise DataError(damaged_message(path, f"its metadata.json {counts_problem(md, 'num_words')}"))
+
+    def per_document(suffix: str) -> dict | None:
+      if num_words is None:
+        return None
+      return {
+          split: ChunkedSource(
+              self.data_source(split + suffix),
+              md["num_documents"][split],
+              md["chunk_size"],
+              name=f"text/{split}{suffix}",
+              path=path,
+          )
+          for split in SPLITS
+      }
+
     documents = {
         split: ChunkedSentenceIndex(
             ChunkedSource(
@@ -802,6 +840,8 @@ class TxlText(TokenStreamBuilder, skip_registration=True):
         documents=documents,
         num_bytes=dict(md["num_bytes"]),
         num_words=num_words,
+        document_bytes=per_document(DOCUMENT_BYTES),
+        document_words=per_document(DOCUMENT_WORDS),
     )
 
 

@@ -219,6 +219,12 @@ class Evaluator:
   does alone; with ``same_length`` and relative positions (every config's
   setting) documents follow each other without padding.
 
+  With ``eval.documents="whole"`` (PG-19's whole-book evaluation;
+  ``evaluate_documents``) the split is laid out the same way whatever
+  ``data.documents`` says: every row holds whole documents, each document
+  (book) scored from an empty memory to its end, as if alone; results come
+  per document as well.
+
   Either way every token of the split is scored exactly once.  Any number
   of rows works on any mesh: rows are padded to a multiple of the
   data-parallel size with dummy rows of weight 0 (so the reference's eval
@@ -245,6 +251,13 @@ class Evaluator:
     self.global_batch = config.eval.global_batch
     self.corpus = corpus
     self.documents = config.data.get("documents", "stream")  # "reset": batches carry doc_pos
+    # "whole": every document scored from an empty memory (as "reset"), results per document
+    self.whole = config.eval.get("documents", "split") == "whole"
+    if self.whole and corpus is not None and corpus.documents is None:
+      raise data.DataError(
+          f"eval.documents='whole' needs a corpus with documents (data.dataset='text' or "
+          f"'tfds:NAME', e.g. tfds:pg19); {corpus.name!r} has none: use eval.documents='split'."
+      )
     # With "reset": each document starts a segment where the keys a query sees depend on
     # its place in the segment (as they do for a document scored alone): without
     # same_length, query i sees mem_len + i keys; absolute positions count from the window.
@@ -261,7 +274,8 @@ class Evaluator:
 
   @property
   def lengths(self) -> dict:
-    """The evaluation method and its lengths (recorded in eval_results.json)."""
+    """The evaluation method and its lengths (recorded in eval_results.json), and
+    ``documents: "whole"`` with ``eval.documents="whole"``."""
     if self.method == "sliding":
       return {
           "method": "sliding",
@@ -275,6 +289,7 @@ class Evaluator:
         "mem_len": self.cfg.mem_len,
         "clamp_len": self.cfg.clamp_len,
         "same_length": self.cfg.same_length,
+        **({"documents": "whole"} if self.whole else {}),
     }
 
   def _rows(self, b: int) -> tuple[int, list[int]]:
@@ -310,7 +325,9 @@ class Evaluator:
           source, b, self.window_cfg.tgt_len, self.stride, boundary, row_ids=row_ids
       )
     else:
-      documents = data.split_documents(self.corpus, split, self.documents)
+      documents = data.split_documents(
+          self.corpus, split, "reset" if self.whole else self.documents
+      )
       align = documents is not None and self.align_documents
       make_it = lambda row_ids: data.EvalIterator(
           source,
@@ -337,7 +354,7 @@ class Evaluator:
         }
         if sliding:
           dummy["front_pad"] = np.zeros((n_dummy,), np.int32)
-        elif self.documents == "reset":
+        elif self.whole or self.documents == "reset":
           dummy["doc_pos"] = np.zeros((n_dummy, seg), np.int32)
         local = dummy if local is None else {k: np.concatenate([local[k], dummy[k]]) for k in dummy}
       batch = data.to_global_batch(local, self._batch_sharding, b_pad)
@@ -385,6 +402,94 @@ class Evaluator:
         "loss_nats": loss,
         metric: metrics.metric_value(loss, self.corpus.unit),
         "tokens": int(round(n_tok)),
+    }
+
+  def evaluate_documents(
+      self, params: Any, split: str, step: Step | None = None, num_rows: int = 0
+  ) -> dict:
+    """Scores ``split`` document by document (``eval.documents="whole"``).
+
+    Every document (a book of PG-19) is scored from an empty memory to its
+    end, as ``score`` scores it alone (the boundary symbol, then the
+    document): the rows hold whole documents, and a query sees no earlier
+    document (``doc_pos``; each document also starts a segment where a
+    query's keys depend on its place in it: ``align_documents``).  Progress
+    is reported by documents (``metrics.log``, at every tenth of them, and a
+    progress bar on a terminal).
+
+    Args:
+      params: model parameters.
+      split: "train", "valid" or "test".
+      step: replaces the eval step (``Step``).
+      num_rows: rows of the batch (0: ``eval.global_batch``).
+
+    Returns:
+      ``evaluate``'s {"loss_nats", "ppl" or "bpc", "tokens"} over the whole
+      split (token-weighted: the documents' total NLL over their tokens),
+      plus "documents_scored" and "per_document": one dict per document in
+      split order: {"document": index, "tokens", "loss_nats" (mean, nats),
+      "ppl" or "bpc", "bytes" and "bits_per_byte", "words" and "word_ppl"
+      (exp(NLL / words); None for a document without words)}, the last four
+      where the corpus records each document's bytes and words.
+
+    Raises:
+      DataError: the corpus has no documents.
+    """
+    if self.corpus.documents is None:
+      raise data.DataError(
+          f"scoring whole documents needs a corpus with documents; {self.corpus.name!r} has none."
+      )
+    if not self.whole:
+      raise ValueError("evaluate_documents needs eval.documents='whole'.")
+    index = self.corpus.documents[split]
+    n_docs = index.num_sentences
+    offsets = index.read_offsets(0, n_docs + 1)
+    lengths = np.diff(offsets)
+    nll_D, seen_D = np.zeros(n_docs, np.float64), np.zeros(n_docs, np.int64)
+    done, reported = 0, 0
+    bar = metrics.progress_bar(n_docs, desc=f"eval {split}", unit="document")
+    for nll_BxT, _, pairs in self._scored_batches(params, split, step=step, num_rows=num_rows):
+      p = pairs()
+      scored = p >= 0
+      doc = np.searchsorted(offsets, p[scored], side="right") - 1
+      np.add.at(nll_D, doc, np.asarray(jax.device_get(nll_BxT), np.float64)[scored])
+      np.add.at(seen_D, doc, 1)
+      now = int(np.count_nonzero(seen_D == lengths))
+      bar.update(now - done)
+      done = now
+      if done * 10 // n_docs > reported:  # each tenth of the documents, and the last one
+        reported = done * 10 // n_docs
+        metrics.log(f"eval {split}: {done}/{n_docs} documents scored")
+    bar.close()
+    unit = self.corpus.unit
+    metric = metrics.metric_name(unit)
+    sizes = {}
+    for key, counts in (
+        ("bytes", self.corpus.document_bytes),
+        ("words", self.corpus.document_words),
+    ):
+      if counts is not None:
+        sizes[key] = counts[split].read(0, n_docs)
+    per_document = []
+    for k in range(n_docs):
+      n = int(lengths[k])
+      d = {"document": k, "tokens": n, "loss_nats": nll_D[k] / max(n, 1)}
+      d[metric] = metrics.metric_value(d["loss_nats"], unit)
+      if "bytes" in sizes and sizes["bytes"][k] >= 0:
+        d["bytes"] = int(sizes["bytes"][k])
+        d["bits_per_byte"] = nll_D[k] / np.log(2.0) / d["bytes"] if d["bytes"] else None
+      if "words" in sizes and sizes["words"][k] >= 0:
+        d["words"] = int(sizes["words"][k])
+        d["word_ppl"] = float(np.exp(nll_D[k] / d["words"])) if d["words"] else None
+      per_document.append(d)
+    tokens = int(seen_D.sum())
+    loss = float(nll_D.sum()) / max(tokens, 1)
+    return {
+        "loss_nats": loss,
+        metric: metrics.metric_value(loss, unit),
+        "tokens": tokens,
+        "documents_scored": done,
+        "per_document": per_document,
     }
 
   def token_nll(self, params: Any, split: str) -> np.ndarray:

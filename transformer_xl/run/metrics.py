@@ -96,17 +96,19 @@ def log(msg: str) -> None:
     logging.info(msg, stacklevel=2)
 
 
-def progress_bar(total: int, initial: int = 0, desc: str = "train") -> tqdm.tqdm:
-  """A console progress bar over steps on stderr, shown on process 0 and only
-  where stderr is a terminal (in a log file it would be carriage returns and
-  redrawn bars beside the step lines)."""
+def progress_bar(
+    total: int, initial: int = 0, desc: str = "train", unit: str = "step"
+) -> tqdm.tqdm:
+  """A console progress bar over steps (or another ``unit``: documents) on
+  stderr, shown on process 0 and only where stderr is a terminal (in a log
+  file it would be carriage returns and redrawn bars beside the step lines)."""
   terminal = bool(getattr(sys.stderr, "isatty", lambda: False)())
   return tqdm.tqdm(
       total=total,
       initial=initial,
       disable=jax.process_index() != 0 or not terminal,
       desc=desc,
-      unit="step",
+      unit=unit,
       dynamic_ncols=True,
   )
 
