@@ -354,7 +354,7 @@ def run_eval(
     r.update(metrics.corpus_level(r["loss_nats"], r["tokens"], corpus, split))
     extra = "".join(f", {k} {r[k]:.4f}" for k in ("bits_per_byte",) if k in r)
     if "word_ppl" in r:
-      extra += f", word perplexity {r['word_ppl']:.3f} over {r['words']:,} words"
+      extra += f", word perplexity {r['word_ppl']:.6g} over {r['words']:,} words"
     if "documents" in r:
       extra += f", {r['documents']:,} documents"
     metrics.log(

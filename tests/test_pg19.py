@@ -1,0 +1,126 @@
+"""PG-19 (``data.dataset="tfds:pg19"``) offline, over tfds's mock data.
+
+The mock books come from ``tfds.testing.mock_data`` (``scripts/mock_tfds.py``:
+every tfds dataset mocked but this package's own, so the preparation into
+the tokenised corpus is the real one).  Each book is one document; its
+tokens, bytes and whitespace words are counted here from the mock books
+themselves; ``configs/pg19_small.py`` trains with the memory reset at book
+boundaries and evaluates whole books, with word-level perplexity.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from transformer_xl import data
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "scripts" / "mock_tfds.py"
+BOOKS = 48  # mock examples per split (about 780 bytes: enough rows for the config's batch)
+
+
+def _mock_module():
+  spec = importlib.util.spec_from_file_location("mock_tfds", SCRIPT)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def _config():
+  spec = importlib.util.spec_from_file_location("pg19_small", REPO / "configs" / "pg19_small.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+def _mock_books(num_examples=BOOKS):
+  """split -> the mock books' texts, read through tfds as the corpus reads them."""
+  import tensorflow_datasets as tfds
+
+  with _mock_module().mock_tfds_but_ours(num_examples):
+    builder = tfds.builder("pg19")
+    return {
+        ours: [ex["book_text"] for ex in builder.as_data_source(theirs)]
+        for ours, theirs in (("train", "train"), ("valid", "validation"), ("test", "test"))
+    }
+
+
+@pytest.mark.smoke
+def test_pg19_small_reads_each_book_as_a_document(tmp_path):
+  config = _config()
+  config.data.data_dir = str(tmp_path / "tfds")
+  with _mock_module().mock_tfds_but_ours(BOOKS):
+    corpus = data.load_configured(config.data.to_dict())
+  books = _mock_books()
+  assert corpus.unit == "byte"
+  for split, texts in books.items():
+    assert len(texts) == BOOKS and all(isinstance(t, str) and t for t in texts)
+    n = corpus.documents[split].num_sentences
+    assert n == BOOKS, split
+    # Bytes: a book's lines, each with its line break (the byte tokenizer's end symbol).
+    want = [sum(len(line.encode()) + 1 for line in t.splitlines()) for t in texts]
+    assert np.diff(corpus.documents[split].read_offsets(0, n + 1)).tolist() == want
+    assert corpus.document_bytes[split].read(0, n).tolist() == want
+    assert corpus.document_words[split].read(0, n).tolist() == [len(t.split()) for t in texts]
+    assert corpus.num_words[split] == len(" ".join(texts).split())
+    assert corpus.num_bytes[split] == sum(want) == corpus.splits[split].num_tokens
+
+
+def _run(args, timeout=600):
+  env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)
+  return subprocess.run(
+      [sys.executable, str(SCRIPT), f"--mock_examples={BOOKS}", *map(str, args)],
+      cwd=REPO,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=timeout,
+  )
+
+
+@pytest.mark.slow
+def test_pg19_small_trains_and_evaluates_whole_books_offline(tmp_path):
+  workdir, tfds_dir = tmp_path / "wd", tmp_path / "tfds"
+  r = _run(
+      [
+          f"--config={REPO / 'configs' / 'pg19_small.py'}",
+          f"--workdir={workdir}",
+          f"--config.data.data_dir={tfds_dir}",
+          "--config.train.num_steps=2",
+          "--config.train.warmup_steps=0",
+          "--config.train.eval_every=0",
+          "--config.train.log_every=1",
+      ]
+  )
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "a document is a tfds example; data.documents=reset" in r.stdout, r.stdout[-3000:]
+  r = _run([f"--workdir={workdir}", "--mode=eval"])
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert f"eval test: {BOOKS}/{BOOKS} documents scored" in r.stdout, r.stdout[-3000:]
+  results = json.loads((workdir / "eval_results.json").read_text())
+  assert results["eval"]["documents"] == "whole"
+  books = _mock_books()
+  for split in ("valid", "test"):
+    res, texts = results[split], books[split]
+    words = len(" ".join(texts).split())
+    total = res["loss_nats"] * res["tokens"]
+    assert res["words"] == words and res["documents_scored"] == BOOKS
+    assert res["word_ppl"] == pytest.approx(math.exp(total / words), rel=1e-9)
+    per = res["per_document"]
+    assert [d["words"] for d in per] == [len(t.split()) for t in texts]
+    assert sum(d["tokens"] for d in per) == res["tokens"]
+    np.testing.assert_allclose(sum(d["loss_nats"] * d["tokens"] for d in per), total, rtol=1e-9)
+    for d in per:
+      assert d["word_ppl"] == pytest.approx(
+          math.exp(d["loss_nats"] * d["tokens"] / d["words"]), rel=1e-9
+      )
