@@ -9,8 +9,8 @@ no TensorFlow; ``scripts/mock_tfds.py``), a few minutes on 2 CPU cores:
 On the real PG-19 (tfds ``pg19`` 0.1.1: 28,602 / 50 / 100 books, about
 11 GB of text; tfds prepares it the first time from
 gs://deepmind-gutenberg, which needs TensorFlow and access to Google Cloud
-Storage; tokenising it into bytes takes hours), the same without the
-script:
+Storage; not tried here: offline it stops within seconds with one
+``error:`` line), the same without the script:
 
     python -m transformer_xl.main --config=configs/pg19_small.py --workdir=/tmp/txl_pg19
     python -m transformer_xl.main --workdir=/tmp/txl_pg19 --mode=eval
