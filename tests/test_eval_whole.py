@@ -117,8 +117,16 @@ def test_whole_documents_need_documents_and_the_segment_method():
     config = whole_config(2, (8, 1))
     config.eval[key] = value
     with pytest.raises(default_config.ConfigError, match=needle):
-      default_config.validate(config, jax.device_count())
+      default_config.validate(config, jax.device_count(), training=False)
   config = whole_config(2, (8, 1))
+  config.data.dataset = "ptb"
+  with pytest.raises(default_config.ConfigError, match="built-in corpus 'ptb' does not have"):
+    default_config.validate(config, jax.device_count(), training=False)
+  config = whole_config(2, (8, 1))
+  config.data.update(dataset="tfds:pg19", text_key="book_text")
+  default_config.validate(
+      config, jax.device_count(), training=False
+  )  # a corpus with documents: fine
   config.eval.dynamic.lr = 0.1
-  with pytest.raises(default_config.ConfigError, match="eval.documents='whole'"):
-    default_config.validate(config, jax.device_count())
+  with pytest.raises(default_config.ConfigError, match="not go with dynamic evaluation"):
+    default_config.validate(config, jax.device_count(), training=False)

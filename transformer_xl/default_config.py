@@ -305,6 +305,12 @@ def validate(
         f"eval.documents='whole' needs eval.method='segments', not {e.method!r}: set "
         "--config.eval.method=segments."
     )
+  elif eval_documents == "whole" and config.data.dataset in data.CORPUS_NAMES:
+    problems.append(
+        f"eval.documents='whole' needs documents, which the built-in corpus "
+        f"{config.data.dataset!r} does not have: use eval.documents='split', or "
+        f"data.dataset={data.TEXT!r} or 'tfds:NAME' (e.g. tfds:pg19)."
+    )
   elif eval_documents == "whole" and e.get("dynamic") and e.dynamic.get("lr", 0.0) > 0:
     problems.append(
         "eval.documents='whole' does not go with dynamic evaluation (eval.dynamic.lr > 0: "
