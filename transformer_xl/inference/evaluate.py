@@ -451,12 +451,14 @@ class Evaluator:
     for nll_BxT, _, pairs in self._scored_batches(params, split, step=step, num_rows=num_rows):
       p = pairs()
       scored = p >= 0
-      doc = np.searchsorted(offsets, p[scored], side="right") - 1
+      j = p[scored]  # stream indices scored in this step
+      doc = np.searchsorted(offsets, j, side="right") - 1
       np.add.at(nll_D, doc, np.asarray(jax.device_get(nll_BxT), np.float64)[scored])
       np.add.at(seen_D, doc, 1)
-      now = int(np.count_nonzero(seen_D == lengths))
-      bar.update(now - done)
-      done = now
+      # A document is done when its last token is scored (a row reads its tokens in order).
+      ended = int(np.count_nonzero(j == offsets[doc + 1] - 1))
+      bar.update(ended)
+      done += ended
       if done * 10 // n_docs > reported:  # each tenth of the documents, and the last one
         reported = done * 10 // n_docs
         metrics.log(f"eval {split}: {done}/{n_docs} documents scored")
