@@ -73,6 +73,16 @@ def test_pg19_small_reads_each_book_as_a_document(tmp_path):
     assert corpus.document_words[split].read(0, n).tolist() == [len(t.split()) for t in texts]
     assert corpus.num_words[split] == len(" ".join(texts).split())
     assert corpus.num_bytes[split] == sum(want) == corpus.splits[split].num_tokens
+  # Training with the config's data.documents="reset": every target's doc_pos is its
+  # offset in its book (target j of row r is stream token r * row_len + step * T + k + 1).
+  lengths = [sum(len(line.encode()) + 1 for line in t.splitlines()) for t in books["train"]]
+  book_start = np.repeat(np.cumsum([0] + lengths[:-1]), lengths)
+  b, t = config.train.global_batch, config.model.tgt_len
+  it = data.make_train_iterator(corpus, "train", b, t, 0, documents=config.data.documents)
+  for step in range(it.steps_per_epoch):
+    batch = next(it)
+    target = np.arange(b)[:, None] * it.row_len + step * t + np.arange(t)[None, :] + 1
+    np.testing.assert_array_equal(batch["doc_pos"], target - book_start[target])
 
 
 def _run(args, timeout=600):

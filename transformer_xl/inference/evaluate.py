@@ -482,7 +482,8 @@ class Evaluator:
         d["bits_per_byte"] = nll_D[k] / np.log(2.0) / d["bytes"] if d["bytes"] else None
       if "words" in sizes and sizes["words"][k] >= 0:
         d["words"] = int(sizes["words"][k])
-        d["word_ppl"] = float(np.exp(nll_D[k] / d["words"])) if d["words"] else None
+        with np.errstate(over="ignore"):  # inf where it overflows (null in the JSON)
+          d["word_ppl"] = float(np.exp(nll_D[k] / d["words"])) if d["words"] else None
       per_document.append(d)
     tokens = int(seen_D.sum())
     loss = float(nll_D.sum()) / max(tokens, 1)

@@ -64,7 +64,8 @@ def corpus_level(loss_nats: float, tokens: int, corpus: Any, split: str) -> dict
   words = corpus.num_words[split] if getattr(corpus, "num_words", None) else 0
   if words:
     out["words"] = int(words)
-    out["word_ppl"] = float(np.exp(np.float64(loss_nats) * tokens / words))
+    with np.errstate(over="ignore"):  # inf where it overflows (null in the JSON)
+      out["word_ppl"] = float(np.exp(np.float64(loss_nats) * tokens / words))
   if corpus.documents:
     out["documents"] = int(corpus.documents[split].num_sentences)
   return out
