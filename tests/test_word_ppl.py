@@ -146,3 +146,21 @@ def test_each_documents_bytes_and_words_are_recorded(tmp_path):
     assert corpus.document_bytes[split].read(0, n).tolist() == [len(t.encode()) for t in texts]
     assert corpus.document_words[split].read(0, n).tolist() == [len(t.split()) for t in texts]
     assert corpus.num_words[split] == sum(len(t.split()) for t in texts)
+
+
+def test_a_text_dataset_prepared_before_words_were_recorded_loads_without_them(tmp_path):
+  """A metadata.json without ``num_words`` (prepared before): the corpus loads, with no
+  word counts (so no word_ppl) and no per-document bytes or words."""
+  import json
+
+  folder = write_ptb_sample(tmp_path / "ptb", n_lines=(60, 20, 25))
+  corpus = _ptb_as_text(folder, tmp_path / "tfds")
+  assert corpus.num_words is not None
+  (path,) = (tmp_path / "tfds").glob("txl_text/*/1.0.0/metadata.json")
+  md = json.loads(path.read_text())
+  del md["num_words"]
+  path.write_text(json.dumps(md))
+  old = _ptb_as_text(folder, tmp_path / "tfds")
+  assert old.num_words is None and old.document_bytes is None and old.document_words is None
+  assert "word_ppl" not in metrics.corpus_level(2.0, old.splits["valid"].num_tokens, old, "valid")
+  assert "bits_per_byte" in metrics.corpus_level(2.0, old.splits["valid"].num_tokens, old, "valid")
