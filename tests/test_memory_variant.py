@@ -46,11 +46,11 @@ class PooledMemory(memory.MemoryVariant):
   decode_cache = False  # not a FIFO of the layer inputs
 
   @staticmethod
-  def slots(mem_len: int) -> int:
+  def slots(mem_len: int, cfg) -> int:
     return mem_len + 1 if mem_len else 0
 
   @staticmethod
-  def layer_update(module, cfg, mem_BxMxD, h_BxTxD):
+  def layer_update(module, cfg, mem_BxMxD, h_BxTxD, key_count_B):
     if mem_BxMxD.shape[1] == 0:
       return memory.layer_update(mem_BxMxD, h_BxTxD)
     tgt_len = h_BxTxD.shape[1]

@@ -29,6 +29,7 @@ from jax.sharding import Mesh
 
 from transformer_xl import default_config, sharding
 from transformer_xl.model import attention, models
+from transformer_xl.model import memory as memory_lib
 
 Array = jax.Array
 
@@ -204,7 +205,14 @@ class Generator:
       raise default_config.ConfigError(f"chunk={chunk} must be >= 1.")
     self.cfg = model_cfg
     self.model = models.TransformerXL(model_cfg)
-    self.use_cache = bool(use_cache) and attention.variant(model_cfg).DECODE_CACHE
+    # The cache needs an attention type that has one (0, 1) and a memory that
+    # is a FIFO of the layer inputs (not the compressive memory): otherwise
+    # every token projects the memory again (``token_step``).
+    self.use_cache = (
+        bool(use_cache)
+        and attention.variant(model_cfg).DECODE_CACHE
+        and memory_lib.variant(model_cfg).decode_cache
+    )
     self.chunk = int(chunk)
     self.compact = bool(compact)
     self._replicated = sharding.replicated(mesh)

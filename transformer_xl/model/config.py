@@ -200,7 +200,20 @@ class ModelConfig:
     proj_init_std: std of the embedding/softmax projection init (0.01).
     memory: the memory variant, a key of ``memory.VARIANTS``: "xl" (the
       default: each layer caches its last mem_len inputs, Sec. 3.2) or a
-      registered variant (``memory.register``).
+      registered variant (``memory.register``), e.g. "compressive" (Rae
+      et al. 2020: ``memory.CompressiveMemory``).
+    cmem_len: compressed-memory slots per layer (the paper's n_cm; 0 = none,
+      the XL memory exactly); > 0 needs memory="compressive".  The layers
+      attend over cmem_len + mem_len memory slots.
+    cmem_ratio: the compression rate c >= 1: each segment's T evicted
+      states become T // c compressed slots; tgt_len must be a multiple of
+      it (another segment length, at evaluation, compresses the newest
+      (T // c) c states).
+    cmem_fn: the compression function, one of ``memory.CMEM_FNS``:
+      "max_pool", "mean_pool", "conv" (learned, kernel = stride = c; the
+      paper's best), "dilated_conv" (learned, kernel c, dilation 2, stride
+      c) or "most_used" (the states that received the most attention);
+      ``memory.compress``.
 
   Raises:
     ValueError (on construction): every problem ``config_problems``
@@ -236,6 +249,9 @@ class ModelConfig:
   tie_projs: tuple = ()
   proj_init_std: float = 0.01
   memory: str = "xl"
+  cmem_len: int = 0
+  cmem_ratio: int = 4
+  cmem_fn: str = "conv"
 
   def __post_init__(self):
     object.__setattr__(self, "cutoffs", tuple(int(c) for c in (self.cutoffs or ())))
@@ -274,7 +290,7 @@ class ModelConfig:
   def pos_table_len(self) -> int:
     """``max_klen`` resolved when it is 0: tgt_len + the memory slots
     (mem_len for the XL memory)."""
-    return self.max_klen or self.tgt_len + memory.variant(self).slots(self.mem_len)
+    return self.max_klen or self.tgt_len + memory.variant(self).slots(self.mem_len, self)
 
   @property
   def embed_dim(self) -> int:

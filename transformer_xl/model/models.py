@@ -86,7 +86,13 @@ class DecoderLayer(nn.Module):
 
   @nn.compact
   def __call__(
-      self, h_BxTxD: Array, mem_BxMxD: Array, pos: Any, mask_Bx1xTxK: Array, deterministic: bool
+      self,
+      h_BxTxD: Array,
+      mem_BxMxD: Array,
+      pos: Any,
+      mask_Bx1xTxK: Array,
+      key_count_B: Array,
+      deterministic: bool,
   ):
     """Runs the layer on one segment and returns the layer's next memory.
 
@@ -99,6 +105,8 @@ class DecoderLayer(nn.Module):
       mask_Bx1xTxK: attention mask (attention_ops.attention_mask), or with
         ``attention_impl="pallas"`` the ``attention_ops.MaskParts`` it is
         made from.
+      key_count_B: int32 [B], the key layout's count (``Memory.key_count_B``),
+        for the memory variant's update (``MemoryVariant.layer_update``).
       deterministic: disables dropout (static).
 
     Returns:
@@ -116,8 +124,11 @@ class DecoderLayer(nn.Module):
     mem_BxMxD, h_BxTxD, pos = self.variant.layer_inputs(  # (absolute positions
         self, cfg, mem_BxMxD, h_BxTxD, pos
     )  # are cached too)
-    new_mem_BxMxD = memory_lib.variant(cfg).layer_update(  # concat, truncate
-        self, cfg, mem_BxMxD, h_BxTxD
+    # concat, truncate: the layer's next memory, after the attention (below),
+    # whose parameters a memory variant may read (the compressive memory's
+    # reconstruction loss).
+    update = lambda: memory_lib.variant(cfg).layer_update(
+        self, cfg, mem_BxMxD, h_BxTxD, key_count_B
     )
     # --------------------------------------------------------------------------
 
@@ -140,7 +151,7 @@ class DecoderLayer(nn.Module):
       attn_out = attn(
           h_BxTxD, mem_in, attn_norm(h_BxTxD).astype(cfg.compute_dtype), pos, mask_Bx1xTxK
       )
-      attn_out, new_mem_BxMxD = _split_cache(attn_out, new_mem_BxMxD, decode)
+      attn_out, new_mem_BxMxD = _split_cache(attn_out, update(), decode)
       x_BxTxD = h_BxTxD + drop(attn_out, deterministic=deterministic)
       ff_in = _layer_norm("ff_layer_norm")(x_BxTxD).astype(cfg.compute_dtype)
       out_BxTxD = x_BxTxD + ff(ff_in, deterministic)
@@ -148,7 +159,7 @@ class DecoderLayer(nn.Module):
       attn_out = attn(
           h_BxTxD, cached if cached is not None else mem_BxMxD, h_BxTxD, pos, mask_Bx1xTxK
       )
-      attn_out, new_mem_BxMxD = _split_cache(attn_out, new_mem_BxMxD, decode)
+      attn_out, new_mem_BxMxD = _split_cache(attn_out, update(), decode)
       x_BxTxD = _layer_norm("attn_layer_norm")(
           h_BxTxD + drop(attn_out, deterministic=deterministic)
       )
@@ -260,16 +271,17 @@ class TransformerXL(nn.Module):
 
     layer_cls = DecoderLayer
     if cfg.remat != "none":
-      # static_argnums counts self as 0: `deterministic` is argument 5.
+      # static_argnums counts self as 0: `deterministic` is argument 6.
       layer_cls = nn.remat(
-          layer_cls, prevent_cse=False, static_argnums=(5,), policy=tuning.REMAT_POLICIES[cfg.remat]
+          layer_cls, prevent_cse=False, static_argnums=(6,), policy=tuning.REMAT_POLICIES[cfg.remat]
       )
     self.layers = nn.scan(
         layer_cls,
         variable_axes={"params": 0, "intermediates": 0, "losses": 0},  # losses: sown, stacked
         split_rngs={"params": True, "dropout": True},
-        # Scanned: the memory.  Broadcast: the position terms, mask, deterministic.
-        in_axes=(0,) + (nn.broadcast,) * 3,
+        # Scanned: the memory.  Broadcast: the position terms, mask, key count,
+        # deterministic.
+        in_axes=(0,) + (nn.broadcast,) * 4,
         out_axes=0,
         length=cfg.n_layer,
         unroll=tuning.scan_unroll_layers(cfg.scan_unroll, cfg.n_layer),
@@ -387,11 +399,11 @@ class TransformerXL(nn.Module):
 
     layer_mems = LayerCache(mems_LxBxMxD, kv_cache) if decode else mems_LxBxMxD
     h_BxTxD, new_mems_LxBxMxD = self.layers(  # read (scanned in),
-        h_BxTxD, layer_mems, pos, mask, deterministic
+        h_BxTxD, layer_mems, pos, mask, memory.key_count_B(), deterministic
     )  # new memory (out)
     if decode:
       new_mems_LxBxMxD, kv_cache = new_mems_LxBxMxD
-    new_memory = memory.advance(new_mems_LxBxMxD, tgt_len)  # return
+    new_memory = memory_lib.variant(cfg).advance(cfg, memory, new_mems_LxBxMxD, tgt_len)  # return
     h_BxTxD = self.drop(h_BxTxD, deterministic=deterministic)
     return (h_BxTxD, new_memory, kv_cache) if decode else (h_BxTxD, new_memory)
 
