@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
+from pathlib import Path
 
 import flax.linen as nn
 import jax
@@ -23,13 +25,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from transformer_xl import sharding
 from transformer_xl.cli import modes
 from transformer_xl.model import config as model_config
 from transformer_xl.model import memory as memory_lib
 from transformer_xl.model import models
+from transformer_xl.training import train
 
 from naive_reference import _sinusoid
 from test_mode_overrides import tiny_text_config, write_corpus
+from test_reliability import toy_corpus
+from test_train import tiny_config
 
 VOCAB = 24
 SIZES = dict(n_token=VOCAB, n_layer=2, d_model=8, n_head=2, d_head=4, d_inner=16, dropout=0.0)
@@ -409,12 +415,12 @@ def test_eval_score_and_generate_run_from_the_workdir(trained, tmp_path):
   results = json.loads((workdir / "eval_results.json").read_text())
   assert all(np.isfinite(results[s]["loss_nats"]) for s in ("valid", "test"))
   text = tmp_path / "t.txt"
-  text.write_text("the big cat sat on the mat\n" * 6)  # 42 tokens: 5 segments of 8
+  text.write_text("the big cat sat on the mat\n" * 6)  # 48 tokens (with <eos>): 6 segments of 8
   out = tmp_path / "nll.npy"
   modes.run(
       modes.Request(mode="score", workdir=str(workdir), config=config, text=str(text), out=str(out))
   )
-  assert np.isfinite(np.load(out)).all() and np.load(out).size == 42
+  assert np.isfinite(np.load(out)).all() and np.load(out).size == 48
   samples = tmp_path / "samples.json"
   modes.run(
       modes.Request(
@@ -440,3 +446,68 @@ def test_another_compression_rate_is_refused_in_one_line(trained):
   message = str(err.value.code)
   assert message.startswith("error: --config sets") and "\n" not in message
   assert "model.cmem_ratio" in message, message
+
+
+# ---------------------------------------------------------------------------
+# Training: sharded with gradient accumulation, resumed mid-run exactly.
+
+
+def _fingerprints(workdir, step):
+  rec = json.loads(
+      (Path(workdir) / "checkpoints" / str(step) / "integrity" / "metadata").read_text()
+  )
+  return {k: v["fingerprint"] for k, v in rec["leaves"].items()}
+
+
+@pytest.mark.slow
+def test_it_trains_sharded_with_accumulation_and_resumes_exactly(tmp_path):
+  """8 simulated devices (data 4 x model 2), 2 micro-batches: a run resumed from
+  its step-4 checkpoint ends with the straight run's parameters, optimizer state
+  and memory (compressed slots included), bit for bit; the memory is sharded over
+  the rows as XL's; one device gives the same losses."""
+  config = tiny_config(num_steps=6, batch_chunk=2, log_every=1, eval_every=0)
+  config.model.update(
+      memory="compressive", cmem_len=3, cmem_ratio=2, cmem_fn="conv", dropout=0.0, dropatt=0.0
+  )
+  config.checkpoint.update(every_steps=2, max_to_keep=10)
+  mesh = sharding.make_mesh((4, 2), ("data", "model"))
+  straight = tmp_path / "straight"
+  train.train_and_evaluate(config, str(straight), toy_corpus(), mesh)
+  resumed = tmp_path / "resumed"
+  shutil.copytree(straight, resumed)
+  for path in (resumed / "checkpoints").iterdir():
+    if path.name.isdigit() and int(path.name) > 4:
+      shutil.rmtree(path)
+  train.train_and_evaluate(config, str(resumed), toy_corpus(), mesh)
+  assert _fingerprints(resumed, 6) == _fingerprints(straight, 6)
+  assert any("memory" in k for k in _fingerprints(straight, 6))
+
+  # The memory's rows over the data axis, [compressed; XL] slots whole on each device.
+  mcfg = models.ModelConfig(**{**config.model.to_dict(), "n_token": 64})
+  placed = jax.device_put(models.init_memory(mcfg, 8), models.Memory.shardings(mesh))
+  assert {s.data.shape for s in placed.mems_LxBxMxD.addressable_shards} == {(2, 2, 3 + 6, 16)}
+
+  one = tmp_path / "one"
+  single = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
+  train.train_and_evaluate(config, str(one), toy_corpus(), single)
+  rows = lambda wd: [json.loads(x) for x in (wd / "metrics.jsonl").read_text().splitlines()]
+  key = "train/aux_loss/attn_recon"
+  sharded = [(r["train/loss"], r[key]) for r in rows(straight) if key in r]
+  single = [(r["train/loss"], r[key]) for r in rows(one) if key in r]
+  assert len(sharded) == 6 and sharded[-1][1] > 0
+  np.testing.assert_allclose(sharded, single, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_the_fused_kernel_reads_the_compressed_slots_as_the_xla_attention():
+  """The layout is XL's with Nc + M slots: attention_impl='pallas' (interpret mode
+  on CPU) gives the XLA attention's scores and memories."""
+  cfg = _config("mean_pool")
+  params = _params(cfg)
+  tokens, resets, docs = _stream(True)
+  nll, recon, memory = _run_model(cfg, params, tokens, resets, docs)
+  fused = models.ModelConfig(**{**cfg.__dict__, "attention_impl": "pallas"})
+  nll_p, recon_p, memory_p = _run_model(fused, params, tokens, resets, docs)
+  np.testing.assert_allclose(nll_p, nll, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(recon_p, recon, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(memory_p.mems_LxBxMxD, memory.mems_LxBxMxD, rtol=1e-5, atol=1e-5)
