@@ -27,6 +27,7 @@ import pytest
 
 from transformer_xl import sharding
 from transformer_xl.cli import modes
+from transformer_xl.inference import generate
 from transformer_xl.model import config as model_config
 from transformer_xl.model import memory as memory_lib
 from transformer_xl.model import models
@@ -511,3 +512,33 @@ def test_the_fused_kernel_reads_the_compressed_slots_as_the_xla_attention():
   np.testing.assert_allclose(nll_p, nll, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(recon_p, recon, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(memory_p.mems_LxBxMxD, memory.mems_LxBxMxD, rtol=1e-5, atol=1e-5)
+
+
+def test_generation_has_no_decoding_cache_and_reads_the_compressed_memory():
+  """The Generator drops the decoding cache (``decode_cache`` False: it would roll
+  the compressed slots as a FIFO of inputs); each sampled token's distribution is
+  the model's after the prompt (3 segments of 4, M 4: the second and third each
+  compress 4 evicted states into 2 slots, 3 kept) and the tokens before it,
+  passed one at a time (each evicts one state, fewer than c: none compressed)."""
+  cfg = _config("conv", mem_len=4)
+  params = _params(cfg)
+  mesh = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
+  gen = generate.Generator(cfg, mesh, use_cache=True)
+  assert not gen.use_cache
+  rng = np.random.default_rng(3)
+  prompt = rng.integers(0, VOCAB, size=(1, 12)).astype(np.int32)  # 3 segments of 4
+  steps = list(
+      gen.stream(params, list(prompt), 6, generate.SamplingSettings(top_k=0), log_probs=True)
+  )
+  model, memory = models.TransformerXL(cfg), models.init_memory(cfg, 1)
+  for s in range(3):
+    hidden, memory = model.apply(
+        {"params": params}, prompt[:, 4 * s : 4 * s + 4], memory, method=model.hidden
+    )
+  assert int(memory.mlen_B[0]) == 4 + 3  # a full XL memory and 3 compressed slots
+  for token_B, logp_BxV in steps:
+    want = model.apply({"params": params}, hidden[:, -1:], method=model.log_probs)[:, 0]
+    np.testing.assert_allclose(logp_BxV, want, atol=2e-5)
+    hidden, memory = model.apply(
+        {"params": params}, jnp.asarray(token_B)[:, None], memory, method=model.hidden
+    )
