@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_xl import sharding
+from transformer_xl import default_config, sharding
 from transformer_xl.cli import modes
 from transformer_xl.inference import generate
 from transformer_xl.model import config as model_config
@@ -542,3 +542,16 @@ def test_generation_has_no_decoding_cache_and_reads_the_compressed_memory():
     hidden, memory = model.apply(
         {"params": params}, jnp.asarray(token_B)[:, None], memory, method=model.hidden
     )
+
+
+def test_the_evaluation_segments_are_checked_with_the_run_config():
+  c = default_config.get_config()
+  c.model.update(memory="compressive", cmem_len=8, cmem_ratio=4, tgt_len=8, mem_len=8)
+  c.eval.update(tgt_len=6)
+  with pytest.raises(default_config.ConfigError, match=r"eval\.tgt_len=6 must be a multiple"):
+    default_config.validate(c, jax.device_count(), training=False)
+  c.eval.update(tgt_len=8, method="sliding", window=10)
+  with pytest.raises(default_config.ConfigError, match=r"eval\.window=10 \(a window of 10\)"):
+    default_config.validate(c, jax.device_count(), training=False)
+  c.eval.update(window=12)
+  default_config.validate(c, jax.device_count(), training=False)

@@ -23,6 +23,7 @@ import ml_collections
 from transformer_xl import data, errors, sharding
 from transformer_xl.data import text_settings
 from transformer_xl.model import config as model_config_lib
+from transformer_xl.model import memory
 from transformer_xl.model.config import (  # noqa: F401 (re-exported: the model's schema)
     ATTENTION_IMPLS,
     DTYPES,
@@ -284,6 +285,7 @@ def validate(
     return key not in nonfinite
 
   problems += segment_problems(e.tgt_len, e.mem_len, e.clamp_len, e.same_length, section="eval")
+  problems += memory.eval_problems(m.to_dict(), e.tgt_len, e.method, e.window)
   if e.global_batch < 1:
     problems.append(f"eval.global_batch={e.global_batch} must be >= 1.")
   if e.method not in ("segments", "sliding"):

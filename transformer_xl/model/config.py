@@ -206,9 +206,9 @@ class ModelConfig:
       the XL memory exactly); > 0 needs memory="compressive".  The layers
       attend over cmem_len + mem_len memory slots.
     cmem_ratio: the compression rate c >= 1: each segment's T evicted
-      states become T // c compressed slots; tgt_len must be a multiple of
-      it (another segment length, at evaluation, compresses the newest
-      (T // c) c states).
+      states become T // c compressed slots; tgt_len (and eval.tgt_len)
+      must be a multiple of it (a pass of another length, generation's
+      one-token passes, compresses the newest (T // c) c states).
     cmem_fn: the compression function, one of ``memory.CMEM_FNS``:
       "max_pool", "mean_pool", "conv" (learned, kernel = stride = c; the
       paper's best), "dilated_conv" (learned, kernel c, dilation 2, stride

@@ -35,6 +35,11 @@ Life of a segment:
   advance  ``Memory.advance``: the stacked new memories with
            ``advance_mlen``'s count, ``min(M, mlen_B + T)``.
 
+Memory variants (``MemoryVariant``, ``model.memory``) fill the slots their
+own way with the same pytree and key layout: the compressive memory
+(``CompressiveMemory``, Rae et al. 2020) keeps ``cmem_len`` compressed
+slots in front of the M, and ``mlen_B`` counts the valid slots of both.
+
 Row-wise work (gradient-accumulation chunks, gathering generation rows,
 shardings over the batch mesh axes) uses ``Memory.map_rows`` and
 ``Memory.shardings``, which read the row axes.  The pytree (these field
@@ -362,6 +367,31 @@ def variant(cfg: ModelConfig) -> type[MemoryVariant]:
   return VARIANTS[cfg.memory]
 
 
+def eval_problems(fields: Mapping[str, Any], tgt_len: int, method: str, window: int) -> list[str]:
+  """What the compressive memory needs of the evaluation's segments: the
+  eval segment length (``eval.tgt_len``, or with ``eval.method="sliding"``
+  the window, ``eval.window``, 0 = model.tgt_len + model.mem_len) a
+  multiple of ``model.cmem_ratio``, as the training one; [] if none (or
+  another memory, or a ratio that ``config_problems`` refuses)."""
+  c = fields.get("cmem_ratio", 1)
+  if fields.get("memory", "xl") != "compressive" or not isinstance(c, int) or c < 1:
+    return []
+  if method == "sliding":
+    length = window or fields.get("tgt_len", 0) + fields.get("mem_len", 0)
+    if length % c:
+      return [
+          f"eval.window={window} (a window of {length}) must be a multiple of "
+          f"model.cmem_ratio={c} with model.memory='compressive'."
+      ]
+    return []
+  if tgt_len % c:
+    return [
+        f"eval.tgt_len={tgt_len} must be a multiple of model.cmem_ratio={c} with "
+        "model.memory='compressive'."
+    ]
+  return []
+
+
 def config_problems(fields: Mapping[str, Any]) -> list[str]:
   """Problems of ``model.memory``, of the compressive memory's fields
   (``cmem_len``, ``cmem_ratio``, ``cmem_fn``) and of what the variant
@@ -548,12 +578,13 @@ class CompressiveMemory(MemoryVariant):
     paper's ``old_mem = m[:n_s]`` when M >= T), are compressed at rate c =
     ``cmem_ratio`` into T // c slots by ``cmem_fn`` (``compress``) and
     appended to the compressed memory, FIFO, truncated to its last Nc
-    (Algorithm 1, lines 8-11).  A segment whose T is not a multiple of c
-    (evaluation or generation may use another T than training, which
-    needs one) compresses the newest (T // c) c of them; the T % c oldest
-    are dropped as XL drops them (one-token passes with c > 1 compress
-    nothing: generation keeps the prompt's compressed memory and drops
-    the states it evicts after it).
+    (Algorithm 1, lines 8-11).  The training and evaluation segment
+    lengths must be multiples of c (``config_problems``, ``eval_problems``);
+    a pass of another length (generation's one-token passes) compresses
+    the newest (T // c) c of them, and the T % c oldest are dropped as XL
+    drops them (with c > 1 a one-token pass compresses nothing:
+    generation keeps the prompt's compressed memory and drops the states
+    it evicts after it).
   * the attention-reconstruction loss (Sec. 3.2, Algorithm 2) is sown into
     "losses" as ``RECON_LOSS``: per layer, the mean squared error between
     ``content_attention`` of the layer's input over the old states and over
