@@ -262,7 +262,7 @@ def _values_and_grads(run, cfg, params, tokens, resets, docs):
 
 @pytest.mark.parametrize(
     "fn,documents",
-    [pytest.param("conv", False, marks=pytest.mark.smoke)]
+    [("conv", False)]  # the fast tier; the others are slow
     + [
         pytest.param(fn, documents, marks=pytest.mark.slow)
         for fn in memory_lib.CMEM_FNS
