@@ -5,7 +5,6 @@ The generic path is checked against the built-in corpora it must reproduce
 against a naive reading of the files, and every tokenizer by round trips.
 """
 
-import contextlib
 import gzip
 import hashlib
 import io
@@ -15,7 +14,6 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 import pytest
@@ -459,32 +457,11 @@ def _check_books(corpus, split, books):
   )
 
 
-@contextlib.contextmanager
-def _mock_tfds_but_ours(**kwargs):
-  """``tfds.testing.mock_data`` for every dataset but our own (a TokenStreamBuilder),
-  which must be written and read for real: mock_data replaces ``__init__``'s data_dir,
-  ``download_and_prepare`` and ``as_data_source`` of every builder."""
-  import tensorflow_datasets as tfds
+def _mock_tfds_but_ours(num_examples: int):
+  """``tfds.testing.mock_data`` for every dataset but our own (scripts/mock_tfds.py's)."""
+  from test_pg19 import _mock_module
 
-  from transformer_xl.data.storage import TokenStreamBuilder
-
-  cls = tfds.core.DatasetBuilder
-  names = ("__init__", "download_and_prepare", "as_data_source")
-  real = {n: getattr(cls, n) for n in names}
-  with tfds.testing.mock_data(**kwargs):
-    mocked = {n: getattr(cls, n) for n in names}
-
-    def dispatch(name):
-      def method(self, *args, **kw):
-        fn = real[name] if isinstance(self, TokenStreamBuilder) else mocked[name]
-        return fn(self, *args, **kw)
-
-      return method
-
-    with contextlib.ExitStack() as stack:
-      for n in names:
-        stack.enter_context(mock.patch.object(cls, n, dispatch(n)))
-      yield
+  return _mock_module().mock_tfds_but_ours(num_examples)
 
 
 def test_a_tfds_text_dataset_under_mock_data(tmp_path):
