@@ -32,9 +32,6 @@ import math
 import os
 import re
 import sys
-import time
-from collections.abc import Callable
-from typing import Any
 
 import jax
 import ml_collections
@@ -43,7 +40,7 @@ from etils import epath
 from jax.sharding import Mesh
 
 from transformer_xl import data, default_config, sharding
-from transformer_xl.cli import process_settings, user_errors
+from transformer_xl.cli import dynamic_modes, process_settings, user_errors
 from transformer_xl.data import text_vocab
 from transformer_xl.inference import dynamic_eval, evaluate, generate, language_model
 from transformer_xl.run import distributed, files, lock, metrics, run_dir
@@ -121,7 +118,7 @@ def _run(r: Request) -> None:
   config = r.config if r.config is not None else wd.load_config(r.workdir)
   tokens = user_errors.load_tokens(r.tokens) if r.mode == "score" and r.tokens else None
   default_config.validate(config, jax.device_count(), training=r.mode == "train")
-  check_dynamic_request(r, config)
+  dynamic_modes.check_request(r.mode, r.dynamic_stats, config)
   if r.mode != "train":
     _run_mode(r, config, tokens)
     return
@@ -187,7 +184,7 @@ def _run_mode(r: Request, config: ml_collections.ConfigDict, tokens: np.ndarray 
     if tokens is None:
       tokens, text = text_file_tokens(corpus, r.text)
       sizes = language_model.text_size(text)
-    stats = dynamic_stats_tokens(corpus, r.dynamic_stats) if r.dynamic_stats else None
+    stats = dynamic_modes.stats_tokens(corpus, r.dynamic_stats) if r.dynamic_stats else None
     run_score(
         config,
         r.workdir,
@@ -199,64 +196,6 @@ def _run_mode(r: Request, config: ml_collections.ConfigDict, tokens: np.ndarray 
         dynamic_stats=stats,
         corpus=corpus,
     )
-
-
-def check_dynamic_request(r: Request, config: ml_collections.ConfigDict) -> None:
-  """Checks ``--dynamic_stats`` against the mode and ``config.eval.dynamic``
-  before anything is loaded, and notes where dynamic evaluation is not used.
-
-  Raises:
-    default_config.ConfigError: ``--dynamic_stats`` outside ``--mode=score``,
-      without dynamic evaluation, or with the "sgd" rule (no statistics).
-  """
-  dynamic = dynamic_eval.DynamicSettings.from_config(config)
-  if r.dynamic_stats and r.mode != "score":
-    raise default_config.ConfigError(
-        f"--dynamic_stats is read by --mode=score only (--mode={r.mode}"
-        + (
-            ": its statistics come from the training split, eval.dynamic.stats_tokens of it)."
-            if r.mode == "eval"
-            else ")."
-        )
-    )
-  if r.dynamic_stats and not dynamic.enabled:
-    raise default_config.ConfigError(
-        f"--dynamic_stats={r.dynamic_stats} is for dynamic evaluation, which is off "
-        "(eval.dynamic.lr=0): set --config.eval.dynamic.lr (e.g. 2e-6) or leave out "
-        "--dynamic_stats."
-    )
-  if r.dynamic_stats and not dynamic.needs_statistics:
-    raise default_config.ConfigError(
-        f"--dynamic_stats={r.dynamic_stats}: eval.dynamic.rule={dynamic.rule!r} uses no "
-        "statistics; leave it out, or set --config.eval.dynamic.rule=rms."
-    )
-  if dynamic.enabled and r.mode in ("train", "generate"):
-    metrics.log(
-        f"Note: eval.dynamic.lr={dynamic.lr}: dynamic evaluation is used by --mode=eval and "
-        f"--mode=score, not by --mode={r.mode}."
-    )
-
-
-def dynamic_stats_tokens(corpus: data.Corpus, path: str) -> np.ndarray:
-  """``--dynamic_stats=FILE`` as token rows: a .npy array [B, T+1] as
-  ``--tokens``, or a text file as ``--text`` ([1, N+1]: the boundary symbol,
-  then the text's N tokens).
-
-  Raises:
-    evaluate.ScoreInputError: missing, not a token array or UTF-8 text, or
-      no token.
-    data.DataError: a symbol the corpus cannot encode.
-  """
-  if path.endswith(".npy"):
-    return user_errors.load_tokens(path, flag="--dynamic_stats")
-  text = user_errors.read_text(path, flag="--dynamic_stats")
-  tokens = evaluate.text_tokens(corpus, text)
-  if tokens.shape[1] < 2:
-    raise evaluate.ScoreInputError(
-        f"--dynamic_stats={path} has no token: give some text of the kind the model scores."
-    )
-  metrics.log(f"--dynamic_stats={path}: {tokens.shape[1] - 1:,} tokens of statistics text.")
-  return tokens
 
 
 def run_train(
@@ -346,7 +285,7 @@ def run_eval(
         f"results will be printed here, not saved to {path}."
     )
   evaluator = evaluate.Evaluator(config, model_cfg, corpus, mesh)
-  score_split, dynamic = _dynamic_split_scorer(config, evaluator, params, corpus)
+  score_split, dynamic = dynamic_modes.split_scorer(config, evaluator, params)
   metric = metrics.metric_name(corpus.unit)
   results = {}
   for split in ("valid", "test"):
@@ -391,64 +330,6 @@ def run_eval(
         "--config.model.dtype=bfloat16 try float32."
     )
   return results
-
-
-def _dynamic_split_scorer(
-    config: ml_collections.ConfigDict,
-    evaluator: evaluate.Evaluator,
-    params: Any,
-    corpus: data.Corpus,
-) -> tuple[Callable[[str], dict], dict | None]:
-  """How ``--mode=eval`` scores a split: ``evaluator.evaluate``, or with
-  ``eval.dynamic.lr > 0`` dynamic evaluation from the loaded parameters for
-  each split, its "rms" statistics from the start of the training split
-  (computed once, here).
-
-  Returns:
-    (split -> results, the dynamic settings and statistics' size recorded in
-    eval_results.json, or None).
-
-  Raises:
-    data.DataError: the corpus has no training split for the statistics.
-  """
-  settings = dynamic_eval.DynamicSettings.from_config(config)
-  if not settings.enabled:
-    if evaluator.whole:  # eval.documents="whole": per-document results too
-      return (lambda split: evaluator.evaluate_documents(params, split)), None
-    return (lambda split: evaluator.evaluate(params, split)), None
-  dyn = dynamic_eval.DynamicEvaluator(evaluator, settings)
-  ss, record = None, settings.to_json()
-  if settings.needs_statistics:
-    if "train" not in corpus.splits:
-      raise data.DataError(
-          f"dynamic evaluation's statistics come from the training split, which corpus "
-          f"{corpus.name} does not have here; use --mode=score with --dynamic_stats=FILE."
-      )
-    steps = settings.stats_steps(corpus.splits["train"].num_tokens, evaluator.cfg.tgt_len)
-    dynamic_eval.log_settings(
-        settings,
-        f"{steps:,} segment(s) x {settings.global_batch} row(s) x {evaluator.cfg.tgt_len} "
-        "tokens of the training split",
-    )
-    start = time.perf_counter()
-    ss, n = dyn.statistics_of_split(params, "train")
-    record["stats_tokens_read"] = n
-    metrics.log(f"Statistics pass: {n:,} training tokens in {time.perf_counter() - start:.1f} s.")
-    dynamic_eval.check_pull_back(settings, ss)
-  else:
-    dynamic_eval.log_settings(settings, "none")
-
-  def score_split(split: str) -> dict:
-    start = time.perf_counter()
-    r = dyn.evaluate(params, split, ss)
-    seconds = time.perf_counter() - start
-    metrics.log(
-        f"{split}: dynamic evaluation of {r['tokens']:,} tokens in {seconds:.1f} s "
-        f"({r['tokens'] / max(seconds, 1e-9):,.0f} tokens/s)."
-    )
-    return r
-
-  return score_split, record
 
 
 def _cannot_write(workdir: str) -> str | None:
@@ -566,24 +447,9 @@ def run_score(
       evaluate.check_tokens(dynamic_stats, model_cfg.n_token)
     except evaluate.ScoreInputError as err:
       raise evaluate.ScoreInputError(f"--dynamic_stats: {err}") from None
-  settings = dynamic_eval.DynamicSettings.from_config(config)
   step, params = run_dir.restore_params(workdir, trained, mesh)
   evaluator = evaluate.Evaluator(config, model_cfg, corpus, mesh)
-  dynamic = None
-  if not settings.enabled:
-    nll_BxT = evaluator.score(params, tokens_BxT1)
-  else:
-    dyn, ss, dynamic = dynamic_eval.DynamicEvaluator(evaluator, settings), None, settings.to_json()
-    if settings.needs_statistics and dynamic_stats is not None:
-      dynamic_eval.log_settings(settings, f"--dynamic_stats ({dynamic_stats.shape[0]} row(s))")
-      ss, dynamic["stats_tokens_read"] = dyn.statistics_of_tokens(params, dynamic_stats)
-    elif settings.needs_statistics:
-      dynamic_eval.log_settings(settings, "the start of the training split")
-      ss, dynamic["stats_tokens_read"] = dyn.statistics_of_split(params, "train")
-    else:
-      dynamic_eval.log_settings(settings, "none")
-    dynamic_eval.check_pull_back(settings, ss)
-    nll_BxT = dyn.score(params, tokens_BxT1, ss)
+  nll_BxT, dynamic = dynamic_modes.score(config, evaluator, params, tokens_BxT1, dynamic_stats)
   if not np.all(np.isfinite(nll_BxT)):
     b, t = np.argwhere(~np.isfinite(nll_BxT))[0]
     raise metrics.NonFiniteError(
