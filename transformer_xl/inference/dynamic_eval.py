@@ -328,7 +328,8 @@ class DynamicEvaluator:
     _, state = self._run(
         "stats", params, None, lambda step: self.evaluator.score(params, tokens_BxT1, step=step)
     )
-    return state.ss, int(np.asarray(tokens_BxT1).shape[0] * (np.asarray(tokens_BxT1).shape[1] - 1))
+    b, t1 = np.shape(tokens_BxT1)
+    return state.ss, b * (t1 - 1)
 
   def evaluate(self, params: Any, split: str, ss: Any | None, max_steps: int = 0) -> dict:
     """A corpus split scored with dynamic evaluation from ``params``
