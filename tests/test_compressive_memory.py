@@ -15,6 +15,7 @@ memories are stop-gradiented as the paper's (``SG``).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -27,7 +28,7 @@ import pytest
 
 from transformer_xl import default_config, sharding
 from transformer_xl.cli import modes
-from transformer_xl.inference import generate
+from transformer_xl.inference import evaluate, generate
 from transformer_xl.model import config as model_config
 from transformer_xl.model import memory as memory_lib
 from transformer_xl.model import models
@@ -550,8 +551,42 @@ def test_the_evaluation_segments_are_checked_with_the_run_config():
   c.eval.update(tgt_len=6)
   with pytest.raises(default_config.ConfigError, match=r"eval\.tgt_len=6 must be a multiple"):
     default_config.validate(c, jax.device_count(), training=False)
-  c.eval.update(tgt_len=8, method="sliding", window=10)
-  with pytest.raises(default_config.ConfigError, match=r"eval\.window=10 \(a window of 10\)"):
+  c.eval.update(tgt_len=8, cmem_len=-2)
+  with pytest.raises(default_config.ConfigError, match=r"eval\.cmem_len=-2 must be -1"):
     default_config.validate(c, jax.device_count(), training=False)
-  c.eval.update(window=12)
+  # A sliding window has no memory: any window length (nothing is compressed).
+  c.eval.update(cmem_len=-1, method="sliding", window=10)
   default_config.validate(c, jax.device_count(), training=False)
+  c.model.update(memory="xl", cmem_len=0)
+  c.eval.update(method="segments", cmem_len=4)
+  with pytest.raises(default_config.ConfigError, match=r"eval\.cmem_len=4 needs model\.memory"):
+    default_config.validate(c, jax.device_count(), training=False)
+
+
+def test_evaluation_with_more_compressed_slots_and_the_sliding_window():
+  """eval.cmem_len sets the compressed slots of evaluation (Rae et al. evaluate
+  with more than they train with) and is what the model then carries; the
+  sliding window (no memory) of a compressive model is the XL model's window
+  with the same weights, the compression parameters unused."""
+  c = default_config.get_config()
+  c.model.update(**{k: v for k, v in _config("conv").__dict__.items() if k in c.model})
+  c.eval.update(tgt_len=4, mem_len=6, cmem_len=9, same_length=False, clamp_len=0)
+  train_cfg = default_config.model_config(c, VOCAB)
+  ecfg = evaluate.eval_model_config(c, train_cfg)
+  assert (ecfg.cmem_len, ecfg.mem_len) == (9, 6)
+  assert models.init_memory(ecfg, 2).mems_LxBxMxD.shape[2] == 6 + 9
+  c.eval.cmem_len = -1
+  assert evaluate.eval_model_config(c, train_cfg).cmem_len == train_cfg.cmem_len == 3
+  c.eval.update(method="sliding", window=5)  # not a multiple of cmem_ratio 2
+  wcfg = evaluate.window_model_config(c, train_cfg)
+  assert (wcfg.tgt_len, wcfg.mem_len, wcfg.cmem_len) == (5, 0, 0)
+  params = _params(train_cfg)
+  xl = dataclasses.replace(wcfg, memory="xl")
+  x = jnp.asarray(np.random.default_rng(0).integers(0, VOCAB, size=(2, 5)), jnp.int32)
+  got, _ = models.TransformerXL(wcfg).apply(
+      {"params": params}, x, models.init_memory(wcfg, 2), method=models.TransformerXL.hidden
+  )
+  want, _ = models.TransformerXL(xl).apply(
+      {"params": params}, x, models.init_memory(xl, 2), method=models.TransformerXL.hidden
+  )
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

@@ -48,7 +48,18 @@ def tiny_overrides(n_token, n_clusters):
   ]
 
 
-def check_start(tmp_path, name, manual, dataset):
+# A compressive config's lengths shrunk with the shapes: multiples of every
+# cmem_ratio of the paper configs (2, 3, 4).
+COMPRESSIVE_TINY = [
+    "--config.model.tgt_len=12",
+    "--config.model.cmem_len=6",
+    "--config.eval.tgt_len=12",
+    "--config.eval.mem_len=12",
+    "--config.eval.cmem_len=12",
+]
+
+
+def check_start(tmp_path, name, manual, dataset, extra=()):
   config = load_config(name)
   data = [
       f"--config.data.manual_dir={manual}",
@@ -60,22 +71,133 @@ def check_start(tmp_path, name, manual, dataset):
   )
   overrides = tiny_overrides(corpus.vocab_size, len(config.model.cutoffs))
   workdir = tmp_path / name
-  r = run_main([f"--config={CONFIGS / (name + '.py')}", f"--workdir={workdir}", *data, *overrides])
+  args = [f"--config={CONFIGS / (name + '.py')}", f"--workdir={workdir}", *data, *overrides]
+  r = run_main([*args, *extra])
   assert r.returncode == 0, r.stderr[-3000:]
-  paper = f"paper: {config.paper.n_params / 1e6:.0f}M"
+  if config.paper.n_params:
+    paper = f"paper: {config.paper.n_params / 1e6:.0f}M"
+  else:
+    paper = "paper: no parameter count reported"
   line = next(l for l in r.stdout.splitlines() if l.startswith("Model:"))
   assert paper in line and config.paper.result in line, line
   assert re.search(r"Model: [\d,]+ parameters", line)
   metrics = [l for l in (workdir / "metrics.jsonl").read_text().splitlines()]
   assert len(metrics) == 2  # two training steps logged
   assert (workdir / "checkpoints" / "2").is_dir()
+  return workdir, r
 
 
-@pytest.mark.parametrize("name", ["wt103_base", "wt103_large"])
+def test_compressive_paper_configs_hold_the_papers_numbers():
+  """The settings of Rae et al. 2020 (Sec. 5, 5.1-5.3, Appendix B) as the
+  configs' docstrings state them; the parameter counts that the docstrings
+  state are those of the models the configs build."""
+  import functools
+
+  import flax
+  import jax
+  import numpy as np
+
+  from transformer_xl import default_config
+  from transformer_xl.model import models
+
+  want = {  # name: (model fields, eval fields, train fields, n_token, parameters)
+      "compressive_enwik8": (
+          dict(
+              n_layer=24,
+              d_model=1024,
+              n_head=8,
+              d_inner=3072,
+              tgt_len=768,
+              mem_len=768,
+              cmem_len=1152,
+              cmem_ratio=3,
+              cmem_fn="conv",
+          ),
+          dict(mem_len=768, cmem_len=3072),
+          dict(warmup_steps=4000, num_steps=104_000, learning_rate=3e-4, min_lr=1e-6, clip=0.1),
+          256,
+          352_807_168,
+      ),
+      "compressive_wt103": (
+          dict(
+              n_layer=18,
+              d_model=1024,
+              n_head=16,
+              d_inner=4096,
+              tgt_len=512,
+              mem_len=512,
+              cmem_len=512,
+              cmem_ratio=4,
+              cmem_fn="conv",
+          ),
+          dict(mem_len=500, cmem_len=1500),
+          dict(
+              warmup_steps=16_000,
+              num_steps=516_000,
+              learning_rate=3e-4,
+              min_lr=1e-6,
+              clip=0.1,
+              global_batch=128,
+          ),
+          267_735,
+          360_686_410,
+      ),
+      "compressive_pg19": (
+          dict(n_layer=36, tgt_len=512, mem_len=512, cmem_len=512, cmem_ratio=2),
+          dict(mem_len=512),
+          dict(
+              warmup_steps=16_000,
+              num_steps=516_000,
+              learning_rate=3e-4,
+              min_lr=1e-6,
+              clip=0.1,
+              global_batch=512,
+          ),
+          32_000,
+          599_401_728,
+      ),
+  }
+  for name, (model, evals, train, n_token, n_params) in want.items():
+    config = load_config(name)
+    assert config.model.memory == "compressive"
+    for section, fields in (("model", model), ("eval", evals), ("train", train)):
+      got = {k: config[section][k] for k in fields}
+      assert got == fields, (name, section)
+    default_config.validate(config, 1)
+    mc = default_config.model_config(config, n_token)
+    init = functools.partial(models.init_params, models.TransformerXL(mc))
+    shapes = flax.linen.unbox(jax.eval_shape(init, jax.random.PRNGKey(0)))
+    count = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(shapes))
+    assert count == n_params, name
+    assert f"{n_params:,}" in (CONFIGS / f"{name}.py").read_text(), name
+
+
+@pytest.mark.parametrize("name", ["wt103_base", "wt103_large", "compressive_wt103"])
 def test_wt103_configs_start_and_train_two_steps(tmp_path, name):
   manual = tmp_path / "manual"
   _wiki_zip(manual, "wikitext-103", _WIKI)
-  check_start(tmp_path, name, manual, "wikitext103")
+  extra = COMPRESSIVE_TINY if name.startswith("compressive") else ()
+  check_start(tmp_path, name, manual, "wikitext103", extra)
+
+
+def test_compressive_enwik8_config_starts_trains_and_evaluates(tmp_path):
+  """The paper config end to end at tiny shapes: training logs the
+  attention-reconstruction loss, and evaluation runs with its larger
+  compressed memory (eval.cmem_len) on the trained checkpoint."""
+  import json
+
+  from data_samples import _enwik8_bytes, _zip
+
+  manual = tmp_path / "manual"
+  manual.mkdir()
+  _zip(manual / "enwik8.zip", {"enwik8": _enwik8_bytes(12_000)})
+  workdir, _ = check_start(tmp_path, "compressive_enwik8", manual, "enwik8", COMPRESSIVE_TINY)
+  logged = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  assert all("train/aux_loss/attn_recon" in m for m in logged)
+  r = run_main([f"--workdir={workdir}", "--mode=eval"])
+  assert r.returncode == 0, r.stderr[-3000:]
+  results = json.loads((workdir / "eval_results.json").read_text())
+  assert results["eval"]["cmem_len"] == 12 and results["test"]["bpc"] > 0
 
 
 @pytest.mark.parametrize("name", ["lm1b_base", "lm1b_large"])

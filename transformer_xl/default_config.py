@@ -179,6 +179,8 @@ def get_config() -> ml_collections.ConfigDict:
           window=0,  # "sliding": window length L (0 = model.tgt_len + model.mem_len)
           stride=1,  # "sliding": tokens scored per window (1 = Al-Rfou et al.)
           global_batch=10,  # reference eval_batch_size (rows, or windows per step)
+          cmem_len=-1,  # compressed-memory slots at evaluation (-1 = model.cmem_len;
+          # model.memory="compressive": Rae et al. 2020 evaluate with more than trained)
           documents="split",  # "split": the split as data.documents says (one stream, or
           # documents masked apart with "reset"); "whole": every document (book) scored
           # from an empty memory to its end, results per document too (PG-19; needs a
@@ -285,7 +287,7 @@ def validate(
     return key not in nonfinite
 
   problems += segment_problems(e.tgt_len, e.mem_len, e.clamp_len, e.same_length, section="eval")
-  problems += memory.eval_problems(m.to_dict(), e.tgt_len, e.method, e.window)
+  problems += memory.eval_problems(m.to_dict(), e.tgt_len, e.method, e.window, e.cmem_len)
   if e.global_batch < 1:
     problems.append(f"eval.global_batch={e.global_batch} must be >= 1.")
   if e.method not in ("segments", "sliding"):

@@ -79,13 +79,16 @@ def eval_model_config(
     config: ml_collections.ConfigDict, train_cfg: models.ModelConfig
 ) -> models.ModelConfig:
   """The model of the segment evaluation: the training ModelConfig with the
-  eval tgt_len, mem_len, clamp_len and same_length, no dropout, and the
-  training tables' length (``max_klen``) kept."""
+  eval tgt_len, mem_len, clamp_len, same_length and compressed slots
+  (``eval.cmem_len``, -1 = the training's), no dropout, and the training
+  tables' length (``max_klen``) kept."""
   e = config.eval
+  cmem_len = e.get("cmem_len", -1)
   return dataclasses.replace(
       train_cfg,
       tgt_len=e.tgt_len,
       mem_len=e.mem_len,
+      cmem_len=train_cfg.cmem_len if cmem_len < 0 else cmem_len,
       clamp_len=e.clamp_len,
       same_length=e.same_length,
       dropout=0.0,
@@ -99,12 +102,13 @@ def window_model_config(
 ) -> models.ModelConfig:
   """The model of the sliding-window evaluation: segments of ``eval.window``
   positions (0 = the training attention length tgt_len + mem_len), no
-  memory, the eval clamp_len, no dropout."""
+  memory (nor compressed memory), the eval clamp_len, no dropout."""
   window = config.eval.window or train_cfg.tgt_len + train_cfg.mem_len
   return dataclasses.replace(
       train_cfg,
       tgt_len=window,
       mem_len=0,
+      cmem_len=0,
       same_length=False,
       clamp_len=config.eval.clamp_len,
       dropout=0.0,
@@ -289,6 +293,7 @@ class Evaluator:
         "mem_len": self.cfg.mem_len,
         "clamp_len": self.cfg.clamp_len,
         "same_length": self.cfg.same_length,
+        **({"cmem_len": self.cfg.cmem_len} if self.cfg.memory == "compressive" else {}),
         **({"documents": "whole"} if self.whole else {}),
     }
 

@@ -367,24 +367,31 @@ def variant(cfg: ModelConfig) -> type[MemoryVariant]:
   return VARIANTS[cfg.memory]
 
 
-def eval_problems(fields: Mapping[str, Any], tgt_len: int, method: str, window: int) -> list[str]:
-  """What the compressive memory needs of the evaluation's segments: the
-  eval segment length (``eval.tgt_len``, or with ``eval.method="sliding"``
-  the window, ``eval.window``, 0 = model.tgt_len + model.mem_len) a
-  multiple of ``model.cmem_ratio``, as the training one; [] if none (or
-  another memory, or a ratio that ``config_problems`` refuses)."""
+def eval_problems(
+    fields: Mapping[str, Any], tgt_len: int, method: str, window: int, cmem_len: int = -1
+) -> list[str]:
+  """What the compressive memory needs of the evaluation: ``eval.cmem_len``
+  (the compressed slots at evaluation) -1 (= ``model.cmem_len``) or >= 0,
+  and > 0 only with the compressive memory; the eval segment length
+  (``eval.tgt_len``, or with ``eval.method="sliding"`` the window,
+  ``eval.window``, 0 = model.tgt_len + model.mem_len) a multiple of
+  ``model.cmem_ratio``, as the training one; [] if none (or a ratio that
+  ``config_problems`` refuses)."""
   c = fields.get("cmem_ratio", 1)
-  if fields.get("memory", "xl") != "compressive" or not isinstance(c, int) or c < 1:
-    return []
-  if method == "sliding":
-    length = window or fields.get("tgt_len", 0) + fields.get("mem_len", 0)
-    if length % c:
-      return [
-          f"eval.window={window} (a window of {length}) must be a multiple of "
-          f"model.cmem_ratio={c} with model.memory='compressive'."
-      ]
-    return []
-  if tgt_len % c:
+  compressive = fields.get("memory", "xl") == "compressive"
+  if not isinstance(cmem_len, int) or cmem_len < -1:
+    return [
+        f"eval.cmem_len={cmem_len!r} must be -1 (= model.cmem_len) or an integer >= 0 "
+        "(compressed-memory slots at evaluation)."
+    ]
+  if cmem_len > 0 and not compressive:
+    return [
+        f"eval.cmem_len={cmem_len} needs model.memory='compressive' (the model has "
+        f"{fields.get('memory', 'xl')!r}); leave it at -1."
+    ]
+  if not compressive or not isinstance(c, int) or c < 1 or method == "sliding":
+    return []  # a sliding window has no memory, so nothing to compress
+  if tgt_len % c and (fields.get("cmem_len", 0) if cmem_len < 0 else cmem_len):
     return [
         f"eval.tgt_len={tgt_len} must be a multiple of model.cmem_ratio={c} with "
         "model.memory='compressive'."
@@ -635,7 +642,7 @@ class CompressiveMemory(MemoryVariant):
   def config_problems(fields: Mapping[str, Any]) -> list[str]:
     problems = []
     c, tgt_len = fields.get("cmem_ratio", 1), fields.get("tgt_len", 1)
-    if isinstance(c, int) and c >= 1 and tgt_len % c:
+    if isinstance(c, int) and c >= 1 and tgt_len % c and fields.get("cmem_len", 0):
       problems.append(
           f"model.tgt_len={tgt_len} must be a multiple of model.cmem_ratio={c} (each "
           f"segment's {tgt_len} evicted states are compressed {c} at a time)."

@@ -468,6 +468,8 @@ def _train_and_evaluate(
         f"; paper: {config.paper.n_params / 1e6:.0f}M "
         f"({100 * (n_params / config.paper.n_params - 1):+.1f}%), {config.paper.result}"
     )
+  elif config.paper.result:
+    paper = f"; paper: no parameter count reported, {config.paper.result}"
   metrics.log(f"Model: {n_params:,} parameters ({n_params / 1e6:.1f}M{paper}).")
   train_step = make_train_step(
       model,
