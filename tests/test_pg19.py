@@ -134,3 +134,46 @@ def test_pg19_small_trains_and_evaluates_whole_books_offline(tmp_path):
       assert d["word_ppl"] == pytest.approx(
           math.exp(d["loss_nats"] * d["tokens"] / d["words"]), rel=1e-9
       )
+
+
+@pytest.mark.slow
+def test_compressive_pg19_config_starts_offline_at_tiny_shapes(tmp_path):
+  """The paper-sized PG-19 config (configs/compressive_pg19.py) with its
+  shapes shrunk: SentencePiece over the mock books, the compressive memory,
+  the start-up line with the paper's result, two steps, whole-book eval."""
+  workdir = tmp_path / "wd"
+  tiny = {
+      "model.n_layer": 2,
+      "model.d_model": 32,
+      "model.n_head": 2,
+      "model.d_head": 16,
+      "model.d_inner": 64,
+      "model.tgt_len": 8,
+      "model.mem_len": 8,
+      "model.cmem_len": 4,
+      "data.vocab_size": 400,  # the mock books have 269 characters
+      "train.global_batch": 4,
+      "train.num_steps": 2,
+      "train.warmup_steps": 0,
+      "train.eval_every": 0,
+      "train.log_every": 1,
+      "eval.tgt_len": 8,
+      "eval.mem_len": 8,
+      "eval.global_batch": 4,
+  }
+  r = _run(
+      [
+          f"--config={REPO / 'configs' / 'compressive_pg19.py'}",
+          f"--workdir={workdir}",
+          f"--config.data.data_dir={tmp_path / 'tfds'}",
+          *(f"--config.{k}={v}" for k, v in tiny.items()),
+      ]
+  )
+  assert r.returncode == 0, r.stderr[-3000:]
+  line = next(l for l in r.stdout.splitlines() if l.startswith("Model:"))
+  assert "paper: no parameter count reported, 33.6 word-level ppl (test)" in line, line
+  r = _run([f"--workdir={workdir}", "--mode=eval"])
+  assert r.returncode == 0, r.stderr[-3000:]
+  results = json.loads((workdir / "eval_results.json").read_text())
+  assert results["eval"]["cmem_len"] == 4 and results["eval"]["documents"] == "whole"
+  assert results["test"]["documents_scored"] == BOOKS and results["test"]["word_ppl"] > 1
