@@ -15,6 +15,8 @@ the same seed) with another memory:
   xl_m64     Transformer-XL with the compressive models' attention cost (64 keys of memory)
   xl_m96     Transformer-XL with cmp_c2's range
   xl_m160    Transformer-XL with cmp_c4's range
+  cmp_c2_max cmp_c2 with max-pooling: no compression network, no
+             reconstruction loss (what the learned compression adds or costs)
 
 (Rae et al. 2020, Sec. 3.3: range l x (n_m + c n_cm) at the attention cost of
 n_m + n_cm memory slots.)  Each is evaluated as trained (eval tgt_len 32, the
@@ -52,6 +54,9 @@ VARIANTS: dict[str, tuple[str, int, int, int, str]] = {
     "xl_m64": ("xl", 64, 0, 1, "the compressive models' 64 memory keys"),
     "xl_m96": ("xl", 96, 0, 1, "cmp_c2's range"),
     "xl_m160": ("xl", 160, 0, 1, "cmp_c4's range"),
+    # No compression network (so no reconstruction-loss gradient): is the
+    # learned compression, or the compressed slots themselves, what costs?
+    "cmp_c2_max": ("compressive", 32, 32, 2, "cmp_c2 with max-pooling"),
 }
 
 QUICK = [
@@ -85,7 +90,7 @@ def variant_flags(name: str) -> list[str]:
         "--config.model.memory=compressive",
         f"--config.model.cmem_len={cmem_len}",
         f"--config.model.cmem_ratio={ratio}",
-        "--config.model.cmem_fn=conv",
+        f"--config.model.cmem_fn={'max_pool' if name.endswith('_max') else 'conv'}",
     ]
   return flags
 
@@ -114,6 +119,7 @@ def run_variant(name: str, workdirs: Path, data: list[str], extra: list[str], lo
       "mem_len": mem_len,
       "cmem_len": cmem_len,
       "cmem_ratio": ratio,
+      "cmem_fn": "max_pool" if name.endswith("_max") else "conv",
       "range": mem_len + ratio * cmem_len,
       "memory_keys": mem_len + cmem_len,
       "matches": matches,
@@ -143,14 +149,15 @@ def report(res: dict[str, Any], out: Path) -> str:
       "a layer can reach (Rae et al. 2020, Sec. 3.3: n_m + c n_cm); memory keys: what each "
       "query attends over besides its segment (the attention cost).",
       "",
-      "| variant | memory | mem_len | cmem_len | c | range | memory keys | parameters "
+      "| variant | memory | mem_len | cmem_len | c | cmem_fn | range | memory keys | parameters "
       "| valid ppl | test ppl | train wall | eval wall |",
-      "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+      "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
   ]
   for name, r in res["variants"].items():
     lines.append(
         f"| {name} | {r['memory']} | {r['mem_len']} | {r['cmem_len']} | "
-        f"{r['cmem_ratio'] if r['memory'] == 'compressive' else '-'} | {r['range']} | "
+        f"{r['cmem_ratio'] if r['memory'] == 'compressive' else '-'} | "
+        f"{r.get('cmem_fn', 'conv') if r['memory'] == 'compressive' else '-'} | {r['range']} | "
         f"{r['memory_keys']} | {r['n_params']:,} | {r['valid_ppl']:.2f} | {r['test_ppl']:.2f} | "
         f"{r['train_wall_s'] / 60:.1f} min | {r['eval_wall_s'] / 60:.1f} min |"
     )
@@ -185,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset")
   p.add_argument("--quick", action="store_true", help="a smoke run: tiny model, 3 steps")
   p.add_argument("--report_only", action="store_true", help="REPORT.md from results.json")
+  p.add_argument(
+      "--reuse", action="store_true", help="keep the variants already in --out's results.json"
+  )
   a = p.parse_args(argv)
   out, workdirs = Path(a.out), Path(a.workdirs)
   out.mkdir(parents=True, exist_ok=True)
@@ -211,7 +221,13 @@ def main(argv: list[str] | None = None) -> int:
       "machine": study.machine(),
       "variants": {},
   }
+  done = {}
+  if a.reuse and (out / "results.json").exists():
+    done = json.loads((out / "results.json").read_text())["variants"]
   for name in names:
+    if name in done:  # --reuse: trained and evaluated by an earlier run of this script
+      res["variants"][name] = done[name]
+      continue
     res["variants"][name] = run_variant(name, workdirs, data, QUICK if a.quick else [], logs)
     res["wall_s"] = study._now() - t0
     (out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
