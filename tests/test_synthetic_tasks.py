@@ -303,6 +303,7 @@ def test_short_copy_is_learned_and_eval_results_carry_the_accuracy(tmp_path):
   train.train_and_evaluate(config, str(workdir), corpus, mesh)
   r = run_main(f"--workdir={workdir}", "--mode=eval", one_device=True)
   assert r.returncode == 0, r.stderr[-3000:]
+  assert "test: loss" in r.stdout and ", answer_accuracy " in r.stdout, r.stdout[-2000:]
   results = json.loads((workdir / "eval_results.json").read_text())
   for split in ("valid", "test"):
     res = results[split]
