@@ -63,6 +63,50 @@ def test_every_answer_is_the_copy_the_reverse_or_the_retrieved_value(task):
   assert s.example_len == s.sequence_len - 1
 
 
+AUTHORS = Path(__file__).parent / "fixtures" / "synthetic_authors.npz"
+
+
+@pytest.mark.parametrize("task", synthetic.TASKS)
+def test_the_authors_code_gives_the_same_answers_segments_and_loss_positions(task):
+  """Against a batch of the authors' generators, data_loader and torch.chunk
+  (scripts/synthetic_authors_fixture.py ran their code at their settings)."""
+  f = np.load(AUTHORS)
+  x, y = f[f"{task}_X"], f[f"{task}_y"]
+  s = synthetic.TaskSettings(task=task)  # the defaults are the authors' settings
+  assert x.shape[1] + y.shape[1] == s.sequence_len
+  assert s.answer_len == int(f[f"{task}_answer_size"])
+  assert max(x.max(), y.max()) < s.n_token
+  np.testing.assert_array_equal(synthetic.marked_answer(s, x), y)  # same answers
+  # Their examples through our training iterator: their segments, their loss positions.
+  examples = np.concatenate([x, y], axis=1)
+  corpus = synthetic.SyntheticCorpus(
+      name=f"synthetic:{task}",
+      unit="word",
+      vocab=synthetic.vocabulary(s),
+      boundary_id=0,
+      splits={"train": data.ArraySource(examples.reshape(-1))},
+      settings=s,
+      examples={"train": examples},
+  )
+  inputs_CxTxB, targets_CxTxB = f[f"{task}_inputs"], f[f"{task}_targets"]
+  n_chunks, tgt_len, batch = inputs_CxTxB.shape
+  it = synthetic.ExampleIterator(corpus, "train", batch, tgt_len)
+  weights = []
+  for c in range(n_chunks):
+    b = next(it)
+    np.testing.assert_array_equal(b["inputs"], inputs_CxTxB[c].T)
+    np.testing.assert_array_equal(b["targets"], targets_CxTxB[c].T)
+    weights.append(b["weights"])
+  # train_synthetic.py: loss = torch.cat(losses)[-args.answer_size:]
+  np.testing.assert_array_equal(
+      np.concatenate(weights, axis=1),
+      np.broadcast_to(
+          np.arange(n_chunks * tgt_len) >= n_chunks * tgt_len - s.answer_len,
+          (8, n_chunks * tgt_len),
+      ),
+  )
+
+
 def test_splits_are_disjoint_deterministic_and_sized():
   # 2 symbols, 10 positions: 1,024 inputs for 600 examples, so duplicates are drawn.
   s = small("copy", seq_len=10, num_tokens=4, train_size=500, valid_size=40, test_size=60)
@@ -76,7 +120,7 @@ def test_splits_are_disjoint_deterministic_and_sized():
   assert not np.array_equal(other["train"], a["train"])
   # 3 x 600 draws of 1,024 inputs hold duplicates: removing them is what keeps splits apart.
   rng = np.random.default_rng(s.seed)
-  x, _ = synthetic._inputs(s, rng, 3 * 600)  # pylint: disable=protected-access
+  x = synthetic._inputs(s, rng, 3 * 600)  # pylint: disable=protected-access
   assert len(np.unique(x, axis=0)) < 3 * 600
 
 

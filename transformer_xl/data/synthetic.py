@@ -263,13 +263,32 @@ def segment_problems(s: TaskSettings, lengths: Mapping[str, int]) -> list[str]:
   ]
 
 
-def _inputs(s: TaskSettings, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
-  """``n`` drawn examples: (X int32 [n, len(X)], y int32 [n, len(y)])."""
+def marked_answer(s: TaskSettings, x_NxL: np.ndarray) -> np.ndarray:
+  """``y`` of inputs ``X``: the marker, then the answer (copy: ``X`` twice;
+  reverse: ``X`` reversed; retrieval: the value of the query key).
+
+  Args:
+    s: the task's settings.
+    x_NxL: int inputs [N, len(X)].
+
+  Returns:
+    int32 [N, 1 + answer_len].
+  """
+  n = x_NxL.shape[0]
   if s.task in ("copy", "reverse"):
-    x = rng.integers(2, s.num_tokens, size=(n, s.seq_len), dtype=np.int64)
-    answer = np.concatenate([x, x], axis=1) if s.task == "copy" else x[:, ::-1]
-    y = np.concatenate([np.full((n, 1), ANSWER_MARKER), answer], axis=1)
-    return x.astype(np.int32), y.astype(np.int32)
+    answer = np.concatenate([x_NxL, x_NxL], axis=1) if s.task == "copy" else x_NxL[:, ::-1]
+    return np.concatenate([np.full((n, 1), ANSWER_MARKER), answer], axis=1).astype(np.int32)
+  k = s.num_pairs
+  keys, values, query = x_NxL[:, 0 : 2 * k : 2], x_NxL[:, 1 : 2 * k : 2], x_NxL[:, 2 * k]
+  found = np.argmax(keys == query[:, None], axis=1)  # the keys are distinct
+  value = values[np.arange(n), found]
+  return np.stack([np.full(n, QUERY_MARKER), value], axis=1).astype(np.int32)
+
+
+def _inputs(s: TaskSettings, rng: np.random.Generator, n: int) -> np.ndarray:
+  """``n`` drawn inputs X: int32 [n, len(X)]."""
+  if s.task in ("copy", "reverse"):
+    return rng.integers(2, s.num_tokens, size=(n, s.seq_len), dtype=np.int64).astype(np.int32)
   k = s.num_pairs
   # Distinct keys (k <= 26) and values (k <= 10), as np.random.choice(replace=False).
   keys = np.argsort(rng.random((n, _LETTERS)), axis=1)[:, :k] + 11
@@ -277,12 +296,10 @@ def _inputs(s: TaskSettings, rng: np.random.Generator, n: int) -> tuple[np.ndarr
     values = np.argsort(rng.random((n, _DIGITS)), axis=1)[:, :k]
   else:
     values = rng.integers(0, _DIGITS, size=(n, k))
-  query = rng.integers(0, k, size=n)
-  rows = np.arange(n)
-  x = np.empty((n, 2 * k + 1), np.int64)
-  x[:, 0 : 2 * k : 2], x[:, 1 : 2 * k : 2], x[:, 2 * k] = keys, values, keys[rows, query]
-  y = np.stack([np.full(n, QUERY_MARKER), values[rows, query]], axis=1)
-  return x.astype(np.int32), y.astype(np.int32)
+  query = keys[np.arange(n), rng.integers(0, k, size=n)]
+  x = np.empty((n, 2 * k + 1), np.int32)
+  x[:, 0 : 2 * k : 2], x[:, 1 : 2 * k : 2], x[:, 2 * k] = keys, values, query
+  return x
 
 
 def generate(s: TaskSettings) -> dict[str, np.ndarray]:
@@ -297,7 +314,7 @@ def generate(s: TaskSettings) -> dict[str, np.ndarray]:
   """
   rng = np.random.default_rng(s.seed)
   total = sum(s.sizes.values())
-  x, y = _inputs(s, rng, OVERSAMPLE * total)
+  x = _inputs(s, rng, OVERSAMPLE * total)
   _, first = np.unique(x, axis=0, return_index=True)
   if first.shape[0] < total:
     raise errors.DataError(
@@ -306,7 +323,7 @@ def generate(s: TaskSettings) -> dict[str, np.ndarray]:
         "data.synthetic_train_size, valid_size or test_size, or make the task larger."
     )
   order = rng.permutation(first)[:total]
-  seqs = np.concatenate([x[order], y[order]], axis=1)
+  seqs = np.concatenate([x[order], marked_answer(s, x[order])], axis=1)
   bounds = np.cumsum([0, s.train_size, s.valid_size, s.test_size])
   return {name: seqs[bounds[i] : bounds[i + 1]] for i, name in enumerate(s.sizes)}
 
