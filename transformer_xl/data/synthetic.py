@@ -213,11 +213,9 @@ def settings_problems(s: TaskSettings, defaults: TaskSettings | None = None) -> 
   bad = [k for k, v in ints.items() if not isinstance(v, int) or isinstance(v, bool)]
   if bad:
     return problems + [f"data.{k}={ints[k]!r} must be an integer." for k in bad]
-  for key in ("synthetic_seq_len", "synthetic_train_size", "synthetic_valid_size"):
+  for key in ("synthetic_seq_len", *(f"synthetic_{k}_size" for k in s.sizes)):
     if ints[key] < 1:
       problems.append(f"data.{key}={ints[key]} must be >= 1.")
-  if s.test_size < 1:
-    problems.append(f"data.synthetic_test_size={s.test_size} must be >= 1.")
   if s.num_tokens < 3:
     problems.append(
         f"data.synthetic_num_tokens={s.num_tokens} must be >= 3 (ids 0 and 1 are the "
@@ -288,7 +286,7 @@ def marked_answer(s: TaskSettings, x_NxL: np.ndarray) -> np.ndarray:
 def _inputs(s: TaskSettings, rng: np.random.Generator, n: int) -> np.ndarray:
   """``n`` drawn inputs X: int32 [n, len(X)]."""
   if s.task in ("copy", "reverse"):
-    return rng.integers(2, s.num_tokens, size=(n, s.seq_len), dtype=np.int64).astype(np.int32)
+    return rng.integers(2, s.num_tokens, size=(n, s.seq_len), dtype=np.int32)
   k = s.num_pairs
   # Distinct keys (k <= 26) and values (k <= 10), as np.random.choice(replace=False).
   keys = np.argsort(rng.random((n, _LETTERS)), axis=1)[:, :k] + 11
