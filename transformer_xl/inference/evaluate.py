@@ -137,23 +137,25 @@ def segment_nll_correct(
   """``segment_nll`` and whether each position's argmax prediction is its
   target: (nll_BxT float32 nats, correct_BxT bool, the next memory).
 
-  The prediction is the argmax of the full distribution
-  (``TransformerXL.log_probs``: with an adaptive softmax, over every
-  cluster's tokens, not the head's alone); ties go to the lower id.
+  The prediction is the argmax of the full distribution (the model's
+  log-probabilities, ``TransformerXL.__call__`` without targets: with an
+  adaptive softmax, over every cluster's tokens, not the head's alone);
+  ties go to the lower id.  The NLL is read from the same log-probabilities
+  (what ``nll`` computes, without the [B, T, V] array; equal to float32
+  rounding).
   """
-  variables = {"params": params}
-  hidden_BxTxD, new_memory = model.apply(
-      variables,
+  logp_BxTxV, new_memory = model.apply(
+      {"params": params},
       batch["inputs"],
       memory,
+      None,
       deterministic=True,
       reset_B=batch["reset"],
       doc_pos_BxT=batch.get("doc_pos"),
-      method=models.TransformerXL.hidden,
   )
-  nll_BxT = model.apply(variables, hidden_BxTxD, batch["targets"], method=models.TransformerXL.nll)
-  logp_BxTxV = model.apply(variables, hidden_BxTxD, method=models.TransformerXL.log_probs)
-  correct_BxT = jnp.argmax(logp_BxTxV, axis=-1) == batch["targets"]
+  targets_BxT = batch["targets"]
+  nll_BxT = -jnp.take_along_axis(logp_BxTxV, targets_BxT[..., None], axis=-1)[..., 0]
+  correct_BxT = jnp.argmax(logp_BxTxV, axis=-1) == targets_BxT
   return nll_BxT, correct_BxT, new_memory
 
 
