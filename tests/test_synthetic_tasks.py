@@ -358,6 +358,9 @@ def test_short_copy_is_learned_and_eval_results_carry_the_accuracy(tmp_path):
   mesh = sharding.make_mesh((1, 1), config.mesh.axis_names, devices=jax.devices()[:1])
   workdir = tmp_path / "copy"
   train.train_and_evaluate(config, str(workdir), corpus, mesh)
+  rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  valid = [r for r in rows if "valid/answer_accuracy" in r]  # the validation at step 300
+  assert [r["step"] for r in valid] == [300] and "valid/answer_token_accuracy" in valid[0]
   r = run_main(f"--workdir={workdir}", "--mode=eval", one_device=True)
   assert r.returncode == 0, r.stderr[-3000:]
   assert "test: loss" in r.stdout and ", answer_accuracy " in r.stdout, r.stdout[-2000:]
