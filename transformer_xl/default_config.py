@@ -21,7 +21,7 @@ from typing import Any
 import ml_collections
 
 from transformer_xl import data, errors, sharding
-from transformer_xl.data import text_settings
+from transformer_xl.data import synthetic, text_settings
 from transformer_xl.model import config as model_config_lib
 from transformer_xl.model import memory
 from transformer_xl.model.config import (  # noqa: F401 (re-exported: the model's schema)
@@ -104,7 +104,7 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.data = ml_collections.ConfigDict(
       dict(
-          dataset="enwik8",  # one of data.CORPUS_NAMES, "text" (own files) or "tfds:NAME"
+          dataset="enwik8",  # data.CORPUS_NAMES, "text" (own files), "tfds:NAME", "synthetic:TASK"
           data_dir=ml_collections.FieldReference(
               None, field_type=str
           ),  # tfds data dir (default ~/tensorflow_datasets)
@@ -135,6 +135,15 @@ def get_config() -> ml_collections.ConfigDict:
           tfds_splits="train,validation,test",  # ... and its splits read as train, valid, test
           documents="stream",  # stream: memory flows across documents (the reference);
           # reset: no attention across a document boundary
+          # data.dataset="synthetic:copy|reverse|associative_retrieval" (data/synthetic.py;
+          # defaults: Bulatov et al. 2022's generate_data.py and run scripts):
+          synthetic_seq_len=24,  # copy/reverse: input symbols (their long runs: 120)
+          synthetic_num_tokens=12,  # copy/reverse: vocabulary, symbols 2..num_tokens-1
+          synthetic_num_pairs=4,  # associative_retrieval: key-value pairs K (1..26)
+          synthetic_train_size=10_000,  # examples per split (their train_size, val_size,
+          synthetic_valid_size=1_000,  # test_size), duplicates removed across them
+          synthetic_test_size=2_000,
+          synthetic_seed=0,  # the numpy Generator that draws the examples
       )
   )
 
@@ -301,6 +310,7 @@ def validate(
   if t.loss_span not in ("full", "half"):
     problems.append(f"train.loss_span={t.loss_span!r}: use 'full' or 'half'.")
   problems += _data_problems(config.data, nonfinite)
+  problems += _synthetic_problems(config)
   eval_documents = e.get("documents", "split")
   if eval_documents not in EVAL_DOCUMENTS:
     problems.append(f"eval.documents={eval_documents!r}: use 'split' or 'whole'.")
@@ -369,6 +379,24 @@ def _data_problems(d: ml_collections.ConfigDict, nonfinite: set[str]) -> list[st
         f"data.documents={documents!r}: use 'stream' (memory flows across documents) or "
         "'reset' (no attention across a document boundary)."
     ]
+  synthetic_changed = [
+      k
+      for k in synthetic.FIELDS
+      if d.get(k, _default_value(f"data.{k}")) != _default_value(f"data.{k}")
+  ]
+  if synthetic.is_synthetic(d.dataset):
+    text_changed = [k for k, v in text.items() if v != _default_value(f"data.{k}")]
+    if text_changed:
+      return [
+          f"data.{', data.'.join(text_changed)} apply only to your own text "
+          f"(data.dataset={data.TEXT!r} or 'tfds:NAME'), not to {d.dataset!r}: remove them."
+      ]
+    return []  # the task's own settings: _synthetic_problems
+  if synthetic_changed:
+    return [
+        f"data.{', data.'.join(synthetic_changed)} apply only to the synthetic tasks "
+        f"(data.dataset='synthetic:TASK'), not to {d.dataset!r}: remove them."
+    ]
   if d.dataset == data.TEXT or d.dataset.startswith(data.TFDS_PREFIX):
     tfds_name = d.dataset[len(data.TFDS_PREFIX) :] if d.dataset != data.TEXT else ""
     if d.dataset != data.TEXT and not tfds_name:
@@ -382,8 +410,9 @@ def _data_problems(d: ml_collections.ConfigDict, nonfinite: set[str]) -> list[st
   if d.dataset not in data.CORPUS_NAMES:
     return [
         f"data.dataset={d.dataset!r}: choose one of {sorted(data.CORPUS_NAMES)}, "
-        f"{data.TEXT!r} for your own text files (data.train_files, ...), or "
-        "'tfds:NAME' for a tfds text dataset."
+        f"{data.TEXT!r} for your own text files (data.train_files, ...), "
+        "'tfds:NAME' for a tfds text dataset, or 'synthetic:copy', 'synthetic:reverse' or "
+        "'synthetic:associative_retrieval'."
     ]
   changed = [k for k, v in text.items() if v != _default_value(f"data.{k}")]
   if changed:
@@ -394,6 +423,37 @@ def _data_problems(d: ml_collections.ConfigDict, nonfinite: set[str]) -> list[st
         f"--config.data.dataset={data.TEXT}."
     ]
   return []
+
+
+def _synthetic_problems(config: ml_collections.ConfigDict) -> list[str]:
+  """A synthetic task's settings (``synthetic.settings_problems``), its
+  segment lengths (each must divide the example length: an example is whole
+  segments) and the evaluation it needs ("segments", split by split)."""
+  d = config.data
+  if not synthetic.is_synthetic(d.dataset):
+    return []
+  settings = synthetic.TaskSettings.from_data_config(d)
+  defaults = synthetic.TaskSettings(
+      task=settings.task,
+      **{f: _default_value(f"data.{k}") for k, f in synthetic.FIELDS.items()},
+  )
+  problems = synthetic.settings_problems(settings, defaults)
+  if problems:
+    return problems
+  problems = synthetic.segment_problems(
+      settings, {"model.tgt_len": config.model.tgt_len, "eval.tgt_len": config.eval.tgt_len}
+  )
+  if config.eval.method != "segments":
+    problems.append(
+        f"eval.method={config.eval.method!r} does not score {d.dataset!r} (whole examples, "
+        "each from an empty memory): set --config.eval.method=segments."
+    )
+  if config.eval.get("documents", "split") == "whole":
+    problems.append(
+        f"eval.documents={config.eval.documents!r} needs documents; {d.dataset!r} scores "
+        "whole examples already: set --config.eval.documents=split."
+    )
+  return problems
 
 
 def _dynamic_problems(config: ml_collections.ConfigDict, nonfinite: set[str]) -> list[str]:

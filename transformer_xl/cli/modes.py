@@ -291,7 +291,11 @@ def run_eval(
   for split in ("valid", "test"):
     r = results[split] = score_split(split)
     r.update(metrics.corpus_level(r["loss_nats"], r["tokens"], corpus, split))
-    extra = "".join(f", {k} {r[k]:.4f}" for k in ("bits_per_byte",) if k in r)
+    extra = "".join(
+        f", {k} {r[k]:.4f}"
+        for k in ("bits_per_byte", "answer_accuracy", "answer_token_accuracy")  # synthetic tasks
+        if k in r
+    )
     if "word_ppl" in r:
       extra += f", word perplexity {r['word_ppl']:.6g} over {r['words']:,} words"
     if "documents" in r:

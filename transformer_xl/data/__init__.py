@@ -37,6 +37,9 @@ Modules, one role each:
 * ``text_vocab.py``: their vocabularies and tokenizers; the workdir's
   tokenizer.json;
 * ``text_settings.py``: their settings (checked without tfds);
+* ``synthetic.py``: the long-range synthetic tasks
+  (``data.dataset="synthetic:copy|reverse|associative_retrieval"``), drawn
+  in memory, and their iterators over whole examples;
 * ``builders.py``: corpus name -> builder;
 * ``checks.py``: argument and state checks of the iterators;
 * ``iterators.py``: ``TrainIterator``, ``EvalIterator``,
@@ -94,6 +97,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from transformer_xl.data import synthetic
 from transformer_xl.data.corpus import (
     ArraySentenceIndex,
     ArraySource,
@@ -139,6 +143,7 @@ TEXT_FIELDS = (
     "tfds_splits",
 )
 TFDS_PREFIX = "tfds:"  # data.dataset="tfds:NAME[/CONFIG]": a tfds text dataset
+SYNTHETIC_PREFIX = synthetic.PREFIX  # data.dataset="synthetic:TASK" (synthetic.py)
 
 
 def load_configured(data_cfg: Mapping[str, Any]) -> Corpus:
@@ -147,13 +152,17 @@ def load_configured(data_cfg: Mapping[str, Any]) -> Corpus:
   ``dataset`` is one of ``CORPUS_NAMES`` (``load_corpus`` with
   ``data_dir``, ``manual_dir``, ``download``, ``verify_checksums``),
   ``"text"`` or ``"tfds:NAME[/CONFIG]"`` (``text_files.load_text_corpus``
-  with the ``TEXT_FIELDS`` and ``data_dir``).  Other fields are not the
-  corpus's.
+  with the ``TEXT_FIELDS`` and ``data_dir``), or ``"synthetic:TASK"``
+  (``synthetic.load`` with the ``synthetic_*`` fields: drawn in memory).
+  Other fields are not the corpus's.
 
   Raises:
-    DataError, ValueError: as ``load_corpus`` / ``load_text_corpus``.
+    DataError, ValueError: as ``load_corpus`` / ``load_text_corpus`` /
+      ``synthetic.load``.
   """
   dataset = data_cfg["dataset"]
+  if synthetic.is_synthetic(dataset):
+    return synthetic.load(synthetic.TaskSettings.from_data_config(data_cfg))
   if dataset == TEXT or dataset.startswith(TFDS_PREFIX):
     from transformer_xl.data import text_files  # imports tfds
 
@@ -247,6 +256,7 @@ __all__ = [
     "TEXT",
     "TEXT_FIELDS",
     "TFDS_PREFIX",
+    "SYNTHETIC_PREFIX",
     "Tokenizer",
     "TrainIterator",
     "load_configured",

@@ -19,6 +19,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 
 from transformer_xl import errors
+from transformer_xl.data import synthetic
 from transformer_xl.data.checks import (
     Batch,
     check_boundary_id,
@@ -605,8 +606,10 @@ def make_train_iterator(
   (reference ``LMMultiFileIterator``/``LMShuffledIterator``) with
   ``boundary_id = corpus.boundary_id``; all others an ordered
   ``TrainIterator`` (reference ``LMOrderedIterator``), which ignores
-  ``seed``.  Both follow the batch contract and have
-  ``get_state``/``set_state``.
+  ``seed``; a synthetic task (``synthetic.SyntheticCorpus``) its
+  ``synthetic.ExampleIterator`` (whole examples, each from an empty
+  memory, ``documents`` and ``seed`` ignored).  All follow the batch
+  contract and have ``get_state``/``set_state``.
 
   Args:
     corpus: a ``Corpus``.
@@ -627,6 +630,8 @@ def make_train_iterator(
         f"split {split!r} is not in the corpus {corpus.name!r}; "
         f"its splits are {sorted(corpus.splits)}."
     )
+  if isinstance(corpus, synthetic.SyntheticCorpus):
+    return synthetic.ExampleIterator(corpus, split, global_batch, tgt_len, row_ids=row_ids)
   index = (corpus.sentence_offsets or {}).get(split)
   if index is not None:
     return ShuffledSentenceIterator(

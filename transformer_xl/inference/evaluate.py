@@ -20,6 +20,7 @@ parameters after scoring each segment.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -30,6 +31,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from transformer_xl import data, errors, sharding
+from transformer_xl.data import synthetic
 from transformer_xl.model import attention, models
 from transformer_xl.run import metrics
 
@@ -133,8 +135,38 @@ def segment_nll(
   )
 
 
-def make_eval_step(model: models.TransformerXL, mesh: Mesh) -> Callable:
-  """The jitted eval step: (params, memory, batch) -> (nll_BxT, memory).
+def segment_nll_correct(
+    model: models.TransformerXL, params: Any, memory: models.Memory, batch: dict
+) -> tuple[jax.Array, jax.Array, models.Memory]:
+  """``segment_nll`` and whether each position's argmax prediction is its
+  target: (nll_BxT float32 nats, correct_BxT bool, the next memory).
+
+  The prediction is the argmax of the full distribution (the model's
+  log-probabilities, ``TransformerXL.__call__`` without targets: with an
+  adaptive softmax, over every cluster's tokens, not the head's alone);
+  ties go to the lower id.  The NLL is read from the same log-probabilities
+  (what ``nll`` computes, without the [B, T, V] array; equal to float32
+  rounding).
+  """
+  logp_BxTxV, new_memory = model.apply(
+      {"params": params},
+      batch["inputs"],
+      memory,
+      None,
+      deterministic=True,
+      reset_B=batch["reset"],
+      doc_pos_BxT=batch.get("doc_pos"),
+  )
+  targets_BxT = batch["targets"]
+  nll_BxT = -jnp.take_along_axis(logp_BxTxV, targets_BxT[..., None], axis=-1)[..., 0]
+  correct_BxT = jnp.argmax(logp_BxTxV, axis=-1) == targets_BxT
+  return nll_BxT, correct_BxT, new_memory
+
+
+def make_eval_step(model: models.TransformerXL, mesh: Mesh, correct: bool = False) -> Callable:
+  """The jitted eval step: (params, memory, batch) -> (nll_BxT, memory);
+  with ``correct``, (nll_BxT, correct_BxT, memory) (``segment_nll_correct``:
+  bool [B, T], replicated, the argmax prediction equals the target).
 
   ``batch``: ``inputs``/``targets`` int32 [B, T], ``reset`` bool [B]
   (rows whose memory is emptied first) and, optionally, ``doc_pos`` int32
@@ -149,12 +181,17 @@ def make_eval_step(model: models.TransformerXL, mesh: Mesh) -> Callable:
   mem_sharding = models.Memory.shardings(mesh)
 
   def eval_step(params, memory, batch):
+    if correct:
+      return segment_nll_correct(model, params, memory, batch)
     return segment_nll(model, params, memory, batch)
 
+  replicated = sharding.replicated(mesh)
   return jax.jit(
       sharding.traced_with_mesh(eval_step, mesh),
       in_shardings=(None, mem_sharding, batch_shardings),
-      out_shardings=(sharding.replicated(mesh), mem_sharding),
+      out_shardings=(replicated, replicated, mem_sharding)
+      if correct
+      else (replicated, mem_sharding),
       donate_argnums=(1,),
   )
 
@@ -229,6 +266,13 @@ class Evaluator:
   (book) scored from an empty memory to its end, as if alone; results come
   per document as well.
 
+  A synthetic task (``data.synthetic.SyntheticCorpus``: copy, reverse,
+  associative retrieval) is scored example by example
+  (``synthetic.ExampleEvalIterator``: each example from an empty memory,
+  only its answer positions weighed, whatever ``data.documents`` says), and
+  ``evaluate`` adds the accuracy of the argmax predictions at the answer
+  positions (``segment_nll_correct``; computed for these corpora only).
+
   Either way every token of the split is scored exactly once.  Any number
   of rows works on any mesh: rows are padded to a multiple of the
   data-parallel size with dummy rows of weight 0 (so the reference's eval
@@ -255,6 +299,12 @@ class Evaluator:
     self.global_batch = config.eval.global_batch
     self.corpus = corpus
     self.documents = config.data.get("documents", "stream")  # "reset": batches carry doc_pos
+    # A synthetic task: whole examples, each from an empty memory (``reset``), and accuracy.
+    self.answers = isinstance(corpus, synthetic.SyntheticCorpus)
+    if self.answers:
+      self.documents = "stream"
+      if self.method != "segments":
+        raise ValueError(f"{corpus.name!r} is scored with eval.method='segments' only.")
     # "whole": every document scored from an empty memory (as "reset"), results per document
     self.whole = config.eval.get("documents", "split") == "whole"
     if self.whole and corpus is not None and corpus.documents is None:
@@ -274,6 +324,7 @@ class Evaluator:
     self._mem_sharding = models.Memory.shardings(mesh)
     self._init_memory = {}  # batch size -> jitted constructor
     self._eval_step = make_eval_step(self.model, mesh)
+    self._eval_correct_step = make_eval_step(self.model, mesh, correct=True)  # compiled if used
     self._window_step = make_window_step(models.TransformerXL(self.window_cfg), mesh, self.stride)
 
   @property
@@ -313,13 +364,21 @@ class Evaluator:
     return self._init_memory[batch_size]()
 
   def _scored_batches(
-      self, params: Any, split: str, max_steps: int = 0, step: Step | None = None, num_rows: int = 0
-  ) -> Iterator[tuple[jax.Array, jax.Array, Callable[[], np.ndarray]]]:
+      self,
+      params: Any,
+      split: str,
+      max_steps: int = 0,
+      step: Step | None = None,
+      num_rows: int = 0,
+      correct: bool = False,
+  ) -> Iterator[tuple]:
     """Runs the eval method over ``split``; yields per step (nll_BxT on device,
     weights_BxT on device, pairs() -> int64 [B, T] stream index of every
-    position, -1 where it is not scored), over the padded rows.  ``step``
-    replaces the eval step ("segments"; see ``Step``); ``num_rows``
-    the number of rows (0: ``eval.global_batch``)."""
+    position, -1 where it is not scored), over the padded rows; with
+    ``correct`` (the eval step, "segments") a fourth item, correct_BxT bool
+    on device (``segment_nll_correct``).  ``step`` replaces the eval step
+    ("segments"; see ``Step``); ``num_rows`` the number of rows (0:
+    ``eval.global_batch``)."""
     source, boundary = self.corpus.splits[split], self.corpus.boundary_id
     b = num_rows or self.global_batch
     b_pad, rows = self._rows(b)
@@ -328,6 +387,10 @@ class Evaluator:
     if sliding:
       make_it = lambda row_ids: data.SlidingWindowIterator(
           source, b, self.window_cfg.tgt_len, self.stride, boundary, row_ids=row_ids
+      )
+    elif self.answers:
+      make_it = lambda row_ids: synthetic.ExampleEvalIterator(
+          self.corpus, split, b, self.cfg.tgt_len, boundary, row_ids=row_ids
       )
     else:
       documents = data.split_documents(
@@ -369,6 +432,8 @@ class Evaluator:
         nll_BxT = self._window_step(params, batch)
       elif step is not None:
         nll_BxT, memory = step(memory, batch, weights)
+      elif correct:
+        nll_BxT, correct_BxT, memory = self._eval_correct_step(params, memory, batch)
       else:
         nll_BxT, memory = self._eval_step(params, memory, batch)
 
@@ -377,7 +442,7 @@ class Evaluator:
         p[:b] = layout.pairs(i)
         return p
 
-      yield nll_BxT, weights, pairs
+      yield (nll_BxT, weights, pairs, correct_BxT) if correct else (nll_BxT, weights, pairs)
 
   def evaluate(
       self, params: Any, split: str, max_steps: int = 0, step: Step | None = None, num_rows: int = 0
@@ -393,21 +458,38 @@ class Evaluator:
 
     Returns:
       {"loss_nats": mean NLL per token (nats), "bpc" or "ppl": ...,
-        "tokens": number of scored tokens}.
+        "tokens": number of scored tokens}; for a synthetic task (its
+      answer tokens only) also ``answers``' "answer_accuracy" and
+      "answer_token_accuracy" and "examples", unless ``step`` is given.
     """
-    pending = list(self._scored_batches(params, split, max_steps, step, num_rows))
+    correct = self.answers and step is None and self.method == "segments"
+    pending = list(self._scored_batches(params, split, max_steps, step, num_rows, correct))
     nll_sum, n_tok = 0.0, 0.0
-    for nll_BxT, w_BxT, _ in pending:  # float64 sums over every scored token
+    for nll_BxT, w_BxT, *_ in pending:  # float64 sums over every scored token
       w = np.asarray(jax.device_get(_fully_replicated(w_BxT)), np.float64)
       nll_sum += float(np.sum(np.asarray(jax.device_get(nll_BxT), np.float64) * w))
       n_tok += float(w.sum())
     loss = nll_sum / max(n_tok, 1.0)
     metric = metrics.metric_name(self.corpus.unit)
-    return {
+    result = {
         "loss_nats": loss,
         metric: metrics.metric_value(loss, self.corpus.unit),
         "tokens": int(round(n_tok)),
     }
+    if correct:
+      example_BxT, correct_BxT = [], []
+      for _, _, pairs, c_BxT in pending:
+        p = pairs()
+        example_BxT.append(np.where(p >= 0, self.corpus.example_of(np.maximum(p, 0)), -1))
+        correct_BxT.append(np.asarray(jax.device_get(c_BxT), bool))
+      result.update(
+          answers(
+              np.concatenate(example_BxT, axis=1) if example_BxT else np.zeros((0, 0), np.int64),
+              np.concatenate(correct_BxT, axis=1) if correct_BxT else np.zeros((0, 0), bool),
+              self.corpus.settings.answer_len,
+          )
+      )
+    return result
 
   def evaluate_documents(
       self, params: Any, split: str, step: Step | None = None, num_rows: int = 0
@@ -453,7 +535,7 @@ class Evaluator:
     nll_D, seen_D = np.zeros(n_docs, np.float64), np.zeros(n_docs, np.int64)
     done, reported = 0, 0
     bar = metrics.progress_bar(n_docs, desc=f"eval {split}", unit="document")
-    for nll_BxT, _, pairs in self._scored_batches(params, split, step=step, num_rows=num_rows):
+    for nll_BxT, _, pairs, *_ in self._scored_batches(params, split, step=step, num_rows=num_rows):
       p = pairs()
       scored = p >= 0
       j = p[scored]  # stream indices scored in this step
@@ -565,6 +647,38 @@ class Evaluator:
     return np.concatenate([np.asarray(jax.device_get(x)) for x in out], axis=1)[:b, :t].astype(
         np.float32
     )
+
+
+def answers(example_BxT: np.ndarray, correct_BxT: np.ndarray, answer_len: int) -> dict:
+  """The accuracies of a synthetic task's answers (Bulatov et al. 2022, Sec. 4).
+
+  Args:
+    example_BxT: int [B, T'] the example of every scored answer position,
+      -1 where a position is not scored (any T': segments side by side).
+    correct_BxT: bool [B, T'], whether the argmax prediction at the position
+      (given the true earlier tokens) is its target.
+    answer_len: answer positions of an example.
+
+  Returns:
+    {"answer_token_accuracy": the share of scored answer positions predicted
+    right (the authors' teacher-forced accuracy, ``num_correct_tf /
+    num_total`` of ``train_synthetic.py``), "answer_accuracy": the share of
+    examples whose ``answer_len`` answer positions are all scored and all
+    right (exact match; an example cut off by ``max_steps`` does not count),
+    "examples": those examples}; accuracies are NaN where nothing was scored.
+  """
+  scored = example_BxT >= 0
+  k, ok = example_BxT[scored], correct_BxT[scored]
+  ids, inverse = np.unique(k, return_inverse=True)
+  seen = np.bincount(inverse, minlength=len(ids))
+  right = np.bincount(inverse, weights=ok.astype(np.float64), minlength=len(ids))
+  whole = seen == answer_len
+  n = int(np.count_nonzero(whole))
+  return {
+      "answer_accuracy": float(np.count_nonzero(right[whole] == answer_len) / n) if n else math.nan,
+      "answer_token_accuracy": float(ok.mean()) if ok.size else math.nan,
+      "examples": n,
+  }
 
 
 def _fully_replicated(x: jax.Array) -> jax.Array:

@@ -1,0 +1,528 @@
+"""Long-range synthetic tasks: copy, reverse, associative retrieval.
+
+The algorithmic tasks of the Recurrent Memory Transformer (Bulatov,
+Kuratov, Burtsev 2022, arXiv 2207.06881, Sec. 4), generated as the authors'
+``pytorch/experiment_utils/generate_data.py`` and ``retrieval.py``
+(``booydar/LM-RMT``) generate them and laid out as their
+``pytorch/train_synthetic.py`` feeds them to the model:
+``data.dataset="synthetic:copy"``, ``"synthetic:reverse"`` or
+``"synthetic:associative_retrieval"``.  Nothing is downloaded: the splits
+are drawn from ``data.synthetic_seed`` (a numpy ``Generator``) when the
+corpus is loaded.
+
+**An example** is one sequence ``[X, y]`` of ``S`` token ids (the authors'
+``np.hstack((X, y))``), ``y[0]`` a marker that says the answer comes next:
+
+* copy (``generate_data.copy_generator``): ``X`` = ``seq_len`` symbols
+  drawn uniformly from ``2 .. num_tokens - 1``, ``y = [1, X, X]``: the
+  input twice; ``S = 3 * seq_len + 1``;
+* reverse (``reverse_generator``): ``y = [1, reversed(X)]``;
+  ``S = 2 * seq_len + 1``;
+* associative retrieval (``retrieval_generator``, ``retrieval.create_sequence``):
+  ``X = [k_1, v_1, ..., k_K, v_K, q]``, ``K = num_pairs`` keys (letters,
+  ids 11..36, distinct), values (digits, ids 0..9, distinct for K <= 10),
+  the query ``q`` one of the keys; ``y = [10, v]``, ``v`` the query's value;
+  ``S = 2 * K + 3``.  The vocabulary is always 37 ids.
+
+The model reads ``inputs = seq[:-1]`` and predicts ``targets = seq[1:]``:
+``E = S - 1`` positions per example (the *example length*; 72 for copy
+with seq_len 24), of which the last ``answer_len`` (copy ``2 * seq_len``,
+reverse ``seq_len``, retrieval 1) are the answer.  ``E`` must be a multiple
+of the segment length ``tgt_len``: an example is ``E / tgt_len`` whole
+segments (the authors' ``n_chunks``), and the memory is emptied at its
+first segment (``reset``; the memory tokens of the authors' code restart
+from their learned values at every example).  *Difference from the
+authors' code:* their Transformer-XL cache (``mems``) is not reset between
+examples, so an example's first segment attends to the previous example's
+last ``mem_len`` states, which hold nothing about it; here it is reset.
+
+**Splits** (``generate_data.generate_data``): ``3 * (train + valid +
+test)`` examples are drawn (the authors: as many, rounded down to whole
+batches of 32), the duplicates removed over all of them at once
+(``np.unique`` over the inputs ``X``), the rest shuffled and cut into
+train, valid and test, so no input is in two splits.  Defaults (their
+``generate_data`` and run scripts): 10,000 / 1,000 / 2,000 examples, copy
+and reverse with ``seq_len`` 24 over 10 symbols (``num_tokens`` 12),
+retrieval with 4 pairs.  Where fewer distinct inputs exist than the
+splits need, loading refuses (the authors' code would make smaller splits).
+
+**Loss and accuracy.**  The authors train and validate on the answer
+positions only (``loss[-args.answer_size:]``): the corpus's batches weigh
+those positions 1 and the others 0, in training and in evaluation (so
+``loss_nats`` and ``ppl`` of an evaluation are over answer tokens).
+Evaluation also reports ``answer_token_accuracy`` (the share of answer
+tokens whose argmax prediction, given the true earlier tokens, is right:
+the authors' teacher-forced accuracy ``num_correct_tf / num_total``, which
+is what they report where the answer is shorter than a segment) and
+``answer_accuracy`` (the share of examples whose whole answer is right;
+equal to the share that greedy decoding gets exactly right).  Where the
+answer spans a segment or more (their copy and reverse runs) the authors
+report the per-token accuracy of greedy decoding instead, which is not
+computed here; it is at least ``answer_accuracy``.
+
+Layout of a split: ``SyntheticCorpus.examples[split]``, int32 [N, S]; the
+split's ``TokenSource`` is the same examples back to back (N * S tokens),
+for the tools that read a stream.  Batches: ``ExampleIterator`` (training,
+endless) and ``ExampleEvalIterator`` (one pass), which follow the batch
+contract of ``transformer_xl.data``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from transformer_xl import errors
+from transformer_xl.data.checks import Batch, check_positive, check_row_ids, check_state
+from transformer_xl.data.corpus import ArraySource, Corpus
+
+PREFIX = "synthetic:"  # data.dataset="synthetic:TASK"
+TASKS = ("copy", "reverse", "associative_retrieval")
+# data config key -> TaskSettings field (the authors' names in the comments of default_config).
+FIELDS = {
+    "synthetic_seq_len": "seq_len",
+    "synthetic_num_tokens": "num_tokens",
+    "synthetic_num_pairs": "num_pairs",
+    "synthetic_train_size": "train_size",
+    "synthetic_valid_size": "valid_size",
+    "synthetic_test_size": "test_size",
+    "synthetic_seed": "seed",
+}
+# The fields that apply to some tasks only.
+_TASK_FIELDS = {
+    "synthetic_seq_len": ("copy", "reverse"),
+    "synthetic_num_tokens": ("copy", "reverse"),
+    "synthetic_num_pairs": ("associative_retrieval",),
+}
+ANSWER_MARKER = 1  # copy and reverse: y[0] (generate_data.py: ``y[:, 0] = 1``)
+QUERY_MARKER = 10  # retrieval: y[0] (``y[:, 0] = 10``)
+_LETTERS = 26  # retrieval keys: ids 11..36 (retrieval.get_three_letters)
+_DIGITS = 10  # retrieval values: ids 0..9 (retrieval.get_three_numbers)
+RETRIEVAL_VOCAB = 37
+OVERSAMPLE = 3  # generate_data: ``num_batches = total_size // batch_size * 3``
+
+
+def is_synthetic(dataset: str) -> bool:
+  """Whether ``data.dataset`` names a synthetic task (``"synthetic:..."``)."""
+  return dataset.startswith(PREFIX)
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSettings:
+  """One synthetic task's settings (``data.synthetic_*``; defaults: the authors').
+
+  Attributes:
+    task: one of ``TASKS``.
+    seq_len: copy/reverse: symbols of the input X (authors: 24; 120 in
+      their long runs).
+    num_tokens: copy/reverse: the vocabulary, ids 0 (unused padding), 1 (the
+      answer marker) and the symbols 2 .. num_tokens - 1 (authors' 12).
+    num_pairs: retrieval: key-value pairs K (authors' 4), 1 to 26.
+    train_size, valid_size, test_size: examples per split.
+    seed: seed of the numpy Generator that draws every split.
+  """
+
+  task: str
+  seq_len: int = 24
+  num_tokens: int = 12
+  num_pairs: int = 4
+  train_size: int = 10_000
+  valid_size: int = 1_000
+  test_size: int = 2_000
+  seed: int = 0
+
+  @classmethod
+  def from_data_config(cls, data_cfg: Mapping[str, Any]) -> TaskSettings:
+    """The settings of a config's ``data`` section (``dataset`` and the
+    ``synthetic_*`` keys it has)."""
+    fields = {f: data_cfg[k] for k, f in FIELDS.items() if k in data_cfg}
+    return cls(task=data_cfg["dataset"][len(PREFIX) :], **fields)
+
+  @property
+  def sequence_len(self) -> int:
+    """S: tokens of one example ``[X, y]``."""
+    if self.task == "copy":
+      return 3 * self.seq_len + 1
+    if self.task == "reverse":
+      return 2 * self.seq_len + 1
+    return 2 * self.num_pairs + 3
+
+  @property
+  def example_len(self) -> int:
+    """E = S - 1: the model's positions per example (the authors' src length)."""
+    return self.sequence_len - 1
+
+  @property
+  def answer_len(self) -> int:
+    """Answer positions at the end of an example (the authors' answer_size)."""
+    return {"copy": 2 * self.seq_len, "reverse": self.seq_len}.get(self.task, 1)
+
+  @property
+  def n_token(self) -> int:
+    """The vocabulary size (the authors' ``ntokens``)."""
+    return RETRIEVAL_VOCAB if self.task == "associative_retrieval" else self.num_tokens
+
+  @property
+  def sizes(self) -> dict[str, int]:
+    """Split -> examples."""
+    return {"train": self.train_size, "valid": self.valid_size, "test": self.test_size}
+
+  def distinct_inputs(self) -> int:
+    """How many different inputs X the task has (an upper bound on the examples)."""
+    if self.task == "associative_retrieval":
+      k = self.num_pairs
+      values = math.perm(_DIGITS, k) if k <= _DIGITS else _DIGITS**k
+      return math.perm(_LETTERS, k) * values * k
+    return (self.num_tokens - 2) ** self.seq_len
+
+
+def settings_problems(s: TaskSettings, defaults: TaskSettings | None = None) -> list[str]:
+  """What is wrong with synthetic-task settings; empty: nothing.
+
+  Args:
+    s: the settings.
+    defaults: the config's defaults; a field of another task that differs
+      from them is refused (e.g. ``synthetic_num_pairs`` with copy); None:
+      such fields are ignored.
+
+  Returns:
+    One message per problem, naming the ``data.*`` key and the fix.
+  """
+  if s.task not in TASKS:
+    return [
+        f"data.dataset={PREFIX + s.task!r}: use one of "
+        f"{', '.join(repr(PREFIX + t) for t in TASKS)}."
+    ]
+  problems = []
+  for key, tasks in _TASK_FIELDS.items():
+    field = FIELDS[key]
+    if (
+        defaults is not None
+        and s.task not in tasks
+        and getattr(s, field) != getattr(defaults, field)
+    ):
+      problems.append(
+          f"data.{key} applies only to {' and '.join(PREFIX + t for t in tasks)}, not to "
+          f"{PREFIX + s.task}: remove it."
+      )
+  ints = {k: getattr(s, f) for k, f in FIELDS.items()}
+  bad = [k for k, v in ints.items() if not isinstance(v, int) or isinstance(v, bool)]
+  if bad:
+    return problems + [f"data.{k}={ints[k]!r} must be an integer." for k in bad]
+  for key in ("synthetic_seq_len", *(f"synthetic_{k}_size" for k in s.sizes)):
+    if ints[key] < 1:
+      problems.append(f"data.{key}={ints[key]} must be >= 1.")
+  if s.num_tokens < 3:
+    problems.append(
+        f"data.synthetic_num_tokens={s.num_tokens} must be >= 3 (ids 0 and 1 are the "
+        "padding and the answer marker; the symbols are 2 .. num_tokens - 1)."
+    )
+  if not 1 <= s.num_pairs <= _LETTERS:
+    problems.append(
+        f"data.synthetic_num_pairs={s.num_pairs} must be in [1, {_LETTERS}] (the keys are "
+        "distinct letters)."
+    )
+  if s.seed < 0:
+    problems.append(f"data.synthetic_seed={s.seed} must be >= 0.")
+  if problems:
+    return problems
+  total = sum(s.sizes.values())
+  if s.distinct_inputs() < total:
+    problems.append(
+        f"{PREFIX}{s.task} has only {s.distinct_inputs():,} distinct inputs with these "
+        f"settings, fewer than the {total:,} examples of data.synthetic_train_size + "
+        "valid_size + test_size: lower the sizes, or raise data.synthetic_seq_len or "
+        "data.synthetic_num_tokens (data.synthetic_num_pairs for retrieval)."
+    )
+  return problems
+
+
+def segment_problems(s: TaskSettings, lengths: Mapping[str, int]) -> list[str]:
+  """Segment lengths that do not divide the example length.
+
+  Args:
+    s: the task's settings.
+    lengths: config key -> segment length, e.g. {"model.tgt_len": 12}.
+
+  Returns:
+    One message per length that is not a divisor of ``s.example_len``.
+  """
+  e = s.example_len
+  divisors = [d for d in range(1, e + 1) if e % d == 0]
+  return [
+      f"{key}={t} does not divide the {PREFIX}{s.task} example length {e} (an example "
+      f"must be whole segments): set --config.{key} to one of {divisors}."
+      for key, t in lengths.items()
+      if t < 1 or e % t
+  ]
+
+
+def marked_answer(s: TaskSettings, x_NxL: np.ndarray) -> np.ndarray:
+  """``y`` of inputs ``X``: the marker, then the answer (copy: ``X`` twice;
+  reverse: ``X`` reversed; retrieval: the value of the query key).
+
+  Args:
+    s: the task's settings.
+    x_NxL: int inputs [N, len(X)].
+
+  Returns:
+    int32 [N, 1 + answer_len].
+  """
+  n = x_NxL.shape[0]
+  if s.task in ("copy", "reverse"):
+    answer = np.concatenate([x_NxL, x_NxL], axis=1) if s.task == "copy" else x_NxL[:, ::-1]
+    return np.concatenate([np.full((n, 1), ANSWER_MARKER), answer], axis=1).astype(np.int32)
+  k = s.num_pairs
+  keys, values, query = x_NxL[:, 0 : 2 * k : 2], x_NxL[:, 1 : 2 * k : 2], x_NxL[:, 2 * k]
+  found = np.argmax(keys == query[:, None], axis=1)  # the keys are distinct
+  value = values[np.arange(n), found]
+  return np.stack([np.full(n, QUERY_MARKER), value], axis=1).astype(np.int32)
+
+
+def _inputs(s: TaskSettings, rng: np.random.Generator, n: int) -> np.ndarray:
+  """``n`` drawn inputs X: int32 [n, len(X)]."""
+  if s.task in ("copy", "reverse"):
+    return rng.integers(2, s.num_tokens, size=(n, s.seq_len), dtype=np.int32)
+  k = s.num_pairs
+  # Distinct keys (k <= 26) and values (k <= 10), as np.random.choice(replace=False).
+  keys = np.argsort(rng.random((n, _LETTERS)), axis=1)[:, :k] + 11
+  if k <= _DIGITS:
+    values = np.argsort(rng.random((n, _DIGITS)), axis=1)[:, :k]
+  else:
+    values = rng.integers(0, _DIGITS, size=(n, k))
+  query = keys[np.arange(n), rng.integers(0, k, size=n)]
+  x = np.empty((n, 2 * k + 1), np.int32)
+  x[:, 0 : 2 * k : 2], x[:, 1 : 2 * k : 2], x[:, 2 * k] = keys, values, query
+  return x
+
+
+def generate(s: TaskSettings) -> dict[str, np.ndarray]:
+  """Every split's examples, drawn from ``s.seed``.
+
+  Returns:
+    "train", "valid", "test" -> int32 [n, S] examples ``[X, y]``; no input
+    X is in two splits or twice in one.
+
+  Raises:
+    errors.DataError: fewer distinct inputs were drawn than the splits need.
+  """
+  rng = np.random.default_rng(s.seed)
+  total = sum(s.sizes.values())
+  x = _inputs(s, rng, OVERSAMPLE * total)
+  _, first = np.unique(x, axis=0, return_index=True)
+  if first.shape[0] < total:
+    raise errors.DataError(
+        f"{PREFIX}{s.task}: {OVERSAMPLE * total:,} draws gave {first.shape[0]:,} distinct "
+        f"inputs, fewer than the {total:,} examples the splits need: lower "
+        "data.synthetic_train_size, valid_size or test_size, or make the task larger."
+    )
+  order = rng.permutation(first)[:total]
+  seqs = np.concatenate([x[order], marked_answer(s, x[order])], axis=1)
+  bounds = np.cumsum([0, s.train_size, s.valid_size, s.test_size])
+  return {name: seqs[bounds[i] : bounds[i + 1]] for i, name in enumerate(s.sizes)}
+
+
+def vocabulary(s: TaskSettings) -> list[str]:
+  """Symbol of each id: copy/reverse ``<pad>``, ``<answer>``, then the ids
+  as numbers; retrieval the digits, ``?`` (the query marker), a..z."""
+  if s.task == "associative_retrieval":
+    return [str(d) for d in range(_DIGITS)] + ["?"] + [chr(ord("a") + i) for i in range(_LETTERS)]
+  return ["<pad>", "<answer>"] + [str(i) for i in range(2, s.num_tokens)]
+
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticCorpus(Corpus):
+  """A synthetic task's corpus: a ``Corpus`` whose splits are whole examples.
+
+  Attributes (beyond ``Corpus``'s):
+    settings: the task's ``TaskSettings``.
+    examples: "train", "valid", "test" -> int32 [N, S] examples.
+  """
+
+  settings: TaskSettings | None = None
+  examples: Mapping[str, np.ndarray] | None = None
+
+  def example_of(self, stream_index: np.ndarray) -> np.ndarray:
+    """The example of stream positions of a split (int64, same shape)."""
+    return np.asarray(stream_index) // self.settings.sequence_len
+
+
+def load(s: TaskSettings) -> SyntheticCorpus:
+  """The task's corpus (``data.dataset="synthetic:TASK"``), drawn now.
+
+  Returns:
+    A ``SyntheticCorpus``, name ``"synthetic:TASK"``, unit "word" (results
+    as perplexity), no tokenizer (``encode`` refuses).
+
+  Raises:
+    errors.ConfigError: bad settings (``settings_problems``).
+    errors.DataError: too few distinct inputs drawn (``generate``).
+  """
+  problems = settings_problems(s)
+  if problems:
+    raise errors.ConfigError(" ".join(problems))
+  examples = generate(s)
+  return SyntheticCorpus(
+      name=PREFIX + s.task,
+      unit="word",
+      vocab=vocabulary(s),
+      boundary_id=QUERY_MARKER if s.task == "associative_retrieval" else ANSWER_MARKER,
+      splits={k: ArraySource(v.reshape(-1)) for k, v in examples.items()},
+      settings=s,
+      examples=examples,
+  )
+
+
+def answer_mask(settings: TaskSettings) -> np.ndarray:
+  """float32 [E]: 1 at the answer positions of an example, else 0."""
+  e = settings.example_len
+  return (np.arange(e) >= e - settings.answer_len).astype(np.float32)
+
+
+class _Examples:
+  """What both iterators share: the examples, the segments, the rows."""
+
+  def __init__(
+      self,
+      corpus: SyntheticCorpus,
+      split: str,
+      global_batch: int,
+      tgt_len: int,
+      row_ids: Sequence[int] | None,
+  ):
+    self.global_batch = check_positive("global_batch", global_batch)
+    self.tgt_len = check_positive("tgt_len", tgt_len)
+    s = corpus.settings
+    problems = segment_problems(s, {"tgt_len": self.tgt_len})
+    if problems:
+      raise errors.ConfigError(problems[0])
+    self._examples_NxS = corpus.examples[split]
+    self._mask_E = answer_mask(s)
+    self._seq_len = s.sequence_len
+    self.num_examples = int(self._examples_NxS.shape[0])
+    self.segments = s.example_len // self.tgt_len  # the authors' n_chunks
+    self.row_ids = check_row_ids(row_ids, self.global_batch)
+    self._step = 0
+
+  def _batch(self, k_b: np.ndarray, real_b: np.ndarray, segment: int) -> Batch:
+    """Segment ``segment`` of examples ``k_b`` (rows with ``real_b`` False: padding)."""
+    T = self.tgt_len
+    a = segment * T
+    tokens_bxT1 = self._examples_NxS[np.where(real_b, k_b, 0), a : a + T + 1]
+    weights_bxT = np.where(real_b[:, None], self._mask_E[None, a : a + T], 0.0)
+    return {
+        "inputs": np.ascontiguousarray(tokens_bxT1[:, :-1], dtype=np.int32),
+        "targets": np.ascontiguousarray(tokens_bxT1[:, 1:], dtype=np.int32),
+        "weights": weights_bxT.astype(np.float32),
+        "reset": np.full((len(k_b),), segment == 0),
+    }
+
+  def __iter__(self):
+    return self
+
+
+class ExampleIterator(_Examples):
+  """Endless training batches of whole examples, in split order.
+
+  Step ``t`` is segment ``s = t % segments`` of the examples of batch ``e =
+  t // segments``: row ``r`` holds example ``(e * B + r) % N`` (the authors'
+  ``data_loader`` reads batches of consecutive examples and wraps around
+  the split).  ``reset`` is True at each example's first segment; the
+  ``weights`` are 1 at the answer positions only (the authors' loss).
+
+  Args:
+    corpus: the ``SyntheticCorpus``.
+    split: usually "train".
+    global_batch: B, rows over all processes.
+    tgt_len: T, a divisor of the example length.
+    row_ids: this process's rows (``process_row_ids``); None: all.
+
+  Raises:
+    ValueError: global_batch or tgt_len < 1; bad row_ids.
+    errors.ConfigError: tgt_len does not divide the example length.
+  """
+
+  def __init__(self, corpus, split, global_batch, tgt_len, row_ids=None):
+    super().__init__(corpus, split, global_batch, tgt_len, row_ids)
+
+  def __next__(self) -> Batch:
+    e, s = divmod(self._step, self.segments)
+    k_b = (e * self.global_batch + np.asarray(self.row_ids, np.int64)) % self.num_examples
+    self._step += 1
+    return self._batch(k_b, np.ones(len(k_b), bool), s)
+
+  def get_state(self) -> dict[str, int]:
+    """{"step": batches yielded, "global_batch", "tgt_len", "num_examples"}."""
+    return {
+        "step": self._step,
+        "global_batch": self.global_batch,
+        "tgt_len": self.tgt_len,
+        "num_examples": self.num_examples,
+    }
+
+  def set_state(self, state: Mapping[str, int]) -> None:
+    """Moves to a position of ``get_state``.
+
+    Raises:
+      ValueError: not such a dict, a negative step, or another layout.
+    """
+    s = check_state(
+        state,
+        ("step", "global_batch", "tgt_len", "num_examples"),
+        {
+            "global_batch": self.global_batch,
+            "tgt_len": self.tgt_len,
+            "num_examples": self.num_examples,
+        },
+        "ExampleIterator",
+    )
+    if s["step"] < 0:
+      raise ValueError(f"ExampleIterator state step must be >= 0, got {s['step']}.")
+    self._step = s["step"]
+
+
+class ExampleEvalIterator(_Examples):
+  """One pass over a split's examples, each scored once from an empty memory.
+
+  Batch ``e`` of examples holds examples ``e * B .. e * B + B - 1`` (row
+  ``r``: example ``e * B + r``; rows past the last example are padding,
+  weight 0), in ``segments`` steps; ``num_steps = ceil(N / B) * segments``.
+  ``weights`` are 1 at the answer positions of real rows only; ``reset``
+  is True at each example's first segment.  ``boundary_id`` is accepted for
+  the interface of ``EvalIterator`` and not used.
+  """
+
+  def __init__(self, corpus, split, global_batch, tgt_len, boundary_id=0, row_ids=None):
+    super().__init__(corpus, split, global_batch, tgt_len, row_ids)
+    self.num_steps = -(-self.num_examples // self.global_batch) * self.segments
+
+  def __len__(self) -> int:
+    return self.num_steps
+
+  def _examples(self, step: int) -> tuple[np.ndarray, int]:
+    """(example of every global row: int64 [B], -1 for padding; the segment)."""
+    e, s = divmod(step, self.segments)
+    k_B = e * self.global_batch + np.arange(self.global_batch, dtype=np.int64)
+    return np.where(k_B < self.num_examples, k_B, -1), s
+
+  def pairs(self, step: int) -> np.ndarray:
+    """int64 [B, T]: the split stream's index of every scored position's
+    target (the answer positions of real rows), -1 elsewhere."""
+    k_B, s = self._examples(step)
+    T = self.tgt_len
+    pos_T = s * T + np.arange(T)
+    j_BxT = k_B[:, None] * self._seq_len + pos_T[None, :] + 1
+    scored = (k_B[:, None] >= 0) & (self._mask_E[pos_T] > 0)[None, :]
+    return np.where(scored, j_BxT, -1)
+
+  def __next__(self) -> Batch:
+    if self._step >= self.num_steps:
+      raise StopIteration
+    k_B, s = self._examples(self._step)
+    k_b = k_B[list(self.row_ids)]
+    self._step += 1
+    return self._batch(k_b, k_b >= 0, s)
