@@ -137,10 +137,12 @@ def abstract_step(
         "targets": spec((b, t), jnp.int32, rows),
         "reset": spec((b,), jnp.bool_, row_sh),
     }
-    return fn, (abstract.params, memory_of(ecfg, b, train_state.memory_sharding(mesh)), batch)
+    return fn, (abstract.params, memory_of(ecfg, b, train_state.memory_sharding(mesh, ecfg)), batch)
   gen = generate.Generator(ecfg, mesh)
   rep = sharding.replicated(mesh)
-  memory = memory_of(ecfg, 1, models.Memory.replicated_shardings(mesh))
+  memory = memory_of(
+      ecfg, 1, models.Memory.replicated_shardings(mesh, tokens=ecfg.num_mem_tokens > 0)
+  )
   tokens = spec((1, ecfg.tgt_len) if step == "generate_segment" else (1,), jnp.int32, rep)
   knobs = (
       spec((1, 2), jnp.uint32, rep),
