@@ -106,6 +106,7 @@ from transformer_xl.data.corpus import (
 )
 from transformer_xl.data.iterators import (
     EvalIterator,
+    SegmentWindows,
     SlidingWindowIterator,
     TrainIterator,
     make_train_iterator,
@@ -240,6 +241,7 @@ __all__ = [
     "DataError",
     "EvalIterator",
     "Prefetcher",
+    "SegmentWindows",
     "SentenceIndex",
     "ShuffledSentenceIterator",
     "SlidingWindowIterator",

@@ -1029,10 +1029,11 @@ def split_segment(cfg: ModelConfig, h_BxExD: Array, tgt_len: int) -> tuple[Array
 
 def write_tokens(memory: Memory, written_BxNxD: Array) -> Memory:
   """The memory with ``written_BxNxD`` as the tokens the next segment reads
-  (no row fresh).  Stop-gradient: no gradient flows into an earlier segment
-  through the tokens (backpropagation through segments would let it pass
-  here)."""
+  (no row fresh).  The tokens keep their gradient (unlike the XL memory,
+  ``layer_read``): a training step over several segments
+  (``train.mem_backprop_depth``) backpropagates through them; between steps
+  the memory is data, so nothing flows further back."""
   return memory.replace(
-      mem_tokens_BxNxD=jax.lax.stop_gradient(written_BxNxD).astype(memory.mem_tokens_BxNxD.dtype),
+      mem_tokens_BxNxD=written_BxNxD.astype(memory.mem_tokens_BxNxD.dtype),
       mem_tokens_fresh_B=jnp.zeros_like(memory.mem_tokens_fresh_B),
   )
