@@ -23,6 +23,7 @@ from test_reliability import toy_corpus
 from test_train import tiny_config
 
 VOCAB = 64
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _tokens_config(depth, **train_kw):
@@ -203,3 +204,33 @@ def test_the_config_is_checked():
     default_config.validate(c, jax.device_count())
   c = _tokens_config(3)
   default_config.validate(c, jax.device_count())
+
+
+@pytest.mark.parametrize(
+    "name, variant, n_token",
+    [
+        ("rmt_enwik8", "rmt", 204),
+        ("rmt_enwik8", "xl", 204),
+        ("rmt_wt103", "rmt", 267_735),
+        ("rmt_wt103", "xl", 267_735),
+    ],
+)
+def test_the_authors_configs_build_their_models(name, variant, n_token):
+  """configs/rmt_*.py: the authors' settings (their csv's rows), and with their
+  vocabulary exactly their parameter count (n_all_param)."""
+  import functools
+  import importlib.util
+
+  spec = importlib.util.spec_from_file_location(name, REPO / "configs" / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config(variant)
+  default_config.validate(config, 1)
+  mcfg = default_config.model_config(config, n_token)
+  init = functools.partial(models.init_params, models.TransformerXL(mcfg))
+  shapes = nn.unbox(jax.eval_shape(init, jax.random.PRNGKey(0)))
+  count = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(shapes))
+  assert count == config.paper.n_params
+  rmt = variant == "rmt"
+  assert (config.model.num_mem_tokens > 0, config.train.mem_backprop_depth == 2) == (rmt, rmt)
+  assert (config.model.mem_len == 0) == rmt
