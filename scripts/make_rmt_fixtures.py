@@ -19,7 +19,9 @@ carrying the XL cache and the memory tokens exactly as their ``train.py``'s
                    ``mem_tokens_write``, batch-major).
 
 tests/test_memory_tokens.py converts each (transformer_xl.convert.rmt) and
-compares our model's NLLs and written tokens.  Needs torch (CPU).
+compares our model's NLLs and written tokens.  ``lm_rmt_bptt`` holds the
+gradient of backpropagation through one earlier segment (``run_bptt_case``;
+tests/test_bptt.py).  Needs torch (CPU).
 
 Usage:
   python scripts/make_rmt_fixtures.py /work/.mirror/booydar+LM-RMT/repo \
@@ -162,6 +164,48 @@ def run_case(mt, torch, name: str, hp: dict, seed: int) -> dict:
   return out
 
 
+def run_bptt_case(mt, torch, hp: dict, seed: int) -> dict:
+  """Backpropagation through one earlier segment (their ``train.py`` with
+  ``--mem_backprop_depth 1``, no ``--bptt_bp``): segment 0 runs without a
+  gradient from the learned tokens; then the window of segments 1 and 2: the
+  stored cache and tokens of segment 1 are replayed (the tokens as their
+  evident intent, ``prev_mem_tokens[0]``: their ``mem_tokens.values = ...``
+  sets an attribute and leaves the tokens as they were, which here are the
+  same), segment 2 reads the replay's cache and written tokens, and the mean
+  NLL of segment 2 is backpropagated.  Saves the state dict, the three
+  segments, that loss and the gradient of every parameter
+  (``grad/<state dict name>``)."""
+  gen = torch.Generator().manual_seed(seed)
+  model = mt.MemTransformerLM(**hp)
+  init_weights(model, torch, gen)
+  model.train()  # dropout 0: as eval, with gradients
+  t, b = hp["tgt_len"], BATCH
+  stream = torch.randint(0, hp["n_token"], (b, 3 * t + 1), generator=gen)
+  seg = lambda s, o=0: stream[:, s * t + o : (s + 1) * t + o].t().contiguous()
+  with torch.no_grad():
+    ret = model(seg(0), seg(0, 1), mem_tokens=model.mem_tokens.repeat(1, b, 1))
+  stored_tokens, stored_mems = ret[0].detach(), ret[2:]
+  model.zero_grad()
+  mem_tokens = stored_tokens.clone()  # prev_mem_tokens[0]
+  ret = model(seg(1), seg(1, 1), *stored_mems, mem_tokens=mem_tokens)
+  mem_tokens, mems = ret[0], ret[2:]
+  ret = model(seg(2), seg(2, 1), *mems, mem_tokens=mem_tokens)
+  loss = ret[1].float().mean()
+  loss.backward()
+  out = {
+      "hparams": np.array(json.dumps(hp)),
+      "stream_BxL": stream.numpy().astype(np.int32),
+      "loss": np.array(loss.item(), np.float32),
+  }
+  for k, v in model.state_dict().items():
+    out[f"sd/{k}"] = v.detach().numpy().astype(np.float32)
+  for k, p in model.named_parameters():
+    grad = torch.zeros_like(p) if p.grad is None else p.grad  # unused: mem_tokens
+    out[f"grad/{k}"] = grad.numpy().astype(np.float32)
+  print(f"lm_rmt_bptt: loss {loss.item():.4f}")
+  return out
+
+
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("source", help="their checkout, or a (bare) git repository of it")
@@ -190,6 +234,10 @@ def main(argv=None) -> int:
         np.savez_compressed(
             os.path.join(args.out, name + ".npz"), **run_case(mt, torch, name, hp, i)
         )
+      np.savez_compressed(  # mem_len 6 < E = 9: the cache is full from segment 1 on
+          os.path.join(args.out, "lm_rmt_bptt.npz"),
+          **run_bptt_case(mt, torch, {**BASE, "mem_len": 6}, len(CASES)),
+      )
     finally:
       for p in paths:
         sys.path.remove(p)

@@ -234,3 +234,49 @@ def test_the_authors_configs_build_their_models(name, variant, n_token):
   rmt = variant == "rmt"
   assert (config.model.num_mem_tokens > 0, config.train.mem_backprop_depth == 2) == (rmt, rmt)
   assert (config.model.mem_len == 0) == rmt
+
+
+def test_the_gradient_equals_the_authors_through_one_earlier_segment():
+  """tests/fixtures/lm_rmt_bptt.npz (scripts/make_rmt_fixtures.py, their
+  MemTransformerLM with --mem_backprop_depth 1): after a first segment, the
+  window of segments 1 and 2 from its cache and written tokens; the mean NLL
+  of segment 2 and the gradient of every parameter equal theirs to 1e-5."""
+  import optax
+
+  from transformer_xl.convert import rmt
+
+  z = np.load(REPO / "tests" / "fixtures" / "lm_rmt_bptt.npz")
+  hp = rmt.load_rmt_hparams(json.loads(str(z["hparams"])))
+  cfg = rmt.model_config_from_rmt_hparams(hp)
+  state_dict = {k[3:]: z[k] for k in z.files if k.startswith("sd/")}
+  params = jax.tree_util.tree_map(jnp.asarray, rmt.params_from_rmt_state_dict(state_dict, cfg))
+  grads = {k: z[f"grad/{k}"] if f"grad/{k}" in z.files else 0 * v for k, v in state_dict.items()}
+  # The tied output weight is the embedding's tensor: its gradient is the embedding's.
+  grads["crit.out_layers.0.weight"] = grads["word_emb.emb_layers.0.weight"]
+  want = rmt.params_from_rmt_state_dict(grads, cfg)  # their gradient in our layout
+
+  model, t = models.TransformerXL(cfg), cfg.tgt_len
+  stream = jnp.asarray(z["stream_BxL"])
+  b = stream.shape[0]
+  x, y = stream[:, :-1], stream[:, 1:]
+  _, memory = model.apply({"params": params}, x[:, :t], models.init_memory(cfg, b), y[:, :t])
+
+  mesh = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
+  tx = optax.sgd(1.0)
+  _, shardings = train_state.abstract_train_state(model, tx, b, mesh)
+  state = train_state.create_train_state(model, tx, b, mesh, jax.random.PRNGKey(0), shardings)
+  state = state.replace(params=jax.tree_util.tree_map(jnp.copy, params), memory=memory)
+  step = train.make_train_step(model, tx, mesh, shardings, 1, 7, mem_backprop_depth=1)
+  batch = {
+      "inputs": x[:, t : 3 * t],
+      "targets": y[:, t : 3 * t],
+      "weights": jnp.ones((b, 2 * t), jnp.float32),
+      "reset": jnp.zeros((b, 2), bool),
+  }
+  new_state, metrics = step(state, batch)
+  np.testing.assert_allclose(float(metrics["loss"]), float(z["loss"]), rtol=1e-5)
+  got = jax.tree_util.tree_map(lambda new, old: old - new, new_state.params, params)
+  flat_got = dict(jax.tree_util.tree_flatten_with_path(got)[0])
+  for path, w in jax.tree_util.tree_flatten_with_path(want)[0]:
+    np.testing.assert_allclose(flat_got[path], w, atol=1e-5, err_msg=jax.tree_util.keystr(path))
+  assert float(np.abs(flat_got[(jax.tree_util.DictKey(memory_lib.MEM_TOKENS_PARAM),)]).max()) == 0
