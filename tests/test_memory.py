@@ -37,8 +37,15 @@ def _assert_memory_equal(a: models.Memory, b: models.Memory):
 
 def test_pytree_is_unchanged_and_reexported():
   # Checkpoints hold the two fields of the training memory by name; the
-  # front padding is a child only when set; the row axes are not fields.
-  assert [f.name for f in dataclasses.fields(models.Memory)] == ["mems_LxBxMxD", "mlen_B", "pad_B"]
+  # front padding and the memory tokens are children only when set; the row
+  # axes are not fields.
+  assert [f.name for f in dataclasses.fields(models.Memory)] == [
+      "mems_LxBxMxD",
+      "mlen_B",
+      "pad_B",
+      "mem_tokens_BxNxD",
+      "mem_tokens_fresh_B",
+  ]
   assert models.Memory is memory_lib.Memory
   assert models.init_memory is memory_lib.init_memory
   assert models.reset_memory is memory_lib.reset_memory
@@ -46,7 +53,13 @@ def test_pytree_is_unchanged_and_reexported():
   paths = lambda m: [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(m)[0]]
   assert paths(_memory()) == [".mems_LxBxMxD", ".mlen_B"]
   assert paths(_memory(padded=True)) == [".mems_LxBxMxD", ".mlen_B", ".pad_B"]
-  assert dict(models.Memory.ROW_AXES) == {"mems_LxBxMxD": 1, "mlen_B": 0, "pad_B": 0}
+  assert dict(models.Memory.ROW_AXES) == {
+      "mems_LxBxMxD": 1,
+      "mlen_B": 0,
+      "pad_B": 0,
+      "mem_tokens_BxNxD": 0,
+      "mem_tokens_fresh_B": 0,
+  }
   back = jax.tree_util.tree_map(lambda x: x, _memory(padded=True))
   _assert_memory_equal(back, _memory(padded=True))
 

@@ -169,6 +169,11 @@ def get_config() -> ml_collections.ConfigDict:
           # thread (data.Prefetcher); 0 = read in the training loop
           aux_loss_weight=1.0,  # weight of each auxiliary loss a module sows into "losses"
           # (train.aux_losses); none in the model itself
+          # Backpropagation through segments (Bulatov et al. 2022; model.num_mem_tokens > 0):
+          mem_backprop_depth=0,  # k: each step runs the k segments before the newest one
+          # again and the gradient flows back through their memory tokens (0 = none)
+          bptt_bp=False,  # True: the loss of every segment of the window counts (the
+          # authors' --bptt_bp); False: the newest segment's only
       )
   )
   # A step whose loss, gradient norm or update is not finite is never applied (train.py):
@@ -297,6 +302,9 @@ def validate(
 
   problems += segment_problems(e.tgt_len, e.mem_len, e.clamp_len, e.same_length, section="eval")
   problems += memory.eval_problems(m.to_dict(), e.tgt_len, e.method, e.window, e.cmem_len)
+  problems += memory.token_run_problems(
+      m.to_dict(), e.method, config.data.get("documents", "stream")
+  )
   if e.global_batch < 1:
     problems.append(f"eval.global_batch={e.global_batch} must be >= 1.")
   if e.method not in ("segments", "sliding"):
@@ -356,6 +364,7 @@ def validate(
     problems.append("train.eval_every and train.eval_max_steps must be >= 0 (0 = never / all).")
   problems += _optimizer_problems(t, nonfinite)
   problems += _dynamic_problems(config, nonfinite)
+  problems += _bptt_problems(config)
   if problems:
     raise ConfigError("Invalid config:\n  - " + "\n  - ".join(problems))
   return mesh_shape
@@ -534,6 +543,24 @@ def _schedule_problems(t: ml_collections.ConfigDict, nonfinite: set[str]) -> lis
         f"{t.num_steps}; lower --config.train.warmup_steps."
     )
   return problems
+
+
+def _bptt_problems(config: ml_collections.ConfigDict) -> list[str]:
+  """``train.mem_backprop_depth`` and ``train.bptt_bp``: an integer depth >= 0,
+  > 0 only with memory tokens (nothing else carries a gradient between
+  segments: the XL memory is stop-gradient), bptt_bp only with a depth."""
+  t, m = config.train, config.model
+  depth = t.get("mem_backprop_depth", 0)
+  if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
+    return [f"train.mem_backprop_depth={depth!r} must be an integer >= 0 (0 = none)."]
+  if depth > 0 and m.get("num_mem_tokens", 0) < 1:
+    return [
+        f"train.mem_backprop_depth={depth} needs memory tokens (model.num_mem_tokens > 0): "
+        "the gradient flows back through them, the XL memory is stop-gradient."
+    ]
+  if t.get("bptt_bp", False) and depth == 0:
+    return ["train.bptt_bp=True needs train.mem_backprop_depth > 0 (no earlier segment)."]
+  return []
 
 
 def _optimizer_problems(t: ml_collections.ConfigDict, nonfinite: set[str]) -> list[str]:

@@ -79,7 +79,7 @@ def make_map_step(model: models.TransformerXL, mesh) -> Callable:
   number; ``last_LxHxK`` the attention of row 0's last query over the keys
   (for the context plot).  All outputs replicated.
   """
-  mem_sharding = models.Memory.shardings(mesh)
+  mem_sharding = models.Memory.shardings(mesh, tokens=model.config.num_mem_tokens > 0)
   batch_shardings = {
       "inputs": sharding.batch_sharding(mesh),
       "targets": sharding.batch_sharding(mesh),
@@ -161,7 +161,7 @@ def attention_maps(
     )
   memory = jax.jit(
       lambda: models.init_memory(model_cfg, global_batch),
-      out_shardings=models.Memory.shardings(mesh),
+      out_shardings=models.Memory.shardings(mesh, tokens=model_cfg.num_mem_tokens > 0),
   )()
   totals, n_tok, context = None, 0.0, None
   for i, local in enumerate(it):

@@ -110,6 +110,7 @@ from transformer_xl.data.corpus import (
 )
 from transformer_xl.data.iterators import (
     EvalIterator,
+    SegmentWindows,
     SlidingWindowIterator,
     TrainIterator,
     make_train_iterator,
@@ -249,6 +250,7 @@ __all__ = [
     "DataError",
     "EvalIterator",
     "Prefetcher",
+    "SegmentWindows",
     "SentenceIndex",
     "ShuffledSentenceIterator",
     "SlidingWindowIterator",

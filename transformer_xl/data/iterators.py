@@ -220,6 +220,78 @@ class TrainIterator(Iterator[Batch]):
     self._epoch, self._step = s["epoch"], s["step"]
 
 
+class SegmentWindows(Iterator[Batch]):
+  """Windows of ``depth + 1`` consecutive training segments, sliding by one.
+
+  For backpropagation through segments (``train.mem_backprop_depth`` =
+  ``depth``; Bulatov et al. 2022, the authors' ``train.py``): step s gets
+  the segments s - depth .. s of every row (``base``'s batches s - depth ..
+  s) laid side by side: ``inputs``, ``targets``, ``weights`` (and
+  ``doc_pos``) [B, (depth + 1) T], segment j at columns j T .. (j + 1) T;
+  ``reset`` [B, depth + 1], segment j's flags.  Each step moves on by one
+  segment, so every segment is the newest of one window.  Before the
+  stream's first segment the window is padded with empty segments (inputs
+  and targets 0, weight 0, no reset); the first real segment has ``reset``
+  (the base's epoch start), so nothing of the padding reaches it.
+
+  ``get_state`` is the base's position of the next newest segment (the same
+  checkpoint state as without windows); ``set_state`` rewinds the base
+  ``depth`` steps and reads the window's older segments again, so a resumed
+  run gets the same windows.
+
+  Args:
+    base: a ``TrainIterator`` (ordered rows; the shuffled-sentence iterator
+      has no rewind and is refused).
+    depth: segments before the newest one, >= 1.
+
+  Raises:
+    ValueError: depth < 1, or ``base`` is not a ``TrainIterator``.
+  """
+
+  def __init__(self, base: TrainIterator, depth: int):
+    if not isinstance(base, TrainIterator):
+      raise ValueError(
+          f"train.mem_backprop_depth={depth} needs an ordered training stream; "
+          f"{type(base).__name__} (shuffled sentences, One Billion Word) has none."
+      )
+    self.depth = check_positive("depth", depth)
+    self.base = base
+    self._window: list[Batch] = []
+
+  def __iter__(self) -> SegmentWindows:
+    return self
+
+  def _padding(self, like: Batch) -> Batch:
+    pad = {k: np.zeros_like(v) for k, v in like.items()}
+    pad["reset"] = np.zeros_like(like["reset"])
+    return pad
+
+  def __next__(self) -> Batch:
+    batch = next(self.base)
+    self._window = (self._window + [batch])[-(self.depth + 1) :]
+    segments = [self._padding(batch)] * (self.depth + 1 - len(self._window)) + self._window
+    out = {k: np.concatenate([seg[k] for seg in segments], axis=1) for k in batch if k != "reset"}
+    out["reset"] = np.stack([seg["reset"] for seg in segments], axis=1)
+    return out
+
+  def get_state(self) -> dict[str, int]:
+    return self.base.get_state()
+
+  def set_state(self, state: Mapping[str, int]) -> None:
+    """Moves to ``state`` (a ``get_state`` of the same run) with the window
+    of the segments before it read again.
+
+    Raises:
+      ValueError: as ``TrainIterator.set_state``.
+    """
+    self.base.set_state(state)
+    spe = self.base.steps_per_epoch
+    position = state["epoch"] * spe + state["step"]
+    start = max(0, position - self.depth)
+    self.base.set_state({**state, "epoch": start // spe, "step": start % spe})
+    self._window = [next(self.base) for _ in range(position - start)]
+
+
 class EvalIterator(Iterator[Batch]):
   """One ordered pass over a split that scores every token exactly once.
 

@@ -238,7 +238,7 @@ class DynamicEvaluator:
       return nll_BxT, state, memory
 
     state_shardings = self._state_shardings(params)
-    mem_sharding = models.Memory.shardings(mesh)
+    mem_sharding = models.Memory.shardings(mesh, tokens=self.model.config.num_mem_tokens > 0)
     rows = sharding.rows_sharding(mesh)
     self._steps[kind] = jax.jit(
         sharding.traced_with_mesh(step, mesh),

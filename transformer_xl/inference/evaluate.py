@@ -178,7 +178,7 @@ def make_eval_step(model: models.TransformerXL, mesh: Mesh, correct: bool = Fals
   # Rows over ``data`` for every array, [B] or [B, T]: a prefix of the batch
   # dict whatever its keys (``doc_pos`` is optional).
   batch_shardings = sharding.rows_sharding(mesh)
-  mem_sharding = models.Memory.shardings(mesh)
+  mem_sharding = models.Memory.shardings(mesh, tokens=model.config.num_mem_tokens > 0)
 
   def eval_step(params, memory, batch):
     if correct:
@@ -321,7 +321,7 @@ class Evaluator:
     self.mesh = mesh
     self.model = models.TransformerXL(self.cfg)
     self._batch_sharding = sharding.batch_sharding(mesh)
-    self._mem_sharding = models.Memory.shardings(mesh)
+    self._mem_sharding = models.Memory.shardings(mesh, tokens=self.cfg.num_mem_tokens > 0)
     self._init_memory = {}  # batch size -> jitted constructor
     self._eval_step = make_eval_step(self.model, mesh)
     self._eval_correct_step = make_eval_step(self.model, mesh, correct=True)  # compiled if used

@@ -212,6 +212,7 @@ class Generator:
         bool(use_cache)
         and attention.variant(model_cfg).DECODE_CACHE
         and memory_lib.variant(model_cfg).decode_cache
+        and not memory_lib.has_tokens(model_cfg)
     )
     self.chunk = int(chunk)
     self.compact = bool(compact)
@@ -232,6 +233,11 @@ class Generator:
         in_shardings=(None,) + (rep,) * 7,
         out_shardings=(rep,) * 4,
         donate_argnums=(1,),
+    )
+    self.partial_step = jax.jit(  # memory tokens: an open segment, the memory kept
+        sharding.traced_with_mesh(self._partial, mesh),
+        in_shardings=(None,) + (rep,) * 8,
+        out_shardings=(rep, rep),
     )
     self.take_rows = jax.jit(self._take, in_shardings=(rep,) * 6, out_shardings=(rep,) * 5)
     self.chunk_step = jax.jit(
@@ -284,6 +290,73 @@ class Generator:
     )
     next_B, logp_BxV = self._next(params, hidden_BxTxD, key, index, top_k, top_p, temperature)
     return next_B, logp_BxV, memory
+
+  def _partial(
+      self,
+      params: Any,
+      memory: models.Memory,
+      tokens_BxT: Array,
+      last: Array,
+      key: Array,
+      index: Array,
+      top_k: Array,
+      top_p: Array,
+      temperature: Array,
+  ):
+    """Memory tokens: samples the token after position ``last`` of an open
+    segment ``tokens_BxT`` (positions after ``last`` are filler: a segment
+    position sees no later one, and no write token); the memory is left as
+    it was.  Returns (next_B, log_probs_BxV)."""
+    hidden_BxTxD, _ = self.model.apply(
+        {"params": params}, tokens_BxT, memory, True, method=models.TransformerXL.hidden
+    )
+    hidden_Bx1xD = jax.lax.dynamic_slice_in_dim(hidden_BxTxD, last, 1, axis=1)
+    return self._next(params, hidden_Bx1xD, key, index, top_k, top_p, temperature)
+
+  def _token_stream(self, params, rows, num_tokens, key, knobs, item, done_B) -> Iterator[Any]:
+    """``stream`` with memory tokens: every row's sequence (prompt, then the
+    tokens drawn) is read in segments of tgt_len from its start, as
+    ``score`` reads a text, so each token is drawn from the distribution
+    that scoring the sequence gives it.  The open (last, incomplete)
+    segment is run again for every token (``partial_step``: filler after
+    its end, the memory kept); once it holds tgt_len tokens it is committed
+    (``segment_step``), and the memory tokens it writes are read by the
+    next.  No decoding cache: each token costs a pass over a segment.
+
+    Raises:
+      ValueError: prompts of different lengths.
+    """
+    if len({len(r) for r in rows}) > 1:
+      raise ValueError(
+          f"with memory tokens (model.num_mem_tokens={self.cfg.num_mem_tokens}) the prompts "
+          f"must have one length (got {sorted({len(r) for r in rows})}): generate them apart."
+      )
+    t, b = self.cfg.tgt_len, len(rows)
+    seq_BxL = np.stack(rows).astype(np.int32)
+    full = (seq_BxL.shape[1] - 1) // t  # the open segment holds 1 .. t tokens
+    memory = jax.device_put(models.init_memory(self.cfg, b), self._replicated)
+    for s in range(full):
+      _, _, memory = self.segment_step(
+          params, memory, seq_BxL[:, s * t : (s + 1) * t], key, np.int32(0), *knobs
+      )
+    open_BxK = seq_BxL[:, full * t :]
+    for i in range(num_tokens):
+      k = open_BxK.shape[1]
+      if k == t:  # a full segment: commit it, its written tokens go on
+        next_B, logp_BxV, memory = self.segment_step(
+            params, memory, open_BxK, key, np.int32(i), *knobs
+        )
+        open_BxK = open_BxK[:, :0]
+      else:
+        filled_BxT = np.zeros((b, t), np.int32)
+        filled_BxT[:, :k] = open_BxK
+        next_B, logp_BxV = self.partial_step(
+            params, memory, filled_BxT, np.int32(k - 1), key, np.int32(i), *knobs
+        )
+      yield item(next_B, logp_BxV)
+      if done_B.all():
+        return
+      open_BxK = np.concatenate([open_BxK, np.asarray(next_B, np.int32)[:, None]], axis=1)
 
   def _start(
       self,
@@ -451,18 +524,7 @@ class Generator:
       )
     else:
       raise ValueError(f"give one seed or {b} seeds (one per row); got {np.shape(seed)}.")
-    n = -(-max(len(r) for r in rows) // t) * t  # the longest prompt, rounded up to segments
-    prompt_BxN = np.zeros((b, n), np.int32)
-    for r, row in enumerate(rows):
-      prompt_BxN[r, n - len(row) :] = row
-    front_pad_B = np.asarray([n - len(row) for row in rows], np.int32)
     knobs = (np.int32(settings.top_k), np.float32(settings.top_p), np.float32(settings.temperature))
-    memory = models.init_memory(self.cfg, b).with_front_padding(front_pad_B)
-    memory = jax.device_put(memory, self._replicated)
-    first = np.int32(0)  # the key index of generated token 0
-    for s in range(n // t):
-      segment_BxT = prompt_BxN[:, s * t : (s + 1) * t]
-      next_B, logp_BxV, memory = self.segment_step(params, memory, segment_BxT, key, first, *knobs)
 
     def item(token_B, logp_BxV):
       """The host's copy of one token step, -1 for rows done before it;
@@ -470,6 +532,21 @@ class Generator:
       token_B = np.where(done_B, -1, np.asarray(token_B)).astype(np.int32)
       done_B[np.isin(token_B, stop_ids_S) & (token_B >= 0)] = True
       return (token_B, np.asarray(logp_BxV)) if log_probs else token_B
+
+    if memory_lib.has_tokens(self.cfg):  # segments from the start, no padding
+      yield from self._token_stream(params, rows, num_tokens, key, knobs, item, done_B)
+      return
+    n = -(-max(len(r) for r in rows) // t) * t  # the longest prompt, rounded up to segments
+    prompt_BxN = np.zeros((b, n), np.int32)
+    for r, row in enumerate(rows):
+      prompt_BxN[r, n - len(row) :] = row
+    front_pad_B = np.asarray([n - len(row) for row in rows], np.int32)
+    memory = models.init_memory(self.cfg, b).with_front_padding(front_pad_B)
+    memory = jax.device_put(memory, self._replicated)
+    first = np.int32(0)  # the key index of generated token 0
+    for s in range(n // t):
+      segment_BxT = prompt_BxN[:, s * t : (s + 1) * t]
+      next_B, logp_BxV, memory = self.segment_step(params, memory, segment_BxT, key, first, *knobs)
 
     if not self.use_cache:  # one token_step per token, the next dispatched before a read back
       for i in range(num_tokens):

@@ -45,6 +45,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from transformer_xl.model import memory as memory_lib
 from transformer_xl.model import pallas_attention
 from transformer_xl.model.attention_ops import (
     MASK_VALUE,
@@ -234,18 +235,29 @@ class RelPartialLearnableAttention(_Attention):
 
   Its attributes are ``_Attention``'s, plus the ones below.
 
+  Memory tokens (``memory.TokenMask`` instead of a dense mask): the
+  position terms of keys after a memory-token query are the authors'
+  (``memory.future_position_scores``).
+
   Attributes:
     same_length: the config's (the kernel forms the mask itself).
+    num_mem_tokens, mem_at_end: the config's (memory tokens).
   """
 
   same_length: bool = False
+  num_mem_tokens: int = 0
+  mem_at_end: bool = True
 
   PAPER: ClassVar[str] = "Transformer-XL"
   DECODE_CACHE: ClassVar[bool] = True
 
   @classmethod
   def own_attributes(cls, cfg):
-    return {"same_length": cfg.same_length}
+    return {
+        "same_length": cfg.same_length,
+        "num_mem_tokens": cfg.num_mem_tokens,
+        "mem_at_end": cfg.mem_at_end,
+    }
 
   @classmethod
   def model_params(cls, model, cfg):
@@ -293,6 +305,9 @@ class RelPartialLearnableAttention(_Attention):
       residual); with ``decode`` also the next ``CachedKV`` (``_with_cache``).
     """
     pos_emb_KxD, r_w_bias_HxDh, r_r_bias_HxDh = pos
+    key_count_B = None  # memory tokens: their position terms need the count
+    if isinstance(mask_Bx1xTxK, memory_lib.TokenMask):
+      mask_Bx1xTxK, key_count_B = mask_Bx1xTxK
     q_BxTxHxDh, k_BxKxHxDh, v_BxKxHxDh = qkv(self, mem_in_BxMxD, seg_in_BxTxD)
     t, klen = q_BxTxHxDh.shape[1], k_BxKxHxDh.shape[1]
     if isinstance(mem_in_BxMxD, CachedKV):  # the same distances every step: computed once
@@ -336,7 +351,12 @@ class RelPartialLearnableAttention(_Attention):
       # (a) + (c): content terms.
       ac_HxBxQxJ = content_scores(q_BxQxHxDh + u, k_BxJxHxDh)
       # (b) + (d): position terms against every distance J-1..0, then shifted.
-      bd_HxBxQxJ = rel_shift(position_scores(q_BxQxHxDh + v, r_JxHxDh))
+      raw_HxBxQxJ = position_scores(q_BxQxHxDh + v, r_JxHxDh)
+      bd_HxBxQxJ = rel_shift(raw_HxBxQxJ)
+      if key_count_B is not None:  # memory tokens (one block: models.DecoderLayer)
+        bd_HxBxQxJ = memory_lib.future_position_scores(
+            raw_HxBxQxJ, bd_HxBxQxJ, key_count_B, self.num_mem_tokens, self.mem_at_end
+        )
       return ac_HxBxQxJ + bd_HxBxQxJ
 
     if self.record:  # Appendix D, Fig. 7: terms (a), (b) and (d), each softmax-ed alone

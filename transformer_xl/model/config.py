@@ -214,6 +214,17 @@ class ModelConfig:
       paper's best), "dilated_conv" (learned, kernel c, dilation 2, stride
       c) or "most_used" (the states that received the most attention);
       ``memory.compress``.
+    num_mem_tokens: N, memory tokens per segment (Bulatov et al. 2022, the
+      Recurrent Memory Transformer; the authors' ``num_mem_tokens``): 0 =
+      none, Transformer-XL exactly.  The layers run on [N read tokens;
+      segment; N write tokens] (``memory``'s memory-token section;
+      docs/guide/memory_tokens.md); combinable with mem_len (0 included);
+      attn_type 0, attention_impl "xla", the XL memory only.
+    mem_at_end: write tokens at the end of the segment, whose outputs the
+      next segment reads (the authors' default, True); False: the outputs at
+      the read positions are carried.
+    read_mem_from_cache: the memory tokens also attend to the XL cache (the
+      authors' ``read_mem_from_cache``; default False: they do not).
 
   Raises:
     ValueError (on construction): every problem ``config_problems``
@@ -252,6 +263,9 @@ class ModelConfig:
   cmem_len: int = 0
   cmem_ratio: int = 4
   cmem_fn: str = "conv"
+  num_mem_tokens: int = 0
+  mem_at_end: bool = True
+  read_mem_from_cache: bool = False
 
   def __post_init__(self):
     object.__setattr__(self, "cutoffs", tuple(int(c) for c in (self.cutoffs or ())))

@@ -53,7 +53,7 @@ from __future__ import annotations
 import dataclasses
 import types
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -87,27 +87,60 @@ class Memory:
       sliding-window evaluator with mem_len 0; generation's prompts of
       different lengths).  Padding longer than a segment carries over to
       the next one (``advance``).
+    mem_tokens_BxNxD: the memory tokens (Bulatov et al. 2022) the next
+      segment reads, [B, num_mem_tokens, d_model], compute dtype, or None
+      (model.num_mem_tokens = 0): the last segment's written tokens
+      (``write_tokens``).  Set together with ``mem_tokens_fresh_B``.
+    mem_tokens_fresh_B: bool [B] or None: rows that read the learned
+      initial tokens (the parameter ``mem_tokens``) instead of
+      ``mem_tokens_BxNxD``: a new stream (``init_memory``) or a reset row
+      (``reset``); ``read_tokens``.
   """
 
   mems_LxBxMxD: Array
   mlen_B: Array
   pad_B: Array | None = None
+  mem_tokens_BxNxD: Array | None = None
+  mem_tokens_fresh_B: Array | None = None
 
   # field -> (rows axis, number of axes); class-level, not pytree fields.
   ROW_AXES: ClassVar[Mapping[str, int]] = types.MappingProxyType(
-      {"mems_LxBxMxD": 1, "mlen_B": 0, "pad_B": 0}
+      {
+          "mems_LxBxMxD": 1,
+          "mlen_B": 0,
+          "pad_B": 0,
+          "mem_tokens_BxNxD": 0,
+          "mem_tokens_fresh_B": 0,
+      }
   )
   NDIMS: ClassVar[Mapping[str, int]] = types.MappingProxyType(
-      {"mems_LxBxMxD": 4, "mlen_B": 1, "pad_B": 1}
+      {
+          "mems_LxBxMxD": 4,
+          "mlen_B": 1,
+          "pad_B": 1,
+          "mem_tokens_BxNxD": 3,
+          "mem_tokens_fresh_B": 1,
+      }
   )
+  TOKEN_FIELDS: ClassVar[tuple[str, ...]] = ("mem_tokens_BxNxD", "mem_tokens_fresh_B")
 
   def replace(self, **changes: Any) -> Memory:
     """A copy with ``changes`` (field name -> value)."""
     return dataclasses.replace(self, **changes)
 
   def _present(self) -> tuple[str, ...]:
-    """The fields that are children of the pytree (pad_B only when set)."""
-    return ("mems_LxBxMxD", "mlen_B") + (() if self.pad_B is None else ("pad_B",))
+    """The fields that are children of the pytree (pad_B and the memory
+    tokens only when set; a Memory that jax rebuilt from a pytree structure
+    keeps that structure's fields whatever its children, which jax may
+    replace by None, e.g. for jit's default output layouts)."""
+    names = self.__dict__.get("_names")
+    if names is not None:
+      return names
+    return (
+        ("mems_LxBxMxD", "mlen_B")
+        + (() if self.pad_B is None else ("pad_B",))
+        + (() if self.mem_tokens_BxNxD is None else self.TOKEN_FIELDS)
+    )
 
   @property
   def mem_len(self) -> int:
@@ -134,35 +167,48 @@ class Memory:
     )
 
   @classmethod
-  def shardings(cls, mesh: Mesh, padded: bool = False) -> Memory:
+  def _names(cls, padded: bool, tokens: bool) -> list[str]:
+    """The fields of a Memory with or without ``pad_B`` and the memory tokens."""
+    return [
+        n
+        for n in cls.ROW_AXES
+        if (padded or n != "pad_B") and (tokens or n not in cls.TOKEN_FIELDS)
+    ]
+
+  @classmethod
+  def shardings(cls, mesh: Mesh, padded: bool = False, tokens: bool = False) -> Memory:
     """NamedShardings of a Memory on ``mesh``: each field's rows split over
     the batch mesh axes (``axes.BATCH_AXES`` present in ``mesh``, as the
-    batch's rows), its other axes replicated; ``padded``: with ``pad_B``."""
+    batch's rows), its other axes replicated; ``padded``: with ``pad_B``;
+    ``tokens``: with the memory tokens (``has_tokens(cfg)``)."""
     rows = tuple(a for a in axes.BATCH_AXES if a in mesh.axis_names)
 
     def spec(name: str) -> PartitionSpec:
       row_axis, ndim = cls.ROW_AXES[name], cls.NDIMS[name]
       return PartitionSpec(*(rows if i == row_axis else None for i in range(ndim)))
 
-    names = [n for n in cls.ROW_AXES if padded or n != "pad_B"]
-    return cls(**{name: NamedSharding(mesh, spec(name)) for name in names})
+    return cls(**{name: NamedSharding(mesh, spec(name)) for name in cls._names(padded, tokens)})
 
   @classmethod
-  def replicated_shardings(cls, mesh: Mesh, padded: bool = False) -> Memory:
+  def replicated_shardings(cls, mesh: Mesh, padded: bool = False, tokens: bool = False) -> Memory:
     """NamedShardings of a Memory held whole on every device of ``mesh``."""
-    names = [n for n in cls.ROW_AXES if padded or n != "pad_B"]
-    return cls(**{name: NamedSharding(mesh, PartitionSpec()) for name in names})
+    return cls(
+        **{name: NamedSharding(mesh, PartitionSpec()) for name in cls._names(padded, tokens)}
+    )
 
   def reset(self, reset_B: Array) -> Memory:
     """Empties the memory of the rows where ``reset_B`` (bool [B]) is True
     (and drops their padding).
 
     Only the counts change: empty slots are masked, so their stale
-    contents never reach an output.
+    contents never reach an output.  With memory tokens the rows are
+    flagged to read the learned initial tokens (``mem_tokens_fresh_B``).
     """
     out = self.replace(mlen_B=jnp.where(reset_B, 0, self.mlen_B))
     if self.pad_B is not None:
       out = out.replace(pad_B=jnp.where(reset_B, 0, self.pad_B))
+    if self.mem_tokens_fresh_B is not None:
+      out = out.replace(mem_tokens_fresh_B=self.mem_tokens_fresh_B | reset_B)
     return out
 
   def with_front_padding(self, pad_B: Array) -> Memory:
@@ -190,8 +236,8 @@ class Memory:
     if count_B is None:
       count_B = advance_mlen(self.key_count_B(), self.mem_len, tgt_len)
     if self.pad_B is None:
-      return Memory(mems_LxBxMxD=new_mems_LxBxMxD, mlen_B=count_B)
-    return Memory(
+      return self.replace(mems_LxBxMxD=new_mems_LxBxMxD, mlen_B=count_B)
+    return self.replace(
         mems_LxBxMxD=new_mems_LxBxMxD,
         mlen_B=jnp.maximum(count_B, 0),
         pad_B=jnp.maximum(-count_B, 0).astype(jnp.int32),
@@ -209,7 +255,9 @@ def _flatten(memory: Memory):
 
 
 def _unflatten(names: tuple[str, ...], children) -> Memory:
-  return Memory(**dict(zip(names, children)))
+  memory = Memory(**dict(zip(names, children)))
+  object.__setattr__(memory, "_names", names)  # not a field: ``replace`` recomputes it
+  return memory
 
 
 jax.tree_util.register_pytree_with_keys(Memory, _flatten_with_keys, _unflatten, _flatten)
@@ -227,12 +275,22 @@ def init_memory(config: ModelConfig, batch_size: int, mem_len: int | None = None
 
   Returns:
     A Memory of zeros [n_layer, B, M, d_model] in the compute dtype and an
-    int32 [B] count of 0.
+    int32 [B] count of 0; with memory tokens (``has_tokens``) also zeros
+    [B, num_mem_tokens, d_model] flagged fresh (every row reads the learned
+    initial tokens).
   """
   m = variant(config).slots(config.mem_len if mem_len is None else mem_len, config)
-  return Memory(
+  memory = Memory(
       mems_LxBxMxD=jnp.zeros((config.n_layer, batch_size, m, config.d_model), config.compute_dtype),
       mlen_B=jnp.zeros((batch_size,), jnp.int32),
+  )
+  if not has_tokens(config):
+    return memory
+  return memory.replace(
+      mem_tokens_BxNxD=jnp.zeros(
+          (batch_size, config.num_mem_tokens, config.d_model), config.compute_dtype
+      ),
+      mem_tokens_fresh_B=jnp.ones((batch_size,), jnp.bool_),
   )
 
 
@@ -422,7 +480,7 @@ def config_problems(fields: Mapping[str, Any]) -> list[str]:
     problems.append(f"model.cmem_fn={fn!r}: use one of {CMEM_FNS}.")
   if name not in VARIANTS:
     return problems + [f"model.memory={name!r}: use one of {tuple(sorted(VARIANTS))}."]
-  return problems + VARIANTS[name].config_problems(fields)
+  return problems + VARIANTS[name].config_problems(fields) + token_config_problems(fields)
 
 
 # ---------------------------------------------------------------------------
@@ -714,3 +772,275 @@ class CompressiveMemory(MemoryVariant):
         tgt_len,
     )
     return memory.advance(new_mems_LxBxMxD, tgt_len, count_B)
+
+
+# ---------------------------------------------------------------------------
+# Memory tokens: the Recurrent Memory Transformer (Bulatov, Kuratov, Burtsev
+# 2022, "Recurrent Memory Transformer", arXiv 2207.06881), as the authors'
+# fork of the reference code implements it (booydar/LM-RMT,
+# ``pytorch/mem_transformer.py``: ``MemTransformerLM`` with
+# ``num_mem_tokens``, ``mem_at_end``, ``read_mem_from_cache``).
+#
+# Not a ``MemoryVariant``: the tokens go beside the XL cache (any mem_len,
+# 0 included).  N = num_mem_tokens tokens are read at the start of each
+# segment and, with ``mem_at_end``, written at its end: the layers run on
+# the extended segment of E = N + T (+ N) positions
+#
+#     [read tokens; segment; write tokens]        (``extend_segment``)
+#
+# and everything else follows from that, as in the authors' ``_forward``:
+#
+# * the relative positions count every position of the extended segment
+#   (their ``pos_seq`` runs over klen = mlen + E): the model builds R for
+#   K = M + E keys;
+# * the XL cache is the last M of [cache; extended segment] per layer
+#   (their ``_update_mems`` over the extended hidden states): memory-token
+#   positions enter the cache like segment positions, and the count
+#   advances by E (``advance_mlen``);
+# * the mask (``token_mask``): read rows see each other (all N, in both
+#   directions) and the valid cache slots only with ``read_mem_from_cache``;
+#   write rows see everything causally before them (the segment and the read
+#   tokens), each other (all N) and the cache only with
+#   ``read_mem_from_cache``; segment rows see the cache, the read tokens and
+#   the segment causally, never the write tokens.  With ``same_length``
+#   their code builds the plain same_length mask over the extended segment
+#   and drops these rules: so does ``token_mask``;
+# * where a memory-token row sees a key after it (distance < 0), the
+#   reference's relative shift (Appendix B's trick, ``rel_shift``) leaves the
+#   position term of a neighbouring entry there; exact parity needs the same
+#   numbers (``future_position_scores``);
+# * the loss is on the T segment positions; the written tokens are the final
+#   hidden states (after the model's last dropout, as theirs) at the write
+#   positions, or at the read positions without ``mem_at_end``
+#   (``split_segment``), and the next segment reads them
+#   (``write_tokens``, ``read_tokens``).
+#
+# The state is two optional fields of ``Memory`` (``mem_tokens_BxNxD``,
+# ``mem_tokens_fresh_B``; absent when num_mem_tokens = 0, so the pytree and
+# the checkpoints of other models are unchanged); the learned initial tokens
+# are the model parameter ``mem_tokens`` [N, d_model] (``token_param``), read
+# by rows that start a stream or are reset (``Memory.reset``).  The carried
+# tokens are stop-gradient (``write_tokens``: the one place where
+# backpropagation through segments will let the gradient pass).
+
+MEM_TOKENS_PARAM = "mem_tokens"  # the learned initial tokens, [N, d_model]
+
+
+def has_tokens(cfg: Any) -> bool:
+  """Whether the model ``cfg`` (a ModelConfig) has memory tokens."""
+  return getattr(cfg, "num_mem_tokens", 0) > 0
+
+
+def token_config_problems(fields: Mapping[str, Any]) -> list[str]:
+  """Problems of ``model.num_mem_tokens``, ``model.mem_at_end`` and
+  ``model.read_mem_from_cache`` and of what memory tokens need of the other
+  model fields; [] if none."""
+  n = fields.get("num_mem_tokens", 0)
+  problems = []
+  for key in ("mem_at_end", "read_mem_from_cache"):
+    if not isinstance(fields.get(key, False), bool):
+      problems.append(f"model.{key}={fields[key]!r} must be True or False.")
+  if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+    return problems + [
+        f"model.num_mem_tokens={n!r} must be an integer >= 0 (0 = no memory tokens)."
+    ]
+  if n == 0:
+    return problems
+  if fields.get("attn_type", 0) != 0:
+    problems.append(
+        f"model.num_mem_tokens={n} needs model.attn_type=0 (the authors' attention; got "
+        f"{fields['attn_type']}): set model.attn_type=0 or model.num_mem_tokens=0."
+    )
+  if fields.get("attention_impl", "xla") != "xla":
+    problems.append(
+        f"model.num_mem_tokens={n}: the memory tokens' mask is not expressible in the fused "
+        "kernel: set model.attention_impl='xla'."
+    )
+  if fields.get("attn_block", -1) > 0:
+    problems.append(
+        f"model.num_mem_tokens={n}: memory tokens attend to keys after them, which the "
+        "blockwise attention does not give them: set model.attn_block=0 (or -1)."
+    )
+  if fields.get("memory", "xl") != "xl":
+    problems.append(
+        f"model.num_mem_tokens={n} goes with the XL memory only (got "
+        f"model.memory={fields['memory']!r}): set model.memory='xl' or model.num_mem_tokens=0."
+    )
+  return problems
+
+
+def token_run_problems(fields: Mapping[str, Any], eval_method: str, documents: str) -> list[str]:
+  """What memory tokens need of the run (``default_config.validate``):
+  neither the sliding-window evaluation (front padding) nor documents
+  masked apart (``data.documents='reset'``) carry them; [] if none."""
+  n = fields.get("num_mem_tokens", 0)
+  if not isinstance(n, int) or n <= 0:
+    return []
+  problems = []
+  if eval_method == "sliding":
+    problems.append(
+        f"eval.method='sliding' does not carry memory tokens (model.num_mem_tokens={n}): "
+        "set eval.method='segments'."
+    )
+  if documents == "reset":
+    problems.append(
+        f"data.documents='reset' (documents masked apart) does not carry memory tokens "
+        f"(model.num_mem_tokens={n}): set data.documents='stream'."
+    )
+  return problems
+
+
+def token_init(key: Array, shape: tuple[int, int], dtype: Any = jnp.float32) -> Array:
+  """The authors' initial tokens (``init_mem_tokens``): ONE vector drawn
+  from N(0, 1) and repeated N times (``[torch.randn(1, d_model)] * N`` lists
+  the same tensor N times): [N, d_model]."""
+  n, d = shape
+  return jnp.broadcast_to(jax.random.normal(key, (1, d), dtype), (n, d))
+
+
+def token_param(module: nn.Module, cfg: ModelConfig) -> Array | None:
+  """The learned initial tokens, param ``mem_tokens`` [N, d_model] float32
+  in ``module``'s scope (``TransformerXL.setup``); None without tokens."""
+  if not has_tokens(cfg):
+    return None
+  return module.param(
+      MEM_TOKENS_PARAM,
+      nn.with_logical_partitioning(token_init, (None, "embed")),
+      (cfg.num_mem_tokens, cfg.d_model),
+      jnp.float32,
+  )
+
+
+def read_tokens(cfg: ModelConfig, memory: Memory, init_NxD: Array) -> Array:
+  """The tokens a segment reads: the learned ``init_NxD`` for the fresh rows
+  (``mem_tokens_fresh_B``), the carried ones for the others; [B, N,
+  d_model] in the compute dtype.  The gradient reaches ``init_NxD`` from
+  the fresh rows only (the authors' ``model.mem_tokens.repeat`` on the
+  first segment, the detached written tokens after it)."""
+  fresh_Bx1x1 = memory.mem_tokens_fresh_B[:, None, None]
+  init_1xNxD = init_NxD.astype(cfg.compute_dtype)[None]
+  return jnp.where(fresh_Bx1x1, init_1xNxD, memory.mem_tokens_BxNxD.astype(cfg.compute_dtype))
+
+
+def extend_segment(cfg: ModelConfig, read_BxNxD: Array, emb_BxTxD: Array) -> Array:
+  """[read tokens; segment embeddings; write tokens if ``mem_at_end``]:
+  [B, E, d_model], E = N + T (+ N); the write tokens enter as copies of the
+  read tokens (their ``torch.cat((word_emb, mem_tokens))``).  The tokens are
+  not scaled by sqrt(d_model) as the word embeddings are (as theirs)."""
+  parts = [read_BxNxD.astype(emb_BxTxD.dtype), emb_BxTxD]
+  if cfg.mem_at_end:
+    parts.append(parts[0])
+  return jnp.concatenate(parts, axis=1)
+
+
+class TokenMask(NamedTuple):
+  """The dense mask of an extended segment with the key layout's count,
+  which the attention needs for the memory tokens' position terms
+  (``future_position_scores``); what the layers get instead of the mask when
+  the model has memory tokens.
+
+  Attributes:
+    mask_Bx1xExK: bool, True where attention is allowed (``token_mask``).
+    key_count_B: int32 [B], ``Memory.key_count_B`` (the valid cache slots).
+  """
+
+  mask_Bx1xExK: Array
+  key_count_B: Array
+
+
+def token_mask(cfg: ModelConfig, mask_Bx1xExK: Array, key_count_B: Array) -> TokenMask:
+  """The authors' mask rules for the memory tokens on top of the XL mask of
+  the extended segment (``attention_ops.attention_mask`` over E queries and
+  K = M + E keys).
+
+  Their ``_forward`` (1 = masked there): ``mask[:N, mlen:mlen+N] = 0``,
+  ``mask[:N, :mlen] = 1 - read_mem_from_cache`` and with ``mem_at_end``
+  ``mask[-N:, -N:] = 0``, ``mask[-N:, :mlen] = 1 - read_mem_from_cache``;
+  nothing with ``same_length`` (the plain mask, kept here as it is).  The
+  cache slots a token row may see are the valid ones only (ours are
+  right-aligned with empty slots masked, theirs are all valid).
+
+  Returns:
+    ``TokenMask`` of the new bool [B, 1, E, K] mask and ``key_count_B``.
+  """
+  if cfg.same_length:
+    return TokenMask(mask_Bx1xExK, key_count_B)
+  n = cfg.num_mem_tokens
+  e, k = mask_Bx1xExK.shape[2], mask_Bx1xExK.shape[3]
+  m = k - e
+  i_Ex1 = jnp.arange(e)[:, None]
+  j_1xK = jnp.arange(k)[None, :]
+  read_q_Ex1, read_k_1xK = i_Ex1 < n, (j_1xK >= m) & (j_1xK < m + n)
+  write_q_Ex1 = (i_Ex1 >= e - n) & cfg.mem_at_end
+  write_k_1xK = (j_1xK >= k - n) & cfg.mem_at_end
+  token_slot_ExK = (read_q_Ex1 | write_q_Ex1) & (j_1xK < m)
+  out = jnp.where(token_slot_ExK, mask_Bx1xExK & cfg.read_mem_from_cache, mask_Bx1xExK)
+  out = out | (read_q_Ex1 & read_k_1xK) | (write_q_Ex1 & write_k_1xK)
+  return TokenMask(out, key_count_B)
+
+
+def future_position_scores(
+    raw_HxBxExK: Array, bd_HxBxExK: Array, key_count_B: Array, n: int, mem_at_end: bool
+) -> Array:
+  """The position terms of memory-token rows at keys after them, as the
+  authors' code computes them (exact parity needs them).
+
+  The (b)+(d) scores are formed against every distance and shifted
+  (``attention_ops.rel_shift``); at an entry (i, j) whose key comes after
+  the query (j > i + M, the memory tokens' blocks, ``token_mask``) the
+  shift leaves ``raw[i + 1, c]``, an entry of the next query's row: with
+  their layout (mlen valid cache rows, no empty ones) that is the score of
+  query i + 1 against distance ``mlen + E + 1 + i - j'`` (j' the key's
+  index in the extended segment), 0 for j' = i + 1.  Ours has M - mlen
+  empty slots in front (static shapes), which would move that column by
+  M - mlen: this reads theirs.  The entries that no mask allows are left
+  as they are.
+
+  Args:
+    raw_HxBxExK: float32 (q + v) . W_kR R against distances K-1 .. 0,
+      before the shift.
+    bd_HxBxExK: ``rel_shift(raw_HxBxExK)``.
+    key_count_B: int32 [B], the valid cache slots (their mlen).
+    n: num_mem_tokens (N).
+    mem_at_end: the write block at the end of the extended segment.
+
+  Returns:
+    ``bd_HxBxExK`` with the read block (and the write block) corrected.
+  """
+  h, b, e, k = raw_HxBxExK.shape
+  m = k - e
+  i_NxN = jnp.arange(n)[:, None]
+  j_NxN = jnp.arange(n)[None, :]
+  col_BxNxN = jnp.clip((m - key_count_B)[:, None, None] + j_NxN - i_NxN - 2, 0, k - 1)
+  col_HxBxNxN = jnp.broadcast_to(col_BxNxN[None], (h, b, n, n))
+  for s in [0] + ([e - n] if mem_at_end else []):
+    rows_N = jnp.minimum(jnp.arange(s + 1, s + n + 1), e - 1)  # query i + 1 (the last: unused)
+    src_HxBxNxK = raw_HxBxExK[:, :, rows_N, :]
+    got_HxBxNxN = jnp.take_along_axis(src_HxBxNxK, col_HxBxNxN, axis=-1)
+    got_HxBxNxN = jnp.where(j_NxN == i_NxN + 1, 0.0, got_HxBxNxN)
+    block = bd_HxBxExK[:, :, s : s + n, m + s : m + s + n]
+    block = jnp.where(j_NxN > i_NxN, got_HxBxNxN.astype(block.dtype), block)
+    bd_HxBxExK = bd_HxBxExK.at[:, :, s : s + n, m + s : m + s + n].set(block)
+  return bd_HxBxExK
+
+
+def split_segment(cfg: ModelConfig, h_BxExD: Array, tgt_len: int) -> tuple[Array, Array]:
+  """(the segment's hidden states [B, T, d_model], the written tokens [B, N,
+  d_model]) from the extended segment's final hidden states: the authors'
+  ``pred_hid`` and ``mem_tokens_write`` (the write positions, or the read
+  positions without ``mem_at_end``)."""
+  n = cfg.num_mem_tokens
+  written_BxNxD = h_BxExD[:, -n:] if cfg.mem_at_end else h_BxExD[:, :n]
+  return h_BxExD[:, n : n + tgt_len], written_BxNxD
+
+
+def write_tokens(memory: Memory, written_BxNxD: Array) -> Memory:
+  """The memory with ``written_BxNxD`` as the tokens the next segment reads
+  (no row fresh).  The tokens keep their gradient (unlike the XL memory,
+  ``layer_read``): a training step over several segments
+  (``train.mem_backprop_depth``) backpropagates through them; between steps
+  the memory is data, so nothing flows further back."""
+  return memory.replace(
+      mem_tokens_BxNxD=written_BxNxD.astype(memory.mem_tokens_BxNxD.dtype),
+      mem_tokens_fresh_B=jnp.zeros_like(memory.mem_tokens_fresh_B),
+  )

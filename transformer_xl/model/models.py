@@ -136,7 +136,11 @@ class DecoderLayer(nn.Module):
         cfg,
         deterministic=deterministic,
         record=self.record_attention,
-        block_size=tuning.attn_block_size(cfg.attn_block, deterministic),
+        block_size=(  # memory tokens see keys after them: one block
+            0
+            if memory_lib.has_tokens(cfg)
+            else tuning.attn_block_size(cfg.attn_block, deterministic)
+        ),
         name="attn",
         decode=decode,
     )
@@ -268,6 +272,7 @@ class TransformerXL(nn.Module):
     self.variant = attention.variant(cfg)  # the attention type, chosen once
     self.shared_pos = self.variant.model_params(self, cfg)  # e.g. type 0's u, v
     self.drop = nn.Dropout(cfg.dropout)
+    self.mem_tokens = memory_lib.token_param(self, cfg)  # memory tokens' initial values, or None
 
     layer_cls = DecoderLayer
     if cfg.remat != "none":
@@ -349,6 +354,11 @@ class TransformerXL(nn.Module):
         variant whose memory is not a FIFO of the layer inputs
         (``MemoryVariant.decode_cache``).
     """
+    if memory_lib.has_tokens(self.config):
+      raise NotImplementedError(
+          f"model.num_mem_tokens={self.config.num_mem_tokens}: the decoding cache does not "
+          "carry memory tokens (each pass would write them); score with hidden() instead."
+      )
     if not memory_lib.variant(self.config).decode_cache:
       raise NotImplementedError(
           f"model.memory={self.config.memory!r} has no decoding cache (the cache is rolled "
@@ -373,17 +383,29 @@ class TransformerXL(nn.Module):
     (the output of ``word_emb``): where the memory enters and leaves the model.
     With ``decode``, as ``decode`` (and the next cache is returned too).
 
+    With memory tokens (``memory.has_tokens``) the layers run on the
+    extended segment [read tokens; segment; write tokens] (memory.py's
+    memory-token section) and the segment's hidden states come out.
+
     Raises:
-      ValueError: the segment is empty.
+      ValueError: the segment is empty; documents (``doc_pos_BxT``) with
+        memory tokens.
     """
     cfg = self.config
     mem_len = memory.mem_len
-    tgt_len = emb_BxTxD.shape[1]
-    if tgt_len < 1:
-      raise ValueError(f"segment length {tgt_len}: a segment needs at least one position.")
+    seg_len = emb_BxTxD.shape[1]
+    if seg_len < 1:
+      raise ValueError(f"segment length {seg_len}: a segment needs at least one position.")
     if reset_B is not None:  # reset
       memory = memory.reset(reset_B)
     emb_BxTxD = emb_BxTxD.astype(cfg.compute_dtype)
+    tokens = memory_lib.has_tokens(cfg)
+    if tokens:  # [read tokens; segment; write tokens]: the layers' segment
+      if doc_pos_BxT is not None or decode:
+        raise ValueError("memory tokens go with one stream: no doc_pos_BxT, no decoding cache.")
+      read_BxNxD = memory_lib.read_tokens(cfg, memory, self.mem_tokens)
+      emb_BxTxD = memory_lib.extend_segment(cfg, read_BxNxD, emb_BxTxD)
+    tgt_len = emb_BxTxD.shape[1]
     mems_LxBxMxD = memory.mems_LxBxMxD.astype(cfg.compute_dtype)
     emb_BxTxD, mems_LxBxMxD, pos = self.variant.model_inputs(  # e.g. R of Sec. 3.3
         cfg,
@@ -396,6 +418,8 @@ class TransformerXL(nn.Module):
     mask = attention_ops.MaskParts(memory.key_count_B(), doc_pos_BxT)
     if cfg.attention_impl == "xla" or self.record_attention:  # the fused kernel masks in-kernel
       mask = mask.dense(tgt_len, mem_len, cfg.same_length)
+    if tokens:  # the tokens' rules (xla only, config_problems)
+      mask = memory_lib.token_mask(cfg, mask, memory.key_count_B())
 
     layer_mems = LayerCache(mems_LxBxMxD, kv_cache) if decode else mems_LxBxMxD
     h_BxTxD, new_mems_LxBxMxD = self.layers(  # read (scanned in),
@@ -405,6 +429,9 @@ class TransformerXL(nn.Module):
       new_mems_LxBxMxD, kv_cache = new_mems_LxBxMxD
     new_memory = memory_lib.variant(cfg).advance(cfg, memory, new_mems_LxBxMxD, tgt_len)  # return
     h_BxTxD = self.drop(h_BxTxD, deterministic=deterministic)
+    if tokens:  # the segment's states out, the written tokens into the memory
+      h_BxTxD, written_BxNxD = memory_lib.split_segment(cfg, h_BxTxD, seg_len)
+      new_memory = memory_lib.write_tokens(new_memory, written_BxNxD)
     return (h_BxTxD, new_memory, kv_cache) if decode else (h_BxTxD, new_memory)
 
   def _shared(self):

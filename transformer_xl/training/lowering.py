@@ -107,13 +107,16 @@ def abstract_step(
         config.train.seed,
         config.train.loss_span,
         config.train.aux_loss_weight,
+        config.train.get("mem_backprop_depth", 0),
+        config.train.get("bptt_bp", False),
     )
-    b, t = config.train.global_batch, model_cfg.tgt_len
+    n_seg = config.train.get("mem_backprop_depth", 0) + 1  # a window of segments
+    b, t = config.train.global_batch, model_cfg.tgt_len * n_seg
     batch = {
         "inputs": spec((b, t), jnp.int32, rows),
         "targets": spec((b, t), jnp.int32, rows),
         "weights": spec((b, t), jnp.float32, rows),
-        "reset": spec((b,), jnp.bool_, row_sh),
+        "reset": spec((b,) if n_seg == 1 else (b, n_seg), jnp.bool_, row_sh),
     }
     return fn, (abstract, batch)
   ecfg = evaluate.eval_model_config(config, model_cfg)
@@ -137,10 +140,12 @@ def abstract_step(
         "targets": spec((b, t), jnp.int32, rows),
         "reset": spec((b,), jnp.bool_, row_sh),
     }
-    return fn, (abstract.params, memory_of(ecfg, b, train_state.memory_sharding(mesh)), batch)
+    return fn, (abstract.params, memory_of(ecfg, b, train_state.memory_sharding(mesh, ecfg)), batch)
   gen = generate.Generator(ecfg, mesh)
   rep = sharding.replicated(mesh)
-  memory = memory_of(ecfg, 1, models.Memory.replicated_shardings(mesh))
+  memory = memory_of(
+      ecfg, 1, models.Memory.replicated_shardings(mesh, tokens=ecfg.num_mem_tokens > 0)
+  )
   tokens = spec((1, ecfg.tgt_len) if step == "generate_segment" else (1,), jnp.int32, rep)
   knobs = (
       spec((1, 2), jnp.uint32, rep),

@@ -102,6 +102,8 @@ def make_train_step(
     dropout_seed: int,
     loss_span: str = "full",
     aux_loss_weight: float = 1.0,
+    mem_backprop_depth: int = 0,
+    bptt_bp: bool = False,
 ) -> Callable:
   """The jitted train step: (TrainState, batch) -> (TrainState, metrics).
 
@@ -128,16 +130,31 @@ def make_train_step(
   ``step`` advances); the host decides what to do (``NonFiniteGuard``).
   Everything is computed on the devices; the metrics are replicated, so
   every process reads the same values.
+
+  Backpropagation through segments (``mem_backprop_depth`` = k > 0; the
+  memory tokens of Bulatov et al. 2022): the batch is a window of k + 1
+  consecutive segments per row (``data.SegmentWindows``: arrays [B, (k + 1)
+  T], ``reset`` [B, k + 1]) and the state's memory is the one before the
+  window's first segment.  The segments run one after the other in the
+  step, each reading the memory the previous one left; the gradient flows
+  back through the memory tokens they write (the XL memory stays
+  stop-gradient), so the newest segment's loss reaches the parameters
+  through the k segments before it.  Only the newest segment's loss counts
+  (the authors' default), or every segment's with ``bptt_bp``; ``loss``
+  is the mean over the counted tokens.  The next state's memory is the one
+  after the window's first segment: the next window starts one segment
+  later.  The authors' ``train.py`` replays the k earlier segments with the
+  XL memories it stored when it first ran them; here they are computed
+  again from the window's start with the current parameters (the same for
+  k = 1).
   """
   # One sharding for every array of the batch, [B] or [B, T]: rows over
   # ``data`` (as ``sharding.batch_sharding`` for [B, T]); a prefix of the
   # batch dict whatever its keys, so the optional ``doc_pos`` needs no entry.
   batch_shardings = sharding.rows_sharding(mesh)
 
-  def loss_fn(params, inputs, targets, weights, reset, doc_pos, memory, rng, n_tokens):
-    """(objective, (next memory, sum of weights * nll, auxiliary losses)); the
-    objective is the weighted nll sum plus, scaled to it (the gradient is
-    divided by n_tokens), the weighted auxiliary losses of this micro-batch."""
+  def segment_nll(params, inputs, targets, reset, doc_pos, memory, rng):
+    """One segment: (nll_BxT, next memory, auxiliary losses)."""
     (nll_BxT, new_memory), sown = model.apply(
         {"params": params},
         inputs,
@@ -149,8 +166,40 @@ def make_train_step(
         rngs={"dropout": rng},
         mutable=["losses"],
     )
+    return nll_BxT, new_memory, aux_losses(sown)
+
+  def window_nll(params, inputs, targets, reset, doc_pos, memory, rng):
+    """The k + 1 segments of a window in order, the memory (tokens with their
+    gradient) carried from one to the next: (nll [B, (k + 1) T], the memory
+    after the first segment, the auxiliary losses averaged over segments)."""
+    n_seg = mem_backprop_depth + 1
+    t = inputs.shape[1] // n_seg
+    cut = lambda x, j: None if x is None else x[:, j * t : (j + 1) * t]
+    nlls, auxes, first = [], [], None
+    for j in range(n_seg):
+      nll_BxT, memory, aux = segment_nll(
+          params,
+          cut(inputs, j),
+          cut(targets, j),
+          reset[:, j],
+          cut(doc_pos, j),
+          memory,
+          jax.random.fold_in(rng, j),
+      )
+      nlls.append(nll_BxT)
+      auxes.append(aux)
+      first = memory if j == 0 else first
+    aux = {k: sum(a[k] for a in auxes) / n_seg for k in auxes[0]}
+    return jnp.concatenate(nlls, axis=1), jax.lax.stop_gradient(first), aux
+
+  run = window_nll if mem_backprop_depth else segment_nll
+
+  def loss_fn(params, inputs, targets, weights, reset, doc_pos, memory, rng, n_tokens):
+    """(objective, (next memory, sum of weights * nll, auxiliary losses)); the
+    objective is the weighted nll sum plus, scaled to it (the gradient is
+    divided by n_tokens), the weighted auxiliary losses of this micro-batch."""
+    nll_BxT, new_memory, aux = run(params, inputs, targets, reset, doc_pos, memory, rng)
     loss_sum = jnp.sum(nll_BxT * weights)
-    aux = aux_losses(sown)
     objective = loss_sum
     if aux:
       objective = loss_sum + n_tokens * (aux_loss_weight * sum(aux.values())) / batch_chunk
@@ -161,9 +210,14 @@ def make_train_step(
   def train_step(state: TrainState, batch: Mapping[str, Array]):
     rng = jax.random.fold_in(jax.random.PRNGKey(dropout_seed), state.step)
     weights_BxT = batch["weights"]
+    n_seg = mem_backprop_depth + 1
+    t = weights_BxT.shape[1] // n_seg  # the segment length
     if loss_span == "half":
-      t = weights_BxT.shape[1]
-      weights_BxT = weights_BxT * (jnp.arange(t) >= t // 2).astype(weights_BxT.dtype)
+      weights_BxT = weights_BxT * (jnp.arange(n_seg * t) % t >= t // 2).astype(weights_BxT.dtype)
+    if n_seg > 1 and not bptt_bp:  # the newest segment's loss only
+      weights_BxT = weights_BxT * (jnp.arange(n_seg * t) >= (n_seg - 1) * t).astype(
+          weights_BxT.dtype
+      )
     inputs = (
         batch["inputs"],
         batch["targets"],
@@ -430,6 +484,11 @@ def _train_and_evaluate(
       row_ids=data.process_row_ids(sharding.batch_sharding(mesh), tcfg.global_batch, mcfg.tgt_len),
       documents=config.data.get("documents", "stream"),
   )  # "reset": batches carry doc_pos
+  if tcfg.get("mem_backprop_depth", 0):  # windows of k + 1 segments, sliding by one
+    try:
+      train_iter = data.SegmentWindows(train_iter, tcfg.mem_backprop_depth)
+    except ValueError as err:
+      raise default_config.ConfigError(str(err)) from None
   restored = rundir.restore(abstract_state)
   if restored is None:
     state = train_state.create_train_state(
@@ -480,6 +539,8 @@ def _train_and_evaluate(
       tcfg.seed,
       tcfg.loss_span,
       tcfg.aux_loss_weight,
+      tcfg.get("mem_backprop_depth", 0),
+      tcfg.get("bptt_bp", False),
   )
   evaluator = evaluate.Evaluator(config, mcfg, corpus, mesh) if tcfg.eval_every else None
   writer = metrics.MetricWriter(workdir, start_step)

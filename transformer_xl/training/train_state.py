@@ -25,6 +25,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 
 from transformer_xl import sharding
+from transformer_xl.model import memory as memory_lib
 from transformer_xl.model import models
 
 Array = jax.Array
@@ -92,10 +93,11 @@ def _init(model: models.TransformerXL, tx, global_batch: int, rng: Array) -> Tra
   return _state_from_params(model, tx, global_batch, params)
 
 
-def memory_sharding(mesh: Mesh) -> models.Memory:
+def memory_sharding(mesh: Mesh, cfg: models.ModelConfig | None = None) -> models.Memory:
   """Shardings of a ``models.Memory``: its rows split as the batch's
-  (``memory.Memory.shardings``)."""
-  return models.Memory.shardings(mesh)
+  (``memory.Memory.shardings``); with the memory tokens of ``cfg`` if it has
+  them."""
+  return models.Memory.shardings(mesh, tokens=memory_lib.has_tokens(cfg))
 
 
 def abstract_params(model: models.TransformerXL, mesh: Mesh):
@@ -140,7 +142,7 @@ def abstract_train_state(model: models.TransformerXL, tx, global_batch: int, mes
       step=sharding.replicated(mesh),
       params=param_shardings,
       opt_state=opt_shardings,
-      memory=memory_sharding(mesh),
+      memory=memory_sharding(mesh, model.config),
   )
   abstract = jax.tree_util.tree_map(
       lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, shardings
