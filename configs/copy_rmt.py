@@ -17,9 +17,11 @@ Two variants, memory of 6 vectors either way:
 
 * ``configs/copy_rmt.py:rmt`` (default): 6 memory tokens, no cache
   (``--num_mem_tokens 6 --mem_len 0``, read and write tokens, memory at the
-  end).  Their csv: test accuracy 1.0 in 4 of 4 seeds.  It needs the memory
-  tokens (``model.num_mem_tokens``, issue 40), which this version does not
-  have yet: the config refuses to load until they land.
+  end).  Their csv: test accuracy 1.0 in 4 of 4 seeds.  Their
+  ``train_synthetic.py`` backpropagates through all 6 segments of an
+  example, one update per batch of examples (the tokens are never detached
+  within an example, whatever ``--mem_backprop_depth``):
+  ``train.mem_backprop_depth=5`` with ``train.bptt_bp=True`` here.
 * ``configs/copy_rmt.py:xl``: Transformer-XL with a cache of 6 states
   (``--mem_len 6 --num_mem_tokens 0``).  Their csv: 0.657, 0.298, 0.355,
   0.856 over 4 seeds.  With neither (``--config.model.mem_len=0``) their
@@ -55,12 +57,10 @@ def get_config(variant: str = "rmt"):
       same_length=False,
   )
   if variant == "rmt":
-    if "num_mem_tokens" not in c.model:
-      raise errors.ConfigError(
-          "configs/copy_rmt.py:rmt needs memory tokens (model.num_mem_tokens), which this "
-          "version does not have yet: use configs/copy_rmt.py:xl (a cache of 6 states)."
-      )
     c.model.update(num_mem_tokens=6, mem_at_end=True, read_mem_from_cache=True)
+    # Their train_synthetic.py carries the tokens with their gradient through the
+    # example's 6 segments, one update per example batch: a window of 6 here.
+    c.train.update(mem_backprop_depth=5, bptt_bp=True)
   elif variant == "xl":
     c.model.mem_len = 6
   else:

@@ -280,3 +280,92 @@ def test_the_gradient_equals_the_authors_through_one_earlier_segment():
   for path, w in jax.tree_util.tree_flatten_with_path(want)[0]:
     np.testing.assert_allclose(flat_got[path], w, atol=1e-5, err_msg=jax.tree_util.keystr(path))
   assert float(np.abs(flat_got[(jax.tree_util.DictKey(memory_lib.MEM_TOKENS_PARAM),)]).max()) == 0
+
+
+# --------------------------------------------------------------------------- #
+# The synthetic tasks: one step per whole example (the authors' train_synthetic.py).
+
+
+def _copy_config(depth, bptt_bp=True):
+  c = tiny_config(num_steps=2, log_every=1, eval_every=0, warmup_steps=0, global_batch=4)
+  c.data.update(
+      dataset="synthetic:copy",
+      synthetic_seq_len=3,
+      synthetic_num_tokens=6,
+      synthetic_train_size=40,
+      synthetic_valid_size=8,
+      synthetic_test_size=8,
+  )
+  c.model.update(num_mem_tokens=2, mem_len=0, tgt_len=3, dropout=0.0, dropatt=0.0)
+  c.eval.update(tgt_len=3, mem_len=0, global_batch=4, same_length=False)
+  c.train.update(mem_backprop_depth=depth, bptt_bp=bptt_bp)
+  return c
+
+
+@pytest.mark.slow
+def test_a_synthetic_example_is_one_step_through_all_its_segments(tmp_path):
+  """With a synthetic task the window is a whole example (its segments side
+  by side, synthetic.ExampleWindows): the step's gradient is the one of the
+  whole answer's loss with the memory tokens carried, with their gradient,
+  through every segment (a naive loop of model.apply calls); a depth other
+  than segments - 1, or without bptt_bp, is refused in one line."""
+  import optax
+
+  from transformer_xl.data import synthetic
+
+  config = _copy_config(depth=0)
+  corpus = data.load_configured(config.data.to_dict())
+  base = synthetic.ExampleIterator(corpus, "train", 4, 3)
+  n_seg = base.segments
+  assert n_seg > 2
+  config.train.update(mem_backprop_depth=n_seg - 1)
+  default_config.validate(config, 1)
+  cfg = default_config.model_config(config, corpus.vocab_size)
+  model, params = _model_and_params(cfg)
+  segs = [next(base) for _ in range(n_seg)]
+
+  def naive(params):
+    memory, total, weight = models.init_memory(cfg, 4), 0.0, 0.0
+    for seg in segs:
+      nll, memory = model.apply(
+          {"params": params}, seg["inputs"], memory, seg["targets"], reset_B=seg["reset"]
+      )
+      total, weight = total + jnp.sum(nll * seg["weights"]), weight + seg["weights"].sum()
+    return total / weight
+
+  want = jax.grad(naive)(params)
+  mesh = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
+  tx = optax.sgd(1.0)
+  _, shardings = train_state.abstract_train_state(model, tx, 4, mesh)
+  state = train_state.create_train_state(model, tx, 4, mesh, jax.random.PRNGKey(0), shardings)
+  state = state.replace(params=jax.tree_util.tree_map(jnp.copy, params))
+  step = train.make_train_step(
+      model,
+      tx,
+      mesh,
+      shardings,
+      1,
+      7,
+      mem_backprop_depth=n_seg - 1,
+      bptt_bp=True,
+      window_advance=n_seg,
+  )
+  window = next(synthetic.ExampleWindows(synthetic.ExampleIterator(corpus, "train", 4, 3)))
+  new_state, metrics = step(state, jax.tree_util.tree_map(jnp.asarray, window))
+  got = jax.tree_util.tree_map(lambda new, old: old - new, new_state.params, params)
+  jax.tree_util.tree_map(
+      lambda g, w: np.testing.assert_allclose(g, w, rtol=2e-4, atol=1e-6), got, want
+  )
+  np.testing.assert_allclose(float(metrics["loss"]), float(naive(params)), rtol=1e-5)
+
+  mesh = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
+  for depth, bptt_bp in ((1, True), (n_seg - 1, False)):
+    bad = _copy_config(depth, bptt_bp)
+    with pytest.raises(
+        default_config.ConfigError, match=rf"set train.mem_backprop_depth={n_seg - 1}"
+    ):
+      train.train_and_evaluate(bad, str(tmp_path / f"bad{depth}"), corpus, mesh)
+  good = _copy_config(n_seg - 1)
+  train.train_and_evaluate(good, str(tmp_path / "good"), corpus, mesh)
+  rows = [json.loads(x) for x in (tmp_path / "good" / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows if "train/loss" in r] == [1, 2]

@@ -220,6 +220,16 @@ class TrainIterator(Iterator[Batch]):
     self._epoch, self._step = s["epoch"], s["step"]
 
 
+def side_by_side(segments: Sequence[Batch]) -> Batch:
+  """Consecutive segments' batches as one window: every [B, T] array
+  concatenated along T in order, ``reset`` [B] stacked to [B, n]."""
+  out = {
+      k: np.concatenate([seg[k] for seg in segments], axis=1) for k in segments[0] if k != "reset"
+  }
+  out["reset"] = np.stack([seg["reset"] for seg in segments], axis=1)
+  return out
+
+
 class SegmentWindows(Iterator[Batch]):
   """Windows of ``depth + 1`` consecutive training segments, sliding by one.
 
@@ -269,10 +279,9 @@ class SegmentWindows(Iterator[Batch]):
   def __next__(self) -> Batch:
     batch = next(self.base)
     self._window = (self._window + [batch])[-(self.depth + 1) :]
-    segments = [self._padding(batch)] * (self.depth + 1 - len(self._window)) + self._window
-    out = {k: np.concatenate([seg[k] for seg in segments], axis=1) for k in batch if k != "reset"}
-    out["reset"] = np.stack([seg["reset"] for seg in segments], axis=1)
-    return out
+    return side_by_side(
+        [self._padding(batch)] * (self.depth + 1 - len(self._window)) + self._window
+    )
 
   def get_state(self) -> dict[str, int]:
     return self.base.get_state()

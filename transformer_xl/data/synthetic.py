@@ -485,6 +485,39 @@ class ExampleIterator(_Examples):
     self._step = s["step"]
 
 
+class ExampleWindows:
+  """Whole examples per step: the ``segments`` batches of each example of an
+  ``ExampleIterator`` side by side (``iterators.side_by_side``: arrays [B,
+  segments T], ``reset`` [B, segments]), for backpropagation through all
+  its segments (``train.mem_backprop_depth = segments - 1``), as the
+  authors' ``train_synthetic.py`` trains: one update per batch of examples,
+  the memory tokens carried with their gradient from the first segment to
+  the last.  The state is the base's (always at an example's start).
+
+  Raises:
+    ValueError: ``base`` is not an ``ExampleIterator``.
+  """
+
+  def __init__(self, base: ExampleIterator):
+    if not isinstance(base, ExampleIterator):
+      raise ValueError(f"ExampleWindows reads an ExampleIterator, not {type(base).__name__}.")
+    self.base = base
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> Batch:
+    from transformer_xl.data.iterators import side_by_side  # iterators imports this module
+
+    return side_by_side([next(self.base) for _ in range(self.base.segments)])
+
+  def get_state(self) -> dict[str, int]:
+    return self.base.get_state()
+
+  def set_state(self, state: Mapping[str, int]) -> None:
+    self.base.set_state(state)
+
+
 class ExampleEvalIterator(_Examples):
   """One pass over a split's examples, each scored once from an empty memory.
 

@@ -27,7 +27,7 @@ import optax
 from jax.sharding import Mesh
 
 from transformer_xl import data, default_config, sharding
-from transformer_xl.data import text_vocab
+from transformer_xl.data import synthetic, text_vocab
 from transformer_xl.inference import evaluate
 from transformer_xl.model import models
 from transformer_xl.run import distributed, metrics, run_dir
@@ -104,6 +104,7 @@ def make_train_step(
     aux_loss_weight: float = 1.0,
     mem_backprop_depth: int = 0,
     bptt_bp: bool = False,
+    window_advance: int = 1,
 ) -> Callable:
   """The jitted train step: (TrainState, batch) -> (TrainState, metrics).
 
@@ -146,7 +147,11 @@ def make_train_step(
   later.  The authors' ``train.py`` replays the k earlier segments with the
   XL memories it stored when it first ran them; here they are computed
   again from the window's start with the current parameters (the same for
-  k = 1).
+  k = 1).  ``window_advance``: segments from one window's start to the
+  next's, 1 (sliding windows, ``data.SegmentWindows``) or k + 1 (windows
+  side by side: the synthetic tasks' whole examples,
+  ``synthetic.ExampleWindows``); the next state's memory is the one after
+  the window's first ``window_advance`` segments.
   """
   # One sharding for every array of the batch, [B] or [B, T]: rows over
   # ``data`` (as ``sharding.batch_sharding`` for [B, T]); a prefix of the
@@ -171,7 +176,8 @@ def make_train_step(
   def window_nll(params, inputs, targets, reset, doc_pos, memory, rng):
     """The k + 1 segments of a window in order, the memory (tokens with their
     gradient) carried from one to the next: (nll [B, (k + 1) T], the memory
-    after the first segment, the auxiliary losses averaged over segments)."""
+    after the first ``window_advance`` segments (the next window's start),
+    the auxiliary losses averaged over segments)."""
     n_seg = mem_backprop_depth + 1
     t = inputs.shape[1] // n_seg
     cut = lambda x, j: None if x is None else x[:, j * t : (j + 1) * t]
@@ -188,7 +194,7 @@ def make_train_step(
       )
       nlls.append(nll_BxT)
       auxes.append(aux)
-      first = memory if j == 0 else first
+      first = memory if j == window_advance - 1 else first
     aux = {k: sum(a[k] for a in auxes) / n_seg for k in auxes[0]}
     return jnp.concatenate(nlls, axis=1), jax.lax.stop_gradient(first), aux
 
@@ -484,9 +490,20 @@ def _train_and_evaluate(
       row_ids=data.process_row_ids(sharding.batch_sharding(mesh), tcfg.global_batch, mcfg.tgt_len),
       documents=config.data.get("documents", "stream"),
   )  # "reset": batches carry doc_pos
-  if tcfg.get("mem_backprop_depth", 0):  # windows of k + 1 segments, sliding by one
+  depth = tcfg.get("mem_backprop_depth", 0)
+  window_advance = 1
+  if depth and isinstance(train_iter, synthetic.ExampleIterator):  # a step per whole example
+    if depth + 1 != train_iter.segments or not tcfg.get("bptt_bp", False):
+      raise default_config.ConfigError(
+          f"train.mem_backprop_depth={depth}: a synthetic task trains on whole examples "
+          f"(the authors' train_synthetic.py): set train.mem_backprop_depth="
+          f"{train_iter.segments - 1} (its {train_iter.segments} segments of "
+          f"{mcfg.tgt_len}) and train.bptt_bp=True (the whole answer's loss), or 0."
+      )
+    train_iter, window_advance = synthetic.ExampleWindows(train_iter), depth + 1
+  elif depth:  # windows of k + 1 segments, sliding by one
     try:
-      train_iter = data.SegmentWindows(train_iter, tcfg.mem_backprop_depth)
+      train_iter = data.SegmentWindows(train_iter, depth)
     except ValueError as err:
       raise default_config.ConfigError(str(err)) from None
   restored = rundir.restore(abstract_state)
@@ -539,13 +556,14 @@ def _train_and_evaluate(
       tcfg.seed,
       tcfg.loss_span,
       tcfg.aux_loss_weight,
-      tcfg.get("mem_backprop_depth", 0),
+      depth,
       tcfg.get("bptt_bp", False),
+      window_advance,
   )
   evaluator = evaluate.Evaluator(config, mcfg, corpus, mesh) if tcfg.eval_every else None
   writer = metrics.MetricWriter(workdir, start_step)
   metric = metrics.metric_name(corpus.unit)
-  tokens_per_step = tcfg.global_batch * mcfg.tgt_len
+  tokens_per_step = tcfg.global_batch * mcfg.tgt_len * window_advance  # new tokens a step
 
   last = {}
   pending, t_last, steps_since = [], time.perf_counter(), 0
