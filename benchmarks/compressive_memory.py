@@ -36,7 +36,10 @@ compressive memory at rate c; ``xl_keys``, Transformer-XL with M + Nc, the
 same number of keys (attention cost) as the compressive memory.
 
 Reported per variant and step: tokens/s (median over repeats) and its
-ratio to ``xl``'s; the recurrent state, bytes per batch row
+ratio to ``xl``'s; the same ratio in tokens per second of this process's
+CPU time (``time.process_time`` around each repeat; on a shared CPU less
+affected by the other processes than the wall time, meaningless on an
+accelerator); the recurrent state, bytes per batch row
 (``mems_LxBxMxD``: L x (Nc + M) x d_model values, float32), and its ratio;
 XLA's ``compiled.memory_analysis()`` of the step: temporaries and
 arguments (MiB; None where the backend gives none); the parameter count.
@@ -67,8 +70,10 @@ import argparse
 import importlib.util
 import os
 import platform
+import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 
 BENCHMARKS = os.path.dirname(os.path.abspath(__file__))
@@ -296,6 +301,29 @@ def train_loop(step, state, batches: list) -> Callable[[int], None]:
   return run
 
 
+def time_interleaved(
+    runs: dict, warmup: int, repeats: int, min_repeat_s: float
+) -> dict[str, tuple[list, list, int]]:
+  """``common.time_interleaved`` that also reads this process's CPU time
+  (``time.process_time``: all its threads, XLA:CPU's pool included) around
+  each repeat: on a shared CPU the wall time of a repeat includes the time
+  other processes held the cores, its CPU time less so.  (On an accelerator
+  the CPU time is the host's, not the computation's.)
+
+  Returns:
+    {name: (wall seconds of each repeat, CPU seconds of each, steps per repeat)}."""
+  steps = {name: common.calibrate(run, warmup, min_repeat_s) for name, run in runs.items()}
+  wall: dict = {name: [] for name in runs}
+  cpu: dict = {name: [] for name in runs}
+  for _ in range(repeats):
+    for name, run in runs.items():
+      c0, t0 = time.process_time(), time.perf_counter()
+      run(steps[name])
+      wall[name].append(time.perf_counter() - t0)
+      cpu[name].append(time.process_time() - c0)
+  return {name: (wall[name], cpu[name], steps[name]) for name in runs}
+
+
 def measure(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict:
   """Compiles and times every variant's train and eval steps (module
   docstring) on the first device.
@@ -383,13 +411,15 @@ def measure(args: argparse.Namespace, log: Callable[[str], None] = print) -> dic
     runs[("train", v["key"])] = train_loop(train_exe, state, train_batches)
     runs[("eval", v["key"])] = common.eval_loop(eval_exe, params, memory, eval_batches)
   log("timing ...")
-  timed = common.time_interleaved(runs, args.warmup, args.repeats, args.min_repeat_s)
+  timed = time_interleaved(runs, args.warmup, args.repeats, args.min_repeat_s)
 
   base = found[0]["key"]
   for v in found:
     for phase in PHASES:
-      times, n = timed[(phase, v["key"])]
+      times, cpu_times, n = timed[(phase, v["key"])]
       v[phase].update(common.per_token_summary(times, n, b * t))
+      v[phase]["cpu_tokens_per_sec"] = b * t * n / statistics.median(cpu_times)
+      v[phase]["repeat_cpu_seconds"] = [round(x, 4) for x in cpu_times]
     last = runs[("train", v["key"])].last
     v["train"]["last_loss"] = float(last["loss"])
     recon = last.get(f"aux_loss/{_recon_name()}")
@@ -401,6 +431,9 @@ def measure(args: argparse.Namespace, log: Callable[[str], None] = print) -> dic
     ratios[phase] = {
         v["key"]: {
             "tokens_per_sec": v[phase]["tokens_per_sec"] / ref[phase]["tokens_per_sec"],
+            "cpu_tokens_per_sec": (
+                v[phase]["cpu_tokens_per_sec"] / ref[phase]["cpu_tokens_per_sec"]
+            ),
             "state_bytes_per_row": v["state_bytes_per_row"] / ref["state_bytes_per_row"],
             "temp_mib": (
                 None
@@ -441,12 +474,13 @@ def machine_info() -> dict:
 def format_table(res: dict) -> str:
   """The table (markdown): one row per variant, its memory slots (Nc + M),
   temporal range (M + c Nc), parameters, state KiB per row, and per step
-  tokens/s with its ratio to the baseline, and XLA's temporaries and
-  arguments (MiB)."""
+  tokens/s with its ratio to the baseline's (wall time, and this
+  process's CPU time), and XLA's temporaries and arguments (MiB)."""
   out = [
       "| variant | slots Nc+M | range | params | state KiB/row | train tokens/s | train vs XL "
-      "| train temp / args MiB | eval tokens/s | eval vs XL | eval temp / args MiB |",
-      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+      "| train vs XL, CPU time | train temp / args MiB | eval tokens/s | eval vs XL "
+      "| eval vs XL, CPU time | eval temp / args MiB |",
+      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
   ]
   num = lambda x: f"{x:,.0f}" if x >= 100 else f"{x:.1f}"
   mib = lambda x: "-" if x is None else f"{x:,.1f}"
@@ -466,6 +500,7 @@ def format_table(res: dict) -> str:
       cells += [
           num(x["tokens_per_sec"]),
           f"{x['tokens_per_sec'] / ref['tokens_per_sec']:.3f}x",
+          f"{x['cpu_tokens_per_sec'] / ref['cpu_tokens_per_sec']:.3f}x",
           f"{mib(x['temp_mib'])} / {mib(x['argument_mib'])}",
       ]
     out.append("| " + " | ".join(cells) + " |")

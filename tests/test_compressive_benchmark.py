@@ -78,6 +78,10 @@ def test_compressive_memory_smoke_times_every_variant(tmp_path):
           r["tokens_per_sec"] / variants["xl"][phase]["tokens_per_sec"]
       )
       assert ratio["state_bytes_per_row"] == pytest.approx(slots / M)
+      assert len(r["repeat_cpu_seconds"]) == 3 and r["cpu_tokens_per_sec"] > 0, (key, phase)
+      assert ratio["cpu_tokens_per_sec"] == pytest.approx(
+          r["cpu_tokens_per_sec"] / variants["xl"][phase]["cpu_tokens_per_sec"]
+      )
     assert math.isfinite(v["train"]["last_loss"])
     if v["memory"] == "compressive":  # the memory is full after the warm-up: slots compressed
       assert v["train"]["last_recon"] > 0, key
