@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from transformer_xl import data as train_data
 from transformer_xl import default_config, sharding
 from transformer_xl.cli import modes
 from transformer_xl.inference import evaluate, generate
@@ -590,3 +591,53 @@ def test_evaluation_with_more_compressed_slots_and_the_sliding_window():
       {"params": params}, x, models.init_memory(xl, 2), method=models.TransformerXL.hidden
   )
   np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_the_compression_network_has_its_own_optimiser():
+  """A learned compression function's parameters are optimised apart from the
+  language model (the paper's separate objective; train_state.make_optimizer):
+  however large the reconstruction loss's weight, the language model's
+  parameters take the same steps (their clipping sees only their gradient),
+  while the compression network's change; without a learned function the
+  optimiser state is the plain chain's (old checkpoints keep their layout)."""
+  from transformer_xl.training import train_state
+
+  config = tiny_config(num_steps=3, warmup_steps=0, log_every=1, eval_every=0)
+  config.model.update(
+      memory="compressive", cmem_len=3, cmem_ratio=2, cmem_fn="conv", dropout=0.0, dropatt=0.0
+  )
+  config.train.update(clip=0.05)  # every step clipped
+  mesh = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
+  corpus = toy_corpus()
+  tokens = np.asarray(corpus.splits["train"].read(0, 8 * 6 * 3 + 8))
+
+  def run(weight):
+    config.train.aux_loss_weight = weight
+    mcfg = default_config.model_config(config, 64)
+    model = models.TransformerXL(mcfg)
+    tx = train_state.make_optimizer(config.train, mcfg)
+    _, shardings = train_state.abstract_train_state(model, tx, 8, mesh)
+    state = train_state.create_train_state(model, tx, 8, mesh, jax.random.PRNGKey(0), shardings)
+    step = train.make_train_step(model, tx, mesh, shardings, 1, 7, aux_loss_weight=weight)
+    it = train_data.TrainIterator(train_data.ArraySource(tokens), 8, 6)
+    for _ in range(3):
+      state, metrics = step(state, next(it))
+    assert float(metrics["aux_loss/attn_recon"]) > 0
+    return jax.tree_util.tree_flatten_with_path(jax.device_get(state.params))[0]
+
+  own = lambda path: any(getattr(k, "key", None) in memory_lib.CMEM_PARAMS for k in path)
+  a, b = run(1.0), run(1000.0)
+  assert any(own(p) for p, _ in a)
+  for (path, x), (_, y) in zip(a, b):
+    if own(path):
+      assert not np.allclose(x, y), jax.tree_util.keystr(path)
+    else:
+      np.testing.assert_array_equal(x, y, err_msg=jax.tree_util.keystr(path))
+  # The optimiser state keeps the plain chain's layout (checkpoints unchanged).
+  params = {"w": jnp.zeros(2), "cmem_kernel": jnp.zeros(3)}
+  mcfg = default_config.model_config(config, 64)
+  plain = dataclasses.replace(mcfg, cmem_fn="max_pool")
+  layout = lambda cfg: jax.tree_util.tree_structure(
+      train_state.make_optimizer(config.train, cfg).init(params)
+  )
+  assert layout(mcfg) == layout(plain) == layout(None)

@@ -283,7 +283,7 @@ def write_workdir(
     )
   state = train_state.create_train_state(
       models.TransformerXL(cfg),
-      train_state.make_optimizer(config.train),
+      train_state.make_optimizer(config.train, cfg),
       config.train.global_batch,
       one_device_mesh(),
       params=unflatten_params({p: np.asarray(a, np.float32) for p, a in flat.items()}),

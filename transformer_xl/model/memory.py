@@ -491,6 +491,26 @@ def config_problems(fields: Mapping[str, Any]) -> list[str]:
 CMEM_FNS = ("max_pool", "mean_pool", "conv", "dilated_conv", "most_used")
 # Those with learned parameters (trained by the reconstruction loss alone).
 CMEM_LEARNED = ("conv", "dilated_conv")
+# The compression network's parameters (``compress``): trained by the
+# reconstruction loss alone, with an optimiser of their own
+# (``own_optimiser``).
+CMEM_PARAMS = ("cmem_kernel", "cmem_bias")
+
+
+def own_optimiser(cfg: ModelConfig | None) -> bool:
+  """Whether the model has parameters the paper optimises apart from the
+  language model: the compression network of a compressive memory with a
+  learned ``cmem_fn`` and ``cmem_len`` > 0 (Rae et al. 2020, Sec. 3.2: "the
+  compression network optimizes the compression objective"; their global-
+  norm clipping then bounds each part's step on its own)."""
+  return (
+      cfg is not None
+      and cfg.memory == "compressive"
+      and cfg.cmem_len > 0
+      and cfg.cmem_fn in CMEM_LEARNED
+  )
+
+
 # The name of the attention-reconstruction loss in the "losses" collection
 # (training logs it as train/aux_loss/attn_recon).
 RECON_LOSS = "attn_recon"

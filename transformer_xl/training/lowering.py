@@ -88,7 +88,7 @@ def abstract_step(
   if step not in STEPS:
     raise ValueError(f"unknown step {step!r}; one of {STEPS}")
   model = models.TransformerXL(model_cfg)
-  tx = train_state.make_optimizer(config.train)
+  tx = train_state.make_optimizer(config.train, model_cfg)
   abstract, shardings = train_state.abstract_train_state(model, tx, config.train.global_batch, mesh)
   rows, row_sh = sharding.batch_sharding(mesh), sharding.rows_sharding(mesh)
   spec = lambda shape, dtype, sh: jax.ShapeDtypeStruct(shape, dtype, sharding=sh)

@@ -475,7 +475,7 @@ def _train_and_evaluate(
   workdir = rundir.workdir
   tcfg = config.train
   model = models.TransformerXL(mcfg)
-  tx = train_state.make_optimizer(tcfg)
+  tx = train_state.make_optimizer(tcfg, mcfg)
   schedule = train_state.learning_rate_schedule(tcfg)
   abstract_state, state_shardings = train_state.abstract_train_state(
       model, tx, tcfg.global_batch, mesh

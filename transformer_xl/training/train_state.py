@@ -64,10 +64,26 @@ def learning_rate_schedule(train_cfg: ml_collections.ConfigDict) -> optax.Schedu
   )
 
 
-def make_optimizer(train_cfg: ml_collections.ConfigDict) -> optax.GradientTransformation:
-  """Global-norm clipping then Adam on ``learning_rate_schedule``."""
+def make_optimizer(
+    train_cfg: ml_collections.ConfigDict, model_cfg: models.ModelConfig | None = None
+) -> optax.GradientTransformation:
+  """Global-norm clipping then Adam on ``learning_rate_schedule``.
+
+  A model whose memory has parameters of its own (``memory.own_optimiser``:
+  the compressive memory's compression network, ``memory.CMEM_PARAMS``)
+  has them clipped apart from the rest (``clip_groups_by_global_norm``),
+  each group to ``train.clip``: as the paper optimises the compression
+  network apart from the language model, the reconstruction loss's
+  gradient then takes nothing from the language model's clipped step.
+  Adam works per parameter, so this is two optimisers with the same
+  settings; the state is the plain chain's (checkpoints keep their layout).
+  """
+  if memory_lib.own_optimiser(model_cfg):
+    clip = clip_groups_by_global_norm(train_cfg.clip, memory_lib.CMEM_PARAMS)
+  else:
+    clip = optax.clip_by_global_norm(train_cfg.clip)
   return optax.chain(
-      optax.clip_by_global_norm(train_cfg.clip),
+      clip,
       optax.adam(
           learning_rate_schedule(train_cfg),
           b1=train_cfg.adam_b1,
@@ -75,6 +91,33 @@ def make_optimizer(train_cfg: ml_collections.ConfigDict) -> optax.GradientTransf
           eps=train_cfg.adam_eps,
       ),
   )
+
+
+def clip_groups_by_global_norm(
+    max_norm: float, own_names: tuple[str, ...]
+) -> optax.GradientTransformation:
+  """``optax.clip_by_global_norm`` applied to two groups on their own: the
+  leaves under a key in ``own_names`` (e.g. ``memory.CMEM_PARAMS``) and the
+  others.  Stateless (``optax.EmptyState``)."""
+
+  def own(path) -> bool:
+    return any(getattr(k, "key", None) in own_names for k in path)
+
+  def update_fn(updates, state, params=None):
+    del params
+    flat = jax.tree_util.tree_flatten_with_path(updates)[0]
+    norms = {
+        group: optax.global_norm([u for path, u in flat if own(path) == group])
+        for group in (True, False)
+    }
+
+    def clip(path, u):
+      norm = norms[own(path)]
+      return jnp.where(norm < max_norm, u, (u / norm.astype(u.dtype)) * max_norm)
+
+    return jax.tree_util.tree_map_with_path(clip, updates), state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
 
 
 def _state_from_params(model: models.TransformerXL, tx, global_batch: int, params) -> TrainState:
