@@ -28,9 +28,9 @@ The paper's settings, and where this config departs from them:
   (num_steps = 104,000; our warmup starts from 0, theirs from 1e-6);
   gradients clipped to a global norm of 0.1.  Not reproduced: their update
   period of 4 steps after 60,000 iterations (Sec. 5.5.1; this code updates
-  every step), and their separate optimiser for the compression network
-  (here the reconstruction loss joins the objective with weight 1; its
-  gradient reaches only the compression parameters).
+  every step).  Their separate optimiser for the compression network is
+  the same Adam settings here, with the compression parameters clipped
+  apart from the language model (``train_state.make_optimizer``).
 * Not stated in the paper: the batch size and dropout (this config keeps
   the Transformer-XL reference's enwik8 values, 64 rows and 0.15/0.15), and
   a parameter count (start-up prints ours: 352,807,168, the Transformer-XL

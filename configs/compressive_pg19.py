@@ -33,7 +33,8 @@ The paper's settings, and where this config departs from them:
   global-norm clipping at 0.1; batch 512.  The paper's run converged after
   about 100 billion subword tokens (about 380,000 steps of 512 x 512).
   Not reproduced: the update period of 4 steps after 60,000 iterations
-  (Sec. 5.5.1) and the separate optimiser of the compression network.
+  (Sec. 5.5.1).  The compression network is clipped apart from the
+  language model (their separate optimiser, with the same Adam settings).
 * Not stated in the paper's text: the width and dropout.  This config
   uses its WikiText-103 model's width (d_model 1024, 16 heads of 64, MLP
   4096), a dense tied softmax over the 32,000 subwords and dropout 0.1 /

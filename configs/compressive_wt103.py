@@ -28,9 +28,9 @@ The paper's settings, and where this config departs from them:
   then a cosine decay to 1e-6 over 500,000 steps (num_steps = 516,000; our
   warmup starts from 0, theirs from 1e-6); global-norm clipping at 0.1;
   batch 128.  Not reproduced: their update period of 4 steps after 60,000
-  iterations (Sec. 5.5.1) and the separate optimiser of the compression
-  network (the reconstruction loss joins the objective here; its gradient
-  reaches only the compression parameters).
+  iterations (Sec. 5.5.1).  Their separate optimiser for the compression
+  network is the same Adam settings here, with the compression parameters
+  clipped apart from the language model (``train_state.make_optimizer``).
 * Not stated in the paper: dropout (the Transformer-XL reference's 0.2/0.2
   here) and a parameter count (start-up prints ours: 360,686,410, the
   reference's wt103-large 285,170,506 plus 18 convolutions of

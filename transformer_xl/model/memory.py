@@ -682,7 +682,11 @@ class CompressiveMemory(MemoryVariant):
     slot (0 when none did); training sums it over layers and weighs it
     with ``train.aux_loss_weight``.  The paper optimises it with its own
     optimiser; here it joins the objective (its gradient reaches only the
-    compression parameters, so for plain SGD it is the same).
+    compression parameters) and the compression parameters are clipped
+    apart from the rest (``train_state.clip_groups_by_global_norm``; Adam
+    is per parameter): two optimisers with the same settings.  With one
+    global clip the reconstruction gradient shrank the language model's
+    steps and its perplexity suffered (results/compressive_wt2).
 
   Decisions where the paper is silent:
 
