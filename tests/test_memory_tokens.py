@@ -205,6 +205,7 @@ def trained(tmp_path_factory):
   return root, workdir, config
 
 
+@pytest.mark.slow
 def test_train_saves_the_tokens_and_eval_score_generate_run(trained, tmp_path):
   _, workdir, config = trained
   saved = json.loads((workdir / "model_config.json").read_text())["model"]
@@ -260,3 +261,96 @@ def test_generation_draws_each_token_from_the_scored_sequence():
   np.testing.assert_allclose(np.stack([lp[0] for _, lp in steps]), want, atol=2e-5)
   with pytest.raises(ValueError, match="one length"):
     list(gen.stream(params, [prompt, prompt[:3]], 2))
+
+
+def _fingerprints(workdir, step):
+  rec = json.loads(
+      (Path(workdir) / "checkpoints" / str(step) / "integrity" / "metadata").read_text()
+  )
+  return {k: v["fingerprint"] for k, v in rec["leaves"].items()}
+
+
+@pytest.mark.slow
+def test_it_trains_sharded_with_accumulation_and_resumes_exactly(tmp_path):
+  """8 simulated devices (data 4 x model 2), 2 micro-batches: a run resumed
+  from its step-4 checkpoint ends with the straight run's parameters (the
+  learned tokens among them), optimizer state and memory (the carried tokens
+  among them), bit for bit; one device gives the same losses."""
+  import shutil
+
+  from transformer_xl import sharding
+  from transformer_xl.training import train
+
+  from test_reliability import toy_corpus
+  from test_train import tiny_config
+
+  config = tiny_config(num_steps=6, batch_chunk=2, log_every=1, eval_every=0)
+  config.model.update(num_mem_tokens=2, dropout=0.0, dropatt=0.0)
+  config.checkpoint.update(every_steps=2, max_to_keep=10)
+  mesh = sharding.make_mesh((4, 2), ("data", "model"))
+  straight = tmp_path / "straight"
+  train.train_and_evaluate(config, str(straight), toy_corpus(), mesh)
+  resumed = tmp_path / "resumed"
+  shutil.copytree(straight, resumed)
+  for path in (resumed / "checkpoints").iterdir():
+    if path.name.isdigit() and int(path.name) > 4:
+      shutil.rmtree(path)
+  train.train_and_evaluate(config, str(resumed), toy_corpus(), mesh)
+  final = _fingerprints(straight, 6)
+  assert _fingerprints(resumed, 6) == final
+  assert any("mem_tokens_BxNxD" in k for k in final) and any("mem_tokens" in k for k in final)
+  one = tmp_path / "one"
+  single = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
+  train.train_and_evaluate(config, str(one), toy_corpus(), single)
+  rows = lambda wd: [json.loads(x) for x in (wd / "metrics.jsonl").read_text().splitlines()]
+  losses = lambda wd: [r["train/loss"] for r in rows(wd) if "train/loss" in r]
+  assert len(losses(straight)) == 6
+  np.testing.assert_allclose(losses(straight), losses(one), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_the_command_line_trains_with_memory_tokens(tmp_path):
+  """One process: ``--config.model.num_mem_tokens=2`` with the quickstart config."""
+  from test_train import read_metrics, run_main, small_args, write_ptb_sample
+
+  manual = write_ptb_sample(tmp_path / "ptb")
+  tiny = [
+      "--config.model.n_layer=2",
+      "--config.model.d_model=32",
+      "--config.model.n_head=2",
+      "--config.model.d_head=16",
+      "--config.model.d_inner=64",
+      "--config.model.tgt_len=8",
+      "--config.model.mem_len=8",
+      "--config.model.num_mem_tokens=2",
+      "--config.model.mem_at_end=False",
+      "--config.train.global_batch=8",
+      "--config.train.log_every=1",
+      "--config.train.eval_every=0",
+      "--config.train.num_steps=2",
+      "--config.train.warmup_steps=1",
+      "--config.checkpoint.every_steps=2",
+  ]
+  workdir = tmp_path / "wd"
+  r = run_main(small_args(tmp_path, workdir, manual, *tiny))
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert sorted(read_metrics(workdir)) == [1, 2]
+  saved = json.loads((workdir / "model_config.json").read_text())["model"]
+  assert (saved["num_mem_tokens"], saved["mem_at_end"]) == (2, False)
+
+
+def test_an_unsupported_setting_is_refused_in_one_line(tmp_path):
+  """Before anything is compiled (or read): the config's ``error:`` with one
+  problem line naming the setting and the fix."""
+  from test_mode_overrides import tiny_text_config
+
+  other = tiny_text_config(tmp_path / "nowhere", tmp_path / "tfds")
+  other.model.update(num_mem_tokens=2)
+  other.eval.update(method="sliding")
+  workdir = tmp_path / "wd"
+  with pytest.raises(SystemExit) as err:
+    modes.run(modes.Request(mode="eval", workdir=str(workdir), config=other))
+  message = str(err.value.code)
+  head, *problems = message.splitlines()
+  assert head == "error: Invalid config:" and len(problems) == 1, message
+  assert "eval.method='sliding'" in problems[0] and "set eval.method='segments'" in problems[0]
