@@ -169,6 +169,10 @@ def test_the_config_refuses_what_memory_tokens_do_not_support():
   with pytest.raises(default_config.ConfigError) as err:
     default_config.validate(c, jax.device_count(), training=False)
   assert "eval.method='sliding'" in str(err.value) and "data.documents='reset'" in str(err.value)
+  c.eval.update(method="segments", documents="whole")
+  c.data.update(documents="stream")
+  with pytest.raises(default_config.ConfigError, match=r"eval\.documents='whole'"):
+    default_config.validate(c, jax.device_count(), training=False)
 
 
 def test_the_converter_checks_the_fork_tensors():
@@ -182,6 +186,10 @@ def test_the_converter_checks_the_fork_tensors():
     )
   with pytest.raises(rmt.ConvertError, match="num_mem_tokens"):
     rmt.load_rmt_hparams({**json.loads(str(z["hparams"])), "num_mem_tokens": -2})
+  from transformer_xl.convert import hparams
+
+  with pytest.raises(rmt.ConvertError, match="no memory tokens"):  # no export to the reference
+    hparams.hparams_from_model_config(cfg)
 
 
 # ---------------------------------------------------------------------------
