@@ -92,9 +92,11 @@ def test_gradients_equal_the_authors():
   x, y = z["inputs_SxBxT"], z["targets_SxBxT"]
   memory = models.init_memory(cfg, 2)
   xl_cfg = models.ModelConfig(**{**cfg.__dict__, "num_mem_tokens": 0})
+  grad_fn = jax.jit(
+      jax.grad(lambda p, memory, x, y: model.apply({"params": p}, x, memory, y)[0].sum())
+  )
   for s in range(2):
-    loss = lambda p, memory=memory, s=s: model.apply({"params": p}, x[s], memory, y[s])[0].sum()
-    grads = jax.tree.map(np.asarray, jax.grad(loss)(params))
+    grads = jax.tree.map(np.asarray, grad_fn(params, memory, x[s], y[s]))
     ours = state_dict_from_params({k: v for k, v in grads.items() if k != "mem_tokens"}, xl_cfg)
     ours["mem_tokens"] = grads["mem_tokens"][:, None, :]
     theirs = {k[len(f"grad{s}/") :]: z[k] for k in z.files if k.startswith(f"grad{s}/")}
@@ -102,7 +104,7 @@ def test_gradients_equal_the_authors():
     for name, want in theirs.items():
       np.testing.assert_allclose(ours[name], want, atol=1e-5, rtol=0, err_msg=f"{s} {name}")
     assert (np.abs(theirs["mem_tokens"]).max() > 1e-3) == (s == 0)
-    _, memory = model.apply({"params": params}, x[s], memory, y[s])
+    _, memory = _step(cfg)(params, x[s], memory, y[s], np.zeros(2, bool))
 
 
 def test_their_position_terms_of_later_keys_are_needed(monkeypatch):
@@ -126,8 +128,8 @@ def test_no_memory_token_is_transformer_xl_with_its_pytree():
   memory = models.init_memory(cfg, 2)
   assert [k.name for k in jax.tree_util.tree_flatten_with_path(memory)[0][0][0]] == ["mems_LxBxMxD"]
   assert len(jax.tree.leaves(memory)) == 2
-  boxed = models.init_params(models.TransformerXL(cfg), jax.random.PRNGKey(0))
-  assert "mem_tokens" not in boxed
+  init = lambda key: models.init_params(models.TransformerXL(cfg), key)
+  assert "mem_tokens" not in jax.eval_shape(init, jax.random.PRNGKey(0))
 
 
 def test_the_memory_carries_the_tokens_with_its_shardings():
@@ -165,14 +167,17 @@ def test_the_initial_tokens_learn_from_fresh_rows_only():
   cfg, params, z = _load("lm_rmt_mem")
   model = models.TransformerXL(cfg)
   x, y = z["inputs_SxBxT"], z["targets_SxBxT"]
-  _, memory = model.apply({"params": params}, x[0], models.init_memory(cfg, 2), y[0])
+  _, memory = _step(cfg)(params, x[0], models.init_memory(cfg, 2), y[0], np.zeros(2, bool))
 
+  @jax.jit
   def grad_of_tokens(memory, tokens, targets, reset):
     loss = lambda p: model.apply({"params": p}, tokens, memory, targets, reset_B=reset)[0].sum()
-    return np.asarray(jax.grad(loss)(params)["mem_tokens"])
+    return jax.grad(loss)(params)["mem_tokens"]
 
-  assert np.abs(grad_of_tokens(models.init_memory(cfg, 2), x[0], y[0], None)).max() > 1e-4
-  assert not grad_of_tokens(memory, x[1], y[1], None).any()
+  no_reset = np.zeros(2, bool)
+  fresh = models.init_memory(cfg, 2)
+  assert np.abs(grad_of_tokens(fresh, x[0], y[0], no_reset)).max() > 1e-4
+  assert not np.asarray(grad_of_tokens(memory, x[1], y[1], no_reset)).any()
   assert np.abs(grad_of_tokens(memory, x[1], y[1], np.array([False, True]))).max() > 1e-4
 
 
