@@ -244,13 +244,19 @@ def trained(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_train_saves_the_tokens_and_eval_score_generate_run(trained, tmp_path):
+def test_train_saves_the_tokens_and_eval_dynamic_eval_score_generate_run(trained, tmp_path):
   _, workdir, config = trained
   saved = json.loads((workdir / "model_config.json").read_text())["model"]
   assert (saved["num_mem_tokens"], saved["mem_at_end"]) == (2, True)
   modes.run(modes.Request(mode="eval", workdir=str(workdir), config=config))
   results = json.loads((workdir / "eval_results.json").read_text())
   assert all(np.isfinite(results[s]["loss_nats"]) for s in ("valid", "test"))
+  dynamic = config.copy_and_resolve_references()  # dynamic evaluation carries the tokens too
+  dynamic.eval.dynamic.update(lr=3e-3, stats_tokens=64)
+  modes.run(modes.Request(mode="eval", workdir=str(workdir), config=dynamic))
+  adapted = json.loads((workdir / "eval_results_dynamic.json").read_text())
+  for s in ("valid", "test"):
+    assert np.isfinite(adapted[s]["loss_nats"]) and adapted[s]["tokens"] == results[s]["tokens"]
   text = tmp_path / "t.txt"
   text.write_text("the big cat sat on the mat\n" * 6)  # 48 tokens (with <eos>)
   out = tmp_path / "nll.npy"
