@@ -16,7 +16,10 @@ carrying the XL cache and the memory tokens exactly as their ``train.py``'s
   targets_SxBxT    int32, the next tokens;
   nll_SxBxT        float32, their per-token NLL (nats) per segment;
   written_SxBxNxD  float32, the tokens each segment wrote (their
-                   ``mem_tokens_write``, batch-major).
+                   ``mem_tokens_write``, batch-major);
+  grad<s>/<name>   (``GRAD_CASES``) float32, the gradient of segment s's
+                   summed NLL (s = 0, 1) for each parameter (tied ones
+                   once).
 
 tests/test_memory_tokens.py converts each (transformer_xl.convert.rmt) and
 compares our model's NLLs and written tokens.  ``lm_rmt_bptt`` holds the
@@ -89,6 +92,10 @@ BASE = dict(
     clamp_len=-1,
 )
 N_SEGMENTS, BATCH = 4, 2
+# Cases whose fixture also holds the gradients of the summed NLL of segments
+# 0 (the learned tokens read) and 1 (the written ones, detached as their
+# train.py does) with respect to every parameter (``grad<s>/<name>``).
+GRAD_CASES = ("lm_rmt_not_at_end",)
 
 
 def export_code(source: str, dest: str) -> str:
@@ -151,7 +158,21 @@ def run_case(mt, torch, name: str, hp: dict, seed: int) -> dict:
       inputs.append(data.t().numpy())
       targets.append(target.t().numpy())
       nlls.append(loss.t().numpy())
+  grads = {}
+  if name in GRAD_CASES:
+    mems, mem_tokens = tuple(), model.mem_tokens.repeat(1, BATCH, 1)
+    for s in range(2):
+      model.zero_grad()
+      data = torch.from_numpy(inputs[s]).t().contiguous()
+      target = torch.from_numpy(targets[s]).t().contiguous()
+      ret = model(data, target, *mems, mem_tokens=mem_tokens)
+      ret[1].sum().backward()
+      mem_tokens, mems = ret[0].detach(), ret[2:]
+      for k, p in model.named_parameters():  # tied tensors once, under their first name
+        g = torch.zeros_like(p) if p.grad is None else p.grad  # None: no path to the loss
+        grads[f"grad{s}/{k}"] = g.numpy().astype(np.float32).copy()
   out = {
+      **grads,
       "hparams": np.array(json.dumps(hp)),
       "inputs_SxBxT": np.stack(inputs).astype(np.int32),
       "targets_SxBxT": np.stack(targets).astype(np.int32),

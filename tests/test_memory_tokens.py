@@ -80,6 +80,33 @@ def test_nlls_and_written_tokens_equal_the_authors(name):
   np.testing.assert_allclose(written, z["written_SxBxNxD"], atol=1e-5, rtol=0)
 
 
+def test_gradients_equal_the_authors():
+  """The gradients of a segment's summed NLL for every parameter, to 1e-5 (the
+  fixture's largest is 5.5): segment 0 reads the learned tokens (they get a
+  gradient), segment 1 the written ones, detached as in their train.py (the
+  learned tokens get none)."""
+  from transformer_xl.convert.pytorch import state_dict_from_params
+
+  cfg, params, z = _load("lm_rmt_not_at_end")
+  model = models.TransformerXL(cfg)
+  x, y = z["inputs_SxBxT"], z["targets_SxBxT"]
+  memory = models.init_memory(cfg, 2)
+  xl_cfg = models.ModelConfig(**{**cfg.__dict__, "num_mem_tokens": 0})
+  grad_fn = jax.jit(
+      jax.grad(lambda p, memory, x, y: model.apply({"params": p}, x, memory, y)[0].sum())
+  )
+  for s in range(2):
+    grads = jax.tree.map(np.asarray, grad_fn(params, memory, x[s], y[s]))
+    ours = state_dict_from_params({k: v for k, v in grads.items() if k != "mem_tokens"}, xl_cfg)
+    ours["mem_tokens"] = grads["mem_tokens"][:, None, :]
+    theirs = {k[len(f"grad{s}/") :]: z[k] for k in z.files if k.startswith(f"grad{s}/")}
+    assert len(theirs) > 20 and set(theirs) <= set(ours)
+    for name, want in theirs.items():
+      np.testing.assert_allclose(ours[name], want, atol=1e-5, rtol=0, err_msg=f"{s} {name}")
+    assert (np.abs(theirs["mem_tokens"]).max() > 1e-3) == (s == 0)
+    _, memory = _step(cfg)(params, x[s], memory, y[s], np.zeros(2, bool))
+
+
 def test_their_position_terms_of_later_keys_are_needed(monkeypatch):
   """Injected fault: without ``future_position_scores`` (the shift's leftovers of
   our static layout instead of theirs) the segments whose cache is not full
@@ -101,8 +128,8 @@ def test_no_memory_token_is_transformer_xl_with_its_pytree():
   memory = models.init_memory(cfg, 2)
   assert [k.name for k in jax.tree_util.tree_flatten_with_path(memory)[0][0][0]] == ["mems_LxBxMxD"]
   assert len(jax.tree.leaves(memory)) == 2
-  boxed = models.init_params(models.TransformerXL(cfg), jax.random.PRNGKey(0))
-  assert "mem_tokens" not in boxed
+  init = lambda key: models.init_params(models.TransformerXL(cfg), key)
+  assert "mem_tokens" not in jax.eval_shape(init, jax.random.PRNGKey(0))
 
 
 def test_the_memory_carries_the_tokens_with_its_shardings():
@@ -140,14 +167,17 @@ def test_the_initial_tokens_learn_from_fresh_rows_only():
   cfg, params, z = _load("lm_rmt_mem")
   model = models.TransformerXL(cfg)
   x, y = z["inputs_SxBxT"], z["targets_SxBxT"]
-  _, memory = model.apply({"params": params}, x[0], models.init_memory(cfg, 2), y[0])
+  _, memory = _step(cfg)(params, x[0], models.init_memory(cfg, 2), y[0], np.zeros(2, bool))
 
+  @jax.jit
   def grad_of_tokens(memory, tokens, targets, reset):
     loss = lambda p: model.apply({"params": p}, tokens, memory, targets, reset_B=reset)[0].sum()
-    return np.asarray(jax.grad(loss)(params)["mem_tokens"])
+    return jax.grad(loss)(params)["mem_tokens"]
 
-  assert np.abs(grad_of_tokens(models.init_memory(cfg, 2), x[0], y[0], None)).max() > 1e-4
-  assert not grad_of_tokens(memory, x[1], y[1], None).any()
+  no_reset = np.zeros(2, bool)
+  fresh = models.init_memory(cfg, 2)
+  assert np.abs(grad_of_tokens(fresh, x[0], y[0], no_reset)).max() > 1e-4
+  assert not np.asarray(grad_of_tokens(memory, x[1], y[1], no_reset)).any()
   assert np.abs(grad_of_tokens(memory, x[1], y[1], np.array([False, True]))).max() > 1e-4
 
 
@@ -169,6 +199,10 @@ def test_the_config_refuses_what_memory_tokens_do_not_support():
   with pytest.raises(default_config.ConfigError) as err:
     default_config.validate(c, jax.device_count(), training=False)
   assert "eval.method='sliding'" in str(err.value) and "data.documents='reset'" in str(err.value)
+  c.eval.update(method="segments", documents="whole")
+  c.data.update(documents="stream")
+  with pytest.raises(default_config.ConfigError, match=r"eval\.documents='whole'"):
+    default_config.validate(c, jax.device_count(), training=False)
 
 
 def test_the_converter_checks_the_fork_tensors():
@@ -182,6 +216,10 @@ def test_the_converter_checks_the_fork_tensors():
     )
   with pytest.raises(rmt.ConvertError, match="num_mem_tokens"):
     rmt.load_rmt_hparams({**json.loads(str(z["hparams"])), "num_mem_tokens": -2})
+  from transformer_xl.convert import hparams
+
+  with pytest.raises(rmt.ConvertError, match="no memory tokens"):  # no export to the reference
+    hparams.hparams_from_model_config(cfg)
 
 
 # ---------------------------------------------------------------------------
@@ -205,13 +243,20 @@ def trained(tmp_path_factory):
   return root, workdir, config
 
 
-def test_train_saves_the_tokens_and_eval_score_generate_run(trained, tmp_path):
+@pytest.mark.slow
+def test_train_saves_the_tokens_and_eval_dynamic_eval_score_generate_run(trained, tmp_path):
   _, workdir, config = trained
   saved = json.loads((workdir / "model_config.json").read_text())["model"]
   assert (saved["num_mem_tokens"], saved["mem_at_end"]) == (2, True)
   modes.run(modes.Request(mode="eval", workdir=str(workdir), config=config))
   results = json.loads((workdir / "eval_results.json").read_text())
   assert all(np.isfinite(results[s]["loss_nats"]) for s in ("valid", "test"))
+  dynamic = config.copy_and_resolve_references()  # dynamic evaluation carries the tokens too
+  dynamic.eval.dynamic.update(lr=3e-3, stats_tokens=64)
+  modes.run(modes.Request(mode="eval", workdir=str(workdir), config=dynamic))
+  adapted = json.loads((workdir / "eval_results_dynamic.json").read_text())
+  for s in ("valid", "test"):
+    assert np.isfinite(adapted[s]["loss_nats"]) and adapted[s]["tokens"] == results[s]["tokens"]
   text = tmp_path / "t.txt"
   text.write_text("the big cat sat on the mat\n" * 6)  # 48 tokens (with <eos>)
   out = tmp_path / "nll.npy"
@@ -260,3 +305,96 @@ def test_generation_draws_each_token_from_the_scored_sequence():
   np.testing.assert_allclose(np.stack([lp[0] for _, lp in steps]), want, atol=2e-5)
   with pytest.raises(ValueError, match="one length"):
     list(gen.stream(params, [prompt, prompt[:3]], 2))
+
+
+def _fingerprints(workdir, step):
+  rec = json.loads(
+      (Path(workdir) / "checkpoints" / str(step) / "integrity" / "metadata").read_text()
+  )
+  return {k: v["fingerprint"] for k, v in rec["leaves"].items()}
+
+
+@pytest.mark.slow
+def test_it_trains_sharded_with_accumulation_and_resumes_exactly(tmp_path):
+  """8 simulated devices (data 4 x model 2), 2 micro-batches: a run resumed
+  from its step-4 checkpoint ends with the straight run's parameters (the
+  learned tokens among them), optimizer state and memory (the carried tokens
+  among them), bit for bit; one device gives the same losses."""
+  import shutil
+
+  from transformer_xl import sharding
+  from transformer_xl.training import train
+
+  from test_reliability import toy_corpus
+  from test_train import tiny_config
+
+  config = tiny_config(num_steps=6, batch_chunk=2, log_every=1, eval_every=0)
+  config.model.update(num_mem_tokens=2, dropout=0.0, dropatt=0.0)
+  config.checkpoint.update(every_steps=2, max_to_keep=10)
+  mesh = sharding.make_mesh((4, 2), ("data", "model"))
+  straight = tmp_path / "straight"
+  train.train_and_evaluate(config, str(straight), toy_corpus(), mesh)
+  resumed = tmp_path / "resumed"
+  shutil.copytree(straight, resumed)
+  for path in (resumed / "checkpoints").iterdir():
+    if path.name.isdigit() and int(path.name) > 4:
+      shutil.rmtree(path)
+  train.train_and_evaluate(config, str(resumed), toy_corpus(), mesh)
+  final = _fingerprints(straight, 6)
+  assert _fingerprints(resumed, 6) == final
+  assert any("mem_tokens_BxNxD" in k for k in final) and any("mem_tokens" in k for k in final)
+  one = tmp_path / "one"
+  single = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
+  train.train_and_evaluate(config, str(one), toy_corpus(), single)
+  rows = lambda wd: [json.loads(x) for x in (wd / "metrics.jsonl").read_text().splitlines()]
+  losses = lambda wd: [r["train/loss"] for r in rows(wd) if "train/loss" in r]
+  assert len(losses(straight)) == 6
+  np.testing.assert_allclose(losses(straight), losses(one), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_the_command_line_trains_with_memory_tokens(tmp_path):
+  """One process: ``--config.model.num_mem_tokens=2`` with the quickstart config."""
+  from test_train import read_metrics, run_main, small_args, write_ptb_sample
+
+  manual = write_ptb_sample(tmp_path / "ptb")
+  tiny = [
+      "--config.model.n_layer=2",
+      "--config.model.d_model=32",
+      "--config.model.n_head=2",
+      "--config.model.d_head=16",
+      "--config.model.d_inner=64",
+      "--config.model.tgt_len=8",
+      "--config.model.mem_len=8",
+      "--config.model.num_mem_tokens=2",
+      "--config.model.mem_at_end=False",
+      "--config.train.global_batch=8",
+      "--config.train.log_every=1",
+      "--config.train.eval_every=0",
+      "--config.train.num_steps=2",
+      "--config.train.warmup_steps=1",
+      "--config.checkpoint.every_steps=2",
+  ]
+  workdir = tmp_path / "wd"
+  r = run_main(small_args(tmp_path, workdir, manual, *tiny))
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert sorted(read_metrics(workdir)) == [1, 2]
+  saved = json.loads((workdir / "model_config.json").read_text())["model"]
+  assert (saved["num_mem_tokens"], saved["mem_at_end"]) == (2, False)
+
+
+def test_an_unsupported_setting_is_refused_in_one_line(tmp_path):
+  """Before anything is compiled (or read): the config's ``error:`` with one
+  problem line naming the setting and the fix."""
+  from test_mode_overrides import tiny_text_config
+
+  other = tiny_text_config(tmp_path / "nowhere", tmp_path / "tfds")
+  other.model.update(num_mem_tokens=2)
+  other.eval.update(method="sliding")
+  workdir = tmp_path / "wd"
+  with pytest.raises(SystemExit) as err:
+    modes.run(modes.Request(mode="eval", workdir=str(workdir), config=other))
+  message = str(err.value.code)
+  head, *problems = message.splitlines()
+  assert head == "error: Invalid config:" and len(problems) == 1, message
+  assert "eval.method='sliding'" in problems[0] and "set eval.method='segments'" in problems[0]

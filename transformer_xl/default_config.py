@@ -303,7 +303,7 @@ def validate(
   problems += segment_problems(e.tgt_len, e.mem_len, e.clamp_len, e.same_length, section="eval")
   problems += memory.eval_problems(m.to_dict(), e.tgt_len, e.method, e.window, e.cmem_len)
   problems += memory.token_run_problems(
-      m.to_dict(), e.method, config.data.get("documents", "stream")
+      m.to_dict(), e.method, config.data.get("documents", "stream"), e.get("documents", "split")
   )
   if e.global_batch < 1:
     problems.append(f"eval.global_batch={e.global_batch} must be >= 1.")

@@ -252,8 +252,15 @@ def hparams_from_model_config(cfg) -> dict:
   cluster).
 
   Raises:
-    ConvertError: a memory variant other than the reference's ("xl").
+    ConvertError: a memory variant other than the reference's ("xl"), or
+      memory tokens (the reference has none; the authors' fork reads them:
+      ``convert.rmt`` converts from it, not to it).
   """
+  if getattr(cfg, "num_mem_tokens", 0) > 0:
+    raise ConvertError(
+        f"model.num_mem_tokens={cfg.num_mem_tokens}: the reference implementation has no "
+        "memory tokens; only a model with model.num_mem_tokens=0 converts to it."
+    )
   if cfg.memory != "xl":
     raise ConvertError(
         f"model.memory={cfg.memory!r}: the reference implementation has only the XL memory; "

@@ -13,7 +13,11 @@ State, per batch row b (the rows axis of each field is ``Memory.ROW_AXES``):
                 memory, the reference's start with no memory; shapes stay
                 static, empty slots are masked);
   pad_B         int32 or unset: positions at the front of the next segment
-                that are padding (evaluation and generation only).
+                that are padding (evaluation and generation only);
+  mem_tokens_BxNxD, mem_tokens_fresh_B
+                or unset: the memory tokens of the Recurrent Memory
+                Transformer (model.num_mem_tokens > 0; the last section
+                of this module) and the rows that read the learned ones.
 
 Key layout: a layer attends over K = M + T keys, its M memory slots then the
 T positions of the segment; the valid slots are the last ``mlen_B[b]`` of
@@ -43,9 +47,9 @@ slots in front of the M, and ``mlen_B`` counts the valid slots of both.
 Row-wise work (gradient-accumulation chunks, gathering generation rows,
 shardings over the batch mesh axes) uses ``Memory.map_rows`` and
 ``Memory.shardings``, which read the row axes.  The pytree (these field
-names; ``pad_B`` only when set) is what checkpoints hold: a field that
-training carries breaks them, unless it is left out while unset as
-``pad_B`` is.
+names; ``pad_B`` and the memory tokens only when set) is what checkpoints
+hold: a field that training carries breaks them, unless it is left out
+while unset as ``pad_B`` is.
 """
 
 from __future__ import annotations
@@ -893,10 +897,13 @@ def token_config_problems(fields: Mapping[str, Any]) -> list[str]:
   return problems
 
 
-def token_run_problems(fields: Mapping[str, Any], eval_method: str, documents: str) -> list[str]:
+def token_run_problems(
+    fields: Mapping[str, Any], eval_method: str, documents: str, eval_documents: str = "split"
+) -> list[str]:
   """What memory tokens need of the run (``default_config.validate``):
   neither the sliding-window evaluation (front padding) nor documents
-  masked apart (``data.documents='reset'``) carry them; [] if none."""
+  masked apart inside a segment (``data.documents='reset'``,
+  ``eval.documents='whole'``) carry them; [] if none."""
   n = fields.get("num_mem_tokens", 0)
   if not isinstance(n, int) or n <= 0:
     return []
@@ -910,6 +917,11 @@ def token_run_problems(fields: Mapping[str, Any], eval_method: str, documents: s
     problems.append(
         f"data.documents='reset' (documents masked apart) does not carry memory tokens "
         f"(model.num_mem_tokens={n}): set data.documents='stream'."
+    )
+  if eval_documents == "whole":
+    problems.append(
+        f"eval.documents='whole' (documents masked apart) does not carry memory tokens "
+        f"(model.num_mem_tokens={n}): set eval.documents='split'."
     )
   return problems
 

@@ -29,6 +29,11 @@ The whole memory path, in the order a segment meets it:
              ``Memory.advance`` counts the valid slots (``advance_mlen``);
              both go out as the next ``Memory``.
 
+With memory tokens (Bulatov et al. 2022, ``model.num_mem_tokens``; the last
+section of memory.py) ``hidden_from_embeddings`` extends the segment with
+the read and write tokens before the layers and cuts it back after them; the
+written tokens go into the next ``Memory``.
+
 The layer stack is one ``nn.scan`` (parameters stacked on a leading
 ``layers`` axis); each layer may be rematerialised with a named policy
 (``tuning.REMAT_POLICIES``).
