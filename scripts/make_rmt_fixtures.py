@@ -22,7 +22,7 @@ carrying the XL cache and the memory tokens exactly as their ``train.py``'s
                    once).
 
 tests/test_memory_tokens.py converts each (transformer_xl.convert.rmt) and
-compares our model's NLLs and written tokens.  ``lm_rmt_bptt`` holds the
+compares our model's NLLs and written tokens.  ``rmt_bptt_depth1`` holds the
 gradient of backpropagation through one earlier segment (``run_bptt_case``;
 tests/test_bptt.py).  Needs torch (CPU).
 
@@ -223,7 +223,7 @@ def run_bptt_case(mt, torch, hp: dict, seed: int) -> dict:
   for k, p in model.named_parameters():
     grad = torch.zeros_like(p) if p.grad is None else p.grad  # unused: mem_tokens
     out[f"grad/{k}"] = grad.numpy().astype(np.float32)
-  print(f"lm_rmt_bptt: loss {loss.item():.4f}")
+  print(f"rmt_bptt_depth1: loss {loss.item():.4f}")
   return out
 
 
@@ -256,7 +256,7 @@ def main(argv=None) -> int:
             os.path.join(args.out, name + ".npz"), **run_case(mt, torch, name, hp, i)
         )
       np.savez_compressed(  # mem_len 6 < E = 9: the cache is full from segment 1 on
-          os.path.join(args.out, "lm_rmt_bptt.npz"),
+          os.path.join(args.out, "rmt_bptt_depth1.npz"),
           **run_bptt_case(mt, torch, {**BASE, "mem_len": 6}, len(CASES)),
       )
     finally:

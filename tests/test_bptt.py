@@ -237,7 +237,7 @@ def test_the_authors_configs_build_their_models(name, variant, n_token):
 
 
 def test_the_gradient_equals_the_authors_through_one_earlier_segment():
-  """tests/fixtures/lm_rmt_bptt.npz (scripts/make_rmt_fixtures.py, their
+  """tests/fixtures/rmt_bptt_depth1.npz (scripts/make_rmt_fixtures.py, their
   MemTransformerLM with --mem_backprop_depth 1): after a first segment, the
   window of segments 1 and 2 from its cache and written tokens; the mean NLL
   of segment 2 and the gradient of every parameter equal theirs to 1e-5."""
@@ -245,7 +245,7 @@ def test_the_gradient_equals_the_authors_through_one_earlier_segment():
 
   from transformer_xl.convert import rmt
 
-  z = np.load(REPO / "tests" / "fixtures" / "lm_rmt_bptt.npz")
+  z = np.load(REPO / "tests" / "fixtures" / "rmt_bptt_depth1.npz")
   hp = rmt.load_rmt_hparams(json.loads(str(z["hparams"])))
   cfg = rmt.model_config_from_rmt_hparams(hp)
   state_dict = {k[3:]: z[k] for k in z.files if k.startswith("sd/")}
