@@ -417,8 +417,14 @@ def test_eval_score_and_generate_run_from_the_workdir(trained, tmp_path):
   modes.run(modes.Request(mode="eval", workdir=str(workdir), config=config))
   results = json.loads((workdir / "eval_results.json").read_text())
   assert all(np.isfinite(results[s]["loss_nats"]) for s in ("valid", "test"))
+  score_and_generate(workdir, config, tmp_path, num_tokens=20)
+
+
+def score_and_generate(workdir, config, tmp_path, num_tokens):
+  """--mode=score of a text (finite NLLs, one per token) and --mode=generate
+  of a prompt, in-process, on a trained workdir of the tiny text corpus."""
   text = tmp_path / "t.txt"
-  text.write_text("the big cat sat on the mat\n" * 6)  # 48 tokens (with <eos>): 6 segments of 8
+  text.write_text("the big cat sat on the mat\n" * 6)  # 48 tokens (with <eos>)
   out = tmp_path / "nll.npy"
   modes.run(
       modes.Request(mode="score", workdir=str(workdir), config=config, text=str(text), out=str(out))
@@ -431,7 +437,7 @@ def test_eval_score_and_generate_run_from_the_workdir(trained, tmp_path):
           workdir=str(workdir),
           config=config,
           prompt="the cat",
-          num_tokens=20,
+          num_tokens=num_tokens,
           out=str(samples),
       )
   )

@@ -25,6 +25,8 @@ from transformer_xl.model import config as model_config
 from transformer_xl.model import memory as memory_lib
 from transformer_xl.model import models
 
+from test_compressive_memory import score_and_generate
+
 FIXTURES = Path(__file__).parent / "fixtures"
 CASES = sorted(p.stem for p in FIXTURES.glob("lm_rmt_*.npz"))
 
@@ -257,25 +259,7 @@ def test_train_saves_the_tokens_and_eval_dynamic_eval_score_generate_run(trained
   adapted = json.loads((workdir / "eval_results_dynamic.json").read_text())
   for s in ("valid", "test"):
     assert np.isfinite(adapted[s]["loss_nats"]) and adapted[s]["tokens"] == results[s]["tokens"]
-  text = tmp_path / "t.txt"
-  text.write_text("the big cat sat on the mat\n" * 6)  # 48 tokens (with <eos>)
-  out = tmp_path / "nll.npy"
-  modes.run(
-      modes.Request(mode="score", workdir=str(workdir), config=config, text=str(text), out=str(out))
-  )
-  assert np.isfinite(np.load(out)).all() and np.load(out).size == 48
-  samples = tmp_path / "samples.json"
-  modes.run(
-      modes.Request(
-          mode="generate",
-          workdir=str(workdir),
-          config=config,
-          prompt="the cat",
-          num_tokens=12,
-          out=str(samples),
-      )
-  )
-  assert json.loads(samples.read_text())["prompt"] == "the cat"
+  score_and_generate(workdir, config, tmp_path, num_tokens=12)
 
 
 def test_generation_draws_each_token_from_the_scored_sequence():
