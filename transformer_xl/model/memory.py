@@ -688,9 +688,7 @@ class CompressiveMemory(MemoryVariant):
     optimiser; here it joins the objective (its gradient reaches only the
     compression parameters) and the compression parameters are clipped
     apart from the rest (``train_state.clip_groups_by_global_norm``; Adam
-    is per parameter): two optimisers with the same settings.  With one
-    global clip the reconstruction gradient shrank the language model's
-    steps and its perplexity suffered (results/compressive_wt2).
+    is per parameter): two optimisers with the same settings.
 
   Decisions where the paper is silent:
 
