@@ -30,7 +30,8 @@ the input: the memory must select or compress):
                examples, as the authors' ``train_synthetic.py``)
   compressive  the Compressive Transformer's memory (Rae et al. 2020): ``mem_len``
                M / 2 + ``cmem_len`` M / 2 slots at ratio 2 (1D conv)
-  none         no memory (``mem_len`` 0): chance, 1 in 4 per answer token
+  none         no memory (``mem_len`` 0): chance, 1 in 4 per answer token (its
+               first seed only: it is chance whatever the seed)
 
 Every run is the same tiny model (2 layers, d_model 64, 2 heads of 32,
 d_inner 128, no dropout; the rest of ``configs/copy_rmt.py``), batch 32,
@@ -48,6 +49,15 @@ machine) and ``REPORT.md`` into ``--out``; a hand-written ``FINDINGS.md``
 there is left alone and linked.  Trained workdirs are kept in ``--workdirs``
 (a rerun resumes them).  ``--quick``: copy at distance two, every memory,
 one seed, 3 batches, for the tests; its numbers mean nothing.
+
+The committed study (results/memory_tasks/) is this script's defaults
+(800 batches, seeds 1 and 2), then a longer run of the memories at distance
+two:
+
+    python scripts/memory_tasks.py
+    python scripts/memory_tasks.py --out=results/memory_tasks/longer \
+        --workdirs=workdirs/memory_tasks_longer --batches=3000 --distances=two \
+        --memories=xl,tokens,compressive --seeds=1,2 [--reuse]
 """
 
 from __future__ import annotations
