@@ -28,7 +28,7 @@ def _run(*args, timeout=900):
   )
 
 
-@pytest.mark.slow  # 8 subprocesses (train and eval of 4 memories): ~2.5 min on 2 cores
+@pytest.mark.slow  # 8 subprocesses (train and eval of 4 memories): 82-220 s on 2 shared cores
 def test_quick_study_runs_every_memory_at_equal_size_and_examples(tmp_path):
   out = tmp_path / "out"
   r = _run("--quick", f"--out={out}", f"--workdirs={tmp_path / 'workdirs'}")
