@@ -1,0 +1,418 @@
+r"""Which memory solves long-range synthetic tasks: a small CPU study.
+
+    python scripts/memory_tasks.py [--out=results/memory_tasks] \
+        [--workdirs=workdirs/memory_tasks] [--seeds=1,2] [--tasks=copy,reverse] \
+        [--distances=one,two] [--memories=xl,tokens,compressive,none] \
+        [--batches=N] [--quick] [--report_only] [--reuse]
+
+The copy and reverse tasks of the Recurrent Memory Transformer (Bulatov,
+Kuratov, Burtsev 2022, arXiv 2207.06881, Sec. 4; ``data.dataset=
+"synthetic:copy|reverse"``, docs/guide/synthetic_tasks.md) at a CPU size:
+``S`` = 8 input symbols drawn from 4 (``synthetic_num_tokens`` 6), 2,000 /
+200 / 500 train / valid / test examples.  Copy's example is 3 S = 24
+positions (answer: the input twice, 2 S), reverse's 2 S = 16 (answer: S).
+
+Two distances, by the segment length ``tgt_len``:
+
+  one   tgt_len = S: the input is one segment, the answer starts in the next
+  two   tgt_len = S / 2: the input spans two segments; parts of the answer
+        lie two or more segments back (reverse's last answer segment reads
+        the first input segment, three back)
+
+Four memories of the same size M = S / 2 = 4 vectors per layer (smaller than
+the input: the memory must select or compress):
+
+  xl           Transformer-XL's cache, ``mem_len`` = M (stop-gradient)
+  tokens       M memory tokens (``num_mem_tokens`` = M, ``mem_len`` 0, read and
+               write tokens, ``mem_at_end``, ``read_mem_from_cache``), trained
+               through every segment of the example (``mem_backprop_depth`` =
+               segments - 1, ``bptt_bp``: one update per batch of whole
+               examples, as the authors' ``train_synthetic.py``)
+  compressive  the Compressive Transformer's memory (Rae et al. 2020): ``mem_len``
+               M / 2 + ``cmem_len`` M / 2 slots at ratio 2 (1D conv)
+  none         no memory (``mem_len`` 0): chance, 1 in 4 per answer token (its
+               first seed only: it is chance whatever the seed)
+
+Every run is the same tiny model (2 layers, d_model 64, 2 heads of 32,
+d_inner 128, no dropout; the rest of ``configs/copy_rmt.py``), batch 32,
+Adam at 1e-3 (cosine to 3e-4, no warmup, clip 0.25), and sees the same
+examples: ``--batches`` batches of 32 whole examples.  The memory tokens
+take one step per batch of examples; the other memories one step per
+segment (as every corpus here: a segment without answer positions is a step
+with a zero gradient), so their ``num_steps`` is ``--batches`` x segments.
+Each run is then scored with ``--mode=eval``: ``answer_token_accuracy``
+(teacher-forced, per answer token) and ``answer_accuracy`` (whole answers
+right) on the test split.
+
+Writes ``results.json`` (every number, the commands, wall times, the
+machine) and ``REPORT.md`` into ``--out``; a hand-written ``FINDINGS.md``
+there is left alone and linked.  Trained workdirs are kept in ``--workdirs``
+(a rerun resumes them).  ``--quick``: copy at distance two, every memory,
+one seed, 3 batches, for the tests; its numbers mean nothing.
+
+The committed study (results/memory_tasks/) is this script's defaults
+(800 batches, seeds 1 and 2), then a longer run of the memories at distance
+two:
+
+    python scripts/memory_tasks.py
+    python scripts/memory_tasks.py --out=results/memory_tasks/longer \
+        --workdirs=workdirs/memory_tasks_longer --batches=3000 --distances=two \
+        --memories=xl,tokens,compressive --seeds=1,2 [--reuse]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))  # reproduce_wt2's helpers (machine, _run, _shown)
+import reproduce_wt2 as study  # noqa: E402
+
+CONFIG = REPO / "configs" / "copy_rmt.py"
+
+SEQ_LEN = 8  # S, the input symbols
+NUM_TOKENS = 6  # the vocabulary: symbols 2..5 (4 of them), 0 and 1 the pad and the marker
+MEM = SEQ_LEN // 2  # M, every memory's size in vectors per layer
+BATCH = 32
+BATCHES = 800  # batches of whole examples each run sees (--batches)
+TASKS = ("copy", "reverse")
+DISTANCES = {"one": SEQ_LEN, "two": SEQ_LEN // 2}  # distance -> tgt_len
+MEMORIES = ("xl", "tokens", "compressive", "none")
+SEEDS = (1, 2)
+
+# Example length E (positions a model reads) per task; an example is E / tgt_len segments.
+EXAMPLE_LEN = {"copy": 3 * SEQ_LEN, "reverse": 2 * SEQ_LEN}
+
+MODEL = [
+    "--config.model.n_layer=2",
+    "--config.model.d_model=64",
+    "--config.model.n_head=2",
+    "--config.model.d_head=32",
+    "--config.model.d_inner=128",
+    "--config.model.dropout=0.0",
+]
+DATA = [
+    f"--config.data.synthetic_seq_len={SEQ_LEN}",
+    f"--config.data.synthetic_num_tokens={NUM_TOKENS}",
+    "--config.data.synthetic_train_size=2000",
+    "--config.data.synthetic_valid_size=200",
+    "--config.data.synthetic_test_size=500",
+]
+QUICK_DATA = [
+    f"--config.data.synthetic_seq_len={SEQ_LEN}",
+    f"--config.data.synthetic_num_tokens={NUM_TOKENS}",
+    "--config.data.synthetic_train_size=64",
+    "--config.data.synthetic_valid_size=16",
+    "--config.data.synthetic_test_size=16",
+]
+
+# The authors' results (their experiment_results/short_synthetic+MT.csv, test accuracy per
+# answer token, greedy decoding for copy and reverse): seq_len 24, 10 symbols, 4 layers,
+# d_model 128, batch 32, Adam 1e-4, 400,000-900,000 steps.  (task, segments, tgt_len, memory)
+# -> (Transformer-XL runs, RMT runs).
+PAPER = [
+    ("copy", 6, 12, 6, "0.657, 0.298, 0.355, 0.856", "1, 1, 1, 1"),
+    ("copy", 6, 12, 12, "0.998, 0.904, 1", "1, 1, 1 (3 more runs: 0.10)"),
+    ("copy", 6, 12, 0, "0.102 (no memory)", ""),
+    ("reverse", 4, 12, 6, "0.832, 0.800, 0.782, 0.784", "1, 1, 1"),
+    ("reverse", 4, 12, 12, "0.877, 0.872, 0.833", "1, 1, 1 (3 more runs: 0.10)"),
+]
+
+
+def segments(task: str, distance: str) -> int:
+  """Segments per example of ``task`` at ``distance``."""
+  return EXAMPLE_LEN[task] // DISTANCES[distance]
+
+
+def run_flags(task: str, distance: str, memory: str, seed: int, batches: int) -> list[str]:
+  """The config overrides of one run on top of ``configs/copy_rmt.py:xl`` (or
+  ``:rmt`` for the memory tokens), its evaluation as trained included."""
+  tgt, n_seg = DISTANCES[distance], segments(task, distance)
+  mem_len = {"xl": MEM, "tokens": 0, "compressive": MEM // 2, "none": 0}[memory]
+  steps = batches if memory == "tokens" else batches * n_seg
+  flags = [
+      f"--config.data.dataset=synthetic:{task}",
+      *MODEL,
+      f"--config.model.tgt_len={tgt}",
+      f"--config.model.mem_len={mem_len}",
+      f"--config.eval.tgt_len={tgt}",
+      f"--config.eval.mem_len={mem_len}",
+      f"--config.train.num_steps={steps}",
+      f"--config.train.global_batch={BATCH}",
+      f"--config.eval.global_batch={BATCH}",
+      "--config.train.learning_rate=1e-3",
+      "--config.train.min_lr=3e-4",
+      f"--config.train.seed={seed}",
+      f"--config.train.log_every={max(1, steps // 10)}",
+      "--config.train.eval_every=0",
+      f"--config.checkpoint.every_steps={steps}",
+  ]
+  if memory == "tokens":
+    flags += [
+        f"--config.model.num_mem_tokens={MEM}",
+        f"--config.train.mem_backprop_depth={n_seg - 1}",
+        "--config.train.bptt_bp=True",
+    ]
+  elif memory == "compressive":
+    flags += [
+        "--config.model.memory=compressive",
+        f"--config.model.cmem_len={MEM // 2}",
+        "--config.model.cmem_ratio=2",
+        "--config.model.cmem_fn=conv",
+    ]
+  return flags
+
+
+def run_one(
+    task: str,
+    distance: str,
+    memory: str,
+    seed: int,
+    batches: int,
+    data: list[str],
+    workdirs: Path,
+    logs: Path,
+) -> dict:
+  """Trains (resuming) and evaluates one run; its numbers."""
+  name = f"{task}_{distance}_{memory}_s{seed}"
+  workdir = workdirs / name
+  variant = "rmt" if memory == "tokens" else "xl"
+  base = [sys.executable, "-m", "transformer_xl.main", f"--config={CONFIG}:{variant}"]
+  train = [*base, f"--workdir={workdir}", *data, *run_flags(task, distance, memory, seed, batches)]
+  train_s = study._run(train, logs / f"train_{name}.log")
+  evaluate = [*train, "--mode=eval"]
+  eval_s = study._run(evaluate, logs / f"eval_{name}.log")
+  results = json.loads((workdir / "eval_results.json").read_text())
+  config = json.loads((workdir / "config.json").read_text())
+  losses = []
+  for line in (workdir / "metrics.jsonl").read_text().splitlines():
+    rec = json.loads(line)
+    if "train/loss" in rec:
+      losses.append([rec["step"], rec["train/loss"]])
+  return {
+      "name": name,
+      "task": task,
+      "distance": distance,
+      "memory": memory,
+      "seed": seed,
+      "tgt_len": config["model"]["tgt_len"],
+      "segments": segments(task, distance),
+      "mem_len": config["model"]["mem_len"],
+      "cmem_len": config["model"]["cmem_len"],
+      "num_mem_tokens": config["model"]["num_mem_tokens"],
+      "mem_backprop_depth": config["train"]["mem_backprop_depth"],
+      "num_steps": config["train"]["num_steps"],
+      "batches": batches,
+      "train_loss": losses,
+      "test": {
+          k: results["test"][k]
+          for k in ("answer_token_accuracy", "answer_accuracy", "examples", "loss_nats")
+      },
+      "valid": {
+          k: results["valid"][k]
+          for k in ("answer_token_accuracy", "answer_accuracy", "examples", "loss_nats")
+      },
+      "train_command": study._shown(train),
+      "eval_command": study._shown(evaluate),
+      "train_wall_s": train_s,
+      "eval_wall_s": eval_s,
+  }
+
+
+def _mean(xs: list[float]) -> str:
+  return f"{statistics.fmean(xs):.3f}" if xs else "-"
+
+
+def report(res: dict[str, Any], out: Path) -> str:
+  """REPORT.md from ``results.json``'s contents."""
+  m = res["machine"]
+
+  def order(r: dict) -> tuple:
+    return (
+        TASKS.index(r["task"]),
+        list(DISTANCES).index(r["distance"]),
+        MEMORIES.index(r["memory"]),
+        r["seed"],
+    )
+
+  runs = {r["name"]: r for r in sorted(res["runs"].values(), key=order)}
+  lines = [
+      "# Which memory solves long-range synthetic tasks (CPU study)",
+      "",
+      f"Measured on {res['date']} with `{res['command']}` on {m['cpu']} ({m['cores']} cores, "
+      f"CPU only, shared with other jobs; load average {m['load_average_at_start'][0]:.1f} at "
+      f"the start), jax {m['jax']}; wall time {res['wall_s'] / 60:.0f} min"
+      + "".join(
+          f", after `{e['command']}` ({e['date']}, {e.get('wall_s', 0) / 60:.0f} min), whose "
+          "runs it kept"
+          for e in res.get("earlier", [])
+      )
+      + ".  Every number below is in `results.json`, every run's log in `logs/`."
+      + ("  **--quick run: the numbers mean nothing.**" if res["quick"] else ""),
+      "",
+      f"Copy and reverse of S = {SEQ_LEN} symbols of {NUM_TOKENS - 2} (chance: "
+      f"{1 / (NUM_TOKENS - 2):.2f} per answer token), 2,000 training examples; every memory "
+      f"holds M = {MEM} vectors per layer; 2 layers, d_model 64; {res['batches']} batches of "
+      f"{BATCH} whole examples per run (the memory tokens: one step per batch; the others: "
+      "one step per segment), Adam at 1e-3.  Distance *one*: tgt_len = S (the answer starts "
+      f"one segment after the input); *two*: tgt_len = S / 2 = {SEQ_LEN // 2} (the input "
+      "spans two segments).  Accuracies on the 500 test examples, `--mode=eval`: *token* = "
+      "`answer_token_accuracy` (teacher-forced, per answer token), *exact* = "
+      "`answer_accuracy` (whole answer right).  How the study is built: "
+      "`scripts/memory_tasks.py`'s docstring.",
+      "",
+      "## Mean over seeds",
+      "",
+      "| task | distance | tgt_len | segments | memory | seeds | token acc | exact acc |",
+      "|---|---|---:|---:|---|---:|---:|---:|",
+  ]
+  groups: dict[tuple, list[dict]] = {}
+  for r in runs.values():
+    groups.setdefault((r["task"], r["distance"], r["memory"]), []).append(r)
+  for (task, distance, memory), rs in groups.items():
+    lines.append(
+        f"| {task} | {distance} | {rs[0]['tgt_len']} | {rs[0]['segments']} | {memory} | "
+        f"{len(rs)} | {_mean([r['test']['answer_token_accuracy'] for r in rs])} | "
+        f"{_mean([r['test']['answer_accuracy'] for r in rs])} |"
+    )
+  lines += [
+      "",
+      "## Every run",
+      "",
+      "| run | mem_len | cmem_len | memory tokens | steps | first -> last train loss "
+      "| test token acc | test exact acc | valid token acc | train wall | eval wall |",
+      "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|",
+  ]
+  for r in runs.values():
+    loss = r["train_loss"]
+    curve = f"{loss[0][1]:.3f} -> {loss[-1][1]:.3f}" if loss else "-"
+    lines.append(
+        f"| {r['name']} | {r['mem_len']} | {r['cmem_len']} | {r['num_mem_tokens']} | "
+        f"{r['num_steps']} | {curve} | {r['test']['answer_token_accuracy']:.3f} | "
+        f"{r['test']['answer_accuracy']:.3f} | {r['valid']['answer_token_accuracy']:.3f} | "
+        f"{r['train_wall_s']:.0f} s | {r['eval_wall_s']:.0f} s |"
+    )
+  lines += [
+      "",
+      "The training loss is the logged mean over steps (for the one-step-per-segment "
+      "memories it averages in the segments without answer positions, which log 0): compare "
+      "it within a memory, not across.",
+      "",
+      "## The authors' results, at their scale",
+      "",
+      "Bulatov et al. 2022, their `experiment_results/short_synthetic+MT.csv` (test accuracy "
+      "per answer token, greedy decoding; seq_len 24 of 10 symbols, 4 layers, d_model 128, "
+      "batch 32, Adam at 1e-4, 400,000 to 900,000 steps; one number per seed):",
+      "",
+      "| task | segments (tgt_len) | memory | Transformer-XL | RMT (memory tokens) |",
+      "|---|---|---:|---|---|",
+  ]
+  for task, n_seg, tgt, mem, xl, rmt in PAPER:
+    lines.append(f"| {task} | {n_seg} ({tgt}) | {mem} | {xl} | {rmt or '-'} |")
+  lines += [
+      "",
+      "Commands (each run trained, then evaluated with the same flags and `--mode=eval`):",
+      "",
+  ]
+  for r in runs.values():
+    lines.append(f"- {r['name']}: `{r['train_command']}`")
+  if (out / "FINDINGS.md").exists():
+    lines += ["", "What this shows and what it does not, by hand: [FINDINGS.md](FINDINGS.md)."]
+  return "\n".join(lines) + "\n"
+
+
+def _choice(value: str, allowed, what: str) -> list:
+  items = [x for x in value.split(",") if x]
+  bad = [x for x in items if x not in allowed]
+  if bad or not items:
+    raise ValueError(f"--{what}={value!r}: choose from {list(allowed)}.")
+  return items
+
+
+def main(argv: list[str] | None = None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--out", default=str(REPO / "results" / "memory_tasks"))
+  p.add_argument("--workdirs", default=str(REPO / "workdirs" / "memory_tasks"))
+  p.add_argument("--tasks", default=",".join(TASKS))
+  p.add_argument("--distances", default=",".join(DISTANCES))
+  p.add_argument("--memories", default=",".join(MEMORIES))
+  p.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="train.seed values")
+  p.add_argument("--batches", type=int, default=BATCHES, help="batches of examples per run")
+  p.add_argument("--quick", action="store_true", help="a smoke run: copy, distance two, 3 batches")
+  p.add_argument("--report_only", action="store_true", help="REPORT.md from results.json")
+  p.add_argument("--reuse", action="store_true", help="keep the runs already in results.json")
+  a = p.parse_args(argv)
+  out, workdirs = Path(a.out), Path(a.workdirs)
+  if a.report_only:
+    res = json.loads((out / "results.json").read_text())
+    (out / "REPORT.md").write_text(report(res, out))
+    return 0
+  try:
+    if a.quick:
+      a.tasks, a.distances, a.seeds, a.batches = "copy", "two", "1", 3
+    tasks = _choice(a.tasks, TASKS, "tasks")
+    distances = _choice(a.distances, DISTANCES, "distances")
+    memories = _choice(a.memories, MEMORIES, "memories")
+    seeds = [int(s) for s in a.seeds.split(",") if s]
+    if not seeds or a.batches < 1:
+      raise ValueError("--seeds needs at least one integer and --batches must be >= 1.")
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+  out.mkdir(parents=True, exist_ok=True)
+  logs = out / "logs"
+  logs.mkdir(exist_ok=True)
+  workdirs.mkdir(parents=True, exist_ok=True)
+  t0 = study._now()
+  res: dict[str, Any] = {
+      "command": " ".join(["python scripts/memory_tasks.py", *(argv or sys.argv[1:])]),
+      "date": datetime.date.today().isoformat(),
+      "quick": a.quick,
+      "batches": a.batches,
+      "machine": study.machine(),
+      "runs": {},
+      "earlier": [],  # --reuse: the invocations whose runs were kept
+  }
+  done = {}
+  if a.reuse and (out / "results.json").exists():
+    before = json.loads((out / "results.json").read_text())
+    done = before["runs"]
+    res["earlier"] = before.get("earlier", []) + [
+        {k: before[k] for k in ("command", "date", "wall_s", "machine") if k in before}
+    ]
+  data = QUICK_DATA if a.quick else DATA
+  # Seeds outermost: a study cut short still has every cell once.  No memory is
+  # chance whatever the seed: its first seed only (the CPU budget).
+  for i, seed in enumerate(seeds):
+    for task in tasks:
+      for distance in distances:
+        for memory in memories:
+          if memory == "none" and i > 0:
+            continue
+          name = f"{task}_{distance}_{memory}_s{seed}"
+          if name in done and done[name]["batches"] == a.batches:
+            res["runs"][name] = done[name]
+            continue
+          r = run_one(task, distance, memory, seed, a.batches, data, workdirs, logs)
+          res["runs"][name] = r
+          res["wall_s"] = study._now() - t0
+          (out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
+          print(
+              f"{name}: test token acc {r['test']['answer_token_accuracy']:.3f}, exact "
+              f"{r['test']['answer_accuracy']:.3f} ({r['train_wall_s'] + r['eval_wall_s']:.0f} s)",
+              flush=True,
+          )
+  res["wall_s"] = study._now() - t0
+  (out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
+  (out / "REPORT.md").write_text(report(res, out))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
