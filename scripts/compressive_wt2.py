@@ -161,6 +161,9 @@ def report(res: dict[str, Any], out: Path) -> str:
         f"{r['memory_keys']} | {r['n_params']:,} | {r['valid_ppl']:.2f} | {r['test_ppl']:.2f} | "
         f"{r['train_wall_s'] / 60:.1f} min | {r['eval_wall_s'] / 60:.1f} min |"
     )
+  notes = [(name, r["note"]) for name, r in res["variants"].items() if r.get("note")]
+  if notes:
+    lines += [""] + [f"- {name}: {note}" for name, note in notes]
   lines += [
       "",
       "Wall times are of a machine shared with other jobs: they are not the cost of the "
