@@ -164,8 +164,9 @@ def test_a_reset_row_reads_the_initial_tokens_again():
 
 
 def test_the_initial_tokens_learn_from_fresh_rows_only():
-  """The carried tokens are stop-gradient: a segment after the first gives the
-  parameter ``mem_tokens`` no gradient, unless its row was reset there."""
+  """A segment that reads carried tokens (data, as between training steps)
+  gives the parameter ``mem_tokens`` no gradient, unless its row was reset
+  there."""
   cfg, params, z = _load("lm_rmt_mem")
   model = models.TransformerXL(cfg)
   x, y = z["inputs_SxBxT"], z["targets_SxBxT"]

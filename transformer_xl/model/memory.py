@@ -845,9 +845,10 @@ class CompressiveMemory(MemoryVariant):
 # ``mem_tokens_fresh_B``; absent when num_mem_tokens = 0, so the pytree and
 # the checkpoints of other models are unchanged); the learned initial tokens
 # are the model parameter ``mem_tokens`` [N, d_model] (``token_param``), read
-# by rows that start a stream or are reset (``Memory.reset``).  The carried
-# tokens are stop-gradient (``write_tokens``: the one place where
-# backpropagation through segments will let the gradient pass).
+# by rows that start a stream or are reset (``Memory.reset``).  The written
+# tokens keep their gradient (``write_tokens``): a training step over several
+# segments (``train.mem_backprop_depth``, training/train.py) backpropagates
+# through them; between steps the memory is data.
 
 MEM_TOKENS_PARAM = "mem_tokens"  # the learned initial tokens, [N, d_model]
 
