@@ -133,3 +133,13 @@ def check_state(
           f"and split, or start a fresh iterator."
       )
   return {key: int(state[key]) for key in keys}
+
+
+def side_by_side(segments: Sequence[Batch]) -> Batch:
+  """Consecutive segments' batches as one window: every [B, T] array
+  concatenated along T in order, ``reset`` [B] stacked to [B, n]."""
+  out = {
+      k: np.concatenate([seg[k] for seg in segments], axis=1) for k in segments[0] if k != "reset"
+  }
+  out["reset"] = np.stack([seg["reset"] for seg in segments], axis=1)
+  return out

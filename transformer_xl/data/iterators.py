@@ -28,6 +28,7 @@ from transformer_xl.data.checks import (
     check_source,
     check_state,
     read_checked,
+    side_by_side,
 )
 from transformer_xl.data.corpus import Corpus, SentenceIndex, TokenSource
 from transformer_xl.data.shuffled import ShuffledSentenceIterator
@@ -218,16 +219,6 @@ class TrainIterator(Iterator[Batch]):
           f"{s['step']}."
       )
     self._epoch, self._step = s["epoch"], s["step"]
-
-
-def side_by_side(segments: Sequence[Batch]) -> Batch:
-  """Consecutive segments' batches as one window: every [B, T] array
-  concatenated along T in order, ``reset`` [B] stacked to [B, n]."""
-  out = {
-      k: np.concatenate([seg[k] for seg in segments], axis=1) for k in segments[0] if k != "reset"
-  }
-  out["reset"] = np.stack([seg["reset"] for seg in segments], axis=1)
-  return out
 
 
 class SegmentWindows(Iterator[Batch]):

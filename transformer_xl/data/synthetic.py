@@ -77,7 +77,13 @@ from typing import Any
 import numpy as np
 
 from transformer_xl import errors
-from transformer_xl.data.checks import Batch, check_positive, check_row_ids, check_state
+from transformer_xl.data.checks import (
+    Batch,
+    check_positive,
+    check_row_ids,
+    check_state,
+    side_by_side,
+)
 from transformer_xl.data.corpus import ArraySource, Corpus
 
 PREFIX = "synthetic:"  # data.dataset="synthetic:TASK"
@@ -487,7 +493,7 @@ class ExampleIterator(_Examples):
 
 class ExampleWindows:
   """Whole examples per step: the ``segments`` batches of each example of an
-  ``ExampleIterator`` side by side (``iterators.side_by_side``: arrays [B,
+  ``ExampleIterator`` side by side (``checks.side_by_side``: arrays [B,
   segments T], ``reset`` [B, segments]), for backpropagation through all
   its segments (``train.mem_backprop_depth = segments - 1``), as the
   authors' ``train_synthetic.py`` trains: one update per batch of examples,
@@ -507,8 +513,6 @@ class ExampleWindows:
     return self
 
   def __next__(self) -> Batch:
-    from transformer_xl.data.iterators import side_by_side  # iterators imports this module
-
     return side_by_side([next(self.base) for _ in range(self.base.segments)])
 
   def get_state(self) -> dict[str, int]:
