@@ -187,6 +187,7 @@ def test_train_eval_score_generate_and_resume_from_the_command_line(tmp_path):
       "mem_len": M,
       "clamp_len": 0,
       "same_length": False,
+      "cmem_len": NC,  # eval.cmem_len -1: the model's
   }
   corpus = data.load_corpus(
       "ptb", data_dir=str(tmp_path / "tfds"), manual_dir=str(manual), verify_checksums=False
