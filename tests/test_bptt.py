@@ -97,6 +97,26 @@ def _naive_last_loss(model, cfg, params, x_BxST, y_BxST, n_seg, cut_tokens):
   return jnp.mean(nll_BxT)
 
 
+def _sgd_gradient(model, params, batch, memory=None, **step_kw):
+  """One real train step (make_train_step) with plain SGD at learning rate 1
+  from ``params`` (and ``memory``, else an empty one): (the gradient it
+  applied, i.e. params - new params; its metrics; the next state)."""
+  import optax
+
+  b = batch["inputs"].shape[0]
+  mesh = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
+  tx = optax.sgd(1.0)
+  _, shardings = train_state.abstract_train_state(model, tx, b, mesh)
+  state = train_state.create_train_state(model, tx, b, mesh, jax.random.PRNGKey(0), shardings)
+  state = state.replace(params=jax.tree_util.tree_map(jnp.copy, params))  # donated
+  if memory is not None:
+    state = state.replace(memory=memory)
+  step = train.make_train_step(model, tx, mesh, shardings, 1, 7, **step_kw)
+  new_state, metrics = step(state, jax.tree_util.tree_map(jnp.asarray, batch))
+  got = jax.tree_util.tree_map(lambda new, old: old - new, new_state.params, params)
+  return got, metrics, new_state
+
+
 @pytest.mark.parametrize("depth", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_the_newest_loss_reaches_the_parameters_through_the_memory_tokens(depth):
   """The train step's gradient equals the naive one of the newest segment's
@@ -119,23 +139,13 @@ def test_the_newest_loss_reaches_the_parameters_through_the_memory_tokens(depth)
   assert float(jnp.abs(want[name]).max()) > 1e-4
   np.testing.assert_array_equal(np.asarray(cut[name]), 0.0)
 
-  # The real step (plain SGD with learning rate 1: the update is minus the gradient).
-  import optax
-
-  mesh = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
-  tx = optax.sgd(1.0)
-  _, shardings = train_state.abstract_train_state(model, tx, b, mesh)
-  state = train_state.create_train_state(model, tx, b, mesh, jax.random.PRNGKey(0), shardings)
-  state = state.replace(params=jax.tree_util.tree_map(jnp.copy, params))  # donated
-  step = train.make_train_step(model, tx, mesh, shardings, 1, 7, mem_backprop_depth=depth)
   batch = {
       "inputs": x,
       "targets": y,
       "weights": jnp.ones((b, n_seg * t), jnp.float32),
       "reset": jnp.zeros((b, n_seg), bool).at[:, 0].set(True),
   }
-  new_state, metrics = step(state, batch)
-  got = jax.tree_util.tree_map(lambda new, old: old - new, new_state.params, params)
+  got, metrics, new_state = _sgd_gradient(model, params, batch, mem_backprop_depth=depth)
   jax.tree_util.tree_map(
       lambda g, w: np.testing.assert_allclose(g, w, rtol=2e-4, atol=1e-6), got, want
   )
@@ -241,8 +251,6 @@ def test_the_gradient_equals_the_authors_through_one_earlier_segment():
   MemTransformerLM with --mem_backprop_depth 1): after a first segment, the
   window of segments 1 and 2 from its cache and written tokens; the mean NLL
   of segment 2 and the gradient of every parameter equal theirs to 1e-5."""
-  import optax
-
   from transformer_xl.convert import rmt
 
   z = np.load(REPO / "tests" / "fixtures" / "rmt_bptt_depth1.npz")
@@ -261,21 +269,14 @@ def test_the_gradient_equals_the_authors_through_one_earlier_segment():
   x, y = stream[:, :-1], stream[:, 1:]
   _, memory = model.apply({"params": params}, x[:, :t], models.init_memory(cfg, b), y[:, :t])
 
-  mesh = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
-  tx = optax.sgd(1.0)
-  _, shardings = train_state.abstract_train_state(model, tx, b, mesh)
-  state = train_state.create_train_state(model, tx, b, mesh, jax.random.PRNGKey(0), shardings)
-  state = state.replace(params=jax.tree_util.tree_map(jnp.copy, params), memory=memory)
-  step = train.make_train_step(model, tx, mesh, shardings, 1, 7, mem_backprop_depth=1)
   batch = {
       "inputs": x[:, t : 3 * t],
       "targets": y[:, t : 3 * t],
       "weights": jnp.ones((b, 2 * t), jnp.float32),
       "reset": jnp.zeros((b, 2), bool),
   }
-  new_state, metrics = step(state, batch)
+  got, metrics, _ = _sgd_gradient(model, params, batch, memory, mem_backprop_depth=1)
   np.testing.assert_allclose(float(metrics["loss"]), float(z["loss"]), rtol=1e-5)
-  got = jax.tree_util.tree_map(lambda new, old: old - new, new_state.params, params)
   flat_got = dict(jax.tree_util.tree_flatten_with_path(got)[0])
   for path, w in jax.tree_util.tree_flatten_with_path(want)[0]:
     np.testing.assert_allclose(flat_got[path], w, atol=1e-5, err_msg=jax.tree_util.keystr(path))
@@ -309,8 +310,6 @@ def test_a_synthetic_example_is_one_step_through_all_its_segments(tmp_path):
   whole answer's loss with the memory tokens carried, with their gradient,
   through every segment (a naive loop of model.apply calls); a depth other
   than segments - 1, or without bptt_bp, is refused in one line."""
-  import optax
-
   from transformer_xl.data import synthetic
 
   config = _copy_config(depth=0)
@@ -334,25 +333,10 @@ def test_a_synthetic_example_is_one_step_through_all_its_segments(tmp_path):
     return total / weight
 
   want = jax.grad(naive)(params)
-  mesh = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
-  tx = optax.sgd(1.0)
-  _, shardings = train_state.abstract_train_state(model, tx, 4, mesh)
-  state = train_state.create_train_state(model, tx, 4, mesh, jax.random.PRNGKey(0), shardings)
-  state = state.replace(params=jax.tree_util.tree_map(jnp.copy, params))
-  step = train.make_train_step(
-      model,
-      tx,
-      mesh,
-      shardings,
-      1,
-      7,
-      mem_backprop_depth=n_seg - 1,
-      bptt_bp=True,
-      window_advance=n_seg,
-  )
   window = next(synthetic.ExampleWindows(synthetic.ExampleIterator(corpus, "train", 4, 3)))
-  new_state, metrics = step(state, jax.tree_util.tree_map(jnp.asarray, window))
-  got = jax.tree_util.tree_map(lambda new, old: old - new, new_state.params, params)
+  got, metrics, _ = _sgd_gradient(
+      model, params, window, mem_backprop_depth=n_seg - 1, bptt_bp=True, window_advance=n_seg
+  )
   jax.tree_util.tree_map(
       lambda g, w: np.testing.assert_allclose(g, w, rtol=2e-4, atol=1e-6), got, want
   )
