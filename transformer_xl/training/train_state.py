@@ -107,7 +107,7 @@ def clip_groups_by_global_norm(
     del params
     flat = jax.tree_util.tree_flatten_with_path(updates)[0]
     norms = {
-        group: optax.global_norm([u for path, u in flat if own(path) == group])
+        group: optax.tree.norm([u for path, u in flat if own(path) == group])
         for group in (True, False)
     }
 
