@@ -181,7 +181,7 @@ def make_train_step(
     n_seg = mem_backprop_depth + 1
     t = inputs.shape[1] // n_seg
     cut = lambda x, j: None if x is None else x[:, j * t : (j + 1) * t]
-    nlls, auxes, first = [], [], None
+    nlls, auxes, next_memory = [], [], None
     for j in range(n_seg):
       nll_BxT, memory, aux = segment_nll(
           params,
@@ -194,9 +194,9 @@ def make_train_step(
       )
       nlls.append(nll_BxT)
       auxes.append(aux)
-      first = memory if j == window_advance - 1 else first
+      next_memory = memory if j == window_advance - 1 else next_memory
     aux = {k: sum(a[k] for a in auxes) / n_seg for k in auxes[0]}
-    return jnp.concatenate(nlls, axis=1), jax.lax.stop_gradient(first), aux
+    return jnp.concatenate(nlls, axis=1), jax.lax.stop_gradient(next_memory), aux
 
   run = window_nll if mem_backprop_depth else segment_nll
 
