@@ -81,6 +81,10 @@ def nonfinite_problems(section: str, values: Mapping[str, Any]) -> tuple[list[st
   )
 
 
+# The synthetic tasks' defaults (the authors'), for data.synthetic_*.
+_TASK = synthetic.TaskSettings(task="copy")
+
+
 def _default_value(name: str) -> Any:
   """The default of a dotted config key (None if there is none)."""
   node: Any = get_config()
@@ -137,13 +141,14 @@ def get_config() -> ml_collections.ConfigDict:
           # reset: no attention across a document boundary
           # data.dataset="synthetic:copy|reverse|associative_retrieval" (data/synthetic.py;
           # defaults: Bulatov et al. 2022's generate_data.py and run scripts):
-          synthetic_seq_len=24,  # copy/reverse: input symbols (their long runs: 120)
-          synthetic_num_tokens=12,  # copy/reverse: vocabulary, symbols 2..num_tokens-1
-          synthetic_num_pairs=4,  # associative_retrieval: key-value pairs K (1..26)
-          synthetic_train_size=10_000,  # examples per split (their train_size, val_size,
-          synthetic_valid_size=1_000,  # test_size), duplicates removed across them
-          synthetic_test_size=2_000,
-          synthetic_seed=0,  # the numpy Generator that draws the examples
+          # (values: synthetic.TaskSettings's defaults, written once there)
+          synthetic_seq_len=_TASK.seq_len,  # copy/reverse: input symbols (long runs: 120)
+          synthetic_num_tokens=_TASK.num_tokens,  # copy/reverse: symbols 2..num_tokens-1
+          synthetic_num_pairs=_TASK.num_pairs,  # associative_retrieval: key-value pairs K
+          synthetic_train_size=_TASK.train_size,  # examples per split (their train_size,
+          synthetic_valid_size=_TASK.valid_size,  # val_size, test_size), duplicates
+          synthetic_test_size=_TASK.test_size,  # removed across them
+          synthetic_seed=_TASK.seed,  # the numpy Generator that draws the examples
       )
   )
 
