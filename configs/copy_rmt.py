@@ -29,9 +29,9 @@ Two variants, memory of 6 vectors either way:
 
 Their accuracy is per answer token; for copy, whose answer spans several
 segments, it is the accuracy of greedy decoding (``train_synthetic.py``,
-"no teacher forcing"), which is not computed here: ``--mode=eval`` writes
-``answer_token_accuracy`` (teacher-forced) and ``answer_accuracy`` (whole
-answers right; a lower bound of theirs).  See docs/guide/synthetic_tasks.md.
+"no teacher forcing"): ``--mode=eval`` writes it as
+``greedy_token_accuracy``, beside ``answer_token_accuracy`` (teacher-forced)
+and ``answer_accuracy`` (whole answers right).  See docs/guide/synthetic_tasks.md.
 
     python -m transformer_xl.main --config=configs/copy_rmt.py:xl --workdir=workdirs/copy_xl
     python -m transformer_xl.main --config=configs/copy_rmt.py:xl --workdir=workdirs/copy_xl \

@@ -18,7 +18,7 @@ import numpy as np
 
 from transformer_xl import data, default_config
 from transformer_xl.cli import user_errors
-from transformer_xl.inference import dynamic_eval, evaluate
+from transformer_xl.inference import dynamic_eval, evaluate, greedy_answers
 from transformer_xl.run import metrics
 
 
@@ -85,7 +85,8 @@ def split_scorer(
     evaluator: evaluate.Evaluator,
     params: Any,
 ) -> tuple[Callable[[str], dict], dict | None]:
-  """How ``--mode=eval`` scores a split: ``evaluator.evaluate``, or with
+  """How ``--mode=eval`` scores a split: ``evaluator.evaluate`` (for a
+  synthetic task with ``greedy_answers.greedy_answers``' accuracies), or with
   ``eval.dynamic.lr > 0`` dynamic evaluation from the loaded parameters for
   each split, its "rms" statistics from the start of the training split
   (computed once, here).
@@ -101,6 +102,13 @@ def split_scorer(
   if not settings.enabled:
     if evaluator.whole:  # eval.documents="whole": per-document results too
       return (lambda split: evaluator.evaluate_documents(params, split)), None
+    if evaluator.answers:  # a synthetic task: the answers decoded greedily too
+      return (
+          lambda split: {
+              **evaluator.evaluate(params, split),
+              **greedy_answers.greedy_answers(evaluator, params, split),
+          }
+      ), None
     return (lambda split: evaluator.evaluate(params, split)), None
   dyn = dynamic_eval.DynamicEvaluator(evaluator, settings)
   ss, record = statistics(dyn, params)

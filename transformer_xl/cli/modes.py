@@ -293,7 +293,13 @@ def run_eval(
     r.update(metrics.corpus_level(r["loss_nats"], r["tokens"], corpus, split))
     extra = "".join(
         f", {k} {r[k]:.4f}"
-        for k in ("bits_per_byte", "answer_accuracy", "answer_token_accuracy")  # synthetic tasks
+        for k in (  # then the synthetic tasks' accuracies
+            "bits_per_byte",
+            "answer_accuracy",
+            "answer_token_accuracy",
+            "greedy_accuracy",
+            "greedy_token_accuracy",
+        )
         if k in r
     )
     if "word_ppl" in r:

@@ -57,8 +57,8 @@ is what they report where the answer is shorter than a segment) and
 ``answer_accuracy`` (the share of examples whose whole answer is right;
 equal to the share that greedy decoding gets exactly right).  Where the
 answer spans a segment or more (their copy and reverse runs) the authors
-report the per-token accuracy of greedy decoding instead, which is not
-computed here; it is at least ``answer_accuracy``.
+report the per-token accuracy of greedy decoding instead: ``--mode=eval``
+adds it as ``greedy_token_accuracy`` (``inference/greedy_answers.py``).
 
 Layout of a split: ``SyntheticCorpus.examples[split]``, int32 [N, S]; the
 split's ``TokenSource`` is the same examples back to back (N * S tokens),

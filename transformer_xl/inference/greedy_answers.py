@@ -1,0 +1,201 @@
+"""Greedy decoding of a synthetic task's answers: accuracy without teacher forcing.
+
+The Recurrent Memory Transformer's copy and reverse results (Bulatov et al.
+2022, Sec. 4; their ``pytorch/train_synthetic.py``, ``evaluate``, "no
+teacher forcing") are the accuracy of the answer the model writes itself:
+the question is read segment by segment with the memory, then each answer
+token is the argmax of the model's distribution given the question and the
+answer tokens it has already written (never the true ones).  Where the
+answer fits in one segment's last positions this equals the teacher-forced
+accuracy of its first token only; for copy, whose answer (the input twice)
+spans several segments, it is the paper's measure.
+
+How: an example is whole segments (``data.synthetic``); every segment runs
+with the memory the previous one left, as in evaluation.  A segment that
+holds answer targets runs once per answer position ``t`` (the authors'
+loop over ``token_ind``): the prediction at ``t`` becomes the input at
+``t + 1``, and the memory the segment leaves is the one of its last run,
+over the predicted inputs.  The causal mask makes the repeated runs equal
+to decoding one token at a time with a cache.
+
+*Difference from the authors' code:* their answer segments after the first
+start from the true token (``a_data`` is a copy of the data, and only
+``data[token_ind + 1]`` within a segment is overwritten), so one answer
+token per segment boundary is teacher-forced; here the prediction at a
+segment's last position is also the next segment's first input, as
+decoding without teacher forcing means.  With one answer segment (reverse
+with ``tgt_len`` >= its answer, retrieval) the two agree.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer_xl import data, sharding
+from transformer_xl.model import models
+
+if TYPE_CHECKING:
+  from transformer_xl.inference.evaluate import Evaluator
+
+
+def make_greedy_segment(model: models.TransformerXL, mesh: jax.sharding.Mesh):
+  """The jitted greedy segment: (params, memory, inputs_BxT, reset_B, first)
+  -> (preds_BxT, next memory).
+
+  ``first`` (int32 scalar, 0..T) is the first position of the segment whose
+  target is an answer token; for ``t`` = first .. T-1 the segment runs from
+  ``memory`` and its argmax prediction at ``t`` (int32) is written to
+  ``preds_BxT[:, t]`` and, for ``t < T - 1``, to the input at ``t + 1``.
+  One last run over the inputs so written gives the next memory (the
+  memory is donated).  With ``first = T`` it is one ordinary segment.
+  ``preds_BxT`` is replicated, 0 before ``first``.
+  """
+  mem_sharding = models.Memory.shardings(mesh, tokens=model.config.num_mem_tokens > 0)
+  batch_sharding, rows_sharding = sharding.batch_sharding(mesh), sharding.rows_sharding(mesh)
+
+  def greedy_segment(params, memory, inputs_BxT, reset_B, first):
+    tgt_len = inputs_BxT.shape[1]
+
+    def run(x_BxT):
+      return model.apply(
+          {"params": params}, x_BxT, memory, None, deterministic=True, reset_B=reset_B
+      )
+
+    def step_t(t, carry):
+      x_BxT, preds_BxT = carry
+      logp_BxTxV, _ = run(x_BxT)
+      p_B = jnp.argmax(jax.lax.dynamic_index_in_dim(logp_BxTxV, t, 1, False), -1)
+      p_B = p_B.astype(jnp.int32)
+      preds_BxT = jax.lax.dynamic_update_index_in_dim(preds_BxT, p_B, t, 1)
+      nxt = jnp.minimum(t + 1, tgt_len - 1)  # the last prediction has no input to fill
+      keep_B = jax.lax.dynamic_index_in_dim(x_BxT, nxt, 1, False)
+      x_BxT = jax.lax.dynamic_update_index_in_dim(
+          x_BxT, jnp.where(t + 1 < tgt_len, p_B, keep_B), nxt, 1
+      )
+      return x_BxT, preds_BxT
+
+    x_BxT, preds_BxT = jax.lax.fori_loop(
+        first, tgt_len, step_t, (inputs_BxT, jnp.zeros_like(inputs_BxT))
+    )
+    _, new_memory = run(x_BxT)
+    return preds_BxT, new_memory
+
+  return jax.jit(
+      sharding.traced_with_mesh(greedy_segment, mesh),
+      in_shardings=(None, mem_sharding, batch_sharding, rows_sharding, None),
+      out_shardings=(sharding.replicated(mesh), mem_sharding),
+      donate_argnums=(1,),
+  )
+
+
+# Evaluator -> its jitted greedy segment (compiled once per evaluator, not per split).
+_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _greedy_segment(evaluator: Evaluator) -> Callable:
+  if evaluator not in _STEPS:
+    _STEPS[evaluator] = make_greedy_segment(evaluator.model, evaluator.mesh)
+  return _STEPS[evaluator]
+
+
+def _check(evaluator: Evaluator) -> None:
+  """Raises ValueError unless the evaluator's corpus is a synthetic task."""
+  if not evaluator.answers:
+    name = getattr(evaluator.corpus, "name", None)
+    raise ValueError(f"greedy decoding of answers needs a synthetic task, not {name!r}.")
+
+
+def decode(evaluator: Evaluator, params: Any, examples_NxS: np.ndarray, num_rows: int = 0):
+  """The answers of ``examples_NxS`` decoded greedily: int32 [N, answer_len].
+
+  Args:
+    evaluator: an ``Evaluator`` of a ``synthetic.SyntheticCorpus`` (its eval
+      model and mesh; ``eval.tgt_len`` divides the example length).
+    params: model parameters.
+    examples_NxS: int [N, S] examples of the corpus's task (only the
+      question part is read: the answer is the model's own).
+    num_rows: examples decoded side by side (0: ``eval.global_batch``).
+
+  Returns:
+    int32 [N, answer_len]: entry (n, a) is the token the model writes at
+    answer position a of example n, given the question and its own earlier
+    answer tokens.
+
+  Raises:
+    ValueError: the evaluator's corpus is not a synthetic task.
+  """
+  _check(evaluator)
+  s = evaluator.corpus.settings
+  n = int(examples_NxS.shape[0])
+  e_len, tgt_len = s.example_len, evaluator.cfg.tgt_len
+  answer_start = e_len - s.answer_len  # the first answer target of an example
+  b = num_rows or evaluator.global_batch
+  b_pad, rows = evaluator._rows(b)
+  step = _greedy_segment(evaluator)
+  out_NxA = np.zeros((n, s.answer_len), np.int32)
+  for lo_ex in range(0, n, b):
+    ex_bxS = examples_NxS[lo_ex : lo_ex + b]
+    inputs_BxE = np.zeros((b_pad, e_len), np.int32)
+    inputs_BxE[: len(ex_bxS)] = ex_bxS[:, :-1]
+    preds_BxE = np.zeros((b_pad, e_len), np.int32)
+    memory = evaluator._empty_memory(b_pad)
+    for lo in range(0, e_len, tgt_len):
+      local = {
+          "inputs": inputs_BxE[rows, lo : lo + tgt_len],
+          "reset": np.full((len(rows),), lo == 0),
+      }
+      batch = data.to_global_batch(local, evaluator._batch_sharding, b_pad)
+      first = int(np.clip(answer_start - lo, 0, tgt_len))
+      preds_BxT, memory = step(
+          params, memory, batch["inputs"], batch["reset"], jnp.asarray(first, jnp.int32)
+      )
+      preds_BxE[:, lo : lo + tgt_len] = np.asarray(jax.device_get(preds_BxT))
+      if first < tgt_len and lo + tgt_len < e_len:  # the next segment reads the last prediction
+        inputs_BxE[:, lo + tgt_len] = preds_BxE[:, lo + tgt_len - 1]
+    out_NxA[lo_ex : lo_ex + len(ex_bxS)] = preds_BxE[: len(ex_bxS), answer_start:]
+  return out_NxA
+
+
+def greedy_answers(
+    evaluator: Evaluator, params: Any, split: str, max_examples: int = 0, num_rows: int = 0
+) -> dict:
+  """Greedy-decoding accuracies of a synthetic task's ``split`` (``decode``).
+
+  Args:
+    evaluator: an ``Evaluator`` of a ``synthetic.SyntheticCorpus``.
+    params: model parameters.
+    split: "train", "valid" or "test".
+    max_examples: examples decoded at most, from the split's start (0: all).
+    num_rows: examples decoded side by side (0: ``eval.global_batch``).
+
+  Returns:
+    {"greedy_token_accuracy": the share of answer tokens decoded right (the
+    authors' "No teacher forcing: acc", ``num_correct / num_total``),
+    "greedy_accuracy": the share of examples whose whole answer is decoded
+    right (equal to the teacher-forced ``answer_accuracy``: an answer is
+    decoded right exactly when every token of it is predicted right from
+    the true earlier ones), "greedy_examples": the examples decoded}; NaN
+    accuracies for an empty split.
+
+  Raises:
+    ValueError: the evaluator's corpus is not a synthetic task.
+  """
+  _check(evaluator)
+  examples_NxS = evaluator.corpus.examples[split]
+  if max_examples:
+    examples_NxS = examples_NxS[:max_examples]
+  preds_NxA = decode(evaluator, params, examples_NxS, num_rows)
+  n, a_len = preds_NxA.shape
+  right_N = (preds_NxA == examples_NxS[:, examples_NxS.shape[1] - a_len :]).sum(axis=1)
+  return {
+      "greedy_token_accuracy": float(right_N.sum() / (n * a_len)) if n else math.nan,
+      "greedy_accuracy": float(np.count_nonzero(right_N == a_len) / n) if n else math.nan,
+      "greedy_examples": n,
+  }
