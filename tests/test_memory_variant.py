@@ -1,4 +1,4 @@
-"""A memory variant written against ``model/memory.py`` alone trains, resumes and evaluates.
+"""A memory variant written against the ``model/memory/`` package alone trains, resumes and evaluates.
 
 The proof that the memory is one place: ``PooledMemory`` below (test only)
 keeps, besides the XL memory of mem_len slots, one extra slot per layer

@@ -8,7 +8,8 @@ of those slots hold states (0 at the start of a stream: empty slots are
 masked, so a fresh stream behaves exactly like the reference implementation,
 which starts with no memory, while shapes stay static).  The state and
 every operation on it (reset, the per-layer update, the count of valid
-slots, row-wise maps and shardings) are in memory.py.
+slots, row-wise maps and shardings) are in the memory package
+(memory/state.py).
 
 The whole memory path, in the order a segment meets it:
 
@@ -29,8 +30,8 @@ The whole memory path, in the order a segment meets it:
              ``Memory.advance`` counts the valid slots (``advance_mlen``);
              both go out as the next ``Memory``.
 
-With memory tokens (Bulatov et al. 2022, ``model.num_mem_tokens``; the last
-section of memory.py) ``hidden_from_embeddings`` extends the segment with
+With memory tokens (Bulatov et al. 2022, ``model.num_mem_tokens``;
+memory/tokens.py) ``hidden_from_embeddings`` extends the segment with
 the read and write tokens before the layers and cuts it back after them; the
 written tokens go into the next ``Memory``.
 
@@ -52,7 +53,7 @@ from transformer_xl.model import adaptive, attention, attention_ops, tuning
 from transformer_xl.model import memory as memory_lib
 from transformer_xl.model.config import ModelConfig  # re-exported: the model's hyperparameters
 
-# Re-exported: the memory's state and functions live in memory.py.
+# Re-exported: the memory's state and functions live in the memory package.
 from transformer_xl.model.memory import Memory as Memory
 from transformer_xl.model.memory import advance_mlen as advance_mlen
 from transformer_xl.model.memory import init_memory as init_memory
@@ -389,8 +390,8 @@ class TransformerXL(nn.Module):
     With ``decode``, as ``decode`` (and the next cache is returned too).
 
     With memory tokens (``memory.has_tokens``) the layers run on the
-    extended segment [read tokens; segment; write tokens] (memory.py's
-    memory-token section) and the segment's hidden states come out.
+    extended segment [read tokens; segment; write tokens]
+    (memory/tokens.py) and the segment's hidden states come out.
 
     Raises:
       ValueError: the segment is empty; documents (``doc_pos_BxT``) with
