@@ -133,8 +133,12 @@ def test_the_newest_loss_reaches_the_parameters_through_the_memory_tokens(depth)
   x = jnp.asarray(rng.integers(0, VOCAB, size=(b, n_seg * t)), jnp.int32)
   y = jnp.asarray(rng.integers(0, VOCAB, size=(b, n_seg * t)), jnp.int32)
 
-  want = jax.grad(_naive_last_loss, argnums=2)(model, cfg, params, x, y, n_seg, False)
-  cut = jax.grad(_naive_last_loss, argnums=2)(model, cfg, params, x, y, n_seg, True)
+  # The naive loop, jitted (tracing unrolls it; eager flax calls take far longer).
+  loss_and_grad = lambda cut_tokens: jax.jit(
+      jax.value_and_grad(lambda p: _naive_last_loss(model, cfg, p, x, y, n_seg, cut_tokens))
+  )(params)
+  want_loss, want = loss_and_grad(False)
+  cut = loss_and_grad(True)[1]
   name = memory_lib.MEM_TOKENS_PARAM
   assert float(jnp.abs(want[name]).max()) > 1e-4
   np.testing.assert_array_equal(np.asarray(cut[name]), 0.0)
@@ -149,7 +153,6 @@ def test_the_newest_loss_reaches_the_parameters_through_the_memory_tokens(depth)
   jax.tree_util.tree_map(
       lambda g, w: np.testing.assert_allclose(g, w, rtol=2e-4, atol=1e-6), got, want
   )
-  want_loss = _naive_last_loss(model, cfg, params, x, y, n_seg, False)
   np.testing.assert_allclose(float(metrics["loss"]), float(want_loss), rtol=1e-5)
   # The next window starts one segment later: the memory after the first segment.
   _, first = model.apply({"params": params}, x[:, :t], models.init_memory(cfg, b), y[:, :t])
@@ -332,7 +335,7 @@ def test_a_synthetic_example_is_one_step_through_all_its_segments(tmp_path):
       total, weight = total + jnp.sum(nll * seg["weights"]), weight + seg["weights"].sum()
     return total / weight
 
-  want = jax.grad(naive)(params)
+  want_loss, want = jax.jit(jax.value_and_grad(naive))(params)  # the loop, traced
   window = next(synthetic.ExampleWindows(synthetic.ExampleIterator(corpus, "train", 4, 3)))
   got, metrics, _ = _sgd_gradient(
       model, params, window, mem_backprop_depth=n_seg - 1, bptt_bp=True, window_advance=n_seg
@@ -340,7 +343,7 @@ def test_a_synthetic_example_is_one_step_through_all_its_segments(tmp_path):
   jax.tree_util.tree_map(
       lambda g, w: np.testing.assert_allclose(g, w, rtol=2e-4, atol=1e-6), got, want
   )
-  np.testing.assert_allclose(float(metrics["loss"]), float(naive(params)), rtol=1e-5)
+  np.testing.assert_allclose(float(metrics["loss"]), float(want_loss), rtol=1e-5)
 
   mesh = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
   for depth, bptt_bp in ((1, True), (n_seg - 1, False)):
