@@ -66,10 +66,12 @@ def test_quick_study_runs_every_memory_at_equal_size_and_examples(tmp_path):
       acc = run[split]
       assert acc["examples"] == n, (name, split)
       assert 0 <= acc["answer_accuracy"] <= acc["answer_token_accuracy"] <= 1, (name, split)
+      assert 0 <= acc["greedy_token_accuracy"] <= 1, (name, split)  # the paper's measure
     assert run["train_command"].startswith("python -m transformer_xl.main --config=configs/")
     assert run["eval_command"] == run["train_command"] + " --mode=eval"
   report = (out / "REPORT.md").read_text()
   assert "--quick run: the numbers mean nothing" in report
+  assert "| exact acc | greedy acc |" in report
   for name in runs:
     assert f"| {name} |" in report
   assert "| copy | 6 (12) | 6 | 0.657, 0.298, 0.355, 0.856 | 1, 1, 1, 1 |" in report
