@@ -54,8 +54,9 @@ def _evaluator(attn_type, **eval_kw):
 
 
 def _naive(ev, params, tokens_BxT1, settings, ss=None, stats=False):
-  """The reference loop, unjitted: per segment score, gradient of the mean NLL
-  over the real tokens, then the rule (numpy, float32).  Returns (nll [B, T],
+  """The reference loop: per segment score, gradient of the mean NLL over the
+  real tokens (one jitted function of the plain model), then the rule (numpy,
+  float32).  Returns (nll [B, T],
   params, m, ss) as numpy trees."""
   cfg, seg = ev.cfg, ev.cfg.tgt_len
   model = models.TransformerXL(cfg)
@@ -67,6 +68,15 @@ def _naive(ev, params, tokens_BxT1, settings, ss=None, stats=False):
   ss = [np.zeros_like(x) for x in p] if ss is None else [np.asarray(x) for x in jax.tree.leaves(ss)]
   memory = models.init_memory(cfg, b)
   out = []
+
+  def loss(leaves_, memory, inp, tgt, w):
+    nll, new_memory = model.apply(
+        {"params": jax.tree.unflatten(treedef, leaves_)}, inp, memory, tgt, deterministic=True
+    )
+    return jnp.sum(nll * w) / w.sum(), (nll, new_memory)
+
+  # One segment's score and gradient, compiled once (eager flax calls take far longer).
+  loss_and_grad = jax.jit(jax.value_and_grad(loss, has_aux=True))
   for s in range(0, t, seg):
     n = min(seg, t - s)
     inp = np.zeros((b, seg), np.int32)
@@ -74,18 +84,7 @@ def _naive(ev, params, tokens_BxT1, settings, ss=None, stats=False):
     inp[:, :n], tgt[:, :n] = tokens_BxT1[:, s : s + n], tokens_BxT1[:, s + 1 : s + n + 1]
     w = np.zeros((b, seg), np.float32)
     w[:, :n] = 1.0
-
-    def loss(leaves_):
-      nll, new_memory = model.apply(
-          {"params": jax.tree.unflatten(treedef, leaves_)},
-          jnp.asarray(inp),
-          memory,
-          jnp.asarray(tgt),
-          deterministic=True,
-      )
-      return jnp.sum(nll * w) / w.sum(), (nll, new_memory)
-
-    (_, (nll, memory)), g = jax.value_and_grad(loss, has_aux=True)([jnp.asarray(x) for x in p])
+    (_, (nll, memory)), g = loss_and_grad([jnp.asarray(x) for x in p], memory, inp, tgt, w)
     out.append(np.asarray(nll)[:, :n])
     g = [np.asarray(x, np.float32) for x in g]
     if stats:
