@@ -180,13 +180,13 @@ def test_loss_of_second_segment_has_no_gradient_through_memory(attn_type):
     nll, _ = model.apply(p, x2, mem1_const, y2)
     return nll.mean()
 
-  g_through = jax.grad(loss2_through)(params)
-  g_const = jax.grad(loss2_const)(params)
+  g_through = jax.jit(jax.grad(loss2_through))(params)  # jitted: eager flax calls are slow
+  g_const = jax.jit(jax.grad(loss2_const))(params)
   for a, b in zip(jax.tree_util.tree_leaves(g_through), jax.tree_util.tree_leaves(g_const)):
     # The same up to float32 reassociation (the two graphs compile differently).
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-8)
-  g_mem = jax.grad(
-      lambda m: model.apply(params, x2, mem1_const.replace(mems_LxBxMxD=m), y2)[0].mean()
+  g_mem = jax.jit(
+      jax.grad(lambda m: model.apply(params, x2, mem1_const.replace(mems_LxBxMxD=m), y2)[0].mean())
   )(mem1_const.mems_LxBxMxD)
   assert np.all(np.asarray(g_mem) == 0.0)
   # ... while the memory does change the loss (it is used, not ignored).
@@ -378,7 +378,7 @@ def _second_segment_grads(model, params, cfg, rng=None):
     )
     return nll.mean(), new_mem
 
-  return jax.value_and_grad(loss, has_aux=True)(params)
+  return jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
 
 
 @pytest.mark.slow
