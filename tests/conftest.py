@@ -3,8 +3,11 @@
 Must run before jax is imported anywhere, which is why it lives in conftest.
 """
 
+import atexit
 import gc
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -15,6 +18,18 @@ _FLAG = "--xla_force_host_platform_device_count=8"
 if _FLAG not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+# JAX's persistent compilation cache, one fresh directory per test run, shared by this
+# process, the xdist workers and every process a test starts (they inherit the variables):
+# the command-line tests compile the same small programs in process after process (train,
+# resume, eval; a killed run restarted).  A hit skips only XLA's backend compile of an
+# identical program (tracing, lowering and "Compiling" log lines are unchanged).  The
+# process that made the directory removes it at exit.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  _CACHE_DIR = tempfile.mkdtemp(prefix="transformer_xl_tests_jax_cache_")
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE_DIR
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
+  atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)
 
 
 def pytest_configure(config):
