@@ -153,7 +153,7 @@ def write_json(path: str, data: dict, quiet: bool = False) -> None:
   """Writes ``data`` to ``path`` (indented; missing folders are created;
   atomically, so a run stopped mid-write leaves the previous version) and
   says so unless ``quiet``."""
-  from transformer_xl.run import files  # noqa: PLC0415
+  from transformer_xl.util import files  # noqa: PLC0415
 
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   files.write_text_atomic(path, json.dumps(data, indent=2))

@@ -123,7 +123,7 @@ def _restore_process_logging():
 
 
 class Reports:
-  """The package's reports (``metrics.log`` and other absl INFO records of
+  """The package's reports (``util.report.log`` and other absl INFO records of
   its modules) that a test's own process logged."""
 
   def __init__(self, caplog):

@@ -1,12 +1,12 @@
-"""Atomic writes (run/files.py): two writers of one file, readers beside them."""
+"""Atomic writes (util/files.py): two writers of one file, readers beside them."""
 
 from __future__ import annotations
 
 import json
 import threading
 
-from transformer_xl.run import files
 from transformer_xl.run import workdir as wd
+from transformer_xl.util import files
 
 
 def test_two_writers_of_one_file_and_a_reader_never_collide(tmp_path):

@@ -5,6 +5,10 @@ Rules (docs/architecture.md):
   axis names live in ``model/axes.py``), so the model can be used, read and
   extended without the data, training or run code;
 - ``import transformer_xl.model`` loads only ``model/`` modules;
+- ``util/`` (the package's reports and atomic writes) imports nothing of the
+  package outside ``util/``, so every wing may use it;
+- ``data/`` imports nothing of ``run/`` (its reports and files go through
+  ``util/``);
 - ``inference/`` never imports ``training/``;
 - nothing in the library imports ``cli/`` (the command line sits on top);
 - no import cycles between modules;
@@ -94,6 +98,10 @@ def rule_violations(graph: dict[str, set[str]]) -> list[str]:
     for imp in sorted(imports):
       if in_wing(mod, "model") and not in_wing(imp, "model"):
         problems.append(f"{mod} (model/) imports {imp} (outside model/)")
+      if in_wing(mod, "util") and not in_wing(imp, "util"):
+        problems.append(f"{mod} (util/) imports {imp} (outside util/)")
+      if in_wing(mod, "data") and in_wing(imp, "run"):
+        problems.append(f"{mod} (data/) imports {imp} (run/)")
       if in_wing(mod, "inference") and in_wing(imp, "training"):
         problems.append(f"{mod} (inference/) imports {imp} (training/)")
       if in_wing(imp, "cli") and not (
@@ -202,6 +210,31 @@ def test_importing_the_model_loads_only_model_modules():
                 "transformer_xl.inference.evaluate (inference/) imports transformer_xl.training.train "
                 "(training/)"
             ],
+        ),
+        # util/ is the bottom floor: not even the package's top-level modules.
+        (
+            {
+                "util/__init__.py": "",
+                "util/report.py": "from transformer_xl import errors\nfrom transformer_xl.util import files\n",
+                "util/files.py": "",
+                "errors.py": "",
+            },
+            ["transformer_xl.util.report (util/) imports transformer_xl.errors (outside util/)"],
+        ),
+        # data/ reports through util/, never through run/ (a lazy import counts too).
+        (
+            {
+                "data/__init__.py": "",
+                "data/storage.py": (
+                    "from transformer_xl.util import report\n"
+                    "def f():\n  from transformer_xl.run import metrics\n"
+                ),
+                "run/__init__.py": "",
+                "run/metrics.py": "",
+                "util/__init__.py": "",
+                "util/report.py": "",
+            },
+            ["transformer_xl.data.storage (data/) imports transformer_xl.run.metrics (run/)"],
         ),
         (
             {

@@ -32,6 +32,7 @@ from transformer_xl.cli import process_settings
 from transformer_xl.model import models
 from transformer_xl.run import checkpointing, fingerprints, metrics, run_dir
 from transformer_xl.training import train, train_state
+from transformer_xl.util import report
 
 from test_train import REPO, read_metrics, run_main, small_args, tiny_config, write_ptb_sample
 
@@ -1170,14 +1171,14 @@ def test_a_second_training_stops_and_readers_work_beside_a_training(cli, tmp_pat
     model_cfg, _ = wd.load_model_config(str(copy))
     mesh = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
     logged, steps = [], []
-    real_log = metrics.log
-    metrics.log = logged.append
+    real_log = report.log
+    report.log = logged.append
     try:
       for _ in range(20):
         step, params = run_dir.restore_params(str(copy), model_cfg, mesh)
         steps.append(step)
     finally:
-      metrics.log = real_log
+      report.log = real_log
     assert first.poll() is None
     assert not [m for m in logged if "not usable" in m], logged
     assert len(steps) == 20 and steps == sorted(steps)  # (how far it got depends on load)

@@ -19,7 +19,7 @@ import numpy as np
 from transformer_xl import data, default_config
 from transformer_xl.cli import user_errors
 from transformer_xl.inference import dynamic_eval, evaluate, greedy_answers
-from transformer_xl.run import metrics
+from transformer_xl.util import report
 
 
 def check_request(mode: str, dynamic_stats: str | None, config: ml_collections.ConfigDict) -> None:
@@ -52,7 +52,7 @@ def check_request(mode: str, dynamic_stats: str | None, config: ml_collections.C
         "statistics; leave it out, or set --config.eval.dynamic.rule=rms."
     )
   if dynamic.enabled and mode in ("train", "generate"):
-    metrics.log(
+    report.log(
         f"Note: eval.dynamic.lr={dynamic.lr}: dynamic evaluation is used by --mode=eval and "
         f"--mode=score, not by --mode={mode}."
     )
@@ -76,7 +76,7 @@ def stats_tokens(corpus: data.Corpus, path: str) -> np.ndarray:
     raise evaluate.ScoreInputError(
         f"--dynamic_stats={path} has no token: give some text of the kind the model scores."
     )
-  metrics.log(f"--dynamic_stats={path}: {tokens.shape[1] - 1:,} tokens of statistics text.")
+  report.log(f"--dynamic_stats={path}: {tokens.shape[1] - 1:,} tokens of statistics text.")
   return tokens
 
 
@@ -117,7 +117,7 @@ def split_scorer(
     start = time.perf_counter()
     r = dyn.evaluate(params, split, ss)
     seconds = time.perf_counter() - start
-    metrics.log(
+    report.log(
         f"{split}: dynamic evaluation of {r['tokens']:,} tokens in {seconds:.1f} s "
         f"({r['tokens'] / max(seconds, 1e-9):,.0f} tokens/s)."
     )
@@ -168,7 +168,7 @@ def statistics(
   else:
     ss, n = dyn.statistics_of_split(params, "train")
   record["stats_tokens_read"] = n
-  metrics.log(f"Statistics pass: {n:,} {what} in {time.perf_counter() - start:.1f} s.")
+  report.log(f"Statistics pass: {n:,} {what} in {time.perf_counter() - start:.1f} s.")
   dynamic_eval.check_pull_back(settings, ss)
   return ss, record
 

@@ -43,9 +43,10 @@ from transformer_xl import data, default_config, sharding
 from transformer_xl.cli import dynamic_modes, process_settings, user_errors
 from transformer_xl.data import text_vocab
 from transformer_xl.inference import dynamic_eval, evaluate, generate, language_model
-from transformer_xl.run import distributed, files, lock, metrics, run_dir
+from transformer_xl.run import distributed, lock, metrics, run_dir
 from transformer_xl.run import workdir as wd
 from transformer_xl.training import train
+from transformer_xl.util import files, report
 
 MODES = ("train", "eval", "score", "generate")
 
@@ -151,7 +152,7 @@ def _run_mode(r: Request, config: ml_collections.ConfigDict, tokens: np.ndarray 
       text_vocab.check_saved_tokenizer(corpus, r.workdir)
   if corpus is not None:
     splits = ", ".join(f"{k} {v.num_tokens:,} tokens" for k, v in corpus.splits.items())
-    metrics.log(
+    report.log(
         f"Corpus {corpus.name}: vocab {corpus.vocab_size:,}, "
         + (splits or f"the tokenizer saved in {r.workdir} (no corpus file read)")
         + f"; mesh {dict(mesh.shape)}; {jax.process_count()} process(es)."
@@ -224,7 +225,7 @@ def text_file_tokens(corpus: data.Corpus, path: str) -> tuple[np.ndarray, str]:
   text = user_errors.read_text(path)
   tokens = evaluate.text_tokens(corpus, text)
   unknown = evaluate.unknown_words(corpus, text)
-  metrics.log(
+  report.log(
       f"--text={path}: {tokens.shape[1] - 1:,} tokens; {unknown:,} unknown word(s) "
       f"({100 * unknown / max(tokens.shape[1] - 1, 1):.2f}%) are scored as the "
       "vocabulary's unknown-word symbol."
@@ -280,7 +281,7 @@ def run_eval(
   path = str(epath.Path(workdir) / name)
   unwritable = _cannot_write(workdir)
   if unwritable:
-    metrics.log(
+    report.log(
         f"Note: --workdir={workdir} cannot be written ({unwritable}): evaluating anyway; the "
         f"results will be printed here, not saved to {path}."
     )
@@ -306,7 +307,7 @@ def run_eval(
       extra += f", word perplexity {r['word_ppl']:.6g} over {r['words']:,} words"
     if "documents" in r:
       extra += f", {r['documents']:,} documents"
-    metrics.log(
+    report.log(
         f"step {step} {split}: loss {r['loss_nats']:.4f} nats, {metric} "
         f"{r[metric]:.4f} over {r['tokens']:,} tokens{extra}"
     )
@@ -318,12 +319,12 @@ def run_eval(
     except OSError as err:  # e.g. the disk filled up during the evaluation
       unwritable = err.strerror or str(err)
   if unwritable:
-    metrics.log(
+    report.log(
         f"Could not save {path} ({unwritable}); eval results (not saved): "
         + metrics.dumps(results, sort_keys=True)
     )
   else:
-    metrics.log(f"Wrote {path}")
+    report.log(f"Wrote {path}")
   bad = [s for s in ("valid", "test") if not np.isfinite(results[s]["loss_nats"])]
   if bad and dynamic:
     where = f"printed as null, not saved to {path}" if unwritable else f"written as null in {path}"
@@ -502,7 +503,7 @@ def run_score(
     per_text = f"bits per byte {result['bits_per_byte']:.4f} (over {num_bytes:,} bytes)"
     if result["word_ppl"] is not None:
       per_text += f", word perplexity {result['word_ppl']:.3f} (over {num_words:,} words)"
-  metrics.log(
+  report.log(
       f"step {step}: scored {nll_BxT.size:,} tokens ({unit} level"
       f"{', dynamic evaluation' if dynamic else ''}): loss {loss:.4f} nats "
       f"per token, bits per token {result['bits_per_token']:.4f}, ppl {result['ppl']:.3f} "

@@ -328,7 +328,7 @@ def _quiet_unraisable(previous):
 def configure_logging(debug: bool, verbosity_given: bool = False) -> None:
   """The command line's logging.
 
-  * The package's reports (``metrics.log`` and every other absl INFO record
+  * The package's reports (``report.log`` and every other absl INFO record
     of a module of this package) are printed as plain lines on stdout,
     what the user reads (``_Reports``); absl's own handler (stderr, with
     its prefix) does not repeat them.

@@ -60,7 +60,8 @@ in training imports it); of the package, only ``workdir_io.py`` calls
 ``default_config``, ``train_state``, ``workdir``, ``sharding`` and
 ``checkpointing``, to write and read workdirs:
 
-* ``errors.py``: ``ConvertError``, the conversion report printer;
+* ``errors.py``: ``ConvertError`` and its one-line messages (the
+  conversion's reports go through ``transformer_xl.util.report.log``);
 * ``names.py``: ``NAME_TABLE`` (ours / reference PyTorch and HuggingFace /
   TF names, layout kinds), tied aliases, cluster order, ``flatten_params``
   / ``unflatten_params``;

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from transformer_xl.convert.errors import ConvertError, describe
 from transformer_xl.data.download import sha256_of
-from transformer_xl.run import files
+from transformer_xl.util import files
 
 CHECKSUMS_FILE = "checksums.json"
 

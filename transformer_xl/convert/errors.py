@@ -1,4 +1,4 @@
-"""The converter's error type and its report printer.
+"""The converter's error type and its one-line messages.
 
 Every input the converter cannot use (a flag, a checkpoint, the hparams,
 a vocabulary, a workdir) raises ``ConvertError``, whose message names
@@ -12,21 +12,12 @@ from __future__ import annotations
 
 import re
 
-from absl import logging
-
 from transformer_xl import errors
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 ConvertError = errors.ConvertError  # re-exported (transformer_xl.errors)
-
-
-def log(msg: str) -> None:
-  """A conversion report: absl logging at INFO, attributed to the caller (the
-  command line prints the package's reports on stdout:
-  ``cli.process_settings.configure_logging``)."""
-  logging.info(msg, stacklevel=2)
 
 
 def one_line(text: object, limit: int = 0) -> str:

@@ -62,9 +62,10 @@ from pathlib import Path
 from typing import Any
 
 from transformer_xl.convert.download import Records, matches
-from transformer_xl.convert.errors import ConvertError, describe, log
+from transformer_xl.convert.errors import ConvertError, describe
 from transformer_xl.data.download import CHUNK, DownloadError, fetch, sha256_of
-from transformer_xl.run import files
+from transformer_xl.util import files
+from transformer_xl.util.report import log
 
 RELEASE_URL = "http://curtis.ml.cmu.edu/datasets/pretrained_xl"
 CACHE_ENV = "TRANSFORMER_XL_CACHE"

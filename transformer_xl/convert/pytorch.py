@@ -36,7 +36,7 @@ from transformer_xl.convert.names import (
     to_pytorch,
     unflatten_params,
 )
-from transformer_xl.run import files
+from transformer_xl.util import files
 
 # What to check when a state dict's shapes do not fit the hparams.
 _SIZES_HINT = (
@@ -524,7 +524,7 @@ def save_state_dict(state: Mapping[str, np.ndarray], path: str) -> None:
   parameters of ``state_dict_from_params``), which
   ``safetensors.torch.load_file`` and transformers' ``from_pretrained`` read.
   Otherwise a torch file of tensors (``torch.save``).  The file is written
-  under a temporary name beside ``path`` (``run.files.temporary_name``) and
+  under a temporary name beside ``path`` (``util.files.temporary_name``) and
   renamed to it when complete, so a file already at ``path`` is replaced
   whole or not at all (whether it may be replaced is the caller's decision:
   ``export_pytorch``'s ``overwrite``).

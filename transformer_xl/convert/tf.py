@@ -16,8 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from transformer_xl.convert.errors import ConvertError, describe, log
+from transformer_xl.convert.errors import ConvertError, describe
 from transformer_xl.convert.names import NAME_TABLE
+from transformer_xl.util.report import log
 
 
 def read_tf_checkpoint(path: str) -> dict[str, np.ndarray]:

@@ -16,8 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from transformer_xl.convert.errors import ConvertError, describe, log
+from transformer_xl.convert.errors import ConvertError, describe
 from transformer_xl.convert.names import flatten_params, unflatten_params
+from transformer_xl.util.report import log
 
 # Softmax bias given to vocabulary entries the converted model never saw
 # (--vocab mapping): exp(-1e4) underflows to 0 in float32, so such a token

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from transformer_xl.convert.errors import ConvertError, log, one_line
+from transformer_xl.convert.errors import ConvertError, one_line
 from transformer_xl.convert.hparams import (
     expected_param_shapes,
     hparams_from_model_config,
@@ -44,7 +44,8 @@ from transformer_xl.convert.vocab import (
     read_vocab,
     remap_vocab,
 )
-from transformer_xl.run import files
+from transformer_xl.util import files
+from transformer_xl.util.report import log
 
 
 def one_device_mesh():

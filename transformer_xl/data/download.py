@@ -12,7 +12,7 @@ it guarantees:
   appends, a server that ignores the range (200) or refuses it (416) gets a
   fresh download.
 * **Retries.**  ``tries`` tries, a short pause between them, each noted in
-  the log (absl ``logging.info``); HTTP 403, 404 and 410 fail at once, as
+  the log (``transformer_xl.util.report.log``); HTTP 403, 404 and 410 fail at once, as
   does a host that never answers (see next).
 * **Bounded waits.**  The request runs in a daemon thread that must answer
   within ``timeout_s`` seconds, which bounds the name lookup too (socket
@@ -47,9 +47,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from absl import logging
-
 from transformer_xl import errors
+from transformer_xl.util import report
 
 DownloadError = errors.DownloadError  # re-exported (transformer_xl.errors)
 
@@ -186,13 +185,9 @@ def _fetch(url: str, dest: Path, part: Path, tries: int, timeout_s: float, progr
     except (urllib.error.URLError, http.client.HTTPException, OSError) as err:
       last, status = _describe(getattr(err, "reason", err)), None
     if attempt + 1 < tries:
-      logging.info(
-          "  %s: %s; trying again (%d of %d, %s bytes kept).",
-          dest.name,
-          last,
-          attempt + 2,
-          tries,
-          f"{part.stat().st_size if part.exists() else 0:,}",
+      kept = part.stat().st_size if part.exists() else 0
+      report.log(
+          f"  {dest.name}: {last}; trying again ({attempt + 2} of {tries}, {kept:,} bytes kept)."
       )
       time.sleep(0.5 * (attempt + 1))
   raise DownloadError(

@@ -40,7 +40,7 @@ from transformer_xl import errors
 from transformer_xl.data import sources
 from transformer_xl.data.checks import is_int
 from transformer_xl.data.corpus import Corpus, DataError, Tokenizer, sentence_offsets
-from transformer_xl.run import metrics
+from transformer_xl.util import report
 
 CHUNK_SIZE = 65536  # tokens per record
 SPLITS = ("train", "valid", "test")
@@ -554,7 +554,7 @@ class TokenStreamBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True
     """
     with self.preparation_lock():
       if self.is_prepared():  # another run prepared it while this one waited
-        metrics.log(f"Using the dataset in {self.data_dir} that another run prepared.")
+        report.log(f"Using the dataset in {self.data_dir} that another run prepared.")
         self.info.read_from_directory(self.data_dir)
         return
       self._prepare(manual_dir=manual_dir, download=download, verify_checksums=verify_checksums)
@@ -586,7 +586,7 @@ class TokenStreamBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True
     An exclusive ``flock`` (``filelock``, as ``run/lock.py``), which the
     kernel releases when its holder ends however it ends (kill -9
     included); the empty file stays.  A run that finds it held says so
-    (``metrics.log``) and waits as long as the other one prepares.  On a
+    (``report.log``) and waits as long as the other one prepares.  On a
     remote data dir (gs://), or where the file cannot be locked, there is
     no lock (with a note for the latter).
     """
@@ -601,12 +601,12 @@ class TokenStreamBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True
       try:
         lock.acquire(timeout=0)
       except filelock.Timeout:
-        metrics.log(
+        report.log(
             f"Waiting for another run that prepares the dataset in {folder} (it holds {path})."
         )
         lock.acquire()
     except OSError as err:  # no flock on this file system, or the folder cannot be written
-      metrics.log(f"Preparing {folder} without a lock ({path}: {err}).")
+      report.log(f"Preparing {folder} without a lock ({path}: {err}).")
       yield
       return
     try:

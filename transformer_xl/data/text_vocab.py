@@ -27,7 +27,7 @@ import numpy as np
 from transformer_xl.data import tokenizers
 from transformer_xl.data.corpus import Corpus, DataError
 from transformer_xl.data.text_settings import SPM_MAX_SENTENCE_LENGTH, TextSettings
-from transformer_xl.run import files, metrics
+from transformer_xl.util import files, report
 
 
 def count_vocab(
@@ -198,7 +198,7 @@ def train_sentencepiece(lines: Iterator[str], s: TextSettings, name: str) -> byt
         f"{why}. {(fix + 'break the text into shorter lines').capitalize()}."
     )
   if left_out:
-    metrics.log(
+    report.log(
         f"{name}: SentencePiece is trained without {seen['too_long'] + seen['too_big']:,} of the "
         f"{seen['lines']:,} non-blank training lines (the corpus keeps them): "
         f"{'; '.join(left_out)}."

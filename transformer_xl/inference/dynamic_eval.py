@@ -62,7 +62,7 @@ import numpy as np
 from transformer_xl import default_config, errors, sharding
 from transformer_xl.inference import evaluate
 from transformer_xl.model import models
-from transformer_xl.run import metrics
+from transformer_xl.util import report
 
 RULES = default_config.DYNAMIC_RULES
 # eval.dynamic.stats_tokens = -1: the reference's share of the training split (its
@@ -386,7 +386,7 @@ def check_pull_back(settings: DynamicSettings, ss: Any) -> None:
   largest stable decay."""
   factor = pull_back_factor(settings, ss)
   if factor > 2:
-    metrics.log(
+    report.log(
         f"Warning: eval.dynamic.decay={settings.decay} times sqrt(ss) reaches {factor:.3g} for "
         "some parameters (above 2 the pull back toward the loaded parameters overshoots and "
         f"diverges); with these statistics decay must be below "
@@ -402,7 +402,7 @@ def log_settings(settings: DynamicSettings, stats: str) -> None:
       if settings.needs_statistics
       else ""
   )
-  metrics.log(
+  report.log(
       f"Dynamic evaluation (Krause et al. 2019): rule {settings.rule}, lr {settings.lr}"
       f"{extra}; every segment scored, then the parameters updated."
   )

@@ -34,6 +34,7 @@ from transformer_xl import data, errors, sharding
 from transformer_xl.data import synthetic
 from transformer_xl.model import attention, models
 from transformer_xl.run import metrics
+from transformer_xl.util import report
 
 ScoreInputError = errors.ScoreInputError  # re-exported (transformer_xl.errors)
 
@@ -501,7 +502,7 @@ class Evaluator:
     document): the rows hold whole documents, and a query sees no earlier
     document (``doc_pos``; each document also starts a segment where a
     query's keys depend on its place in it: ``align_documents``).  Progress
-    is reported by documents (``metrics.log``, at every tenth of them, and a
+    is reported by documents (``report.log``, at every tenth of them, and a
     progress bar on a terminal).
 
     Args:
@@ -548,7 +549,7 @@ class Evaluator:
       done += ended
       if done * 10 // n_docs > reported:  # each tenth of the documents, and the last one
         reported = done * 10 // n_docs
-        metrics.log(f"eval {split}: {done}/{n_docs} documents scored")
+        report.log(f"eval {split}: {done}/{n_docs} documents scored")
     bar.close()
     unit = self.corpus.unit
     metric = metrics.metric_name(unit)

@@ -5,6 +5,7 @@
 a --workdir, and the one way each is read and written), ``lock`` (one
 training at a time per workdir), ``checkpointing`` (orbax checkpoints
 written, verified and restored), ``fingerprints`` (the checksums that
-verify them), ``metrics`` (metrics.jsonl, TensorBoard, the package's
-reports) and ``distributed`` (what several processes agree on).
+verify them), ``metrics`` (metric names, metrics.jsonl, TensorBoard) and
+``distributed`` (what several processes agree on).  The package's reports
+and atomic writes are ``transformer_xl.util``'s.
 """

@@ -31,7 +31,7 @@ interrupted run are removed at the start of training
 (``save``).
 
 Failures are raised; what is skipped or moved is reported through
-``metrics.log`` (absl logging); orbax logs its own (the command
+``report.log`` (absl logging); orbax logs its own (the command
 line keeps them quiet unless ``--debug``: ``process_settings.configure_logging``).
 """
 
@@ -54,8 +54,9 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from transformer_xl import errors
-from transformer_xl.run import distributed, files, metrics
+from transformer_xl.run import distributed
 from transformer_xl.run.fingerprints import fingerprint
+from transformer_xl.util import files, report
 
 RECORD_FORMAT = 1
 _RELISTS = 5  # listings of a directory that a running training changes
@@ -547,7 +548,7 @@ def restore_latest(
   read, ``check_meta`` may reject the whole run (e.g. a different model),
   then the state is restored and its fingerprints and finiteness verified.
   A checkpoint that fails (unreadable, truncated, a missing file, a changed
-  fingerprint, a non-finite value) is reported (``metrics.log``) with
+  fingerprint, a non-finite value) is reported (``report.log``) with
   its path and the reason, and the previous one is tried.
 
   A reader may run beside a training of the same workdir: after a failure
@@ -596,17 +597,17 @@ def restore_latest(
       if distributed.any_process(reason is not None):
         reload(manager)
         if distributed.any_process(step not in manager.all_steps()):
-          metrics.log(
+          report.log(
               f"Checkpoint {path} was removed while it was read (the rotation of a training "
               "running in this workdir); trying the next one."
           )
           continue
         reason = reason or "it failed to restore on another process"
         rejected.append((path, reason))
-        metrics.log(f"Checkpoint {path} is not usable: {reason}. Trying the previous one.")
+        report.log(f"Checkpoint {path} is not usable: {reason}. Trying the previous one.")
         continue
       if not restored.verified:
-        metrics.log(
+        report.log(
             f"Checkpoint {path} has no integrity record (written by an older version): "
             "checked for finite values only."
         )
@@ -659,14 +660,14 @@ def set_aside(
         path.rename(target)
         (target / "reason.txt").write_text(reason + "\n")
         went.append(str(target))
-        metrics.log(
+        report.log(
             f"Moved the checkpoint {path} to {target} ({reason}; delete it when you no longer "
             "need it)."
         )
       except OSError as err:
         path.rmtree(missing_ok=True)
         went.append("deleted")
-        metrics.log(f"Deleted the checkpoint {path} ({reason}; it could not be moved: {err}).")
+        report.log(f"Deleted the checkpoint {path} ({reason}; it could not be moved: {err}).")
   distributed.barrier("set_aside")
   manager.reload()
   return went

@@ -14,7 +14,7 @@ each other's checkpoints and config.json, so a training holds
   is released.  A second training reads it to name the holder.  A record
   found by the one that just took the lock was left by a holder that ended
   without releasing it (kill -9, a crash, a lost machine): it is replaced,
-  with a note naming that holder (``metrics.log``).
+  with a note naming that holder (``report.log``).
 
 Readers (eval, score, generate, the Python API) take no lock: they can run
 beside a training.
@@ -33,7 +33,8 @@ import filelock
 import jax
 
 from transformer_xl import errors
-from transformer_xl.run import distributed, files, metrics
+from transformer_xl.run import distributed
+from transformer_xl.util import files, report
 
 LOCK_FILE = "train.lock"
 RECORD_SUFFIX = ".json"  # the holder's record: train.lock.json
@@ -104,7 +105,7 @@ def training_lock(workdir: str) -> Iterator[None]:
   released by the kernel when its holder ends however it ends (kill -9
   included).  ``<workdir>/train.lock.json`` records the holder's host, PID
   and start time for the message of a refused training.  A lock left by a
-  holder that is gone is taken over, with a note (``metrics.log``) naming it.
+  holder that is gone is taken over, with a note (``report.log``) naming it.
   Re-entrant within a process (the command line takes it before loading
   data, ``train.train_and_evaluate`` again).  With several processes,
   process 0 holds it and all agree (``distributed.any_process``): all go
@@ -144,7 +145,7 @@ def training_lock(workdir: str) -> Iterator[None]:
     )
   _HELD[path] = [lock, 1]  # on every process, so that the nested calls agree
   if lock is not None and record.strip():
-    metrics.log(
+    report.log(
         f"Took over {path} from a training that ended without releasing it ({_holder(record)})."
     )
   try:

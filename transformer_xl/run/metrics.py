@@ -21,11 +21,10 @@ from typing import Any
 import jax
 import numpy as np
 import tqdm
-from absl import logging
 from etils import epath
 
 from transformer_xl import errors
-from transformer_xl.run import files
+from transformer_xl.util import files, report
 
 PER_TOKEN_UNITS = ("word", "subword")  # reported as perplexity; byte/char as bpc
 
@@ -85,16 +84,6 @@ def _summary_writer_class():
 def metric_value(loss_nats: float, unit: str) -> float:
   """bpc = loss / ln 2 (bits per character); ppl = exp(loss)."""
   return float(np.exp(loss_nats)) if unit in PER_TOKEN_UNITS else float(loss_nats / np.log(2.0))
-
-
-def log(msg: str) -> None:
-  """The package's reports (resumed from, checkpoints set aside, files
-  written, ...): absl logging at INFO, on process 0 only, attributed to the
-  caller.  The command line shows them as plain lines on stdout
-  (``cli.process_settings.configure_logging``); from Python, set
-  ``absl.logging.set_verbosity(absl.logging.INFO)`` to see them."""
-  if jax.process_index() == 0:
-    logging.info(msg, stacklevel=2)
 
 
 def progress_bar(
@@ -179,12 +168,6 @@ def _refuse_constant(name: str):
   raise ValueError(f"not strict JSON: {name}")
 
 
-def read_jsonl(path) -> list[dict]:
-  """The rows of a metrics.jsonl, without lines that are not rows (a torn
-  last line of a killed run)."""
-  return _parse_jsonl(epath.Path(path).read_text())[0]
-
-
 class MetricWriter:
   """Scalars to TensorBoard (``<workdir>/tensorboard``, tensorboardX) and to
   ``<workdir>/metrics.jsonl`` (one strict-JSON object per line: step and
@@ -197,7 +180,7 @@ class MetricWriter:
   its events of those steps (``purge_step``), so each step appears once.
   Lines that are not rows (a line torn by a killed run, anything that is
   not strict JSON) are moved to ``metrics.jsonl.corrupt`` with a note
-  (``log``), and a repeated step keeps its last row; the file is rewritten
+  (``report.log``), and a repeated step keeps its last row; the file is rewritten
   through a temporary file and a rename.
   """
 
@@ -215,7 +198,7 @@ class MetricWriter:
           side = path.parent / (path.name + ".corrupt")
           with side.open("a") as f:
             f.write("".join(line + "\n" for line in bad))
-          log(
+          report.log(
               f"{path}: moved {len(bad)} line(s) that are not complete JSON rows (a run "
               f"killed while writing) to {side}."
           )

@@ -35,9 +35,10 @@ from jax.sharding import Mesh
 
 from transformer_xl import sharding
 from transformer_xl.model import models
-from transformer_xl.run import checkpointing, lock, metrics
+from transformer_xl.run import checkpointing, lock
 from transformer_xl.run import workdir as wd
 from transformer_xl.training import train_state
+from transformer_xl.util import report
 
 
 class RunDir:
@@ -110,12 +111,12 @@ class RunDir:
     config.json and model_config.json (``meta``'s unit and dataset)."""
     if restored is not None:
       checkpointing.set_aside(self.manager, self.workdir, restored.rejected)
-      metrics.log(f"Resumed from {restored.path} at step {restored.step}.")
+      report.log(f"Resumed from {restored.path} at step {restored.step}.")
     self.verification = checkpointing.Verification(
         self.workdir, self.manager, None if restored is None else restored.step
     )
     for path in checkpointing.remove_partial_writes(self.workdir):
-      metrics.log(f"Removed {path}, a checkpoint write that an interrupted run left unfinished.")
+      report.log(f"Removed {path}, a checkpoint write that an interrupted run left unfinished.")
     wd.save_config(self.workdir, config)
     wd.save_model_config(self.workdir, model_cfg, self.meta["unit"], self.meta["dataset"])
 
@@ -183,5 +184,5 @@ def restore_params(workdir: str, model_cfg: models.ModelConfig, mesh: Mesh) -> t
         f"No checkpoint in {manager.directory}: train first with the same --workdir (--mode=train)."
     )
   if restored.rejected:
-    metrics.log(f"Using {restored.path} (step {restored.step}), the newest usable checkpoint.")
+    report.log(f"Using {restored.path} (step {restored.step}), the newest usable checkpoint.")
   return restored.step, restored.state["params"]

@@ -42,7 +42,8 @@ from etils import epath
 from transformer_xl import default_config, errors
 from transformer_xl.model import config as model_config_lib
 from transformer_xl.model import models, tuning
-from transformer_xl.run import files, metrics
+from transformer_xl.run import metrics
+from transformer_xl.util import files
 
 WorkdirError = errors.WorkdirError  # re-exported (transformer_xl.errors)
 

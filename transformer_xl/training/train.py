@@ -34,6 +34,7 @@ from transformer_xl.run import distributed, metrics, run_dir
 from transformer_xl.run import workdir as wd
 from transformer_xl.training import train_state
 from transformer_xl.training.train_state import TrainState
+from transformer_xl.util import report
 
 Array = jax.Array
 
@@ -529,7 +530,7 @@ def _train_and_evaluate(
   if corpus.name == data.TEXT and corpus.documents is not None:
     from transformer_xl.data import text_files  # imports tfds (already loaded for this corpus)
 
-    metrics.log(
+    report.log(
         text_files.documents_report(
             corpus,
             config.data.get("document_separator", "file"),
@@ -546,7 +547,7 @@ def _train_and_evaluate(
     )
   elif config.paper.result:
     paper = f"; paper: no parameter count reported, {config.paper.result}"
-  metrics.log(f"Model: {n_params:,} parameters ({n_params / 1e6:.1f}M{paper}).")
+  report.log(f"Model: {n_params:,} parameters ({n_params / 1e6:.1f}M{paper}).")
   train_step = make_train_step(
       model,
       tx,
