@@ -6,7 +6,7 @@ r"""How fast one's own text is prepared, and in how much memory (data.dataset="t
 Builds a corpus of at least ``--target_mb`` MB by repeating the source text
 over at most ``--files`` files (whole copies per file; every fourth file
 gzip-compressed), then, for each
-tokenizer, prepares it in a fresh subprocess (``text_files.load_text_corpus``,
+tokenizer, prepares it in a fresh subprocess (``text_builder.load_text_corpus``,
 valid and test a copy of the source) and records the wall time, MB of text
 per second and the subprocess's peak RSS (``ru_maxrss``).  The baseline,
 measured in the same run: one pass that only reads and decompresses the
@@ -32,18 +32,18 @@ import common  # noqa: E402  pylint: disable=wrong-import-position
 
 _WORKER = r"""
 import json, resource, sys, time
-from transformer_xl.data import text_files
+from transformer_xl.data import text_builder, text_reading, text_settings
 args = json.loads(sys.argv[1])
 start = time.perf_counter()
 if args["mode"] == "read":
   n = 0
-  files = text_files.resolve_files(text_files.TextSettings(**args["settings"]))["train"]
-  for line, _ in text_files._document_lines(files, "file"):  # pylint: disable=protected-access
+  files = text_reading.resolve_files(text_settings.TextSettings(**args["settings"]))["train"]
+  for line, _ in text_reading.document_lines(files, "file"):
     n += 1
   result = {"lines": n}
 else:
-  corpus = text_files.load_text_corpus(text_files.TextSettings(**args["settings"]),
-                                       data_dir=args["data_dir"])
+  corpus = text_builder.load_text_corpus(text_settings.TextSettings(**args["settings"]),
+                                         data_dir=args["data_dir"])
   result = {"tokens": corpus.splits["train"].num_tokens, "vocab": corpus.vocab_size,
             "documents": corpus.documents["train"].num_sentences,
             "bytes": corpus.num_bytes["train"]}

@@ -1,4 +1,5 @@
-"""data.dataset="text": one's own text files (transformer_xl/data/text_files.py).
+"""data.dataset="text": one's own text files (transformer_xl/data/text_builder.py,
+text_reading.py, text_tfds.py).
 
 The generic path is checked against the built-in corpora it must reproduce
 (PTB and WikiText-2 given as plain files), the stream and the documents
@@ -19,7 +20,7 @@ import numpy as np
 import pytest
 
 from transformer_xl import data
-from transformer_xl.data import text_files, text_vocab, tokenizers
+from transformer_xl.data import text_builder, text_vocab, tokenizers
 from transformer_xl.data.text_settings import TextSettings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -85,7 +86,7 @@ def test_word_stream_documents_and_bytes_equal_a_naive_reading(tmp_path):
   folder = _write(tmp_path / "files", DOCS)
   lines = _naive_lines(TRAIN_ORDER)
   for separator in ("file", "paragraph", "line"):
-    corpus = text_files.load_text_corpus(
+    corpus = text_builder.load_text_corpus(
         _settings(folder, document_separator=separator), data_dir=tmp_path / "tfds", chunk_size=7
     )
     vocab = list(corpus.vocab)
@@ -116,19 +117,23 @@ def test_gzip_and_plain_files_give_the_same_stream_and_a_change_rebuilds(tmp_pat
   )
   tfds_dir = tmp_path / "tfds"
   read = lambda c: c.splits["train"].read(0, c.splits["train"].num_tokens)  # noqa: E731
-  a = text_files.load_text_corpus(_settings(plain, train_files=f"{plain}/x.txt"), data_dir=tfds_dir)
-  b = text_files.load_text_corpus(_settings(gz, train_files=f"{gz}/x.txt.gz"), data_dir=tfds_dir)
+  a = text_builder.load_text_corpus(
+      _settings(plain, train_files=f"{plain}/x.txt"), data_dir=tfds_dir
+  )
+  b = text_builder.load_text_corpus(_settings(gz, train_files=f"{gz}/x.txt.gz"), data_dir=tfds_dir)
   np.testing.assert_array_equal(read(a), read(b))
   assert list(a.vocab) == list(b.vocab)
   # An unchanged file loads the prepared dataset; a changed one is prepared again.
-  builder = text_files.TxlText(_settings(plain, train_files=f"{plain}/x.txt"), data_dir=tfds_dir)
+  builder = text_builder.TxlText(_settings(plain, train_files=f"{plain}/x.txt"), data_dir=tfds_dir)
   assert builder.is_prepared()
   (plain / "x.txt").write_text("entirely different words\n")
-  builder = text_files.TxlText(_settings(plain, train_files=f"{plain}/x.txt"), data_dir=tfds_dir)
+  builder = text_builder.TxlText(_settings(plain, train_files=f"{plain}/x.txt"), data_dir=tfds_dir)
   assert not builder.is_prepared()
-  c = text_files.load_text_corpus(_settings(plain, train_files=f"{plain}/x.txt"), data_dir=tfds_dir)
+  c = text_builder.load_text_corpus(
+      _settings(plain, train_files=f"{plain}/x.txt"), data_dir=tfds_dir
+  )
   assert c.decode(read(c)) == "entirely different words\n"
-  md = text_files.TxlText(
+  md = text_builder.TxlText(
       _settings(plain, train_files=f"{plain}/x.txt"), data_dir=tfds_dir
   ).info.metadata
   (record,) = md["files"]["train"]
@@ -178,7 +183,7 @@ def test_the_real_files_as_text_give_exactly_the_builtin_corpus(
 def test_char_and_byte_tokenizers(tmp_path):
   folder = _write(tmp_path / "files", DOCS)
   lines = _naive_lines(TRAIN_ORDER)
-  char = text_files.load_text_corpus(
+  char = text_builder.load_text_corpus(
       _settings(folder, tokenizer="char"), data_dir=tmp_path / "tfds"
   )
   vocab = list(char.vocab)
@@ -187,7 +192,7 @@ def test_char_and_byte_tokenizers(tmp_path):
   train = char.splits["train"].read(0, char.splits["train"].num_tokens)
   assert char.decode(train) == "".join(line + "\n" for line in lines)
   assert char.decode(char.encode("über Ω\n")) == "über \ufffd\n"  # Ω was not in train
-  byte = text_files.load_text_corpus(
+  byte = text_builder.load_text_corpus(
       _settings(folder, tokenizer="byte"), data_dir=tmp_path / "tfds"
   )
   train = byte.splits["train"].read(0, byte.splits["train"].num_tokens)
@@ -214,7 +219,7 @@ def test_document_lengths_of_every_unit_equal_a_naive_count(tokenizer, spm_corpu
     per_line = {"byte": lambda line: len(line.encode("utf-8")), "char": len}[tokenizer]
     setting = tokenizer
   for separator in ("file", "paragraph", "line"):
-    corpus = text_files.load_text_corpus(
+    corpus = text_builder.load_text_corpus(
         _settings(folder, tokenizer=setting, document_separator=separator),
         data_dir=tmp_path / "tfds",
         chunk_size=7,
@@ -236,15 +241,15 @@ def test_word_vocab_size_and_min_count(tmp_path):
       test_files=f"{folder}/v.txt",
       allow_split_overlap=True,
   )
-  corpus = text_files.load_text_corpus(TextSettings(**s, vocab_size=4), data_dir=tmp_path / "t")
+  corpus = text_builder.load_text_corpus(TextSettings(**s, vocab_size=4), data_dir=tmp_path / "t")
   assert list(corpus.vocab) == ["<eos>", "a", "b", "<unk>"]
   np.testing.assert_array_equal(corpus.splits["valid"].read(0, 3), [1, 3, 0])
-  corpus = text_files.load_text_corpus(TextSettings(**s, min_count=2), data_dir=tmp_path / "t")
+  corpus = text_builder.load_text_corpus(TextSettings(**s, min_count=2), data_dir=tmp_path / "t")
   assert list(corpus.vocab) == ["<eos>", "a", "b", "<unk>"]
-  corpus = text_files.load_text_corpus(TextSettings(**s), data_dir=tmp_path / "t")
+  corpus = text_builder.load_text_corpus(TextSettings(**s), data_dir=tmp_path / "t")
   assert list(corpus.vocab) == ["<eos>", "a", "b", "c", "d", "<unk>"]
   with pytest.raises(data.DataError, match="data.vocab_size=7 is larger .* at most 6"):
-    text_files.load_text_corpus(TextSettings(**s, vocab_size=7), data_dir=tmp_path / "t")
+    text_builder.load_text_corpus(TextSettings(**s, vocab_size=7), data_dir=tmp_path / "t")
 
 
 UNICODE = (
@@ -267,7 +272,7 @@ def spm_corpus(tmp_path_factory):
       vocab_size=300,
       spm_model_type="bpe",
   )
-  return text_files.load_text_corpus(settings, data_dir=tmp / "tfds"), folder, tmp
+  return text_builder.load_text_corpus(settings, data_dir=tmp / "tfds"), folder, tmp
 
 
 def test_sentencepiece_round_trips_exactly_and_streams(spm_corpus):
@@ -297,7 +302,7 @@ def test_a_pretrained_sentencepiece_model_and_tokenizer_json(spm_corpus, tmp_pat
       allow_split_overlap=True,
       tokenizer=f"pretrained:{model}",
   )
-  again = text_files.load_text_corpus(settings, data_dir=tmp_path / "tfds")
+  again = text_builder.load_text_corpus(settings, data_dir=tmp_path / "tfds")
   n = corpus.splits["train"].num_tokens
   np.testing.assert_array_equal(again.splits["train"].read(0, n), corpus.splits["train"].read(0, n))
   import tokenizers as hf
@@ -320,7 +325,7 @@ def test_a_pretrained_sentencepiece_model_and_tokenizer_json(spm_corpus, tmp_pat
       allow_split_overlap=True,
       tokenizer=f"pretrained:{path}",
   )
-  hf_corpus = text_files.load_text_corpus(settings, data_dir=tmp_path / "tfds")
+  hf_corpus = text_builder.load_text_corpus(settings, data_dir=tmp_path / "tfds")
   train = hf_corpus.splits["train"].read(0, hf_corpus.splits["train"].num_tokens)
   assert hf_corpus.decode(train) == UNICODE
   assert hf_corpus.vocab[hf_corpus.boundary_id] == "Ċ"  # GPT-2's byte-level "\n"
@@ -328,7 +333,7 @@ def test_a_pretrained_sentencepiece_model_and_tokenizer_json(spm_corpus, tmp_pat
 
 def _bad(tmp_path, folder, **kw) -> str:
   with pytest.raises(data.DataError) as err:
-    text_files.load_text_corpus(_settings(folder, **kw), data_dir=tmp_path / "tfds")
+    text_builder.load_text_corpus(_settings(folder, **kw), data_dir=tmp_path / "tfds")
   return str(err.value)
 
 
@@ -671,7 +676,7 @@ def test_a_corpus_that_tokenises_differently_from_the_run_is_refused(tmp_path):
       valid_files=f"{folder}/c.txt",
       test_files=f"{folder}/c.txt",
   )
-  load = lambda: text_files.load_text_corpus(settings, data_dir=tmp_path / "tfds")  # noqa: E731
+  load = lambda: text_builder.load_text_corpus(settings, data_dir=tmp_path / "tfds")  # noqa: E731
   corpus = load()
   workdir = tmp_path / "run"
   workdir.mkdir()

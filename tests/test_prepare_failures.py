@@ -29,7 +29,7 @@ import pytest
 
 from transformer_xl import data, errors
 from transformer_xl.cli import user_errors
-from transformer_xl.data import text_files
+from transformer_xl.data import text_builder
 from transformer_xl.data.text_settings import TextSettings
 
 from data_samples import CHUNK, _ptb_tgz
@@ -69,7 +69,7 @@ class _Corpora:
 
   def load(self, kind: str, data_dir: Path) -> data.Corpus:
     if kind == "text":
-      return text_files.load_text_corpus(_text_settings(self.text), data_dir=data_dir)
+      return text_builder.load_text_corpus(_text_settings(self.text), data_dir=data_dir)
     return data.load_corpus(
         "ptb", data_dir=data_dir, manual_dir=self.manual, verify_checksums=False, chunk_size=CHUNK
     )
@@ -195,7 +195,7 @@ def test_a_dataset_info_naming_files_outside_its_folder_is_refused_as_damaged(
 _RACER = textwrap.dedent("""
     import hashlib, json, sys, time
     from pathlib import Path
-    from transformer_xl.data import load_corpus, storage, text_files
+    from transformer_xl.data import load_corpus, storage, text_builder, text_settings
     kind, root, data_dir, go = sys.argv[1:5]
     prepared = []
     original = storage.TokenStreamBuilder.download_and_prepare
@@ -209,10 +209,10 @@ _RACER = textwrap.dedent("""
     while not Path(go).exists():  # both start together
       time.sleep(0.01)
     if kind == "text":
-      settings = text_files.TextSettings(
+      settings = text_settings.TextSettings(
           **{f"{s}_files": f"{root}/text/{s}.txt" for s in ("train", "valid", "test")}
       )
-      corpus = text_files.load_text_corpus(settings, data_dir=data_dir)
+      corpus = text_builder.load_text_corpus(settings, data_dir=data_dir)
     else:
       corpus = load_corpus(
           "ptb", data_dir=data_dir, manual_dir=f"{root}/manual", verify_checksums=False,
@@ -266,7 +266,7 @@ def test_a_preparation_waits_for_the_lock_and_then_uses_the_dataset(prepared, tm
 
   corpora, out = prepared
   data_dir = tmp_path / "tfds"
-  builder = text_files.TxlText(_text_settings(corpora.text), data_dir=data_dir)
+  builder = text_builder.TxlText(_text_settings(corpora.text), data_dir=data_dir)
   assert not builder.is_prepared()
   lock_path = Path(builder.lock_path())
   folder = Path(builder.data_dir).relative_to(data_dir)  # txl_text/<fingerprint>/1.0.0
@@ -340,7 +340,7 @@ def test_a_full_disk_while_preparing_text_is_one_error_and_leaves_nothing(
   tmp_dir = tmp_path / "tmp" if full == "data_dir" else small_disk
   tmp_dir.mkdir(exist_ok=True)
   monkeypatch.setattr("tempfile.tempdir", str(tmp_dir))
-  load = lambda: text_files.load_text_corpus(
+  load = lambda: text_builder.load_text_corpus(
       _text_settings(folder, tokenizer="byte"), data_dir=data_dir
   )
   with pytest.raises(errors.UserError) as err:
@@ -413,7 +413,7 @@ def test_a_full_temporary_disk_reported_as_an_os_error_names_the_folder(
     f = real_open(path, mode, *args, **kwargs)
     return Full(f) if str(path).endswith(".int32") and "a" in mode else f
 
-  monkeypatch.setattr(text_files, "open", full_open, raising=False)
+  monkeypatch.setattr(text_builder, "open", full_open, raising=False)
   with pytest.raises(data.DataError) as err:
     corpora.load("text", tmp_path / "tfds")
   message = str(err.value)

@@ -247,13 +247,13 @@ def test_bits_per_byte_is_the_split_loss_in_bits_over_its_utf8_bytes(tmp_path):
   """``corpus_level`` against the definition worked out by hand: mean loss
   (nats) x tokens / (UTF-8 bytes x ln 2), on a word corpus (tokens and bytes
   differ; multi-byte characters) with a document per line."""
-  from transformer_xl.data import text_files
+  from transformer_xl.data import text_builder
   from transformer_xl.data.text_settings import TextSettings
 
   (tmp_path / "train.txt").write_text("der Hund und die Katze\nGrüße aus Köln\n", "utf-8")
   valid = "Grüße  aus   Köln\nein Hund ü\nund\n"
   (tmp_path / "valid.txt").write_text(valid, "utf-8")
-  corpus = text_files.load_text_corpus(
+  corpus = text_builder.load_text_corpus(
       TextSettings(
           train_files=f"{tmp_path}/train.txt",
           valid_files=f"{tmp_path}/valid.txt",

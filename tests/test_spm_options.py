@@ -23,7 +23,7 @@ import pytest
 import sentencepiece
 
 from transformer_xl import data, default_config
-from transformer_xl.data import text_files, text_settings, text_vocab
+from transformer_xl.data import text_builder, text_reading, text_settings, text_vocab
 from transformer_xl.data.text_settings import SPM_OPTIONS_BEFORE, TextSettings
 from transformer_xl.run import workdir
 
@@ -56,7 +56,7 @@ def _files(folder: Path, train: str) -> TextSettings:
 
 def _load_error(settings: TextSettings, tmp_path: Path) -> str:
   with pytest.raises(data.DataError) as err:
-    text_files.load_text_corpus(settings, data_dir=tmp_path / "tfds")
+    text_builder.load_text_corpus(settings, data_dir=tmp_path / "tfds")
   return str(err.value)
 
 
@@ -80,7 +80,7 @@ def test_a_corpus_whose_only_line_is_longer_than_the_sample_says_so_and_what_to_
   advised = re.search(r"Raise data\.spm_sample_mb to at least ([0-9.]+), or break", message)
   assert advised, message
   assert float(advised.group(1)) * 1e6 < size + 2  # the least that fits: the line, its newline
-  corpus = text_files.load_text_corpus(
+  corpus = text_builder.load_text_corpus(
       dataclasses.replace(settings, spm_sample_mb=float(advised.group(1))),
       data_dir=tmp_path / "tfds",
   )
@@ -104,7 +104,7 @@ def test_a_corpus_whose_only_line_is_longer_than_the_sentence_limit_says_so(tmp_
       "data.spm_max_sentence_length=65,536 bytes, SentencePiece's limit" in message
   ), message
   assert f"Raise data.spm_max_sentence_length to at least {size:,}, or break" in message
-  corpus = text_files.load_text_corpus(
+  corpus = text_builder.load_text_corpus(
       dataclasses.replace(settings, spm_max_sentence_length=size), data_dir=tmp_path / "tfds"
   )
   assert corpus.vocab_size == 300
@@ -133,7 +133,7 @@ def test_a_vocabulary_too_large_still_gets_its_own_advice(tmp_path):
   message = _load_error(settings, tmp_path)
   largest = re.search(r"set it to a value <= (\d+)\. Change data\.vocab_size\.$", message)
   assert largest and "SentencePiece cannot be trained with data.vocab_size=300" in message
-  corpus = text_files.load_text_corpus(
+  corpus = text_builder.load_text_corpus(
       dataclasses.replace(settings, vocab_size=int(largest.group(1))), data_dir=tmp_path / "tfds"
   )
   assert corpus.vocab_size == int(largest.group(1))
@@ -300,11 +300,11 @@ def test_the_config_refuses_a_bad_option_before_anything_runs():
 
 def _earlier_fingerprint(s: TextSettings, files) -> str:
   """The fingerprint as this package computed it before the options existed
-  (``text_files.fingerprint`` then: every settings field of that time)."""
+  (``text_reading.fingerprint`` then: every settings field of that time)."""
   later = set(NEW_OPTIONS) | set(text_settings.NOT_FINGERPRINTED)  # fields added since
   settings = {k: v for k, v in dataclasses.asdict(s).items() if k not in later}
   desc = {
-      "format": text_files.STORAGE_FORMAT,
+      "format": text_settings.STORAGE_FORMAT,
       "settings": settings,
       "files": {
           split: [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in fs]
@@ -316,7 +316,7 @@ def _earlier_fingerprint(s: TextSettings, files) -> str:
 
 def test_each_option_changes_the_fingerprint_and_earlier_datasets_keep_theirs(tmp_path):
   s = dataclasses.replace(_files(tmp_path / "files", "some text\n"), vocab_size=8000)
-  files = text_files.resolve_files(s)
+  files = text_reading.resolve_files(s)
   changed = {
       "spm_allow_whitespace_only_pieces": False,
       "spm_split_digits": False,
@@ -325,29 +325,29 @@ def test_each_option_changes_the_fingerprint_and_earlier_datasets_keep_theirs(tm
       "spm_max_sentence_length": 4192,
   }
   assert set(changed) == set(NEW_OPTIONS)
-  prints = {text_files.fingerprint(s, files)}
+  prints = {text_reading.fingerprint(s, files)}
   for name, value in changed.items():
-    prints.add(text_files.fingerprint(dataclasses.replace(s, **{name: value}), files))
+    prints.add(text_reading.fingerprint(dataclasses.replace(s, **{name: value}), files))
   assert len(prints) == 1 + len(changed)  # each option, alone, names another dataset
   # At the earlier values, SentencePiece's dataset keeps the name it had.
   before = dataclasses.replace(s, **SPM_OPTIONS_BEFORE)
-  assert text_files.fingerprint(before, files) == _earlier_fingerprint(before, files)
-  assert text_files.fingerprint(s, files) != _earlier_fingerprint(s, files)  # whitespace pieces
+  assert text_reading.fingerprint(before, files) == _earlier_fingerprint(before, files)
+  assert text_reading.fingerprint(s, files) != _earlier_fingerprint(s, files)  # whitespace pieces
   # Another tokenizer's dataset does not depend on them: its name as before, whatever they are.
   word = dataclasses.replace(s, tokenizer="word", vocab_size=0)
   for name, value in changed.items():
     other = dataclasses.replace(word, **{name: value})
-    assert text_files.fingerprint(other, files) == _earlier_fingerprint(word, files)
+    assert text_reading.fingerprint(other, files) == _earlier_fingerprint(word, files)
 
 
 def test_a_dataset_prepared_with_other_options_is_not_reused(tmp_path):
   settings = dataclasses.replace(_files(tmp_path / "files", "\n".join(CODE) + "\n"), vocab_size=400)
   tfds_dir = tmp_path / "tfds"
-  first = text_files.load_text_corpus(settings, data_dir=tfds_dir)
-  again = text_files.load_text_corpus(settings, data_dir=tfds_dir)
+  first = text_builder.load_text_corpus(settings, data_dir=tfds_dir)
+  again = text_builder.load_text_corpus(settings, data_dir=tfds_dir)
   assert again.tokenizer.model_proto == first.tokenizer.model_proto
   assert len(list((tfds_dir / "txl_text").iterdir())) == 1  # the same settings: reused
-  other = text_files.load_text_corpus(
+  other = text_builder.load_text_corpus(
       dataclasses.replace(settings, spm_allow_whitespace_only_pieces=False), data_dir=tfds_dir
   )
   assert len(list((tfds_dir / "txl_text").iterdir())) == 2

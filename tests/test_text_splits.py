@@ -22,7 +22,7 @@ import pytest
 
 from transformer_xl import data, default_config, sharding
 from transformer_xl.cli import user_errors
-from transformer_xl.data import text_files
+from transformer_xl.data import text_builder, text_reading
 from transformer_xl.data.text_settings import TextSettings, settings_problems
 from transformer_xl.training import train
 
@@ -68,7 +68,7 @@ def _split_settings(**kw) -> TextSettings:
 def test_a_file_in_two_splits_is_refused_before_any_work(corp, tmp_path):
   data_dir = tmp_path / "tfds"
   with pytest.raises(data.DataError) as err:
-    text_files.load_text_corpus(_split_settings(tokenizer="byte"), data_dir=data_dir)
+    text_builder.load_text_corpus(_split_settings(tokenizer="byte"), data_dir=data_dir)
   msg = str(err.value)
   assert "\n" not in msg
   # the first file two splits share (valid's, as train's pattern comes first), both patterns,
@@ -91,23 +91,23 @@ def test_two_spellings_of_one_file_are_one_file(corp, tmp_path, spelling):
       valid_files="corp/valid.txt",
       test_files=f"corp/test.txt,{spelling.format(abs=tmp_path)}",
   )
-  assert [f.name for f in text_files.resolve_files(s)["test"]] == ["test.txt"]  # once
+  assert [f.name for f in text_reading.resolve_files(s)["test"]] == ["test.txt"]  # once
   s = dataclasses.replace(s, valid_files=spelling.format(abs=tmp_path), test_files="corp/b.txt")
   with pytest.raises(data.DataError, match=r"data.train_files \('corp/b.txt'\)"):
-    text_files.resolve_files(s)  # b.txt in train and test
+    text_reading.resolve_files(s)  # b.txt in train and test
   s = dataclasses.replace(s, test_files="corp/test.txt")
   with pytest.raises(data.DataError) as err:
-    text_files.resolve_files(s)  # test.txt in valid (spelled otherwise) and test
+    text_reading.resolve_files(s)  # test.txt in valid (spelled otherwise) and test
   assert f"data.valid_files ({spelling.format(abs=tmp_path)!r})" in str(err.value)
   assert "data.test_files ('corp/test.txt')" in str(err.value)
 
 
 def test_split_overlap_can_be_allowed_explicitly(corp, tmp_path):
   s = _split_settings(tokenizer="byte", allow_split_overlap=True)
-  files = text_files.resolve_files(s)
+  files = text_reading.resolve_files(s)
   assert [f.name for f in files["train"]] == ["a.txt", "b.txt", "test.txt", "valid.txt"]
   # the opt-out changes no data: the same prepared dataset either way
-  assert text_files.fingerprint(s, files) == text_files.fingerprint(
+  assert text_reading.fingerprint(s, files) == text_reading.fingerprint(
       dataclasses.replace(s, allow_split_overlap=False), files
   )
   # through the config, as --config.data.allow_split_overlap=True gives it
@@ -139,10 +139,10 @@ def test_split_overlap_can_be_allowed_explicitly(corp, tmp_path):
 
 _RESOLVE = textwrap.dedent("""
     import json, sys
-    from transformer_xl.data import text_files
+    from transformer_xl.data import text_reading
     from transformer_xl.data.text_settings import TextSettings
     s = TextSettings(train_files=sys.argv[1], valid_files="v/v.txt", test_files="v/t.txt")
-    print(json.dumps([str(f) for f in text_files.resolve_files(s)["train"]]))
+    print(json.dumps([str(f) for f in text_reading.resolve_files(s)["train"]]))
     """)
 
 
@@ -236,7 +236,7 @@ def test_recursive_glob_without_links_is_globs(tmp_path, monkeypatch):
   ]
   for pattern in patterns:
     want = sorted({p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p)})
-    assert text_files.expand_pattern(pattern) == want, pattern
+    assert text_reading.expand_pattern(pattern) == want, pattern
 
 
 # -- 3. configs/text.py's document ------------------------------------------------------------
@@ -301,7 +301,7 @@ def test_training_reports_each_splits_documents(tmp_path, monkeypatch, reports):
       tokenizer="byte",
       document_separator="paragraph",
   )
-  corpus = text_files.load_text_corpus(s, data_dir=tmp_path / "tfds")
+  corpus = text_builder.load_text_corpus(s, data_dir=tmp_path / "tfds")
 
   def stop(*args, **kwargs):
     raise _Stop  # the report is made before the train step is built: nothing to compile
@@ -341,7 +341,7 @@ def test_a_bom_at_the_start_of_each_file_is_not_text(tmp_path):
         tokenizer=tokenizer,
         allow_split_overlap=True,
     )
-    return text_files.load_text_corpus(s, data_dir=tmp_path / "tfds")
+    return text_builder.load_text_corpus(s, data_dir=tmp_path / "tfds")
 
   for tokenizer in ("word", "byte"):
     with_bom, without = load("bom", tokenizer), load("plain", tokenizer)
@@ -354,7 +354,7 @@ def test_a_bom_at_the_start_of_each_file_is_not_text(tmp_path):
     assert with_bom.num_bytes == without.num_bytes
   # a BOM later in a file is text (as utf-8-sig keeps it)
   (tmp_path / "mid.txt").write_text("a\n" + bom + "b\n", encoding="utf-8")
-  lines = [line for line, _ in text_files._document_lines([tmp_path / "mid.txt"], "file")]
+  lines = [line for line, _ in text_reading.document_lines([tmp_path / "mid.txt"], "file")]
   assert lines == ["a", bom + "b"]
   # the same for a --text file scored against the corpus
   (tmp_path / "score.txt").write_text(bom + "Hello world\n", encoding="utf-8")

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from transformer_xl import data, default_config, sharding
-from transformer_xl.data import text_files
+from transformer_xl.data import text_builder
 from transformer_xl.data.text_settings import TextSettings
 from transformer_xl.inference import evaluate
 from transformer_xl.model import models
@@ -29,7 +29,7 @@ SPLITS = ("train", "valid", "test")
 
 
 def _ptb_as_text(folder, data_dir):
-  return text_files.load_text_corpus(
+  return text_builder.load_text_corpus(
       TextSettings(
           train_files=f"{folder}/ptb.train.txt",
           valid_files=f"{folder}/ptb.valid.txt",
@@ -130,7 +130,7 @@ def test_each_documents_bytes_and_words_are_recorded(tmp_path):
   texts = ["Grüße  aus Köln\n\nzwei\tWörter\n", "one\n", "a b c d\ne f\n"]
   for k, t in enumerate(texts):
     (tmp_path / f"d{k}.txt").write_text(t, "utf-8")
-  corpus = text_files.load_text_corpus(
+  corpus = text_builder.load_text_corpus(
       TextSettings(
           train_files=f"{tmp_path}/d*.txt",
           valid_files=f"{tmp_path}/d*.txt",

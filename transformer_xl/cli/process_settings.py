@@ -204,7 +204,7 @@ class _Reports(logging.StreamHandler):
 # Other libraries' warnings that leave nothing to act on, as (a part of the
 # path of the file that logs it, the start of its message): tfds's for every
 # dataset of this package, each a custom BuilderConfig named by the corpus's
-# fingerprint (data/text_files.py, own text only).
+# fingerprint (data/text_builder.py, own text only).
 _NOISE = ((os.sep + "tensorflow_datasets" + os.sep, "Using custom data configuration"),)
 
 

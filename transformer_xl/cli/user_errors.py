@@ -107,7 +107,7 @@ def load_tokens(path: str, flag: str = "--tokens") -> np.ndarray:
 
 def read_text(path: str, flag: str = "--text") -> str:
   """The --text file (or another ``flag``'s) as UTF-8 (a byte order mark at its start dropped, as
-  corpus files are read: ``text_files._open_lines``).
+  corpus files are read: ``text_reading._open_lines``).
 
   Raises:
     evaluate.ScoreInputError: missing, or not UTF-8.

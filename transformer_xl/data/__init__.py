@@ -32,8 +32,12 @@ Modules, one role each:
 * ``enwik8_text8.py``: builders of the byte/char corpora of one file;
 * ``ptb_wikitext.py``: builders of the corpora of one text file per split;
 * ``lm1b.py``: the builder of One Billion Word;
-* ``text_files.py``: the builder of one's own text files
-  (``data.dataset="text"``, ``"tfds:NAME"``);
+* ``text_reading.py``: one's own text files (``data.dataset="text"``)
+  found and read as lines;
+* ``text_tfds.py``: a tfds text dataset (``data.dataset="tfds:NAME"``)
+  read as lines;
+* ``text_builder.py``: the builder of either (tokenised into a prepared
+  dataset) and ``load_text_corpus``;
 * ``text_vocab.py``: their vocabularies and tokenizers; the workdir's
   tokenizer.json;
 * ``text_settings.py``: their settings (checked without tfds);
@@ -122,8 +126,8 @@ from transformer_xl.data.shuffled import ShuffledSentenceIterator
 
 # Names accepted by load_corpus (launch/common.sh reads this literal).
 CORPUS_NAMES = ("enwik8", "text8", "ptb", "ptb_char", "wikitext2", "wikitext103", "lm1b")
-TEXT = "text"  # data.dataset of one's own text files (text_files.py)
-# The data config fields that describe one's own text (text_files.TextSettings).
+TEXT = "text"  # data.dataset of one's own text files (text_builder.py)
+# The data config fields that describe one's own text (text_settings.TextSettings).
 TEXT_FIELDS = (
     "train_files",
     "valid_files",
@@ -152,7 +156,7 @@ def load_configured(data_cfg: Mapping[str, Any]) -> Corpus:
 
   ``dataset`` is one of ``CORPUS_NAMES`` (``load_corpus`` with
   ``data_dir``, ``manual_dir``, ``download``, ``verify_checksums``),
-  ``"text"`` or ``"tfds:NAME[/CONFIG]"`` (``text_files.load_text_corpus``
+  ``"text"`` or ``"tfds:NAME[/CONFIG]"`` (``text_builder.load_text_corpus``
   with the ``TEXT_FIELDS`` and ``data_dir``), or ``"synthetic:TASK"``
   (``synthetic.load`` with the ``synthetic_*`` fields: drawn in memory).
   Other fields are not the corpus's.
@@ -165,13 +169,13 @@ def load_configured(data_cfg: Mapping[str, Any]) -> Corpus:
   if synthetic.is_synthetic(dataset):
     return synthetic.load(synthetic.TaskSettings.from_data_config(data_cfg))
   if dataset == TEXT or dataset.startswith(TFDS_PREFIX):
-    from transformer_xl.data import text_files  # imports tfds
+    from transformer_xl.data import text_builder, text_settings  # imports tfds
 
-    settings = text_files.TextSettings(
+    settings = text_settings.TextSettings(
         **{k: data_cfg[k] for k in TEXT_FIELDS if k in data_cfg},
         tfds_name=dataset[len(TFDS_PREFIX) :] if dataset.startswith(TFDS_PREFIX) else "",
     )
-    return text_files.load_text_corpus(settings, data_dir=data_cfg.get("data_dir"))
+    return text_builder.load_text_corpus(settings, data_dir=data_cfg.get("data_dir"))
   return load_corpus(
       data_cfg["dataset"],
       **{

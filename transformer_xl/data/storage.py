@@ -388,7 +388,7 @@ class Plan:
   sentence lengths), written in the order of ``streams``.  ``metadata``
   holds extra entries for metadata.json.  ``num_tokens`` None: the builder
   counts while it writes, and records ``num_tokens`` in the metadata itself
-  before the last stream ends (one pass instead of two; text_files.py).
+  before the last stream ends (one pass instead of two; text_builder.py).
   """
 
   vocab: list[str]

@@ -1,7 +1,8 @@
 """The settings of a corpus of one's own text files (``data.dataset="text"``).
 
-Kept apart from ``text_files.py`` (which imports tfds) so that config
-validation checks them without importing tfds.  Meanings: ``text_files.py``.
+Kept apart from ``text_builder.py`` (which imports tfds) so that config
+validation checks them without importing tfds.  Meanings: ``text_builder.py``
+(and ``text_reading.py`` for the files).
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ SPM_OPTIONS_BEFORE = {
 }
 BYTE_VOCAB_SIZE = 256
 # Fields that choose which files are accepted, not what is prepared from them: left out of
-# the prepared dataset's fingerprint (text_files.fingerprint).
+# the prepared dataset's fingerprint (text_reading.fingerprint, TfdsText.fingerprint).
 NOT_FINGERPRINTED = ("allow_split_overlap",)
+STORAGE_FORMAT = 1  # in the fingerprint: a change of how corpora are stored prepares them again
 
 
 @dataclasses.dataclass(frozen=True)

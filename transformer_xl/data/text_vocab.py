@@ -1,6 +1,6 @@
 """Vocabularies and tokenizers of one's own text (``data.dataset="text"``, ``"tfds:NAME"``).
 
-What ``text_files.py`` builds a corpus's vocabulary with: counted word and
+What ``text_builder.py`` builds a corpus's vocabulary with: counted word and
 character vocabularies, SentencePiece trained on a random sample of lines,
 pretrained tokenizer files, the vectorised line encoders; and the record of
 a tokenizer kept with a prepared corpus and in a run's workdir
@@ -424,7 +424,7 @@ def check_saved_tokenizer(corpus: Corpus, workdir) -> None:
 
 
 UNITS = ("byte", "char", "word", "subword")  # a corpus's unit, as tokenizer.json records it
-_KIND_UNITS = {  # tokenizer kind -> the unit of its corpus (text_files.py)
+_KIND_UNITS = {  # tokenizer kind -> the unit of its corpus (text_builder.py)
     "byte": "byte",
     "char": "char",
     "word": "word",

@@ -17,7 +17,7 @@ the ids the builder gave the corpus's own files.
   symbol outside the vocabulary becomes the unknown-word symbol (``<unk>``;
   lm1b ``<UNK>``) if the vocabulary has it, else raises DataError.
 
-For one's own text (``data.dataset="text"``, ``text_files.py``):
+For one's own text (``data.dataset="text"``, ``text_builder.py``):
 ``CharTokenizer`` (characters, the newline as the end symbol,
 ``<unk>``), ``SentencePieceTokenizer`` (a SentencePiece model, ``</s>``
 ending each line) and ``HuggingFaceTokenizer`` (a ``tokenizer.json``,
@@ -310,7 +310,7 @@ class LineTokenizer:
     return LineDecoder(vocab, self.end, self.chars)
 
 
-# -- tokenisations of one's own text (data.dataset="text", "tfds:NAME"; text_files.py) ----------
+# -- tokenisations of one's own text (data.dataset="text", "tfds:NAME"; text_builder.py) --------
 
 NEWLINE = "\n"  # the end symbol of a line at character level (CharTokenizer)
 REPLACEMENT = "\ufffd"  # how an unknown character decodes (CharTokenizer)
@@ -320,7 +320,7 @@ REPLACEMENT = "\ufffd"  # how an unknown character decodes (CharTokenizer)
 class CharTokenizer:
   """The characters of each line, then a newline symbol (``data.tokenizer="char"``).
 
-  The vocabulary is built from the training text (``text_files.py``): the
+  The vocabulary is built from the training text (``text_builder.py``): the
   newline first (the boundary, id 0), the characters by descending count,
   then ``<unk>``, which any other character maps to.  Decoding joins the
   characters; ``<unk>`` comes back as U+FFFD.
