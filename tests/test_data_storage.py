@@ -1,4 +1,5 @@
-"""Tests of transformer_xl.data.storage and load_corpus: chunk records, reloading, names."""
+"""Tests of transformer_xl.data.storage and .prepared, and load_corpus: chunk records,
+reloading, names."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 
 from transformer_xl.data import CORPUS_NAMES, ArraySource, DataError, load_corpus
 from transformer_xl.data.builders import BUILDERS
-from transformer_xl.data.storage import ChunkedSource
+from transformer_xl.data.prepared import ChunkedSource
 
 from data_samples import CHUNK, _ptb_tgz
 

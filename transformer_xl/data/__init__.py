@@ -27,8 +27,9 @@ Modules, one role each:
 * ``sources.py``: locating, downloading and checksumming source files;
 * ``download.py``: ``fetch``, the one downloader (resumed, retried,
   bounded), of the corpora and of the released models;
-* ``storage.py``: chunked array_record storage: the base tfds builder,
-  readers;
+* ``storage.py``: chunked array_record storage: the base tfds builder;
+* ``prepared.py``: a prepared dataset read back (``ChunkedSource``,
+  ``ChunkedSentenceIndex``), its files checked;
 * ``enwik8_text8.py``: builders of the byte/char corpora of one file;
 * ``ptb_wikitext.py``: builders of the corpora of one text file per split;
 * ``lm1b.py``: the builder of One Billion Word;

@@ -4,7 +4,7 @@ Every split of a corpus is one token stream (int32 ids) read by range
 through a ``TokenSource``; sentence-level corpora (One Billion Word)
 also have a ``SentenceIndex`` per split.  The in-memory versions
 (``ArraySource``, ``ArraySentenceIndex``) serve tests and small
-corpora; the stored ones are in ``storage.py``.
+corpora; the stored ones are in ``prepared.py``.
 """
 
 from __future__ import annotations

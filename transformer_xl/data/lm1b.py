@@ -18,14 +18,8 @@ import numpy as np
 
 from transformer_xl.data import sources
 from transformer_xl.data.corpus import Corpus, DataError
-from transformer_xl.data.storage import (
-    SPLITS,
-    ChunkedSentenceIndex,
-    ChunkedSource,
-    CorpusSpec,
-    Plan,
-    TokenStreamBuilder,
-)
+from transformer_xl.data.prepared import SPLITS, ChunkedSentenceIndex, ChunkedSource
+from transformer_xl.data.storage import CorpusSpec, Plan, TokenStreamBuilder
 from transformer_xl.data.tokenizers import LM1B_S, LM1B_UNK, LineTokenizer
 
 LM1B_MIN_FREQ = 3  # Chelba et al. 2013: words seen < 3 times are <UNK>

@@ -23,7 +23,8 @@ import numpy as np
 
 from transformer_xl.data import sources
 from transformer_xl.data.corpus import Corpus, DataError, WordsOfStream
-from transformer_xl.data.storage import SPLITS, CorpusSpec, Plan, TokenStreamBuilder
+from transformer_xl.data.prepared import SPLITS
+from transformer_xl.data.storage import CorpusSpec, Plan, TokenStreamBuilder
 from transformer_xl.data.tokenizers import EOS, UNK, LineTokenizer
 
 

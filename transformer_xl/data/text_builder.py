@@ -66,18 +66,16 @@ import tqdm
 from transformer_xl import errors
 from transformer_xl.data import text_vocab, tokenizers
 from transformer_xl.data.corpus import Corpus, DataError
-from transformer_xl.data.storage import (
+from transformer_xl.data.prepared import (
     SPLITS,
     ChunkedSentenceIndex,
     ChunkedSource,
-    CorpusSpec,
-    Plan,
     PreparedInfo,
-    TokenStreamBuilder,
     counts_problem,
     damaged_message,
     first_line,
 )
+from transformer_xl.data.storage import CorpusSpec, Plan, TokenStreamBuilder
 from transformer_xl.data.text_reading import document_lines, fingerprint, resolve_files
 from transformer_xl.data.text_settings import PRETRAINED, TextSettings, settings_problems
 from transformer_xl.data.text_tfds import TfdsText
@@ -173,7 +171,7 @@ class TxlText(TokenStreamBuilder, skip_registration=True):
     super().__init__(config=config, **kwargs)
 
   def _info(self) -> tfds.core.DatasetInfo:
-    return PreparedInfo(  # a damaged dataset_info.json is a DataError (storage.py)
+    return PreparedInfo(  # a damaged dataset_info.json is a DataError (prepared.py)
         builder=self,
         description="Text files tokenised into one int32 stream per split.",
         features=tfds.features.FeaturesDict(

@@ -350,7 +350,7 @@ def tokenizer_from_metadata(md: Mapping, name: str, folder: str = ""):
 
   Raises:
     DataError: the stored record is not a tokenizer (the prepared dataset
-      is damaged: ``storage.damaged_message``'s words).
+      is damaged: ``prepared.damaged_message``'s words).
   """
   try:
     return _tokenizer_of_record(md["tokenizer"], name)
