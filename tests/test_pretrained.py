@@ -28,8 +28,10 @@ import pytest
 from http_server import FileServer
 
 from transformer_xl import convert, data
-from transformer_xl.convert import pretrained
+from transformer_xl.convert import download, pretrained, releases
 from transformer_xl.convert.__main__ import main as convert_main
+from transformer_xl.convert.hub import hub_files
+from transformer_xl.data.download import sha256_of
 
 from data_samples import _wiki_zip
 from test_convert import run_module, tf_variables, write_tf_checkpoint
@@ -102,7 +104,7 @@ def reference_cache_pickle(idx2sym: list[str], dataset: str, cutoffs: list[int])
 
 @dataclasses.dataclass
 class SmallRelease:
-  release: pretrained.Release
+  release: releases.Release
   files: dict[str, bytes]  # path under the release's url -> bytes
   model: object  # the HF model with the release's tensors
   hp: dict
@@ -156,7 +158,7 @@ def small_release(tmp_path_factory) -> SmallRelease:
       "model/model.ckpt-0.data-00000-of-00001": Path(prefix + ".data-00000-of-00001").read_bytes(),
   }
   rel = dataclasses.replace(
-      pretrained.RELEASES["wt103"],
+      releases.RELEASES["wt103"],
       hparams=sizes,
       n_token=len(ref_vocab),
       cutoffs=tuple(cutoffs),
@@ -172,7 +174,7 @@ def server(small_release, monkeypatch):
   for name, body in small_release.files.items():
     srv.files[f"/tf_wt103/{name}"] = body
   monkeypatch.setitem(
-      pretrained.RELEASES,
+      releases.RELEASES,
       "wt103",
       dataclasses.replace(small_release.release, url=f"{srv.url}/tf_wt103"),
   )
@@ -252,8 +254,8 @@ def test_manual_dir_offline_and_its_missing_files_named(small_release, server, t
   for name, body in small_release.files.items():
     (manual / name).parent.mkdir(parents=True, exist_ok=True)
     (manual / name).write_bytes(body)
-  base = pretrained.release_files(
-      pretrained.release("wt103"), str(tmp_path / "cache"), manual_dir=str(manual)
+  base = download.release_files(
+      releases.release("wt103"), str(tmp_path / "cache"), manual_dir=str(manual)
   )
   assert base == manual and server.requests == []
   # Offline end to end: the conversion reads the manual dir, never the network.
@@ -289,8 +291,8 @@ def test_manual_dir_offline_and_its_missing_files_named(small_release, server, t
   # A file of the manual dir that differs from its record is refused.
   (manual / "data/cache.pkl").write_bytes(small_release.files["data/cache.pkl"] + b" ")
   with pytest.raises(convert.ConvertError, match="differs from the data/cache.pkl recorded"):
-    pretrained.release_files(
-        pretrained.release("wt103"), str(tmp_path / "cache"), manual_dir=str(manual)
+    download.release_files(
+        releases.release("wt103"), str(tmp_path / "cache"), manual_dir=str(manual)
     )
 
 
@@ -325,7 +327,7 @@ def test_a_download_cut_short_is_resumed_with_a_range_request(small_release, ser
   name = "model/model.ckpt-0.data-00000-of-00001"
   body = small_release.files[name]
   server.faults[f"/tf_wt103/{name}"] = ["truncate"]
-  base = pretrained.release_files(pretrained.release("wt103"), str(tmp_path / "c"), progress=False)
+  base = download.release_files(releases.release("wt103"), str(tmp_path / "c"), progress=False)
   assert (base / name).read_bytes() == body
   assert server.gets(name) == [None, f"bytes={len(body) // 2}-"]
 
@@ -336,25 +338,25 @@ def test_a_partial_file_of_an_interrupted_run_is_resumed(small_release, server, 
   part = tmp_path / "c/downloads/wt103/data/cache.pkl.part"
   part.parent.mkdir(parents=True)
   part.write_bytes(body[:100])
-  base = pretrained.release_files(pretrained.release("wt103"), str(tmp_path / "c"), progress=False)
+  base = download.release_files(releases.release("wt103"), str(tmp_path / "c"), progress=False)
   assert (base / name).read_bytes() == body and not part.exists()
   assert server.gets(name) == ["bytes=100-"]
 
 
 def test_a_cached_file_that_changed_is_fetched_again(small_release, server, tmp_path):
-  rel, cache = pretrained.release("wt103"), str(tmp_path / "c")
-  base = pretrained.release_files(rel, cache, progress=False)
+  rel, cache = releases.release("wt103"), str(tmp_path / "c")
+  base = download.release_files(rel, cache, progress=False)
   name = "model/model.ckpt-0.data-00000-of-00001"
   damaged = bytearray((base / name).read_bytes())
   damaged[len(damaged) // 3] ^= 1  # one low bit
   (base / name).write_bytes(bytes(damaged))
-  pretrained.release_files(rel, cache, progress=False)
+  download.release_files(rel, cache, progress=False)
   assert (base / name).read_bytes() == small_release.files[name]
   assert server.gets(name) == [None, None]
   # Offline, the same damage is an error naming the file, not a silent use.
   (base / name).write_bytes(bytes(damaged))
   with pytest.raises(convert.ConvertError, match="of its files missing"):
-    pretrained.release_files(rel, cache, download=False)
+    download.release_files(rel, cache, download=False)
 
 
 @pytest.mark.slow
@@ -376,7 +378,7 @@ def test_a_corrupted_first_download_is_caught_by_the_checkpoint_crc_and_fetched_
   downloaded = Path(report["files"]) / name
   assert downloaded.read_bytes() == small_release.files[name]
   record = json.loads((tmp_path / "c/downloads/wt103/checksums.json").read_text())["files"][name]
-  assert record["sha256"] == pretrained.sha256_of(downloaded)
+  assert record["sha256"] == sha256_of(downloaded)
 
 
 def test_a_malicious_vocabulary_cache_is_refused_and_never_run(small_release, server, tmp_path):
@@ -412,9 +414,9 @@ def test_unknown_release_and_unreachable_server_are_one_line_errors(tmp_path, mo
     pretrained.convert_release("wt104", str(tmp_path / "wd"))
   # A port nothing listens on: three tries, then the URL and the way out.
   monkeypatch.setitem(
-      pretrained.RELEASES,
+      releases.RELEASES,
       "text8",
-      dataclasses.replace(pretrained.RELEASES["text8"], url="http://127.0.0.1:9/tf_text8"),
+      dataclasses.replace(releases.RELEASES["text8"], url="http://127.0.0.1:9/tf_text8"),
   )
   with pytest.raises(SystemExit) as exc:
     cli("--pretrained=text8", f"--workdir={tmp_path / 'wd'}", f"--cache_dir={tmp_path / 'c'}")
@@ -489,9 +491,9 @@ def hub(small_release, server, hf_tokenization, tmp_path, monkeypatch):  # noqa:
         else hashlib.sha256(body).hexdigest()
     )
   monkeypatch.setitem(
-      pretrained.RELEASES,
+      releases.RELEASES,
       "transfo-xl/transfo-xl-wt103",
-      dataclasses.replace(pretrained.RELEASES["transfo-xl/transfo-xl-wt103"], endpoint=server.url),
+      dataclasses.replace(releases.RELEASES["transfo-xl/transfo-xl-wt103"], endpoint=server.url),
   )
   return files
 
@@ -525,12 +527,12 @@ def test_the_hub_release_offline_from_manual_dir(small_release, server, hub, tmp
   manual.mkdir()
   for name, body in hub.items():
     (manual / name).write_bytes(body)
-  rel = pretrained.release("transfo-xl/transfo-xl-wt103")
-  paths = pretrained.hub_files(rel, str(tmp_path / "c"), manual_dir=str(manual))
+  rel = releases.release("transfo-xl/transfo-xl-wt103")
+  paths = hub_files(rel, str(tmp_path / "c"), manual_dir=str(manual))
   assert {n: p.read_bytes() for n, p in paths.items()} == hub and server.requests == []
   (manual / "vocab.pkl").unlink()
   with pytest.raises(
       convert.ConvertError,
       match=r"1 of its files missing .*vocab.pkl from " + re.escape(f"{server.url}{HUB}/vocab.pkl"),
   ):
-    pretrained.hub_files(rel, str(tmp_path / "c"), manual_dir=str(manual))
+    hub_files(rel, str(tmp_path / "c"), manual_dir=str(manual))

@@ -75,11 +75,14 @@ in training imports it); of the package, only ``workdir_io.py`` calls
   ``remap_vocab``;
 * ``workdir_io.py``: ``write_workdir``, ``convert_to_workdir``,
   ``export_pytorch``;
-* ``download.py``: the checksums recorded at a first download (the
-  download itself: ``transformer_xl.data.download.fetch``);
-* ``pretrained.py``: ``RELEASES``, their files (cache, manual dir, the
-  Hub), ``convert_release``, ``pretrained_workdir`` (``--pretrained``,
-  ``LanguageModel.from_pretrained``);
+* ``releases.py``: ``RELEASES``, the released models (the reference's
+  and the Hugging Face Hub's), ``release``, ``dynamic_settings``;
+* ``download.py``: a release's files from the cache or the manual dir,
+  downloaded (``transformer_xl.data.download.fetch``), with the checksums
+  recorded at a first download;
+* ``hub.py``: the files and hparams of a release on the Hugging Face Hub;
+* ``pretrained.py``: ``convert_release``, ``pretrained_workdir``
+  (``--pretrained``, ``LanguageModel.from_pretrained``);
 * ``safe_pickle.py``: the restricted unpickler of the released
   vocabularies;
 * ``__main__.py``: the command line.

@@ -11,7 +11,8 @@ import sys
 from collections.abc import Sequence
 
 import transformer_xl.convert as package
-from transformer_xl.convert import pretrained
+from transformer_xl.convert import pretrained, releases
+from transformer_xl.convert.download import CACHE_ENV
 from transformer_xl.convert.errors import ConvertError, one_line
 from transformer_xl.convert.vocab import UNSEEN_BIAS
 from transformer_xl.convert.workdir_io import convert_to_workdir, export_pytorch
@@ -145,7 +146,7 @@ def _define_flags(fv):
   f["pretrained"] = flags.DEFINE_enum(
       "pretrained",
       None,
-      sorted(pretrained.RELEASES),
+      sorted(releases.RELEASES),
       "A released model of the reference "
       "implementation into --workdir (downloaded, verified and cached; see "
       "transformer_xl.convert.pretrained).  With it, --manual_dir is the directory of the "
@@ -155,8 +156,7 @@ def _define_flags(fv):
   f["cache_dir"] = flags.DEFINE_string(
       "cache_dir",
       None,
-      f"--pretrained: download cache (default ${pretrained.CACHE_ENV}, else "
-      "~/.cache/transformer_xl).",
+      f"--pretrained: download cache (default ${CACHE_ENV}, else ~/.cache/transformer_xl).",
       flag_values=fv,
   )
   f["dataset_manual_dir"] = flags.DEFINE_string(

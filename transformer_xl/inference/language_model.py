@@ -389,12 +389,12 @@ class LanguageModel:
 
     With ``dynamic_eval=True``, ``score_text`` adapts the parameters as it
     scores (``dynamic_eval.py``) with the settings Krause et al. (2019)
-    published for this model (``pretrained.dynamic_settings``: wt103 16.4
+    published for this model (``releases.dynamic_settings``: wt103 16.4
     ppl, enwik8 0.940 bpc, text8 1.038 bpc on the test sets), its
     statistics from the start of the corpus's training split.
 
     Args:
-      name: a key of ``transformer_xl.convert.pretrained.RELEASES``.
+      name: a key of ``transformer_xl.convert.releases.RELEASES``.
       cache_dir: the cache (default ``$TRANSFORMER_XL_CACHE``, else
         ``~/.cache/transformer_xl``).
       manual_dir: the release's files already on disk (offline).
@@ -413,9 +413,9 @@ class LanguageModel:
         settings (lm1b).
       data.DataError: the corpus cannot be prepared.
     """
-    from transformer_xl.convert import pretrained  # the converter stays off other paths
+    from transformer_xl.convert import pretrained, releases  # the converter stays off other paths
 
-    dynamic = pretrained.dynamic_settings(name) if dynamic_eval else None  # before downloading
+    dynamic = releases.dynamic_settings(name) if dynamic_eval else None  # before downloading
     workdir = str(
         pretrained.pretrained_workdir(
             name,
