@@ -485,7 +485,7 @@ def member_losses(
 
 def run(request: Request, log: Callable[[str], None] = print) -> dict:
   """Loads the group, scores the split at every length, computes RECL at
-  every r, writes the outputs into ``--out`` and returns the JSON dict.
+  every r, writes the outputs into ``request.out`` and returns the JSON dict.
 
   Raises:
     UsageError: see ``load_members``; ImportError: no matplotlib.
