@@ -240,8 +240,8 @@ def make_request(
       config's eval.global_batch).
     tgt_len: segment length of segment models (0 = the config's
       eval.tgt_len).
-    data_dir, manual_dir: override the workdirs' data.data_dir and
-      data.manual_dir (None: keep them).
+    data_dir: overrides the workdirs' data.data_dir (None: keep it).
+    manual_dir: overrides the workdirs' data.manual_dir (None: keep it).
 
   Returns:
     The Request.
