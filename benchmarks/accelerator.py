@@ -114,7 +114,7 @@ def softmax_flops_per_token(model_cfg) -> float:
   cutoffs, d = tuple(model_cfg.cutoffs), model_cfg.d_model
   bounds = adaptive.cluster_bounds(model_cfg.n_token, cutoffs)
   dims = adaptive.cluster_dims(model_cfg.embed_dim, len(bounds) - 1, model_cfg.div_val)
-  projected = adaptive._has_proj(model_cfg.embed_dim, d, model_cfg.div_val)  # noqa: SLF001
+  projected = adaptive.has_projections(model_cfg.embed_dim, d, model_cfg.div_val)
   flops = 0.0
   for i, e in enumerate(dims):
     width = (cutoffs[0] + len(cutoffs)) if (i == 0 and cutoffs) else bounds[i + 1] - bounds[i]

@@ -104,9 +104,9 @@ from fit_worker import REMAT_ORDER, analyse, candidates, classify, search_fit  #
 REPO = common.REPO
 PACKAGES = ("jax", "jaxlib", "flax", "optax")  # versions saved with the results
 
-# Every paper config on the slice the README recommends (``--all``): the
+# Every paper config on the slice docs/guide/pods.md recommends (``--all``): the
 # large ones with their preset; enwik8_12l (batch 22, no preset divides it)
-# on a v3-8 with the README's (data, model) = (2, 4) mesh; the base models,
+# on a v3-8 with that page's (data, model) = (2, 4) mesh; the base models,
 # which have no preset, on one H100 (the config's own mesh, float32), and
 # lm1b_base also on the 4 GPUs of the reference's lm1b_base_gpu.sh.
 ALL_CONFIGS = (

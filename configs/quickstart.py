@@ -8,7 +8,7 @@ r"""Quickstart: a small Transformer-XL on Penn Treebank, minutes on a laptop CPU
 --config.data.manual_dir=DIR they are read from a local copy of
 ptb.{train,valid,test}.txt.)  The model: 4 layers, d_model 128, 4x32 heads, d_inner
 512, tgt_len = mem_len = 32; eval with tgt_len 32, mem_len 128, same_length.
-Expected result: see the README's results table (measured on 2 CPU cores).
+Expected result: see docs/results.md (measured on 2 CPU cores).
 """
 
 from transformer_xl import default_config

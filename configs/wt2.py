@@ -9,7 +9,7 @@ The model: 4 layers, d_model 128, 4x32 heads, d_inner 512, tgt_len =
 mem_len = 48; adaptive input and softmax over the 33,278 words with cutoffs
 [2000, 8000], div_val 2 (cluster sizes 128, 64, 32), tied weights and tail
 projections: 2,384,320 parameters.  Eval with tgt_len 48, mem_len 192,
-same_length.  Expected result: see the README's results table (2 CPU cores).
+same_length.  Expected result: see docs/results.md (2 CPU cores).
 """
 
 from transformer_xl import default_config

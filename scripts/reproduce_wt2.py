@@ -24,7 +24,7 @@ backpropagation length and steps), then evaluates and analyses it:
 
 Everything goes into ``--out``: ``results.json`` (every number, with the
 command, hardware, steps and wall time of each part), PNG plots and
-``REPORT.md`` (the README links ``results/wt2/REPORT.md``).  A hand-written
+``REPORT.md`` (docs/results.md links ``results/wt2/REPORT.md``).  A hand-written
 ``FINDINGS.md`` in ``--out`` is left alone; REPORT.md ends with a link to it
 when it is there.  ``--report_only`` rewrites the plots and REPORT.md from
 ``results.json`` without running anything.  Trained workdirs are kept in

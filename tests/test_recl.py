@@ -1,4 +1,4 @@
-"""RECL (transformer_xl/analysis/recl.py; Dai et al. 2019, Sec. 4.3, Appendix C).
+"""RECL (transformer_xl/analysis/recl/; Dai et al. 2019, Sec. 4.3, Appendix C).
 
 * The definitions on a group whose per-token losses are written by hand, with
   every f, g and RECL value worked out by hand in the comments.
@@ -14,6 +14,7 @@
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -166,6 +167,22 @@ def test_bad_losses_are_rejected():
     rg.recl(HAND, [10, 20], 0.5)
 
 
+def test_make_request_takes_numbers_or_their_strings():
+  req = recl.make_request(["runs/a/", "runs/b"], ["16", 32], "out", r=["0.5", 1.0], delta=16)
+  assert req.names == ["a", "b"] and req.lengths == [16, 32] and req.rs == [0.5, 1.0]
+  assert req.walk == [0, 1] and req.split == "valid" and req.threshold == rg.DEFAULT_THRESHOLD
+  for kwargs, message in (
+      ({"context_lengths": ["8", "x"]}, "comma list of ints"),
+      ({"r": [0.5, 2]}, "must be in (0, 1]"),
+      ({"split": "dev"}, "use train, valid or test"),
+      ({"segment_rows": 0}, "must be >= 1"),
+      ({"max_tokens": -1}, "must be >= 0"),
+  ):
+    args = {"workdirs": ["w"], "context_lengths": [2, 4], "out": "o", **kwargs}
+    with pytest.raises(recl.UsageError, match=re.escape(message)):
+      recl.make_request(**args)
+
+
 # --------------------------------------------------------------------------- #
 # What c means for each evaluation method.
 
@@ -297,7 +314,7 @@ def test_recl_command_end_to_end(group, tmp_path):
     assert got["recl"] == want["recl"] and got["lower_bound"] == want["lower_bound"]
     assert all(c in (2, 4, 8) for c in got["recl"])
     np.testing.assert_allclose(got["gain"], want["gain"], rtol=1e-9, atol=1e-12)
-  for png in (recl.FIGURE_3, recl.FIGURE_4):
+  for png in (recl.plots.FIGURE_3, recl.plots.FIGURE_4):
     assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   lines = r.stdout.splitlines()
   head = lines.index("| model | r=0.1 | r=0.5 | r=1.0 |")
@@ -325,6 +342,9 @@ def test_recl_command_end_to_end(group, tmp_path):
         (["--workdirs={xl}", "--delta=3"], "not in --context_lengths"),
         (["--workdirs={xl},{xl}"], "names must differ"),
         (["--workdirs={tmp}"], "config.json does not exist"),
+        (["--workdirs={xl}", "--delta=x"], "--delta"),  # absl's own flag errors
+        (["--workdirs={xl}", "--split=dev"], "--split"),
+        (["--context_lengths=2,4"], "--workdirs"),
     ],
 )
 @pytest.mark.slow

@@ -30,7 +30,7 @@ import pytest
 from transformer_xl import data, default_config, sharding
 from transformer_xl.cli import process_settings
 from transformer_xl.model import models
-from transformer_xl.run import checkpointing, fingerprints, metrics, run_dir
+from transformer_xl.run import checkpointing, fingerprints, metrics, retention, run_dir
 from transformer_xl.training import train, train_state
 from transformer_xl.util import report
 
@@ -1294,7 +1294,7 @@ def test_a_diverged_run_names_a_used_checkpoint_and_a_lower_rate_resumes_from_it
 
 
 class _Steps:
-  """The part of a CheckpointManager that checkpointing.Verification reads."""
+  """The part of a CheckpointManager that retention.Verification reads."""
 
   def __init__(self, directory, steps):
     self.directory, self._steps = directory, list(steps)
@@ -1315,18 +1315,18 @@ class _Steps:
 )  # a fresh start: the record of an earlier run is removed
 def test_which_checkpoint_a_resumed_run_counts_as_good(tmp_path, recorded, restored, good):
   if recorded is not None:
-    (tmp_path / checkpointing.VERIFIED_FILE).write_text(json.dumps({"step": recorded}))
+    (tmp_path / retention.VERIFIED_FILE).write_text(json.dumps({"step": recorded}))
   manager = _Steps(tmp_path / "checkpoints", [2, 4, 6] if restored else [])
-  v = checkpointing.Verification(str(tmp_path), manager, restored)
+  v = retention.Verification(str(tmp_path), manager, restored)
   assert v.newest() == good
-  record = tmp_path / checkpointing.VERIFIED_FILE  # rewritten at once: what this run counts
+  record = tmp_path / retention.VERIFIED_FILE  # rewritten at once: what this run counts
   assert (json.loads(record.read_text()) if record.exists() else None) == (
       None if good is None else {"step": good}
   )
   if restored:
     v.params_good(restored)  # a finite step came from the restored checkpoint
     v.write()
-    assert json.loads((tmp_path / checkpointing.VERIFIED_FILE).read_text()) == {"step": restored}
+    assert json.loads((tmp_path / retention.VERIFIED_FILE).read_text()) == {"step": restored}
 
 
 def test_rotation_keeps_the_newest_good_checkpoint_older_than_those_kept(tmp_path):
@@ -1334,18 +1334,18 @@ def test_rotation_keeps_the_newest_good_checkpoint_older_than_those_kept(tmp_pat
   one (6): rotation deletes 4 only, 2 stays (and the record naming it);
   without ``keep`` only the newest stays."""
   manager = checkpointing.make_manager(str(tmp_path))
-  v = checkpointing.Verification(str(tmp_path), manager, None)
+  v = retention.Verification(str(tmp_path), manager, None)
   for step in (2, 4, 6):
     checkpointing.save(manager, step, {"a": jnp.full(3, float(step))}, {"step": step})
   v.params_good(2)  # a finite step came from checkpoint 2; none from 4 or 6 yet
   v.write()
   assert v.newest() == 2
-  assert checkpointing.prune(manager, 1, keep=v.newest()) == [4]
+  assert retention.prune(manager, 1, keep=v.newest()) == [4]
   assert sorted(manager.all_steps()) == [2, 6]
   assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["2", "6"]
-  assert json.loads((tmp_path / checkpointing.VERIFIED_FILE).read_text()) == {"step": 2}
-  assert checkpointing.prune(manager, 2, keep=2) == []  # 2 is among the newest two anyway
-  assert checkpointing.prune(manager, 1) == [2]
+  assert json.loads((tmp_path / retention.VERIFIED_FILE).read_text()) == {"step": 2}
+  assert retention.prune(manager, 2, keep=2) == []  # 2 is among the newest two anyway
+  assert retention.prune(manager, 1) == [2]
   assert manager.all_steps() == [6]
   manager.close()
 

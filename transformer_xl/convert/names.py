@@ -264,8 +264,7 @@ def aliases(cfg, layout: str) -> list[tuple[str, str]]:
     out += [
         (f"crit.out_layers.{i}.weight", f"word_emb.emb_layers.{i}.weight") for i in range(n_tables)
     ]
-  # pylint: disable-next=protected-access
-  if adaptive._has_proj(cfg.embed_dim, cfg.d_model, cfg.div_val):
+  if adaptive.has_projections(cfg.embed_dim, cfg.d_model, cfg.div_val):
     for i, tied in enumerate(cfg.tie_projs):
       if tied:
         out.append((f"crit.out_projs.{i}", f"word_emb.emb_projs.{0 if cfg.div_val == 1 else i}"))

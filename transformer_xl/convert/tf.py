@@ -196,8 +196,7 @@ def state_dict_from_tf(
   bounds = adaptive.cluster_bounds(cfg.n_token, cfg.cutoffs)
   dims = adaptive.cluster_dims(cfg.embed_dim, len(bounds) - 1, cfg.div_val)
   n_tables = 1 if cfg.div_val == 1 else len(bounds) - 1
-  # pylint: disable-next=protected-access
-  has_proj = adaptive._has_proj(cfg.embed_dim, d_model, cfg.div_val)
+  has_proj = adaptive.has_projections(cfg.embed_dim, d_model, cfg.div_val)
   emb_projs_pt = []
   for i in range(n_tables):
     scope = (

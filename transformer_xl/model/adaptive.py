@@ -36,7 +36,7 @@ the whole vocabulary, sliced per cluster as in the reference); embedding
 projections exist only when d_proj != d_embed, and then the softmax has one
 projection per cluster.  With div_val > 1 every cluster has its own table,
 output layer and projections (even where d_i == d_proj, as in the
-reference).  ``tie_weight`` removes ``out_weight_*`` (the embedding tables
+reference): ``has_projections``.  ``tie_weight`` removes ``out_weight_*`` (the embedding tables
 are used), ``tie_projs[i]`` removes ``out_projs_{i}`` (the embedding's
 projection i, or its single projection when div_val == 1, is used).
 Projections are stored transposed with respect to the reference
@@ -164,8 +164,23 @@ def _acc_dtype(dtype) -> jnp.dtype:
   return jnp.promote_types(dtype, jnp.float32)
 
 
-def _has_proj(d_embed: int, d_proj: int, div_val: int) -> bool:
-  """Whether clusters have projections at all (reference rule)."""
+def has_projections(d_embed: int, d_proj: int, div_val: int) -> bool:
+  """Whether the clusters have projections at all (``emb_projs_*``, ``out_projs_*``).
+
+  The reference's rule (``mem_transformer.py``, ``AdaptiveEmbedding``;
+  ``utils/proj_adaptive_softmax.py``): with div_val > 1 every cluster has a
+  projection (even where its width equals d_proj); with div_val == 1 there
+  are projections only when d_proj != d_embed.  Without them, the embedding
+  is a plain scaled lookup and the softmax a plain output layer.
+
+  Args:
+    d_embed: the embedding size of cluster 0 (``ModelConfig.embed_dim``).
+    d_proj: the size projected to, the model's d_model.
+    div_val: the factor by which each cluster's width shrinks.
+
+  Returns:
+    True when the adaptive embedding and softmax hold projections.
+  """
   return div_val > 1 or d_proj != d_embed
 
 
@@ -368,7 +383,7 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
     self.out_biases = [
         self.param(f"out_bias_{i}", bias_init, (shape[0],)) for i, shape in enumerate(layer_shapes)
     ]
-    has_proj = _has_proj(self.d_embed, self.d_proj, self.div_val)
+    has_proj = has_projections(self.d_embed, self.d_proj, self.div_val)
     self.out_projs = [
         self.param(f"out_projs_{i}", proj_init, (dims[i], self.d_proj))
         if has_proj and not self._tied_proj(i)
@@ -407,7 +422,7 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
       weights = list(emb_tables)
     else:
       weights = list(self.out_weights)
-    has_proj = _has_proj(self.d_embed, self.d_proj, self.div_val)
+    has_proj = has_projections(self.d_embed, self.d_proj, self.div_val)
     out = []
     for i in range(n_total):
       if self.div_val == 1:

@@ -4,8 +4,10 @@
 ``restore_params``: the parameters readers use), ``workdir`` (the files of
 a --workdir, and the one way each is read and written), ``lock`` (one
 training at a time per workdir), ``checkpointing`` (orbax checkpoints
-written, verified and restored), ``fingerprints`` (the checksums that
-verify them), ``metrics`` (metric names, metrics.jsonl, TensorBoard) and
-``distributed`` (what several processes agree on).  The package's reports
-and atomic writes are ``transformer_xl.util``'s.
+written, restored and verified), ``integrity`` (each checkpoint's record
+of fingerprints, and its check), ``retention`` (which checkpoints stay:
+rotation, set-aside, the record of the verified ones), ``fingerprints``
+(the checksums that verify them), ``metrics`` (metric names, metrics.jsonl,
+TensorBoard) and ``distributed`` (what several processes agree on).  The
+package's reports and atomic writes are ``transformer_xl.util``'s.
 """

@@ -1,5 +1,5 @@
 """Fingerprints of arrays, computed on the devices: what a checkpoint's
-integrity record holds (checkpointing.py).
+integrity record holds (integrity.py).
 
 A uint32 hash of each array's bits, mixed with each element's position and
 summed, so that a changed element (one flipped bit included) or two

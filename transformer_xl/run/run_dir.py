@@ -10,11 +10,11 @@ the orbax manager, and its two verbs are the ones the loop calls:
   run before anything is compiled), or None; the workdir is not changed yet.
 * ``start(restored)``: the run takes the workdir over: checkpoints found
   damaged are set aside, partial writes of an interrupted run removed,
-  the verification record opened (``checkpointing.Verification``), and
+  the verification record opened (``retention.Verification``), and
   ``config.json`` / ``model_config.json`` written.
 * ``save(step, state, iterator_state)``: a verified-good write, the
   verification record, and rotation that never deletes the newest good
-  checkpoint (``checkpointing.prune``).
+  checkpoint (``retention.prune``).
 
 Readers (evaluation, scoring, generation, the Python API, the analyses)
 use ``restore_params``: the parameters alone, with no optimizer built and
@@ -35,7 +35,7 @@ from jax.sharding import Mesh
 
 from transformer_xl import sharding
 from transformer_xl.model import models
-from transformer_xl.run import checkpointing, lock
+from transformer_xl.run import checkpointing, lock, retention
 from transformer_xl.run import workdir as wd
 from transformer_xl.training import train_state
 from transformer_xl.util import report
@@ -64,7 +64,7 @@ class RunDir:
     self.meta = dict(meta)
     self.max_to_keep = max_to_keep
     self.manager = None
-    self.verification: checkpointing.Verification | None = None
+    self.verification: retention.Verification | None = None
     self._stack = contextlib.ExitStack()
 
   def __enter__(self) -> RunDir:
@@ -110,12 +110,12 @@ class RunDir:
     opens the verification record, removes partial writes, and writes
     config.json and model_config.json (``meta``'s unit and dataset)."""
     if restored is not None:
-      checkpointing.set_aside(self.manager, self.workdir, restored.rejected)
+      retention.set_aside(self.manager, self.workdir, restored.rejected)
       report.log(f"Resumed from {restored.path} at step {restored.step}.")
-    self.verification = checkpointing.Verification(
+    self.verification = retention.Verification(
         self.workdir, self.manager, None if restored is None else restored.step
     )
-    for path in checkpointing.remove_partial_writes(self.workdir):
+    for path in retention.remove_partial_writes(self.workdir):
       report.log(f"Removed {path}, a checkpoint write that an interrupted run left unfinished.")
     wd.save_config(self.workdir, config)
     wd.save_model_config(self.workdir, model_cfg, self.meta["unit"], self.meta["dataset"])
@@ -130,7 +130,7 @@ class RunDir:
     """
     checkpointing.save(self.manager, step, state, iterator_state, meta=self.meta)
     self.verification.write()
-    checkpointing.prune(self.manager, self.max_to_keep, keep=self.verification.newest())
+    retention.prune(self.manager, self.max_to_keep, keep=self.verification.newest())
 
   def set_aside_unverified(self, reason: str) -> list[str]:
     """Sets aside every checkpoint newer than the newest good one (a run that

@@ -14,7 +14,7 @@ A workdir (a local path or gs://) holds:
   or saved after the last good one when a run diverged (each with its
   reason.txt);
 * ``checkpoints_verified.json``: the newest checkpoint known good
-  (``checkpointing.Verification``);
+  (``retention.Verification``);
 * ``train.lock`` and ``train.lock.json``: held by the training running
   in it, if any, and its holder's record (``run/lock.py``,
   ``lock.training_lock``);

@@ -332,7 +332,7 @@ class NonFiniteGuard:
     max_skipped: the run stops when this many steps in a row were skipped.
     train_cfg: ``config.train`` (quoted in the advice of the message).
     last_checkpoint: returns a description of the newest good checkpoint
-      (``checkpointing.Verification.describe``).
+      (``retention.Verification.describe``).
     say: where "skip" reports each skipped step.
   """
 
@@ -421,7 +421,7 @@ def train_and_evaluate(
   """Trains until ``config.train.num_steps``, resuming from ``workdir`` if possible.
 
   Resumes from the newest usable checkpoint (damaged ones are reported,
-  skipped and moved to ``checkpoints_rejected/``; checkpointing.py), after
+  skipped and moved to ``checkpoints_rejected/``; checkpointing.py and retention.py), after
   checking that it was made with the same model, data and batch (before
   anything is compiled; a difference stops the run and leaves the workdir
   unchanged).  Then saves the run's config.json and model_config.json
@@ -438,12 +438,12 @@ def train_and_evaluate(
 
   A checkpoint is good only once a step computed from it had a finite loss
   and gradient norm, or its validation was finite
-  (``checkpointing.Verification``): when the run diverges, the checkpoints
+  (``retention.Verification``): when the run diverges, the checkpoints
   saved after the newest good one are moved to ``checkpoints_rejected/``
   and the message names the good one, from which the same command with a
   lower learning rate resumes.  Rotation keeps the newest
   ``checkpoint.max_to_keep`` checkpoints and the newest good one
-  (``checkpointing.prune``).  One training at a time per workdir: a second
+  (``retention.prune``).  One training at a time per workdir: a second
   one stops at once naming the first (``lock.training_lock``).
 
   Returns:

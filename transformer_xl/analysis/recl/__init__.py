@@ -71,10 +71,23 @@ loss and ppl/bpc; per r the walk, f_i(c, c), f_i(c, c'), g_i(c, c'), the
 unnormalised gains, |T| and RECL), ``losses.npz`` (l_i(c, t) as float32
 [N, C, n], the names and lengths, to recompute anything),
 ``fig3_relative_gains.png``, ``fig4_perplexity.png``; the Table 8 style
-table is printed (and stored in the JSON).  Bad input (a missing workdir,
-an empty group, r outside (0, 1], lengths not strictly increasing, a walk
-off the evaluated lengths, workdirs of different corpora) is one
-``error: ...`` line and exit status 2, before anything is compiled.
+table is printed (and stored in the JSON).  Bad input (a malformed or
+missing flag, a missing workdir, an empty group, r outside (0, 1], lengths
+not strictly increasing, a walk off the evaluated lengths, workdirs of
+different corpora) is one ``error: ...`` line and exit status 2, before
+anything is compiled.
+
+One role per module: this package's ``__init__`` measures (``make_request``
+checks the settings, ``load_members`` the group, ``member_losses`` scores a
+model, ``run`` does it all and writes the outputs) and formats the tables;
+``plots.py`` draws Figures 3 and 4 with matplotlib; ``__main__.py`` is the
+command line (absl flags); the arithmetic of Appendix C is
+``transformer_xl.analysis.relative_gain``.  From Python::
+
+    from transformer_xl.analysis import recl
+
+    request = recl.make_request(["W1", "W2"], [16, 32, 48], "DIR", r=[0.1, 1.0])
+    result = recl.run(request)  # recl.json's contents; the files are in DIR
 
 The paper gives no code for RECL; the reference implementation
 (kimiyoung/transformer-xl) has none either.
@@ -82,11 +95,9 @@ The paper gives no code for RECL; the reference implementation
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import io
 import json
-import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -94,12 +105,10 @@ from typing import Any
 import numpy as np
 
 from transformer_xl import errors
+from transformer_xl.analysis.recl import plots
 
 # The definitions of Appendix C (pure numpy arithmetic) live in relative_gain.py.
 from transformer_xl.analysis.relative_gain import DEFAULT_THRESHOLD, mean_losses, recl, walk_indices
-
-FIGURE_3 = "fig3_relative_gains.png"
-FIGURE_4 = "fig4_perplexity.png"
 
 
 def format_table(names: Sequence[str], rs: Sequence[float], results: dict) -> str:
@@ -152,242 +161,148 @@ def format_curves(
 
 
 # --------------------------------------------------------------------------- #
-# The figures (matplotlib, Agg backend).
-
-
-def _pyplot():
-  """matplotlib.pyplot with the Agg backend.
-
-  Raises:
-    ImportError: matplotlib is not installed (``pip install -e ".[analysis]"``).
-  """
-  try:
-    import matplotlib
-  except ImportError as err:
-    raise ImportError('the RECL plots need matplotlib: pip install -e ".[analysis]"') from err
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  return plt
-
-
-def _png_bytes(fig) -> bytes:
-  buf = io.BytesIO()
-  fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-  return buf.getvalue()
-
-
-def plot_gains(names: Sequence[str], rs: Sequence[float], results: dict, title: str = "") -> bytes:
-  """Figure 3 of the paper (Appendix C): exp f_i(c, c) - exp f_i(c, c') over
-  the steps (c, c') of the walk, one line per model, one panel per r.
-
-  Args:
-    names: the N model names; rs: the ratios (one panel each).
-    results: r -> the dict of ``recl``.
-    title: the figure title (default: the paper's caption).
-
-  Returns:
-    PNG bytes.
-
-  Raises:
-    ImportError: no matplotlib.
-  """
-  plt = _pyplot()
-  fig, axes = plt.subplots(1, len(rs), figsize=(4.2 * len(rs), 3.6), squeeze=False)
-  for ax, r in zip(axes[0], rs):
-    res = results[r]
-    steps = [f"{a}→{b}" for a, b in zip(res["walk"], res["walk"][1:])]
-    for i, name in enumerate(names):
-      ax.plot(range(len(steps)), res["unnormalized_gain"][i], marker="o", label=name)
-    ax.axhline(0.0, color="gray", lw=0.6)
-    ax.set_xticks(range(len(steps)), steps, rotation=45, ha="right", fontsize=8)
-    ax.set_title(f"r = {r}")
-    ax.set_xlabel("context length c → c'")
-  axes[0][0].set_ylabel("exp f(c, c) - exp f(c, c')")
-  axes[0][-1].legend(fontsize=8)
-  fig.suptitle(title or "Relative perplexity gains (Dai et al. 2019, Fig. 3)", fontsize=10)
-  png = _png_bytes(fig)
-  plt.close(fig)
-  return png
-
-
-def plot_perplexity(
-    names: Sequence[str],
-    lengths: Sequence[int],
-    values_NxC: np.ndarray,
-    metric: str,
-    title: str = "",
-) -> bytes:
-  """Figure 4 of the paper (Appendix C): ppl exp(mean_t l_i(c, t)) (or bpc)
-  against c, one line per model.
-
-  Args:
-    names: the N model names; lengths: the C context lengths (tokens).
-    values_NxC: ppl or bpc, float [N, C]; metric: its name (y label).
-    title: the figure title (default: the paper's caption).
-
-  Returns:
-    PNG bytes.
-
-  Raises:
-    ImportError: no matplotlib.
-  """
-  plt = _pyplot()
-  fig, ax = plt.subplots(figsize=(5.0, 3.6))
-  for name, v in zip(names, values_NxC):
-    ax.plot(lengths, v, marker="o", label=name)
-  ax.set_xscale("log", base=2)
-  ax.set_xticks(lengths, [str(c) for c in lengths])
-  ax.minorticks_off()
-  ax.set_xlabel("context length c")
-  ax.set_ylabel(metric)
-  ax.legend(fontsize=8)
-  ax.set_title(title or "Perplexity vs context length (Dai et al. 2019, Fig. 4)", fontsize=10)
-  png = _png_bytes(fig)
-  plt.close(fig)
-  return png
-
-
-# --------------------------------------------------------------------------- #
-# The command line: arguments, the group's workdirs, per-token losses.
+# The request: the command's settings, checked; the group's workdirs, per-token losses.
 
 UsageError = errors.UsageError  # re-exported (transformer_xl.errors)
 
 
-class _Parser(argparse.ArgumentParser):
-
-  def error(self, message):  # one line, not argparse's usage + error
-    raise UsageError(message)
-
-
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-  """The flags (see the module docstring).
+def _numbers(items: Sequence, kind: Callable, flag: str) -> list:
+  """``items`` (strings or numbers; empty strings dropped) as ``kind``s.
 
   Raises:
-    UsageError: an unknown or malformed flag.
+    UsageError: an item that is not a ``kind``.
   """
-  p = _Parser(
-      prog="python -m transformer_xl.analysis.recl",
-      description="Relative effective context length (Dai et al. 2019, App. C).",
-      formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-  )
-  p.add_argument(
-      "--workdirs",
-      required=True,
-      help="comma list of the model group's workdirs (trained or converted)",
-  )
-  p.add_argument(
-      "--names",
-      default="",
-      help="comma list of model names (default: the workdirs' last path components)",
-  )
-  p.add_argument("--split", default="valid", choices=("train", "valid", "test"))
-  p.add_argument(
-      "--context_lengths",
-      required=True,
-      help="comma list of context lengths c, strictly increasing",
-  )
-  p.add_argument("--r", default="0.1,0.5,1.0", help="comma list of ratios r in (0, 1]")
-  p.add_argument(
-      "--delta",
-      type=int,
-      default=None,
-      help="the step Delta of Appendix C in tokens (default: each evaluated length to the next)",
-  )
-  p.add_argument(
-      "--threshold",
-      type=float,
-      default=DEFAULT_THRESHOLD,
-      help="the relative-gain threshold of Appendix C",
-  )
-  p.add_argument("--out", required=True, help="output directory")
-  p.add_argument(
-      "--max_tokens",
-      type=int,
-      default=0,
-      help="score only the first N tokens of the split (0 = all)",
-  )
-  p.add_argument(
-      "--segment_rows",
-      type=int,
-      default=1,
-      help="rows of segment models (1: every token but the split's first c sees c "
-      "tokens; each further row starts with an empty memory)",
-  )
-  p.add_argument(
-      "--window_batch",
-      type=int,
-      default=0,
-      help="windows per step of sliding-window models (0 = the config's "
-      "eval.global_batch); any number gives the same losses",
-  )
-  p.add_argument(
-      "--tgt_len",
-      type=int,
-      default=0,
-      help="segment length of segment models (0 = the config's eval.tgt_len)",
-  )
-  p.add_argument("--data_dir", default=None, help="override the workdirs' data.data_dir")
-  p.add_argument("--manual_dir", default=None, help="override the workdirs' data.manual_dir")
-  return p.parse_args(argv)
-
-
-def _csv(text: str, kind: Callable, what: str) -> list:
-  items = [s.strip() for s in text.split(",") if s.strip()]
+  items = [s.strip() if isinstance(s, str) else s for s in items]
+  items = [s for s in items if s != ""]
   try:
     return [kind(s) for s in items]
   except ValueError:
-    raise UsageError(f"--{what}={text!r}: expected a comma list of {kind.__name__}s.") from None
+    text = ",".join(map(str, items))
+    raise UsageError(f"--{flag}={text!r}: expected a comma list of {kind.__name__}s.") from None
 
 
 @dataclasses.dataclass(frozen=True)
 class Request:
-  """The checked command-line input (no file read yet, nothing compiled)."""
+  """The checked settings of a RECL measurement (no file read yet, nothing
+  compiled); ``make_request`` builds one.  The fields are the command's
+  flags (``python -m transformer_xl.analysis.recl --help``)."""
 
-  workdirs: list
-  names: list
-  rs: list
-  lengths: list
-  walk: list
-  args: argparse.Namespace
+  workdirs: list  # the group's workdirs
+  names: list  # one model name per workdir, all different
+  rs: list  # the ratios r, in (0, 1]
+  lengths: list  # the context lengths c (tokens), strictly increasing
+  walk: list  # the indices into ``lengths`` of the walk (C.6)
+  split: str
+  out: str  # the output directory
+  delta: int | None
+  threshold: float
+  max_tokens: int
+  segment_rows: int
+  window_batch: int
+  tgt_len: int
+  data_dir: str | None
+  manual_dir: str | None
 
 
-def check_args(args: argparse.Namespace) -> Request:
-  """Checks every flag that can be checked without reading a file.
+def make_request(
+    workdirs: Sequence[str],
+    context_lengths: Sequence,
+    out: str,
+    names: Sequence[str] = (),
+    split: str = "valid",
+    r: Sequence = (0.1, 0.5, 1.0),
+    delta: int | None = None,
+    threshold: float = DEFAULT_THRESHOLD,
+    max_tokens: int = 0,
+    segment_rows: int = 1,
+    window_batch: int = 0,
+    tgt_len: int = 0,
+    data_dir: str | None = None,
+    manual_dir: str | None = None,
+) -> Request:
+  """Checks every setting that can be checked without reading a file.
+
+  Args:
+    workdirs: the model group's workdirs (trained or converted).
+    context_lengths: the context lengths c (ints, or strings of them),
+      strictly increasing.
+    out: the output directory.
+    names: one model name per workdir (default: the workdirs' last path
+      components).
+    split: "train", "valid" or "test".
+    r: the ratios r of (C.3) (floats, or strings of them), each in (0, 1].
+    delta: the step Delta of (C.6) in tokens (None: each evaluated length
+      to the next).
+    threshold: the relative-gain threshold of (C.6).
+    max_tokens: score only the first N tokens of the split (0 = all).
+    segment_rows: rows of segment models.
+    window_batch: windows per step of sliding-window models (0 = the
+      config's eval.global_batch).
+    tgt_len: segment length of segment models (0 = the config's
+      eval.tgt_len).
+    data_dir: overrides the workdirs' data.data_dir (None: keep it).
+    manual_dir: overrides the workdirs' data.manual_dir (None: keep it).
+
+  Returns:
+    The Request.
 
   Raises:
     UsageError: an empty group, names not matching the workdirs or repeated,
-      r outside (0, 1], lengths not strictly increasing (or < 2 of them, or
-      < 1), a --delta walk off the lengths, a threshold < 0, max_tokens /
-      window_batch / tgt_len < 0, segment_rows < 1.
+      a split other than train/valid/test, r outside (0, 1], lengths not
+      strictly increasing (or < 2 of them, or < 1), a delta walk off the
+      lengths, a threshold < 0, max_tokens / window_batch / tgt_len < 0,
+      segment_rows < 1.
   """
-  workdirs = _csv(args.workdirs, str, "workdirs")
+  workdirs = _numbers(workdirs, str, "workdirs")
   if not workdirs:
     raise UsageError(
         "--workdirs is empty: RECL is defined on a group of models (Appendix C); "
         "give one or more workdirs, comma-separated."
     )
-  names = _csv(args.names, str, "names") or [w.rstrip("/").split("/")[-1] for w in workdirs]
+  names = _numbers(names, str, "names") or [w.rstrip("/").split("/")[-1] for w in workdirs]
   if len(names) != len(workdirs):
     raise UsageError(f"--names has {len(names)} names for {len(workdirs)} workdirs.")
   if len(set(names)) != len(names):
     raise UsageError(f"model names must differ: {names}; pass --names=a,b,...")
-  rs = _csv(args.r, float, "r")
-  if not rs or any(not 0.0 < r <= 1.0 for r in rs):
-    raise UsageError(f"--r={args.r!r}: every r must be in (0, 1] (the top-r ratio of Appendix C).")
-  lengths = _csv(args.context_lengths, int, "context_lengths")
+  if split not in ("train", "valid", "test"):
+    raise UsageError(f"--split={split!r}: use train, valid or test.")
+  rs = _numbers(r, float, "r")
+  if not rs or any(not 0.0 < x <= 1.0 for x in rs):
+    shown = ",".join(map(str, r))
+    raise UsageError(f"--r={shown!r}: every r must be in (0, 1] (the top-r ratio of Appendix C).")
+  lengths = _numbers(context_lengths, int, "context_lengths")
   try:
-    walk = walk_indices(lengths, args.delta)
+    walk = walk_indices(lengths, delta)
   except ValueError as err:
     raise UsageError(f"--context_lengths/--delta: {err}") from None
-  if not args.threshold >= 0.0:
-    raise UsageError(f"--threshold={args.threshold} must be >= 0 (the paper's is 0.01).")
-  for flag in ("max_tokens", "window_batch", "tgt_len"):
-    if getattr(args, flag) < 0:
-      raise UsageError(f"--{flag}={getattr(args, flag)} must be >= 0.")
-  if args.segment_rows < 1:
-    raise UsageError(f"--segment_rows={args.segment_rows} must be >= 1.")
-  return Request(workdirs, names, rs, lengths, walk, args)
+  if not threshold >= 0.0:
+    raise UsageError(f"--threshold={threshold} must be >= 0 (the paper's is 0.01).")
+  for flag, value in (
+      ("max_tokens", max_tokens),
+      ("window_batch", window_batch),
+      ("tgt_len", tgt_len),
+  ):
+    if value < 0:
+      raise UsageError(f"--{flag}={value} must be >= 0.")
+  if segment_rows < 1:
+    raise UsageError(f"--segment_rows={segment_rows} must be >= 1.")
+  return Request(
+      workdirs=workdirs,
+      names=names,
+      rs=rs,
+      lengths=lengths,
+      walk=walk,
+      split=split,
+      out=out,
+      delta=delta,
+      threshold=threshold,
+      max_tokens=max_tokens,
+      segment_rows=segment_rows,
+      window_batch=window_batch,
+      tgt_len=tgt_len,
+      data_dir=data_dir,
+      manual_dir=manual_dir,
+  )
 
 
 @dataclasses.dataclass
@@ -492,9 +407,9 @@ def load_members(request: Request) -> list:
           m.config,
           m.method,
           c,
-          request.args.segment_rows,
-          request.args.window_batch,
-          request.args.tgt_len,
+          request.segment_rows,
+          request.window_batch,
+          request.tgt_len,
       )
       try:
         default_config.validate(cfg, jax.device_count())
@@ -513,16 +428,16 @@ def load_group_corpus(member: Member, request: Request):
   from transformer_xl import data
 
   data_cfg = member.config.data.to_dict()
-  if request.args.data_dir is not None:
-    data_cfg["data_dir"] = request.args.data_dir
-  if request.args.manual_dir is not None:
-    data_cfg["manual_dir"] = request.args.manual_dir
+  if request.data_dir is not None:
+    data_cfg["data_dir"] = request.data_dir
+  if request.manual_dir is not None:
+    data_cfg["manual_dir"] = request.manual_dir
   corpus = data.load_configured(data_cfg)
-  n = request.args.max_tokens
-  source = corpus.splits[request.args.split]
+  n = request.max_tokens
+  source = corpus.splits[request.split]
   if n and n < source.num_tokens:
     splits = dict(corpus.splits)
-    splits[request.args.split] = data.ArraySource(source.read(0, n))
+    splits[request.split] = data.ArraySource(source.read(0, n))
     corpus = dataclasses.replace(corpus, splits=splits)
   return corpus
 
@@ -570,12 +485,12 @@ def member_losses(
 
 def run(request: Request, log: Callable[[str], None] = print) -> dict:
   """Loads the group, scores the split at every length, computes RECL at
-  every r, writes the outputs into ``--out`` and returns the JSON dict.
+  every r, writes the outputs into ``request.out`` and returns the JSON dict.
 
   Raises:
     UsageError: see ``load_members``; ImportError: no matplotlib.
   """
-  _pyplot()  # fail before any compilation if the plots cannot be made
+  plots.pyplot()  # fail before any compilation if the plots cannot be made
   from etils import epath
 
   from transformer_xl import data
@@ -583,14 +498,13 @@ def run(request: Request, log: Callable[[str], None] = print) -> dict:
   from transformer_xl.run import metrics
 
   members = load_members(request)
-  args = request.args
   try:
     corpus = load_group_corpus(members[0], request)
   except data.DataError as err:
     raise UsageError(" ".join(str(err).split())) from None
-  n_tokens = corpus.splits[args.split].num_tokens
+  n_tokens = corpus.splits[request.split].num_tokens
   log(
-      f"RECL: {len(members)} models, {args.split} split of {corpus.name}, {n_tokens:,} tokens, "
+      f"RECL: {len(members)} models, {request.split} split of {corpus.name}, {n_tokens:,} tokens, "
       f"context lengths {request.lengths}, r {request.rs}"
   )
   losses_NxCxT = np.stack(
@@ -598,18 +512,20 @@ def run(request: Request, log: Callable[[str], None] = print) -> dict:
           member_losses(
               m,
               corpus,
-              args.split,
+              request.split,
               request.lengths,
-              args.segment_rows,
-              args.window_batch,
-              args.tgt_len,
+              request.segment_rows,
+              request.window_batch,
+              request.tgt_len,
               log,
           )
           for m in members
       ]
   )
-  delta = args.delta
-  results = {r: recl(losses_NxCxT, request.lengths, r, args.threshold, delta) for r in request.rs}
+  results = {
+      r: recl(losses_NxCxT, request.lengths, r, request.threshold, request.delta)
+      for r in request.rs
+  }
   names = request.names
   methods = [m.method for m in members]
   unit = members[0].unit
@@ -620,13 +536,13 @@ def run(request: Request, log: Callable[[str], None] = print) -> dict:
   curves = format_curves(names, methods, request.lengths, value_NxC, metric)
   out = {
       "paper": "Dai et al. 2019, Sec. 4.3, Table 8, Appendix C",
-      "split": args.split,
+      "split": request.split,
       "dataset": corpus.name,
       "tokens": n_tokens,
-      "max_tokens": args.max_tokens,
+      "max_tokens": request.max_tokens,
       "context_lengths": request.lengths,
-      "delta": delta,
-      "threshold": args.threshold,
+      "delta": request.delta,
+      "threshold": request.threshold,
       "r": request.rs,
       "metric": metric,
       "models": [
@@ -645,7 +561,7 @@ def run(request: Request, log: Callable[[str], None] = print) -> dict:
       "table": table,
       "curves": curves,
   }
-  out_dir = epath.Path(args.out)
+  out_dir = epath.Path(request.out)
   out_dir.mkdir(parents=True, exist_ok=True)
   (out_dir / "recl.json").write_text(json.dumps(out, indent=2))
   buf = io.BytesIO()
@@ -656,32 +572,18 @@ def run(request: Request, log: Callable[[str], None] = print) -> dict:
       context_lengths=np.array(request.lengths),
   )
   (out_dir / "losses.npz").write_bytes(buf.getvalue())
-  (out_dir / FIGURE_3).write_bytes(plot_gains(names, request.rs, results))
-  (out_dir / FIGURE_4).write_bytes(plot_perplexity(names, request.lengths, value_NxC, metric))
+  (out_dir / plots.FIGURE_3).write_bytes(plots.plot_gains(names, request.rs, results))
+  (out_dir / plots.FIGURE_4).write_bytes(
+      plots.plot_perplexity(names, request.lengths, value_NxC, metric)
+  )
   log("")
   log(
-      f"RECL (Table 8 of Dai et al. 2019; threshold {args.threshold:g}, walk "
+      f"RECL (Table 8 of Dai et al. 2019; threshold {request.threshold:g}, walk "
       f"{results[request.rs[0]]['walk']}):"
   )
   log(table)
   log("")
   log(f"{metric} by context length (Figure 4):")
   log(curves)
-  log(f"wrote {out_dir / 'recl.json'}, losses.npz, {FIGURE_3}, {FIGURE_4}")
+  log(f"wrote {out_dir / 'recl.json'}, losses.npz, {plots.FIGURE_3}, {plots.FIGURE_4}")
   return out
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-  """The command line; returns the exit status (2 with one ``error:`` line on
-  bad input)."""
-  try:
-    request = check_args(parse_args(argv))
-    run(request, log=lambda s: print(s, flush=True))
-  except (UsageError, ImportError, FileNotFoundError) as err:
-    print(f"error: {err}", file=sys.stderr)
-    return 2
-  return 0
-
-
-if __name__ == "__main__":
-  sys.exit(main())

@@ -25,15 +25,19 @@ writes into DIR:
 Only per-segment tensors are ever held: each step's probabilities are reduced
 to per-distance sums on the device.  The model sows them when built with
 ``record_attention=True`` (``attention._Attention.record``).
+
+One role per module: this package's ``__init__`` computes the maps
+(``attention_maps``) and writes them (``run``); ``plots.py`` draws the
+figures with matplotlib; ``__main__.py`` is the command line (absl flags),
+whose bad input (a bad flag, a missing workdir or corpus, a head outside
+the model) is one ``error: ...`` line and exit status 1.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -41,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_xl import data, default_config, sharding
+from transformer_xl.analysis.attention import plots
 from transformer_xl.inference import evaluate
 from transformer_xl.model import attention, models
 from transformer_xl.run import run_dir
@@ -197,84 +202,6 @@ def top_fraction(weights_K: np.ndarray, fraction: float = 0.2) -> np.ndarray:
   return nonzero[np.argsort(-weights_K[nonzero], kind="stable")[:k]]
 
 
-def _plot_average(avg_LxHxK: np.ndarray, path: str, title: str) -> None:
-  """Fig. 5: heads as rows, distance as columns, layer boundaries marked."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  from matplotlib.colors import PowerNorm
-
-  n_layer, n_head, k = avg_LxHxK.shape
-  fig, ax = plt.subplots(figsize=(min(16, 4 + k / 40), 1 + 0.25 * n_layer * n_head))
-  image = ax.imshow(
-      avg_LxHxK.reshape(n_layer * n_head, k),
-      aspect="auto",
-      cmap="viridis",
-      interpolation="nearest",
-      norm=PowerNorm(gamma=0.5),
-  )  # long range visible
-  for layer in range(1, n_layer):
-    ax.axhline(layer * n_head - 0.5, color="white", linewidth=0.8)
-  ax.set_yticks([l * n_head + (n_head - 1) / 2 for l in range(n_layer)])
-  ax.set_yticklabels([f"layer {l}" for l in range(n_layer)])
-  ax.set_xlabel("relative distance (0 = the query itself)")
-  ax.set_title(title)
-  fig.colorbar(image, ax=ax, fraction=0.02)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-
-
-def _plot_context(
-    context_LxHxK: np.ndarray, heads: Sequence[tuple[int, int]], mem_len: int, path: str
-) -> None:
-  """Fig. 6: one query's attention over its context, top 20% highlighted."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  fig, axes = plt.subplots(len(heads), 1, figsize=(12, 1.6 * len(heads)), squeeze=False)
-  for ax, (layer, head) in zip(axes[:, 0], heads):
-    w = context_LxHxK[layer, head]
-    top = np.zeros_like(w, dtype=bool)
-    top[top_fraction(w)] = True
-    x = np.arange(len(w))
-    ax.bar(x[~top], w[~top], color="0.6", width=1.0)
-    ax.bar(x[top], w[top], color="tab:red", width=1.0, label="top 20%")
-    ax.axvline(mem_len - 0.5, color="k", linestyle=":", linewidth=0.8)
-    ax.set_ylabel(f"L{layer} H{head}")
-  axes[0, 0].legend(loc="upper left")
-  axes[-1, 0].set_xlabel("key (memory slots | segment)")
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-
-
-def _plot_decomposition(terms_3xLxHxK: np.ndarray, path: str) -> None:
-  """Fig. 7: terms (a), (b), (d), each averaged like Fig. 5."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  n, n_layer, n_head, k = terms_3xLxHxK.shape
-  fig, axes = plt.subplots(
-      n, 1, figsize=(min(16, 4 + k / 40), 1.5 + 0.75 * n * n_layer), squeeze=False
-  )
-  for ax, name, term in zip(axes[:, 0], TERMS, terms_3xLxHxK):
-    ax.imshow(
-        term.reshape(n_layer * n_head, k), aspect="auto", cmap="viridis", interpolation="nearest"
-    )
-    ax.set_title(f"term ({name}) alone")
-    ax.set_yticks([])
-  axes[-1, 0].set_xlabel("relative distance")
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-
-
 def _parse_heads(spec: str, n_layer: int, n_head: int) -> list[tuple[int, int]]:
   """ "L:H,L:H" -> [(L, H), ...]; "" -> head 0 of every layer."""
   if not spec:
@@ -330,7 +257,7 @@ def run(
   os.makedirs(out, exist_ok=True)
   avg = maps["average"]["prob"]
   np.save(os.path.join(out, "average_attention.npy"), avg)
-  _plot_average(
+  plots.plot_average(
       avg,
       os.path.join(out, "average_attention.png"),
       f"average attention by distance ({os.path.basename(os.path.normpath(workdir))}, "
@@ -338,7 +265,13 @@ def run(
   )
   ctx = maps["context"]
   np.save(os.path.join(out, "context_attention.npy"), ctx)
-  _plot_context(ctx, chosen, eval_cfg.mem_len, os.path.join(out, "context_attention.png"))
+  plots.plot_context(
+      ctx,
+      chosen,
+      [top_fraction(ctx[layer, head]) for layer, head in chosen],
+      eval_cfg.mem_len,
+      os.path.join(out, "context_attention.png"),
+  )
   tokens = corpus.splits[split].read(0, corpus.splits[split].num_tokens)
   symbol = (
       lambda p: (corpus.vocab[corpus.boundary_id] if p == 0 else corpus.vocab[int(tokens[p - 1])])
@@ -371,7 +304,7 @@ def run(
   if all(f"prob_{t}" in maps["average"] for t in TERMS):  # recorded by attn_type 0
     terms = np.stack([maps["average"][f"prob_{t}"] for t in TERMS])
     np.save(os.path.join(out, "decomposition.npy"), terms)
-    _plot_decomposition(terms, os.path.join(out, "decomposition.png"))
+    plots.plot_decomposition(terms, TERMS, os.path.join(out, "decomposition.png"))
   summary = {
       "workdir": workdir,
       "split": split,
@@ -388,37 +321,3 @@ def run(
     json.dump(summary, f, indent=2)
   print(f"Attention maps of {maps['tokens']:,} {split} tokens (step {step}) written to {out}.")
   return summary
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-  """Command line (see the module docstring); errors exit with one line."""
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--workdir", required=True, help="a trained (or converted) workdir")
-  parser.add_argument("--split", default="valid", help="train, valid or test")
-  parser.add_argument("--out", required=True, help="output directory")
-  parser.add_argument(
-      "--max_tokens",
-      type=int,
-      default=0,
-      help="stop after about this many scored tokens (0 = the whole split)",
-  )
-  parser.add_argument(
-      "--heads",
-      default="",
-      help="LAYER:HEAD,... for the context plot (default: head 0 of every layer)",
-  )
-  parser.add_argument(
-      "--segment",
-      type=int,
-      default=-1,
-      help="the step whose row-0 query is plotted (-1: first full memory)",
-  )
-  args = parser.parse_args(argv)
-  try:
-    run(args.workdir, args.split, args.out, args.max_tokens, args.heads, args.segment)
-  except (default_config.ConfigError, data.DataError, FileNotFoundError) as err:
-    sys.exit(f"error: {err}")
-
-
-if __name__ == "__main__":
-  main()
