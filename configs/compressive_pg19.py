@@ -69,10 +69,8 @@ def get_config(preset=None):
       mem_len=512,
       tie_weight=True,
       memory="compressive",
-      cmem_len=512,
-      cmem_ratio=2,
-      cmem_fn="conv",
   )
+  c.model.compressive.update(cmem_len=512, cmem_ratio=2, cmem_fn="conv")
   c.train.update(
       global_batch=512,
       num_steps=516_000,

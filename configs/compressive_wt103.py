@@ -61,10 +61,8 @@ def get_config(preset=None):
       tie_weight=True,
       tie_projs=(False, True, True, True),
       memory="compressive",
-      cmem_len=512,
-      cmem_ratio=4,
-      cmem_fn="conv",
   )
+  c.model.compressive.update(cmem_len=512, cmem_ratio=4, cmem_fn="conv")
   c.train.update(
       global_batch=128,
       num_steps=516_000,
@@ -74,7 +72,8 @@ def get_config(preset=None):
       clip=0.1,
   )
   c.eval.update(
-      tgt_len=512, mem_len=500, cmem_len=1500, clamp_len=0, same_length=False, global_batch=10
+      tgt_len=512, mem_len=500, clamp_len=0, same_length=False, global_batch=10
   )
+  c.eval.compressive.cmem_len = 1500  # compressed slots at evaluation (the docstring)
   c.paper.update(result="17.1 ppl (test)")
   return presets.apply_slice(c, preset)

@@ -57,7 +57,7 @@ def get_config(variant: str = "rmt"):
       same_length=False,
   )
   if variant == "rmt":
-    c.model.update(num_mem_tokens=6, mem_at_end=True, read_mem_from_cache=True)
+    c.model.tokens.update(num_mem_tokens=6, mem_at_end=True, read_mem_from_cache=True)
     # Their train_synthetic.py carries the tokens with their gradient through the
     # example's 6 segments, one update per example batch: a window of 6 here.
     c.train.update(mem_backprop_depth=5, bptt_bp=True)

@@ -48,10 +48,8 @@ def get_config(variant: str = "rmt"):
       dropatt=0.0,
       tgt_len=128,
       mem_len=mem_len,
-      num_mem_tokens=tokens,
-      mem_at_end=True,
-      read_mem_from_cache=False,
   )
+  c.model.tokens.update(num_mem_tokens=tokens, mem_at_end=True, read_mem_from_cache=False)
   c.train.update(
       global_batch=64,
       num_steps=400_000,

@@ -49,10 +49,8 @@ def get_config(variant: str = "rmt"):
       div_val=1,
       tie_weight=True,
       tie_projs=(False, True, True, True),
-      num_mem_tokens=tokens,
-      mem_at_end=True,
-      read_mem_from_cache=False,
   )
+  c.model.tokens.update(num_mem_tokens=tokens, mem_at_end=True, read_mem_from_cache=False)
   c.train.update(
       global_batch=60,
       num_steps=200_000,

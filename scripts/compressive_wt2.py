@@ -88,9 +88,9 @@ def variant_flags(name: str) -> list[str]:
   if memory == "compressive":
     flags += [
         "--config.model.memory=compressive",
-        f"--config.model.cmem_len={cmem_len}",
-        f"--config.model.cmem_ratio={ratio}",
-        f"--config.model.cmem_fn={'max_pool' if name.endswith('_max') else 'conv'}",
+        f"--config.model.compressive.cmem_len={cmem_len}",
+        f"--config.model.compressive.cmem_ratio={ratio}",
+        f"--config.model.compressive.cmem_fn={'max_pool' if name.endswith('_max') else 'conv'}",
     ]
   return flags
 

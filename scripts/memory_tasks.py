@@ -74,6 +74,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))  # reproduce_wt2's helpers (machine, _run, _shown)
 import reproduce_wt2 as study  # noqa: E402
 
+from transformer_xl.model import config as model_config_lib  # noqa: E402
+
 CONFIG = REPO / "configs" / "copy_rmt.py"
 
 SEQ_LEN = 8  # S, the input symbols
@@ -155,16 +157,16 @@ def run_flags(task: str, distance: str, memory: str, seed: int, batches: int) ->
   ]
   if memory == "tokens":
     flags += [
-        f"--config.model.num_mem_tokens={MEM}",
+        f"--config.model.tokens.num_mem_tokens={MEM}",
         f"--config.train.mem_backprop_depth={n_seg - 1}",
         "--config.train.bptt_bp=True",
     ]
   elif memory == "compressive":
     flags += [
         "--config.model.memory=compressive",
-        f"--config.model.cmem_len={MEM // 2}",
-        "--config.model.cmem_ratio=2",
-        "--config.model.cmem_fn=conv",
+        f"--config.model.compressive.cmem_len={MEM // 2}",
+        "--config.model.compressive.cmem_ratio=2",
+        "--config.model.compressive.cmem_fn=conv",
     ]
   return flags
 
@@ -195,6 +197,7 @@ def run_one(
     rec = json.loads(line)
     if "train/loss" in rec:
       losses.append([rec["step"], rec["train/loss"]])
+  model = model_config_lib.flat_fields(config["model"])  # earlier versions' flat keys too
   return {
       "name": name,
       "task": task,
@@ -204,8 +207,8 @@ def run_one(
       "tgt_len": config["model"]["tgt_len"],
       "segments": segments(task, distance),
       "mem_len": config["model"]["mem_len"],
-      "cmem_len": config["model"]["cmem_len"],
-      "num_mem_tokens": config["model"]["num_mem_tokens"],
+      "cmem_len": model["compressive.cmem_len"],
+      "num_mem_tokens": model["tokens.num_mem_tokens"],
       "mem_backprop_depth": config["train"]["mem_backprop_depth"],
       "num_steps": config["train"]["num_steps"],
       "batches": batches,

@@ -13,7 +13,6 @@ floats are refused by one generic check of every float
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -174,9 +173,10 @@ def get_config() -> ml_collections.ConfigDict:
           # thread (data.Prefetcher); 0 = read in the training loop
           aux_loss_weight=1.0,  # weight of each auxiliary loss a module sows into "losses"
           # (train.aux_losses); none in the model itself
-          # Backpropagation through segments (Bulatov et al. 2022; model.num_mem_tokens > 0):
+          # Backpropagation through segments (Bulatov et al. 2022), for a memory whose state
+          # keeps its gradient (the memory tokens):
           mem_backprop_depth=0,  # k: each step runs the k segments before the newest one
-          # again and the gradient flows back through their memory tokens (0 = none)
+          # again and the gradient flows back through the memory they write (0 = none)
           bptt_bp=False,  # True: the loss of every segment of the window counts (the
           # authors' --bptt_bp); False: the newest segment's only
       )
@@ -198,14 +198,16 @@ def get_config() -> ml_collections.ConfigDict:
           window=0,  # "sliding": window length L (0 = model.tgt_len + model.mem_len)
           stride=1,  # "sliding": tokens scored per window (1 = Al-Rfou et al.)
           global_batch=10,  # reference eval_batch_size (rows, or windows per step)
-          cmem_len=-1,  # compressed-memory slots at evaluation (-1 = model.cmem_len;
-          # model.memory="compressive": Rae et al. 2020 evaluate with more than trained)
           documents="split",  # "split": the split as data.documents says (one stream, or
           # documents masked apart with "reset"); "whole": every document (book) scored
           # from an empty memory to its end, results per document too (PG-19; needs a
           # corpus with documents: data.dataset "text" or "tfds:NAME")
       )
   )
+  # The memory variants' evaluation overrides, eval.<variant>.<field> (unset: the model's;
+  # memory.eval_override_sections).
+  for name, section in memory.eval_override_sections().items():
+    c.eval[name] = ml_collections.ConfigDict(section)
   # Dynamic evaluation (Krause et al. 2019; inference/dynamic_eval.py), on when lr > 0:
   # every eval segment scored, then the parameters updated by its gradient.
   c.eval.dynamic = ml_collections.ConfigDict(
@@ -306,10 +308,8 @@ def validate(
     return key not in nonfinite
 
   problems += segment_problems(e.tgt_len, e.mem_len, e.clamp_len, e.same_length, section="eval")
-  problems += memory.eval_problems(m.to_dict(), e.tgt_len, e.method, e.window, e.cmem_len)
-  problems += memory.token_run_problems(
-      m.to_dict(), e.method, config.data.get("documents", "stream"), e.get("documents", "split")
-  )
+  problems += memory.eval_problems(m.to_dict(), e.to_dict())
+  problems += memory.run_problems(m.to_dict(), config.to_dict())
   if e.global_batch < 1:
     problems.append(f"eval.global_batch={e.global_batch} must be >= 1.")
   if e.method not in ("segments", "sliding"):
@@ -551,18 +551,13 @@ def _schedule_problems(t: ml_collections.ConfigDict, nonfinite: set[str]) -> lis
 
 
 def _bptt_problems(config: ml_collections.ConfigDict) -> list[str]:
-  """``train.mem_backprop_depth`` and ``train.bptt_bp``: an integer depth >= 0,
-  > 0 only with memory tokens (nothing else carries a gradient between
-  segments: the XL memory is stop-gradient), bptt_bp only with a depth."""
-  t, m = config.train, config.model
+  """``train.mem_backprop_depth`` and ``train.bptt_bp``: an integer depth >= 0
+  (> 0 only with a memory that carries the gradient between segments:
+  ``memory.run_problems``), bptt_bp only with a depth."""
+  t = config.train
   depth = t.get("mem_backprop_depth", 0)
   if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
     return [f"train.mem_backprop_depth={depth!r} must be an integer >= 0 (0 = none)."]
-  if depth > 0 and m.get("num_mem_tokens", 0) < 1:
-    return [
-        f"train.mem_backprop_depth={depth} needs memory tokens (model.num_mem_tokens > 0): "
-        "the gradient flows back through them, the XL memory is stop-gradient."
-    ]
   if t.get("bptt_bp", False) and depth == 0:
     return ["train.bptt_bp=True needs train.mem_backprop_depth > 0 (no earlier segment)."]
   return []
@@ -595,8 +590,10 @@ def _optimizer_problems(t: ml_collections.ConfigDict, nonfinite: set[str]) -> li
 
 def without_legacy_keys(saved: Any) -> Any:
   """A saved config (a workdir's ``config.json``, parsed) without the model
-  keys of earlier versions (``model.config.drop_legacy_keys``), so that it
-  updates ``get_config()``'s locked dict, and with the SentencePiece options
+  keys of earlier versions (``model.config.drop_legacy_keys``), the memory
+  variants' flat model and eval keys moved into their sections
+  (``memory.upgrade_fields``, ``memory.upgrade_eval``), so that it updates
+  ``get_config()``'s locked dict, and with the SentencePiece options
   its own-text ``data`` lacks at the values of the versions before them
   (``text_settings.with_earlier_defaults``); anything but a dict is
   returned as it is.
@@ -608,7 +605,13 @@ def without_legacy_keys(saved: Any) -> Any:
     saved = {**saved, "data": text_settings.with_earlier_defaults(saved["data"])}
   if not isinstance(saved, Mapping) or not isinstance(saved.get("model"), Mapping):
     return saved
-  return {**saved, "model": model_config_lib.drop_legacy_keys(saved["model"], "model")}
+  out = {
+      **saved,
+      "model": memory.upgrade_fields(model_config_lib.drop_legacy_keys(saved["model"], "model")),
+  }
+  if isinstance(saved.get("eval"), Mapping):
+    out["eval"] = memory.upgrade_eval(saved["eval"])
+  return out
 
 
 def model_config(config: ml_collections.ConfigDict, n_token: int) -> ModelConfig:
@@ -619,7 +622,7 @@ def model_config(config: ml_collections.ConfigDict, n_token: int) -> ModelConfig
       cutoffs >= n_token), or are invalid.
   """
   try:
-    return ModelConfig(n_token=n_token, **config.model.to_dict())
+    return ModelConfig.from_dict({"n_token": n_token, **config.model.to_dict()})
   except ValueError as err:
     raise ConfigError(f"Invalid config for a vocabulary of {n_token:,}: {err}") from None
 
@@ -627,7 +630,7 @@ def model_config(config: ml_collections.ConfigDict, n_token: int) -> ModelConfig
 def set_model_config(config: ml_collections.ConfigDict, model_cfg: ModelConfig) -> None:
   """Writes every field of ``model_cfg`` but n_token into ``config.model``
   (the inverse of ``model_config``; used by the converter)."""
-  fields = dataclasses.asdict(model_cfg)
+  fields = model_cfg.to_dict()
   fields.pop("n_token")
   fields["d_embed"] = int(fields["d_embed"] or 0)
   config.model.update(

@@ -252,19 +252,18 @@ def hparams_from_model_config(cfg) -> dict:
   cluster).
 
   Raises:
-    ConvertError: a memory variant other than the reference's ("xl"), or
-      memory tokens (the reference has none; the authors' fork reads them:
-      ``convert.rmt`` converts from it, not to it).
+    ConvertError: a memory other than the reference's (the XL memory alone:
+      no other ``model.memory``, no add-on such as the memory tokens, which
+      the authors' fork reads: ``convert.rmt`` converts from it, not to it).
   """
-  if getattr(cfg, "num_mem_tokens", 0) > 0:
+  from transformer_xl.model import memory
+
+  others = [v.name for v in memory.plan(cfg).variants if v is not memory.VARIANTS["xl"]]
+  if others:
     raise ConvertError(
-        f"model.num_mem_tokens={cfg.num_mem_tokens}: the reference implementation has no "
-        "memory tokens; only a model with model.num_mem_tokens=0 converts to it."
-    )
-  if cfg.memory != "xl":
-    raise ConvertError(
-        f"model.memory={cfg.memory!r}: the reference implementation has only the XL memory; "
-        "only a model with model.memory='xl' converts to it."
+        f"model.memory={cfg.memory!r} with {', '.join(repr(o) for o in others)}: the reference "
+        "implementation has only the XL memory; only a model with model.memory='xl' and no "
+        "memory add-on (model.tokens.num_mem_tokens=0) converts to it."
     )
   n_clusters = len(cfg.cutoffs) + 1
   return {

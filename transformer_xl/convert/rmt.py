@@ -8,13 +8,12 @@ and its state dict holds the reference's names plus ``mem_tokens``
 [num_mem_tokens, 1, d_model] (the learned initial tokens).  The reference
 part goes through ``hparams.load_hparams`` and
 ``pytorch.params_from_state_dict``; this module adds the fork's part
-(``model.num_mem_tokens``, ``model.mem_at_end``, ``model.read_mem_from_cache``
+(``model.tokens.num_mem_tokens``, ``mem_at_end``, ``read_mem_from_cache``
 and the parameter ``mem_tokens`` [N, d_model]).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,6 +22,7 @@ import numpy as np
 from transformer_xl.convert.errors import ConvertError
 from transformer_xl.convert.hparams import load_hparams, model_config_from_hparams
 from transformer_xl.convert.pytorch import params_from_state_dict
+from transformer_xl.model.memory.tokens import MemoryTokens
 
 # The fork's constructor arguments beyond the reference's, with its defaults
 # (``MemTransformerLM.__init__``: num_mem_tokens=None, which it uses as 0).
@@ -54,7 +54,7 @@ def load_rmt_hparams(source: Mapping[str, Any]) -> dict:
   Raises:
     ConvertError: the reference's problems (``load_hparams``), a fork
       argument of the wrong type, or memory tokens with what ours does not
-      carry them with (``memory.token_config_problems``: attn_type != 0).
+      carry them with (``MemoryTokens.config_problems``: attn_type != 0).
   """
   raw = dict(source)
   fork = {k: raw.pop(k, v) for k, v in RMT_HPARAMS.items()}
@@ -83,7 +83,7 @@ def model_config_from_rmt_hparams(hp: Mapping[str, Any], n_token: int | None = N
   """
   base = {k: v for k, v in hp.items() if k not in RMT_HPARAMS}
   cfg = model_config_from_hparams(base, n_token)
-  return dataclasses.replace(cfg, **{k: hp[k] for k in RMT_HPARAMS})
+  return cfg.with_memory(MemoryTokens.name, **{k: hp[k] for k in RMT_HPARAMS})
 
 
 def params_from_rmt_state_dict(state: Mapping[str, Any], cfg) -> dict:
@@ -93,7 +93,7 @@ def params_from_rmt_state_dict(state: Mapping[str, Any], cfg) -> dict:
     state: name -> array, the fork's names: the reference's
       (``params_from_state_dict``; the projections as ``reference_names``
       reads them) plus ``mem_tokens`` [N, 1, d_model] when
-      ``cfg.num_mem_tokens`` > 0.
+      the model has memory tokens (``model.tokens.num_mem_tokens`` > 0).
     cfg: the ModelConfig (``model_config_from_rmt_hparams``).
 
   Returns:
@@ -105,7 +105,7 @@ def params_from_rmt_state_dict(state: Mapping[str, Any], cfg) -> dict:
   """
   rest = reference_names(state)
   tokens = rest.pop(MEM_TOKENS, None)
-  n = cfg.num_mem_tokens
+  n = MemoryTokens.settings(cfg).num_mem_tokens
   if n == 0:
     if tokens is not None:
       raise ConvertError(
@@ -124,6 +124,6 @@ def params_from_rmt_state_dict(state: Mapping[str, Any], cfg) -> dict:
         f"{MEM_TOKENS}: expected shape ({n}, 1, {cfg.d_model}) from the hparams, got "
         f"{tokens.shape}; check num_mem_tokens and d_model."
     )
-  params = params_from_state_dict(rest, dataclasses.replace(cfg, num_mem_tokens=0))
+  params = params_from_state_dict(rest, cfg.with_memory(MemoryTokens.name, num_mem_tokens=0))
   params[MEM_TOKENS] = tokens[:, 0, :].copy()
   return params

@@ -550,7 +550,7 @@ class SlidingWindowIterator(Iterator[Batch]):
   Static shapes: each window's pairs are right-aligned in a row of ``L``
   positions and the row is padded at the FRONT (``front_pad`` positions);
   the model masks those as keys (``front_pad`` goes to the model as a
-  negative valid-slot count, models.Memory), so the real tokens get exactly
+  negative valid-slot count, ``Memory.with_front_padding``), so the real tokens get exactly
   the context and the positions (counted from the window's end, for the
   absolute encodings) of the reference's shorter window.
 

@@ -61,7 +61,7 @@ import numpy as np
 
 from transformer_xl import default_config, errors, sharding
 from transformer_xl.inference import evaluate
-from transformer_xl.model import models
+from transformer_xl.model import memory as memory_lib
 from transformer_xl.util import report
 
 RULES = default_config.DYNAMIC_RULES
@@ -238,7 +238,7 @@ class DynamicEvaluator:
       return nll_BxT, state, memory
 
     state_shardings = self._state_shardings(params)
-    mem_sharding = models.Memory.shardings(mesh, tokens=self.model.config.num_mem_tokens > 0)
+    mem_sharding = memory_lib.shardings(self.model.config, mesh)
     rows = sharding.rows_sharding(mesh)
     self._steps[kind] = jax.jit(
         sharding.traced_with_mesh(step, mesh),

@@ -25,7 +25,10 @@ variant overrides the ones it needs and adds itself to the registry):
   parameters in the layer's scope (type 0's untied u, v; type 3's
   positions, added to memory and segment);
 * ``__call__``: ``attn(h_BxTxD, mem_in_BxMxD, seg_in_BxTxD, pos,
-  mask_Bx1xTxK)``, the attention output of the segment;
+  mask_Bx1xTxK, hooks=None)``, the attention output of the segment; the
+  memory's hooks of the layer (``memory.LayerHooks``) adjust the position
+  scores (``position_scores``, attn_type 0) and the attention vectors
+  before the output projection (``combine``: ``_Attention._output``);
 * ``config_problems``: what the variant needs of the other sizes.
 
 What every variant shares (the Appendix B shift, the mask, the
@@ -36,33 +39,32 @@ a variant is its parameters, its positional scheme and its score function.
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from absl import logging
 from jax.ad_checkpoint import checkpoint_name
 
-from transformer_xl.model import memory as memory_lib
 from transformer_xl.model import pallas_attention
 from transformer_xl.model.attention_ops import (
-    MASK_VALUE,
-    CachedKV,
-    Kernel,
-    MaskParts,
-    absolute_positions,
-    attend,
-    content_scores,
-    kv_rows,
-    normal_init,
-    output_projection,
-    position_scores,
-    position_table,
-    qkv,
-    rel_shift,
-    sinusoid_pos_emb,
+  MASK_VALUE,
+  CachedKV,
+  Kernel,
+  MaskParts,
+  absolute_positions,
+  attend,
+  content_scores,
+  kv_rows,
+  normal_init,
+  output_projection,
+  position_scores,
+  position_table,
+  qkv,
+  rel_shift,
+  sinusoid_pos_emb,
 )
 
 Array = jax.Array
@@ -88,7 +90,7 @@ class _Attention(nn.Module):
     decode: generation with a decoding cache (types 0 and 1 only): the
       memory part of the input may be an ``attention_ops.CachedKV`` (its
       keys and values are not projected again), and ``__call__`` returns
-      (output, the next CachedKV) (``_with_cache``).
+      (output, the next CachedKV) (``_output``).
 
   The class methods below are the hooks through which models.py uses a
   variant (module docstring); ``cfg`` is a ``default_config.ModelConfig``.
@@ -146,11 +148,22 @@ class _Attention(nn.Module):
         **cls.own_attributes(cfg),
     )
 
-  def _with_cache(
-      self, out_BxTxD: Array, k_BxKxHxDh: Array, v_BxKxHxDh: Array, r_KxHxDh: Array | None
+  def _output(
+      self,
+      vec_BxTxHxDh: Array,
+      q_BxTxHxDh: Array,
+      k_BxKxHxDh: Array,
+      v_BxKxHxDh: Array,
+      r_KxHxDh: Array | None,
+      hooks: Any,
   ) -> Any:
-    """``out_BxTxD``, or with ``decode`` (out, CachedKV of the last M = K - T
-    key rows, which the next memory holds, and the position keys)."""
+    """The attention's output from its vectors: the memory's ``combine``
+    hook (``hooks``, or None), ``o_net`` (``output_projection``), and with
+    ``decode`` the CachedKV of the last M = K - T key rows (which the next
+    memory holds) and the position keys: (out, CachedKV)."""
+    if hooks is not None:
+      vec_BxTxHxDh = hooks.combine(self, q_BxTxHxDh, k_BxKxHxDh, v_BxKxHxDh, vec_BxTxHxDh)
+    out_BxTxD = output_projection(self, vec_BxTxHxDh)
     if not self.decode:
       return out_BxTxD
     t = out_BxTxD.shape[1]
@@ -233,31 +246,22 @@ class RelPartialLearnableAttention(_Attention):
   a training step with dropatt > 0, which falls back to the XLA path
   (logged once).
 
-  Its attributes are ``_Attention``'s, plus the ones below.
-
-  Memory tokens (``memory.TokenMask`` instead of a dense mask): the
-  position terms of keys after a memory-token query are the authors'
-  (``memory.future_position_scores``).
+  Its attributes are ``_Attention``'s, plus the one below.  The memory's
+  ``position_scores`` hook may adjust the (b)+(d) terms after the shift
+  (the memory tokens' keys after their query).
 
   Attributes:
     same_length: the config's (the kernel forms the mask itself).
-    num_mem_tokens, mem_at_end: the config's (memory tokens).
   """
 
   same_length: bool = False
-  num_mem_tokens: int = 0
-  mem_at_end: bool = True
 
   PAPER: ClassVar[str] = "Transformer-XL"
   DECODE_CACHE: ClassVar[bool] = True
 
   @classmethod
   def own_attributes(cls, cfg):
-    return {
-        "same_length": cfg.same_length,
-        "num_mem_tokens": cfg.num_mem_tokens,
-        "mem_at_end": cfg.mem_at_end,
-    }
+    return {"same_length": cfg.same_length}
 
   @classmethod
   def model_params(cls, model, cfg):
@@ -283,6 +287,7 @@ class RelPartialLearnableAttention(_Attention):
       seg_in_BxTxD: Array,
       pos: tuple[Array, Array, Array],
       mask_Bx1xTxK: Array,
+      hooks: Any = None,
   ) -> Array:
     """Attention output for the T segment positions.
 
@@ -299,15 +304,13 @@ class RelPartialLearnableAttention(_Attention):
         [n_head, d_head].
       mask_Bx1xTxK: bool, True where attention is allowed
         (``attention_mask``), or the ``MaskParts`` it is made from.
+      hooks: the memory's hooks of this layer (``memory.LayerHooks``), or None.
 
     Returns:
       [B, T, d_model] in ``dtype`` (the o_net output, before dropout and the
-      residual); with ``decode`` also the next ``CachedKV`` (``_with_cache``).
+      residual); with ``decode`` also the next ``CachedKV`` (``_output``).
     """
     pos_emb_KxD, r_w_bias_HxDh, r_r_bias_HxDh = pos
-    key_count_B = None  # memory tokens: their position terms need the count
-    if isinstance(mask_Bx1xTxK, memory_lib.TokenMask):
-      mask_Bx1xTxK, key_count_B = mask_Bx1xTxK
     q_BxTxHxDh, k_BxKxHxDh, v_BxKxHxDh = qkv(self, mem_in_BxMxD, seg_in_BxTxD)
     t, klen = q_BxTxHxDh.shape[1], k_BxKxHxDh.shape[1]
     if isinstance(mem_in_BxMxD, CachedKV):  # the same distances every step: computed once
@@ -335,14 +338,12 @@ class RelPartialLearnableAttention(_Attention):
             r_KxHxDh,
             u,
             v,
-            mask_Bx1xTxK.mlen_B,
+            mask_Bx1xTxK.key_count_B,
             mask_Bx1xTxK.doc_pos_BxT,
             mem_len=klen - t,
             same_length=self.same_length,
         )
-        return self._with_cache(
-            output_projection(self, vec_BxTxHxDh), k_BxKxHxDh, v_BxKxHxDh, r_KxHxDh
-        )
+        return self._output(vec_BxTxHxDh, q_BxTxHxDh, k_BxKxHxDh, v_BxKxHxDh, r_KxHxDh, hooks)
       _log_dropatt_fallback()
       mask_Bx1xTxK = mask_Bx1xTxK.dense(t, klen - t, self.same_length)
 
@@ -353,10 +354,8 @@ class RelPartialLearnableAttention(_Attention):
       # (b) + (d): position terms against every distance J-1..0, then shifted.
       raw_HxBxQxJ = position_scores(q_BxQxHxDh + v, r_JxHxDh)
       bd_HxBxQxJ = rel_shift(raw_HxBxQxJ)
-      if key_count_B is not None:  # memory tokens (one block: models.DecoderLayer)
-        bd_HxBxQxJ = memory_lib.future_position_scores(
-            raw_HxBxQxJ, bd_HxBxQxJ, key_count_B, self.num_mem_tokens, self.mem_at_end
-        )
+      if hooks is not None:  # e.g. the memory tokens' (one block: memory.Plan.one_block)
+        bd_HxBxQxJ = hooks.position_scores(raw_HxBxQxJ, bd_HxBxQxJ)
       return ac_HxBxQxJ + bd_HxBxQxJ
 
     if self.record:  # Appendix D, Fig. 7: terms (a), (b) and (d), each softmax-ed alone
@@ -379,12 +378,10 @@ class RelPartialLearnableAttention(_Attention):
       for name, term in terms.items():
         term = jnp.where(mask_Bx1xTxK, term * (1.0 / self.d_head**0.5), MASK_VALUE)
         self.sow("intermediates", f"prob_{name}", jax.nn.softmax(term, axis=-1))
-    return self._with_cache(
-        attend(self, score, q_BxTxHxDh, k_BxKxHxDh, v_BxKxHxDh, (r_KxHxDh,), mask_Bx1xTxK),
-        k_BxKxHxDh,
-        v_BxKxHxDh,
-        r_KxHxDh,
+    vec_BxTxHxDh = attend(
+        self, score, q_BxTxHxDh, k_BxKxHxDh, v_BxKxHxDh, (r_KxHxDh,), mask_Bx1xTxK
     )
+    return self._output(vec_BxTxHxDh, q_BxTxHxDh, k_BxKxHxDh, v_BxKxHxDh, r_KxHxDh, hooks)
 
 
 class RelLearnableAttention(_Attention):
@@ -422,7 +419,13 @@ class RelLearnableAttention(_Attention):
 
   @nn.compact
   def __call__(
-      self, h_BxTxD: Array, mem_in_BxMxD: Array, seg_in_BxTxD: Array, pos: Any, mask_Bx1xTxK: Array
+      self,
+      h_BxTxD: Array,
+      mem_in_BxMxD: Array,
+      seg_in_BxTxD: Array,
+      pos: Any,
+      mask_Bx1xTxK: Array,
+      hooks: Any = None,
   ) -> Array:
     """As ``RelPartialLearnableAttention.__call__``; ``h_BxTxD`` and
     ``pos`` (None) are not used: the tables are this module's."""
@@ -451,20 +454,10 @@ class RelLearnableAttention(_Attention):
       b_HxBxQxJ = position_scores(q_BxQxHxDh, r_emb_JxHxDh)
       return ac_HxBxQxJ + rel_shift(b_HxBxQxJ + r_bias_JxH.T[:, None, None, :])
 
-    return self._with_cache(
-        attend(
-            self,
-            score,
-            q_BxTxHxDh,
-            k_BxKxHxDh,
-            v_BxKxHxDh,
-            (r_emb_KxHxDh, r_bias_KxH),
-            mask_Bx1xTxK,
-        ),
-        k_BxKxHxDh,
-        v_BxKxHxDh,
-        None,
+    vec_BxTxHxDh = attend(
+        self, score, q_BxTxHxDh, k_BxKxHxDh, v_BxKxHxDh, (r_emb_KxHxDh, r_bias_KxH), mask_Bx1xTxK
     )
+    return self._output(vec_BxTxHxDh, q_BxTxHxDh, k_BxKxHxDh, v_BxKxHxDh, None, hooks)
 
 
 class AbsoluteAttention(_Attention):
@@ -484,7 +477,13 @@ class AbsoluteAttention(_Attention):
 
   @nn.compact
   def __call__(
-      self, h_BxTxD: Array, mem_in_BxMxD: Array, seg_in_BxTxD: Array, pos: Any, mask_Bx1xTxK: Array
+      self,
+      h_BxTxD: Array,
+      mem_in_BxMxD: Array,
+      seg_in_BxTxD: Array,
+      pos: Any,
+      mask_Bx1xTxK: Array,
+      hooks: Any = None,
   ) -> Array:
     """As ``RelPartialLearnableAttention.__call__``: queries from
     ``h_BxTxD`` (the raw segment), keys and values from concat(mem_in,
@@ -510,9 +509,9 @@ class AbsoluteAttention(_Attention):
     def score(q_BxQxHxDh, k_BxJxHxDh, pos):
       return content_scores(q_BxQxHxDh, k_BxJxHxDh)
 
-    return attend(
-        self, score, q_BxTxHxDh, kv_BxKx2xHxDh[:, :, 0], kv_BxKx2xHxDh[:, :, 1], (), mask_Bx1xTxK
-    )
+    k_BxKxHxDh, v_BxKxHxDh = kv_BxKx2xHxDh[:, :, 0], kv_BxKx2xHxDh[:, :, 1]
+    vec_BxTxHxDh = attend(self, score, q_BxTxHxDh, k_BxKxHxDh, v_BxKxHxDh, (), mask_Bx1xTxK)
+    return self._output(vec_BxTxHxDh, q_BxTxHxDh, k_BxKxHxDh, v_BxKxHxDh, None, hooks)
 
 
 class SinusoidAbsoluteAttention(AbsoluteAttention):

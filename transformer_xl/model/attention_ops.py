@@ -20,8 +20,9 @@ documents, no key of another document), the shift,
 the projections of concat(memory, segment) (``qkv``, ``kv_rows``:
 no gradient is formed for the memory rows where none can flow), the scores
 laid out [H, B, T, K] (``content_scores``, ``position_scores``) and
-``attend``: scale, mask, float32 softmax, dropatt, the weighted values
-and ``o_net``, blockwise when asked (``query_blocks``).  The
+``attend``: scale, mask, float32 softmax, dropatt and the weighted values,
+blockwise when asked (``query_blocks``), and ``o_net``
+(``output_projection``).  The
 projections' outputs are tagged with ``checkpoint_name`` ("qkv",
 "r_head_k", "attn_out") so that a remat policy can keep them and recompute
 the scores (``tuning.REMAT_POLICIES``).
@@ -152,16 +153,17 @@ class MaskParts(NamedTuple):
   this instead of the dense mask with ``model.attention_impl="pallas"``.
 
   Attributes:
-    mlen_B: int32 [B], the key layout's count per row (``Memory.key_count_B``).
+    key_count_B: int32 [B], the key layout's count per row
+      (``Memory.key_count_B``: the valid slots, minus the front padding).
     doc_pos_BxT: optional int [B, T], offsets in the documents.
   """
 
-  mlen_B: Array
+  key_count_B: Array
   doc_pos_BxT: Array | None = None
 
   def dense(self, tgt_len: int, mem_len: int, same_length: bool) -> Array:
     """The same mask as ``attention_mask``: bool [B, 1, T, M + T]."""
-    return attention_mask(tgt_len, mem_len, self.mlen_B, same_length, self.doc_pos_BxT)
+    return attention_mask(tgt_len, mem_len, self.key_count_B, same_length, self.doc_pos_BxT)
 
 
 class CachedKV(NamedTuple):
@@ -255,12 +257,13 @@ def attend(
     pos: tuple,
     mask_Bx1xTxK: Array,
 ) -> Array:
-  """Scores, scale, mask, float32 softmax, dropatt, weighted values, ``o_net``.
+  """Scores, scale, mask, float32 softmax, dropatt, the weighted values.
 
   The part every attention type shares (reference: ``attn_score.mul_(scale)``
   ... ``o_net(attn_vec)``); called from inside ``mod``'s compact
   ``__call__``, whose sizes, ``dropatt``, dtypes, ``deterministic``,
-  ``record`` and ``block_size`` it uses.  Scores and probabilities are laid
+  ``record`` and ``block_size`` it uses.  The caller projects the result
+  (``output_projection``, after the memory's ``combine`` hook).  Scores and probabilities are laid
   out [H, B, Q, J] (``content_scores``); what is recorded is [B, H, T, K].
 
   Blockwise: with ``mod.block_size`` > 0 the queries are processed in
@@ -287,7 +290,7 @@ def attend(
     mask_Bx1xTxK: bool, True where attention is allowed.
 
   Returns:
-    [B, T, d_model] in ``mod.dtype``, tagged "attn_out".
+    The attention vectors [B, T, n_head, d_head] in ``mod.dtype``.
   """
   b, _, t, k = mask_Bx1xTxK.shape
   mask_1xBxTxK = jnp.swapaxes(mask_Bx1xTxK, 0, 1)
@@ -322,7 +325,7 @@ def attend(
         )
     )
   vec_HxBxTxDh = vecs[0] if len(vecs) == 1 else jnp.concatenate(vecs, axis=2)
-  return output_projection(mod, jnp.transpose(vec_HxBxTxDh, (1, 2, 0, 3)))
+  return jnp.transpose(vec_HxBxTxDh, (1, 2, 0, 3))
 
 
 def output_projection(mod: nn.Module, vec_BxTxHxDh: Array) -> Array:

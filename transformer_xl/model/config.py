@@ -70,6 +70,20 @@ def drop_legacy_keys(fields: Mapping[str, Any], section: str = "model") -> dict[
   return kept
 
 
+def flat_fields(fields: Mapping[str, Any] | None) -> dict[str, Any]:
+  """Saved model fields (``ModelConfig.to_dict``'s form, or an earlier
+  version's: ``memory.upgrade_fields``) with each memory variant's section
+  spread into dotted keys (``"compressive.cmem_len"``), for comparing two
+  models key by key and naming the keys that differ."""
+  out = {}
+  for key, value in memory.upgrade_fields(dict(fields or {})).items():
+    if key in memory.default_sections() and isinstance(value, Mapping):
+      out.update({f"{key}.{k}": v for k, v in value.items()})
+    else:
+      out[key] = value
+  return out
+
+
 class UnknownKeysError(TypeError):
   """Saved fields with keys this version does not know: a file written by a
   newer version (``newer_version_message``), not a damaged one.
@@ -198,33 +212,18 @@ class ModelConfig:
       (reference ``tie_projs``; wt103 uses (False, True, True, True)).  A
       no-op where there is no projection (div_val == 1, d_embed == d_model).
     proj_init_std: std of the embedding/softmax projection init (0.01).
-    memory: the memory variant, a key of ``memory.VARIANTS``: "xl" (the
-      default: each layer caches its last mem_len inputs, Sec. 3.2) or a
-      registered variant (``memory.register``), e.g. "compressive" (Rae
-      et al. 2020: ``memory.CompressiveMemory``).
-    cmem_len: compressed-memory slots per layer (the paper's n_cm; 0 = none,
-      the XL memory exactly); > 0 needs memory="compressive".  The layers
-      attend over cmem_len + mem_len memory slots.
-    cmem_ratio: the compression rate c >= 1: each segment's T evicted
-      states become T // c compressed slots; tgt_len (and eval.tgt_len)
-      must be a multiple of it (a pass of another length, generation's
-      one-token passes, compresses the newest (T // c) c states).
-    cmem_fn: the compression function, one of ``memory.CMEM_FNS``:
-      "max_pool", "mean_pool", "conv" (learned, kernel = stride = c; the
-      paper's best), "dilated_conv" (learned, kernel c, dilation 2, stride
-      c) or "most_used" (the states that received the most attention);
-      ``memory.compress``.
-    num_mem_tokens: N, memory tokens per segment (Bulatov et al. 2022, the
-      Recurrent Memory Transformer; the authors' ``num_mem_tokens``): 0 =
-      none, Transformer-XL exactly.  The layers run on [N read tokens;
-      segment; N write tokens] (``memory``'s memory-token section;
-      docs/guide/memory_tokens.md); combinable with mem_len (0 included);
-      attn_type 0, attention_impl "xla", the XL memory only.
-    mem_at_end: write tokens at the end of the segment, whose outputs the
-      next segment reads (the authors' default, True); False: the outputs at
-      the read positions are carried.
-    read_mem_from_cache: the memory tokens also attend to the XL cache (the
-      authors' ``read_mem_from_cache``; default False: they do not).
+    memory: the memory variant, a key of ``memory.VARIANTS`` that is not an
+      add-on: "xl" (the default: each layer caches its last mem_len
+      inputs, Sec. 3.2) or a registered variant (``memory.register``), e.g.
+      "compressive" (Rae et al. 2020).
+    memory_settings: the memory variants' settings (``memory.variant``):
+      given as {variant name: its settings (a mapping of fields, or its
+      ``Settings``)}, e.g. ``{"compressive": {"cmem_len": 512}}`` or
+      ``{"tokens": {"num_mem_tokens": 10}}`` (the memory tokens, an add-on
+      beside ``memory``); held as a sorted tuple of (name, settings) for
+      every registered variant with settings (``memory.normalise_settings``).
+      In the run config and saved files each is a section of the model's,
+      ``model.<name>`` (``to_dict``, ``from_dict``).
 
   Raises:
     ValueError (on construction): every problem ``config_problems``
@@ -260,30 +259,61 @@ class ModelConfig:
   tie_projs: tuple = ()
   proj_init_std: float = 0.01
   memory: str = "xl"
-  cmem_len: int = 0
-  cmem_ratio: int = 4
-  cmem_fn: str = "conv"
-  num_mem_tokens: int = 0
-  mem_at_end: bool = True
-  read_mem_from_cache: bool = False
+  memory_settings: Any = ()
 
   def __post_init__(self):
     object.__setattr__(self, "cutoffs", tuple(int(c) for c in (self.cutoffs or ())))
     object.__setattr__(self, "tie_projs", tuple(bool(t) for t in (self.tie_projs or ())))
-    problems = config_problems(dataclasses.asdict(self))
+    raw = self.memory_settings
+    names = raw.keys() if isinstance(raw, Mapping) else [n for n, _ in raw or ()]
+    unknown = sorted(set(names) - set(memory.default_sections()))
+    problems = [
+        f"model.{n}: no registered memory variant with settings has that name "
+        f"(those are {', '.join(sorted(memory.default_sections()))})."
+        for n in unknown
+    ] or config_problems(self.to_dict())
     if problems:
       raise ValueError("Invalid model config: " + " ".join(problems))
+    object.__setattr__(self, "memory_settings", memory.normalise_settings(self.memory_settings))
+
+  def to_dict(self) -> dict[str, Any]:
+    """The fields by name, each memory variant's settings as its section
+    (``model.<name>``: a dict of its fields): what the run config's model
+    section and saved files hold."""
+    fields = {
+        f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "memory_settings"
+    }
+    return {**fields, **memory.sections(self.memory_settings)}
+
+  def with_memory(self, name: str, **changes: Any) -> ModelConfig:
+    """A copy whose memory variant ``name``'s settings have ``changes``
+    (e.g. ``cfg.with_memory("compressive", cmem_len=0)``).
+
+    Raises:
+      ValueError: the new settings' problems.
+    """
+    settings = memory.sections(self.memory_settings)
+    settings[name] = {**settings.get(name, {}), **changes}
+    return dataclasses.replace(self, memory_settings=settings)
 
   @classmethod
   def defaults(cls) -> dict[str, Any]:
-    """{field: default} for every field but n_token (``default_config.model``)."""
-    return {f.name: f.default for f in dataclasses.fields(cls) if f.name != "n_token"}
+    """{field: default} for every field but n_token, and each memory
+    variant's section of defaults (``default_config``'s model section)."""
+    fields = {
+        f.name: f.default
+        for f in dataclasses.fields(cls)
+        if f.name not in ("n_token", "memory_settings")
+    }
+    return {**fields, **memory.default_sections()}
 
   @classmethod
   def from_dict(cls, fields: Mapping[str, Any]) -> ModelConfig:
-    """A ModelConfig from saved fields (a workdir's ``model_config.json``,
-    a checkpoint's recorded ``model``), which may hold the keys of earlier
-    versions: ``drop_legacy_keys`` drops those.
+    """A ModelConfig from fields by name (``to_dict``'s form: the memory
+    variants' settings as sections), e.g. a workdir's ``model_config.json``
+    or a checkpoint's recorded ``model``, which may hold the keys of
+    earlier versions: ``drop_legacy_keys`` drops those, and the memory
+    variants' flat keys move into their sections (``memory.upgrade_fields``).
 
     Raises:
       ValueError: a legacy key with a value never supported, or the
@@ -292,19 +322,21 @@ class ModelConfig:
         beside fields that are otherwise valid (a newer version's file).
       TypeError: a field missing.
     """
-    fields = drop_legacy_keys(fields)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(k for k in fields if k not in names)
+    fields = memory.upgrade_fields(drop_legacy_keys(fields))
+    names = {f.name for f in dataclasses.fields(cls)} - {"memory_settings"}
+    sections = {k: v for k, v in fields.items() if k in memory.default_sections()}
+    known = {k: v for k, v in fields.items() if k in names}
+    unknown = sorted(k for k in fields if k not in names and k not in sections)
     if unknown:
-      cls(**{k: v for k, v in fields.items() if k in names})  # the other fields' problems first
+      cls(**known, memory_settings=sections)  # the other fields' problems first
       raise UnknownKeysError([f"model.{k}" for k in unknown])
-    return cls(**fields)
+    return cls(**known, memory_settings=sections)
 
   @property
   def pos_table_len(self) -> int:
     """``max_klen`` resolved when it is 0: tgt_len + the memory slots
     (mem_len for the XL memory)."""
-    return self.max_klen or self.tgt_len + memory.variant(self).slots(self.mem_len, self)
+    return self.max_klen or self.tgt_len + memory.plan(self).slots(self.mem_len)
 
   @property
   def embed_dim(self) -> int:

@@ -30,10 +30,13 @@ The whole memory path, in the order a segment meets it:
              ``Memory.advance`` counts the valid slots (``advance_mlen``);
              both go out as the next ``Memory``.
 
-With memory tokens (Bulatov et al. 2022, ``model.num_mem_tokens``;
-memory/tokens.py) ``hidden_from_embeddings`` extends the segment with
-the read and write tokens before the layers and cuts it back after them; the
-written tokens go into the next ``Memory``.
+The memory variants (``memory.variant``) join this path through the hooks
+of the model's ``memory.plan``, called where they belong: ``extend`` and
+``mask`` before the layers (positions a variant adds to the segment, e.g.
+memory tokens), ``before_layer``, ``position_scores`` and ``combine`` (in
+the attention), ``layer_update`` and ``after_layer`` in each layer (with the
+layer's slice of the variants' per-layer state, scanned like the memory),
+``advance`` and ``finish`` after them.  Nothing here names a variant.
 
 The layer stack is one ``nn.scan`` (parameters stacked on a leading
 ``layers`` axis); each layer may be rematerialised with a named policy
@@ -52,12 +55,7 @@ from jax.ad_checkpoint import checkpoint_name
 from transformer_xl.model import adaptive, attention, attention_ops, tuning
 from transformer_xl.model import memory as memory_lib
 from transformer_xl.model.config import ModelConfig  # re-exported: the model's hyperparameters
-
-# Re-exported: the memory's state and functions live in the memory package.
-from transformer_xl.model.memory import Memory as Memory
-from transformer_xl.model.memory import advance_mlen as advance_mlen
-from transformer_xl.model.memory import init_memory as init_memory
-from transformer_xl.model.memory import reset_memory as reset_memory
+from transformer_xl.model.memory import Memory
 
 Array = jax.Array
 
@@ -95,6 +93,7 @@ class DecoderLayer(nn.Module):
       self,
       h_BxTxD: Array,
       mem_BxMxD: Array,
+      state: dict[str, Array],
       pos: Any,
       mask_Bx1xTxK: Array,
       key_count_B: Array,
@@ -106,46 +105,47 @@ class DecoderLayer(nn.Module):
       h_BxTxD: layer input for the segment (the scan carry).
       mem_BxMxD: this layer's memory (its inputs at the previous M positions),
         or, decoding with a cache, a ``LayerCache`` of it.
+      state: this layer's slice of the memory variants' per-layer state
+        (``memory.Plan.layer_state``; {} for most), by name.
       pos: the variant's position terms, the same for every layer
         (``variant.model_inputs``; e.g. attn_type 0's R, u and v).
       mask_Bx1xTxK: attention mask (attention_ops.attention_mask), or with
         ``attention_impl="pallas"`` the ``attention_ops.MaskParts`` it is
         made from.
       key_count_B: int32 [B], the key layout's count (``Memory.key_count_B``),
-        for the memory variant's update (``MemoryVariant.layer_update``).
+        for the memory's hooks (``MemoryVariant.layer_update``).
       deterministic: disables dropout (static).
 
     Returns:
-      (out_BxTxD, new_mem_BxMxD): the layer output (next carry) and the new
-      memory of this layer (decoding: a ``LayerCache`` of the new
-      memory and the new cache).
+      (out_BxTxD, (new_mem_BxMxD, new_state)): the layer output (next
+      carry), the new memory of this layer (decoding: a ``LayerCache`` of
+      the new memory and the new cache) and the layer's next state.
     """
     cfg = self.config
+    plan = memory_lib.plan(cfg)
     decode = isinstance(mem_BxMxD, LayerCache)
     cached = mem_BxMxD.kv if decode else None
     mem_BxMxD = mem_BxMxD.mem if decode else mem_BxMxD
 
     # ---- The memory path (Sec. 3.2): h~ = [SG(m) o h] ----------------------
     mem_BxMxD = memory_lib.layer_read(mem_BxMxD)  # stop-gradient
+    hooks = plan.layer_hooks(self, state, key_count_B)  # the variants' hooks, this layer
+    h_BxTxD = hooks.before_layer(h_BxTxD)
     mem_BxMxD, h_BxTxD, pos = self.variant.layer_inputs(  # (absolute positions
         self, cfg, mem_BxMxD, h_BxTxD, pos
     )  # are cached too)
     # concat, truncate: the layer's next memory, after the attention (below),
     # whose parameters a memory variant may read (the compressive memory's
     # reconstruction loss).
-    update = lambda: memory_lib.variant(cfg).layer_update(
-        self, cfg, mem_BxMxD, h_BxTxD, key_count_B
-    )
+    update = lambda: plan.layer_update(self, mem_BxMxD, h_BxTxD, key_count_B)
     # --------------------------------------------------------------------------
 
     attn = self.variant.from_config(
         cfg,
         deterministic=deterministic,
         record=self.record_attention,
-        block_size=(  # memory tokens see keys after them: one block
-            0
-            if memory_lib.has_tokens(cfg)
-            else tuning.attn_block_size(cfg.attn_block, deterministic)
+        block_size=(  # a memory that needs every query at once: one block
+            0 if plan.one_block else tuning.attn_block_size(cfg.attn_block, deterministic)
         ),
         name="attn",
         decode=decode,
@@ -159,7 +159,12 @@ class DecoderLayer(nn.Module):
       attn_norm = _layer_norm("attn_layer_norm")
       mem_in = cached if cached is not None else attn_norm(mem_BxMxD).astype(cfg.compute_dtype)
       attn_out = attn(
-          h_BxTxD, mem_in, attn_norm(h_BxTxD).astype(cfg.compute_dtype), pos, mask_Bx1xTxK
+          h_BxTxD,
+          mem_in,
+          attn_norm(h_BxTxD).astype(cfg.compute_dtype),
+          pos,
+          mask_Bx1xTxK,
+          hooks=hooks,
       )
       attn_out, new_mem_BxMxD = _split_cache(attn_out, update(), decode)
       x_BxTxD = h_BxTxD + drop(attn_out, deterministic=deterministic)
@@ -167,7 +172,12 @@ class DecoderLayer(nn.Module):
       out_BxTxD = x_BxTxD + ff(ff_in, deterministic)
     else:
       attn_out = attn(
-          h_BxTxD, cached if cached is not None else mem_BxMxD, h_BxTxD, pos, mask_Bx1xTxK
+          h_BxTxD,
+          cached if cached is not None else mem_BxMxD,
+          h_BxTxD,
+          pos,
+          mask_Bx1xTxK,
+          hooks=hooks,
       )
       attn_out, new_mem_BxMxD = _split_cache(attn_out, update(), decode)
       x_BxTxD = _layer_norm("attn_layer_norm")(
@@ -175,7 +185,8 @@ class DecoderLayer(nn.Module):
       )
       x_BxTxD = x_BxTxD.astype(cfg.compute_dtype)
       out_BxTxD = _layer_norm("ff_layer_norm")(x_BxTxD + ff(x_BxTxD, deterministic))
-    return out_BxTxD.astype(cfg.compute_dtype), new_mem_BxMxD
+    out_BxTxD = hooks.after_layer(out_BxTxD.astype(cfg.compute_dtype))
+    return out_BxTxD, (new_mem_BxMxD, hooks.state)
 
 
 def _split_cache(attn_out: Any, new_mem_BxMxD: Array, decode: bool) -> tuple[Array, Any]:
@@ -278,21 +289,22 @@ class TransformerXL(nn.Module):
     self.variant = attention.variant(cfg)  # the attention type, chosen once
     self.shared_pos = self.variant.model_params(self, cfg)  # e.g. type 0's u, v
     self.drop = nn.Dropout(cfg.dropout)
-    self.mem_tokens = memory_lib.token_param(self, cfg)  # memory tokens' initial values, or None
+    self.memory_plan = memory_lib.plan(cfg)  # the memory variants on, and their hooks
+    self.memory_params = self.memory_plan.model_params(self)  # e.g. the memory tokens' init
 
     layer_cls = DecoderLayer
     if cfg.remat != "none":
-      # static_argnums counts self as 0: `deterministic` is argument 6.
+      # static_argnums counts self as 0: `deterministic` is argument 7.
       layer_cls = nn.remat(
-          layer_cls, prevent_cse=False, static_argnums=(6,), policy=tuning.REMAT_POLICIES[cfg.remat]
+          layer_cls, prevent_cse=False, static_argnums=(7,), policy=tuning.REMAT_POLICIES[cfg.remat]
       )
     self.layers = nn.scan(
         layer_cls,
         variable_axes={"params": 0, "intermediates": 0, "losses": 0},  # losses: sown, stacked
         split_rngs={"params": True, "dropout": True},
-        # Scanned: the memory.  Broadcast: the position terms, mask, key count,
-        # deterministic.
-        in_axes=(0,) + (nn.broadcast,) * 4,
+        # Scanned: the memory and the variants' per-layer state.  Broadcast: the
+        # position terms, mask, key count, deterministic.
+        in_axes=(0, 0) + (nn.broadcast,) * 4,
         out_axes=0,
         length=cfg.n_layer,
         unroll=tuning.scan_unroll_layers(cfg.scan_unroll, cfg.n_layer),
@@ -315,7 +327,7 @@ class TransformerXL(nn.Module):
         its shape (so evaluation may use a longer memory than training).
       deterministic: disables dropout (needs a "dropout" rng otherwise).
       reset_B: optional bool [B]: rows that start a new stream here (their
-        memory is emptied first, ``reset_memory``).
+        memory is emptied first, ``Memory.reset``).
       doc_pos_BxT: optional int32 [B, T]: each position's offset from the
         first input of its document; a query attends to no key of another
         document (``attention_ops.attention_mask``).  None: one stream.
@@ -357,19 +369,12 @@ class TransformerXL(nn.Module):
     Raises:
       NotImplementedError: attn_type 2 or 3 (absolute positions: a cached
         state would carry the position of an earlier window), or a memory
-        variant whose memory is not a FIFO of the layer inputs
-        (``MemoryVariant.decode_cache``).
+        the cache cannot carry (``MemoryVariant.DECODE_CACHE``: not a FIFO
+        of the layer inputs, or written at every pass).
     """
-    if memory_lib.has_tokens(self.config):
-      raise NotImplementedError(
-          f"model.num_mem_tokens={self.config.num_mem_tokens}: the decoding cache does not "
-          "carry memory tokens (each pass would write them); score with hidden() instead."
-      )
-    if not memory_lib.variant(self.config).decode_cache:
-      raise NotImplementedError(
-          f"model.memory={self.config.memory!r} has no decoding cache (the cache is rolled "
-          "as a FIFO of the layer inputs); score the sequence with hidden() instead."
-      )
+    refusal = self.memory_plan.refusal(decode=True)
+    if refusal:
+      raise NotImplementedError(refusal + ".")
     return self.hidden_from_embeddings(
         self.word_emb(tokens_BxT), memory, True, decode=True, kv_cache=kv_cache
     )
@@ -389,28 +394,28 @@ class TransformerXL(nn.Module):
     (the output of ``word_emb``): where the memory enters and leaves the model.
     With ``decode``, as ``decode`` (and the next cache is returned too).
 
-    With memory tokens (``memory.has_tokens``) the layers run on the
-    extended segment [read tokens; segment; write tokens]
-    (memory/tokens.py) and the segment's hidden states come out.
+    The memory's variants add their positions to the segment before the
+    layers (``memory.Plan.extend``; e.g. memory tokens) and take them back
+    after them (``memory.Plan.finish``): the segment's hidden states come out.
 
     Raises:
-      ValueError: the segment is empty; documents (``doc_pos_BxT``) with
-        memory tokens.
+      ValueError: the segment is empty; documents (``doc_pos_BxT``) or the
+        decoding cache with a memory that cannot take them
+        (``memory.Plan.refusal``).
     """
     cfg = self.config
+    plan = self.memory_plan
     mem_len = memory.mem_len
     seg_len = emb_BxTxD.shape[1]
     if seg_len < 1:
       raise ValueError(f"segment length {seg_len}: a segment needs at least one position.")
+    refusal = plan.refusal(documents=doc_pos_BxT is not None, decode=decode)
+    if refusal:
+      raise ValueError(refusal + ".")
     if reset_B is not None:  # reset
       memory = memory.reset(reset_B)
     emb_BxTxD = emb_BxTxD.astype(cfg.compute_dtype)
-    tokens = memory_lib.has_tokens(cfg)
-    if tokens:  # [read tokens; segment; write tokens]: the layers' segment
-      if doc_pos_BxT is not None or decode:
-        raise ValueError("memory tokens go with one stream: no doc_pos_BxT, no decoding cache.")
-      read_BxNxD = memory_lib.read_tokens(cfg, memory, self.mem_tokens)
-      emb_BxTxD = memory_lib.extend_segment(cfg, read_BxNxD, emb_BxTxD)
+    emb_BxTxD = plan.extend(self.memory_params, memory, emb_BxTxD)  # the layers' positions
     tgt_len = emb_BxTxD.shape[1]
     mems_LxBxMxD = memory.mems_LxBxMxD.astype(cfg.compute_dtype)
     emb_BxTxD, mems_LxBxMxD, pos = self.variant.model_inputs(  # e.g. R of Sec. 3.3
@@ -423,21 +428,23 @@ class TransformerXL(nn.Module):
     h_BxTxD = self.drop(emb_BxTxD, deterministic=deterministic)
     mask = attention_ops.MaskParts(memory.key_count_B(), doc_pos_BxT)
     if cfg.attention_impl == "xla" or self.record_attention:  # the fused kernel masks in-kernel
-      mask = mask.dense(tgt_len, mem_len, cfg.same_length)
-    if tokens:  # the tokens' rules (xla only, config_problems)
-      mask = memory_lib.token_mask(cfg, mask, memory.key_count_B())
+      mask = plan.mask(mask.dense(tgt_len, mem_len, cfg.same_length))
 
     layer_mems = LayerCache(mems_LxBxMxD, kv_cache) if decode else mems_LxBxMxD
-    h_BxTxD, new_mems_LxBxMxD = self.layers(  # read (scanned in),
-        h_BxTxD, layer_mems, pos, mask, memory.key_count_B(), deterministic
+    h_BxTxD, (new_mems_LxBxMxD, new_layer_state) = self.layers(  # read (scanned in),
+        h_BxTxD,
+        layer_mems,
+        plan.layer_state(memory),
+        pos,
+        mask,
+        memory.key_count_B(),
+        deterministic,
     )  # new memory (out)
     if decode:
       new_mems_LxBxMxD, kv_cache = new_mems_LxBxMxD
-    new_memory = memory_lib.variant(cfg).advance(cfg, memory, new_mems_LxBxMxD, tgt_len)  # return
+    new_memory = plan.advance(memory, new_mems_LxBxMxD, tgt_len, new_layer_state)  # return
     h_BxTxD = self.drop(h_BxTxD, deterministic=deterministic)
-    if tokens:  # the segment's states out, the written tokens into the memory
-      h_BxTxD, written_BxNxD = memory_lib.split_segment(cfg, h_BxTxD, seg_len)
-      new_memory = memory_lib.write_tokens(new_memory, written_BxNxD)
+    h_BxTxD, new_memory = plan.finish(h_BxTxD, new_memory, seg_len)  # the segment's states
     return (h_BxTxD, new_memory, kv_cache) if decode else (h_BxTxD, new_memory)
 
   def _shared(self):
@@ -505,4 +512,4 @@ def init_params(model: TransformerXL, rng: Array) -> Any:
   """
   cfg = model.config
   tok_1xT = jnp.zeros((1, cfg.tgt_len), jnp.int32)
-  return model.init(rng, tok_1xT, init_memory(cfg, 1), tok_1xT)["params"]
+  return model.init(rng, tok_1xT, memory_lib.init_memory(cfg, 1), tok_1xT)["params"]

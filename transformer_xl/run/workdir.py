@@ -29,7 +29,6 @@ workdir as it was).  Only process 0 writes these files.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from collections.abc import Mapping
@@ -137,7 +136,7 @@ def save_model_config(workdir: str, model_cfg: models.ModelConfig, unit: str, da
     _atomic_write(
         epath.Path(workdir) / "model_config.json",
         json.dumps(
-            {"model": dataclasses.asdict(model_cfg), "unit": unit, "dataset": dataset}, indent=2
+            {"model": model_cfg.to_dict(), "unit": unit, "dataset": dataset}, indent=2
         ),
     )
 
@@ -172,7 +171,7 @@ def checkpoint_meta(
   return json.loads(
       json.dumps(
           {
-              "model": dataclasses.asdict(model_cfg),
+              "model": model_cfg.to_dict(),
               "unit": unit,
               "dataset": dataset,
               "global_batch": int(global_batch),
@@ -183,8 +182,10 @@ def checkpoint_meta(
 
 def _same_meaning(model: Mapping[str, Any] | None) -> dict:
   """Model fields with equivalent spellings made equal: d_embed None, 0 and
-  d_model all mean "no projection" (models.ModelConfig.embed_dim)."""
-  model = dict(model or {})
+  d_model all mean "no projection" (models.ModelConfig.embed_dim); the
+  memory variants' settings as dotted keys, those of earlier versions'
+  flat keys included (``model_config.flat_fields``)."""
+  model = model_config_lib.flat_fields(model)
   if "d_embed" in model and model["d_embed"] in (None, 0, model.get("d_model")):
     model["d_embed"] = 0
   return model

@@ -26,6 +26,7 @@ from jax.sharding import Mesh
 
 from transformer_xl import default_config, sharding
 from transformer_xl.inference import evaluate, generate
+from transformer_xl.model import memory as memory_lib
 from transformer_xl.model import models
 from transformer_xl.training import train, train_state
 
@@ -94,7 +95,7 @@ def abstract_step(
   spec = lambda shape, dtype, sh: jax.ShapeDtypeStruct(shape, dtype, sharding=sh)
 
   def memory_of(cfg, batch, sh):
-    shapes = jax.eval_shape(lambda: models.init_memory(cfg, batch))
+    shapes = memory_lib.abstract_memory(cfg, batch)
     return jax.tree_util.tree_map(lambda x, s: spec(x.shape, x.dtype, s), shapes, sh)
 
   if step == "train":
@@ -143,9 +144,7 @@ def abstract_step(
     return fn, (abstract.params, memory_of(ecfg, b, train_state.memory_sharding(mesh, ecfg)), batch)
   gen = generate.Generator(ecfg, mesh)
   rep = sharding.replicated(mesh)
-  memory = memory_of(
-      ecfg, 1, models.Memory.replicated_shardings(mesh, tokens=ecfg.num_mem_tokens > 0)
-  )
+  memory = memory_of(ecfg, 1, memory_lib.replicated_shardings(ecfg, mesh))
   tokens = spec((1, ecfg.tgt_len) if step == "generate_segment" else (1,), jnp.int32, rep)
   knobs = (
       spec((1, 2), jnp.uint32, rep),

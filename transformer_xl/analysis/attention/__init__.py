@@ -48,6 +48,7 @@ from transformer_xl import data, default_config, sharding
 from transformer_xl.analysis.attention import plots
 from transformer_xl.inference import evaluate
 from transformer_xl.model import attention, models
+from transformer_xl.model import memory as memory_lib
 from transformer_xl.run import run_dir
 from transformer_xl.run import workdir as wd
 
@@ -84,7 +85,7 @@ def make_map_step(model: models.TransformerXL, mesh) -> Callable:
   number; ``last_LxHxK`` the attention of row 0's last query over the keys
   (for the context plot).  All outputs replicated.
   """
-  mem_sharding = models.Memory.shardings(mesh, tokens=model.config.num_mem_tokens > 0)
+  mem_sharding = memory_lib.shardings(model.config, mesh)
   batch_shardings = {
       "inputs": sharding.batch_sharding(mesh),
       "targets": sharding.batch_sharding(mesh),
@@ -165,8 +166,8 @@ def attention_maps(
         "segment with a full memory)."
     )
   memory = jax.jit(
-      lambda: models.init_memory(model_cfg, global_batch),
-      out_shardings=models.Memory.shardings(mesh, tokens=model_cfg.num_mem_tokens > 0),
+      lambda: memory_lib.init_memory(model_cfg, global_batch),
+      out_shardings=memory_lib.shardings(model_cfg, mesh),
   )()
   totals, n_tok, context = None, 0.0, None
   for i, local in enumerate(it):

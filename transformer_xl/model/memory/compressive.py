@@ -1,23 +1,27 @@
 """The compressive memory (Rae et al. 2020, "Compressive Transformers for
 Long-Range Sequence Modelling", arXiv 1911.05507): ``model.memory="compressive"``.
 
-A ``MemoryVariant`` (``state.py``): each layer keeps ``cmem_len`` compressed
-slots in front of the XL memory's ``mem_len``, filled with the states the
-XL memory drops, compressed by ``cmem_fn`` (``compress``); the
+A ``MemoryVariant`` (``variant.py``): each layer keeps ``cmem_len``
+compressed slots in front of the XL memory's ``mem_len``, filled with the
+states the XL memory drops, compressed by ``cmem_fn`` (``compress``); the
 attention-reconstruction loss trains the compression (``CompressiveMemory``).
+Its settings are ``model.compressive`` (``CompressiveSettings``); evaluation
+may give it more slots (``eval.compressive.cmem_len``, as the paper does).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+import dataclasses
+from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from transformer_xl.model.attention_ops import MASK_VALUE, normal_init
-from transformer_xl.model.memory.state import MemoryVariant, layer_update, register
+from transformer_xl.model.memory.settings import extra_positions
+from transformer_xl.model.memory.state import layer_update
+from transformer_xl.model.memory.variant import MemoryVariant, register
 
 if TYPE_CHECKING:
   from transformer_xl.model.config import ModelConfig
@@ -29,23 +33,33 @@ CMEM_FNS = ("max_pool", "mean_pool", "conv", "dilated_conv", "most_used")
 # Those with learned parameters (trained by the reconstruction loss alone).
 CMEM_LEARNED = ("conv", "dilated_conv")
 # The compression network's parameters (``compress``): trained by the
-# reconstruction loss alone, with an optimiser of their own
-# (``own_optimiser``).
+# reconstruction loss alone, clipped apart (``CompressiveMemory.param_groups``).
 CMEM_PARAMS = ("cmem_kernel", "cmem_bias")
 
 
-def own_optimiser(cfg: ModelConfig | None) -> bool:
-  """Whether the model has parameters the paper optimises apart from the
-  language model: the compression network of a compressive memory with a
-  learned ``cmem_fn`` and ``cmem_len`` > 0 (Rae et al. 2020, Sec. 3.2: "the
-  compression network optimizes the compression objective"; their global-
-  norm clipping then bounds each part's step on its own)."""
-  return (
-      cfg is not None
-      and cfg.memory == "compressive"
-      and cfg.cmem_len > 0
-      and cfg.cmem_fn in CMEM_LEARNED
-  )
+@dataclasses.dataclass(frozen=True)
+class CompressiveSettings:
+  """``model.compressive``: the compressive memory's settings.
+
+  Attributes:
+    cmem_len: compressed-memory slots per layer (the paper's n_cm; 0 = none,
+      the XL memory exactly).  The layers attend over cmem_len + mem_len
+      memory slots.  Evaluation may use more (``eval.compressive.cmem_len``).
+    cmem_ratio: the compression rate c >= 1: each segment's T evicted
+      states become T // c compressed slots; the segment length (tgt_len,
+      eval.tgt_len, plus the positions other memories add) must be a
+      multiple of it (a pass of another length, generation's one-token
+      passes, compresses the newest (T // c) c states).
+    cmem_fn: the compression function, one of ``CMEM_FNS``: "max_pool",
+      "mean_pool", "conv" (learned, kernel = stride = c; the paper's best),
+      "dilated_conv" (learned, kernel c, dilation 2, stride c) or
+      "most_used" (the states that received the most attention);
+      ``compress``.
+  """
+
+  cmem_len: int = 0
+  cmem_ratio: int = 4
+  cmem_fn: str = "conv"
 
 
 # The name of the attention-reconstruction loss in the "losses" collection
@@ -113,7 +127,7 @@ def compress(
 ) -> Array:
   """f_c of Rae et al. 2020 (Sec. 3.1): N = G c states -> G slots, float32.
 
-  ``cfg.cmem_fn`` (``CMEM_FNS``), c = ``cfg.cmem_ratio``:
+  ``cmem_fn`` (``CMEM_FNS``), c = ``cmem_ratio`` (``CompressiveSettings``):
 
   * "max_pool", "mean_pool": over each run of c states (kernel = stride = c).
   * "conv": a learned 1D convolution, kernel = stride = c: slot g is
@@ -149,7 +163,8 @@ def compress(
   Returns:
     float32 [B, G, D]; slots before the last ``new_B[b]`` are not valid.
   """
-  c, fn = cfg.cmem_ratio, cfg.cmem_fn
+  settings = CompressiveMemory.settings(cfg)
+  c, fn = settings.cmem_ratio, settings.cmem_fn
   b, n, d = win_BxNxD.shape
   g = n // c
   x_BxNxD = win_BxNxD.astype(jnp.float32)
@@ -249,20 +264,42 @@ class CompressiveMemory(MemoryVariant):
   """
 
   name = "compressive"
-  decode_cache = False
+  Settings = CompressiveSettings
+  EVAL_OVERRIDES = ("cmem_len",)
+  LEGACY_KEYS = ("cmem_len", "cmem_ratio", "cmem_fn")
+  LEGACY_EVAL_KEYS = {"cmem_len": -1}  # -1 meant model.cmem_len
+  DECODE_CACHE = False
 
-  @staticmethod
-  def slots(mem_len: int, cfg: ModelConfig) -> int:
-    return mem_len + cfg.cmem_len
-
-  @staticmethod
-  def config_problems(fields: Mapping[str, Any]) -> list[str]:
+  @classmethod
+  def settings_problems(cls, section):
     problems = []
-    c, tgt_len = fields.get("cmem_ratio", 1), fields.get("tgt_len", 1)
-    if isinstance(c, int) and c >= 1 and tgt_len % c and fields.get("cmem_len", 0):
+    cmem_len, ratio, fn = section["cmem_len"], section["cmem_ratio"], section["cmem_fn"]
+    if isinstance(cmem_len, bool) or not isinstance(cmem_len, int) or cmem_len < 0:
       problems.append(
-          f"model.tgt_len={tgt_len} must be a multiple of model.cmem_ratio={c} (each "
-          f"segment's {tgt_len} evicted states are compressed {c} at a time)."
+          f"model.compressive.cmem_len={cmem_len!r} must be an integer >= 0 (0 = no "
+          "compressed memory)."
+      )
+    if isinstance(ratio, bool) or not isinstance(ratio, int) or ratio < 1:
+      problems.append(
+          f"model.compressive.cmem_ratio={ratio!r} must be an integer >= 1 (the compression "
+          "rate c)."
+      )
+    if fn not in CMEM_FNS:
+      problems.append(f"model.compressive.cmem_fn={fn!r}: use one of {CMEM_FNS}.")
+    return problems
+
+  @classmethod
+  def config_problems(cls, fields):
+    problems = []
+    s = fields[cls.name]
+    c, tgt_len = s["cmem_ratio"], fields.get("tgt_len", 1)
+    length = tgt_len + extra_positions(fields)
+    if length % c and s["cmem_len"]:
+      problems.append(
+          f"model.tgt_len={tgt_len} must be a multiple of model.compressive.cmem_ratio={c} "
+          f"(each segment's {length} evicted states are compressed {c} at a time"
+          + (f"; {length - tgt_len} of them are other memories' positions)" if length != tgt_len else ")")
+          + "."
       )
     if fields.get("attn_type", 0) not in (0, 1):
       problems.append(
@@ -275,12 +312,54 @@ class CompressiveMemory(MemoryVariant):
       )
     return problems
 
-  @staticmethod
-  def layer_update(module, cfg, mem_BxMxD, h_BxTxD, key_count_B):
-    nc = cfg.cmem_len
+  @classmethod
+  def param_groups(cls, cfg):
+    s = cls.settings(cfg)
+    return (CMEM_PARAMS,) if s.cmem_len > 0 and s.cmem_fn in CMEM_LEARNED else ()
+
+  @classmethod
+  def eval_settings(cls, settings, overrides, sliding):
+    if sliding:  # each window from an empty memory: nothing to compress
+      return dataclasses.replace(settings, cmem_len=0)
+    return super().eval_settings(settings, overrides, sliding)
+
+  @classmethod
+  def eval_problems(cls, fields, eval_fields):
+    s = fields[cls.name]
+    cmem_len = (eval_fields.get(cls.name) or {}).get("cmem_len")
+    if cmem_len is not None and (
+        isinstance(cmem_len, bool) or not isinstance(cmem_len, int) or cmem_len < 0
+    ):
+      return [
+          f"eval.compressive.cmem_len={cmem_len!r} must be unset (= model.compressive.cmem_len) "
+          "or an integer >= 0 (compressed-memory slots at evaluation)."
+      ]
+    c, tgt_len = s["cmem_ratio"], eval_fields.get("tgt_len", 1)
+    if eval_fields.get("method") == "sliding":
+      return []  # a sliding window has no memory, so nothing to compress
+    length = tgt_len + extra_positions(fields)
+    if length % c and (s["cmem_len"] if cmem_len is None else cmem_len):
+      return [
+          f"eval.tgt_len={tgt_len} must be a multiple of model.compressive.cmem_ratio={c} with "
+          "model.memory='compressive'."
+      ]
+    return []
+
+  @classmethod
+  def example(cls):
+    return {"memory": cls.name, cls.name: {"cmem_len": 4, "cmem_ratio": 2, "cmem_fn": "conv"}}
+
+  @classmethod
+  def slots(cls, mem_len, cfg):
+    return mem_len + cls.settings(cfg).cmem_len
+
+  @classmethod
+  def layer_update(cls, module, cfg, mem_BxMxD, h_BxTxD, key_count_B):
+    s = cls.settings(cfg)
+    nc = s.cmem_len
     if nc == 0:
       return layer_update(mem_BxMxD, h_BxTxD)
-    c, tgt_len = cfg.cmem_ratio, h_BxTxD.shape[1]
+    c, tgt_len = s.cmem_ratio, h_BxTxD.shape[1]
     mem_len = mem_BxMxD.shape[1] - nc
     n_slot = tgt_len // c
     cmem_BxNcxD, xl_BxMxD = mem_BxMxD[:, :nc], mem_BxMxD[:, nc:]
@@ -304,7 +383,7 @@ class CompressiveMemory(MemoryVariant):
         q_BxTxHxDh, proj(win_BxNxD, 1), proj(win_BxNxD, 2), valid_state_BxN
     )
     usage_BxN = None
-    if cfg.cmem_fn == "most_used":
+    if s.cmem_fn == "most_used":
       usage_BxN = jnp.where(valid_state_BxN, old_prob_BxHxTxN.mean(axis=(1, 2)), -jnp.inf)
     comp_BxGxD = compress(module, cfg, win_BxNxD, usage_BxN, new_B)
     new_BxTxHxDh, _ = content_attention(
@@ -319,70 +398,18 @@ class CompressiveMemory(MemoryVariant):
     new_cmem_BxNcxD = cmem_cat_BxKxD[:, cmem_cat_BxKxD.shape[1] - nc :]
     return jax.lax.stop_gradient(jnp.concatenate([new_cmem_BxNcxD, new_xl_BxMxD], axis=1))
 
-  @staticmethod
-  def advance(cfg, memory, new_mems_LxBxMxD, tgt_len):
-    if cfg.cmem_len == 0:
+  @classmethod
+  def advance(cls, cfg, memory, new_mems_LxBxMxD, tgt_len):
+    s = cls.settings(cfg)
+    if s.cmem_len == 0:
       return memory.advance(new_mems_LxBxMxD, tgt_len)
     count_B = compressive_count(
         memory.key_count_B(),
-        memory.mem_len - cfg.cmem_len,
-        cfg.cmem_len,
-        cfg.cmem_ratio,
+        memory.mem_len - s.cmem_len,
+        s.cmem_len,
+        s.cmem_ratio,
         tgt_len,
     )
     return memory.advance(new_mems_LxBxMxD, tgt_len, count_B)
 
 
-def eval_problems(
-    fields: Mapping[str, Any], tgt_len: int, method: str, window: int, cmem_len: int = -1
-) -> list[str]:
-  """What the compressive memory needs of the evaluation: ``eval.cmem_len``
-  (the compressed slots at evaluation) -1 (= ``model.cmem_len``) or >= 0,
-  and > 0 only with the compressive memory; the eval segment length
-  (``eval.tgt_len``, or with ``eval.method="sliding"`` the window,
-  ``eval.window``, 0 = model.tgt_len + model.mem_len) a multiple of
-  ``model.cmem_ratio``, as the training one; [] if none (or a ratio that
-  ``config_problems`` refuses)."""
-  c = fields.get("cmem_ratio", 1)
-  compressive = fields.get("memory", "xl") == "compressive"
-  if not isinstance(cmem_len, int) or cmem_len < -1:
-    return [
-        f"eval.cmem_len={cmem_len!r} must be -1 (= model.cmem_len) or an integer >= 0 "
-        "(compressed-memory slots at evaluation)."
-    ]
-  if cmem_len > 0 and not compressive:
-    return [
-        f"eval.cmem_len={cmem_len} needs model.memory='compressive' (the model has "
-        f"{fields.get('memory', 'xl')!r}); leave it at -1."
-    ]
-  if not compressive or not isinstance(c, int) or c < 1 or method == "sliding":
-    return []  # a sliding window has no memory, so nothing to compress
-  if tgt_len % c and (fields.get("cmem_len", 0) if cmem_len < 0 else cmem_len):
-    return [
-        f"eval.tgt_len={tgt_len} must be a multiple of model.cmem_ratio={c} with "
-        "model.memory='compressive'."
-    ]
-  return []
-
-
-def field_problems(fields: Mapping[str, Any]) -> list[str]:
-  """Problems of the compressive memory's fields (``cmem_len``,
-  ``cmem_ratio``, ``cmem_fn``), whatever ``model.memory``; [] if none."""
-  name = fields.get("memory", "xl")
-  problems = []
-  cmem_len, ratio = fields.get("cmem_len", 0), fields.get("cmem_ratio", 1)
-  fn = fields.get("cmem_fn", CMEM_FNS[0])
-  if not isinstance(cmem_len, int) or cmem_len < 0:
-    problems.append(
-        f"model.cmem_len={cmem_len!r} must be an integer >= 0 (0 = no compressed memory)."
-    )
-  elif cmem_len > 0 and name != "compressive":
-    problems.append(
-        f"model.cmem_len={cmem_len} needs model.memory='compressive' (got {name!r}); "
-        "or set model.cmem_len=0."
-    )
-  if not isinstance(ratio, int) or ratio < 1:
-    problems.append(f"model.cmem_ratio={ratio!r} must be an integer >= 1 (the compression rate c).")
-  if fn not in CMEM_FNS:
-    problems.append(f"model.cmem_fn={fn!r}: use one of {CMEM_FNS}.")
-  return problems

@@ -1,24 +1,25 @@
-"""The memory's state: the ``Memory`` pytree, its reset and update, the key
-layout and the memory-variant interface (Dai et al. 2019, Sec. 3.2).
+"""The memory's state: the ``Memory`` pytree, its reset and update, and the
+key layout (Dai et al. 2019, Sec. 3.2).
 
 The memory is explicit state, never a mutable collection: a ``Memory`` goes
 into every call of the model and the next ``Memory`` comes out.  This module
-is the one place that knows its fields; everything else goes through the
-methods below (the variants in this package too).
+knows the fields every memory shares (the XL cache and its counts); each
+memory variant (``variant.py``) declares and owns the rest.
 
-State, per batch row b (the rows axis of each field is ``Memory.ROW_AXES``):
+State, per batch row b:
 
-  mems_LxBxMxD  the *inputs* of each of the L layers at the last M = mem_len
-                positions, compute dtype, right-aligned;
-  mlen_B        int32, how many of those M slots hold states (0: an empty
-                memory, the reference's start with no memory; shapes stay
-                static, empty slots are masked);
-  pad_B         int32 or unset: positions at the front of the next segment
-                that are padding (evaluation and generation only);
-  mem_tokens_BxNxD, mem_tokens_fresh_B
-                or unset: the memory tokens of the Recurrent Memory
-                Transformer (model.num_mem_tokens > 0; ``tokens.py``)
-                and the rows that read the learned ones.
+  mems_LxBxMxD   the *inputs* of each of the L layers at the last M slots,
+                 compute dtype, right-aligned (M = mem_len for the XL
+                 memory; a variant may use more, ``MemoryVariant.slots``);
+  mlen_B         int32, how many of those M slots hold states (0: an empty
+                 memory, the reference's start with no memory; shapes stay
+                 static, empty slots are masked);
+  pad_B          int32 or unset: positions at the front of the next segment
+                 that are padding (evaluation and generation only);
+  variant_state  the variants' own arrays by name (e.g. the memory tokens'
+                 ``mem_tokens_BxNxD``), each declared by its variant with a
+                 ``Leaf`` (which axis holds the rows; whether a leading axis
+                 holds the layers, handed to each layer by the scan).
 
 Key layout: a layer attends over K = M + T keys, its M memory slots then the
 T positions of the segment; the valid slots are the last ``mlen_B[b]`` of
@@ -27,30 +28,25 @@ the M, so key k of row b is visible when ``k >= M - mlen_B[b]``
 ``Memory.with_front_padding``) masks the segment's first positions the
 same way: the layout's count is ``Memory.key_count_B`` = mlen_B - pad_B.
 
-Life of a segment:
+Life of a segment (the variants' hooks in brackets, ``variant.py``):
 
   reset    ``Memory.reset``: rows flagged ``reset_B`` get ``mlen_B = 0``
-           (a new stream; the stale states stay, masked).
-  read     ``TransformerXL.hidden_from_embeddings`` hands layer l the slice
-           ``mems_LxBxMxD[l]`` (scanned input) and builds the mask from
-           ``Memory.key_count_B``; ``layer_read`` stops the gradient into it.
+           (a new stream; the stale states stay, masked) [``reset``].
+  read     the model hands layer l the slice ``mems_LxBxMxD[l]`` (scanned
+           input) and builds the mask from ``Memory.key_count_B``;
+           ``layer_read`` stops the gradient into it.
   update   ``layer_update``: the layer's new memory is the last M of
            [memory; segment inputs] (the reference's ``end - M .. end``
-           window, ``end = M + T``).
+           window, ``end = M + T``) [``layer_update``].
   advance  ``Memory.advance``: the stacked new memories with
-           ``advance_mlen``'s count, ``min(M, mlen_B + T)``.
+           ``advance_mlen``'s count, ``min(M, mlen_B + T)`` [``advance``].
 
-Memory variants (``MemoryVariant``, ``model.memory``) fill the slots their
-own way with the same pytree and key layout: the compressive memory
-(``compressive.py``, Rae et al. 2020) keeps ``cmem_len`` compressed
-slots in front of the M, and ``mlen_B`` counts the valid slots of both.
-
-Row-wise work (gradient-accumulation chunks, gathering generation rows,
-shardings over the batch mesh axes) uses ``Memory.map_rows`` and
-``Memory.shardings``, which read the row axes.  The pytree (these field
-names; ``pad_B`` and the memory tokens only when set) is what checkpoints
-hold: a field that training carries breaks them, unless it is left out
-while unset as ``pad_B`` is.
+Row-wise work (gradient-accumulation chunks, gathering generation rows)
+uses ``Memory.map_rows``, and shardings ``Memory.shardings``: both read
+each leaf's declared row axis, so they work on any variant's state without
+naming it.  The pytree's leaves are named by their field or state name
+(``mems_LxBxMxD``, ``mlen_B``, ``pad_B`` when set, then each state leaf):
+these names are what checkpoints hold.
 """
 
 from __future__ import annotations
@@ -58,97 +54,146 @@ from __future__ import annotations
 import dataclasses
 import types
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from transformer_xl.model import axes
 
-if TYPE_CHECKING:  # config.py validates model.memory against VARIANTS (imports this package)
-  from transformer_xl.model.config import ModelConfig
-
 Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class Leaf:
+  """How an array of the memory is laid out: its logical axis names.
+
+  Attributes:
+    axes: one name per dimension: ``"batch"`` (the rows; exactly once),
+      ``"layers"`` (the layers; first, when present: the model's scan
+      hands layer l its slice), a name of ``axes.LOGICAL_AXIS_RULES``
+      (e.g. ``"heads"``: split over the ``model`` mesh axis where it
+      divides), or None (replicated).
+  """
+
+  axes: tuple[str | None, ...]
+
+  def __post_init__(self):
+    if self.axes.count("batch") != 1 or "layers" in self.axes[1:]:
+      raise ValueError(
+          f"Leaf axes {self.axes}: 'batch' exactly once, 'layers' only as the first axis."
+      )
+
+  @property
+  def row_axis(self) -> int:
+    """The axis that holds the batch rows."""
+    return self.axes.index("batch")
+
+  @property
+  def per_layer(self) -> bool:
+    """A leading layers axis: the scan over layers hands each layer its slice."""
+    return self.axes[0] == "layers"
+
+  def spec(self, mesh: Mesh, shape: tuple[int, ...]) -> PartitionSpec:
+    """The PartitionSpec on ``mesh``: the rows over the batch mesh axes
+    present (``axes.BATCH_AXES``), other named axes by
+    ``axes.LOGICAL_AXIS_RULES`` where the mesh has that axis and its size
+    divides the dimension, the rest replicated."""
+    rules = dict(axes.LOGICAL_AXIS_RULES)
+    out: list[Any] = []
+    for dim, name in zip(shape, self.axes):
+      if name == "batch":
+        out.append(tuple(a for a in axes.BATCH_AXES if a in mesh.axis_names))
+        continue
+      target = rules.get(name) if name else None
+      ok = isinstance(target, str) and target in mesh.shape and dim % mesh.shape[target] == 0
+      out.append(target if ok else None)
+    return PartitionSpec(*out)
+
+
+# The fields every memory has (pad_B only when set).
+SHARED_LEAVES: Mapping[str, Leaf] = types.MappingProxyType(
+    {
+        "mems_LxBxMxD": Leaf(("layers", "batch", None, None)),
+        "mlen_B": Leaf(("batch",)),
+        "pad_B": Leaf(("batch",)),
+    }
+)
+# The variants' state leaves: name -> Leaf, and name -> the variant that
+# owns it (resets it), both filled by ``variant.register`` from each
+# variant's ``STATE`` (a name belongs to one variant).
+STATE_LEAVES: dict[str, Leaf] = {}
+STATE_OWNERS: dict[str, Any] = {}
+
+
+def leaf(name: str) -> Leaf:
+  """The declared layout of the memory array called ``name``.
+
+  Raises:
+    KeyError: no field and no registered variant's state has that name.
+  """
+  return SHARED_LEAVES[name] if name in SHARED_LEAVES else STATE_LEAVES[name]
 
 
 @dataclasses.dataclass(frozen=True)
 class Memory:
   """Per-layer recurrence memory (Dai et al. 2019, Sec. 3.2).
 
-  A pytree whose children are its array fields: ``pad_B`` is a child only
-  when set, so the memory that training carries (and its checkpoints
-  hold) has exactly the two fields that checkpoints have always held.
+  A pytree whose leaves are its arrays, named as above: ``pad_B`` is a leaf
+  only when set and ``variant_state`` holds only what the model's variants
+  declare, so the memory of an XL model (and its checkpoints) has exactly
+  the two fields it has always had.
 
   Attributes:
-    mems_LxBxMxD: cached inputs of each layer, [n_layer, B, mem_len,
+    mems_LxBxMxD: cached inputs of each layer, [n_layer, B, slots,
       d_model], compute dtype, right-aligned.
-    mlen_B: int32 [B], in [0, M]: how many of the last slots hold states.
+    mlen_B: int32 [B], in [0, slots]: how many of the last slots hold states.
     pad_B: int32 [B] >= 0, or None (no padding): how many positions at the
       front of the next segment are padding, masked as keys like empty
       slots, so that the rest of the row is read as if it stood alone (the
       sliding-window evaluator with mem_len 0; generation's prompts of
       different lengths).  Padding longer than a segment carries over to
       the next one (``advance``).
-    mem_tokens_BxNxD: the memory tokens (Bulatov et al. 2022) the next
-      segment reads, [B, num_mem_tokens, d_model], compute dtype, or None
-      (model.num_mem_tokens = 0): the last segment's written tokens
-      (``write_tokens``).  Set together with ``mem_tokens_fresh_B``.
-    mem_tokens_fresh_B: bool [B] or None: rows that read the learned
-      initial tokens (the parameter ``mem_tokens``) instead of
-      ``mem_tokens_BxNxD``: a new stream (``init_memory``) or a reset row
-      (``reset``); ``read_tokens``.
+    variant_state: the memory variants' arrays by name ({} for the XL
+      memory), each laid out as its ``Leaf`` says (``STATE_LEAVES``); read
+      and written by the variant that declared it.
   """
 
   mems_LxBxMxD: Array
   mlen_B: Array
   pad_B: Array | None = None
-  mem_tokens_BxNxD: Array | None = None
-  mem_tokens_fresh_B: Array | None = None
+  variant_state: Mapping[str, Array] = dataclasses.field(default_factory=dict)
 
-  # field -> (rows axis, number of axes); class-level, not pytree fields.
-  ROW_AXES: ClassVar[Mapping[str, int]] = types.MappingProxyType(
-      {
-          "mems_LxBxMxD": 1,
-          "mlen_B": 0,
-          "pad_B": 0,
-          "mem_tokens_BxNxD": 0,
-          "mem_tokens_fresh_B": 0,
-      }
-  )
-  NDIMS: ClassVar[Mapping[str, int]] = types.MappingProxyType(
-      {
-          "mems_LxBxMxD": 4,
-          "mlen_B": 1,
-          "pad_B": 1,
-          "mem_tokens_BxNxD": 3,
-          "mem_tokens_fresh_B": 1,
-      }
-  )
-  TOKEN_FIELDS: ClassVar[tuple[str, ...]] = ("mem_tokens_BxNxD", "mem_tokens_fresh_B")
+  # Pytree children by name, for ``_present`` (set by ``_unflatten``).
+  _FIELDS: ClassVar[tuple[str, ...]] = ("mems_LxBxMxD", "mlen_B", "pad_B")
 
   def replace(self, **changes: Any) -> Memory:
     """A copy with ``changes`` (field name -> value)."""
     return dataclasses.replace(self, **changes)
 
+  def with_state(self, **arrays: Array) -> Memory:
+    """A copy whose ``variant_state`` has ``arrays`` (name -> array) set."""
+    return self.replace(variant_state={**self.variant_state, **arrays})
+
   def _present(self) -> tuple[str, ...]:
-    """The fields that are children of the pytree (pad_B and the memory
-    tokens only when set; a Memory that jax rebuilt from a pytree structure
-    keeps that structure's fields whatever its children, which jax may
-    replace by None, e.g. for jit's default output layouts)."""
+    """The field names that are leaves (pad_B only when set).  A Memory that
+    jax rebuilt from a pytree structure keeps that structure's names
+    whatever its children, which jax may replace by None (e.g. for jit's
+    default output layouts)."""
     names = self.__dict__.get("_names")
     if names is not None:
-      return names
-    return (
-        ("mems_LxBxMxD", "mlen_B")
-        + (() if self.pad_B is None else ("pad_B",))
-        + (() if self.mem_tokens_BxNxD is None else self.TOKEN_FIELDS)
-    )
+      return names[0]
+    return ("mems_LxBxMxD", "mlen_B") + (() if self.pad_B is None else ("pad_B",))
+
+  def leaves(self) -> dict[str, Any]:
+    """Every leaf by name: the fields that are set, then ``variant_state``."""
+    return {**{n: getattr(self, n) for n in self._present()}, **self.variant_state}
 
   @property
   def mem_len(self) -> int:
-    """M, the memory slots per layer (static)."""
+    """The memory slots per layer (static): mem_len for the XL memory."""
     return self.mems_LxBxMxD.shape[2]
 
   def key_count_B(self) -> Array:
@@ -159,61 +204,56 @@ class Memory:
     return self.mlen_B if self.pad_B is None else self.mlen_B - self.pad_B
 
   def map_rows(self, fn: Callable[[Any, int], Any]) -> Memory:
-    """A Memory of ``fn(field, rows_axis)`` for each field that is set.
+    """A Memory of ``fn(leaf, rows_axis)`` for each leaf.
 
-    For row-wise work that must treat every field alike: selecting or
-    gathering rows (``lambda x, axis: jnp.take(x, idx, axis=axis)``),
-    splitting rows into micro-batches and back.  ``rows_axis`` is the
-    field's batch axis (``ROW_AXES``): 1 for mems_LxBxMxD, 0 for the others.
+    For row-wise work that must treat every array alike, whatever the
+    variants: selecting or gathering rows (``lambda x, axis: jnp.take(x,
+    idx, axis=axis)``), splitting rows into micro-batches and back.
+    ``rows_axis`` is the leaf's batch axis (``leaf(name).row_axis``).
     """
+    out = {name: fn(x, leaf(name).row_axis) for name, x in self.leaves().items()}
     return self.replace(
-        **{name: fn(getattr(self, name), self.ROW_AXES[name]) for name in self._present()}
+        **{n: out.pop(n) for n in self._present()},
+        variant_state={n: out[n] for n in self.variant_state},
     )
 
-  @classmethod
-  def _names(cls, padded: bool, tokens: bool) -> list[str]:
-    """The fields of a Memory with or without ``pad_B`` and the memory tokens."""
-    return [
-        n
-        for n in cls.ROW_AXES
-        if (padded or n != "pad_B") and (tokens or n not in cls.TOKEN_FIELDS)
-    ]
+  def shardings(self, mesh: Mesh) -> Memory:
+    """NamedShardings of this memory's leaves on ``mesh`` (a Memory of them,
+    the same pytree structure; this memory may be abstract, e.g. from
+    ``jax.eval_shape``): each leaf laid out as its ``Leaf`` declares."""
 
-  @classmethod
-  def shardings(cls, mesh: Mesh, padded: bool = False, tokens: bool = False) -> Memory:
-    """NamedShardings of a Memory on ``mesh``: each field's rows split over
-    the batch mesh axes (``axes.BATCH_AXES`` present in ``mesh``, as the
-    batch's rows), its other axes replicated; ``padded``: with ``pad_B``;
-    ``tokens``: with the memory tokens (``has_tokens(cfg)``)."""
-    rows = tuple(a for a in axes.BATCH_AXES if a in mesh.axis_names)
+    def sharding(x: Any, name: str) -> NamedSharding:
+      return NamedSharding(mesh, leaf(name).spec(mesh, tuple(np.shape(x))))
 
-    def spec(name: str) -> PartitionSpec:
-      row_axis, ndim = cls.ROW_AXES[name], cls.NDIMS[name]
-      return PartitionSpec(*(rows if i == row_axis else None for i in range(ndim)))
+    return self._map_named(sharding)
 
-    return cls(**{name: NamedSharding(mesh, spec(name)) for name in cls._names(padded, tokens)})
+  def replicated(self, mesh: Mesh) -> Memory:
+    """NamedShardings of this memory's leaves held whole on every device."""
+    return self._map_named(lambda x, name: NamedSharding(mesh, PartitionSpec()))
 
-  @classmethod
-  def replicated_shardings(cls, mesh: Mesh, padded: bool = False, tokens: bool = False) -> Memory:
-    """NamedShardings of a Memory held whole on every device of ``mesh``."""
-    return cls(
-        **{name: NamedSharding(mesh, PartitionSpec()) for name in cls._names(padded, tokens)}
+  def _map_named(self, fn: Callable[[Any, str], Any]) -> Memory:
+    """A Memory of ``fn(leaf, name)`` for each leaf."""
+    out = {name: fn(x, name) for name, x in self.leaves().items()}
+    return self.replace(
+        **{n: out.pop(n) for n in self._present()},
+        variant_state={n: out[n] for n in self.variant_state},
     )
 
   def reset(self, reset_B: Array) -> Memory:
     """Empties the memory of the rows where ``reset_B`` (bool [B]) is True
-    (and drops their padding).
+    (and drops their padding); each variant resets its own state
+    (``MemoryVariant.reset``).
 
     Only the counts change: empty slots are masked, so their stale
-    contents never reach an output.  With memory tokens the rows are
-    flagged to read the learned initial tokens (``mem_tokens_fresh_B``).
+    contents never reach an output.
     """
     out = self.replace(mlen_B=jnp.where(reset_B, 0, self.mlen_B))
     if self.pad_B is not None:
       out = out.replace(pad_B=jnp.where(reset_B, 0, self.pad_B))
-    if self.mem_tokens_fresh_B is not None:
-      out = out.replace(mem_tokens_fresh_B=self.mem_tokens_fresh_B | reset_B)
-    return out
+    state = dict(self.variant_state)
+    for owner in dict.fromkeys(STATE_OWNERS[n] for n in state):  # each owner once, in order
+      state.update(owner.reset({n: x for n, x in state.items() if STATE_OWNERS[n] is owner}, reset_B))
+    return out.replace(variant_state=state)
 
   def with_front_padding(self, pad_B: Array) -> Memory:
     """This memory, with ``pad_B[b]`` (int32 [B], >= 0) padding positions at
@@ -232,7 +272,7 @@ class Memory:
     Args:
       new_mems_LxBxMxD: the layers' new memories (``layer_update``, stacked
         over layers), [n_layer, B, M, d_model].
-      tgt_len: T, the segment length.
+      tgt_len: T, the positions the layers ran on.
       count_B: the key layout's count after the segment, int32 [B] (valid
         slots, or minus the padding still to come), when a memory variant
         counts otherwise (``MemoryVariant.advance``); None: ``advance_mlen``.
@@ -249,59 +289,30 @@ class Memory:
 
 
 def _flatten_with_keys(memory: Memory):
-  names = memory._present()
-  return [(jax.tree_util.GetAttrKey(n), getattr(memory, n)) for n in names], names
+  fields = memory._present()
+  state = tuple(memory.variant_state)
+  children = [(jax.tree_util.GetAttrKey(n), getattr(memory, n)) for n in fields]
+  children += [(jax.tree_util.GetAttrKey(n), memory.variant_state[n]) for n in state]
+  return children, (fields, state)
 
 
 def _flatten(memory: Memory):
-  names = memory._present()
-  return [getattr(memory, n) for n in names], names
+  children, names = _flatten_with_keys(memory)
+  return [c for _, c in children], names
 
 
-def _unflatten(names: tuple[str, ...], children) -> Memory:
-  memory = Memory(**dict(zip(names, children)))
+def _unflatten(names: tuple[tuple[str, ...], tuple[str, ...]], children) -> Memory:
+  fields, state = names
+  children = list(children)
+  memory = Memory(
+      **dict(zip(fields, children[: len(fields)])),
+      variant_state=dict(zip(state, children[len(fields) :])),
+  )
   object.__setattr__(memory, "_names", names)  # not a field: ``replace`` recomputes it
   return memory
 
 
 jax.tree_util.register_pytree_with_keys(Memory, _flatten_with_keys, _unflatten, _flatten)
-
-
-def init_memory(config: ModelConfig, batch_size: int, mem_len: int | None = None) -> Memory:
-  """Empty memory: zeros with no valid slot (the reference's empty start).
-
-  Args:
-    config: model config (n_layer, d_model, dtype).
-    batch_size: B.
-    mem_len: the memory length (``mem_len``); defaults to config.mem_len.
-      The slots per layer are the variant's ``slots(mem_len, config)`` (mem_len for
-      the XL memory).
-
-  Returns:
-    A Memory of zeros [n_layer, B, M, d_model] in the compute dtype and an
-    int32 [B] count of 0; with memory tokens (``has_tokens``) also zeros
-    [B, num_mem_tokens, d_model] flagged fresh (every row reads the learned
-    initial tokens).
-  """
-  m = variant(config).slots(config.mem_len if mem_len is None else mem_len, config)
-  memory = Memory(
-      mems_LxBxMxD=jnp.zeros((config.n_layer, batch_size, m, config.d_model), config.compute_dtype),
-      mlen_B=jnp.zeros((batch_size,), jnp.int32),
-  )
-  if not has_tokens(config):
-    return memory
-  return memory.replace(
-      mem_tokens_BxNxD=jnp.zeros(
-          (batch_size, config.num_mem_tokens, config.d_model), config.compute_dtype
-      ),
-      mem_tokens_fresh_B=jnp.ones((batch_size,), jnp.bool_),
-  )
-
-
-def reset_memory(memory: Memory, reset_B: Array) -> Memory:
-  """``memory.reset(reset_B)``: rows where ``reset_B`` (bool [B]) is True
-  start empty."""
-  return memory.reset(reset_B)
 
 
 def advance_mlen(mlen_B: Array, mem_len: int, tgt_len: int) -> Array:
@@ -327,7 +338,7 @@ def layer_update(mem_BxMxD: Array, h_BxTxD: Array) -> Array:
 
   Args:
     mem_BxMxD: the layer's memory as read (``layer_read``, after the
-      variant's ``layer_inputs``), [B, M, d_model].
+      attention variant's ``layer_inputs``), [B, M, d_model].
     h_BxTxD: the layer's inputs for the segment, [B, T, d_model], the
       memory's dtype.
 
@@ -338,97 +349,3 @@ def layer_update(mem_BxMxD: Array, h_BxTxD: Array) -> Array:
   cat_BxKxD = jnp.concatenate([mem_BxMxD, h_BxTxD], axis=1)  # h~ = [SG(m) o h]
   end = mem_len + tgt_len
   return jax.lax.stop_gradient(cat_BxKxD[:, end - mem_len : end])
-
-
-# ---------------------------------------------------------------------------
-# Memory variants: how a layer's memory slots are filled.  ``model.memory``
-# names one; a new variant subclasses ``MemoryVariant`` and is registered
-# with ``register``.  It may use more slots than ``mem_len`` (``slots``),
-# learn parameters and ``sow`` auxiliary losses in its ``layer_update``; the
-# key layout stays the one above (K = slots + T keys, the valid slots
-# right-aligned, counted by ``advance_mlen``), so the masks, relative
-# positions and the fused kernel need no change.
-
-
-class MemoryVariant:
-  """The XL memory (Sec. 3.2): each layer keeps its last ``mem_len`` inputs.
-
-  The base class of memory variants; a variant overrides what differs.
-  """
-
-  name: ClassVar[str] = "xl"
-  # Generation's decoding cache rolls each layer's projected keys and
-  # values as a FIFO beside the memory (``attention_ops.CachedKV``): only
-  # right for a memory that is a FIFO of the layer's inputs.
-  decode_cache: ClassVar[bool] = True
-
-  @staticmethod
-  def slots(mem_len: int, cfg: ModelConfig) -> int:
-    """Memory slots per layer for a memory length ``mem_len`` (M) of the
-    model ``cfg``."""
-    del cfg
-    return mem_len
-
-  @staticmethod
-  def config_problems(fields: Mapping[str, Any]) -> list[str]:
-    """What the variant needs of the other model fields: one message per
-    problem, naming ``model.<key>`` and the fix ([] if none)."""
-    del fields
-    return []
-
-  @staticmethod
-  def layer_update(
-      module: nn.Module, cfg: ModelConfig, mem_BxMxD: Array, h_BxTxD: Array, key_count_B: Array
-  ) -> Array:
-    """A layer's next memory (gradient stopped), called inside the layer
-    (``DecoderLayer``, after its attention, whose parameters are then in
-    ``module.variables``) so that a variant may create parameters and
-    ``module.sow("losses", name, scalar)`` an auxiliary loss there.
-
-    Args:
-      module: the calling layer (a compact flax module).
-      cfg: the ModelConfig.
-      mem_BxMxD: the layer's memory as read (``layer_read``, after the
-        attention variant's ``layer_inputs``), [B, slots, d_model].
-      h_BxTxD: the layer's inputs for the segment, [B, T, d_model].
-      key_count_B: int32 [B], the key layout's count before the segment
-        (``Memory.key_count_B``: the valid slots, minus the front padding).
-
-    Returns:
-      new_mem_BxMxD, [B, slots, d_model], the inputs' dtype.
-    """
-    del module, key_count_B
-    return layer_update(mem_BxMxD, h_BxTxD)
-
-  @staticmethod
-  def advance(cfg: ModelConfig, memory: Memory, new_mems_LxBxMxD: Array, tgt_len: int) -> Memory:
-    """The next ``Memory`` from the layers' new memories (stacked over
-    layers, [n_layer, B, slots, d_model]) after a segment of ``tgt_len``:
-    ``Memory.advance``, whose count is ``advance_mlen``'s."""
-    del cfg
-    return memory.advance(new_mems_LxBxMxD, tgt_len)
-
-
-VARIANTS: dict[str, type[MemoryVariant]] = {"xl": MemoryVariant}
-
-
-def register(cls: type[MemoryVariant]) -> type[MemoryVariant]:
-  """Adds a memory variant under ``cls.name`` (a class decorator).
-
-  Raises:
-    ValueError: another variant has that name.
-  """
-  if VARIANTS.get(cls.name, cls) is not cls:
-    raise ValueError(f"a memory variant named {cls.name!r} exists: {VARIANTS[cls.name]}.")
-  VARIANTS[cls.name] = cls
-  return cls
-
-
-def variant(cfg: ModelConfig) -> type[MemoryVariant]:
-  """The memory variant of ``cfg.memory`` (a validated ModelConfig)."""
-  return VARIANTS[cfg.memory]
-
-
-def has_tokens(cfg: Any) -> bool:
-  """Whether the model ``cfg`` (a ModelConfig) has memory tokens."""
-  return getattr(cfg, "num_mem_tokens", 0) > 0
