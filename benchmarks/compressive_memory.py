@@ -17,7 +17,7 @@ segment over the dropped states and over their compression).  Here, with
 one model size on one device in one run, every variant below is timed in
 two jitted steps:
 
-* **train**: the package's training step (``train.make_train_step``:
+* **train**: the package's training step (``train_step.make_train_step``:
   forward, backward with the reconstruction loss as an auxiliary loss,
   gradient clipping and Adam; dropout as the config's), the train state and
   its memory carried and donated from step to step;
@@ -348,7 +348,7 @@ def measure(args: argparse.Namespace, log: Callable[[str], None] = print) -> dic
   from transformer_xl import default_config, sharding
   from transformer_xl.inference import evaluate
   from transformer_xl.model import models
-  from transformer_xl.training import train, train_state
+  from transformer_xl.training import train_state, train_step
 
   mesh = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
   rng = np.random.default_rng(args.seed)
@@ -381,7 +381,7 @@ def measure(args: argparse.Namespace, log: Callable[[str], None] = print) -> dic
     )
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(state.params))
     log(f"compiling {v['key']} ({n_params:,} parameters) ...")
-    step = train.make_train_step(
+    step = train_step.make_train_step(
         model,
         tx,
         mesh,

@@ -13,7 +13,7 @@ against the memory of one device of the slice::
 
 What is compiled, exactly as training and evaluation build it:
 
-* **train**: ``train.make_train_step`` with the shardings of
+* **train**: ``train_step.make_train_step`` with the shardings of
   ``train_state.abstract_train_state`` (parameters, Adam moments, memory),
   lowered with ``jax.ShapeDtypeStruct`` inputs of the global batch
   (``train.global_batch`` x ``model.tgt_len``).  No parameter is allocated.

@@ -17,7 +17,7 @@ sequence lengths, one phase at a time:
 
 * **train**: one optimizer step = forward, backward, global-norm gradient
   clipping at ``--clip`` (0.25), an Adam update; the memory (tgt_len=mem_len=128
-  by default) is carried from step to step.  Ours: ``train.make_train_step``
+  by default) is carried from step to step.  Ours: ``train_step.make_train_step``
   (one jitted, donated step; the memory lives in the TrainState).  PyTorch:
   ``model(input_ids, mems=mems, labels=...)``, ``loss.backward()``,
   ``clip_grad_norm_``, ``torch.optim.Adam.step()``; ``mems`` is the previous

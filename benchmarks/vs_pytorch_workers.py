@@ -166,7 +166,7 @@ def run_ours(args, phase: str, batch: int, tgt_len: int, mem_len: int) -> dict:
   from transformer_xl.cli import process_settings
   from transformer_xl.inference import evaluate
   from transformer_xl.model import models, tuning
-  from transformer_xl.training import train, train_state
+  from transformer_xl.training import train_state, train_step
 
   rss_imports = rss_mib("VmRSS")
   process_settings.release_after_compiles()  # as our command line and training loop do
@@ -246,14 +246,14 @@ def run_ours(args, phase: str, batch: int, tgt_len: int, mem_len: int) -> dict:
         )
         for x, y in _token_batches(args, batch, tgt_len)
     ]
-    train_step = train.make_train_step(model, tx, mesh, state_shardings, 1, args.seed)
+    step_fn = train_step.make_train_step(model, tx, mesh, state_shardings, 1, args.seed)
     holder = {"state": state, "i": 0}
     del state  # donated by the first step
 
     def run_train(n):
       s, m = holder["state"], None
       for _ in range(n):
-        s, m = train_step(s, batches[holder["i"] % len(batches)])
+        s, m = step_fn(s, batches[holder["i"] % len(batches)])
         holder["i"] += 1
       jax.block_until_ready((s, m))
       holder["state"] = s

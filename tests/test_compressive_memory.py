@@ -33,7 +33,7 @@ from transformer_xl.inference import evaluate, generate
 from transformer_xl.model import config as model_config
 from transformer_xl.model import memory as memory_lib
 from transformer_xl.model import models
-from transformer_xl.training import train
+from transformer_xl.training import train, train_step
 
 from naive_reference import _sinusoid
 from test_mode_overrides import tiny_text_config, write_corpus
@@ -624,7 +624,7 @@ def test_the_compression_network_has_its_own_optimiser():
     tx = train_state.make_optimizer(config.train, mcfg)
     _, shardings = train_state.abstract_train_state(model, tx, 8, mesh)
     state = train_state.create_train_state(model, tx, 8, mesh, jax.random.PRNGKey(0), shardings)
-    step = train.make_train_step(model, tx, mesh, shardings, 1, 7, aux_loss_weight=weight)
+    step = train_step.make_train_step(model, tx, mesh, shardings, 1, 7, aux_loss_weight=weight)
     it = train_data.TrainIterator(train_data.ArraySource(tokens), 8, 6)
     for _ in range(3):
       state, metrics = step(state, next(it))

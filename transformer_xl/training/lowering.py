@@ -1,6 +1,6 @@
 """A config's jitted steps with abstract arguments: lowered, compiled or exported without data.
 
-The train step (``train.make_train_step``), the eval step
+The train step (``train_step.make_train_step``), the eval step
 (``evaluate.make_eval_step``, or ``make_window_step`` with
 ``eval.method="sliding"``) and the generation steps
 (``generate.Generator``'s segment and token steps, and its on-device
@@ -27,7 +27,7 @@ from jax.sharding import Mesh
 from transformer_xl import default_config, sharding
 from transformer_xl.inference import evaluate, generate
 from transformer_xl.model import models
-from transformer_xl.training import train, train_state
+from transformer_xl.training import train_state, train_step
 
 STEPS = ("train", "eval", "generate_segment", "generate_token", "generate_chunk")
 
@@ -98,7 +98,7 @@ def abstract_step(
     return jax.tree_util.tree_map(lambda x, s: spec(x.shape, x.dtype, s), shapes, sh)
 
   if step == "train":
-    fn = train.make_train_step(
+    fn = train_step.make_train_step(
         model,
         tx,
         mesh,
