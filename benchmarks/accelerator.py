@@ -264,14 +264,14 @@ def eval_timing(args, config, vocab: int, state, mesh, mcfg) -> dict:
   import numpy as np  # noqa: PLC0415
 
   from transformer_xl import sharding
-  from transformer_xl.inference import evaluate
+  from transformer_xl.inference import eval_steps
   from transformer_xl.model import models
   from transformer_xl.training import train_state  # noqa: PLC0415
 
   devices = jax.local_devices()
   # Evaluation at the config's eval settings, parameters as trained above.
-  ecfg = evaluate.eval_model_config(config, mcfg)
-  eval_step = evaluate.make_eval_step(models.TransformerXL(ecfg), mesh)
+  ecfg = eval_steps.eval_model_config(config, mcfg)
+  eval_step = eval_steps.make_eval_step(models.TransformerXL(ecfg), mesh)
   eb = -(-config.eval.global_batch // len(devices)) * len(devices)
   rng = np.random.default_rng(1)
   batches = [

@@ -24,8 +24,8 @@ sequence lengths, one phase at a time:
   step's ``out.mems``.
 * **eval**: scoring segments of ``--eval_tgt_len`` (128) with a memory of
   ``--eval_mem_len`` (512), no dropout, no gradient, the memory carried.
-  Ours: ``evaluate.make_eval_step`` (the ``Evaluator``'s jitted step, memory
-  donated) with the evaluation ModelConfig (``evaluate.eval_model_config``).
+  Ours: ``eval_steps.make_eval_step`` (the ``Evaluator``'s jitted step, memory
+  donated) with the evaluation ModelConfig (``eval_steps.eval_model_config``).
   PyTorch: the same forward under ``torch.no_grad()`` with
   ``reset_memory_length(eval_mem_len)``.
 * **eval_long**: the same as eval with a memory of ``--eval_long_mem_len``

@@ -164,7 +164,7 @@ def run_ours(args, phase: str, batch: int, tgt_len: int, mem_len: int) -> dict:
 
   from transformer_xl import default_config, sharding
   from transformer_xl.cli import process_settings
-  from transformer_xl.inference import evaluate
+  from transformer_xl.inference import eval_steps
   from transformer_xl.model import models, tuning
   from transformer_xl.training import train_state, train_step
 
@@ -267,8 +267,8 @@ def run_ours(args, phase: str, batch: int, tgt_len: int, mem_len: int) -> dict:
         lambda r: nn.unbox(models.init_params(model, r)), out_shardings=state_shardings.params
     )(rng)
     out["n_params"] = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
-    ecfg = evaluate.eval_model_config(config, mcfg)
-    eval_step = evaluate.make_eval_step(models.TransformerXL(ecfg), mesh)  # the Evaluator's
+    ecfg = eval_steps.eval_model_config(config, mcfg)
+    eval_step = eval_steps.make_eval_step(models.TransformerXL(ecfg), mesh)  # the Evaluator's
     batch_sharding = sharding.batch_sharding(mesh)
     batches = [
         jax.device_put(

@@ -42,7 +42,7 @@ import pytest
 from transformer_xl import data, sharding
 from transformer_xl.analysis import relative_gain as rg
 from transformer_xl.convert.names import flatten_params
-from transformer_xl.inference import generate
+from transformer_xl.inference import generate, sampling
 from transformer_xl.model import attention, attention_ops, models
 from transformer_xl.training import train, train_state, train_step
 
@@ -524,18 +524,18 @@ def test_each_generated_token_has_its_own_reproducible_key(monkeypatch):
   )
   params = model_params(cfg)
   keys = []  # the key of every draw, in dispatch order (ordered effects)
-  real = generate.sample_tokens
+  real = sampling.sample_tokens
 
   def recording(key, *args):
     jax.debug.callback(lambda k: keys.append(np.asarray(k)), key, ordered=True)
     return real(key, *args)
 
-  monkeypatch.setattr(generate, "sample_tokens", recording)
+  monkeypatch.setattr(sampling, "sample_tokens", recording)
   gen = generate.Generator(cfg, one_device_mesh())
   # 3 < tgt_len prompt tokens: one padded segment, then the generated tokens.
   prompt_BxN = np.random.default_rng(0).integers(0, 64, (2, 3)).astype(np.int32)
   n = 8
-  settings = generate.SamplingSettings(top_k=0)
+  settings = sampling.SamplingSettings(top_k=0)
 
   def run(seed):
     del keys[:]
