@@ -10,7 +10,7 @@ Run from the repository root, on a GPU host or a TPU VM::
 For each config (configs/NAME.py, in bfloat16 with its training settings,
 every local device on the ``fsdp`` axis as the slice presets place them):
 
-* **training**: the jitted train step (``train.make_train_step``) on random
+* **training**: the jitted train step (``train_step.make_train_step``) on random
   token ids placed on the devices first; the global batch is the config's
   (rounded down to a multiple of the device count), halved until the step fits (a compile or run that runs out of device
   memory); compile seconds, median step milliseconds over ``--steps``
@@ -171,8 +171,8 @@ def train_timing(args, config, vocab: int):
   from transformer_xl.model import models
   from transformer_xl.training import (
       lowering,
-      train,
       train_state,  # noqa: PLC0415
+      train_step,
   )
 
   devices = jax.local_devices()
@@ -192,7 +192,7 @@ def train_timing(args, config, vocab: int):
       state = train_state.create_train_state(
           model, tx, batch, mesh, jax.random.PRNGKey(0), shardings
       )
-      step = train.make_train_step(model, tx, mesh, shardings, 1, 0)
+      step = train_step.make_train_step(model, tx, mesh, shardings, 1, 0)
       rng = np.random.default_rng(0)
       data = {
           "inputs": rng.integers(0, vocab, (batch, mcfg.tgt_len), dtype=np.int32),
@@ -264,14 +264,14 @@ def eval_timing(args, config, vocab: int, state, mesh, mcfg) -> dict:
   import numpy as np  # noqa: PLC0415
 
   from transformer_xl import sharding
-  from transformer_xl.inference import evaluate
+  from transformer_xl.inference import eval_steps
   from transformer_xl.model import models
   from transformer_xl.training import train_state  # noqa: PLC0415
 
   devices = jax.local_devices()
   # Evaluation at the config's eval settings, parameters as trained above.
-  ecfg = evaluate.eval_model_config(config, mcfg)
-  eval_step = evaluate.make_eval_step(models.TransformerXL(ecfg), mesh)
+  ecfg = eval_steps.eval_model_config(config, mcfg)
+  eval_step = eval_steps.make_eval_step(models.TransformerXL(ecfg), mesh)
   eb = -(-config.eval.global_batch // len(devices)) * len(devices)
   rng = np.random.default_rng(1)
   batches = [

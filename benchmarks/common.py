@@ -212,7 +212,7 @@ def run_script(script: str, argv: list[str], env: dict) -> tuple[int, dict | Non
 
 def eval_loop(eval_step, params, memory, batches: list):
   """``run(n)``: n calls of ``nll, memory = eval_step(params, memory, batch)``
-  (``evaluate.make_eval_step``'s step, memory donated) over ``batches`` in
+  (``eval_steps.make_eval_step``'s step, memory donated) over ``batches`` in
   turn, the memory carried from call to call and over runs; each run blocks
   until its last results are ready (timing it times the computation)."""
   import jax

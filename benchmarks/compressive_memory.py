@@ -17,12 +17,12 @@ segment over the dropped states and over their compression).  Here, with
 one model size on one device in one run, every variant below is timed in
 two jitted steps:
 
-* **train**: the package's training step (``train.make_train_step``:
+* **train**: the package's training step (``train_step.make_train_step``:
   forward, backward with the reconstruction loss as an auxiliary loss,
   gradient clipping and Adam; dropout as the config's), the train state and
   its memory carried and donated from step to step;
-* **eval**: the evaluation segment step (``evaluate.make_eval_step``,
-  ``evaluate.eval_model_config``: no dropout, segments of T with the
+* **eval**: the evaluation segment step (``eval_steps.make_eval_step``,
+  ``eval_steps.eval_model_config``: no dropout, segments of T with the
   variant's memory; the eval ``same_length`` of ``--same_length``).
 
 Variants (M, Nc and the rates c from the flags; the defaults give the
@@ -346,9 +346,9 @@ def measure(args: argparse.Namespace, log: Callable[[str], None] = print) -> dic
   import numpy as np
 
   from transformer_xl import default_config, sharding
-  from transformer_xl.inference import evaluate
+  from transformer_xl.inference import eval_steps
   from transformer_xl.model import models
-  from transformer_xl.training import train, train_state
+  from transformer_xl.training import train_state, train_step
 
   mesh = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
   rng = np.random.default_rng(args.seed)
@@ -381,7 +381,7 @@ def measure(args: argparse.Namespace, log: Callable[[str], None] = print) -> dic
     )
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(state.params))
     log(f"compiling {v['key']} ({n_params:,} parameters) ...")
-    step = train.make_train_step(
+    step = train_step.make_train_step(
         model,
         tx,
         mesh,
@@ -392,8 +392,8 @@ def measure(args: argparse.Namespace, log: Callable[[str], None] = print) -> dic
         config.train.aux_loss_weight,
     )
     train_exe = step.lower(state, train_batches[0]).compile()
-    eval_cfg = evaluate.eval_model_config(config, train_cfg)
-    eval_step = evaluate.make_eval_step(models.TransformerXL(eval_cfg), mesh)
+    eval_cfg = eval_steps.eval_model_config(config, train_cfg)
+    eval_step = eval_steps.make_eval_step(models.TransformerXL(eval_cfg), mesh)
     memory = jax.jit(lambda cfg=eval_cfg: models.init_memory(cfg, b), out_shardings=mem_sharding)()
     params = jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), state.params)  # not donated
     eval_exe = eval_step.lower(params, memory, eval_batches[0]).compile()

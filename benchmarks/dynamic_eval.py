@@ -14,7 +14,7 @@ segment after the other, instead of static evaluation's forward.  Here,
 with one model (the same random parameters, float32), on the same device,
 in one run, five jitted steps are timed:
 
-* (a) **static, batch B**: ``evaluate.make_eval_step`` (the step of
+* (a) **static, batch B**: ``eval_steps.make_eval_step`` (the step of
   ``evaluate.Evaluator``), B rows (default 10, the reference's
   ``eval_batch_size``, ``eval.global_batch``);
 * (b) **static, batch 1**;
@@ -27,7 +27,7 @@ in one run, five jitted steps are timed:
 
 Every step scores B x tgt_len tokens and runs on segments of ``--tgt_len``
 with a memory of ``--mem_len`` (``same_length``, ``clamp_len``: the eval
-model of ``evaluate.eval_model_config``).  Reported: tokens/s of each and
+model of ``eval_steps.eval_model_config``).  Reported: tokens/s of each and
 the ratios (c)/(b), (d)/(a) and (c)/(a) of tokens/s (below 1: dynamic
 evaluation is slower), and (e)/(b).  Memory: the parameter count and bytes,
 and the parameters-sized state of dynamic evaluation, 4 x the parameter
@@ -318,7 +318,7 @@ def measure(args: argparse.Namespace) -> dict:
   import numpy as np
 
   from transformer_xl import default_config, sharding
-  from transformer_xl.inference import dynamic_eval, evaluate
+  from transformer_xl.inference import dynamic_eval, eval_steps, evaluate
   from transformer_xl.model import models
 
   config = make_config(args)
@@ -337,7 +337,7 @@ def measure(args: argparse.Namespace) -> dict:
   settings = dynamic_eval.DynamicSettings.from_config(config)
   dyn = dynamic_eval.DynamicEvaluator(evaluator, settings)
   ecfg = evaluator.cfg
-  static_step = evaluate.make_eval_step(evaluator.model, mesh)
+  static_step = eval_steps.make_eval_step(evaluator.model, mesh)
   update_step = dyn.make_step("update", params)
   stats_step = dyn.make_step("stats", params)
 

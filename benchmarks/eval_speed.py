@@ -18,13 +18,13 @@ reuses the cached hidden states of the previous segments.  The paper: L =
 Here, for each L, with the same model (same parameters), the same batch, on
 the same device, in one run:
 
-* **Transformer-XL**: ``evaluate.make_eval_step`` (the step of
+* **Transformer-XL**: ``eval_steps.make_eval_step`` (the step of
   ``evaluate.Evaluator`` with ``eval.method="segments"``) on segments of
   ``--tgt_len`` tokens with a memory of L - tgt_len (``same_length`` off, so
   the keys of a segment are exactly the L positions of memory and segment),
   the memory carried from step to step (state reuse).  Scored tokens per
   step: batch * tgt_len.
-* **vanilla**: ``evaluate.make_window_step`` (the step of the Evaluator with
+* **vanilla**: ``eval_steps.make_window_step`` (the step of the Evaluator with
   ``eval.method="sliding"``, ``eval.window`` = L, ``eval.stride`` = 1): each
   row a fresh window of L tokens, no memory; one scored token per row, i.e.
   batch per step.  (The step computes the softmax at all L positions and the
@@ -244,7 +244,7 @@ def measure(args: argparse.Namespace, attn_len: int) -> dict:
   import numpy as np
 
   from transformer_xl import default_config, sharding
-  from transformer_xl.inference import evaluate
+  from transformer_xl.inference import eval_steps
   from transformer_xl.model import models
   from transformer_xl.training import train_state
 
@@ -262,8 +262,8 @@ def measure(args: argparse.Namespace, attn_len: int) -> dict:
   bs, rows = sharding.batch_sharding(mesh), sharding.rows_sharding(mesh)
 
   # Transformer-XL: segments of tgt_len, memory L - tgt_len, carried.
-  ecfg = evaluate.eval_model_config(config, train_cfg)
-  xl_step = evaluate.make_eval_step(models.TransformerXL(ecfg), mesh)
+  ecfg = eval_steps.eval_model_config(config, train_cfg)
+  xl_step = eval_steps.make_eval_step(models.TransformerXL(ecfg), mesh)
   xl_batches = [
       jax.device_put(
           {
@@ -281,9 +281,9 @@ def measure(args: argparse.Namespace, attn_len: int) -> dict:
   run_xl = common.eval_loop(xl_step, params, init_memory(), xl_batches)
 
   # Vanilla: a fresh window of L tokens per scored token.
-  wcfg = evaluate.window_model_config(config, train_cfg)
+  wcfg = eval_steps.window_model_config(config, train_cfg)
   assert wcfg.tgt_len == attn_len and wcfg.mem_len == 0
-  window_step = evaluate.make_window_step(models.TransformerXL(wcfg), mesh, config.eval.stride)
+  window_step = eval_steps.make_window_step(models.TransformerXL(wcfg), mesh, config.eval.stride)
   win_batches = [
       jax.device_put(
           {

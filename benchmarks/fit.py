@@ -13,15 +13,15 @@ against the memory of one device of the slice::
 
 What is compiled, exactly as training and evaluation build it:
 
-* **train**: ``train.make_train_step`` with the shardings of
+* **train**: ``train_step.make_train_step`` with the shardings of
   ``train_state.abstract_train_state`` (parameters, Adam moments, memory),
   lowered with ``jax.ShapeDtypeStruct`` inputs of the global batch
   (``train.global_batch`` x ``model.tgt_len``).  No parameter is allocated.
-* **eval**: ``evaluate.make_eval_step`` with ``evaluate.eval_model_config``
+* **eval**: ``eval_steps.make_eval_step`` with ``eval_steps.eval_model_config``
   (the eval tgt_len, mem_len, clamp_len and same_length), parameters with
   the training shardings and ``eval.global_batch`` rows padded to the
   data-parallel size, as the ``Evaluator`` pads them
-  (``eval.method="sliding"``: ``evaluate.make_window_step``).
+  (``eval.method="sliding"``: ``eval_steps.make_window_step``).
 
 The devices: ``--config=FILE:PRESET`` (a slice preset, ``transformer_xl/presets.py``)
 gives the device count (``presets.SLICE_DEVICES``) and the device kind (the

@@ -139,7 +139,7 @@ def run_ours(args, batch: int, mem_len: int) -> dict:
 
   from transformer_xl import sharding
   from transformer_xl.cli import process_settings
-  from transformer_xl.inference import generate
+  from transformer_xl.inference import generate, sampling
   from transformer_xl.model import models
 
   rss_imports = rss_mib("VmRSS")
@@ -151,7 +151,7 @@ def run_ours(args, batch: int, mem_len: int) -> dict:
   params = jax.jit(lambda r: nn.unbox(models.init_params(model, r)))(jax.random.PRNGKey(args.seed))
   jax.block_until_ready(params)
   gen = generate.Generator(cfg, mesh)
-  settings = generate.SamplingSettings(top_k=args.top_k, temperature=args.temperature)
+  settings = sampling.SamplingSettings(top_k=args.top_k, temperature=args.temperature)
   prompt = prompt_tokens(args, batch)
 
   def generate_all(seed):

@@ -17,15 +17,15 @@ sequence lengths, one phase at a time:
 
 * **train**: one optimizer step = forward, backward, global-norm gradient
   clipping at ``--clip`` (0.25), an Adam update; the memory (tgt_len=mem_len=128
-  by default) is carried from step to step.  Ours: ``train.make_train_step``
+  by default) is carried from step to step.  Ours: ``train_step.make_train_step``
   (one jitted, donated step; the memory lives in the TrainState).  PyTorch:
   ``model(input_ids, mems=mems, labels=...)``, ``loss.backward()``,
   ``clip_grad_norm_``, ``torch.optim.Adam.step()``; ``mems`` is the previous
   step's ``out.mems``.
 * **eval**: scoring segments of ``--eval_tgt_len`` (128) with a memory of
   ``--eval_mem_len`` (512), no dropout, no gradient, the memory carried.
-  Ours: ``evaluate.make_eval_step`` (the ``Evaluator``'s jitted step, memory
-  donated) with the evaluation ModelConfig (``evaluate.eval_model_config``).
+  Ours: ``eval_steps.make_eval_step`` (the ``Evaluator``'s jitted step, memory
+  donated) with the evaluation ModelConfig (``eval_steps.eval_model_config``).
   PyTorch: the same forward under ``torch.no_grad()`` with
   ``reset_memory_length(eval_mem_len)``.
 * **eval_long**: the same as eval with a memory of ``--eval_long_mem_len``

@@ -164,9 +164,9 @@ def run_ours(args, phase: str, batch: int, tgt_len: int, mem_len: int) -> dict:
 
   from transformer_xl import default_config, sharding
   from transformer_xl.cli import process_settings
-  from transformer_xl.inference import evaluate
+  from transformer_xl.inference import eval_steps
   from transformer_xl.model import models, tuning
-  from transformer_xl.training import train, train_state
+  from transformer_xl.training import train_state, train_step
 
   rss_imports = rss_mib("VmRSS")
   process_settings.release_after_compiles()  # as our command line and training loop do
@@ -246,14 +246,14 @@ def run_ours(args, phase: str, batch: int, tgt_len: int, mem_len: int) -> dict:
         )
         for x, y in _token_batches(args, batch, tgt_len)
     ]
-    train_step = train.make_train_step(model, tx, mesh, state_shardings, 1, args.seed)
+    step_fn = train_step.make_train_step(model, tx, mesh, state_shardings, 1, args.seed)
     holder = {"state": state, "i": 0}
     del state  # donated by the first step
 
     def run_train(n):
       s, m = holder["state"], None
       for _ in range(n):
-        s, m = train_step(s, batches[holder["i"] % len(batches)])
+        s, m = step_fn(s, batches[holder["i"] % len(batches)])
         holder["i"] += 1
       jax.block_until_ready((s, m))
       holder["state"] = s
@@ -267,8 +267,8 @@ def run_ours(args, phase: str, batch: int, tgt_len: int, mem_len: int) -> dict:
         lambda r: nn.unbox(models.init_params(model, r)), out_shardings=state_shardings.params
     )(rng)
     out["n_params"] = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
-    ecfg = evaluate.eval_model_config(config, mcfg)
-    eval_step = evaluate.make_eval_step(models.TransformerXL(ecfg), mesh)  # the Evaluator's
+    ecfg = eval_steps.eval_model_config(config, mcfg)
+    eval_step = eval_steps.make_eval_step(models.TransformerXL(ecfg), mesh)  # the Evaluator's
     batch_sharding = sharding.batch_sharding(mesh)
     batches = [
         jax.device_put(

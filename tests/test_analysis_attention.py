@@ -11,7 +11,7 @@ import pytest
 
 from transformer_xl import data, sharding
 from transformer_xl.analysis import attention as attention_maps
-from transformer_xl.inference import evaluate
+from transformer_xl.inference import eval_steps
 from transformer_xl.model import models
 
 from test_train import REPO, run_main, small_args, tiny_config, write_ptb_sample
@@ -38,7 +38,7 @@ def _setup(uniform=False, attn_type=0):
   config = tiny_config()
   config.model.update(attn_type=attn_type, tgt_len=5, mem_len=7, dropout=0.0, dropatt=0.0)
   config.eval.update(tgt_len=5, mem_len=7, same_length=False, clamp_len=0, global_batch=2)
-  mcfg = evaluate.eval_model_config(
+  mcfg = eval_steps.eval_model_config(
       config, models.ModelConfig(n_token=VOCAB, **config.model.to_dict())
   )
   params = nn.unbox(models.init_params(models.TransformerXL(mcfg), jax.random.PRNGKey(1)))

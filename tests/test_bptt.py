@@ -17,7 +17,7 @@ import pytest
 from transformer_xl import data, default_config, sharding
 from transformer_xl.model import memory as memory_lib
 from transformer_xl.model import models
-from transformer_xl.training import train, train_state
+from transformer_xl.training import train, train_state, train_step
 
 from test_reliability import toy_corpus
 from test_train import tiny_config
@@ -111,7 +111,7 @@ def _sgd_gradient(model, params, batch, memory=None, **step_kw):
   state = state.replace(params=jax.tree_util.tree_map(jnp.copy, params))  # donated
   if memory is not None:
     state = state.replace(memory=memory)
-  step = train.make_train_step(model, tx, mesh, shardings, 1, 7, **step_kw)
+  step = train_step.make_train_step(model, tx, mesh, shardings, 1, 7, **step_kw)
   new_state, metrics = step(state, jax.tree_util.tree_map(jnp.asarray, batch))
   got = jax.tree_util.tree_map(lambda new, old: old - new, new_state.params, params)
   return got, metrics, new_state

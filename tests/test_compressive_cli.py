@@ -15,7 +15,7 @@ to the naive Compressive Transformer in ``test_compressive_memory.py``).
 The same parameters without the compressed memory (``cmem_len=0``, which
 is Transformer-XL exactly) score the same tokens differently, so a
 command that dropped the compressed slots would fail here (checked: eval and
-score with ``cmem_len=0`` in ``evaluate.eval_model_config``, and generate with
+score with ``cmem_len=0`` in ``eval_steps.eval_model_config``, and generate with
 it in ``generate.Generator``, each fail a test).  Training runs at learning
 rate 0.05 so that in 3 steps the compression network, which only the
 reconstruction loss trains, moves far enough from its initialisation for the

@@ -29,11 +29,11 @@ import pytest
 from transformer_xl import data as train_data
 from transformer_xl import default_config, sharding
 from transformer_xl.cli import modes
-from transformer_xl.inference import evaluate, generate
+from transformer_xl.inference import eval_steps, generate, sampling
 from transformer_xl.model import config as model_config
 from transformer_xl.model import memory as memory_lib
 from transformer_xl.model import models
-from transformer_xl.training import train
+from transformer_xl.training import train, train_step
 
 from naive_reference import _sinusoid
 from test_mode_overrides import tiny_text_config, write_corpus
@@ -536,7 +536,7 @@ def test_generation_has_no_decoding_cache_and_reads_the_compressed_memory():
   rng = np.random.default_rng(3)
   prompt = rng.integers(0, VOCAB, size=(1, 12)).astype(np.int32)  # 3 segments of 4
   steps = list(
-      gen.stream(params, list(prompt), 6, generate.SamplingSettings(top_k=0), log_probs=True)
+      gen.stream(params, list(prompt), 6, sampling.SamplingSettings(top_k=0), log_probs=True)
   )
   model, memory = models.TransformerXL(cfg), models.init_memory(cfg, 1)
   for s in range(3):
@@ -579,13 +579,13 @@ def test_evaluation_with_more_compressed_slots_and_the_sliding_window():
   c.model.update(**{k: v for k, v in _config("conv").__dict__.items() if k in c.model})
   c.eval.update(tgt_len=4, mem_len=6, cmem_len=9, same_length=False, clamp_len=0)
   train_cfg = default_config.model_config(c, VOCAB)
-  ecfg = evaluate.eval_model_config(c, train_cfg)
+  ecfg = eval_steps.eval_model_config(c, train_cfg)
   assert (ecfg.cmem_len, ecfg.mem_len) == (9, 6)
   assert models.init_memory(ecfg, 2).mems_LxBxMxD.shape[2] == 6 + 9
   c.eval.cmem_len = -1
-  assert evaluate.eval_model_config(c, train_cfg).cmem_len == train_cfg.cmem_len == 3
+  assert eval_steps.eval_model_config(c, train_cfg).cmem_len == train_cfg.cmem_len == 3
   c.eval.update(method="sliding", window=5)  # not a multiple of cmem_ratio 2
-  wcfg = evaluate.window_model_config(c, train_cfg)
+  wcfg = eval_steps.window_model_config(c, train_cfg)
   assert (wcfg.tgt_len, wcfg.mem_len, wcfg.cmem_len) == (5, 0, 0)
   params = _params(train_cfg)
   xl = dataclasses.replace(wcfg, memory="xl")
@@ -624,7 +624,7 @@ def test_the_compression_network_has_its_own_optimiser():
     tx = train_state.make_optimizer(config.train, mcfg)
     _, shardings = train_state.abstract_train_state(model, tx, 8, mesh)
     state = train_state.create_train_state(model, tx, 8, mesh, jax.random.PRNGKey(0), shardings)
-    step = train.make_train_step(model, tx, mesh, shardings, 1, 7, aux_loss_weight=weight)
+    step = train_step.make_train_step(model, tx, mesh, shardings, 1, 7, aux_loss_weight=weight)
     it = train_data.TrainIterator(train_data.ArraySource(tokens), 8, 6)
     for _ in range(3):
       state, metrics = step(state, next(it))

@@ -271,7 +271,7 @@ def test_ablation_variants_train_and_evaluate_with_both_methods(variant, wiki_sa
   import jax
 
   from transformer_xl import default_config, sharding
-  from transformer_xl.cli import modes as cli
+  from transformer_xl.cli import eval_modes
   from transformer_xl.training import train
 
   _, corpus = wiki_sample
@@ -282,7 +282,7 @@ def test_ablation_variants_train_and_evaluate_with_both_methods(variant, wiki_sa
   assert last["loss"] > 0
   for method in ("segments", "sliding"):
     config.eval.method = method
-    res = cli.run_eval(config, str(tmp_path), corpus, mesh)
+    res = eval_modes.run_eval(config, str(tmp_path), corpus, mesh)
     saved = json.loads((tmp_path / "eval_results.json").read_text())
     assert saved["eval"]["method"] == method
     for split in ("valid", "test"):

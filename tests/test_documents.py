@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from transformer_xl import data, default_config, sharding
-from transformer_xl.inference import evaluate
+from transformer_xl.inference import eval_steps, evaluate
 from transformer_xl.model import attention_ops, models
-from transformer_xl.training import train, train_state
+from transformer_xl.training import train_state, train_step
 
 SLOW = pytest.mark.slow  # a case left out of the fast tier (-m "not slow")
 
@@ -345,11 +345,11 @@ def test_train_and_eval_steps_pass_doc_pos():
   want = (nll * weights).sum() / weights.sum()
   assert abs(want - (plain * weights).sum() / weights.sum()) > 1e-4  # doc_pos matters here
 
-  step_fn = train.make_train_step(model, tx, mesh, shardings, config.train.batch_chunk, 7)
+  step_fn = train_step.make_train_step(model, tx, mesh, shardings, config.train.batch_chunk, 7)
   _, step_metrics = step_fn(state, batch)
   np.testing.assert_allclose(float(step_metrics["loss"]), want, rtol=1e-5)
 
-  eval_step = evaluate.make_eval_step(model, mesh)
+  eval_step = eval_steps.make_eval_step(model, mesh)
   eval_batch = {k: v for k, v in batch.items() if k != "weights"}
   memory = jax.device_put(models.init_memory(mcfg, 8), train_state.memory_sharding(mesh))
   eval_nll, _ = eval_step(params, memory, eval_batch)

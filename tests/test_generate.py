@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from transformer_xl import default_config, sharding
-from transformer_xl.inference import evaluate, generate
+from transformer_xl.inference import eval_steps, evaluate, generate, sampling
 from transformer_xl.model import models
 
 V = 48  # vocabulary
@@ -36,7 +36,7 @@ def tiny(same_length=True, clamp_len=0, attn_type=0):
   c.eval.update(tgt_len=5, mem_len=7, clamp_len=clamp_len, same_length=same_length, global_batch=V)
   mcfg = default_config.model_config(c, V)
   params = nn.unbox(models.init_params(models.TransformerXL(mcfg), jax.random.PRNGKey(0)))
-  return c, mcfg, evaluate.eval_model_config(c, mcfg), params
+  return c, mcfg, eval_steps.eval_model_config(c, mcfg), params
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ def prompt(b=1, n=PROMPT, seed=0):
 
 def greedy(gen, params, prompt_1xN, num_tokens=NEW):
   steps = list(
-      gen.stream(params, prompt_1xN, num_tokens, generate.SamplingSettings(top_k=1), log_probs=True)
+      gen.stream(params, prompt_1xN, num_tokens, sampling.SamplingSettings(top_k=1), log_probs=True)
   )
   return np.array([t[0] for t, _ in steps]), np.stack([lp[0] for _, lp in steps])
 
@@ -93,7 +93,7 @@ def test_score_gives_sampled_tokens_the_distributions_they_were_drawn_from(
   rows = [prompt(n=n, seed=n)[0] for n in (3, PROMPT, 9)]
   steps = list(
       gen.stream(
-          params, rows, 12, generate.SamplingSettings(top_k=0), seed=[1, 2, 3], log_probs=True
+          params, rows, 12, sampling.SamplingSettings(top_k=0), seed=[1, 2, 3], log_probs=True
       )
   )
   ev = evaluate.Evaluator(c, mcfg, None, mesh)
@@ -177,7 +177,7 @@ def test_greedy_without_same_length_equals_segments_then_single_tokens(mesh):
 @pytest.mark.smoke
 def test_sampling_is_reproducible_with_a_seed(model):
   _, _, params, gen = model
-  s = generate.SamplingSettings(top_k=0, temperature=1.5)
+  s = sampling.SamplingSettings(top_k=0, temperature=1.5)
   p = prompt(b=3)
   a = gen.generate(params, p, 12, s, seed=1)
   assert a.shape == (3, 12) and a.dtype == np.int32
@@ -204,7 +204,7 @@ def test_the_decoding_cache_gives_the_uncached_distributions(
   projects the memory again): the same tokens, each drawn from the same distribution."""
   c, mcfg, ecfg, params = tiny(same_length, clamp_len, attn_type)
   ecfg = dataclasses.replace(ecfg, pre_lnorm=pre_lnorm)
-  settings = generate.SamplingSettings(top_k=0, temperature=1.3)
+  settings = sampling.SamplingSettings(top_k=0, temperature=1.3)
   runs = {}
   for use_cache in (True, False):
     gen = generate.Generator(ecfg, mesh, use_cache=use_cache, chunk=3)
@@ -227,7 +227,7 @@ def test_rows_of_different_lengths_get_what_they_get_alone(mesh, same_length, at
   _, _, ecfg, params = tiny(same_length=same_length, attn_type=attn_type)
   gen = generate.Generator(ecfg, mesh, chunk=4)
   rows = [prompt(n=n, seed=n)[0] for n in (3, PROMPT, 9, 1)]
-  settings = generate.SamplingSettings(top_k=0)
+  settings = sampling.SamplingSettings(top_k=0)
   batched = list(gen.stream(params, rows, NEW, settings, seed=[7, 8, 9, 10], log_probs=True))
   tokens_BxN = np.stack([t for t, _ in batched], axis=1)
   logp_BxNxV = np.stack([lp for _, lp in batched], axis=1)
@@ -260,7 +260,7 @@ def test_a_row_ends_at_its_stop_token_and_the_batch_when_all_have(mesh, use_cach
   _, _, ecfg, params = tiny()
   gen = generate.Generator(ecfg, mesh, use_cache=use_cache, chunk=4)
   rows = [prompt(n=n, seed=n)[0] for n in (3, PROMPT, 9, 1)]
-  settings, num = generate.SamplingSettings(top_k=0), 40
+  settings, num = sampling.SamplingSettings(top_k=0), 40
   free_BxN = np.stack(list(gen.stream(params, rows, num, settings, seed=3)), axis=1)
   counts = np.bincount(free_BxN.ravel(), minlength=V)
   # a token every row draws, late enough in some row that the rows end apart
@@ -291,7 +291,7 @@ def test_rows_the_caller_ends_yield_nothing_more(mesh, use_cache):
   _, _, ecfg, params = tiny()
   gen = generate.Generator(ecfg, mesh, use_cache=use_cache, chunk=4)
   p = prompt(b=2, n=9)
-  settings = generate.SamplingSettings(top_k=0)
+  settings = sampling.SamplingSettings(top_k=0)
   free_BxN = np.stack(list(gen.stream(params, p, 30, settings, seed=1)), axis=1)
   done_B, got = np.zeros(2, bool), []
   for i, token_B in enumerate(gen.stream(params, p, 30, settings, seed=1, done_B=done_B)):
@@ -314,7 +314,7 @@ def test_rows_left_alone_go_on_as_in_the_whole_batch(mesh, compact):
   _, _, ecfg, params = tiny()
   gen = generate.Generator(ecfg, mesh, chunk=3, compact=compact)
   rows = [prompt(n=n, seed=n)[0] for n in (3, PROMPT, 9, 1, 4, 11, 2, 7)]
-  settings = generate.SamplingSettings(top_k=0)
+  settings = sampling.SamplingSettings(top_k=0)
   free = list(gen.stream(params, rows, 24, settings, seed=4, log_probs=True))
   free_BxN = np.stack([t for t, _ in free], axis=1)
   done_B, got = np.zeros(8, bool), []
@@ -361,10 +361,10 @@ def test_the_per_token_steps_compile_once(mesh, use_cache):
   _, _, ecfg, params = tiny()
   gen = generate.Generator(ecfg, mesh, use_cache=use_cache, chunk=8)
   for n, settings, seed, num in [
-      (PROMPT, generate.SamplingSettings(), 0, 9),
-      (7, generate.SamplingSettings(top_k=1), 1, 3),
-      (15, generate.SamplingSettings(0, 0.7, 0.5), 2, 20),
-      (2, generate.SamplingSettings(5, 1.0, 2.0), 3, 1),
+      (PROMPT, sampling.SamplingSettings(), 0, 9),
+      (7, sampling.SamplingSettings(top_k=1), 1, 3),
+      (15, sampling.SamplingSettings(0, 0.7, 0.5), 2, 20),
+      (2, sampling.SamplingSettings(5, 1.0, 2.0), 3, 1),
   ]:
     gen.generate(params, prompt(b=2, n=n), num, settings, seed)
   steps = {"token": gen.token_step, "start": gen.start_step, "chunk": gen.chunk_step}
@@ -384,7 +384,7 @@ def draws(top_k, top_p, temperature, seed=0):
   logp_V = np.zeros(len(PROBS), np.float32)
   logp_V[ORDER] = np.log(PROBS)
   logits = jnp.asarray(np.tile(logp_V, (N_DRAWS, 1)))
-  fn = jax.jit(generate.sample_tokens)
+  fn = jax.jit(sampling.sample_tokens)
   out = np.asarray(
       fn(
           jax.random.split(jax.random.PRNGKey(seed), N_DRAWS),
@@ -420,7 +420,7 @@ def test_top_k_and_top_p_restrict_the_support_and_cover_it(top_k, top_p, tempera
 @pytest.mark.smoke
 def test_filter_logits_marks_the_support():
   logits = jnp.asarray([[0.0, 3.0, 1.0, 2.0], [4.0, 3.0, 2.0, 1.0]])
-  out = np.asarray(generate.filter_logits(logits, 2, 1.0, 2.0))
+  out = np.asarray(sampling.filter_logits(logits, 2, 1.0, 2.0))
   np.testing.assert_array_equal(np.isfinite(out), [[0, 1, 0, 1], [1, 1, 0, 0]])
   np.testing.assert_allclose(out[0, 1], 1.5)  # divided by the temperature
 
@@ -437,7 +437,7 @@ def naive_support(x_V: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
 
 
 @pytest.mark.parametrize(
-    "top_k", [0, 1, 7, generate.TOP_K_FAST, generate.TOP_K_FAST + 1, 300, 5000]
+    "top_k", [0, 1, 7, sampling.TOP_K_FAST, sampling.TOP_K_FAST + 1, 300, 5000]
 )
 @pytest.mark.parametrize("top_p", [1.0, 0.9, 0.3])
 def test_filter_logits_keeps_the_support_of_the_whole_sorted_vocabulary(top_k, top_p):
@@ -447,7 +447,7 @@ def test_filter_logits_keeps_the_support_of_the_whole_sorted_vocabulary(top_k, t
   x_BxV = rng.normal(0, 2, (3, 300)).astype(np.float32)
   x_BxV[1, :40] = x_BxV[1, 0]  # a run of ties across the cut
   out = np.asarray(
-      jax.jit(generate.filter_logits)(x_BxV, np.int32(top_k), np.float32(top_p), np.float32(1.0))
+      jax.jit(sampling.filter_logits)(x_BxV, np.int32(top_k), np.float32(top_p), np.float32(1.0))
   )
   for b in range(3):
     np.testing.assert_array_equal(np.isfinite(out[b]), naive_support(x_BxV[b], top_k, top_p))
@@ -471,7 +471,7 @@ def test_filter_logits_keeps_the_support_of_the_whole_sorted_vocabulary(top_k, t
 )
 def test_bad_settings_are_config_errors(kwargs, match):
   with pytest.raises(default_config.ConfigError, match=match):
-    generate.SamplingSettings(**kwargs)
+    sampling.SamplingSettings(**kwargs)
 
 
 @pytest.mark.smoke
@@ -494,7 +494,7 @@ def test_rows_generated_in_batches_get_the_tokens_of_one_batch(model):
   tokens they get in the whole batch."""
   _, _, params, gen = model
   rows = [prompt(seed=s)[0, : 3 + 4 * s] for s in range(5)]
-  settings = generate.SamplingSettings(top_k=0)
+  settings = sampling.SamplingSettings(top_k=0)
   whole = gen.generate(params, rows, 6, settings, seed=7)
   head = np.stack(list(gen.stream(params, rows[:2], 6, settings, seed=7)), axis=1)
   tail = np.stack(list(gen.stream(params, rows[2:], 6, settings, seed=7, first_row=2)), axis=1)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from transformer_xl import LanguageModel, default_config
-from transformer_xl.inference import generate
+from transformer_xl.inference import sampling
 
 from test_train import REPO, run_main, small_args, write_ptb_sample
 
@@ -102,7 +102,7 @@ def test_generate_and_score_text_agree(lm):
           lm.params,
           np.tile(ids, (2, 1)),
           9,
-          generate.SamplingSettings(top_k=0),
+          sampling.SamplingSettings(top_k=0),
           seed=4,
           log_probs=True,
       )

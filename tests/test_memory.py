@@ -12,7 +12,7 @@ from jax.sharding import PartitionSpec as P
 from transformer_xl import data, default_config, sharding
 from transformer_xl.model import memory as memory_lib
 from transformer_xl.model import models
-from transformer_xl.training import train, train_state
+from transformer_xl.training import train, train_state, train_step
 
 L, B, M, D = 3, 8, 5, 4
 
@@ -125,7 +125,7 @@ def test_map_rows_gathers_the_rows_of_every_field():
 def test_map_rows_chunks_round_trip(n_chunk, padded):
   """The train step's micro-batches: row r in chunk r % n_chunk, and back."""
   memory = _memory(padded=padded)
-  chunks = memory.map_rows(lambda x, axis: train._to_chunks(x, n_chunk, axis))
+  chunks = memory.map_rows(lambda x, axis: train_step._to_chunks(x, n_chunk, axis))
   assert chunks.mems_LxBxMxD.shape == (n_chunk, L, B // n_chunk, M, D)
   assert chunks.mlen_B.shape == (n_chunk, B // n_chunk)
   for c in range(n_chunk):
@@ -133,7 +133,7 @@ def test_map_rows_chunks_round_trip(n_chunk, padded):
     np.testing.assert_array_equal(chunks.mlen_B[c], memory.mlen_B[c::n_chunk])
     if padded:
       np.testing.assert_array_equal(chunks.pad_B[c], memory.pad_B[c::n_chunk])
-  _assert_memory_equal(chunks.map_rows(train._from_chunks), memory)
+  _assert_memory_equal(chunks.map_rows(train_step._from_chunks), memory)
 
 
 def _old_memory_sharding(mesh: Mesh) -> models.Memory:
@@ -319,7 +319,7 @@ def _one_step(model_cls, weight, batch_chunk=1, **model_kw):
   tx = train_state.make_optimizer(config.train)
   _, shardings = train_state.abstract_train_state(model, tx, 8, mesh)
   state = train_state.create_train_state(model, tx, 8, mesh, jax.random.PRNGKey(0), shardings)
-  step_fn = train.make_train_step(
+  step_fn = train_step.make_train_step(
       model, tx, mesh, shardings, batch_chunk, 7, aux_loss_weight=weight
   )
   tokens = np.random.default_rng(0).integers(0, 64, size=8 * 6 + 8).astype(np.int32)
@@ -337,7 +337,7 @@ def baseline_step():
 def test_nothing_sown_adds_no_metric(baseline_step):
   metrics, _ = baseline_step
   assert set(metrics) == {"loss", "grad_norm", "finite"}
-  assert train.aux_losses({}) == {}
+  assert train_step.aux_losses({}) == {}
 
 
 @pytest.mark.parametrize("weight", [0.5, 2.0])

@@ -270,14 +270,14 @@ def test_generation_draws_each_token_from_the_scored_sequence():
   segment run again per token, committed when full: 7 + 9 tokens cross two
   segment ends of 5)."""
   from transformer_xl import sharding
-  from transformer_xl.inference import generate
+  from transformer_xl.inference import generate, sampling
 
   cfg, params, z = _load("lm_rmt_mem")
   mesh = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
   gen = generate.Generator(cfg, mesh, use_cache=True)
   assert not gen.use_cache
   prompt = z["inputs_SxBxT"][:2, 0].reshape(-1)[:7]
-  steps = list(gen.stream(params, [prompt], 9, generate.SamplingSettings(top_k=0), log_probs=True))
+  steps = list(gen.stream(params, [prompt], 9, sampling.SamplingSettings(top_k=0), log_probs=True))
   seq = np.concatenate([prompt, [int(tok[0]) for tok, _ in steps]])
   model, memory, t = models.TransformerXL(cfg), models.init_memory(cfg, 1), cfg.tgt_len
   logps = []

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from transformer_xl import data, default_config, sharding
-from transformer_xl.cli import modes
-from transformer_xl.inference import evaluate, generate, language_model
+from transformer_xl.cli import eval_modes, modes
+from transformer_xl.inference import evaluate, generate, language_model, text_scores, trained_model
 from transformer_xl.model import models, pallas_attention, tuning
 
 WORDS = "the a cat dog sat ran on under mat log big small red blue".split()
@@ -167,8 +167,8 @@ def test_eval_computes_in_the_dtype_of_the_config(trained, spy):
   _, workdir, config = trained
   corpus = data.load_configured(config.data.to_dict())
   mesh = sharding.make_mesh(config.mesh.shape, config.mesh.axis_names)
-  f32 = modes.run_eval(config, str(workdir), corpus, mesh)
-  bf16 = modes.run_eval(with_model(config, dtype="bfloat16"), str(workdir), corpus, mesh)
+  f32 = eval_modes.run_eval(config, str(workdir), corpus, mesh)
+  bf16 = eval_modes.run_eval(with_model(config, dtype="bfloat16"), str(workdir), corpus, mesh)
   assert [c.dtype for c in spy["evaluator"]] == ["float32", "bfloat16"]
   assert 1e-5 < abs(bf16["valid"]["loss_nats"] - f32["valid"]["loss_nats"]) < 0.1
 
@@ -355,18 +355,18 @@ def test_free_settings_are_applied_and_training_only_ones_ignored():
       "d_embed": 0,  # the same as d_embed=d_model: no projection
       "n_token": 99,  # the vocabulary is the trained one's
   }
-  used = language_model.apply_free_settings(TRAINED, settings)
+  used = trained_model.apply_free_settings(TRAINED, settings)
   assert used == dataclasses.replace(
       TRAINED, dtype="float32", attention_impl="pallas", remat="full", attn_block=4, scan_unroll=2
   )
-  assert language_model.apply_free_settings(TRAINED, {}) == TRAINED
+  assert trained_model.apply_free_settings(TRAINED, {}) == TRAINED
   config = default_config.get_config()  # a config's model section (a ConfigDict)
   default_config.set_model_config(config, TRAINED)
   config.model.update(dtype="float32", dropout=0.3)
-  assert language_model.apply_free_settings(TRAINED, config.model) == dataclasses.replace(
+  assert trained_model.apply_free_settings(TRAINED, config.model) == dataclasses.replace(
       TRAINED, dtype="float32"
   )
-  assert set(tuning.FREE_MODEL_KEYS) < set(language_model.FREE_KEYS)
+  assert set(tuning.FREE_MODEL_KEYS) < set(trained_model.FREE_KEYS)
 
 
 @pytest.mark.parametrize(
@@ -375,7 +375,7 @@ def test_free_settings_are_applied_and_training_only_ones_ignored():
 )
 def test_a_change_of_the_architecture_is_refused_naming_the_key(key, value):
   with pytest.raises(default_config.ConfigError) as err:
-    language_model.apply_free_settings(
+    trained_model.apply_free_settings(
         TRAINED, {key: value, "dtype": "float32"}, source="--config", where="W/model_config.json"
     )
   message = str(err.value)
@@ -383,19 +383,19 @@ def test_a_change_of_the_architecture_is_refused_naming_the_key(key, value):
   assert "(W/model_config.json)" in message and "\n" not in message
   assert ("eval.mem_len" in message) == (key == "mem_len")
   with pytest.raises(default_config.ConfigError, match="attn_type 0"):
-    language_model.apply_free_settings(
+    trained_model.apply_free_settings(
         dataclasses.replace(TRAINED, attn_type=2), {"attention_impl": "pallas"}
     )
 
 
 def test_text_score_units_against_a_hand_computation():
   nll = np.array([1.5, 0.25, 2.0, 0.75], np.float32)  # 4.5 nats
-  s = language_model.TextScore(np.arange(4), nll, "word", num_bytes=9, num_words=3)
+  s = text_scores.TextScore(np.arange(4), nll, "word", num_bytes=9, num_words=3)
   assert s.bits_per_byte == pytest.approx(4.5 / (9 * math.log(2)), rel=1e-12)
   assert s.word_ppl == pytest.approx(math.exp(4.5 / 3), rel=1e-12)
   assert s.bits_per_token == pytest.approx(4.5 / 4 / math.log(2), rel=1e-12)
   assert s.ppl == pytest.approx(math.exp(4.5 / 4), rel=1e-6) and s.bpc is None
-  assert language_model.TextScore(np.arange(4), nll, "char").bpc == s.bits_per_token
-  unknown = language_model.TextScore(np.arange(4), nll, "word")
+  assert text_scores.TextScore(np.arange(4), nll, "char").bpc == s.bits_per_token
+  unknown = text_scores.TextScore(np.arange(4), nll, "word")
   assert unknown.bits_per_byte is None and unknown.word_ppl is None
-  assert language_model.text_size("thé  cat\n") == (10, 2)
+  assert text_scores.text_size("thé  cat\n") == (10, 2)

@@ -21,7 +21,7 @@ from jax import export
 from tests.test_attention import tiny_model_inputs
 from transformer_xl import default_config, sharding
 from transformer_xl.model import attention, attention_ops, models, pallas_attention
-from transformer_xl.training import lowering, train, train_state
+from transformer_xl.training import lowering, train_state, train_step
 
 SLOW = pytest.mark.slow
 TPU_I = pallas_attention.Flavor("tpu", 8, interpret=True)
@@ -298,7 +298,7 @@ def test_sharded_training_with_the_kernel_equals_xla_on_one_device():
     tx = train_state.make_optimizer(config.train)
     _, shardings = train_state.abstract_train_state(model, tx, 8, mesh)
     state = train_state.create_train_state(model, tx, 8, mesh, jax.random.PRNGKey(0), shardings)
-    step_fn = train.make_train_step(model, tx, mesh, shardings, 1, 7)
+    step_fn = train_step.make_train_step(model, tx, mesh, shardings, 1, 7)
     losses = []
     for s in range(2):
       rows = tokens[s * 48 : s * 48 + 56].reshape(8, 7)

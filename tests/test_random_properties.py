@@ -42,9 +42,9 @@ import pytest
 from transformer_xl import data, sharding
 from transformer_xl.analysis import relative_gain as rg
 from transformer_xl.convert.names import flatten_params
-from transformer_xl.inference import generate
+from transformer_xl.inference import generate, sampling
 from transformer_xl.model import attention, attention_ops, models
-from transformer_xl.training import train, train_state
+from transformer_xl.training import train, train_state, train_step
 
 from test_train import tiny_config
 
@@ -459,7 +459,7 @@ def train_setup():
   state = train_state.create_train_state(
       model, tx, 8, mesh, state_shardings=shardings, params=model_params(mcfg)
   )
-  step_fn = train.make_train_step(model, tx, mesh, shardings, batch_chunk=2, dropout_seed=7)
+  step_fn = train_step.make_train_step(model, tx, mesh, shardings, batch_chunk=2, dropout_seed=7)
 
   def batch(tokens_Bx9):
     rows = {
@@ -486,7 +486,7 @@ def test_micro_batches_and_steps_draw_independent_dropout_masks(train_setup):
   after dropout, whose zeros are the embedding dropout's mask."""
   _, shardings, state, step_fn, make_batch = train_setup
   keep = 1 - DROPOUT
-  # Rows 2r and 2r + 1 are the same; row r goes to micro-batch r % 2 (train._to_chunks).
+  # Rows 2r and 2r + 1 are the same; row r goes to micro-batch r % 2 (train_step._to_chunks).
   batch = make_batch(np.repeat(np.random.default_rng(0).integers(0, 64, (4, 9)), 2, axis=0))
 
   def kept_at(step):
@@ -524,18 +524,18 @@ def test_each_generated_token_has_its_own_reproducible_key(monkeypatch):
   )
   params = model_params(cfg)
   keys = []  # the key of every draw, in dispatch order (ordered effects)
-  real = generate.sample_tokens
+  real = sampling.sample_tokens
 
   def recording(key, *args):
     jax.debug.callback(lambda k: keys.append(np.asarray(k)), key, ordered=True)
     return real(key, *args)
 
-  monkeypatch.setattr(generate, "sample_tokens", recording)
+  monkeypatch.setattr(sampling, "sample_tokens", recording)
   gen = generate.Generator(cfg, one_device_mesh())
   # 3 < tgt_len prompt tokens: one padded segment, then the generated tokens.
   prompt_BxN = np.random.default_rng(0).integers(0, 64, (2, 3)).astype(np.int32)
   n = 8
-  settings = generate.SamplingSettings(top_k=0)
+  settings = sampling.SamplingSettings(top_k=0)
 
   def run(seed):
     del keys[:]

@@ -31,7 +31,7 @@ from transformer_xl import data, default_config, sharding
 from transformer_xl.cli import process_settings
 from transformer_xl.model import models
 from transformer_xl.run import checkpointing, fingerprints, metrics, retention, run_dir
-from transformer_xl.training import train, train_state
+from transformer_xl.training import train, train_state, train_step
 from transformer_xl.util import report
 
 from test_train import REPO, read_metrics, run_main, small_args, tiny_config, write_ptb_sample
@@ -291,7 +291,7 @@ def test_a_non_finite_step_changes_nothing(mesh):
   tx = train_state.make_optimizer(config.train)
   _, shardings = train_state.abstract_train_state(model, tx, 8, mesh)
   state = train_state.create_train_state(model, tx, 8, mesh, jax.random.PRNGKey(0), shardings)
-  step_fn = train.make_train_step(model, tx, mesh, shardings, 1, 7)
+  step_fn = train_step.make_train_step(model, tx, mesh, shardings, 1, 7)
   it = Poisoned(data.make_train_iterator(toy_corpus(), "train", 8, mcfg.tgt_len, seed=0), {3})
   snapshots, flags = [], []
   for _ in range(4):

@@ -13,7 +13,7 @@ import pytest
 
 from transformer_xl import default_config, errors, sharding
 from transformer_xl.model import models
-from transformer_xl.run import checkpointing, run_dir
+from transformer_xl.run import checkpointing, param_shapes, run_dir
 from transformer_xl.run import workdir as wd
 from transformer_xl.training import train_state
 
@@ -65,7 +65,7 @@ def test_restore_params_reads_parameters_only_whatever_the_optimizer(tmp_path, m
   assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want))
   # Each parameter lands with the sharding the model asks for.
   shardings = jax.tree_util.tree_leaves(
-      train_state.abstract_params(models.TransformerXL(mcfg), mesh)[1]
+      param_shapes.abstract_params(models.TransformerXL(mcfg), mesh)[1]
   )
   assert [x.sharding for x in got] == shardings
 

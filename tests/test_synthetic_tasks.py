@@ -20,7 +20,7 @@ import pytest
 
 from transformer_xl import data, default_config, errors, sharding
 from transformer_xl.data import synthetic
-from transformer_xl.inference import evaluate, greedy_answers
+from transformer_xl.inference import eval_steps, evaluate
 from transformer_xl.model import models
 from transformer_xl.training import train
 
@@ -262,8 +262,8 @@ def test_evaluation_accuracy_equals_a_naive_prediction_of_each_example(cutoffs):
   # The step's NLL equals the model's own NLL path (crit.nll, no [B, T, V] array).
   batch = {"inputs": seqs[:, :3], "targets": seqs[:, 1:4], "reset": np.ones(len(seqs), bool)}
   memory = models.init_memory(mcfg, len(seqs))
-  plain, _ = jax.jit(lambda m, b: evaluate.segment_nll(model, params, m, b))(memory, batch)
-  nll_c, correct_c, _ = jax.jit(lambda m, b: evaluate.segment_nll_correct(model, params, m, b))(
+  plain, _ = jax.jit(lambda m, b: eval_steps.segment_nll(model, params, m, b))(memory, batch)
+  nll_c, correct_c, _ = jax.jit(lambda m, b: eval_steps.segment_nll_correct(model, params, m, b))(
       memory, batch
   )
   np.testing.assert_allclose(nll_c, plain, rtol=1e-6, atol=1e-6)
@@ -298,7 +298,7 @@ def test_greedy_decoding_equals_decoding_each_answer_token_from_scratch(memory):
   mesh = sharding.make_mesh(config.mesh.shape, config.mesh.axis_names)  # 8 rows: 3 + padding
   evaluator = evaluate.Evaluator(config, mcfg, corpus, mesh)
   seqs = corpus.examples["valid"]
-  got = greedy_answers.decode(evaluator, params, seqs)
+  got = evaluator.decode_answers(params, seqs)
   # Naive: for each answer position j, the whole example from an empty memory, segment
   # by segment, with the model's own tokens as the inputs after the question.
   step = jax.jit(lambda x, memory: model.apply({"params": params}, x, memory))
@@ -317,7 +317,7 @@ def test_greedy_decoding_equals_decoding_each_answer_token_from_scratch(memory):
   truth = seqs[:, -a:]
   assert 0 < np.mean(got == truth) < 1
   forced = evaluator.evaluate(params, "valid")
-  res = greedy_answers.greedy_answers(evaluator, params, "valid")
+  res = evaluator.greedy_answers(params, "valid")
   assert res["greedy_token_accuracy"] == np.mean(got == truth) != forced["answer_token_accuracy"]
   assert res["greedy_accuracy"] == forced["answer_accuracy"]  # a whole answer: the same
   assert res["greedy_examples"] == len(seqs) == 20

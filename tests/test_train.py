@@ -15,7 +15,7 @@ from jax.sharding import PartitionSpec as P
 
 from transformer_xl import data, default_config, sharding
 from transformer_xl.model import models
-from transformer_xl.training import train, train_state
+from transformer_xl.training import train_state, train_step
 
 SLOW = pytest.mark.slow  # a case left out of the fast tier (-m "not slow")
 
@@ -48,7 +48,7 @@ def run_steps(config, mesh, tokens, n_steps):
   state = train_state.create_train_state(
       model, tx, config.train.global_batch, mesh, jax.random.PRNGKey(0), shardings
   )
-  step_fn = train.make_train_step(model, tx, mesh, shardings, config.train.batch_chunk, 7)
+  step_fn = train_step.make_train_step(model, tx, mesh, shardings, config.train.batch_chunk, 7)
   it = data.TrainIterator(data.ArraySource(tokens), config.train.global_batch, mcfg.tgt_len)
   losses = []
   for _ in range(n_steps):
@@ -139,7 +139,7 @@ def test_half_loss_is_the_mean_nll_of_the_last_half_only(attn_type):
   model = models.TransformerXL(mcfg)
   tx = train_state.make_optimizer(config.train)
   _, shardings = train_state.abstract_train_state(model, tx, 8, mesh)
-  step_fn = train.make_train_step(model, tx, mesh, shardings, 1, 7, loss_span="half")
+  step_fn = train_step.make_train_step(model, tx, mesh, shardings, 1, 7, loss_span="half")
   rng = np.random.default_rng(4)
   batch = {
       "inputs": rng.integers(0, 64, (8, 7)).astype(np.int32),

@@ -13,7 +13,7 @@ import pytest
 from transformer_xl import data, default_config, sharding
 from transformer_xl.inference import evaluate
 from transformer_xl.model import attention, attention_ops, models
-from transformer_xl.training import train, train_state
+from transformer_xl.training import train_state, train_step
 
 from test_train import tiny_config
 
@@ -47,7 +47,7 @@ def test_dropout_masks_change_with_the_step():
   def losses(config, steps):
     _, model, tx, shardings = _setup(config, mesh)
     state = train_state.create_train_state(model, tx, 8, mesh, jax.random.PRNGKey(0), shardings)
-    step_fn = train.make_train_step(model, tx, mesh, shardings, 1, dropout_seed=7)
+    step_fn = train_step.make_train_step(model, tx, mesh, shardings, 1, dropout_seed=7)
     (batch,) = _batch(config, mesh, tokens)
     out = []
     for step in steps:  # a copy each time: the step donates its input state
@@ -76,7 +76,7 @@ def test_grad_norm_is_the_same_with_gradient_accumulation():
     config.model.update(dropout=0.0, dropatt=0.0)
     _, model, tx, shardings = _setup(config, mesh)
     state = train_state.create_train_state(model, tx, 16, mesh, jax.random.PRNGKey(0), shardings)
-    step_fn = train.make_train_step(model, tx, mesh, shardings, chunk, 7)
+    step_fn = train_step.make_train_step(model, tx, mesh, shardings, chunk, 7)
     norms[chunk] = []
     for batch in _batch(config, mesh, tokens, n=3):
       state, metrics = step_fn(state, batch)

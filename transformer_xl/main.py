@@ -7,9 +7,9 @@
 
     python -m transformer_xl.main --workdir=/tmp/txl --mode=eval --config.eval.mem_len=1600
 
-Flags in, one call out: the process-wide settings (``process_settings``),
-then ``cli.run``, which checks everything it can before compiling and runs
-the mode.  Any config value can be overridden with
+Flags in, one call out: ``cli.main`` (``cli/modes.py``) checks their usage,
+sets the process-wide settings (``process_settings``) and runs the mode,
+checking everything it can before compiling.  Any config value can be overridden with
 ``--config.<section>.<key>=value``; a restart with the same workdir resumes.
 Without ``--config``, eval, score and generate read the workdir's saved
 config.json and apply the overrides to it (``cli/saved_config.py``): the
@@ -31,7 +31,8 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from transformer_xl.cli import modes as cli
-from transformer_xl.cli import process_settings, saved_config, user_errors
+from transformer_xl.cli import user_errors
+from transformer_xl.inference.language_model import DEFAULT_BATCH_SIZE
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file (configs/*.py).", lock_config=True
@@ -109,7 +110,7 @@ _SEED = flags.DEFINE_integer("seed", 0, "--mode=generate: PRNG seed.")
 _NUM_SAMPLES = flags.DEFINE_integer("num_samples", 1, "--mode=generate: samples per prompt.")
 _BATCH_SIZE = flags.DEFINE_integer(
     "batch_size",
-    cli.language_model.DEFAULT_BATCH_SIZE,
+    DEFAULT_BATCH_SIZE,
     "--mode=generate: rows (prompts x samples) generated together at most; a long "
     "--prompt_file is generated batch by batch (the same samples, bounded memory), each "
     "batch's text printed and written to --out when it is done.",
@@ -131,55 +132,9 @@ _DEBUG = flags.DEFINE_bool(
 )
 
 
-def _config_source() -> str | None:
-  """What the config came from when it is the workdir's config.json with
-  ``--config.*`` overrides (``saved_config.source``), else None."""
-  if _CONFIG.value is None:
-    return None
-  return saved_config.source(flags.FLAGS[_CONFIG.name].config_filename)
-
-
 def main(argv):
-  """Flags -> process settings -> ``cli.run``."""
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  if _WORKDIR.value is None:
-    raise app.UsageError("--workdir is required.")
-  if _CONFIG.value is None and _MODE.value == "train":
-    raise app.UsageError("--config is required to train.")
-  if _MODE.value == "score" and (bool(_TOKENS.value) == bool(_TEXT.value) or not _OUT.value):
-    raise app.UsageError(
-        "--mode=score needs --out=NLL.npy and one of --tokens=FILE.npy or --text=FILE."
-    )
-  process_settings.configure_logging(_DEBUG.value, flags.FLAGS["verbosity"].present)
-  process_settings.release_after_compiles()  # compilers' freed memory back to the kernel
-  cli.run(
-      cli.Request(
-          mode=_MODE.value,
-          workdir=_WORKDIR.value,
-          config=_CONFIG.value,
-          config_source=_config_source(),
-          tokens=_TOKENS.value,
-          text=_TEXT.value,
-          out=_OUT.value,
-          dynamic_stats=_DYNAMIC_STATS.value,
-          prompt=_PROMPT.value,
-          prompt_file=_PROMPT_FILE.value,
-          num_tokens=_NUM_TOKENS.value,
-          stop=tuple(_STOP.value),
-          stop_at_eos=_STOP_AT_EOS.value,
-          top_k=_TOP_K.value,
-          top_p=_TOP_P.value,
-          temperature=_TEMPERATURE.value,
-          seed=_SEED.value,
-          num_samples=_NUM_SAMPLES.value,
-          batch_size=_BATCH_SIZE.value,
-          coordinator_address=_COORDINATOR.value,
-          num_processes=_NUM_PROCESSES.value,
-          process_id=_PROCESS_ID.value,
-      ),
-      debug=_DEBUG.value,
-  )
+  """Flags in, one call out: ``cli.main``."""
+  cli.main(argv, flags.FLAGS)
 
 
 if __name__ == "__main__":

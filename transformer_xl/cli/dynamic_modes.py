@@ -1,6 +1,6 @@
 """Dynamic evaluation on the command line (``--mode=eval`` and ``--mode=score``).
 
-``cli/modes.py`` calls these; the method itself is
+``cli/modes.py`` and ``cli/eval_modes.py`` call these; the method itself is
 ``inference/dynamic_eval.py``.  Here: the checks of ``--dynamic_stats``
 against the mode and ``config.eval.dynamic`` (before anything is loaded),
 reading it, the statistics pass with its report (the same for both modes),
@@ -18,7 +18,7 @@ import numpy as np
 
 from transformer_xl import data, default_config
 from transformer_xl.cli import user_errors
-from transformer_xl.inference import dynamic_eval, evaluate, greedy_answers
+from transformer_xl.inference import dynamic_eval, evaluate, text_scores
 from transformer_xl.util import report
 
 
@@ -71,7 +71,7 @@ def stats_tokens(corpus: data.Corpus, path: str) -> np.ndarray:
   if path.endswith(".npy"):
     return user_errors.load_tokens(path, flag="--dynamic_stats")
   text = user_errors.read_text(path, flag="--dynamic_stats")
-  tokens = evaluate.text_tokens(corpus, text)
+  tokens = text_scores.text_tokens(corpus, text)
   if tokens.shape[1] < 2:
     raise evaluate.ScoreInputError(
         f"--dynamic_stats={path} has no token: give some text of the kind the model scores."
@@ -86,7 +86,7 @@ def split_scorer(
     params: Any,
 ) -> tuple[Callable[[str], dict], dict | None]:
   """How ``--mode=eval`` scores a split: ``evaluator.evaluate`` (for a
-  synthetic task with ``greedy_answers.greedy_answers``' accuracies), or with
+  synthetic task with ``evaluator.greedy_answers``' accuracies), or with
   ``eval.dynamic.lr > 0`` dynamic evaluation from the loaded parameters for
   each split, its "rms" statistics from the start of the training split
   (computed once, here).
@@ -106,7 +106,7 @@ def split_scorer(
       return (
           lambda split: {
               **evaluator.evaluate(params, split),
-              **greedy_answers.greedy_answers(evaluator, params, split),
+              **evaluator.greedy_answers(params, split),
           }
       ), None
     return (lambda split: evaluator.evaluate(params, split)), None

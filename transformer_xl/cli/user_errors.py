@@ -7,8 +7,9 @@ before anything is compiled where it can be checked that early; a Python
 traceback means a bug, or that ``--debug`` was given (it shows the traceback
 of these errors too).  ``parse_flags`` does the same for the flags
 themselves (a missing or broken ``--config`` file, an unknown
-``--config.key``, a bad flag value), and ``load_tokens`` /
-``read_text`` read the score inputs with messages that name the file.
+``--config.key``, a bad flag value), ``load_tokens`` / ``read_text`` read
+the score inputs with messages that name the file, and
+``check_output_path`` checks ``--out`` before anything is computed.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import re
 import sys
 from collections.abc import Iterator
 
+import jax
 import numpy as np
 from absl import flags
 from etils import epath
@@ -121,6 +123,36 @@ def read_text(path: str, flag: str = "--text") -> str:
     raise evaluate.ScoreInputError(
         f"{flag}={path} is not UTF-8 text (byte {err.object[err.start]:#04x} at offset "
         f"{err.start}); convert it to UTF-8."
+    ) from None
+
+
+def check_output_path(
+    out_path: str, example: str = "nll.npy", error: type[Exception] = evaluate.ScoreInputError
+) -> None:
+  """Checks, before any scoring or generation, that ``out_path`` can be written.
+
+  Args:
+    out_path: the --out path.
+    example: a file name the message suggests.
+    error: the kind raised (``evaluate.ScoreInputError`` for --mode=score).
+
+  Raises:
+    error: it is a directory, its directory does not exist, or it cannot
+      be written there.
+  """
+  path = epath.Path(out_path)
+  if path.is_dir():
+    raise error(f"--out={out_path} is a directory; give a file name (e.g. {example}).")
+  if not path.parent.is_dir():
+    raise error(f"--out={out_path}: the directory {path.parent} does not exist; create it first.")
+  probe = path.parent / f".{path.name}.probe.{jax.process_index()}"
+  try:
+    probe.write_bytes(b"")
+    probe.unlink()
+  except OSError as err:
+    raise error(
+        f"--out={out_path} cannot be written "
+        f"({err.strerror or err}); choose a writable location."
     ) from None
 
 

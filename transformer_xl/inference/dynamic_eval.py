@@ -60,7 +60,7 @@ import ml_collections
 import numpy as np
 
 from transformer_xl import default_config, errors, sharding
-from transformer_xl.inference import evaluate
+from transformer_xl.inference import eval_steps, evaluate
 from transformer_xl.model import memory as memory_lib
 from transformer_xl.util import report
 
@@ -205,7 +205,7 @@ class DynamicEvaluator:
     self._steps: dict[str, Callable] = {}
 
   def _loss(self, params, memory, batch, weights_BxT):
-    nll_BxT, memory = evaluate.segment_nll(self.model, params, memory, batch)
+    nll_BxT, memory = eval_steps.segment_nll(self.model, params, memory, batch)
     return _weighted_mean(nll_BxT, weights_BxT), (nll_BxT, memory)
 
   def make_step(self, kind: str, params: Any) -> Callable:

@@ -2,36 +2,38 @@
 
 Evaluation uses its own segment length, memory length, clamp_len and
 same_length (``config.eval``; longer memory than in training, as in the
-paper), the training parameters, and no dropout.  Rows carry their memory
-from segment to segment, starting empty.  Three entry points:
+paper), the training parameters, and no dropout; the evaluation model and
+its jitted steps are in ``eval_steps.py``.  Rows carry their memory from
+segment to segment, starting empty.  The ``Evaluator``'s entry points:
 
 * ``Evaluator.evaluate``: a corpus split, every token scored exactly once,
   the tail included (``--mode=eval`` and validation during training);
 * ``Evaluator.score``: the per-token NLL of given token streams
   (``--mode=score``);
-* ``Evaluator.token_nll``: every token's NLL of a split (RECL).
+* ``Evaluator.token_nll``: every token's NLL of a split (RECL);
+* ``Evaluator.greedy_answers``: a synthetic task's answers decoded
+  greedily, without teacher forcing (``greedy_answers.py``).
 
 The command-line modes around them (``--mode=eval``, ``--mode=score``) are
-in ``cli/modes.py``.  Dynamic evaluation (``dynamic_eval.py``) runs the same
-segments, rows and memory with its own step (``Step``), which updates the
-parameters after scoring each segment.
+in ``cli/eval_modes.py``.  Dynamic evaluation (``dynamic_eval.py``) runs the
+same segments, rows and memory with its own step (``Step``), which updates
+the parameters after scoring each segment.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from jax.sharding import Mesh
 
 from transformer_xl import data, errors, sharding
 from transformer_xl.data import synthetic
+from transformer_xl.inference import eval_steps, greedy_answers
 from transformer_xl.model import attention, models
 from transformer_xl.run import metrics
 from transformer_xl.util import report
@@ -39,7 +41,7 @@ from transformer_xl.util import report
 ScoreInputError = errors.ScoreInputError  # re-exported (transformer_xl.errors)
 
 # A replacement of the eval step ("segments"): (memory, batch, weights_BxT) ->
-# (nll_BxT, memory), with the batch and memory of ``make_eval_step`` and the
+# (nll_BxT, memory), with the batch and memory of ``eval_steps.make_eval_step`` and the
 # weights (1: a token scored, 0: padding) as a global array; dynamic
 # evaluation's (``dynamic_eval.py``) updates parameters it holds itself.
 Step = Callable[[Any, dict, jax.Array], tuple[jax.Array, Any]]
@@ -78,165 +80,6 @@ def check_tokens(tokens: np.ndarray, n_token: int | None = None) -> np.ndarray:
   return tokens
 
 
-def eval_model_config(
-    config: ml_collections.ConfigDict, train_cfg: models.ModelConfig
-) -> models.ModelConfig:
-  """The model of the segment evaluation: the training ModelConfig with the
-  eval tgt_len, mem_len, clamp_len, same_length and compressed slots
-  (``eval.cmem_len``, -1 = the training's), no dropout, and the training
-  tables' length (``max_klen``) kept."""
-  e = config.eval
-  cmem_len = e.get("cmem_len", -1)
-  return dataclasses.replace(
-      train_cfg,
-      tgt_len=e.tgt_len,
-      mem_len=e.mem_len,
-      cmem_len=train_cfg.cmem_len if cmem_len < 0 else cmem_len,
-      clamp_len=e.clamp_len,
-      same_length=e.same_length,
-      dropout=0.0,
-      dropatt=0.0,
-      max_klen=train_cfg.pos_table_len,
-  )
-
-
-def window_model_config(
-    config: ml_collections.ConfigDict, train_cfg: models.ModelConfig
-) -> models.ModelConfig:
-  """The model of the sliding-window evaluation: segments of ``eval.window``
-  positions (0 = the training attention length tgt_len + mem_len), no
-  memory (nor compressed memory), the eval clamp_len, no dropout."""
-  window = config.eval.window or train_cfg.tgt_len + train_cfg.mem_len
-  return dataclasses.replace(
-      train_cfg,
-      tgt_len=window,
-      mem_len=0,
-      cmem_len=0,
-      same_length=False,
-      clamp_len=config.eval.clamp_len,
-      dropout=0.0,
-      dropatt=0.0,
-      max_klen=train_cfg.pos_table_len,
-  )
-
-
-def segment_nll(
-    model: models.TransformerXL, params: Any, memory: models.Memory, batch: dict
-) -> tuple[jax.Array, models.Memory]:
-  """One evaluation segment, traced: (nll_BxT float32 nats, the next memory)
-  of ``batch`` (``make_eval_step``'s keys), no dropout."""
-  return model.apply(
-      {"params": params},
-      batch["inputs"],
-      memory,
-      batch["targets"],
-      deterministic=True,
-      reset_B=batch["reset"],
-      doc_pos_BxT=batch.get("doc_pos"),
-  )
-
-
-def segment_nll_correct(
-    model: models.TransformerXL, params: Any, memory: models.Memory, batch: dict
-) -> tuple[jax.Array, jax.Array, models.Memory]:
-  """``segment_nll`` and whether each position's argmax prediction is its
-  target: (nll_BxT float32 nats, correct_BxT bool, the next memory).
-
-  The prediction is the argmax of the full distribution (the model's
-  log-probabilities, ``TransformerXL.__call__`` without targets: with an
-  adaptive softmax, over every cluster's tokens, not the head's alone);
-  ties go to the lower id.  The NLL is read from the same log-probabilities
-  (what ``nll`` computes, without the [B, T, V] array; equal to float32
-  rounding).
-  """
-  logp_BxTxV, new_memory = model.apply(
-      {"params": params},
-      batch["inputs"],
-      memory,
-      None,
-      deterministic=True,
-      reset_B=batch["reset"],
-      doc_pos_BxT=batch.get("doc_pos"),
-  )
-  targets_BxT = batch["targets"]
-  nll_BxT = -jnp.take_along_axis(logp_BxTxV, targets_BxT[..., None], axis=-1)[..., 0]
-  correct_BxT = jnp.argmax(logp_BxTxV, axis=-1) == targets_BxT
-  return nll_BxT, correct_BxT, new_memory
-
-
-def make_eval_step(model: models.TransformerXL, mesh: Mesh, correct: bool = False) -> Callable:
-  """The jitted eval step: (params, memory, batch) -> (nll_BxT, memory);
-  with ``correct``, (nll_BxT, correct_BxT, memory) (``segment_nll_correct``:
-  bool [B, T], replicated, the argmax prediction equals the target).
-
-  ``batch``: ``inputs``/``targets`` int32 [B, T], ``reset`` bool [B]
-  (rows whose memory is emptied first) and, optionally, ``doc_pos`` int32
-  [B, T] (offsets in the documents, ``models.TransformerXL.hidden``),
-  global arrays with their rows over ``data``.  ``nll_BxT`` is float32,
-  nats, replicated (it is small, so every process can read all of it); the
-  memory stays sharded over the rows and is donated.  No dropout.
-  """
-  # Rows over ``data`` for every array, [B] or [B, T]: a prefix of the batch
-  # dict whatever its keys (``doc_pos`` is optional).
-  batch_shardings = sharding.rows_sharding(mesh)
-  mem_sharding = models.Memory.shardings(mesh, tokens=model.config.num_mem_tokens > 0)
-
-  def eval_step(params, memory, batch):
-    if correct:
-      return segment_nll_correct(model, params, memory, batch)
-    return segment_nll(model, params, memory, batch)
-
-  replicated = sharding.replicated(mesh)
-  return jax.jit(
-      sharding.traced_with_mesh(eval_step, mesh),
-      in_shardings=(None, mem_sharding, batch_shardings),
-      out_shardings=(replicated, replicated, mem_sharding)
-      if correct
-      else (replicated, mem_sharding),
-      donate_argnums=(1,),
-  )
-
-
-def make_window_step(model: models.TransformerXL, mesh: Mesh, stride: int) -> Callable:
-  """The jitted sliding-window step: (params, batch) -> nll_BxL.
-
-  ``batch``: ``inputs``/``targets`` int32 [B, L] and ``front_pad`` int32 [B]
-  (``data.SlidingWindowIterator``).  Every row is a fresh window: no memory
-  (mem_len 0), its first ``front_pad`` positions masked as keys.  Only the
-  last ``stride`` positions of a window are ever scored, so the softmax runs
-  on those alone (as the reference, whose window is ``tgt_len = stride``
-  scored positions after ``L - stride`` unscored ones of extended context);
-  ``nll_BxL`` float32 nats, replicated, 0 at the other positions.
-  """
-  batch_shardings = {
-      "inputs": sharding.batch_sharding(mesh),
-      "targets": sharding.batch_sharding(mesh),
-      "front_pad": sharding.rows_sharding(mesh),
-  }
-
-  def window_step(params, batch):
-    memory = models.init_memory(model.config, batch["inputs"].shape[0], mem_len=0)
-    memory = memory.with_front_padding(batch["front_pad"])
-    variables = {"params": params}
-    hidden_BxLxD, _ = model.apply(
-        variables, batch["inputs"], memory, deterministic=True, method=models.TransformerXL.hidden
-    )
-    nll_BxS = model.apply(
-        variables,
-        hidden_BxLxD[:, -stride:],
-        batch["targets"][:, -stride:],
-        method=models.TransformerXL.nll,
-    )
-    window = batch["inputs"].shape[1]
-    return jnp.pad(nll_BxS, ((0, 0), (window - stride, 0)))
-
-  return jax.jit(
-      sharding.traced_with_mesh(window_step, mesh),
-      in_shardings=(None, batch_shardings),
-      out_shardings=sharding.replicated(mesh),
-  )
-
-
 class Evaluator:
   """Scores a corpus split or token streams; one compiled step per method, reused.
 
@@ -272,7 +115,9 @@ class Evaluator:
   (``synthetic.ExampleEvalIterator``: each example from an empty memory,
   only its answer positions weighed, whatever ``data.documents`` says), and
   ``evaluate`` adds the accuracy of the argmax predictions at the answer
-  positions (``segment_nll_correct``; computed for these corpora only).
+  positions (``eval_steps.segment_nll_correct``; computed for these corpora
+  only); ``greedy_answers`` adds those of the answers the model writes
+  itself.
 
   Either way every token of the split is scored exactly once.  Any number
   of rows works on any mesh: rows are padded to a multiple of the
@@ -294,8 +139,8 @@ class Evaluator:
       mesh: Mesh,
   ):
     self.method = config.eval.method
-    self.cfg = eval_model_config(config, train_model_cfg)
-    self.window_cfg = window_model_config(config, train_model_cfg)
+    self.cfg = eval_steps.eval_model_config(config, train_model_cfg)
+    self.window_cfg = eval_steps.window_model_config(config, train_model_cfg)
     self.stride = config.eval.stride
     self.global_batch = config.eval.global_batch
     self.corpus = corpus
@@ -321,12 +166,17 @@ class Evaluator:
     )
     self.mesh = mesh
     self.model = models.TransformerXL(self.cfg)
-    self._batch_sharding = sharding.batch_sharding(mesh)
+    self.batch_sharding = sharding.batch_sharding(mesh)
     self._mem_sharding = models.Memory.shardings(mesh, tokens=self.cfg.num_mem_tokens > 0)
     self._init_memory = {}  # batch size -> jitted constructor
-    self._eval_step = make_eval_step(self.model, mesh)
-    self._eval_correct_step = make_eval_step(self.model, mesh, correct=True)  # compiled if used
-    self._window_step = make_window_step(models.TransformerXL(self.window_cfg), mesh, self.stride)
+    self._eval_step = eval_steps.make_eval_step(self.model, mesh)
+    self._eval_correct_step = eval_steps.make_eval_step(
+        self.model, mesh, correct=True
+    )  # compiled if used
+    self._window_step = eval_steps.make_window_step(
+        models.TransformerXL(self.window_cfg), mesh, self.stride
+    )
+    self._greedy_step: Callable | None = None  # greedy_answers.make_greedy_segment, if used
 
   @property
   def lengths(self) -> dict:
@@ -349,13 +199,13 @@ class Evaluator:
         **({"documents": "whole"} if self.whole else {}),
     }
 
-  def _rows(self, b: int) -> tuple[int, list[int]]:
+  def rows(self, b: int) -> tuple[int, list[int]]:
     """(b padded to the data-parallel size, the padded rows this process holds)."""
     n_data = sharding.data_parallel_size(self.mesh)
     b_pad = -(-b // n_data) * n_data
-    return b_pad, data.process_row_ids(self._batch_sharding, b_pad, self.cfg.tgt_len)
+    return b_pad, data.process_row_ids(self.batch_sharding, b_pad, self.cfg.tgt_len)
 
-  def _empty_memory(self, batch_size: int) -> models.Memory:
+  def empty_memory(self, batch_size: int) -> models.Memory:
     """Empty eval memory for ``batch_size`` rows, made on the devices (one
     compilation per batch size)."""
     if batch_size not in self._init_memory:
@@ -363,6 +213,48 @@ class Evaluator:
           lambda: models.init_memory(self.cfg, batch_size), out_shardings=self._mem_sharding
       )
     return self._init_memory[batch_size]()
+
+  def greedy_answers(
+      self, params: Any, split: str, max_examples: int = 0, num_rows: int = 0
+  ) -> dict:
+    """Greedy-decoding accuracies of a synthetic task's ``split``: the
+    answers the model writes itself, each token the argmax given the
+    question and its own earlier answer tokens (``greedy_answers.py``;
+    Bulatov et al. 2022, Sec. 4).
+
+    Args:
+      params: model parameters.
+      split: "train", "valid" or "test".
+      max_examples: examples decoded at most, from the split's start (0: all).
+      num_rows: examples decoded side by side (0: ``eval.global_batch``).
+
+    Returns:
+      {"greedy_token_accuracy", "greedy_accuracy", "greedy_examples"}
+      (``greedy_answers.greedy_answers``).
+
+    Raises:
+      ValueError: the corpus is not a synthetic task.
+    """
+    return greedy_answers.greedy_answers(
+        self, self._greedy_segment(), params, split, max_examples, num_rows
+    )
+
+  def decode_answers(self, params: Any, examples_NxS: np.ndarray, num_rows: int = 0) -> np.ndarray:
+    """The answers of ``examples_NxS`` (int [N, S] examples of the corpus's
+    synthetic task; only their questions are read) decoded greedily: int32
+    [N, answer_len] (``greedy_answers.decode``).
+
+    Raises:
+      ValueError: the corpus is not a synthetic task.
+    """
+    return greedy_answers.decode(self, self._greedy_segment(), params, examples_NxS, num_rows)
+
+  def _greedy_segment(self) -> Callable:
+    """The jitted greedy segment of this evaluator's model, made on first use
+    (compiled once per evaluator, not per split)."""
+    if self._greedy_step is None:
+      self._greedy_step = greedy_answers.make_greedy_segment(self.model, self.mesh)
+    return self._greedy_step
 
   def _scored_batches(
       self,
@@ -377,12 +269,12 @@ class Evaluator:
     weights_BxT on device, pairs() -> int64 [B, T] stream index of every
     position, -1 where it is not scored), over the padded rows; with
     ``correct`` (the eval step, "segments") a fourth item, correct_BxT bool
-    on device (``segment_nll_correct``).  ``step`` replaces the eval step
+    on device (``eval_steps.segment_nll_correct``).  ``step`` replaces the eval step
     ("segments"; see ``Step``); ``num_rows`` the number of rows (0:
     ``eval.global_batch``)."""
     source, boundary = self.corpus.splits[split], self.corpus.boundary_id
     b = num_rows or self.global_batch
-    b_pad, rows = self._rows(b)
+    b_pad, rows = self.rows(b)
     real = [r for r in rows if r < b]
     sliding = self.method == "sliding"
     if sliding:
@@ -411,7 +303,7 @@ class Evaluator:
     num_steps = min(len(layout), max_steps) if max_steps else len(layout)
     it = make_it(real) if real else None
     n_dummy, seg = len(rows) - len(real), (self.window_cfg if sliding else self.cfg).tgt_len
-    memory = None if sliding else self._empty_memory(b_pad)
+    memory = None if sliding else self.empty_memory(b_pad)
     for i in range(num_steps):
       local = next(it) if it is not None else None
       if n_dummy:
@@ -426,7 +318,7 @@ class Evaluator:
         elif self.whole or self.documents == "reset":
           dummy["doc_pos"] = np.zeros((n_dummy, seg), np.int32)
         local = dummy if local is None else {k: np.concatenate([local[k], dummy[k]]) for k in dummy}
-      batch = data.to_global_batch(local, self._batch_sharding, b_pad)
+      batch = data.to_global_batch(local, self.batch_sharding, b_pad)
       weights = batch.pop("weights")
       if sliding:
         batch.pop("reset")
@@ -623,13 +515,13 @@ class Evaluator:
     tokens = check_tokens(tokens_BxT1, self.cfg.n_token)
     b, t1 = tokens.shape
     t, seg = t1 - 1, self.cfg.tgt_len
-    b_pad, rows = self._rows(b)
+    b_pad, rows = self.rows(b)
     n_seg = -(-t // seg)
     padded = np.zeros((b_pad, n_seg * seg + 1), np.int32)
     padded[:b, :t1] = tokens
     weights = np.zeros((b_pad, n_seg * seg), np.float32)  # 1 on the real tokens (``step``)
     weights[:b, :t] = 1.0
-    memory = self._empty_memory(b_pad)
+    memory = self.empty_memory(b_pad)
     out = []
     for s in range(n_seg):
       local = {
@@ -638,11 +530,11 @@ class Evaluator:
           "reset": np.full((len(rows),), s == 0),
       }
       if step is None:
-        batch = data.to_global_batch(local, self._batch_sharding, b_pad)
+        batch = data.to_global_batch(local, self.batch_sharding, b_pad)
         nll_BxT, memory = self._eval_step(params, memory, batch)
       else:
         local["weights"] = weights[rows, s * seg : (s + 1) * seg]
-        batch = data.to_global_batch(local, self._batch_sharding, b_pad)
+        batch = data.to_global_batch(local, self.batch_sharding, b_pad)
         nll_BxT, memory = step(memory, batch, batch.pop("weights"))
       out.append(nll_BxT)
     return np.concatenate([np.asarray(jax.device_get(x)) for x in out], axis=1)[:b, :t].astype(
@@ -690,21 +582,3 @@ def _fully_replicated(x: jax.Array) -> jax.Array:
       lambda a: a,
       out_shardings=jax.sharding.NamedSharding(x.sharding.mesh, jax.sharding.PartitionSpec()),
   )(x)
-
-
-def unknown_words(corpus: data.Corpus, text: str) -> int:
-  """How many symbols of ``text`` the corpus's vocabulary lacks (they are
-  encoded as its unknown-word symbol, e.g. ``<unk>``); 0 for byte- and
-  character-level corpora, whose tokenisers take every symbol or raise."""
-  symbols = getattr(corpus.tokenizer, "symbols", None)
-  if symbols is None:
-    return 0
-  vocab = set(corpus.vocab)
-  return sum(s not in vocab for line in text.splitlines() for s in symbols(line))
-
-
-def text_tokens(corpus: data.Corpus, text: str) -> np.ndarray:
-  """int32 [1, N + 1]: the boundary symbol, then ``text`` tokenised for the
-  corpus (N tokens), so that ``Evaluator.score`` scores every token."""
-  ids = corpus.encode(text)
-  return np.concatenate([[corpus.boundary_id], ids]).astype(np.int32)[None, :]

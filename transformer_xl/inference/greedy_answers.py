@@ -28,12 +28,15 @@ token per segment boundary is teacher-forced; here the prediction at a
 segment's last position is also the next segment's first input, as
 decoding without teacher forcing means.  With one answer segment (reverse
 with ``tgt_len`` >= its answer, retrieval) the two agree.
+
+Used through the evaluator: ``evaluate.Evaluator.greedy_answers`` (the
+accuracies of a split) and ``Evaluator.decode_answers`` (the answers),
+which hold the compiled greedy segment (``make_greedy_segment``).
 """
 
 from __future__ import annotations
 
 import math
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -98,16 +101,6 @@ def make_greedy_segment(model: models.TransformerXL, mesh: jax.sharding.Mesh):
   )
 
 
-# Evaluator -> its jitted greedy segment (compiled once per evaluator, not per split).
-_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _greedy_segment(evaluator: Evaluator) -> Callable:
-  if evaluator not in _STEPS:
-    _STEPS[evaluator] = make_greedy_segment(evaluator.model, evaluator.mesh)
-  return _STEPS[evaluator]
-
-
 def _check(evaluator: Evaluator) -> None:
   """Raises ValueError unless the evaluator's corpus is a synthetic task."""
   if not evaluator.answers:
@@ -115,12 +108,21 @@ def _check(evaluator: Evaluator) -> None:
     raise ValueError(f"greedy decoding of answers needs a synthetic task, not {name!r}.")
 
 
-def decode(evaluator: Evaluator, params: Any, examples_NxS: np.ndarray, num_rows: int = 0):
-  """The answers of ``examples_NxS`` decoded greedily: int32 [N, answer_len].
+def decode(
+    evaluator: Evaluator,
+    step: Callable,
+    params: Any,
+    examples_NxS: np.ndarray,
+    num_rows: int = 0,
+) -> np.ndarray:
+  """The answers of ``examples_NxS`` decoded greedily: int32 [N, answer_len]
+  (``Evaluator.decode_answers``).
 
   Args:
     evaluator: an ``Evaluator`` of a ``synthetic.SyntheticCorpus`` (its eval
       model and mesh; ``eval.tgt_len`` divides the example length).
+    step: the evaluator's greedy segment (``make_greedy_segment`` of its
+      model and mesh).
     params: model parameters.
     examples_NxS: int [N, S] examples of the corpus's task (only the
       question part is read: the answer is the model's own).
@@ -140,21 +142,20 @@ def decode(evaluator: Evaluator, params: Any, examples_NxS: np.ndarray, num_rows
   e_len, tgt_len = s.example_len, evaluator.cfg.tgt_len
   answer_start = e_len - s.answer_len  # the first answer target of an example
   b = num_rows or evaluator.global_batch
-  b_pad, rows = evaluator._rows(b)
-  step = _greedy_segment(evaluator)
+  b_pad, rows = evaluator.rows(b)
   out_NxA = np.zeros((n, s.answer_len), np.int32)
   for lo_ex in range(0, n, b):
     ex_bxS = examples_NxS[lo_ex : lo_ex + b]
     inputs_BxE = np.zeros((b_pad, e_len), np.int32)
     inputs_BxE[: len(ex_bxS)] = ex_bxS[:, :-1]
     preds_BxE = np.zeros((b_pad, e_len), np.int32)
-    memory = evaluator._empty_memory(b_pad)
+    memory = evaluator.empty_memory(b_pad)
     for lo in range(0, e_len, tgt_len):
       local = {
           "inputs": inputs_BxE[rows, lo : lo + tgt_len],
           "reset": np.full((len(rows),), lo == 0),
       }
-      batch = data.to_global_batch(local, evaluator._batch_sharding, b_pad)
+      batch = data.to_global_batch(local, evaluator.batch_sharding, b_pad)
       first = int(np.clip(answer_start - lo, 0, tgt_len))
       preds_BxT, memory = step(
           params, memory, batch["inputs"], batch["reset"], jnp.asarray(first, jnp.int32)
@@ -167,12 +168,19 @@ def decode(evaluator: Evaluator, params: Any, examples_NxS: np.ndarray, num_rows
 
 
 def greedy_answers(
-    evaluator: Evaluator, params: Any, split: str, max_examples: int = 0, num_rows: int = 0
+    evaluator: Evaluator,
+    step: Callable,
+    params: Any,
+    split: str,
+    max_examples: int = 0,
+    num_rows: int = 0,
 ) -> dict:
-  """Greedy-decoding accuracies of a synthetic task's ``split`` (``decode``).
+  """Greedy-decoding accuracies of a synthetic task's ``split`` (``decode``;
+  ``Evaluator.greedy_answers``).
 
   Args:
     evaluator: an ``Evaluator`` of a ``synthetic.SyntheticCorpus``.
+    step: the evaluator's greedy segment (``make_greedy_segment``).
     params: model parameters.
     split: "train", "valid" or "test".
     max_examples: examples decoded at most, from the split's start (0: all).
@@ -194,7 +202,7 @@ def greedy_answers(
   examples_NxS = evaluator.corpus.examples[split]
   if max_examples:
     examples_NxS = examples_NxS[:max_examples]
-  preds_NxA = decode(evaluator, params, examples_NxS, num_rows)
+  preds_NxA = decode(evaluator, step, params, examples_NxS, num_rows)
   n, a_len = preds_NxA.shape
   right_N = (preds_NxA == examples_NxS[:, examples_NxS.shape[1] - a_len :]).sum(axis=1)
   return {

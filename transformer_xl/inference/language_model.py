@@ -8,141 +8,42 @@
 
 ``LanguageModel`` holds the config, the corpus (vocabulary and
 tokenisation), the restored parameters and the mesh; generation is
-``generate.Generator``'s (the memory, the sampling rule), scoring is
-``evaluate.Evaluator.score``'s.  ``--mode=generate`` of the command line
-(``cli/modes.py``) is this class's ``LanguageModel.generate``.
+``generate.Generator``'s (the memory; the sampling rule is
+``sampling.py``'s), scoring is ``evaluate.Evaluator.score``'s, and what
+it returns is a ``Generation`` or a ``text_scores.TextScore``.  The
+trained model's settings and corpus are loaded as every mode loads them
+(``trained_model.py``).  ``--mode=generate`` of the command line
+(``cli/generate_mode.py``) is this class's ``LanguageModel.generate``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 import ml_collections
 import numpy as np
-from etils import epath
 from jax.sharding import Mesh
 
 from transformer_xl import data, default_config, sharding
-from transformer_xl.data import text_vocab
-from transformer_xl.inference import dynamic_eval, evaluate, generate
-from transformer_xl.model import models, tuning
-from transformer_xl.run import distributed, metrics, run_dir
+from transformer_xl.inference import (
+    dynamic_eval,
+    eval_steps,
+    evaluate,
+    generate,
+    sampling,
+    text_scores,
+    trained_model,
+)
+from transformer_xl.model import models
+from transformer_xl.run import run_dir
 from transformer_xl.run import workdir as wd
 
 # Rows (prompts x samples) that ``LanguageModel.generate`` and --mode=generate run as one
 # batch at most: bounds the memory of a long prompt list (docs/guide/generation.md).
 DEFAULT_BATCH_SIZE = 64
-_SamplingSettings = generate.SamplingSettings  # (in the class, ``generate`` is the method)
-
-# The model settings that evaluation, scoring and generation take from the config, not
-# from the trained model: how the model is computed (``tuning.FREE_MODEL_KEYS``: the same
-# parameters and results) and the compute dtype (the parameters are float32 whatever it
-# is; the results differ by its rounding).  ``apply_free_settings``.
-FREE_KEYS = (*tuning.FREE_MODEL_KEYS, "dtype")
-# Model settings that only training uses (evaluation has no dropout; the initialisers do
-# not matter to trained parameters): neither applied nor compared.
-TRAINING_ONLY_KEYS = ("dropout", "dropatt", "init_std", "proj_init_std")
-# The training segment settings, and the eval settings that evaluation, scoring and
-# generation use instead (named in the message that refuses a change of the former).
-_EVAL_INSTEAD = {k: f"eval.{k}" for k in ("tgt_len", "mem_len", "clamp_len", "same_length")}
-
-
-def _comparable(key: str, value: Any, fields: Mapping[str, Any]) -> Any:
-  """A model setting in one spelling: tuples for sequences, d_embed 0 for "no projection"
-  (None, 0 and d_model mean the same: ``models.ModelConfig.embed_dim``)."""
-  if key == "d_embed" and value in (None, 0, fields.get("d_model")):
-    return 0
-  if isinstance(value, (list, tuple)):
-    return tuple(value)
-  return value
-
-
-def apply_free_settings(
-    trained: models.ModelConfig,
-    settings: Mapping[str, Any],
-    *,
-    source: str = "the config",
-    where: str = "",
-) -> models.ModelConfig:
-  """The trained model with the free settings of ``settings`` (``FREE_KEYS``).
-
-  The one rule of every mode that uses a trained model (``--mode=eval``,
-  ``score``, ``generate`` and ``LanguageModel``): the architecture is the
-  trained one (a workdir's ``model_config.json``); the free settings, how
-  it is computed (``dtype``, ``attention_impl``, ``remat``, ``attn_block``,
-  ``scan_unroll``), are those of ``settings``; the training-only settings
-  (``TRAINING_ONLY_KEYS``) are ignored; every other setting must equal the
-  trained value.
-
-  Args:
-    trained: the trained model (with its n_token).
-    settings: model settings by name, e.g. ``config.model`` (a ConfigDict
-      or a dict of some of them); a key it lacks keeps the trained value, a
-      key that is no ModelConfig field is not read.
-    source: what ``settings`` came from, for the message (e.g. "--config").
-    where: the trained model's file, for the message.
-
-  Returns:
-    ``trained`` with the free settings of ``settings``.
-
-  Raises:
-    default_config.ConfigError: a setting of the architecture (or of the
-      training segments) differs from the trained value (one line naming
-      each such key with both values), or a free setting the trained model
-      cannot take (e.g. attention_impl="pallas" with attn_type 2).
-  """
-  fields = dataclasses.asdict(trained)
-  wanted = {k: settings[k] if k in settings else v for k, v in fields.items()}
-  free, changed = {}, []
-  for key in fields:
-    if key == "n_token" or key not in settings or key in TRAINING_ONLY_KEYS:
-      continue
-    if key in FREE_KEYS:
-      free[key] = wanted[key]
-    elif _comparable(key, wanted[key], wanted) != _comparable(key, fields[key], fields):
-      instead = f"; evaluation uses {_EVAL_INSTEAD[key]}" if key in _EVAL_INSTEAD else ""
-      changed.append(f"model.{key}={wanted[key]!r} (trained: {fields[key]!r}{instead})")
-  if changed:
-    names = ["dtype", *tuning.FREE_MODEL_KEYS]
-    raise default_config.ConfigError(
-        f"{source} sets {', '.join(changed)}, which the trained model"
-        f"{f' ({where})' if where else ''} cannot take: its architecture and training "
-        f"segments are fixed, only model.{', '.join(names[:-1])} and {names[-1]} may differ; "
-        "give the trained values or leave them out."
-    )
-  try:
-    return dataclasses.replace(trained, **free)
-  except ValueError as err:
-    raise default_config.ConfigError(f"{source}: {err}") from None
-
-
-def model_configs(
-    config: ml_collections.ConfigDict, workdir: str, source: str = "the config"
-) -> tuple[models.ModelConfig, models.ModelConfig, str]:
-  """A workdir's model as trained, and as used with ``config``.
-
-  Args:
-    config: the config (its ``model`` section: ``apply_free_settings``).
-    workdir: a training (or converted) run's directory.
-    source: what ``config`` came from, for the message.
-
-  Returns:
-    (trained, used, unit): ``<workdir>/model_config.json``'s model (what
-    the checkpoints are restored with), the same with the config's free
-    settings (what computes), and the corpus's unit.
-
-  Raises:
-    FileNotFoundError: no model_config.json.
-    WorkdirError: model_config.json is damaged.
-    default_config.ConfigError: ``config`` changes the architecture.
-  """
-  trained, unit = wd.load_model_config(workdir)
-  path = str(epath.Path(workdir) / "model_config.json")
-  return trained, apply_free_settings(trained, config.model, source=source, where=path), unit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,92 +98,6 @@ class Generation:
     }
 
 
-@dataclasses.dataclass(frozen=True)
-class TextScore:
-  """Per-token scores of a text (``LanguageModel.score_text``).
-
-  Attributes:
-    tokens: int32 [N], the text's ids (the boundary symbol before them is
-      their first context, not scored).
-    nll: float32 [N], -log p(token | everything before it), nats.
-    unit: "byte", "char", "word" or "subword".
-    num_bytes: UTF-8 bytes of the text scored (None: not known).
-    num_words: whitespace-separated words of the text scored (None: not
-      known).
-  """
-
-  tokens: np.ndarray
-  nll: np.ndarray
-  unit: str
-  num_bytes: int | None = None
-  num_words: int | None = None
-
-  @property
-  def total_nats(self) -> float:
-    """Sum of the NLL over the N tokens, nats."""
-    return float(np.sum(self.nll, dtype=np.float64))
-
-  @property
-  def loss_nats(self) -> float:
-    """Mean NLL per token, nats."""
-    return float(np.mean(self.nll, dtype=np.float64))
-
-  @property
-  def bits_per_token(self) -> float:
-    """Mean NLL per token in bits: loss_nats / ln 2."""
-    return self.loss_nats / math.log(2.0)
-
-  @property
-  def bpc(self) -> float | None:
-    """Bits per character: ``bits_per_token`` of a byte- or character-level
-    corpus, where a token is one byte or character (the paper's bpc); None
-    for word and subword corpora (use ``bits_per_token``, or
-    ``bits_per_byte`` to compare across tokenizers)."""
-    return None if self.unit in metrics.PER_TOKEN_UNITS else self.bits_per_token
-
-  @property
-  def ppl(self) -> float:
-    """Perplexity per token, exp(mean NLL)."""
-    return float(np.exp(self.loss_nats))
-
-  @property
-  def bits_per_byte(self) -> float | None:
-    """Total NLL in bits over the text's UTF-8 bytes, total_nats / (num_bytes
-    x ln 2): comparable across tokenizers (PG-19's measure); None when the
-    bytes are not known."""
-    return bits_per_byte(self.total_nats, self.num_bytes)
-
-  @property
-  def word_ppl(self) -> float | None:
-    """Word-level perplexity, exp(total_nats / num_words), over the text's
-    whitespace-separated words whatever the tokenizer (for a word-level
-    corpus it differs from ``ppl``, whose tokens include the end-of-line
-    symbols); None when the words are not known, or none."""
-    return word_perplexity(self.total_nats, self.num_words)
-
-
-def text_size(text: str) -> tuple[int, int]:
-  """(UTF-8 bytes, whitespace-separated words) of ``text``: what bits per byte
-  and word-level perplexity divide by."""
-  return len(text.encode("utf-8")), len(text.split())
-
-
-def bits_per_byte(total_nats: float, num_bytes: int | None) -> float | None:
-  """total_nats / (num_bytes x ln 2), bits per UTF-8 byte; None without bytes."""
-  return total_nats / (num_bytes * math.log(2.0)) if num_bytes else None
-
-
-def word_perplexity(total_nats: float, num_words: int | None) -> float | None:
-  """exp(total_nats / num_words), perplexity per word (inf where it overflows);
-  None without words."""
-  if not num_words:
-    return None
-  try:
-    return math.exp(total_nats / num_words)
-  except OverflowError:
-    return math.inf
-
-
 class LanguageModel:
   """A trained Transformer-XL with its corpus: text in, text or scores out
   (generation as in Dai et al. 2019, Appendix E; scoring as Sec. 4's
@@ -313,7 +128,7 @@ class LanguageModel:
   ):
     self.config, self.model_cfg, self.corpus = config, model_cfg, corpus
     self.params, self.step, self.mesh = params, int(step), mesh
-    self.eval_cfg = evaluate.eval_model_config(config, model_cfg)
+    self.eval_cfg = eval_steps.eval_model_config(config, model_cfg)
     self._generator: generate.Generator | None = None
     self._evaluator: evaluate.Evaluator | None = None
 
@@ -331,18 +146,18 @@ class LanguageModel:
     ``config``), architecture, corpus and latest checkpoint.
 
     The architecture is the trained one (``model_config.json``), with the
-    config's free model settings (``FREE_KEYS``: ``dtype``,
+    config's free model settings (``trained_model.FREE_KEYS``: ``dtype``,
     ``attention_impl``, ``remat``, ``attn_block``, ``scan_unroll``;
-    ``apply_free_settings``), e.g. a model trained in bfloat16 used in
+    ``trained_model.apply_free_settings``), e.g. a model trained in bfloat16 used in
     float32.  For one's own text the workdir's saved tokenizer is the
-    vocabulary (``load_corpus``).
+    vocabulary (``trained_model.load_corpus``).
 
     Args:
       workdir: the run's ``--workdir``.
       config: overrides the saved ``config.json`` (e.g. other eval settings,
         ``model.dtype``); its architecture must be the trained one.
       mesh: defaults to the config's mesh over all devices.
-      corpus: the corpus if already loaded (``load_corpus``).
+      corpus: the corpus if already loaded (``trained_model.load_corpus``).
       source: what ``config`` came from, for the message that refuses
         another architecture (default "config", or the saved config.json).
 
@@ -356,11 +171,11 @@ class LanguageModel:
     if source is None:
       source = "config" if config is not None else f"{workdir}/config.json"
     config = wd.load_config(workdir) if config is None else config
-    trained, model_cfg, _ = model_configs(config, workdir, source)
+    trained, model_cfg, _ = trained_model.model_configs(config, workdir, source)
     if mesh is None:
       default_config.validate(config, jax.device_count(), training=False)
       mesh = sharding.make_mesh(config.mesh.shape, config.mesh.axis_names)
-    corpus = load_corpus(config, trained, workdir) if corpus is None else corpus
+    corpus = trained_model.load_corpus(config, trained, workdir) if corpus is None else corpus
     step, params = run_dir.restore_params(workdir, trained, mesh)
     return cls(config, model_cfg, corpus, params, step, mesh)
 
@@ -453,8 +268,9 @@ class LanguageModel:
     return self._evaluator
 
   def encode_prompt(self, prompt: str) -> np.ndarray:
-    """int32 [N + 1]: the boundary symbol, then the prompt's ids (``encode_prompt``)."""
-    return encode_prompt(self.corpus, prompt)
+    """int32 [N + 1]: the boundary symbol, then the prompt's ids
+    (``trained_model.encode_prompt``)."""
+    return trained_model.encode_prompt(self.corpus, prompt)
 
   def generate(
       self,
@@ -498,9 +314,9 @@ class LanguageModel:
       prompt: text in the corpus's format (e.g. PTB: lower-case words), or a
         sequence of such texts.
       num_tokens: tokens per sample at most, >= 1.
-      top_k: ``generate.SamplingSettings`` (top_k=1 is greedy).
-      top_p: ``generate.SamplingSettings``.
-      temperature: ``generate.SamplingSettings`` (finite, > 0).
+      top_k: ``sampling.SamplingSettings`` (top_k=1 is greedy).
+      top_p: ``sampling.SamplingSettings``.
+      temperature: ``sampling.SamplingSettings`` (finite, > 0).
       seed: PRNG seed; the same seed gives the same samples.  With several
         prompts (and num_samples 1), one seed per prompt gives each prompt
         the tokens it gets alone with that seed.
@@ -529,7 +345,7 @@ class LanguageModel:
         empty stop string, or a bad prompt (``encode_prompt``).
       data.DataError: a prompt has a character the corpus lacks.
     """
-    settings = generate.SamplingSettings(top_k=top_k, top_p=top_p, temperature=temperature)
+    settings = sampling.SamplingSettings(top_k=top_k, top_p=top_p, temperature=temperature)
     if num_tokens < 1 or num_samples < 1:
       raise default_config.ConfigError(
           f"num_tokens={num_tokens} and num_samples={num_samples} must be >= 1."
@@ -617,7 +433,7 @@ class LanguageModel:
       self,
       row_ids: list[np.ndarray],
       num_tokens: int,
-      settings: _SamplingSettings,
+      settings: sampling.SamplingSettings,
       seed: Any,
       first_row: int,
       stops: list[str],
@@ -679,7 +495,7 @@ class LanguageModel:
       *,
       dynamic: dynamic_eval.DynamicSettings | None = None,
       dynamic_stats: str | np.ndarray | None = None,
-  ) -> TextScore:
+  ) -> text_scores.TextScore:
     """Per-token NLL of ``text`` with the evaluation settings
     (``evaluate.Evaluator.score``; the first token in the context of the
     boundary symbol, as ``--mode=score --text``), statically or with
@@ -706,7 +522,7 @@ class LanguageModel:
       ValueError: the text has no token; statistics tokens out of the
         vocabulary (``evaluate.ScoreInputError``).
     """
-    tokens_1xT1 = evaluate.text_tokens(self.corpus, text)
+    tokens_1xT1 = text_scores.text_tokens(self.corpus, text)
     settings = (
         dynamic if dynamic is not None else dynamic_eval.DynamicSettings.from_config(self.config)
     )
@@ -725,90 +541,17 @@ class LanguageModel:
         ss, _ = dyn.statistics_of_split(self.params, "train")
       elif settings.needs_statistics:
         stats = (
-            evaluate.text_tokens(self.corpus, dynamic_stats)
+            text_scores.text_tokens(self.corpus, dynamic_stats)
             if isinstance(dynamic_stats, str)
             else evaluate.check_tokens(dynamic_stats, self.model_cfg.n_token)
         )
         ss, _ = dyn.statistics_of_tokens(self.params, stats)
       nll_1xT = dyn.score(self.params, tokens_1xT1, ss)
-    num_bytes, num_words = text_size(text)
-    return TextScore(
+    num_bytes, num_words = text_scores.text_size(text)
+    return text_scores.TextScore(
         tokens=tokens_1xT1[0, 1:],
         nll=nll_1xT[0],
         unit=self.corpus.unit,
         num_bytes=num_bytes,
         num_words=num_words,
     )
-
-
-def load_corpus(
-    config: ml_collections.ConfigDict, model_cfg: models.ModelConfig, workdir: str | None = None
-) -> data.Corpus:
-  """The corpus that generation and scoring encode and decode text with, checked
-  against the model.
-
-  For one's own text (``data.dataset="text"`` or ``"tfds:..."``), the
-  tokenizer saved in ``workdir`` (``text_vocab.TOKENIZER_FILE``, written by
-  training) when it has one: a vocabulary-only corpus that tokenises
-  exactly as the run was trained, whatever became of the corpus files
-  since; no file of the corpus is read and nothing is prepared.
-  Otherwise (a built-in corpus, a workdir without a saved tokenizer) the
-  corpus of ``config.data``, prepared first if needed.
-
-  Raises:
-    data.DataError: the corpus cannot be loaded, tokenises differently from
-      the run in ``workdir`` (``text_vocab.check_saved_tokenizer``), or its
-      vocabulary size is not the model's n_token.
-  """
-  data_cfg = config.data.to_dict()
-  corpus = None
-  if workdir is not None and data_cfg["dataset"] not in data.CORPUS_NAMES:
-    corpus = text_vocab.load_saved_tokenizer(workdir)
-  if corpus is None:
-    corpus = distributed.process_0_first(lambda: data.load_configured(data_cfg), (data.DataError,))
-    if workdir is not None and corpus.name == data.TEXT:
-      text_vocab.check_saved_tokenizer(corpus, workdir)
-  check_vocabulary(corpus, model_cfg)
-  return corpus
-
-
-def check_vocabulary(corpus: data.Corpus, model_cfg: models.ModelConfig) -> None:
-  """Checks that ``corpus`` has the model's n_token symbols.
-
-  Raises:
-    data.DataError: it has another number.
-  """
-  if corpus.vocab_size != model_cfg.n_token:
-    raise data.DataError(
-        f"the model has {model_cfg.n_token:,} tokens but corpus {corpus.name} "
-        f"has {corpus.vocab_size:,}: is data.dataset right?"
-    )
-
-
-def encode_prompt(corpus: data.Corpus, prompt: str) -> np.ndarray:
-  """int32 [N + 1]: the boundary symbol, then the prompt's ids.
-
-  The model reads the boundary symbol first, as ``--mode=score --text``
-  does, so the prompt's first token has a context.  A last line without a
-  line break stays open (no end symbol after it), so generation continues
-  it; a prompt ending in a newline ends its line and generation starts a
-  new one.
-
-  Raises:
-    default_config.ConfigError: an empty prompt, or one whose every token
-      is the unknown-word symbol.
-    data.DataError: a character the corpus does not have (text8, ptb_char).
-  """
-  ids = corpus.encode(prompt, end_last_line=False)
-  if not ids.size:
-    raise default_config.ConfigError(
-        f"the prompt {prompt!r} is empty: it has no {corpus.unit} of the {corpus.name} "
-        "vocabulary (give text with --prompt=TEXT or --prompt_file=FILE)."
-    )
-  if corpus.unk_id is not None and np.all(ids == corpus.unk_id):
-    raise default_config.ConfigError(
-        f"the prompt {prompt!r} has no known token: every {corpus.unit} would be "
-        f"{corpus.vocab[corpus.unk_id]} in the {corpus.name} vocabulary of "
-        f"{corpus.vocab_size:,}."
-    )
-  return np.concatenate([[corpus.boundary_id], ids]).astype(np.int32)

@@ -73,7 +73,7 @@ def drop_legacy_keys(fields: Mapping[str, Any], section: str = "model") -> dict[
 def flat_fields(fields: Mapping[str, Any] | None) -> dict[str, Any]:
   """Saved model fields (``ModelConfig.to_dict``'s form, or an earlier
   version's: ``memory.upgrade_fields``) with each memory variant's section
-  spread into dotted keys (``"compressive.cmem_len"``), for comparing two
+  spread into dotted keys (``"<variant>.<field>"``), for comparing two
   models key by key and naming the keys that differ."""
   out = {}
   for key, value in memory.upgrade_fields(dict(fields or {})).items():

@@ -17,8 +17,10 @@ the orbax manager, and its two verbs are the ones the loop calls:
   checkpoint (``retention.prune``).
 
 Readers (evaluation, scoring, generation, the Python API, the analyses)
-use ``restore_params``: the parameters alone, with no optimizer built and
-no optimizer state or memory read, and no lock.
+use ``restore_params``: the parameters alone (their shapes and shardings
+from ``param_shapes.py``), with no optimizer built and no optimizer state
+or memory read, and no lock; nothing of ``training/`` (nor optax) is
+imported.
 """
 
 from __future__ import annotations
@@ -35,9 +37,8 @@ from jax.sharding import Mesh
 
 from transformer_xl import sharding
 from transformer_xl.model import models
-from transformer_xl.run import checkpointing, lock, retention
+from transformer_xl.run import checkpointing, lock, param_shapes, retention
 from transformer_xl.run import workdir as wd
-from transformer_xl.training import train_state
 from transformer_xl.util import report
 
 
@@ -166,7 +167,7 @@ def restore_params(workdir: str, model_cfg: models.ModelConfig, mesh: Mesh) -> t
     raise FileNotFoundError(
         f"No checkpoint in {directory}: train first with the same --workdir (--mode=train)."
     )
-  params, _ = train_state.abstract_params(models.TransformerXL(model_cfg), mesh)
+  params, _ = param_shapes.abstract_params(models.TransformerXL(model_cfg), mesh)
   step = jax.ShapeDtypeStruct((), jnp.int32, sharding=sharding.replicated(mesh))
   wanted = {"model": wd.checkpoint_meta(model_cfg, "", "", 0)["model"]}
   manager = checkpointing.make_manager(workdir, create=False)

@@ -1,7 +1,7 @@
 """A config's jitted steps with abstract arguments: lowered, compiled or exported without data.
 
-The train step (``train.make_train_step``), the eval step
-(``evaluate.make_eval_step``, or ``make_window_step`` with
+The train step (``train_step.make_train_step``), the eval step
+(``eval_steps.make_eval_step``, or ``make_window_step`` with
 ``eval.method="sliding"``) and the generation steps
 (``generate.Generator``'s segment and token steps, and its on-device
 decoding loop with the cache, ``chunk_step``) of a config on a mesh,
@@ -25,10 +25,10 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from transformer_xl import default_config, sharding
-from transformer_xl.inference import evaluate, generate
+from transformer_xl.inference import eval_steps, generate
 from transformer_xl.model import memory as memory_lib
 from transformer_xl.model import models
-from transformer_xl.training import train, train_state
+from transformer_xl.training import train_state, train_step
 
 STEPS = ("train", "eval", "generate_segment", "generate_token", "generate_chunk")
 
@@ -99,7 +99,7 @@ def abstract_step(
     return jax.tree_util.tree_map(lambda x, s: spec(x.shape, x.dtype, s), shapes, sh)
 
   if step == "train":
-    fn = train.make_train_step(
+    fn = train_step.make_train_step(
         model,
         tx,
         mesh,
@@ -120,13 +120,13 @@ def abstract_step(
         "reset": spec((b,) if n_seg == 1 else (b, n_seg), jnp.bool_, row_sh),
     }
     return fn, (abstract, batch)
-  ecfg = evaluate.eval_model_config(config, model_cfg)
+  ecfg = eval_steps.eval_model_config(config, model_cfg)
   if step == "eval":
     n_data = sharding.data_parallel_size(mesh)
     b = -(-config.eval.global_batch // n_data) * n_data  # the Evaluator's padding
     if config.eval.method == "sliding":
-      wcfg = evaluate.window_model_config(config, model_cfg)
-      fn = evaluate.make_window_step(models.TransformerXL(wcfg), mesh, config.eval.stride)
+      wcfg = eval_steps.window_model_config(config, model_cfg)
+      fn = eval_steps.make_window_step(models.TransformerXL(wcfg), mesh, config.eval.stride)
       t = wcfg.tgt_len
       batch = {
           "inputs": spec((b, t), jnp.int32, rows),
@@ -134,7 +134,7 @@ def abstract_step(
           "front_pad": spec((b,), jnp.int32, row_sh),
       }
       return fn, (abstract.params, batch)
-    fn = evaluate.make_eval_step(models.TransformerXL(ecfg), mesh)
+    fn = eval_steps.make_eval_step(models.TransformerXL(ecfg), mesh)
     t = ecfg.tgt_len
     batch = {
         "inputs": spec((b, t), jnp.int32, rows),

@@ -1,90 +1,37 @@
-"""The jitted, sharded train step and the training loop.
+"""The training loop: train, validate, checkpoint, resume.
 
-Reference semantics (Dai et al. 2019; reference ``train.py``): the memory
-carried from step to step for each batch row and emptied at the start of
-every epoch, gradient accumulation over ``batch_chunk`` micro-batches, each
-with its own rows' memory.  The optimizer and the state are in
-train_state.py.
-
-One ``jax.jit`` with NamedShardings on a ("data", "model") mesh: parameters
-placed by logical axis rules (sharding.py), batch and memory rows over
-``data``; the TrainState (which holds the memory, so it never leaves the
-devices) is donated.
+Reference semantics (Dai et al. 2019; reference ``train.py``): the train
+step (train_step.py) runs on batches of contiguous rows, each row's memory
+carried from step to step and emptied at the start of every epoch; the
+optimizer and the state are in train_state.py.  Around the step:
+resuming from the newest usable checkpoint (run/run_dir.py), the log
+(loss, learning rate, gradient norm, tokens/s), validation, checkpoints,
+the non-finite policy (``NonFiniteGuard``) and the clean stop of a
+preempted run (``PreemptionGuard``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 from jax.sharding import Mesh
 
 from transformer_xl import data, default_config, sharding
 from transformer_xl.data import synthetic, text_vocab
 from transformer_xl.inference import evaluate
 from transformer_xl.model import models
-from transformer_xl.run import distributed, metrics, run_dir
+from transformer_xl.run import checkpointing, distributed, metrics, run_dir
 from transformer_xl.run import workdir as wd
 from transformer_xl.training import train_state
 from transformer_xl.training.train_state import TrainState
+from transformer_xl.training.train_step import make_train_step
 from transformer_xl.util import report
-
-Array = jax.Array
-
-
-def _to_chunks(x: Array, n_chunk: int, axis: int) -> Array:
-  """Splits rows along ``axis`` into n_chunk interleaved micro-batches.
-
-  Row r goes to micro-batch r % n_chunk, so with rows sharded in contiguous
-  blocks over ``data`` each device keeps its own rows (no communication).
-  Returns the micro-batch axis first.
-  """
-  shape = x.shape
-  x = x.reshape(shape[:axis] + (shape[axis] // n_chunk, n_chunk) + shape[axis + 1 :])
-  return jnp.moveaxis(x, axis + 1, 0)
-
-
-def _from_chunks(x: Array, axis: int) -> Array:
-  """Inverse of ``_to_chunks``."""
-  n_chunk = x.shape[0]
-  x = jnp.moveaxis(x, 0, axis + 1)
-  shape = x.shape
-  return x.reshape(shape[:axis] + (shape[axis] * n_chunk,) + shape[axis + 2 :])
-
-
-def _all_finite(tree) -> Array:
-  """bool scalar: every element of every array of ``tree`` is finite."""
-  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(tree)]))
-
-
-def aux_losses(variables: Mapping[str, Any]) -> dict[str, Array]:
-  """The auxiliary losses sown into the ``losses`` collection, by name.
-
-  A module adds one with ``self.sow("losses", name, scalar)``; each sown
-  value is summed (a value sown in the scanned layers is stacked over
-  them, [n_layer]), and values of one name from several modules are
-  added.
-
-  Args:
-    variables: the mutated collections that ``model.apply(...,
-      mutable=["losses"])`` returned.
-
-  Returns:
-    {name: float32 scalar}, sorted by name; empty when nothing was sown.
-  """
-  sums: dict[str, Array] = {}
-  for path, leaf in jax.tree_util.tree_flatten_with_path(variables.get("losses", {}))[0]:
-    name = next(str(k.key) for k in reversed(path) if isinstance(k, jax.tree_util.DictKey))
-    value = jnp.sum(jnp.asarray(leaf, jnp.float32))
-    sums[name] = sums[name] + value if name in sums else value
-  return dict(sorted(sums.items()))
 
 
 def aux_loss_means(rows: list[Mapping[str, Any]]) -> dict[str, float]:
@@ -92,200 +39,6 @@ def aux_loss_means(rows: list[Mapping[str, Any]]) -> dict[str, float]:
   metrics (``aux_loss/<name>``, ``total_loss``), for the log; {} without any."""
   keys = sorted({k for row in rows for k in row if k.startswith("aux_loss/") or k == "total_loss"})
   return {k: float(np.mean([row[k] for row in rows if k in row])) for k in keys}
-
-
-def make_train_step(
-    model: models.TransformerXL,
-    tx,
-    mesh: Mesh,
-    state_shardings,
-    batch_chunk: int,
-    dropout_seed: int,
-    loss_span: str = "full",
-    aux_loss_weight: float = 1.0,
-    mem_backprop_depth: int = 0,
-    bptt_bp: bool = False,
-    window_advance: int = 1,
-) -> Callable:
-  """The jitted train step: (TrainState, batch) -> (TrainState, metrics).
-
-  batch: the global batch (the batch contract of ``transformer_xl.data``): ``inputs``
-  / ``targets`` int32 [B, T], ``weights`` float32 [B, T], ``reset`` bool [B]
-  (rows whose memory is emptied first) and, optionally, ``doc_pos`` int32
-  [B, T] (offsets in the documents: no attention across documents,
-  ``models.TransformerXL.hidden``); every array's rows over ``data``.
-  Loss = sum(weights * nll) / sum(weights), in nats per scored token; with
-  ``loss_span="half"`` the weights of the first T // 2 positions of every
-  segment are 0 (the "half loss" of Sec. 4.2: no loss on the positions with
-  the shortest context).  Dropout keys are derived from (dropout_seed,
-  step), so a resumed run draws the same masks.  metrics:
-  ``loss`` (nats), ``grad_norm`` (before clipping); float32 scalars; and
-  ``finite`` (bool scalar): whether the loss, the gradient norm and the
-  updated parameters are all finite.  Auxiliary losses (``aux_losses``:
-  scalars a module sows into ``losses``) are added to the objective, each
-  times ``aux_loss_weight`` (averaged over the micro-batches), and reported
-  as ``aux_loss/<name>`` (unweighted) and ``total_loss`` (``loss`` plus the
-  weighted auxiliary losses, the objective); ``loss`` stays the
-  cross-entropy.  With nothing sown there are no such metrics and the step
-  is unchanged.  A step that is not finite is not
-  applied: parameters, optimizer state and memory stay as they were (only
-  ``step`` advances); the host decides what to do (``NonFiniteGuard``).
-  Everything is computed on the devices; the metrics are replicated, so
-  every process reads the same values.
-
-  Backpropagation through segments (``mem_backprop_depth`` = k > 0; the
-  memory tokens of Bulatov et al. 2022): the batch is a window of k + 1
-  consecutive segments per row (``data.SegmentWindows``: arrays [B, (k + 1)
-  T], ``reset`` [B, k + 1]) and the state's memory is the one before the
-  window's first segment.  The segments run one after the other in the
-  step, each reading the memory the previous one left; the gradient flows
-  back through the memory tokens they write (the XL memory stays
-  stop-gradient), so the newest segment's loss reaches the parameters
-  through the k segments before it.  Only the newest segment's loss counts
-  (the authors' default), or every segment's with ``bptt_bp``; ``loss``
-  is the mean over the counted tokens.  The next state's memory is the one
-  after the window's first segment: the next window starts one segment
-  later.  The authors' ``train.py`` replays the k earlier segments with the
-  XL memories it stored when it first ran them; here they are computed
-  again from the window's start with the current parameters (the same for
-  k = 1).  ``window_advance``: segments from one window's start to the
-  next's, 1 (sliding windows, ``data.SegmentWindows``) or k + 1 (windows
-  side by side: the synthetic tasks' whole examples,
-  ``synthetic.ExampleWindows``); the next state's memory is the one after
-  the window's first ``window_advance`` segments.
-  """
-  # One sharding for every array of the batch, [B] or [B, T]: rows over
-  # ``data`` (as ``sharding.batch_sharding`` for [B, T]); a prefix of the
-  # batch dict whatever its keys, so the optional ``doc_pos`` needs no entry.
-  batch_shardings = sharding.rows_sharding(mesh)
-
-  def segment_nll(params, inputs, targets, reset, doc_pos, memory, rng):
-    """One segment: (nll_BxT, next memory, auxiliary losses)."""
-    (nll_BxT, new_memory), sown = model.apply(
-        {"params": params},
-        inputs,
-        memory,
-        targets,
-        deterministic=False,
-        reset_B=reset,
-        doc_pos_BxT=doc_pos,
-        rngs={"dropout": rng},
-        mutable=["losses"],
-    )
-    return nll_BxT, new_memory, aux_losses(sown)
-
-  def window_nll(params, inputs, targets, reset, doc_pos, memory, rng):
-    """The k + 1 segments of a window in order, the memory (tokens with their
-    gradient) carried from one to the next: (nll [B, (k + 1) T], the memory
-    after the first ``window_advance`` segments (the next window's start),
-    the auxiliary losses averaged over segments)."""
-    n_seg = mem_backprop_depth + 1
-    t = inputs.shape[1] // n_seg
-    cut = lambda x, j: None if x is None else x[:, j * t : (j + 1) * t]
-    nlls, auxes, next_memory = [], [], None
-    for j in range(n_seg):
-      nll_BxT, memory, aux = segment_nll(
-          params,
-          cut(inputs, j),
-          cut(targets, j),
-          reset[:, j],
-          cut(doc_pos, j),
-          memory,
-          jax.random.fold_in(rng, j),
-      )
-      nlls.append(nll_BxT)
-      auxes.append(aux)
-      next_memory = memory if j == window_advance - 1 else next_memory
-    aux = {k: sum(a[k] for a in auxes) / n_seg for k in auxes[0]}
-    return jnp.concatenate(nlls, axis=1), jax.lax.stop_gradient(next_memory), aux
-
-  run = window_nll if mem_backprop_depth else segment_nll
-
-  def loss_fn(params, inputs, targets, weights, reset, doc_pos, memory, rng, n_tokens):
-    """(objective, (next memory, sum of weights * nll, auxiliary losses)); the
-    objective is the weighted nll sum plus, scaled to it (the gradient is
-    divided by n_tokens), the weighted auxiliary losses of this micro-batch."""
-    nll_BxT, new_memory, aux = run(params, inputs, targets, reset, doc_pos, memory, rng)
-    loss_sum = jnp.sum(nll_BxT * weights)
-    objective = loss_sum
-    if aux:
-      objective = loss_sum + n_tokens * (aux_loss_weight * sum(aux.values())) / batch_chunk
-    return objective, (new_memory, loss_sum, aux)
-
-  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-
-  def train_step(state: TrainState, batch: Mapping[str, Array]):
-    rng = jax.random.fold_in(jax.random.PRNGKey(dropout_seed), state.step)
-    weights_BxT = batch["weights"]
-    n_seg = mem_backprop_depth + 1
-    t = weights_BxT.shape[1] // n_seg  # the segment length
-    if loss_span == "half":
-      weights_BxT = weights_BxT * (jnp.arange(n_seg * t) % t >= t // 2).astype(weights_BxT.dtype)
-    if n_seg > 1 and not bptt_bp:  # the newest segment's loss only
-      weights_BxT = weights_BxT * (jnp.arange(n_seg * t) >= (n_seg - 1) * t).astype(
-          weights_BxT.dtype
-      )
-    inputs = (
-        batch["inputs"],
-        batch["targets"],
-        weights_BxT,
-        batch["reset"],
-        batch.get("doc_pos"),
-    )  # None (no leaf) without documents
-    n_tokens = jnp.maximum(jnp.sum(weights_BxT), 1.0)
-    if batch_chunk == 1:
-      (_, (new_memory, loss_sum, aux)), grads = grad_fn(
-          state.params, *inputs, state.memory, rng, n_tokens
-      )
-    else:
-      xs = (
-          *jax.tree_util.tree_map(lambda x: _to_chunks(x, batch_chunk, 0), inputs),
-          state.memory.map_rows(lambda x, axis: _to_chunks(x, batch_chunk, axis)),
-          jax.random.split(rng, batch_chunk),
-      )
-
-      def micro_step(carry, x):
-        grads_acc, loss_acc = carry
-        (_, (mem_c, loss_c, aux_c)), grads_c = grad_fn(state.params, *x, n_tokens)
-        grads_acc = jax.tree_util.tree_map(jnp.add, grads_acc, grads_c)
-        return (grads_acc, loss_acc + loss_c), (mem_c, aux_c)
-
-      zeros = jax.tree_util.tree_map(jnp.zeros_like, state.params)
-      (grads, loss_sum), (mem_chunks, aux) = jax.lax.scan(micro_step, (zeros, jnp.zeros(())), xs)
-      aux = {name: jnp.mean(v) for name, v in aux.items()}  # over the micro-batches
-      # The micro-batch axis leads each field; ``axis`` is the field's rows axis.
-      new_memory = mem_chunks.map_rows(_from_chunks)
-    grads = jax.tree_util.tree_map(lambda g: g / n_tokens, grads)
-    grad_norm = optax.tree.norm(grads)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    loss = loss_sum / n_tokens
-    step_metrics = {"loss": loss, "grad_norm": grad_norm}
-    if aux:
-      step_metrics.update({f"aux_loss/{name}": v for name, v in aux.items()})
-      step_metrics["total_loss"] = loss + aux_loss_weight * sum(aux.values())
-    finite = (
-        jnp.isfinite(step_metrics.get("total_loss", loss))
-        & jnp.isfinite(grad_norm)
-        & _all_finite(params)
-    )
-    # The non-finite guard: such a step keeps the old state (a select on the
-    # devices, no host sync).
-    keep = lambda new, old: jnp.where(finite, new, old)
-    new_state = TrainState(
-        step=state.step + 1,
-        params=jax.tree_util.tree_map(keep, params, state.params),
-        opt_state=jax.tree_util.tree_map(keep, opt_state, state.opt_state),
-        memory=jax.tree_util.tree_map(keep, new_memory, state.memory),
-    )
-    return new_state, {**step_metrics, "finite": finite}
-
-  return jax.jit(
-      sharding.traced_with_mesh(train_step, mesh),
-      in_shardings=(state_shardings, batch_shardings),
-      out_shardings=(state_shardings, sharding.replicated(mesh)),
-      donate_argnums=(0,),
-  )
 
 
 class PreemptionGuard:
@@ -332,7 +85,7 @@ class NonFiniteGuard:
     max_skipped: the run stops when this many steps in a row were skipped.
     train_cfg: ``config.train`` (quoted in the advice of the message).
     last_checkpoint: returns a description of the newest good checkpoint
-      (``retention.Verification.describe``).
+      (``checkpointing.Verification.describe``).
     say: where "skip" reports each skipped step.
   """
 
@@ -421,7 +174,7 @@ def train_and_evaluate(
   """Trains until ``config.train.num_steps``, resuming from ``workdir`` if possible.
 
   Resumes from the newest usable checkpoint (damaged ones are reported,
-  skipped and moved to ``checkpoints_rejected/``; checkpointing.py and retention.py), after
+  skipped and moved to ``checkpoints_rejected/``; checkpointing.py), after
   checking that it was made with the same model, data and batch (before
   anything is compiled; a difference stops the run and leaves the workdir
   unchanged).  Then saves the run's config.json and model_config.json
@@ -438,12 +191,12 @@ def train_and_evaluate(
 
   A checkpoint is good only once a step computed from it had a finite loss
   and gradient norm, or its validation was finite
-  (``retention.Verification``): when the run diverges, the checkpoints
+  (``checkpointing.Verification``): when the run diverges, the checkpoints
   saved after the newest good one are moved to ``checkpoints_rejected/``
   and the message names the good one, from which the same command with a
   lower learning rate resumes.  Rotation keeps the newest
   ``checkpoint.max_to_keep`` checkpoints and the newest good one
-  (``retention.prune``).  One training at a time per workdir: a second
+  (``checkpointing.prune``).  One training at a time per workdir: a second
   one stops at once naming the first (``lock.training_lock``).
 
   Returns:
@@ -472,15 +225,70 @@ def _train_and_evaluate(
     mesh: Mesh,
     stop_requested: Callable[[], bool | str],
 ) -> dict:
-  """``train_and_evaluate``'s work in its run directory (lock held)."""
-  workdir = rundir.workdir
+  """``train_and_evaluate``'s work in its run directory (lock held): the
+  state (restored or new), the data from where it stopped, then the steps."""
   tcfg = config.train
   model = models.TransformerXL(mcfg)
   tx = train_state.make_optimizer(tcfg, mcfg)
-  schedule = train_state.learning_rate_schedule(tcfg)
   abstract_state, state_shardings = train_state.abstract_train_state(
       model, tx, tcfg.global_batch, mesh
   )
+  train_iter, window_advance = _train_iterator(config, mcfg, corpus, mesh)
+  restored = rundir.restore(abstract_state)
+  if restored is None:
+    state = train_state.create_train_state(
+        model, tx, tcfg.global_batch, mesh, jax.random.PRNGKey(tcfg.seed), state_shardings
+    )
+    start_step = 0
+  else:
+    start_step, state = restored.step, restored.state
+    _resume_data(train_iter, restored)
+  rundir.start(restored, config, mcfg)
+  _report_run(config, corpus, rundir.workdir, state.params)
+  train_step = make_train_step(
+      model,
+      tx,
+      mesh,
+      state_shardings,
+      tcfg.batch_chunk,
+      tcfg.seed,
+      tcfg.loss_span,
+      tcfg.aux_loss_weight,
+      tcfg.get("mem_backprop_depth", 0),
+      tcfg.get("bptt_bp", False),
+      window_advance,
+  )
+  evaluator = evaluate.Evaluator(config, mcfg, corpus, mesh) if tcfg.eval_every else None
+  return _run_steps(
+      config,
+      rundir,
+      mesh,
+      state,
+      start_step,
+      train_iter,
+      train_step,
+      evaluator,
+      unit=corpus.unit,
+      tokens_per_step=tcfg.global_batch * mcfg.tgt_len * window_advance,  # new tokens a step
+      stop_requested=stop_requested,
+  )
+
+
+def _train_iterator(
+    config: ml_collections.ConfigDict, mcfg: models.ModelConfig, corpus: data.Corpus, mesh: Mesh
+) -> tuple[Any, int]:
+  """The training batches of this process's rows, and the segments from one
+  batch's start to the next's (``window_advance`` of ``make_train_step``).
+
+  Contiguous rows of the corpus (or, One Billion Word, shuffled-sentence
+  rows); with ``train.mem_backprop_depth`` k > 0, windows of k + 1 segments
+  sliding by one (``data.SegmentWindows``), or a synthetic task's whole
+  examples (``synthetic.ExampleWindows``).
+
+  Raises:
+    default_config.ConfigError: a depth that does not fit the data.
+  """
+  tcfg = config.train
   # Ordered contiguous rows, or (One Billion Word) shuffled-sentence rows.
   train_iter = data.make_train_iterator(
       corpus,
@@ -507,38 +315,45 @@ def _train_and_evaluate(
       train_iter = data.SegmentWindows(train_iter, depth)
     except ValueError as err:
       raise default_config.ConfigError(str(err)) from None
-  restored = rundir.restore(abstract_state)
-  if restored is None:
-    state = train_state.create_train_state(
-        model, tx, tcfg.global_batch, mesh, jax.random.PRNGKey(tcfg.seed), state_shardings
-    )
-    start_step = 0
-  else:
-    start_step, state = restored.step, restored.state
-    if restored.iterator_state:  # {} = a checkpoint made elsewhere (e.g. converted)
-      try:
-        train_iter.set_state(restored.iterator_state)
-      except ValueError as err:
-        raise default_config.ConfigError(
-            f"The data position saved in {restored.path} does not fit this run's data: {err} "
-            "Resume with the workdir's data settings, or use a new --workdir."
-        ) from None
-  rundir.start(restored, config, mcfg)
-  verification = rundir.verification
+  return train_iter, window_advance
+
+
+def _resume_data(train_iter: Any, restored: checkpointing.Restored) -> None:
+  """Moves ``train_iter`` to the data position saved with ``restored``.
+
+  Raises:
+    default_config.ConfigError: the position does not fit this run's data.
+  """
+  if restored.iterator_state:  # {} = a checkpoint made elsewhere (e.g. converted)
+    try:
+      train_iter.set_state(restored.iterator_state)
+    except ValueError as err:
+      raise default_config.ConfigError(
+          f"The data position saved in {restored.path} does not fit this run's data: {err} "
+          "Resume with the workdir's data settings, or use a new --workdir."
+      ) from None
+
+
+def _report_run(
+    config: ml_collections.ConfigDict, corpus: data.Corpus, workdir: str, params: Any
+) -> None:
+  """What the run starts with: one's own text's tokenizer saved in the
+  workdir (so that generation and scoring need no corpus file) and its
+  documents reported; the parameter count against the paper's."""
   if corpus.name == data.TEXT and jax.process_index() == 0:  # generate/score without the files
     text_vocab.save_tokenizer(corpus, workdir)
   if corpus.name == data.TEXT and corpus.documents is not None:
-    from transformer_xl.data import text_builder  # imports tfds (already loaded for this corpus)
+    from transformer_xl.data import text_files  # imports tfds (already loaded for this corpus)
 
     report.log(
-        text_builder.documents_report(
+        text_files.documents_report(
             corpus,
             config.data.get("document_separator", "file"),
             config.data.get("documents", "stream"),
         )
     )
 
-  n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(state.params))
+  n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
   paper = ""
   if config.paper.n_params:
     paper = (
@@ -548,58 +363,160 @@ def _train_and_evaluate(
   elif config.paper.result:
     paper = f"; paper: no parameter count reported, {config.paper.result}"
   report.log(f"Model: {n_params:,} parameters ({n_params / 1e6:.1f}M{paper}).")
-  train_step = make_train_step(
-      model,
-      tx,
-      mesh,
-      state_shardings,
-      tcfg.batch_chunk,
-      tcfg.seed,
-      tcfg.loss_span,
-      tcfg.aux_loss_weight,
-      depth,
-      tcfg.get("bptt_bp", False),
-      window_advance,
-  )
-  evaluator = evaluate.Evaluator(config, mcfg, corpus, mesh) if tcfg.eval_every else None
-  writer = metrics.MetricWriter(workdir, start_step)
-  metric = metrics.metric_name(corpus.unit)
-  tokens_per_step = tcfg.global_batch * mcfg.tgt_len * window_advance  # new tokens a step
 
-  last = {}
-  pending, t_last, steps_since = [], time.perf_counter(), 0
-  interval = []  # host metrics of the steps since the last log
-  bar = metrics.progress_bar(tcfg.num_steps, start_step)
-  say = bar.write if jax.process_index() == 0 else (lambda msg: None)
 
-  guard = NonFiniteGuard(tcfg.nonfinite, tcfg.max_skipped_steps, tcfg, verification.describe, say)
-
-  def drain():
-    """Reads the metrics of the steps run since the last read; applies the guard."""
-    nonlocal pending
-    if pending:
-      host = jax.device_get([m for _, m in pending])
-      rows = [
-          {"step": s, **{k: (bool(v) if k == "finite" else float(v)) for k, v in m.items()}}
-          for (s, _), m in zip(pending, host)
-      ]
-      pending = []
-      interval.extend(rows)
-      for row in rows:  # a finite step verifies the parameters it was computed from
-        if np.isfinite(row["loss"]) and np.isfinite(row["grad_norm"]):
-          verification.params_good(row["step"] - 1)
-      verification.write()
-      guard.check(rows)
+def _placed_batches(
+    train_iter: Any, mesh: Mesh, tcfg: ml_collections.ConfigDict
+) -> Iterator[tuple[dict, Any]]:
+  """Global batches on the mesh, each with the iterator's position after it
+  (what a checkpoint saves); read ahead on a thread with ``train.prefetch``
+  (a ``data.Prefetcher``, which the caller closes)."""
 
   def place(rows):
     return data.to_global_batch(rows, sharding.batch_sharding(mesh), tcfg.global_batch)
 
-  # Each batch comes with the iterator's position after it: what a checkpoint saves.
-  batches = (
+  return (
       data.Prefetcher(train_iter, place, tcfg.prefetch)
       if tcfg.prefetch
       else ((place(rows), train_iter.get_state()) for rows in train_iter)
   )
+
+
+class _StepLog:
+  """The host side of the steps' metrics, from one log line to the next.
+
+  The metrics stay on the devices until they are read (``drain``: at log
+  steps and before every checkpoint, so that the dispatch of steps does not
+  wait); reading them verifies the checkpoint each finite step was computed
+  from and applies the non-finite policy (``guard``).
+  ``summary`` gives a log line's values; tokens/s counts the steps and
+  time since ``restart_clock``.
+
+  Args:
+    verification: the run's ``checkpointing.Verification``.
+    guard: the run's ``NonFiniteGuard``.
+    unit: the corpus's unit (the metric: bpc or ppl).
+    schedule: the learning-rate schedule (logged).
+    tokens_per_step: new tokens a step.
+    count_skipped: log ``skipped_steps`` (``train.nonfinite="skip"``).
+  """
+
+  def __init__(
+      self,
+      verification: checkpointing.Verification,
+      guard: NonFiniteGuard,
+      unit: str,
+      schedule: Callable[[int], Any],
+      tokens_per_step: int,
+      count_skipped: bool,
+  ):
+    self.verification = verification
+    self.guard = guard
+    self.unit, self.metric = unit, metrics.metric_name(unit)
+    self.schedule = schedule
+    self.tokens_per_step = tokens_per_step
+    self.count_skipped = count_skipped
+    self.pending: list[tuple[int, Any]] = []  # (step, device metrics) not read yet
+    self.interval: list[dict] = []  # host metrics of the steps since the last log
+    self.restart_clock()
+
+  def restart_clock(self) -> None:
+    """tokens/s counts from now (after a compilation, a log, a validation or a checkpoint)."""
+    self.t_last, self.steps_since = time.perf_counter(), 0
+
+  def add(self, step: int, step_metrics: Mapping[str, jax.Array]) -> None:
+    """Step ``step``'s metrics, still on the devices."""
+    self.steps_since += 1
+    self.pending.append((step, step_metrics))
+
+  def drain(self) -> None:
+    """Reads the metrics of the steps run since the last read; applies the guard.
+
+    Raises:
+      metrics.NonFiniteError: from the guard.
+    """
+    if self.pending:
+      host = jax.device_get([m for _, m in self.pending])
+      rows = [
+          {"step": s, **{k: (bool(v) if k == "finite" else float(v)) for k, v in m.items()}}
+          for (s, _), m in zip(self.pending, host)
+      ]
+      self.pending = []
+      self.interval.extend(rows)
+      for row in rows:  # a finite step verifies the parameters it was computed from
+        if np.isfinite(row["loss"]) and np.isfinite(row["grad_norm"]):
+          self.verification.params_good(row["step"] - 1)
+      self.verification.write()
+      self.guard.check(rows)
+
+  def summary(self, step: int) -> dict:
+    """The log line of ``step`` (after a ``drain``): the mean loss of the
+    finite steps since the last one, the metric, the last gradient norm, the
+    learning rate, the auxiliary losses, the skipped steps and tokens/s."""
+    self.drain()
+    elapsed = time.perf_counter() - self.t_last
+    good = [m for m in self.interval if m["finite"]]
+    loss = float(np.mean([m["loss"] for m in good])) if good else float("nan")
+    last = {
+        "loss": loss,
+        self.metric: metrics.metric_value(loss, self.unit),
+        "grad_norm": good[-1]["grad_norm"] if good else float("nan"),
+        "learning_rate": float(self.schedule(step - 1)),
+    }
+    last.update(aux_loss_means(good))
+    if self.count_skipped:
+      last["skipped_steps"] = len(self.interval) - len(good)
+    if self.steps_since:
+      last["tokens_per_sec"] = self.steps_since * self.tokens_per_step / elapsed
+    self.interval.clear()
+    return last
+
+
+def _run_steps(
+    config: ml_collections.ConfigDict,
+    rundir: run_dir.RunDir,
+    mesh: Mesh,
+    state: TrainState,
+    start_step: int,
+    train_iter: Any,
+    train_step: Callable,
+    evaluator: evaluate.Evaluator | None,
+    *,
+    unit: str,
+    tokens_per_step: int,
+    stop_requested: Callable[[], bool | str],
+) -> dict:
+  """The steps from ``start_step`` to ``train.num_steps`` on the batches of
+  ``train_iter``: each logged, validated and checkpointed at its
+  intervals, stopped cleanly on a preemption; a divergence sets aside the
+  checkpoints saved after the newest good one (``_set_aside_diverged``).
+
+  Returns:
+    The last logged training metrics (with ``preempted_at_step`` when
+    ``stop_requested``).
+
+  Raises:
+    metrics.NonFiniteError: the run diverged (``train.nonfinite``).
+    checkpointing.CheckpointError: a checkpoint cannot be written.
+  """
+  tcfg = config.train
+  writer = metrics.MetricWriter(rundir.workdir, start_step)
+  last: dict = {}
+  bar = metrics.progress_bar(tcfg.num_steps, start_step)
+  say = bar.write if jax.process_index() == 0 else (lambda msg: None)
+  guard = NonFiniteGuard(
+      tcfg.nonfinite, tcfg.max_skipped_steps, tcfg, rundir.verification.describe, say
+  )
+  step_log = _StepLog(
+      rundir.verification,
+      guard,
+      unit,
+      train_state.learning_rate_schedule(tcfg),
+      tokens_per_step,
+      count_skipped=tcfg.nonfinite == "skip",
+  )
+  metric = step_log.metric
+  batches = _placed_batches(train_iter, mesh, tcfg)
   step = start_step
   finished = False
   preemption = PreemptionGuard(stop_requested)
@@ -608,45 +525,29 @@ def _train_and_evaluate(
       batch, iter_state = next(batches)
       state, step_metrics = train_step(state, batch)
       step += 1
-      steps_since += 1
-      pending.append((step, step_metrics))
+      step_log.add(step, step_metrics)
       bar.update(1)
       if step == start_step + 1:  # keep compilation out of tokens/s
         jax.block_until_ready(step_metrics)
-        t_last, steps_since = time.perf_counter(), 0
+        step_log.restart_clock()
       if step % tcfg.log_every == 0 or step == tcfg.num_steps:
-        drain()
-        elapsed = time.perf_counter() - t_last
-        good = [m for m in interval if m["finite"]]
-        loss = float(np.mean([m["loss"] for m in good])) if good else float("nan")
-        last = {
-            "loss": loss,
-            metric: metrics.metric_value(loss, corpus.unit),
-            "grad_norm": good[-1]["grad_norm"] if good else float("nan"),
-            "learning_rate": float(schedule(step - 1)),
-        }
-        last.update(aux_loss_means(good))
-        if tcfg.nonfinite == "skip":
-          last["skipped_steps"] = len(interval) - len(good)
-        if steps_since:
-          last["tokens_per_sec"] = steps_since * tokens_per_step / elapsed
+        last = step_log.summary(step)
         writer.write_scalars(step, {f"train/{k}": v for k, v in last.items()})
-        bar.set_postfix(loss=f"{loss:.3f}", **{metric: f"{last[metric]:.3f}"})
+        bar.set_postfix(loss=f"{last['loss']:.3f}", **{metric: f"{last[metric]:.3f}"})
         say(f"step {step}: " + ", ".join(f"{k}={v:.4g}" for k, v in last.items()))
-        interval.clear()
-        t_last, steps_since = time.perf_counter(), 0
+        step_log.restart_clock()
       if evaluator is not None and (step % tcfg.eval_every == 0 or step == tcfg.num_steps):
         res = evaluator.evaluate(state.params, "valid", max_steps=tcfg.eval_max_steps)
         if np.isfinite(res["loss_nats"]):
-          verification.params_good(step)
+          rundir.verification.params_good(step)
         writer.write_scalars(step, {f"valid/{k}": v for k, v in res.items()})
         say(f"step {step}: valid " + ", ".join(f"{k}={v:.4g}" for k, v in res.items()))
-        t_last, steps_since = time.perf_counter(), 0
+        step_log.restart_clock()
       preempted = preemption.should_stop(step)
       if step % config.checkpoint.every_steps == 0 or step == tcfg.num_steps or preempted:
-        drain()  # never save before every step since the last check is known to be finite
+        step_log.drain()  # never save before every step since the last check is known to be finite
         rundir.save(step, state, iter_state)
-        t_last, steps_since = time.perf_counter(), 0
+        step_log.restart_clock()
       if preempted:
         what = stop_requested()
         say(
@@ -657,19 +558,9 @@ def _train_and_evaluate(
         break
     finished = True
   except metrics.NonFiniteError as err:
-    went = rundir.set_aside_unverified(
-        "set aside when the run diverged: a step computed from it was not finite"
-    )
-    if went:
-      where = (
-          "deleted (this file system cannot move them)"
-          if "deleted" in went
-          else f"moved to {rundir.rejected_dir}"
-      )
-      raise metrics.NonFiniteError(
-          f"{err} The {len(went)} checkpoint(s) saved after it were {where} (a step computed "
-          "from them was not finite)."
-      ) from None
+    set_aside = _set_aside_diverged(rundir, err)
+    if set_aside is not None:
+      raise set_aside from None
     raise
   finally:
     bar.close()
@@ -681,3 +572,25 @@ def _train_and_evaluate(
       with contextlib.suppress(Exception):
         writer.close()
   return last
+
+
+def _set_aside_diverged(
+    rundir: run_dir.RunDir, err: metrics.NonFiniteError
+) -> metrics.NonFiniteError | None:
+  """Sets aside the checkpoints saved after the newest good one (a step
+  computed from them was not finite); returns ``err`` extended with where
+  they went, or None when there were none."""
+  went = rundir.set_aside_unverified(
+      "set aside when the run diverged: a step computed from it was not finite"
+  )
+  if not went:
+    return None
+  where = (
+      "deleted (this file system cannot move them)"
+      if "deleted" in went
+      else f"moved to {rundir.rejected_dir}"
+  )
+  return metrics.NonFiniteError(
+      f"{err} The {len(went)} checkpoint(s) saved after it were {where} (a step computed "
+      "from them was not finite)."
+  )

@@ -27,6 +27,7 @@ from jax.sharding import Mesh, NamedSharding
 from transformer_xl import sharding
 from transformer_xl.model import memory as memory_lib
 from transformer_xl.model import models
+from transformer_xl.run import param_shapes
 
 Array = jax.Array
 
@@ -143,23 +144,6 @@ def memory_sharding(mesh: Mesh, cfg: models.ModelConfig | None = None) -> models
   return models.Memory.shardings(mesh, tokens=memory_lib.has_tokens(cfg))
 
 
-def abstract_params(model: models.TransformerXL, mesh: Mesh):
-  """Shapes and shardings of the parameters alone (no optimizer, nothing
-  allocated): each placed by its logical axis names (sharding.py).
-
-  Returns:
-    (parameters as jax.ShapeDtypeStruct with shardings, their NamedShardings).
-  """
-  boxed_params = jax.eval_shape(functools.partial(models.init_params, model), jax.random.PRNGKey(0))
-  shardings = sharding.logical_shardings(boxed_params, mesh)
-  abstract = jax.tree_util.tree_map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-      nn.unbox(boxed_params),
-      shardings,
-  )
-  return abstract, shardings
-
-
 def abstract_train_state(model: models.TransformerXL, tx, global_batch: int, mesh: Mesh):
   """Shapes and shardings of the state, without allocating anything.
 
@@ -172,7 +156,7 @@ def abstract_train_state(model: models.TransformerXL, tx, global_batch: int, mes
     of NamedShardings).
   """
   shapes = jax.eval_shape(functools.partial(_init, model, tx, global_batch), jax.random.PRNGKey(0))
-  _, param_shardings = abstract_params(model, mesh)
+  _, param_shardings = param_shapes.abstract_params(model, mesh)
   opt_shardings = optax.tree_map_params(
       tx,
       lambda _, s: s,

@@ -46,7 +46,7 @@ import numpy as np
 
 from transformer_xl import data, default_config, sharding
 from transformer_xl.analysis.attention import plots
-from transformer_xl.inference import evaluate
+from transformer_xl.inference import eval_steps
 from transformer_xl.model import attention, models
 from transformer_xl.model import memory as memory_lib
 from transformer_xl.run import run_dir
@@ -246,7 +246,7 @@ def run(
   corpus = data.load_configured(data_cfg)
   train_cfg = default_config.model_config(config, corpus.vocab_size)
   step, params = run_dir.restore_params(workdir, train_cfg, mesh)
-  eval_cfg = evaluate.eval_model_config(config, train_cfg)
+  eval_cfg = eval_steps.eval_model_config(config, train_cfg)
   eval_cfg = dataclasses.replace(eval_cfg, remat="none")
   chosen = _parse_heads(heads, eval_cfg.n_layer, eval_cfg.n_head)
   n_data = sharding.data_parallel_size(mesh)
