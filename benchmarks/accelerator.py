@@ -265,8 +265,8 @@ def eval_timing(args, config, vocab: int, state, mesh, mcfg) -> dict:
 
   from transformer_xl import sharding
   from transformer_xl.inference import eval_steps
+  from transformer_xl.model import memory as memory_lib
   from transformer_xl.model import models
-  from transformer_xl.training import train_state  # noqa: PLC0415
 
   devices = jax.local_devices()
   # Evaluation at the config's eval settings, parameters as trained above.
@@ -286,7 +286,7 @@ def eval_timing(args, config, vocab: int, state, mesh, mcfg) -> dict:
       for _ in range(2)
   ]
   memory = jax.jit(
-      lambda: models.init_memory(ecfg, eb), out_shardings=train_state.memory_sharding(mesh)
+      lambda: memory_lib.init_memory(ecfg, eb), out_shardings=memory_lib.shardings(ecfg, mesh)
   )()
   run = common.eval_loop(eval_step, state.params, memory, batches)
   run(args.warmup)

@@ -252,8 +252,10 @@ def make_config(args: argparse.Namespace, variant: dict):
       cutoffs=tuple(args.cutoffs),
       div_val=args.div_val,
       tie_projs=(False,) + (True,) * len(args.cutoffs) if args.cutoffs else (),
-      **{k: variant[k] for k in ("memory", "mem_len", "cmem_len", "cmem_ratio", "cmem_fn")},
+      memory=variant["memory"],
+      mem_len=variant["mem_len"],
   )
+  c.model.compressive.update({k: variant[k] for k in ("cmem_len", "cmem_ratio", "cmem_fn")})
   c.train.update(global_batch=args.batch, batch_chunk=1)
   c.eval.update(
       method="segments",
@@ -347,6 +349,7 @@ def measure(args: argparse.Namespace, log: Callable[[str], None] = print) -> dic
 
   from transformer_xl import default_config, sharding
   from transformer_xl.inference import eval_steps
+  from transformer_xl.model import memory as memory_lib
   from transformer_xl.model import models
   from transformer_xl.training import train_state, train_step
 
@@ -367,14 +370,13 @@ def measure(args: argparse.Namespace, log: Callable[[str], None] = print) -> dic
     return out
 
   train_batches, eval_batches = batches(True), batches(False)
-  mem_sharding = models.Memory.shardings(mesh)
   runs, found = {}, []
   for v in variants(args):
     config = make_config(args, v)
     default_config.validate(config, 1)
     train_cfg = default_config.model_config(config, args.vocab)
     model = models.TransformerXL(train_cfg)
-    tx = train_state.make_optimizer(config.train)
+    tx = train_state.make_optimizer(config.train, train_cfg)
     _, shardings = train_state.abstract_train_state(model, tx, b, mesh)
     state = train_state.create_train_state(
         model, tx, b, mesh, jax.random.PRNGKey(args.seed), shardings
@@ -394,7 +396,10 @@ def measure(args: argparse.Namespace, log: Callable[[str], None] = print) -> dic
     train_exe = step.lower(state, train_batches[0]).compile()
     eval_cfg = eval_steps.eval_model_config(config, train_cfg)
     eval_step = eval_steps.make_eval_step(models.TransformerXL(eval_cfg), mesh)
-    memory = jax.jit(lambda cfg=eval_cfg: models.init_memory(cfg, b), out_shardings=mem_sharding)()
+    memory = jax.jit(
+        lambda cfg=eval_cfg: memory_lib.init_memory(cfg, b),
+        out_shardings=memory_lib.shardings(eval_cfg, mesh),
+    )()
     params = jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), state.params)  # not donated
     eval_exe = eval_step.lower(params, memory, eval_batches[0]).compile()
     mems = state.memory.mems_LxBxMxD
@@ -457,7 +462,7 @@ def measure(args: argparse.Namespace, log: Callable[[str], None] = print) -> dic
 def _recon_name() -> str:
   from transformer_xl.model import memory as memory_lib
 
-  return memory_lib.RECON_LOSS
+  return memory_lib.compressive.RECON_LOSS
 
 
 def machine_info() -> dict:

@@ -319,6 +319,7 @@ def measure(args: argparse.Namespace) -> dict:
 
   from transformer_xl import default_config, sharding
   from transformer_xl.inference import dynamic_eval, eval_steps, evaluate
+  from transformer_xl.model import memory as memory_lib
   from transformer_xl.model import models
 
   config = make_config(args)
@@ -344,7 +345,7 @@ def measure(args: argparse.Namespace) -> dict:
   rng = np.random.default_rng(args.seed)
   t = args.tgt_len
   bs, rows = sharding.batch_sharding(mesh), sharding.rows_sharding(mesh)
-  mem_sharding = models.Memory.shardings(mesh)
+  mem_sharding = memory_lib.shardings(ecfg, mesh)
 
   def batches(b: int) -> list:
     return [
@@ -360,7 +361,7 @@ def measure(args: argparse.Namespace) -> dict:
     ]
 
   def memory(b: int):
-    return jax.jit(lambda: models.init_memory(ecfg, b), out_shardings=mem_sharding)()
+    return jax.jit(lambda: memory_lib.init_memory(ecfg, b), out_shardings=mem_sharding)()
 
   sizes = {"B": args.batch, "1": 1}
   data = {k: batches(b) for k, b in sizes.items()}

@@ -245,8 +245,8 @@ def measure(args: argparse.Namespace, attn_len: int) -> dict:
 
   from transformer_xl import default_config, sharding
   from transformer_xl.inference import eval_steps
+  from transformer_xl.model import memory as memory_lib
   from transformer_xl.model import models
-  from transformer_xl.training import train_state
 
   config = make_config(args, attn_len)
   default_config.validate(config, 1)
@@ -276,7 +276,7 @@ def measure(args: argparse.Namespace, attn_len: int) -> dict:
       for _ in range(4)
   ]
   init_memory = jax.jit(
-      lambda: models.init_memory(ecfg, b), out_shardings=train_state.memory_sharding(mesh)
+      lambda: memory_lib.init_memory(ecfg, b), out_shardings=memory_lib.shardings(ecfg, mesh)
   )
   run_xl = common.eval_loop(xl_step, params, init_memory(), xl_batches)
 

@@ -165,6 +165,7 @@ def run_ours(args, phase: str, batch: int, tgt_len: int, mem_len: int) -> dict:
   from transformer_xl import default_config, sharding
   from transformer_xl.cli import process_settings
   from transformer_xl.inference import eval_steps
+  from transformer_xl.model import memory as memory_lib
   from transformer_xl.model import models, tuning
   from transformer_xl.training import train_state, train_step
 
@@ -282,7 +283,7 @@ def run_ours(args, phase: str, batch: int, tgt_len: int, mem_len: int) -> dict:
         for x, y in _token_batches(args, batch, tgt_len)
     ]
     init_memory = jax.jit(
-        lambda: models.init_memory(ecfg, batch), out_shardings=train_state.memory_sharding(mesh)
+        lambda: memory_lib.init_memory(ecfg, batch), out_shardings=memory_lib.shardings(ecfg, mesh)
     )
     run_eval = common.eval_loop(eval_step, params, init_memory(), batches)
     out.update(_summary(_time_repeats(run_eval, args), batch * tgt_len, args.steps))

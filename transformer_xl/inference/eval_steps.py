@@ -23,6 +23,7 @@ import ml_collections
 from jax.sharding import Mesh
 
 from transformer_xl import sharding
+from transformer_xl.model import memory as memory_lib
 from transformer_xl.model import models
 
 
@@ -30,16 +31,15 @@ def eval_model_config(
     config: ml_collections.ConfigDict, train_cfg: models.ModelConfig
 ) -> models.ModelConfig:
   """The model of the segment evaluation: the training ModelConfig with the
-  eval tgt_len, mem_len, clamp_len, same_length and compressed slots
-  (``eval.cmem_len``, -1 = the training's), no dropout, and the training
-  tables' length (``max_klen``) kept."""
+  eval tgt_len, mem_len, clamp_len, same_length and the memory variants'
+  evaluation settings (``eval.<variant>``: ``memory.eval_settings``), no
+  dropout, and the training tables' length (``max_klen``) kept."""
   e = config.eval
-  cmem_len = e.get("cmem_len", -1)
   return dataclasses.replace(
       train_cfg,
       tgt_len=e.tgt_len,
       mem_len=e.mem_len,
-      cmem_len=train_cfg.cmem_len if cmem_len < 0 else cmem_len,
+      memory_settings=memory_lib.eval_settings(train_cfg, e.to_dict()),
       clamp_len=e.clamp_len,
       same_length=e.same_length,
       dropout=0.0,
@@ -53,13 +53,14 @@ def window_model_config(
 ) -> models.ModelConfig:
   """The model of the sliding-window evaluation: segments of ``eval.window``
   positions (0 = the training attention length tgt_len + mem_len), no
-  memory (nor compressed memory), the eval clamp_len, no dropout."""
+  memory (the memory variants' settings for a sliding window:
+  ``memory.eval_settings``), the eval clamp_len, no dropout."""
   window = config.eval.window or train_cfg.tgt_len + train_cfg.mem_len
   return dataclasses.replace(
       train_cfg,
       tgt_len=window,
       mem_len=0,
-      cmem_len=0,
+      memory_settings=memory_lib.eval_settings(train_cfg, {}, sliding=True),
       same_length=False,
       clamp_len=config.eval.clamp_len,
       dropout=0.0,
@@ -69,8 +70,8 @@ def window_model_config(
 
 
 def segment_nll(
-    model: models.TransformerXL, params: Any, memory: models.Memory, batch: dict
-) -> tuple[jax.Array, models.Memory]:
+    model: models.TransformerXL, params: Any, memory: memory_lib.Memory, batch: dict
+) -> tuple[jax.Array, memory_lib.Memory]:
   """One evaluation segment, traced: (nll_BxT float32 nats, the next memory)
   of ``batch`` (``make_eval_step``'s keys), no dropout."""
   return model.apply(
@@ -85,8 +86,8 @@ def segment_nll(
 
 
 def segment_nll_correct(
-    model: models.TransformerXL, params: Any, memory: models.Memory, batch: dict
-) -> tuple[jax.Array, jax.Array, models.Memory]:
+    model: models.TransformerXL, params: Any, memory: memory_lib.Memory, batch: dict
+) -> tuple[jax.Array, jax.Array, memory_lib.Memory]:
   """``segment_nll`` and whether each position's argmax prediction is its
   target: (nll_BxT float32 nats, correct_BxT bool, the next memory).
 
@@ -127,7 +128,7 @@ def make_eval_step(model: models.TransformerXL, mesh: Mesh, correct: bool = Fals
   # Rows over ``data`` for every array, [B] or [B, T]: a prefix of the batch
   # dict whatever its keys (``doc_pos`` is optional).
   batch_shardings = sharding.rows_sharding(mesh)
-  mem_sharding = models.Memory.shardings(mesh, tokens=model.config.num_mem_tokens > 0)
+  mem_sharding = memory_lib.shardings(model.config, mesh)
 
   def eval_step(params, memory, batch):
     if correct:
@@ -163,7 +164,7 @@ def make_window_step(model: models.TransformerXL, mesh: Mesh, stride: int) -> Ca
   }
 
   def window_step(params, batch):
-    memory = models.init_memory(model.config, batch["inputs"].shape[0], mem_len=0)
+    memory = memory_lib.init_memory(model.config, batch["inputs"].shape[0], mem_len=0)
     memory = memory.with_front_padding(batch["front_pad"])
     variables = {"params": params}
     hidden_BxLxD, _ = model.apply(

@@ -35,6 +35,7 @@ from transformer_xl import data, errors, sharding
 from transformer_xl.data import synthetic
 from transformer_xl.inference import eval_steps, greedy_answers
 from transformer_xl.model import attention, models
+from transformer_xl.model import memory as memory_lib
 from transformer_xl.run import metrics
 from transformer_xl.util import report
 
@@ -167,7 +168,7 @@ class Evaluator:
     self.mesh = mesh
     self.model = models.TransformerXL(self.cfg)
     self.batch_sharding = sharding.batch_sharding(mesh)
-    self._mem_sharding = models.Memory.shardings(mesh, tokens=self.cfg.num_mem_tokens > 0)
+    self._mem_sharding = memory_lib.shardings(self.cfg, mesh)
     self._init_memory = {}  # batch size -> jitted constructor
     self._eval_step = eval_steps.make_eval_step(self.model, mesh)
     self._eval_correct_step = eval_steps.make_eval_step(
@@ -195,7 +196,7 @@ class Evaluator:
         "mem_len": self.cfg.mem_len,
         "clamp_len": self.cfg.clamp_len,
         "same_length": self.cfg.same_length,
-        **({"cmem_len": self.cfg.cmem_len} if self.cfg.memory == "compressive" else {}),
+        **memory_lib.describe_eval(self.cfg),  # e.g. the compressed slots
         **({"documents": "whole"} if self.whole else {}),
     }
 
@@ -205,12 +206,12 @@ class Evaluator:
     b_pad = -(-b // n_data) * n_data
     return b_pad, data.process_row_ids(self.batch_sharding, b_pad, self.cfg.tgt_len)
 
-  def empty_memory(self, batch_size: int) -> models.Memory:
+  def empty_memory(self, batch_size: int) -> memory_lib.Memory:
     """Empty eval memory for ``batch_size`` rows, made on the devices (one
     compilation per batch size)."""
     if batch_size not in self._init_memory:
       self._init_memory[batch_size] = jax.jit(
-          lambda: models.init_memory(self.cfg, batch_size), out_shardings=self._mem_sharding
+          lambda: memory_lib.init_memory(self.cfg, batch_size), out_shardings=self._mem_sharding
       )
     return self._init_memory[batch_size]()
 

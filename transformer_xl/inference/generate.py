@@ -82,13 +82,13 @@ class Generator:
     self.cfg = model_cfg
     self.model = models.TransformerXL(model_cfg)
     # The cache needs an attention type that has one (0, 1) and a memory that
-    # is a FIFO of the layer inputs (not the compressive memory): otherwise
-    # every token projects the memory again (``token_step``).
+    # it can carry (``memory.Plan.decode_cache``): otherwise every token
+    # projects the memory again (``token_step``).
+    self.memory_plan = memory_lib.plan(model_cfg)
     self.use_cache = (
         bool(use_cache)
         and attention.variant(model_cfg).DECODE_CACHE
-        and memory_lib.variant(model_cfg).decode_cache
-        and not memory_lib.has_tokens(model_cfg)
+        and self.memory_plan.decode_cache
     )
     self.chunk = int(chunk)
     self.compact = bool(compact)
@@ -110,7 +110,7 @@ class Generator:
         out_shardings=(rep,) * 4,
         donate_argnums=(1,),
     )
-    self.partial_step = jax.jit(  # memory tokens: an open segment, the memory kept
+    self.partial_step = jax.jit(  # whole segments only: an open segment, the memory kept
         sharding.traced_with_mesh(self._partial, mesh),
         in_shardings=(None,) + (rep,) * 8,
         out_shardings=(rep, rep),
@@ -147,7 +147,7 @@ class Generator:
   def _step(
       self,
       params: Any,
-      memory: models.Memory,
+      memory: memory_lib.Memory,
       tokens_BxT: Array,
       key: Array,
       index: Array,
@@ -170,7 +170,7 @@ class Generator:
   def _partial(
       self,
       params: Any,
-      memory: models.Memory,
+      memory: memory_lib.Memory,
       tokens_BxT: Array,
       last: Array,
       key: Array,
@@ -190,27 +190,30 @@ class Generator:
     return self._next(params, hidden_Bx1xD, key, index, top_k, top_p, temperature)
 
   def _token_stream(self, params, rows, num_tokens, key, knobs, item, done_B) -> Iterator[Any]:
-    """``stream`` with memory tokens: every row's sequence (prompt, then the
-    tokens drawn) is read in segments of tgt_len from its start, as
-    ``score`` reads a text, so each token is drawn from the distribution
-    that scoring the sequence gives it.  The open (last, incomplete)
-    segment is run again for every token (``partial_step``: filler after
-    its end, the memory kept); once it holds tgt_len tokens it is committed
-    (``segment_step``), and the memory tokens it writes are read by the
-    next.  No decoding cache: each token costs a pass over a segment.
+    """``stream`` with a memory that runs on whole segments only
+    (``memory.Plan.whole_segments``, e.g. memory tokens): every row's
+    sequence (prompt, then the tokens drawn) is read in segments of tgt_len
+    from its start, as ``score`` reads a text, so each token is drawn from
+    the distribution that scoring the sequence gives it.  The open (last,
+    incomplete) segment is run again for every token (``partial_step``:
+    filler after its end, the memory kept); once it holds tgt_len tokens it
+    is committed (``segment_step``), and what it writes to the memory (the
+    memory tokens) is read by the next.  No decoding cache: each token
+    costs a pass over a segment.
 
     Raises:
       ValueError: prompts of different lengths.
     """
     if len({len(r) for r in rows}) > 1:
       raise ValueError(
-          f"with memory tokens (model.num_mem_tokens={self.cfg.num_mem_tokens}) the prompts "
-          f"must have one length (got {sorted({len(r) for r in rows})}): generate them apart."
+          f"the model's memory ({self.memory_plan.names()}) runs on whole segments: the "
+          f"prompts must have one length (got {sorted({len(r) for r in rows})}): generate "
+          "them apart."
       )
     t, b = self.cfg.tgt_len, len(rows)
     seq_BxL = np.stack(rows).astype(np.int32)
     full = (seq_BxL.shape[1] - 1) // t  # the open segment holds 1 .. t tokens
-    memory = jax.device_put(models.init_memory(self.cfg, b), self._replicated)
+    memory = jax.device_put(memory_lib.init_memory(self.cfg, b), self._replicated)
     for s in range(full):
       _, _, memory = self.segment_step(
           params, memory, seq_BxL[:, s * t : (s + 1) * t], key, np.int32(0), *knobs
@@ -237,7 +240,7 @@ class Generator:
   def _start(
       self,
       params: Any,
-      memory: models.Memory,
+      memory: memory_lib.Memory,
       tokens_B: Array,
       key: Array,
       index: Array,
@@ -259,7 +262,7 @@ class Generator:
   def _chunk(
       self,
       params: Any,
-      memory: models.Memory,
+      memory: memory_lib.Memory,
       cache: Any,
       token_B: Array,
       key: Array,
@@ -409,7 +412,7 @@ class Generator:
       done_B[np.isin(token_B, stop_ids_S) & (token_B >= 0)] = True
       return (token_B, np.asarray(logp_BxV)) if log_probs else token_B
 
-    if memory_lib.has_tokens(self.cfg):  # segments from the start, no padding
+    if self.memory_plan.whole_segments:  # segments from the start, no padding
       yield from self._token_stream(params, rows, num_tokens, key, knobs, item, done_B)
       return
     n = -(-max(len(r) for r in rows) // t) * t  # the longest prompt, rounded up to segments
@@ -417,7 +420,7 @@ class Generator:
     for r, row in enumerate(rows):
       prompt_BxN[r, n - len(row) :] = row
     front_pad_B = np.asarray([n - len(row) for row in rows], np.int32)
-    memory = models.init_memory(self.cfg, b).with_front_padding(front_pad_B)
+    memory = memory_lib.init_memory(self.cfg, b).with_front_padding(front_pad_B)
     memory = jax.device_put(memory, self._replicated)
     first = np.int32(0)  # the key index of generated token 0
     for s in range(n // t):
@@ -496,7 +499,7 @@ class Generator:
 
   @staticmethod
   def _take(
-      memory: models.Memory, cache: Any, token_B: Array, key: Array, done_B: Array, take_R: Array
+      memory: memory_lib.Memory, cache: Any, token_B: Array, key: Array, done_B: Array, take_R: Array
   ):
     """Rows ``take_R`` of the decoding state (the batch axis of each part)."""
     rows = lambda x, axis: jnp.take(x, take_R, axis=axis)

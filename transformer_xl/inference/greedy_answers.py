@@ -45,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_xl import data, sharding
+from transformer_xl.model import memory as memory_lib
 from transformer_xl.model import models
 
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ def make_greedy_segment(model: models.TransformerXL, mesh: jax.sharding.Mesh):
   memory is donated).  With ``first = T`` it is one ordinary segment.
   ``preds_BxT`` is replicated, 0 before ``first``.
   """
-  mem_sharding = models.Memory.shardings(mesh, tokens=model.config.num_mem_tokens > 0)
+  mem_sharding = memory_lib.shardings(model.config, mesh)
   batch_sharding, rows_sharding = sharding.batch_sharding(mesh), sharding.rows_sharding(mesh)
 
   def greedy_segment(params, memory, inputs_BxT, reset_B, first):

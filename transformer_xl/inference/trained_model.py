@@ -22,6 +22,7 @@ from etils import epath
 
 from transformer_xl import data, default_config
 from transformer_xl.data import text_vocab
+from transformer_xl.model import config as model_config_lib
 from transformer_xl.model import models, tuning
 from transformer_xl.run import distributed
 from transformer_xl.run import workdir as wd
@@ -69,8 +70,9 @@ def apply_free_settings(
   Args:
     trained: the trained model (with its n_token).
     settings: model settings by name, e.g. ``config.model`` (a ConfigDict
-      or a dict of some of them); a key it lacks keeps the trained value, a
-      key that is no ModelConfig field is not read.
+      or a dict of some of them; the memory variants' as their sections,
+      ``model.<variant>``, compared field by field); a key it lacks keeps
+      the trained value, a key that is no ModelConfig field is not read.
     source: what ``settings`` came from, for the message (e.g. "--config").
     where: the trained model's file, for the message.
 
@@ -83,7 +85,10 @@ def apply_free_settings(
       each such key with both values), or a free setting the trained model
       cannot take (e.g. attention_impl="pallas" with attn_type 2).
   """
-  fields = dataclasses.asdict(trained)
+  fields = model_config_lib.flat_fields(trained.to_dict())
+  settings = model_config_lib.flat_fields(
+      settings.to_dict() if isinstance(settings, ml_collections.ConfigDict) else settings
+  )
   wanted = {k: settings[k] if k in settings else v for k, v in fields.items()}
   free, changed = {}, []
   for key in fields:

@@ -214,16 +214,16 @@ class ModelConfig:
     proj_init_std: std of the embedding/softmax projection init (0.01).
     memory: the memory variant, a key of ``memory.VARIANTS`` that is not an
       add-on: "xl" (the default: each layer caches its last mem_len
-      inputs, Sec. 3.2) or a registered variant (``memory.register``), e.g.
-      "compressive" (Rae et al. 2020).
+      inputs, Sec. 3.2) or another registered variant (``memory.register``;
+      the package's are listed in ``transformer_xl.model.memory``).
     memory_settings: the memory variants' settings (``memory.variant``):
       given as {variant name: its settings (a mapping of fields, or its
-      ``Settings``)}, e.g. ``{"compressive": {"cmem_len": 512}}`` or
-      ``{"tokens": {"num_mem_tokens": 10}}`` (the memory tokens, an add-on
-      beside ``memory``); held as a sorted tuple of (name, settings) for
-      every registered variant with settings (``memory.normalise_settings``).
-      In the run config and saved files each is a section of the model's,
-      ``model.<name>`` (``to_dict``, ``from_dict``).
+      ``Settings``)}, e.g. ``{name: {field: value}}`` for the variant of
+      ``memory`` or an add-on beside it; held as a sorted tuple of (name,
+      settings) for every registered variant with settings
+      (``memory.normalise_settings``).  In the run config and saved files
+      each is a section of the model's, ``model.<name>`` (``to_dict``,
+      ``from_dict``).
 
   Raises:
     ValueError (on construction): every problem ``config_problems``
@@ -287,7 +287,7 @@ class ModelConfig:
 
   def with_memory(self, name: str, **changes: Any) -> ModelConfig:
     """A copy whose memory variant ``name``'s settings have ``changes``
-    (e.g. ``cfg.with_memory("compressive", cmem_len=0)``).
+    (``cfg.with_memory(name, field=value)``).
 
     Raises:
       ValueError: the new settings' problems.

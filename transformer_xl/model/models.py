@@ -135,7 +135,7 @@ class DecoderLayer(nn.Module):
         self, cfg, mem_BxMxD, h_BxTxD, pos
     )  # are cached too)
     # concat, truncate: the layer's next memory, after the attention (below),
-    # whose parameters a memory variant may read (the compressive memory's
+    # whose parameters a memory variant may read (e.g. for an auxiliary
     # reconstruction loss).
     update = lambda: plan.layer_update(self, mem_BxMxD, h_BxTxD, key_count_B)
     # --------------------------------------------------------------------------

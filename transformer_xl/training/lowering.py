@@ -141,7 +141,7 @@ def abstract_step(
         "targets": spec((b, t), jnp.int32, rows),
         "reset": spec((b,), jnp.bool_, row_sh),
     }
-    return fn, (abstract.params, memory_of(ecfg, b, train_state.memory_sharding(mesh, ecfg)), batch)
+    return fn, (abstract.params, memory_of(ecfg, b, memory_lib.shardings(ecfg, mesh)), batch)
   gen = generate.Generator(ecfg, mesh)
   rep = sharding.replicated(mesh)
   memory = memory_of(ecfg, 1, memory_lib.replicated_shardings(ecfg, mesh))

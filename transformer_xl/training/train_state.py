@@ -40,13 +40,13 @@ class TrainState:
     step: int32 scalar, optimizer steps taken.
     params: model parameters (float32).
     opt_state: optax state.
-    memory: the training ``models.Memory`` of every batch row.
+    memory: the training ``memory_lib.Memory`` of every batch row.
   """
 
   step: Array
   params: Any
   opt_state: Any
-  memory: models.Memory
+  memory: memory_lib.Memory
 
 
 def learning_rate_schedule(train_cfg: ml_collections.ConfigDict) -> optax.Schedule:
@@ -70,17 +70,18 @@ def make_optimizer(
 ) -> optax.GradientTransformation:
   """Global-norm clipping then Adam on ``learning_rate_schedule``.
 
-  A model whose memory has parameters of its own (``memory.own_optimiser``:
-  the compressive memory's compression network, ``memory.CMEM_PARAMS``)
-  has them clipped apart from the rest (``clip_groups_by_global_norm``),
-  each group to ``train.clip``: as the paper optimises the compression
-  network apart from the language model, the reconstruction loss's
-  gradient then takes nothing from the language model's clipped step.
-  Adam works per parameter, so this is two optimisers with the same
-  settings; the state is the plain chain's (checkpoints keep their layout).
+  A model whose memory has parameters of its own optimised apart
+  (``memory.Plan.param_groups``, e.g. a compression network that its paper
+  optimises apart from the language model) has
+  each group clipped apart from the rest (``clip_groups_by_global_norm``),
+  each to ``train.clip``: an auxiliary loss's gradient then takes nothing
+  from the language model's clipped step.  Adam works per parameter, so
+  this is one optimiser per group with the same settings; the state is the
+  plain chain's (checkpoints keep their layout).
   """
-  if memory_lib.own_optimiser(model_cfg):
-    clip = clip_groups_by_global_norm(train_cfg.clip, memory_lib.CMEM_PARAMS)
+  groups = memory_lib.plan(model_cfg).param_groups() if model_cfg is not None else ()
+  if groups:
+    clip = clip_groups_by_global_norm(train_cfg.clip, groups)
   else:
     clip = optax.clip_by_global_norm(train_cfg.clip)
   return optax.chain(
@@ -95,25 +96,28 @@ def make_optimizer(
 
 
 def clip_groups_by_global_norm(
-    max_norm: float, own_names: tuple[str, ...]
+    max_norm: float, groups: tuple[tuple[str, ...], ...]
 ) -> optax.GradientTransformation:
-  """``optax.clip_by_global_norm`` applied to two groups on their own: the
-  leaves under a key in ``own_names`` (e.g. ``memory.CMEM_PARAMS``) and the
-  others.  Stateless (``optax.EmptyState``)."""
+  """``optax.clip_by_global_norm`` applied to each group on its own: the
+  leaves under a key in ``groups[i]`` (parameter names, as
+  ``memory.Plan.param_groups`` gives them; the first group that names a
+  key of the leaf's path), and the others.  Stateless
+  (``optax.EmptyState``)."""
 
-  def own(path) -> bool:
-    return any(getattr(k, "key", None) in own_names for k in path)
+  def group_of(path) -> int:
+    keys = [getattr(k, "key", None) for k in path]
+    return next((i for i, names in enumerate(groups) if any(k in names for k in keys)), -1)
 
   def update_fn(updates, state, params=None):
     del params
     flat = jax.tree_util.tree_flatten_with_path(updates)[0]
     norms = {
-        group: optax.tree.norm([u for path, u in flat if own(path) == group])
-        for group in (True, False)
+        group: optax.tree.norm([u for path, u in flat if group_of(path) == group])
+        for group in (*range(len(groups)), -1)
     }
 
     def clip(path, u):
-      norm = norms[own(path)]
+      norm = norms[group_of(path)]
       return jnp.where(norm < max_norm, u, (u / norm.astype(u.dtype)) * max_norm)
 
     return jax.tree_util.tree_map_with_path(clip, updates), state
@@ -127,7 +131,7 @@ def _state_from_params(model: models.TransformerXL, tx, global_batch: int, param
       step=jnp.zeros((), jnp.int32),
       params=params,
       opt_state=tx.init(params),
-      memory=models.init_memory(model.config, global_batch),
+      memory=memory_lib.init_memory(model.config, global_batch),
   )
 
 
@@ -135,13 +139,6 @@ def _init(model: models.TransformerXL, tx, global_batch: int, rng: Array) -> Tra
   """The whole initial state from a PRNG key (reference initialisation)."""
   params = nn.unbox(models.init_params(model, rng))
   return _state_from_params(model, tx, global_batch, params)
-
-
-def memory_sharding(mesh: Mesh, cfg: models.ModelConfig | None = None) -> models.Memory:
-  """Shardings of a ``models.Memory``: its rows split as the batch's
-  (``memory.Memory.shardings``); with the memory tokens of ``cfg`` if it has
-  them."""
-  return models.Memory.shardings(mesh, tokens=memory_lib.has_tokens(cfg))
 
 
 def abstract_train_state(model: models.TransformerXL, tx, global_batch: int, mesh: Mesh):
@@ -169,7 +166,7 @@ def abstract_train_state(model: models.TransformerXL, tx, global_batch: int, mes
       step=sharding.replicated(mesh),
       params=param_shardings,
       opt_state=opt_shardings,
-      memory=memory_sharding(mesh, model.config),
+      memory=memory_lib.shardings(model.config, mesh),
   )
   abstract = jax.tree_util.tree_map(
       lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, shardings

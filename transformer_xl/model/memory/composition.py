@@ -55,6 +55,16 @@ class Plan:
     return all(v.DECODE_CACHE for v in self.variants)
 
   @property
+  def whole_segments(self) -> bool:
+    """Whether this memory runs on whole segments only (``WHOLE_SEGMENTS``)."""
+    return any(v.WHOLE_SEGMENTS for v in self.variants)
+
+  def names(self) -> str:
+    """The variants on, for messages: "'xl' with 'tokens'"."""
+    first, *rest = [repr(v.name) for v in self.variants]
+    return first + (f" with {', '.join(rest)}" if rest else "")
+
+  @property
   def one_block(self) -> bool:
     """Whether the attention must see all its queries at once."""
     return any(v.ONE_BLOCK for v in self.variants)
@@ -247,3 +257,32 @@ def shardings(cfg: ModelConfig, mesh: Mesh) -> Memory:
 def replicated_shardings(cfg: ModelConfig, mesh: Mesh) -> Memory:
   """NamedShardings of the model ``cfg``'s memory held whole on every device."""
   return abstract_memory(cfg).replicated(mesh)
+
+
+def eval_settings(cfg: ModelConfig, eval_fields: Mapping[str, Any], sliding: bool = False) -> dict:
+  """The memory settings evaluation uses (for ``ModelConfig.memory_settings``):
+  each variant on applies its ``eval.<name>`` overrides that are set
+  (``eval_fields``: the eval section) and what a sliding window needs
+  (``MemoryVariant.eval_settings``); the others' are kept."""
+  on = plan(cfg).variants
+  out = {}
+  for name, settings in cfg.memory_settings:
+    cls = next((v for v in on if v.name == name), None)
+    if cls is None:
+      out[name] = settings
+      continue
+    given = eval_fields.get(name) or {}
+    overrides = {k: v for k, v in given.items() if k in cls.EVAL_OVERRIDES and v is not None}
+    out[name] = cls.eval_settings(settings, overrides, sliding)
+  return out
+
+
+def describe_eval(cfg: ModelConfig) -> dict[str, Any]:
+  """What evaluation results record of the memory's settings: {variant name:
+  its ``describe_eval``} for each variant on that records something."""
+  out = {}
+  for v in plan(cfg).variants:
+    described = v.describe_eval(v.settings(cfg))
+    if described:
+      out[v.name] = described
+  return out

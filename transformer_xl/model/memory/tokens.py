@@ -248,6 +248,7 @@ class MemoryTokens(MemoryVariant):
   }
   DECODE_CACHE = False  # each pass would write tokens
   DOCUMENTS = False  # the tokens carry one stream
+  WHOLE_SEGMENTS = True  # each segment reads and writes the tokens
   ONE_BLOCK = True  # the tokens see keys after them (future_position_scores reads row i + 1)
   GRADIENT_THROUGH_SEGMENTS = True
   ENABLE_HINT = "memory tokens: model.tokens.num_mem_tokens > 0"

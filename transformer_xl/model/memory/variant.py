@@ -107,6 +107,10 @@ class MemoryVariant:
   DECODE_CACHE: ClassVar[bool] = True
   # Documents masked apart inside a segment (doc_pos_BxT; front padding).
   DOCUMENTS: ClassVar[bool] = True
+  # It runs on whole segments only (what a segment writes depends on where
+  # segments start): generation runs the open segment again for each token
+  # instead of one-token passes, and prompts start a segment (no padding).
+  WHOLE_SEGMENTS: ClassVar[bool] = False
   # The attention may split the queries into blocks (attention_ops.attend).
   ONE_BLOCK: ClassVar[bool] = False
   # Its state keeps the gradient between segments (train.mem_backprop_depth),
