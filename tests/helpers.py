@@ -18,12 +18,11 @@ Sections:
   ``small_args``, ``read_metrics``) and in-process runs on a toy corpus
   (``toy_corpus``, ``train_toy``) or on one's own text (``tiny_text_config``);
 - the helpers of a pair of test modules (evaluation, documents, attention,
-  config files, workdirs, the harness).
+  config files, workdirs).
 """
 
 from __future__ import annotations
 
-import configparser
 import importlib.util
 import json
 import os
@@ -651,19 +650,3 @@ def write_json(path, obj):
   """Writes ``obj`` as JSON to ``path``; returns the path as ``str``."""
   Path(path).write_text(json.dumps(obj))
   return str(path)
-
-
-# --------------------------------------------------------------------------- #
-# The test harness (tests/harness/).
-
-
-def project_pytest_settings() -> str:
-  """[tool:pytest] of the project's setup.cfg, minus testpaths."""
-  cfg = configparser.ConfigParser()
-  cfg.read(REPO / "setup.cfg")
-  lines = [  # a multi-line value (markers) keeps its continuation lines indented
-      f"{key} = {value}".replace("\n", "\n    ")
-      for key, value in cfg["tool:pytest"].items()
-      if key != "testpaths"
-  ]
-  return "[tool:pytest]\n" + "\n".join(lines) + "\n"
