@@ -273,7 +273,7 @@ def _import_names(tree: ast.AST) -> set[str]:
   return names
 
 
-def test_module_imports(root: pathlib.Path = TESTS) -> list[str]:
+def imports_of_test_modules(root: pathlib.Path = TESTS) -> list[str]:
   """``"<file> imports <name>"`` for each import of a test module by a Python
   file under ``root``.
 
@@ -297,34 +297,32 @@ def test_module_imports(root: pathlib.Path = TESTS) -> list[str]:
     bad = {name for name in names if any(part in test_modules for part in name.split("."))}
     for name in sorted(bad):
       parts = name.split(".")
-      if not any(
-          ".".join(parts[:k]) in bad for k in range(1, len(parts))
-      ):  # once: test_b, not test_b.x
+      prefixes = {".".join(parts[:k]) for k in range(1, len(parts))}
+      if not prefixes & bad:  # named once: test_b, not also test_b.x
         found.append(f"{path.relative_to(root)} imports {name}")
   return found
 
 
-test_module_imports.__test__ = False  # a checker, not a test
-
-
 def test_no_test_module_imports_another():
   """Shared test code lives in plain modules (helpers.py, ...), never in a test module."""
-  assert test_module_imports() == []
+  assert imports_of_test_modules() == []
 
 
 def test_the_test_import_checker_finds_each_kind_of_import(tmp_path):
+  """A plain import, a lazy ``from tests import``, code in a string (once for
+  ``harness.test_h.y``); not another package's test_* module, nor prose."""
   (tmp_path / "harness").mkdir()
   files = {
-      "test_a.py": "from test_b import x\n",
-      "test_b.py": "def f():\n  import tests.test_a\n",
-      "helpers.py": "CODE = 'import json\\nfrom harness import test_h'\n",
+      "test_a.py": "import test_b\n",
+      "test_b.py": "def f():\n  from tests import test_a\n",
+      "helpers.py": "CODE = 'import json\\nfrom harness.test_h import y'\n",  # run elsewhere
       "harness/__init__.py": "",
       "harness/test_h.py": "from helpers import CODE\nfrom jax._src import test_util\n",
       "test_c.py": "import helpers\nTEXT = 'not code: import it'\n",
   }
   for rel, text in files.items():
     (tmp_path / rel).write_text(text)
-  assert test_module_imports(tmp_path) == [
+  assert imports_of_test_modules(tmp_path) == [
       "helpers.py imports harness.test_h",
       "test_a.py imports test_b",
       "test_b.py imports tests.test_a",
