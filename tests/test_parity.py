@@ -18,7 +18,8 @@ reference does (see the README and transformer_xl/convert/):
 
 All parameters are redrawn at N(0, 0.2) (LayerNorm weights 1 + N(0, 0.1)) so
 the outputs are far from uniform; dropout is off; three consecutive segments
-are run with memory starting empty.
+are run with memory starting empty.  The HuggingFace helpers (``hf_model``,
+``hf_segments``, ...) are in hf_reference.py, shared with the converter's tests.
 """
 
 from __future__ import annotations
