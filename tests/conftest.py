@@ -1,13 +1,18 @@
 """Test-wide setup: 8 simulated CPU devices, so mesh-sharded code runs here.
 
 Must run before jax is imported anywhere, which is why it lives in conftest.
+Also the fixtures of several test modules (``reports``, ``hf_tokenization``);
+their other shared helpers are in helpers.py.
 """
 
 import atexit
 import gc
 import os
 import shutil
+import sys
 import tempfile
+import types
+import warnings
 
 import pytest
 
@@ -103,7 +108,6 @@ def _restore_process_logging():
   so that such a test (e.g. the converter's ``main`` called in-process) leaves
   no filter behind for a later test in the same worker."""
   import logging
-  import sys
 
   from absl import logging as absl_logging
 
@@ -149,3 +153,42 @@ def reports(caplog):
   """``Reports`` of this test (absl INFO captured through caplog)."""
   caplog.set_level("INFO")
   return Reports(caplog)
+
+
+@pytest.fixture
+def hf_tokenization(monkeypatch):
+  """transformers' TransfoXLTokenizer module, with stand-in ``sacremoses``
+  tokenizers (the real package is not a dependency) under their real module
+  names, so that save_vocabulary pickles the same globals as with it."""
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    try:
+      import transformers.models.transfo_xl.tokenization_transfo_xl as tok
+    except ImportError:  # newer transformers moved it
+      import transformers.models.deprecated.transfo_xl.tokenization_transfo_xl as tok
+  from transformers.utils import import_utils
+
+  pkg = types.ModuleType("sacremoses")
+  submodules = {
+      "tokenize": types.ModuleType("sacremoses.tokenize"),
+      "normalize": types.ModuleType("sacremoses.normalize"),
+  }
+  for sub, name in (
+      ("tokenize", "MosesTokenizer"),
+      ("tokenize", "MosesDetokenizer"),
+      ("normalize", "MosesPunctNormalizer"),
+  ):
+
+    def init(self, lang="en"):
+      self.lang, self.NONBREAKING_PREFIXES = lang, ["Mr", "Dr"]
+
+    cls = type(name, (), {"__init__": init, "__module__": f"sacremoses.{sub}"})
+    setattr(submodules[sub], name, cls)
+    setattr(pkg, name, cls)
+  for sub, module in submodules.items():
+    setattr(pkg, sub, module)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+  monkeypatch.setitem(sys.modules, "sacremoses", pkg)
+  monkeypatch.setattr(tok, "sm", pkg, raising=False)
+  monkeypatch.setattr(import_utils, "_sacremoses_available", True)
+  return tok

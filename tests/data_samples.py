@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from transformer_xl.data import ArraySource
+from transformer_xl.data import ArraySource, load_corpus
 from transformer_xl.data.builders import BUILDERS
 
 CHUNK = 64
@@ -252,6 +252,21 @@ def _write_files(manual: Path, members: dict[str, bytes], flat: bool) -> None:
     path.write_bytes(data)
 
 
+def _load_lm1b(tmp_path, manual, **kwargs):
+  """The lm1b corpus built from the files in ``manual`` under ``tmp_path / "tfds"``
+  (chunks of 16 tokens, nothing downloaded, checksums not verified unless
+  ``kwargs`` say so)."""
+  kwargs.setdefault("verify_checksums", False)
+  return load_corpus(
+      "lm1b",
+      data_dir=tmp_path / "tfds",
+      manual_dir=manual,
+      download=False,
+      chunk_size=16,
+      **kwargs,
+  )
+
+
 # -- real files ---------------------------------------------------------------
 
 
@@ -263,6 +278,12 @@ def _real(subdir: str) -> Path:
 
 
 # -- iterators ----------------------------------------------------------------
+
+BOUNDARY = 7  # the boundary symbol of the evaluation iterators' streams
+
+
+def _random_stream(n, seed=0):
+  return np.random.default_rng(seed).integers(0, 1000, size=n).astype(np.int32)
 
 
 class RecordingSource:

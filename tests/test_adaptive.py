@@ -16,6 +16,8 @@ from transformer_xl import sharding
 from transformer_xl.model import adaptive, models
 from transformer_xl.training import train_state
 
+from helpers import tiny_model_config
+
 jax.config.update("jax_enable_x64", False)
 
 
@@ -215,7 +217,6 @@ def adaptive_model_config(**kw):
       n_token=40,
       n_layer=1,
       d_model=8,
-      n_head=2,
       d_head=4,
       d_inner=12,
       dropout=0.0,
@@ -229,7 +230,7 @@ def adaptive_model_config(**kw):
       tie_projs=(False, True, False),
   )
   base.update(kw)
-  return models.ModelConfig(**base)
+  return tiny_model_config(**base)
 
 
 def test_sharded_nll_and_gradient_match_single_device():

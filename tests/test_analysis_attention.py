@@ -9,12 +9,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_xl import data, sharding
+from transformer_xl import data, default_config, sharding
 from transformer_xl.analysis import attention as attention_maps
 from transformer_xl.inference import eval_steps
 from transformer_xl.model import models
 
-from test_train import REPO, run_main, small_args, tiny_config, write_ptb_sample
+from helpers import run_main, run_module, small_args, tiny_config, tiny_flags, write_ptb_sample
 
 VOCAB = 30
 
@@ -38,9 +38,7 @@ def _setup(uniform=False, attn_type=0):
   config = tiny_config()
   config.model.update(attn_type=attn_type, tgt_len=5, mem_len=7, dropout=0.0, dropatt=0.0)
   config.eval.update(tgt_len=5, mem_len=7, same_length=False, clamp_len=0, global_batch=2)
-  mcfg = eval_steps.eval_model_config(
-      config, models.ModelConfig(n_token=VOCAB, **config.model.to_dict())
-  )
+  mcfg = eval_steps.eval_model_config(config, default_config.model_config(config, VOCAB))
   params = nn.unbox(models.init_params(models.TransformerXL(mcfg), jax.random.PRNGKey(1)))
   params = jax.tree_util.tree_map(  # sharper attention than at initialisation
       lambda x: x + 0.3 * jax.random.normal(jax.random.PRNGKey(x.size), x.shape), params
@@ -108,19 +106,15 @@ def test_forced_uniform_attention_has_the_expected_distance_profile():
 def test_attention_command_end_to_end(tmp_path):
   manual = write_ptb_sample(tmp_path / "ptb")
   workdir = tmp_path / "wd"
-  tiny = [
-      "--config.model.n_layer=2",
-      "--config.model.d_model=32",
-      "--config.model.n_head=2",
-      "--config.model.d_head=16",
-      "--config.model.d_inner=64",
-      "--config.train.num_steps=2",
-      "--config.train.warmup_steps=1",
-      "--config.train.eval_every=0",
-      "--config.train.log_every=1",
-      "--config.eval.tgt_len=8",
-      "--config.eval.mem_len=16",
-  ]
+  tiny = tiny_flags(
+      model__tgt_len=None,
+      model__mem_len=None,
+      train__global_batch=None,
+      train__num_steps=2,
+      train__warmup_steps=1,
+      eval__tgt_len=8,
+      eval__mem_len=16,
+  )
   r = run_main(small_args(tmp_path, workdir, manual, *tiny))
   assert r.returncode == 0, r.stderr[-3000:]
   out = tmp_path / "maps"
@@ -137,24 +131,7 @@ def test_attention_command_end_to_end(tmp_path):
   weights = [e["weight"] for e in listing]
   assert weights == sorted(weights, reverse=True)
   # Bad input: one line, non-zero exit.
-  import os
-  import subprocess
-  import sys
-
-  env = dict(os.environ, PYTHONPATH=str(REPO))
-  r = subprocess.run(
-      [
-          sys.executable,
-          "-m",
-          "transformer_xl.analysis.attention",
-          f"--workdir={workdir}",
-          f"--out={out}",
-          "--heads=9:0",
-      ],
-      cwd=REPO,
-      env=env,
-      capture_output=True,
-      text=True,
-      timeout=300,
+  r = run_module(
+      "transformer_xl.analysis.attention", f"--workdir={workdir}", f"--out={out}", "--heads=9:0"
   )
   assert r.returncode != 0 and "--heads" in r.stderr and "Traceback" not in r.stderr

@@ -12,6 +12,8 @@ import pytest
 
 from transformer_xl.model import attention, attention_ops, models, tuning
 
+from helpers import tiny_model_config, tiny_model_inputs
+
 SLOW = pytest.mark.slow  # a case left out of the fast tier (-m "not slow")
 
 
@@ -122,39 +124,10 @@ BLOCK_CASES = [
 ]
 
 
-def tiny_model_inputs(cfg: models.ModelConfig, memory: str):
-  """(params far from their init, tokens [2, 8], a memory of 5 slots that is
-  "empty", "partial" ([5, 2] valid) or "full") for a 2-layer, d_model 16
-  model: the inputs of the tests that compare two ways of computing it."""
-  params = nn.unbox(models.init_params(models.TransformerXL(cfg), jax.random.PRNGKey(0)))
-  params = jax.tree_util.tree_map(
-      lambda x: x + 0.3 * jax.random.normal(jax.random.PRNGKey(x.size), x.shape), params
-  )
-  tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 8), 0, 37)
-  mlen = {"empty": [0, 0], "partial": [5, 2], "full": [5, 5]}[memory]
-  mem = models.init_memory(cfg, 2).replace(
-      mlen_B=jnp.asarray(mlen, jnp.int32),
-      mems_LxBxMxD=jax.random.normal(jax.random.PRNGKey(3), (2, 2, 5, 16)).astype(
-          cfg.compute_dtype
-      ),
-  )
-  return params, tokens, mem
-
-
 @pytest.mark.parametrize("attn_type,options,memory", BLOCK_CASES)
 def test_blockwise_attention_equals_the_full_one(attn_type, options, memory):
-  cfg = models.ModelConfig(
-      n_token=37,
-      n_layer=2,
-      d_model=16,
-      n_head=2,
-      d_head=8,
-      d_inner=24,
-      dropout=0.0,
-      tgt_len=7,
-      mem_len=5,
-      attn_type=attn_type,
-      **options,
+  cfg = tiny_model_config(
+      n_token=37, d_inner=24, dropout=0.0, tgt_len=7, mem_len=5, attn_type=attn_type, **options
   )
   full, blocked = models.TransformerXL(cfg), models.TransformerXL(
       dataclasses.replace(cfg, attn_block=3)
@@ -195,18 +168,7 @@ def test_blockwise_attention_equals_the_full_one(attn_type, options, memory):
 @pytest.mark.slow
 def test_blockwise_attention_does_not_keep_the_full_scores(capsys):
   """The point of the blocks: the backward pass keeps no [B, H, T, K] tensor."""
-  cfg = models.ModelConfig(
-      n_token=37,
-      n_layer=2,
-      d_model=16,
-      n_head=2,
-      d_head=8,
-      d_inner=24,
-      dropout=0.0,
-      tgt_len=8,
-      mem_len=5,
-      scan_unroll=1,
-  )
+  cfg = tiny_model_config(n_token=37, d_inner=24, dropout=0.0, tgt_len=8, mem_len=5, scan_unroll=1)
   tokens = jnp.zeros((2, 9), jnp.int32)
   saved = {}
   for block in (0, 4):
@@ -234,16 +196,8 @@ def test_attn_block_minus_one_is_chosen_per_backend_and_use(capsys):
   assert tuning.attn_block_size(-1, deterministic=True) == 0
   assert [tuning.attn_block_size(b, d) for b in (0, 16) for d in (False, True)] == [0, 0, 16, 16]
   # The default model trains blockwise on CPU: no [B, H, T, K] scores kept.
-  cfg = models.ModelConfig(
-      n_token=11,
-      n_layer=1,
-      d_model=8,
-      n_head=1,
-      d_head=8,
-      d_inner=8,
-      dropout=0.1,
-      tgt_len=80,
-      mem_len=0,
+  cfg = tiny_model_config(
+      n_token=11, n_layer=1, d_model=8, n_head=1, d_inner=8, dropout=0.1, tgt_len=80, mem_len=0
   )
   model = models.TransformerXL(cfg)
   params = nn.unbox(models.init_params(model, jax.random.PRNGKey(0)))

@@ -24,9 +24,10 @@ from pathlib import Path
 
 import pytest
 
+from helpers import REPO, tiny_flags, tiny_model_config
+
 pytestmark = pytest.mark.slow  # tooling: the benchmarks
 
-REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "vs_pytorch.py"
 FIT = REPO / "benchmarks" / "fit.py"
 NUMBER = r"[\d,]+(\.\d+)?"
@@ -197,12 +198,13 @@ TINY_FIT = [
     "--config=configs/quickstart.py",
     "--devices=4",
     "--config.mesh.shape=(4, 1)",
-    "--config.model.n_layer=1",
-    "--config.model.d_model=32",
-    "--config.model.n_head=2",
-    "--config.model.d_head=16",
-    "--config.model.d_inner=64",
-    "--config.eval.global_batch=4",
+    *tiny_flags(
+        train=False,
+        model__n_layer=1,
+        model__tgt_len=None,
+        model__mem_len=None,
+        eval__global_batch=4,
+    ),
 ]
 
 
@@ -599,20 +601,11 @@ def test_accelerator_softmax_flops_by_hand():
   """Adaptive softmax FLOPs as adaptive.py computes them: every cluster for
   every token (head: cutoffs[0] + clusters columns)."""
   acc = _accelerator()
-  from transformer_xl.model import models
-
-  dense = models.ModelConfig(n_token=100, d_model=8, n_head=2, d_head=4, d_inner=16)
+  dense = tiny_model_config(n_token=100, d_model=8, d_head=4, d_inner=16)
   assert acc.softmax_flops_per_token(dense) == 2 * 8 * 100
   # d_embed 16 != d_model 8, div_val 2: cluster widths 16, 8, 4 each projected from 8
-  adaptive = models.ModelConfig(
-      n_token=100,
-      d_model=8,
-      n_head=2,
-      d_head=4,
-      d_inner=16,
-      cutoffs=(20, 50),
-      div_val=2,
-      d_embed=16,
+  adaptive = tiny_model_config(
+      n_token=100, d_model=8, d_head=4, d_inner=16, cutoffs=(20, 50), div_val=2, d_embed=16
   )
   assert acc.softmax_flops_per_token(adaptive) == (
       (2 * 8 * 16 + 2 * 16 * 22) + (2 * 8 * 8 + 2 * 8 * 30) + (2 * 8 * 4 + 2 * 4 * 50)

@@ -19,8 +19,7 @@ from transformer_xl.model import memory as memory_lib
 from transformer_xl.model import models
 from transformer_xl.training import train, train_state, train_step
 
-from test_reliability import toy_corpus
-from test_train import tiny_config
+from helpers import tiny_config, toy_corpus
 
 VOCAB = 64
 REPO = Path(__file__).resolve().parents[1]

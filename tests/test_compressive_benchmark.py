@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 
-from test_train import REPO
+from helpers import REPO, run_python
 
 pytestmark = pytest.mark.slow  # tooling: the benchmarks (10 compilations: 1 min of CPU time)
 
@@ -21,18 +18,8 @@ L, D, T, B, M, NC, C = 1, 16, 8, 2, 8, 4, 2
 
 
 def _run(*args):
-  env = dict(os.environ, PYTHONPATH=str(REPO))  # one CPU device, not the suite's simulated ones
-  env["XLA_FLAGS"] = " ".join(
-      f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f
-  )
-  return subprocess.run(
-      [sys.executable, str(SCRIPT), *args],
-      cwd=REPO,
-      env=env,
-      capture_output=True,
-      text=True,
-      timeout=600,
-  )
+  """The benchmark script with ARGS, on one CPU device (not the suite's simulated ones)."""
+  return run_python([SCRIPT, *args], devices=1, timeout=600)
 
 
 def test_compressive_memory_smoke_times_every_variant(tmp_path):

@@ -1,7 +1,7 @@
 """The compressive memory (Rae et al. 2020) through the real command line.
 
 ``python -m transformer_xl.main`` in subprocesses, one command each, on a
-tiny PTB-format corpus (``test_train.write_ptb_sample``): train a
+tiny PTB-format corpus (``helpers.write_ptb_sample``): train a
 compressive model (conv compression, c = 2), then ``--mode=eval``,
 ``--mode=score --tokens``, ``--mode=generate`` on its workdir, a second
 train command that resumes it, and bad input refused before anything is
@@ -25,9 +25,7 @@ compressed slots to change the scores by about 0.05 nats.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -39,48 +37,39 @@ import pytest
 from transformer_xl import data
 from transformer_xl.model import models
 
-from test_train import REPO, small_args, write_ptb_sample
+from helpers import run_main, small_args, tiny_flags, write_ptb_sample
 
 pytestmark = pytest.mark.slow  # seven commands, two of them train: 70-90 s on 2 shared cores
 
 T, M, NC, C = 8, 8, 8, 2  # eval segment, memory, compressed slots, compression rate
 ROWS = 2  # eval.global_batch: the valid split in 2 rows
 TINY = [
-    "--config.model.n_layer=2",
-    "--config.model.d_model=16",
-    "--config.model.n_head=2",
-    "--config.model.d_head=8",
-    "--config.model.d_inner=32",
-    f"--config.model.tgt_len={T}",
-    f"--config.model.mem_len={M}",
+    *tiny_flags(
+        model__d_model=16,
+        model__d_head=8,
+        model__d_inner=32,
+        model__tgt_len=T,
+        model__mem_len=M,
+        train__global_batch=None,
+        train__warmup_steps=0,
+        train__learning_rate=0.05,
+        # The evaluation settings, saved in config.json for eval, score and generate.
+        eval__tgt_len=T,
+        eval__mem_len=M,
+        eval__same_length=False,
+        eval__clamp_len=0,
+        eval__global_batch=ROWS,
+    ),
     "--config.model.memory=compressive",
     f"--config.model.cmem_len={NC}",
     f"--config.model.cmem_ratio={C}",
     "--config.model.cmem_fn=conv",
-    "--config.train.log_every=1",
-    "--config.train.eval_every=0",
-    "--config.train.warmup_steps=0",
-    "--config.train.learning_rate=0.05",
-    # The evaluation settings, saved in config.json for eval, score and generate.
-    f"--config.eval.tgt_len={T}",
-    f"--config.eval.mem_len={M}",
-    "--config.eval.same_length=False",
-    "--config.eval.clamp_len=0",
-    f"--config.eval.global_batch={ROWS}",
 ]
 
 
 def _main(*args: str) -> subprocess.CompletedProcess:
   """``python -m transformer_xl.main ARGS``, logging every compilation (JAX_LOG_COMPILES)."""
-  env = dict(os.environ, PYTHONPATH=str(REPO), JAX_LOG_COMPILES="1")
-  return subprocess.run(
-      [sys.executable, "-m", "transformer_xl.main", *args],
-      cwd=REPO,
-      env=env,
-      capture_output=True,
-      text=True,
-      timeout=300,
-  )
+  return run_main(args, env={"JAX_LOG_COMPILES": "1"})
 
 
 def _ok(r: subprocess.CompletedProcess) -> str:
@@ -97,7 +86,7 @@ def _eval_model(workdir: Path, **changes) -> models.ModelConfig:
   """The trained model (model_config.json) with the eval segments, no dropout."""
   saved = json.loads((workdir / "model_config.json").read_text())["model"]
   fields = {**saved, "tgt_len": T, "mem_len": M, "dropout": 0.0, "dropatt": 0.0, **changes}
-  return models.ModelConfig(**fields)
+  return models.ModelConfig.from_dict(fields)
 
 
 def _without_compression(params: dict) -> dict:

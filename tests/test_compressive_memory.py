@@ -35,10 +35,15 @@ from transformer_xl.model import memory as memory_lib
 from transformer_xl.model import models
 from transformer_xl.training import train, train_step
 
+from helpers import (
+    score_and_generate,
+    tiny_config,
+    tiny_model_config,
+    tiny_text_config,
+    toy_corpus,
+    write_corpus,
+)
 from naive_reference import _sinusoid
-from test_mode_overrides import tiny_text_config, write_corpus
-from test_reliability import toy_corpus
-from test_train import tiny_config
 
 VOCAB = 24
 SIZES = dict(n_token=VOCAB, n_layer=2, d_model=8, n_head=2, d_head=4, d_inner=16, dropout=0.0)
@@ -172,7 +177,7 @@ def _config(fn, **kw):
   base = dict(
       **SIZES, tgt_len=4, mem_len=6, memory="compressive", cmem_len=3, cmem_ratio=2, cmem_fn=fn
   )
-  return models.ModelConfig(**{**base, **kw})
+  return tiny_model_config(**{**base, **kw})
 
 
 def _params(cfg, seed=0):
@@ -327,7 +332,7 @@ def test_the_losses_train_disjoint_parameters(fn):
 def test_no_compressed_slot_is_the_xl_memory_exactly():
   """memory='compressive' with cmem_len=0: the same parameters, scores,
   memories and gradients as memory='xl', and no loss sown."""
-  xl_cfg = models.ModelConfig(**SIZES, tgt_len=4, mem_len=6)
+  xl_cfg = tiny_model_config(**SIZES, tgt_len=4, mem_len=6)
   c_cfg = _config("conv", cmem_len=0)
   params = _params(xl_cfg)
   assert jax.tree_util.tree_structure(params) == jax.tree_util.tree_structure(
@@ -420,30 +425,6 @@ def test_eval_score_and_generate_run_from_the_workdir(trained, tmp_path):
   score_and_generate(workdir, config, tmp_path, num_tokens=20)
 
 
-def score_and_generate(workdir, config, tmp_path, num_tokens):
-  """--mode=score of a text (finite NLLs, one per token) and --mode=generate
-  of a prompt, in-process, on a trained workdir of the tiny text corpus."""
-  text = tmp_path / "t.txt"
-  text.write_text("the big cat sat on the mat\n" * 6)  # 48 tokens (with <eos>)
-  out = tmp_path / "nll.npy"
-  modes.run(
-      modes.Request(mode="score", workdir=str(workdir), config=config, text=str(text), out=str(out))
-  )
-  assert np.isfinite(np.load(out)).all() and np.load(out).size == 48
-  samples = tmp_path / "samples.json"
-  modes.run(
-      modes.Request(
-          mode="generate",
-          workdir=str(workdir),
-          config=config,
-          prompt="the cat",
-          num_tokens=num_tokens,
-          out=str(samples),
-      )
-  )
-  assert json.loads(samples.read_text())["prompt"] == "the cat"
-
-
 @pytest.mark.slow
 def test_another_compression_rate_is_refused_in_one_line(trained):
   """memory and its fields are the architecture: another value is refused, naming it."""
@@ -492,7 +473,7 @@ def test_it_trains_sharded_with_accumulation_and_resumes_exactly(tmp_path):
   assert any("memory" in k for k in _fingerprints(straight, 6))
 
   # The memory's rows over the data axis, [compressed; XL] slots whole on each device.
-  mcfg = models.ModelConfig(**{**config.model.to_dict(), "n_token": 64})
+  mcfg = default_config.model_config(config, 64)
   placed = jax.device_put(models.init_memory(mcfg, 8), models.Memory.shardings(mesh))
   assert {s.data.shape for s in placed.mems_LxBxMxD.addressable_shards} == {(2, 2, 3 + 6, 16)}
 
@@ -515,7 +496,7 @@ def test_the_fused_kernel_reads_the_compressed_slots_as_the_xla_attention():
   params = _params(cfg)
   tokens, resets, docs = _stream(True)
   nll, recon, memory = _run_model(cfg, params, tokens, resets, docs)
-  fused = models.ModelConfig(**{**cfg.__dict__, "attention_impl": "pallas"})
+  fused = dataclasses.replace(cfg, attention_impl="pallas")
   nll_p, recon_p, memory_p = _run_model(fused, params, tokens, resets, docs)
   np.testing.assert_allclose(nll_p, nll, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(recon_p, recon, rtol=1e-5, atol=1e-6)

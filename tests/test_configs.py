@@ -1,7 +1,6 @@
 """Every paper config starts, prints its parameter count beside the paper's,
 and trains two steps on a tiny canonical-format sample (shapes overridden down)."""
 
-import importlib.util
 import re
 
 import pytest
@@ -9,43 +8,26 @@ import pytest
 from transformer_xl.data import load_corpus
 
 from data_samples import _WIKI, _wiki_zip
-from test_train import REPO, run_main
+from helpers import CONFIGS, ablation_config, load_config, run_main, tiny_flags
 
 pytestmark = pytest.mark.slow  # end to end: every config trains
-
-CONFIGS = REPO / "configs"
-
-
-def load_config(name):
-  spec = importlib.util.spec_from_file_location(name, CONFIGS / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
 
 
 def tiny_overrides(n_token, n_clusters):
   """Small shapes; cutoffs spread over this sample's vocabulary."""
   step = n_token // (n_clusters + 2)
   cutoffs = tuple(step * (i + 1) for i in range(n_clusters))
-  return [
-      "--config.model.n_layer=2",
-      "--config.model.d_model=64",
-      "--config.model.n_head=2",
-      "--config.model.d_head=32",
-      "--config.model.d_inner=64",
-      "--config.model.tgt_len=8",
-      "--config.model.mem_len=8",
-      f"--config.model.cutoffs={cutoffs}",
-      "--config.train.global_batch=8",
-      "--config.train.num_steps=2",
-      "--config.train.log_every=1",
-      "--config.train.eval_every=0",
-      "--config.train.warmup_steps=0",
-      "--config.eval.global_batch=8",
-      "--config.eval.tgt_len=8",
-      "--config.eval.mem_len=16",
-      "--config.eval.clamp_len=4",
-  ]
+  return tiny_flags(
+      model__d_model=64,
+      model__d_head=32,
+      model__cutoffs=cutoffs,
+      train__num_steps=2,
+      train__warmup_steps=0,
+      eval__global_batch=8,
+      eval__tgt_len=8,
+      eval__mem_len=16,
+      eval__clamp_len=4,
+  )
 
 
 # A compressive config's lengths shrunk with the shapes: multiples of every
@@ -241,27 +223,6 @@ def wiki_sample(tmp_path_factory):
   return tmp, corpus
 
 
-def _ablation(variant, vocab):
-  spec = importlib.util.spec_from_file_location("ablation_wt2", CONFIGS / "ablation_wt2.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  c = module.get_config(variant)
-  cut = vocab // 3
-  c.model.update(
-      n_layer=2,
-      d_model=32,
-      n_head=2,
-      d_head=16,
-      d_inner=32,
-      tgt_len=8,
-      mem_len=min(c.model.mem_len, 8),
-      cutoffs=(cut, 2 * cut),
-  )
-  c.train.update(global_batch=8, num_steps=2, log_every=1, eval_every=0, warmup_steps=0)
-  c.eval.update(tgt_len=8, mem_len=2 * c.model.mem_len, window=8, global_batch=8)
-  return c
-
-
 @pytest.mark.parametrize(
     "variant", ["xl", "xl_half", "shaw", "no_recurrence", "vaswani_half", "alrfou_half", "vanilla"]
 )
@@ -275,7 +236,7 @@ def test_ablation_variants_train_and_evaluate_with_both_methods(variant, wiki_sa
   from transformer_xl.training import train
 
   _, corpus = wiki_sample
-  config = _ablation(variant, corpus.vocab_size)
+  config = ablation_config(variant, corpus.vocab_size)
   mesh = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
   default_config.validate(config, 1)
   last = train.train_and_evaluate(config, str(tmp_path), corpus, mesh)
@@ -299,22 +260,15 @@ def test_ablation_variant_from_the_command_line(wiki_sample, tmp_path):
       f"--config.data.data_dir={tmp / 'tfds'}",
       "--config.data.verify_checksums=False",
   ]
-  tiny = [
-      "--config.model.n_layer=2",
-      "--config.model.d_model=32",
-      "--config.model.d_head=16",
-      "--config.model.n_head=2",
-      "--config.model.d_inner=32",
-      "--config.model.tgt_len=8",
-      "--config.model.cutoffs=(8, 16)",
-      "--config.train.num_steps=2",
-      "--config.train.warmup_steps=1",
-      "--config.train.log_every=1",
-      "--config.train.eval_every=0",
-      "--config.eval.window=8",
-      "--config.eval.global_batch=8",
-      "--config.train.global_batch=8",
-  ]
+  tiny = tiny_flags(
+      model__d_inner=32,
+      model__mem_len=None,
+      model__cutoffs=(8, 16),
+      train__num_steps=2,
+      train__warmup_steps=1,
+      eval__window=8,
+      eval__global_batch=8,
+  )
   args = [f"--config={CONFIGS / 'ablation_wt2.py'}:vanilla", f"--workdir={tmp_path}", *data, *tiny]
   r = run_main(args)
   assert r.returncode == 0, r.stderr[-3000:]

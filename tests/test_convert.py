@@ -3,17 +3,14 @@ vocabulary mapping, and the end-to-end paths convert -> main --mode=score
 and convert -> main --mode=eval, compared with HuggingFace's model.
 
 The HuggingFace helpers (random models, segment-by-segment NLL with the
-reference's empty initial memory) and the known HF-vs-reference differences
-are in test_parity.py.
+reference's empty initial memory) are in hf_reference.py, the known
+HF-vs-reference differences in test_parity.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -25,11 +22,11 @@ import torch  # noqa: E402  (test extra: missing is an error, not a skip)
 import transformers  # noqa: E402,F401
 
 from transformer_xl import convert
-from transformer_xl.run import run_dir
-from transformer_xl.run import workdir as wd  # noqa: E402
 
-from test_parity import (  # noqa: E402
+from helpers import restored, run_module, write_json, write_ptb_sample
+from hf_reference import (
     BASE,
+    TF_REASON,
     B,
     hf_model,
     hf_segments,
@@ -37,31 +34,9 @@ from test_parity import (  # noqa: E402
     our_segments,
     random_tokens,
     state_dict,
+    tf_variables,
+    write_tf_checkpoint,
 )
-
-REPO = Path(__file__).resolve().parents[1]
-TF_REASON = (
-    "TensorFlow is not installed: reading the reference TF checkpoints needs the "
-    "convert extra (pip install -e '.[convert]')"
-)
-
-
-def restored(workdir):
-  """(config, ModelConfig, unit, step, numpy params) of a workdir, as main loads it."""
-  config = wd.load_config(str(workdir))
-  cfg, unit = wd.load_model_config(str(workdir))
-  step, params = run_dir.restore_params(str(workdir), cfg, convert.one_device_mesh())
-  return config, cfg, unit, step, jax.tree_util.tree_map(np.asarray, jax.device_get(params))
-
-
-def flat(tree):
-  return convert.flatten_params(tree)
-
-
-def write_json(path, obj):
-  Path(path).write_text(json.dumps(obj))
-  return str(path)
-
 
 # ---------------------------------------------------------------------------
 # Round trips and files
@@ -89,8 +64,8 @@ def test_round_trip_pytorch_to_ours_and_back_is_identical(case, extra):
   ref = convert.state_dict_from_params(params, cfg, layout="reference")
   assert not any(k.startswith("transformer.") for k in ref)
   again = convert.params_from_state_dict(ref, cfg)
-  for k, v in flat(params).items():
-    assert np.array_equal(flat(again)[k], v), k
+  for k, v in convert.flatten_params(params).items():
+    assert np.array_equal(convert.flatten_params(again)[k], v), k
   ref2 = convert.state_dict_from_params(again, cfg, layout="reference")
   assert set(ref2) == set(ref) and all(np.array_equal(ref2[k], ref[k]) for k in ref)
   if cfg.cutoffs:  # the reference order is HF's reversed
@@ -200,8 +175,8 @@ def test_every_attention_type_round_trips_with_the_reference_names(attn_type, tm
   assert not any(k.endswith(("r_net.weight", "qkv_net.weight")) for k in sd) or attn_type < 2
   np.savez(tmp_path / "sd.npz", **sd)
   again = convert.params_from_state_dict(convert.read_state_dict(str(tmp_path / "sd.npz")), cfg)
-  for k, v in flat(params).items():
-    np.testing.assert_array_equal(flat(again)[k], v, err_msg=k)
+  for k, v in convert.flatten_params(params).items():
+    np.testing.assert_array_equal(convert.flatten_params(again)[k], v, err_msg=k)
   if attn_type:
     with pytest.raises(convert.ConvertError, match="attn_type 0 only"):
       convert.state_dict_from_params(params, cfg, layout="hf")
@@ -303,76 +278,6 @@ def test_state_dict_validation_names_tensor_and_shapes():
 # ---------------------------------------------------------------------------
 # TensorFlow checkpoints
 # ---------------------------------------------------------------------------
-
-
-def tf_variables(sd: dict, hp: dict) -> dict:
-  """The reference TF model's variables (tf/model.py names) for an HF state dict.
-
-  Written independently of transformer_xl.convert; TF order of clusters = HF 4.35's.
-  Adds optimizer slots and global_step, which the converter must skip.
-  """
-  sd = {k[len("transformer.") :] if k.startswith("transformer.") else k: v for k, v in sd.items()}
-  L, cut, V = hp["n_layer"], hp["cutoffs"], hp["n_token"]
-  out = {}
-
-  def put(name, value):
-    out["transformer/" + name] = np.asarray(value, np.float32)
-
-  for b in ("r_w_bias", "r_r_bias"):
-    put(b, np.stack([sd[f"layers.{l}.dec_attn.{b}"] for l in range(L)]) if hp["untie_r"] else sd[b])
-  if hp["div_val"] == 1:
-    put("adaptive_embed/lookup_table", sd["word_emb.emb_layers.0.weight"])
-    if "word_emb.emb_projs.0" in sd:
-      put("adaptive_embed/proj_W", sd["word_emb.emb_projs.0"].T)
-  else:
-    for i in range(len(cut) + 1):
-      put(f"adaptive_embed/cutoff_{i}/lookup_table", sd[f"word_emb.emb_layers.{i}.weight"])
-      put(f"adaptive_embed/cutoff_{i}/proj_W", sd[f"word_emb.emb_projs.{i}"].T)
-  for l in range(L):
-    a, f = f"layers.{l}.dec_attn.", f"layers.{l}.pos_ff."
-    put(f"layer_{l}/rel_attn/qkv/kernel", sd[a + "qkv_net.weight"].T)
-    put(f"layer_{l}/rel_attn/r/kernel", sd[a + "r_net.weight"].T)
-    put(f"layer_{l}/rel_attn/o/kernel", sd[a + "o_net.weight"].T)
-    put(f"layer_{l}/rel_attn/LayerNorm/gamma", sd[a + "layer_norm.weight"])
-    put(f"layer_{l}/rel_attn/LayerNorm/beta", sd[a + "layer_norm.bias"])
-    put(f"layer_{l}/ff/layer_1/kernel", sd[f + "CoreNet.0.weight"].T)
-    put(f"layer_{l}/ff/layer_1/bias", sd[f + "CoreNet.0.bias"])
-    put(f"layer_{l}/ff/layer_2/kernel", sd[f + "CoreNet.3.weight"].T)
-    put(f"layer_{l}/ff/layer_2/bias", sd[f + "CoreNet.3.bias"])
-    put(f"layer_{l}/ff/LayerNorm/gamma", sd[f + "layer_norm.weight"])
-    put(f"layer_{l}/ff/LayerNorm/beta", sd[f + "layer_norm.bias"])
-  if not cut:
-    put("adaptive_softmax/bias", sd["crit.out_layers.0.bias"])
-  else:
-    bounds = [0] + cut + [V]
-    for i in range(len(cut) + 1):
-      put(
-          f"adaptive_softmax/cutoff_{i}/b",
-          sd["crit.out_layers.0.bias"][bounds[i] : bounds[i + 1]]
-          if hp["div_val"] == 1
-          else sd[f"crit.out_layers.{i}.bias"],
-      )
-      if not hp["tie_projs"][i] and f"crit.out_projs.{i}" in sd:
-        put(f"adaptive_softmax/cutoff_{i}/proj", sd[f"crit.out_projs.{i}"].T)
-    put("adaptive_softmax/cutoff_0/cluster_W", sd["crit.cluster_weight"])
-    put("adaptive_softmax/cutoff_0/cluster_b", sd["crit.cluster_bias"])
-  for name in list(out)[:3]:
-    out[name + "/Adam"] = np.zeros_like(out[name])
-    out[name + "/Adam_1"] = np.zeros_like(out[name])
-  out["global_step"] = np.asarray(1000, np.int64)
-  return out
-
-
-def write_tf_checkpoint(variables: dict, directory: Path) -> str:
-  """A TF1 checkpoint (tf.compat.v1 Saver, as the reference's TF code writes)."""
-  tf = pytest.importorskip("tensorflow", reason=TF_REASON)
-  graph = tf.Graph()
-  with graph.as_default():
-    tf_vars = [tf.compat.v1.Variable(v, name=k) for k, v in variables.items()]
-    saver = tf.compat.v1.train.Saver(tf_vars)
-    with tf.compat.v1.Session(graph=graph) as sess:
-      sess.run(tf.compat.v1.global_variables_initializer())
-      return saver.save(sess, str(directory / "model.ckpt"), global_step=0)
 
 
 TF_CASES = {
@@ -577,23 +482,6 @@ def test_vocabulary_remap_keeps_adaptive_clusters(tmp_path):
         str(tmp_path / "wd"),
         dataset="enwik8",
     )
-
-
-# ---------------------------------------------------------------------------
-# End to end: convert (CLI) -> main --mode=score (CLI) -> export
-# ---------------------------------------------------------------------------
-
-
-def run_module(module: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-  env = dict(os.environ, PYTHONPATH=str(REPO))  # keeps the 8 simulated CPU devices
-  return subprocess.run(
-      [sys.executable, "-m", module, *args],
-      cwd=REPO,
-      env=env,
-      capture_output=True,
-      text=True,
-      timeout=timeout,
-  )
 
 
 # ---------------------------------------------------------------------------
@@ -954,6 +842,11 @@ def test_an_os_error_is_one_error_line(good_inputs, tmp_path):
   assert "check the path" in lines[0], lines[0]
 
 
+# ---------------------------------------------------------------------------
+# End to end: convert (CLI) -> main --mode=score (CLI) -> export
+# ---------------------------------------------------------------------------
+
+
 @pytest.mark.slow
 def test_end_to_end_convert_then_score_matches_huggingface(tmp_path):
   raw = {
@@ -989,7 +882,10 @@ def test_end_to_end_convert_then_score_matches_huggingface(tmp_path):
   # 2. The torch file, in process: the same parameters.
   convert.convert_to_workdir("pytorch", str(tmp_path / "sd.bin"), hp_path, str(wd_torch))
   p_npz, p_torch = restored(wd_npz)[-1], restored(wd_torch)[-1]
-  assert all(np.array_equal(flat(p_torch)[k], v) for k, v in flat(p_npz).items())
+  assert all(
+      np.array_equal(convert.flatten_params(p_torch)[k], v)
+      for k, v in convert.flatten_params(p_npz).items()
+  )
   # 3. Score with main in a subprocess: eval segments of 5, memory 7, same_length, clamp 4.
   tokens = random_tokens(hp["n_token"], 18, seed=42, batch=3)  # T = 17: last segment padded
   np.save(tmp_path / "tokens.npy", tokens)
@@ -1036,8 +932,6 @@ def test_converted_word_model_with_a_mapped_vocabulary_runs_main_eval(tmp_path):
   """--vocab + --dataset on a word corpus (a PTB-format sample), then
   ``main --mode=eval``: its valid loss is HF's NLL of the valid stream."""
   from transformer_xl import data
-
-  from test_train import write_ptb_sample
 
   manual, data_dir = write_ptb_sample(tmp_path / "ptb"), tmp_path / "tfds"
   corpus = data.load_corpus(

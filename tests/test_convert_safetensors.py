@@ -5,8 +5,8 @@ bad files and flags as one ``error:`` line of the command line.
 
 The command line runs in process (``convert.__main__.main``): a user error is
 a SystemExit whose message is the ``error: ...`` line.  The helpers (random
-HuggingFace models, segment-by-segment NLL) are test_parity.py's, the
-workdir ones test_convert.py's.
+HuggingFace models, segment-by-segment NLL) are hf_reference.py's, the
+workdir ones helpers.py's.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from transformer_xl.convert.__main__ import main  # noqa: E402
 from transformer_xl.run import run_dir  # noqa: E402
 from transformer_xl.run import workdir as wd  # noqa: E402
 
-from test_convert import flat, restored, write_json  # noqa: E402
-from test_parity import BASE, hf_model, hf_segments, hparams, random_tokens, state_dict  # noqa: E402
+from helpers import restored, write_json  # noqa: E402
+from hf_reference import BASE, hf_model, hf_segments, hparams, random_tokens, state_dict  # noqa: E402
 
 
 def cli(*args: str) -> None:
@@ -107,10 +107,10 @@ def test_round_trip_through_safetensors_is_bit_exact(case, extra, tmp_path):
   )
   _, cfg_back, _, step, got = restored(back)
   assert step == 0 and cfg_back == restored(ours)[1]
-  assert set(flat(got)) == set(flat(params))
-  for k, v in flat(params).items():
-    assert flat(got)[k].dtype == np.float32, k
-    np.testing.assert_array_equal(flat(got)[k], v, err_msg=k)
+  assert set(convert.flatten_params(got)) == set(convert.flatten_params(params))
+  for k, v in convert.flatten_params(params).items():
+    assert convert.flatten_params(got)[k].dtype == np.float32, k
+    np.testing.assert_array_equal(convert.flatten_params(got)[k], v, err_msg=k)
 
 
 def test_hf_layout_loads_strictly_into_huggingface(tmp_path):

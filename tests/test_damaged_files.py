@@ -17,9 +17,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -28,10 +25,10 @@ import pytest
 from transformer_xl import data, default_config
 from transformer_xl.data import text_vocab, tokenizers
 from transformer_xl.data.corpus import Corpus
-from transformer_xl.model import models
 from transformer_xl.run import workdir as wd
 
-REPO = Path(__file__).resolve().parents[1]
+from helpers import run_main, tiny_model_config
+
 LINES = [
     "the cat sat on the mat and the dog sat on the log",
     "a new line of text with some other words in it",
@@ -194,7 +191,7 @@ def _text_workdir(workdir: Path, corpus: Corpus, folder: Path) -> None:
   sizes = dict(n_layer=1, d_model=8, n_head=2, d_head=4, d_inner=16, tgt_len=4, mem_len=4)
   config.model.update(sizes)  # config.json's model is the trained one, as training saves it
   wd.save_config(str(workdir), config)
-  cfg = models.ModelConfig(n_token=corpus.vocab_size, **sizes)
+  cfg = tiny_model_config(n_token=corpus.vocab_size, **sizes)
   wd.save_model_config(str(workdir), cfg, "subword", "text")
 
 
@@ -205,13 +202,9 @@ def test_generate_on_a_damaged_tokenizer_json_prints_one_error_line(spm_corpus, 
   text_vocab.save_tokenizer(spm_corpus, workdir)
   path = workdir / text_vocab.TOKENIZER_FILE
   path.write_text(path.read_text()[:100])  # cut short
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env.update(PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
-  r = subprocess.run(
-      [sys.executable, "-m", "transformer_xl.main", f"--workdir={workdir}", "--mode=generate",
-       "--prompt=the cat", "--num_tokens=2"],
-      cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
-  )  # fmt: skip
+  r = run_main(
+      [f"--workdir={workdir}", "--mode=generate", "--prompt=the cat", "--num_tokens=2"], devices=1
+  )
   errors = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
   assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
   assert len(errors) == 1 and errors[0].startswith(f"error: {path} is damaged ("), r.stderr
@@ -228,7 +221,7 @@ def _saved_workdir(tmp_path: Path) -> Path:
   workdir = tmp_path / "run"
   workdir.mkdir()
   wd.save_config(str(workdir), default_config.get_config())
-  cfg = models.ModelConfig(n_token=50, n_layer=1, d_model=8, n_head=2, d_head=4, d_inner=16)
+  cfg = tiny_model_config(n_token=50, n_layer=1, d_model=8, d_head=4, d_inner=16)
   wd.save_model_config(str(workdir), cfg, "word", "ptb")
   return workdir
 
@@ -312,8 +305,8 @@ def small_model(tmp_path_factory):
   from transformer_xl import convert
 
   root = tmp_path_factory.mktemp("small_model")
-  cfg = models.ModelConfig(
-      n_token=50, n_layer=1, d_model=8, n_head=2, d_head=4, d_inner=16, tgt_len=4, mem_len=4
+  cfg = tiny_model_config(
+      n_token=50, n_layer=1, d_model=8, d_head=4, d_inner=16, tgt_len=4, mem_len=4
   )
   rng = np.random.default_rng(0)
   params = convert.unflatten_params(

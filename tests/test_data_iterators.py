@@ -10,14 +10,7 @@ import pytest
 from transformer_xl import data
 from transformer_xl.data import ArraySource
 
-from data_samples import RecordingSource, _assert_batches_equal, _take
-
-BOUNDARY = 7
-
-
-def _random_stream(n, seed=0):
-  return np.random.default_rng(seed).integers(0, 1000, size=n).astype(np.int32)
-
+from data_samples import BOUNDARY, RecordingSource, _assert_batches_equal, _random_stream, _take
 
 # ---------------------------------------------------------------------------
 # Training.

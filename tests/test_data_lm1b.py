@@ -23,14 +23,13 @@ from data_samples import (
     URL,
     _heldout_name,
     _lines,
+    _load_lm1b,
     _members,
     _sentences,
     _tarball,
     _train_name,
     _write_files,
 )
-
-CHUNK = 16
 
 
 def _vocab_by_rule(train_sentences: list[list[str]]) -> list[str]:
@@ -65,18 +64,6 @@ def _expected(shards=(1, 2, 3), vocab=None):
   return vocab, tokens, lengths
 
 
-def _load(tmp_path, manual, **kwargs):
-  kwargs.setdefault("verify_checksums", False)
-  return load_corpus(
-      "lm1b",
-      data_dir=tmp_path / "tfds",
-      manual_dir=manual,
-      download=False,
-      chunk_size=CHUNK,
-      **kwargs,
-  )
-
-
 def _check(corpus: Corpus, vocab, tokens, lengths):
   assert corpus.name == "lm1b" and corpus.unit == "word"
   assert list(corpus.vocab) == list(vocab)
@@ -107,7 +94,7 @@ def test_builds_from_canonical_layouts(tmp_path, layout):
     _tarball(manual / ARCHIVE, _members())
   else:
     _write_files(manual, _members(), flat=(layout == "flat"))
-  corpus = _load(tmp_path, manual)
+  corpus = _load_lm1b(tmp_path, manual)
   vocab, tokens, lengths = _expected()
   # The rule, by hand: 23 train sentences give <S> 23; "." ends 20 of them;
   # the many words seen once or twice add up to more (<UNK> first); "Città"
@@ -135,14 +122,14 @@ def test_train_shards_in_shard_order(tmp_path):
   members = _members()
   reordered = dict(sorted(members.items(), reverse=True))
   _tarball(manual / ARCHIVE, reordered)
-  corpus = _load(tmp_path, manual)
+  corpus = _load_lm1b(tmp_path, manual)
   _check(corpus, *_expected())
 
 
 def test_subset_of_shards(tmp_path):
   manual = tmp_path / "manual"
   _write_files(manual, _members(train=(2, 3)), flat=False)
-  corpus = _load(tmp_path, manual)
+  corpus = _load_lm1b(tmp_path, manual)
   _check(corpus, *_expected(shards=(2, 3)))
 
 
@@ -153,7 +140,7 @@ def test_vocabulary_file_is_used_as_the_reference_does(tmp_path):
   # symbol keeps its first id.
   entries = ["the 100", ", 90", "<S> 80", "cat 70", "<UNK> 60", "Città 5", "cat 3", "zebra 1"]
   (manual / "1b_word_vocab.txt").write_text("\n".join(entries) + "\n", encoding="utf-8")
-  corpus = _load(tmp_path, manual)
+  corpus = _load_lm1b(tmp_path, manual)
   vocab = ["the", ",", "<S>", "cat", "<UNK>", "Città", "zebra"]
   _check(corpus, vocab, *_expected(vocab=vocab)[1:])
   assert corpus.boundary_id == 2
@@ -166,7 +153,7 @@ def test_vocabulary_file_without_unk(tmp_path):
   _write_files(manual, _members(), flat=True)
   (manual / "1b_word_vocab.txt").write_text("the 3\n<S> 2\n")
   with pytest.raises(DataError, match="lacks the symbol <UNK>"):
-    _load(tmp_path, manual)
+    _load_lm1b(tmp_path, manual)
 
 
 def test_build_vocab_rule():
@@ -203,7 +190,7 @@ def test_missing_heldout_shard(tmp_path):
   manual = tmp_path / "manual"
   _write_files(manual, _members(heldout=(1,)), flat=False)
   with pytest.raises(DataError, match=r"news\.en\.heldout-00000-of-00050 not found"):
-    _load(tmp_path, manual)
+    _load_lm1b(tmp_path, manual)
 
 
 @pytest.mark.parametrize("as_archive", [False, True])
@@ -214,7 +201,7 @@ def test_verify_requires_all_99_training_shards(tmp_path, as_archive):
   else:
     _write_files(manual, _members(), flat=False)
   with pytest.raises(DataError) as err:
-    _load(tmp_path, manual, verify_checksums=True)
+    _load_lm1b(tmp_path, manual, verify_checksums=True)
   message = str(err.value)
   assert "news.en-00004-of-00100" in message
   assert "(96 files)" in message  # 00004..00099 are missing
@@ -226,7 +213,7 @@ def test_verify_with_the_documented_structure(tmp_path):
   vocabulary file must then have the reference's 793,471 entries."""
   manual = tmp_path / "manual"
   _write_files(manual, _members(train=range(1, 100)), flat=False)
-  corpus = _load(tmp_path, manual, verify_checksums=True)
+  corpus = _load_lm1b(tmp_path, manual, verify_checksums=True)
   md = lm1b.TxlLm1b(data_dir=tmp_path / "tfds").info.metadata
   assert md["checksums_verified"] is True
   assert len(md["train_shards"]) == 99
@@ -247,7 +234,7 @@ def test_verify_with_the_documented_structure(tmp_path):
 def test_prepared_dataset_loads_without_sources(tmp_path):
   manual = tmp_path / "manual"
   archive = _tarball(manual / ARCHIVE, _members())
-  first = _load(tmp_path, manual)
+  first = _load_lm1b(tmp_path, manual)
   archive.unlink()
   again = load_corpus("lm1b", data_dir=tmp_path / "tfds", download=False)
   assert again.vocab == first.vocab
@@ -259,4 +246,4 @@ def test_unreadable_archive(tmp_path):
   manual.mkdir()
   (manual / ARCHIVE).write_bytes(b"not a tar file at all" * 10)
   with pytest.raises(DataError, match="Cannot read the archive"):
-    _load(tmp_path, manual)
+    _load_lm1b(tmp_path, manual)

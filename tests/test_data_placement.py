@@ -15,7 +15,7 @@ from jax.sharding import PartitionSpec as P
 from transformer_xl import data  # noqa: E402
 from transformer_xl.data import ArraySource  # noqa: E402
 
-from test_data_iterators import BOUNDARY, _random_stream  # noqa: E402
+from data_samples import BOUNDARY, _random_stream  # noqa: E402
 
 
 @pytest.fixture

@@ -23,12 +23,12 @@ from data_samples import (
     ARCHIVE,
     RecordingSource,
     _assert_batches_equal,
+    _load_lm1b,
     _members,
     _sentences,
     _take,
     _tarball,
 )
-from test_data_lm1b import _load
 
 BOUNDARY = 1
 
@@ -357,7 +357,7 @@ def test_end_to_end_with_the_built_corpus(tmp_path):
   split: the reference's double-eos pairs, each scored exactly once."""
   manual = tmp_path / "manual"
   _tarball(manual / ARCHIVE, _members())
-  corpus = _load(tmp_path, manual)
+  corpus = _load_lm1b(tmp_path, manual)
   s = corpus.boundary_id
   it = data.make_train_iterator(corpus, "train", 3, 6, seed=0)
   assert isinstance(it, data.ShuffledSentenceIterator)

@@ -10,10 +10,7 @@ import gzip
 import hashlib
 import io
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +20,8 @@ from transformer_xl import data
 from transformer_xl.data import text_builder, text_vocab, tokenizers
 from transformer_xl.data.text_settings import TextSettings
 
-REPO = Path(__file__).resolve().parents[1]
+from helpers import REPO, mock_tfds_module, run_main, tiny_flags
+
 SHARED = REPO.parent / "shared" / "data"
 
 DOCS = {  # file name -> text: blank lines, a blank first line, unicode, no final newline
@@ -464,9 +462,7 @@ def _check_books(corpus, split, books):
 
 def _mock_tfds_but_ours(num_examples: int):
   """``tfds.testing.mock_data`` for every dataset but our own (scripts/mock_tfds.py's)."""
-  from test_pg19 import _mock_module
-
-  return _mock_module().mock_tfds_but_ours(num_examples)
+  return mock_tfds_module().mock_tfds_but_ours(num_examples)
 
 
 def test_a_tfds_text_dataset_under_mock_data(tmp_path):
@@ -552,36 +548,20 @@ def test_iterators_give_each_position_its_offset_in_its_document():
 def _main(args, timeout=600):
   # One CPU device: the 8 simulated ones add nothing here, and their collectives
   # can time out when the machine is loaded (XLA aborts the process).
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env.update(PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
-  return subprocess.run(
-      [sys.executable, "-m", "transformer_xl.main", *args],
-      cwd=REPO,
-      env=env,
-      capture_output=True,
-      text=True,
-      timeout=timeout,
-  )
+  return run_main(args, devices=1, timeout=timeout)
 
 
-TINY = [
-    "--config.model.n_layer=2",
-    "--config.model.d_model=32",
-    "--config.model.n_head=2",
-    "--config.model.d_head=16",
-    "--config.model.d_inner=64",
-    "--config.model.tgt_len=16",
-    "--config.model.mem_len=16",
-    "--config.train.global_batch=8",
-    "--config.train.num_steps=3",
-    "--config.train.warmup_steps=0",
-    "--config.train.log_every=1",
-    "--config.train.eval_every=0",
-    "--config.eval.tgt_len=16",
-    "--config.eval.mem_len=32",
-    "--config.eval.global_batch=8",
-    "--config.checkpoint.every_steps=3",
-]
+# 3 steps of segments and memory of 16, evaluation with memory 32, a checkpoint at step 3.
+TINY = tiny_flags(
+    model__tgt_len=16,
+    model__mem_len=16,
+    train__num_steps=3,
+    train__warmup_steps=0,
+    eval__tgt_len=16,
+    eval__mem_len=32,
+    eval__global_batch=8,
+    checkpoint__every_steps=3,
+)
 
 
 @pytest.mark.slow

@@ -3,11 +3,7 @@ section derived from ModelConfig, and the converter's inverse."""
 
 import dataclasses
 import math
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import ml_collections
 import pytest
@@ -15,7 +11,7 @@ import pytest
 from transformer_xl import default_config
 from transformer_xl.model import models
 
-REPO = Path(__file__).resolve().parents[1]
+from helpers import REPO, run_main
 
 
 def _ptb_config():
@@ -257,21 +253,14 @@ def test_nan_min_lr_on_the_command_line_stops_before_compiling(tmp_path):
   read, nothing compiled, nothing written into the workdir."""
   workdir = tmp_path / "wd"
   start = time.monotonic()
-  r = subprocess.run(
+  r = run_main(
       [
-          sys.executable,
-          "-m",
-          "transformer_xl.main",
           f"--config={REPO / 'configs' / 'quickstart.py'}",
           f"--workdir={workdir}",
           "--config.train.min_lr=nan",
           f"--config.data.data_dir={tmp_path / 'no_tfds'}",
           "--config.data.download=false",
       ],
-      cwd=REPO,
-      env=dict(os.environ, PYTHONPATH=str(REPO)),
-      capture_output=True,
-      text=True,
       timeout=120,
   )
   elapsed = time.monotonic() - start

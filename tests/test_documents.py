@@ -21,6 +21,8 @@ from transformer_xl.inference import eval_steps, evaluate
 from transformer_xl.model import attention_ops, models
 from transformer_xl.training import train_state, train_step
 
+from helpers import tiny_model_config
+
 SLOW = pytest.mark.slow  # a case left out of the fast tier (-m "not slow")
 
 SEP = 0  # the separator that ends every document (and starts the stream)
@@ -33,11 +35,6 @@ def tiny_config(**kw):
   # (at 0.02 a tiny model's scores barely depend on it).
   base = dict(
       n_token=N_TOKEN,
-      n_layer=2,
-      d_model=16,
-      n_head=2,
-      d_head=8,
-      d_inner=32,
       dropout=0.0,
       dropatt=0.0,
       tgt_len=5,
@@ -47,7 +44,7 @@ def tiny_config(**kw):
       init_std=0.3,
   )
   base.update(kw)
-  return models.ModelConfig(**base)
+  return tiny_model_config(**base)
 
 
 def init_model(cfg, record_attention=False):

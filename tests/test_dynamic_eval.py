@@ -18,7 +18,7 @@ from transformer_xl import data, default_config, errors, sharding
 from transformer_xl.inference import dynamic_eval, evaluate
 from transformer_xl.model import models
 
-from test_evaluate import VOCAB, _setup
+from helpers import EVAL_VOCAB, eval_setup
 
 MESH = None
 
@@ -31,19 +31,19 @@ def _mesh():
 
 
 def _stream(n, seed=0, period=0):
-  """n token ids in [1, VOCAB); with ``period`` a random pattern repeated."""
+  """n token ids in [1, EVAL_VOCAB); with ``period`` a random pattern repeated."""
   rng = np.random.default_rng(seed)
   if period:
-    return np.tile(rng.integers(1, VOCAB, size=period), -(-n // period))[:n].astype(np.int32)
-  return rng.integers(1, VOCAB, size=n).astype(np.int32)
+    return np.tile(rng.integers(1, EVAL_VOCAB, size=period), -(-n // period))[:n].astype(np.int32)
+  return rng.integers(1, EVAL_VOCAB, size=n).astype(np.int32)
 
 
 def _evaluator(attn_type, **eval_kw):
-  config, mcfg, params = _setup(attn_type, mem_len=6, tgt_len=5, **eval_kw)
+  config, mcfg, params = eval_setup(attn_type, mem_len=6, tgt_len=5, **eval_kw)
   corpus = data.Corpus(
       name="toy",
       unit="word",
-      vocab=[str(i) for i in range(VOCAB)],
+      vocab=[str(i) for i in range(EVAL_VOCAB)],
       boundary_id=0,
       splits={
           "train": data.ArraySource(_stream(400, seed=1)),

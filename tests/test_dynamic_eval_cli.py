@@ -20,8 +20,8 @@ import torch
 
 from transformer_xl import convert
 
-from test_convert import run_module, write_json
-from test_parity import BASE, hf_model, random_tokens, state_dict
+from helpers import TEXT, run_module, tiny_text_config, write_corpus, write_json
+from hf_reference import BASE, hf_model, random_tokens, state_dict
 
 RAW = {  # adaptive softmax, projections, clamp_len and same_length
     **BASE,
@@ -181,8 +181,6 @@ def trained(tmp_path_factory):
   """A tiny workdir trained here on a toy corpus of one's own text (2 steps)."""
   from transformer_xl.cli import modes
 
-  from test_mode_overrides import tiny_text_config, write_corpus
-
   root = tmp_path_factory.mktemp("dynamic_eval_trained")
   config = tiny_text_config(write_corpus(root / "corpus"), root / "tfds")
   workdir = root / "wd"
@@ -222,8 +220,6 @@ def test_eval_with_dynamic_evaluation_writes_its_own_results(trained):
 def test_score_with_statistics_from_a_text_file(trained, tmp_path):
   """--text with --dynamic_stats=<a text file>, tokenised with the workdir's saved
   tokenizer; an empty statistics file is one line."""
-  from test_mode_overrides import TEXT
-
   (tmp_path / "some.txt").write_text(TEXT)
   (tmp_path / "stats.txt").write_text(TEXT * 3)
   (tmp_path / "empty.txt").write_text("")

@@ -13,83 +13,22 @@ starts a segment of its row (``data.EvalIterator``'s ``align_documents``).
 The split's token count is its length, and its total NLL the documents' sum.
 """
 
-import flax.linen as nn
-import jax
 import numpy as np
 import pytest
 
-from transformer_xl import data, default_config, sharding
+from transformer_xl import data
 from transformer_xl.data.corpus import ArraySource
-from transformer_xl.inference import evaluate
-from transformer_xl.model import models
+
+from helpers import (
+    DOC_LENGTHS,
+    DOC_SEP,
+    documents_corpus,
+    documents_eval_config,
+    evaluator_and_params,
+    scores_alone,
+)
 
 SLOW = pytest.mark.slow
-
-SEP = 0  # the boundary symbol: ends every document and is the split's first context
-N_TOKEN = 20
-# 161 tokens: rows of ceil(161 / B) = 161, 81 and 54 tokens for B = 1, 2, 3, so the
-# 83-token document is longer than a row for B = 2 and 3 (and the 29-token one than
-# the memory of 6 plus a segment of 4).
-LENGTHS = [5, 83, 3, 17, 2, 29, 9, 1, 12]
-
-
-def eval_config(global_batch, mesh_shape, same_length=True, attn_type=0):
-  config = default_config.get_config()
-  config.model.update(
-      n_layer=2,
-      d_model=16,
-      n_head=2,
-      d_head=8,
-      d_inner=32,
-      dropout=0.0,
-      dropatt=0.0,
-      tgt_len=5,
-      mem_len=4,
-      init_std=0.3,  # larger than the reference's 0.02, so that the context matters
-      attn_type=attn_type,
-  )
-  config.eval.update(
-      tgt_len=4, mem_len=6, clamp_len=0, same_length=same_length, global_batch=global_batch
-  )
-  config.data.documents = "reset"
-  config.mesh.shape = mesh_shape
-  return config
-
-
-def documents_corpus(lengths, seed=0):
-  """(corpus with a "valid" split of the documents, the documents as token lists):
-  each document's tokens are random non-boundary ids, then SEP."""
-  rng = np.random.default_rng(seed)
-  docs = [list(rng.integers(1, N_TOKEN, n - 1)) + [SEP] for n in lengths]
-  stream = np.asarray([t for d in docs for t in d], np.int32)
-  corpus = data.Corpus(
-      name="text",
-      unit="word",
-      vocab=[str(i) for i in range(N_TOKEN)],
-      boundary_id=SEP,
-      splits={"valid": data.ArraySource(stream)},
-      documents={"valid": data.ArraySentenceIndex(data.sentence_offsets(np.asarray(lengths)))},
-  )
-  return corpus, docs
-
-
-def evaluator_and_params(config, corpus):
-  mcfg = default_config.model_config(config, N_TOKEN)
-  model = models.TransformerXL(mcfg)
-  params = nn.unbox(models.init_params(model, jax.random.PRNGKey(0)))
-  mesh = sharding.make_mesh(config.mesh.shape, config.mesh.axis_names)
-  return evaluate.Evaluator(config, mcfg, corpus, mesh), params
-
-
-def scores_alone(evaluator, params, docs):
-  """float64 per document: its NLL scored alone (``Evaluator.score`` of SEP and
-  the document, from an empty memory; the documents as independent rows of one
-  call, each padded after its end)."""
-  tokens = np.full((len(docs), 1 + max(map(len, docs))), SEP, np.int32)
-  for k, doc in enumerate(docs):
-    tokens[k, 1 : 1 + len(doc)] = doc
-  nll = evaluator.score(params, tokens).astype(np.float64)
-  return [nll[k, : len(doc)] for k, doc in enumerate(docs)]
 
 
 def split_scores(evaluator, params):
@@ -143,10 +82,10 @@ def assert_each_document_scores_as_alone(evaluator, params, docs, rtol):
 def test_each_document_scores_as_alone_with_same_length(global_batch, mesh_shape):
   """``eval.same_length=True`` (every config's): documents longer than a row
   stay whole, and score as alone to float32 rounding (~1e-7 of a document's sum)."""
-  corpus, docs = documents_corpus(LENGTHS)
-  evaluator, params = evaluator_and_params(eval_config(global_batch, mesh_shape), corpus)
+  corpus, docs = documents_corpus(DOC_LENGTHS)
+  evaluator, params = evaluator_and_params(documents_eval_config(global_batch, mesh_shape), corpus)
   assert not evaluator.align_documents  # packed: the layout of documents="reset" as before
-  assert max(LENGTHS) > -(-sum(LENGTHS) // global_batch) or global_batch == 1
+  assert max(DOC_LENGTHS) > -(-sum(DOC_LENGTHS) // global_batch) or global_batch == 1
   assert_each_document_scores_as_alone(evaluator, params, docs, rtol=1e-6)
 
 
@@ -168,8 +107,10 @@ def test_each_document_scores_as_alone_where_the_place_in_the_segment_matters(
   absolute positions (types 2, 3, counted from the window's end): a document scores
   as alone only if it starts a segment, as it does alone; so each one does (before
   the fix, packed: 1e-2 of a document's sum apart, 1e-1 for the absolute types)."""
-  corpus, docs = documents_corpus(LENGTHS)
-  config = eval_config(global_batch, mesh_shape, same_length=same_length, attn_type=attn_type)
+  corpus, docs = documents_corpus(DOC_LENGTHS)
+  config = documents_eval_config(
+      global_batch, mesh_shape, same_length=same_length, attn_type=attn_type
+  )
   evaluator, params = evaluator_and_params(config, corpus)
   assert evaluator.align_documents
   assert_each_document_scores_as_alone(evaluator, params, docs, rtol=1e-6)
@@ -208,9 +149,9 @@ def naive_aligned_rows(lengths, global_batch, tgt_len):
 @pytest.mark.parametrize(
     "lengths,global_batch,tgt_len",
     [
-        (LENGTHS, 1, 4),
-        pytest.param(LENGTHS, 2, 4, marks=pytest.mark.smoke),
-        (LENGTHS, 3, 5),
+        (DOC_LENGTHS, 1, 4),
+        pytest.param(DOC_LENGTHS, 2, 4, marks=pytest.mark.smoke),
+        (DOC_LENGTHS, 3, 5),
         ([1, 1, 1], 5, 3),  # more rows than documents
         ([40], 3, 7),  # one document longer than every row
         ([4, 8, 12, 3, 5], 2, 4),  # lengths multiple of T: no padding between documents
@@ -225,10 +166,10 @@ def test_aligned_layout_against_a_loop(lengths, global_batch, tgt_len):
   offsets = np.concatenate([[0], np.cumsum(lengths)])
   n = int(offsets[-1])
   tokens = np.arange(n, dtype=np.int32) + 100
-  stream = np.concatenate([[SEP], tokens])
+  stream = np.concatenate([[DOC_SEP], tokens])
   index = data.ArraySentenceIndex(data.sentence_offsets(np.asarray(lengths)))
   it = data.EvalIterator(
-      ArraySource(tokens), global_batch, tgt_len, SEP, documents=index, align_documents=True
+      ArraySource(tokens), global_batch, tgt_len, DOC_SEP, documents=index, align_documents=True
   )
   batches = list(it)
   assert len(batches) == it.num_steps == len(it)
@@ -243,8 +184,8 @@ def test_aligned_layout_against_a_loop(lengths, global_batch, tgt_len):
       pad = -m % tgt_len
       j = np.arange(offsets[k], offsets[k + 1])
       want_w += [1.0] * m + [0.0] * pad
-      want_t += list(tokens[j]) + [SEP] * pad
-      want_i += list(stream[j]) + [SEP] * pad
+      want_t += list(tokens[j]) + [DOC_SEP] * pad
+      want_i += list(stream[j]) + [DOC_SEP] * pad
       want_d += list(range(m)) + [0] * pad
     width = len(want_w)
     assert width <= weights.shape[1]
@@ -252,7 +193,7 @@ def test_aligned_layout_against_a_loop(lengths, global_batch, tgt_len):
     np.testing.assert_array_equal(targets[r, :width], want_t)
     np.testing.assert_array_equal(inputs[r, :width], want_i)
     np.testing.assert_array_equal(doc_pos[r, :width], want_d)
-    assert not weights[r, width:].any() and np.all(targets[r, width:] == SEP)
+    assert not weights[r, width:].any() and np.all(targets[r, width:] == DOC_SEP)
     for s, b in enumerate(batches):
       np.testing.assert_array_equal(it.pairs(s)[r] >= 0, b["weights"][r] > 0)
   assert max(len(d) for d in want_rows) >= 1 and [k for d in want_rows for k in d] == list(
@@ -265,10 +206,10 @@ def test_aligned_layout_against_a_loop(lengths, global_batch, tgt_len):
 def test_aligned_layout_state_and_rows_of_a_process():
   """get_state/set_state resume the aligned pass; a process's rows are those rows
   of the global layout."""
-  index = data.ArraySentenceIndex(data.sentence_offsets(np.asarray(LENGTHS)))
-  source = ArraySource(np.arange(sum(LENGTHS), dtype=np.int32) + 100)
+  index = data.ArraySentenceIndex(data.sentence_offsets(np.asarray(DOC_LENGTHS)))
+  source = ArraySource(np.arange(sum(DOC_LENGTHS), dtype=np.int32) + 100)
   make = lambda rows=None: data.EvalIterator(  # noqa: E731
-      source, 3, 4, SEP, row_ids=rows, documents=index, align_documents=True
+      source, 3, 4, DOC_SEP, row_ids=rows, documents=index, align_documents=True
   )
   full = list(make())
   part = make([1, 2])
@@ -286,4 +227,4 @@ def test_aligned_layout_state_and_rows_of_a_process():
 
 def test_align_documents_needs_documents():
   with pytest.raises(ValueError, match="align_documents"):
-    data.EvalIterator(ArraySource(np.arange(10)), 2, 4, SEP, align_documents=True)
+    data.EvalIterator(ArraySource(np.arange(10)), 2, 4, DOC_SEP, align_documents=True)

@@ -10,33 +10,20 @@ states).  Bad input is one error line.
 """
 
 import json
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from helpers import REPO, run_python
+
 pytestmark = pytest.mark.slow  # tooling: the benchmarks
 
-REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "eval_speed.py"
 
 
 def _run(*args, timeout=180):
-  env = dict(os.environ, PYTHONPATH=str(REPO))
-  env["XLA_FLAGS"] = " ".join(
-      f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f
-  )
-  return subprocess.run(
-      [sys.executable, str(SCRIPT), *args],
-      cwd=REPO,
-      env=env,
-      capture_output=True,
-      text=True,
-      timeout=timeout,
-  )
+  """The benchmark script with ARGS, on one CPU device."""
+  return run_python([SCRIPT, *args], devices=1, timeout=timeout)
 
 
 def test_eval_speed_smoke_slowdown_grows_with_attention_length(tmp_path):

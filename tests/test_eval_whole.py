@@ -5,8 +5,8 @@ perplexity where the corpus records each document's bytes and words) are
 compared with ``Evaluator.score`` of each document alone (the boundary
 symbol, then the document, from an empty memory), computed independently;
 the corpus-level loss is the token-weighted mean of the documents.  The
-split is built as in ``tests/test_eval_documents.py``; ``data.documents``
-stays "stream": whole-document evaluation does not depend on it.
+split is built as in ``tests/test_eval_documents.py`` (``helpers.documents_corpus``);
+``data.documents`` stays "stream": whole-document evaluation does not depend on it.
 """
 
 from __future__ import annotations
@@ -20,17 +20,19 @@ import pytest
 from transformer_xl import data, default_config
 from transformer_xl.data.corpus import ArraySource
 
-from test_eval_documents import (
-    LENGTHS,
+from helpers import (
+    DOC_LENGTHS,
     documents_corpus,
-    eval_config,
+    documents_eval_config,
     evaluator_and_params,
     scores_alone,
 )
 
 
 def whole_config(global_batch, mesh_shape, same_length=True, attn_type=0):
-  config = eval_config(global_batch, mesh_shape, same_length=same_length, attn_type=attn_type)
+  config = documents_eval_config(
+      global_batch, mesh_shape, same_length=same_length, attn_type=attn_type
+  )
   config.data.documents = "stream"
   config.eval.documents = "whole"
   return config
@@ -65,7 +67,7 @@ def with_sizes(corpus, docs):
 def test_each_document_equals_it_scored_alone(
     global_batch, mesh_shape, same_length, attn_type, reports
 ):
-  corpus, docs = documents_corpus(LENGTHS)
+  corpus, docs = documents_corpus(DOC_LENGTHS)
   corpus = with_sizes(corpus, docs)
   config = whole_config(global_batch, mesh_shape, same_length, attn_type)
   evaluator, params = evaluator_and_params(config, corpus)
@@ -83,7 +85,7 @@ def test_each_document_equals_it_scored_alone(
       assert d["word_ppl"] == pytest.approx(math.exp(nll / (2 * len(docs[k]))), rel=1e-5)
     else:
       assert d["word_ppl"] is None and d["words"] == 0
-  assert result["tokens"] == sum(LENGTHS) and result["documents_scored"] == len(docs)
+  assert result["tokens"] == sum(DOC_LENGTHS) and result["documents_scored"] == len(docs)
   np.testing.assert_allclose(result["loss_nats"] * result["tokens"], sum(alone), rtol=1e-5)
   # Progress by documents, ending with all of them.
   progress = [line for line in reports.lines if "documents scored" in line]
@@ -93,7 +95,7 @@ def test_each_document_equals_it_scored_alone(
 def test_the_stream_layout_would_not_score_documents_alone():
   """Not vacuous: without eval.documents="whole" (data.documents="stream"), a
   document sees the documents before it, and its loss is another."""
-  corpus, docs = documents_corpus(LENGTHS)
+  corpus, docs = documents_corpus(DOC_LENGTHS)
   config = whole_config(2, (8, 1))
   config.eval.documents = "split"
   evaluator, params = evaluator_and_params(config, corpus)
@@ -103,7 +105,7 @@ def test_the_stream_layout_would_not_score_documents_alone():
 
 
 def test_whole_documents_need_documents_and_the_segment_method():
-  corpus, _ = documents_corpus(LENGTHS)
+  corpus, _ = documents_corpus(DOC_LENGTHS)
   bare = data.Corpus(
       **{f: getattr(corpus, f) for f in ("name", "unit", "vocab", "boundary_id")},
       splits=corpus.splits,

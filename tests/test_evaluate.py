@@ -2,58 +2,32 @@
 
 import dataclasses
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_xl import data, default_config, sharding
+from transformer_xl import data, sharding
 from transformer_xl.inference import evaluate
 from transformer_xl.model import models
 
-from test_train import tiny_config
+from helpers import EVAL_VOCAB, eval_setup
 
 SLOW = pytest.mark.slow  # a case left out of the fast tier (-m "not slow")
 
-VOCAB = 64
-
 
 def _corpus(n=61, seed=0):
-  stream = np.random.default_rng(seed).integers(1, VOCAB, size=n).astype(np.int32)
+  stream = np.random.default_rng(seed).integers(1, EVAL_VOCAB, size=n).astype(np.int32)
   return (
       data.Corpus(
           name="toy",
           unit="word",
-          vocab=[str(i) for i in range(VOCAB)],
+          vocab=[str(i) for i in range(EVAL_VOCAB)],
           boundary_id=0,
           splits={"valid": data.ArraySource(stream)},
       ),
       stream,
   )
-
-
-def _setup(attn_type, mem_len=0, tgt_len=6, **eval_kw):
-  config = tiny_config()
-  config.model.update(
-      attn_type=attn_type,
-      tgt_len=tgt_len,
-      mem_len=mem_len,
-      dropout=0.0,
-      dropatt=0.0,
-      same_length=False,
-  )
-  config.eval.update(
-      tgt_len=tgt_len, mem_len=mem_len, same_length=False, clamp_len=0, global_batch=4
-  )
-  config.eval.update(**eval_kw)
-  mcfg = default_config.model_config(config, VOCAB)
-  model = models.TransformerXL(mcfg)
-  params = nn.unbox(models.init_params(model, jax.random.PRNGKey(attn_type)))
-  params = jax.tree_util.tree_map(  # larger position terms, so that positions matter
-      lambda x: x + 0.2 * jax.random.normal(jax.random.PRNGKey(x.size), x.shape), params
-  )
-  return config, mcfg, params
 
 
 def _direct_nll(mcfg, params, s, a, z, j):
@@ -76,7 +50,7 @@ def _direct_nll(mcfg, params, s, a, z, j):
 @pytest.mark.parametrize("attn_type", [0, 1, 2, 3])
 def test_sliding_window_scores_each_token_from_exactly_its_previous_window(attn_type):
   window = 5
-  config, mcfg, params = _setup(attn_type, method="sliding", window=window, stride=1)
+  config, mcfg, params = eval_setup(attn_type, method="sliding", window=window, stride=1)
   corpus, stream = _corpus()
   mesh = sharding.make_mesh((4, 2), ("data", "model"))
   ev = evaluate.Evaluator(config, mcfg, corpus, mesh)
@@ -95,7 +69,7 @@ def test_sliding_window_scores_each_token_from_exactly_its_previous_window(attn_
 @pytest.mark.parametrize("attn_type", [0, 2])
 def test_sliding_window_with_a_stride(attn_type):
   window, stride = 6, 4
-  config, mcfg, params = _setup(attn_type, method="sliding", window=window, stride=stride)
+  config, mcfg, params = eval_setup(attn_type, method="sliding", window=window, stride=stride)
   corpus, stream = _corpus(n=23)
   ev = evaluate.Evaluator(config, mcfg, corpus, sharding.make_mesh((4, 2), ("data", "model")))
   nll = ev.token_nll(params, "valid")
@@ -112,7 +86,7 @@ def test_segments_without_memory_equal_sliding_windows_of_the_same_context(attn_
   """mem_len 0, window == stride == tgt_len: the same forward passes (a split
   of whole segments: a last, shorter segment is padded at its end by the
   segment iterator, which moves the absolute positions of type 2 and 3)."""
-  config, mcfg, params = _setup(attn_type, mem_len=0, tgt_len=6, global_batch=1)
+  config, mcfg, params = eval_setup(attn_type, mem_len=0, tgt_len=6, global_batch=1)
   corpus, _ = _corpus(n=42)
   mesh = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
   segments = evaluate.Evaluator(config, mcfg, corpus, mesh).token_nll(params, "valid")
@@ -125,7 +99,7 @@ def test_segment_token_nll_is_in_stream_order():
   """token_nll of the segment method puts every NLL at its token: with one row
   and a memory longer than the split, every token sees its whole history,
   as in sliding windows longer than the split; its mean is evaluate()'s."""
-  config, mcfg, params = _setup(0, mem_len=48, tgt_len=6, global_batch=1)
+  config, mcfg, params = eval_setup(0, mem_len=48, tgt_len=6, global_batch=1)
   corpus, stream = _corpus(n=40)
   mesh = sharding.make_mesh((4, 2), ("data", "model"))
   one_row = evaluate.Evaluator(config, mcfg, corpus, mesh).token_nll(params, "valid")
@@ -141,7 +115,7 @@ def test_segment_token_nll_is_in_stream_order():
 def test_eval_settings_differing_from_training_are_used():
   """An evaluator whose eval lengths differ from training's equals a model
   built with them directly (guards the eval_model_config override)."""
-  config, mcfg, params = _setup(0, mem_len=6, tgt_len=6, global_batch=1)
+  config, mcfg, params = eval_setup(0, mem_len=6, tgt_len=6, global_batch=1)
   config.eval.update(tgt_len=4, mem_len=9, clamp_len=3, same_length=True)
   corpus, stream = _corpus(n=20)
   mesh = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])

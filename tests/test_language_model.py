@@ -4,7 +4,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -12,7 +11,7 @@ import pytest
 from transformer_xl import LanguageModel, default_config
 from transformer_xl.inference import sampling
 
-from test_train import REPO, run_main, small_args, write_ptb_sample
+from helpers import run_main, small_args, start_main, tiny_flags, write_ptb_sample
 
 pytestmark = pytest.mark.slow  # end to end: a model trained by the command line
 
@@ -25,21 +24,13 @@ def trained(tmp_path_factory):
   tmp = tmp_path_factory.mktemp("lm")
   manual = write_ptb_sample(tmp / "ptb")
   workdir = tmp / "wd"
-  tiny = [
-      "--config.model.n_layer=2",
-      "--config.model.d_model=32",
-      "--config.model.n_head=2",
-      "--config.model.d_head=16",
-      "--config.model.d_inner=64",
-      "--config.model.tgt_len=8",
-      "--config.model.mem_len=8",
-      "--config.train.num_steps=2",
-      "--config.train.warmup_steps=1",
-      "--config.train.eval_every=0",
-      "--config.train.log_every=1",
-      "--config.eval.tgt_len=4",
-      "--config.eval.mem_len=6",
-  ]
+  tiny = tiny_flags(
+      train__global_batch=None,
+      train__num_steps=2,
+      train__warmup_steps=1,
+      eval__tgt_len=4,
+      eval__mem_len=6,
+  )
   r = run_main(small_args(tmp, workdir, manual, *tiny))
   assert r.returncode == 0, r.stderr[-3000:]
   return tmp, workdir
@@ -337,18 +328,7 @@ def test_generate_a_prompt_file_from_the_command_line(trained, lm, tmp_path):
 
 def _run_all(arg_lists):
   """Runs the command lines at once (each a separate process) and waits for all."""
-  env = dict(os.environ, PYTHONPATH=str(REPO), JAX_LOG_COMPILES="1")
-  procs = [
-      subprocess.Popen(
-          [sys.executable, "-m", "transformer_xl.main", *args],
-          cwd=REPO,
-          env=env,
-          stdout=subprocess.PIPE,
-          stderr=subprocess.PIPE,
-          text=True,
-      )
-      for args in arg_lists
-  ]
+  procs = [start_main(args, env={"JAX_LOG_COMPILES": "1"}) for args in arg_lists]
   return [p.communicate(timeout=300) + (p.returncode,) for p in procs]
 
 

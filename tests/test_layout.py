@@ -16,7 +16,10 @@ Rules (docs/architecture.md):
   evaluation needs no optimizer);
 - nothing in the library imports ``cli/`` (the command line sits on top);
 - no import cycles between modules;
-- the top level holds at most 6 modules beside the subpackages.
+- the top level holds at most 6 modules beside the subpackages;
+- in ``tests/``, no module imports a test module (``test_*.py``): what test
+  modules share lives in plain modules (``helpers.py``, ``data_samples.py``,
+  ``hf_reference.py``, ...) and fixtures in ``conftest.py``.
 
 The imports are read from the source (``ast``), every import statement of
 every module (inside functions too), so a lazy import breaks a rule as well;
@@ -25,7 +28,8 @@ counted.  The rules hold over the transitive closure of that graph: a
 module breaks a rule through any chain of imports (a module also reaches
 the ``__init__`` of each subpackage it is in, which runs before it), and
 the message gives the chain.  One edge is not followed (``NOT_FOLLOWED``,
-with why).
+with why).  In ``tests/``, the code in string constants (run by a test in
+a subprocess) is read too.
 """
 
 from __future__ import annotations
@@ -435,3 +439,78 @@ def test_the_cycle_finder_finds_a_cycle(tmp_path):
       "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n  from transformer_xl import a\n"
   )
   assert cycles(import_graph(root)) == []
+
+
+# --------------------------------------------------------------------------- #
+# The test suite: no test module imports another.
+
+TESTS = pathlib.Path(__file__).resolve().parent
+
+
+def _import_names(tree: ast.AST) -> set[str]:
+  """The dotted module names of every import statement in ``tree``; for
+  ``from a import b`` both ``a`` and ``a.b`` (b may be a module)."""
+  names = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      names.update(a.name for a in node.names)
+    elif isinstance(node, ast.ImportFrom) and not node.level:
+      names.add(node.module)
+      names.update(f"{node.module}.{a.name}" for a in node.names)
+  return names
+
+
+def imports_of_test_modules(root: pathlib.Path = TESTS) -> list[str]:
+  """``"<file> imports <name>"`` for each import of a test module by a Python
+  file under ``root``.
+
+  A test module is a ``test_*.py`` file under ``root``; an import names it
+  when a part of its dotted name is the module's (``test_train``,
+  ``tests.test_train``, ``harness.test_harness``).  Every import statement
+  counts (inside functions too), and those of the code in string constants
+  (run in a subprocess with ``tests/`` on ``PYTHONPATH``).
+  """
+  test_modules = {p.stem for p in root.rglob("test_*.py")}
+  found = []
+  for path in sorted(root.rglob("*.py")):
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names = _import_names(tree)
+    for node in ast.walk(tree):
+      if isinstance(node, ast.Constant) and isinstance(node.value, str) and "import" in node.value:
+        try:
+          names |= _import_names(ast.parse(node.value))
+        except SyntaxError:  # text, not code
+          pass
+    bad = {name for name in names if any(part in test_modules for part in name.split("."))}
+    for name in sorted(bad):
+      parts = name.split(".")
+      prefixes = {".".join(parts[:k]) for k in range(1, len(parts))}
+      if not prefixes & bad:  # named once: test_b, not also test_b.x
+        found.append(f"{path.relative_to(root)} imports {name}")
+  return found
+
+
+def test_no_test_module_imports_another():
+  """Shared test code lives in plain modules (helpers.py, ...), never in a test module."""
+  assert imports_of_test_modules() == []
+
+
+def test_the_test_import_checker_finds_each_kind_of_import(tmp_path):
+  """A plain import, a lazy ``from tests import``, code in a string (once for
+  ``harness.test_h.y``); not another package's test_* module, nor prose."""
+  (tmp_path / "harness").mkdir()
+  files = {
+      "test_a.py": "import test_b\n",
+      "test_b.py": "def f():\n  from tests import test_a\n",
+      "helpers.py": "CODE = 'import json\\nfrom harness.test_h import y'\n",  # run elsewhere
+      "harness/__init__.py": "",
+      "harness/test_h.py": "from helpers import CODE\nfrom jax._src import test_util\n",
+      "test_c.py": "import helpers\nTEXT = 'not code: import it'\n",
+  }
+  for rel, text in files.items():
+    (tmp_path / rel).write_text(text)
+  assert imports_of_test_modules(tmp_path) == [
+      "helpers.py imports harness.test_h",
+      "test_a.py imports test_b",
+      "test_b.py imports tests.test_a",
+  ]

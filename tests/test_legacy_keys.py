@@ -13,9 +13,9 @@ from transformer_xl.model import config as model_config_lib
 from transformer_xl.model import models
 from transformer_xl.run import workdir as wd
 
-CFG = models.ModelConfig(
-    n_token=40, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, tgt_len=6, mem_len=6
-)
+from helpers import tiny_model_config
+
+CFG = tiny_model_config(n_token=40)
 
 
 def _old_model_config_json(workdir, ext_len):

@@ -14,6 +14,8 @@ from transformer_xl.model import memory as memory_lib
 from transformer_xl.model import models
 from transformer_xl.training import train, train_state, train_step
 
+from helpers import tiny_config, tiny_model_config
+
 L, B, M, D = 3, 8, 5, 4
 
 
@@ -96,7 +98,7 @@ def test_key_count_is_the_valid_slots_minus_the_padding():
 
 
 def test_init_memory_and_mem_len():
-  cfg = models.ModelConfig(
+  cfg = tiny_model_config(
       n_token=10, n_layer=L, d_model=D, n_head=2, d_head=2, d_inner=8, tgt_len=3, mem_len=M
   )
   memory = models.init_memory(cfg, B)
@@ -263,7 +265,7 @@ def test_advance_consumes_the_padding_first():
 
 
 def test_with_front_padding_masks_the_padded_positions():
-  cfg = models.ModelConfig(
+  cfg = tiny_model_config(
       n_token=20, n_layer=2, d_model=8, n_head=2, d_head=4, d_inner=16, tgt_len=6, mem_len=0
   )
   pad_B = np.asarray([0, 2, 5], np.int32)
@@ -311,8 +313,6 @@ class _SowingLayer(models.DecoderLayer):
 
 
 def _one_step(model_cls, weight, batch_chunk=1, **model_kw):
-  from test_train import tiny_config
-
   config = tiny_config(batch_chunk=batch_chunk)
   mesh = sharding.make_mesh((2, 1), ("data", "model"), devices=jax.devices()[:2])
   model = model_cls(default_config.model_config(config, 64), **model_kw)

@@ -4,28 +4,17 @@ trains with its memory and the same examples, is scored by --mode=eval, and
 lands in results.json and REPORT.md; its numbers mean nothing."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from test_train import REPO
+from helpers import run_python
 
 SCRIPT = "scripts/memory_tasks.py"
 
 
 def _run(*args, timeout=900):
-  env = dict(os.environ)
-  env.pop("XLA_FLAGS", None)
-  return subprocess.run(
-      [sys.executable, SCRIPT, *args],
-      cwd=REPO,
-      env=env,
-      capture_output=True,
-      text=True,
-      timeout=timeout,
-  )
+  """scripts/memory_tasks.py ARGS, on one CPU device (and the processes it starts)."""
+  return run_python([SCRIPT, *args], devices=1, timeout=timeout)
 
 
 @pytest.mark.slow  # 8 subprocesses (train and eval of 4 memories): 82-220 s on 2 shared cores

@@ -10,6 +10,7 @@ refusals, and the command line.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -25,7 +26,17 @@ from transformer_xl.model import config as model_config
 from transformer_xl.model import memory as memory_lib
 from transformer_xl.model import models
 
-from test_compressive_memory import score_and_generate
+from helpers import (
+    read_metrics,
+    run_main,
+    score_and_generate,
+    small_args,
+    tiny_config,
+    tiny_text_config,
+    toy_corpus,
+    write_corpus,
+    write_ptb_sample,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CASES = sorted(p.stem for p in FIXTURES.glob("lm_rmt_*.npz"))
@@ -93,7 +104,7 @@ def test_gradients_equal_the_authors():
   model = models.TransformerXL(cfg)
   x, y = z["inputs_SxBxT"], z["targets_SxBxT"]
   memory = models.init_memory(cfg, 2)
-  xl_cfg = models.ModelConfig(**{**cfg.__dict__, "num_mem_tokens": 0})
+  xl_cfg = dataclasses.replace(cfg, num_mem_tokens=0)
   grad_fn = jax.jit(
       jax.grad(lambda p, memory, x, y: model.apply({"params": p}, x, memory, y)[0].sum())
   )
@@ -214,9 +225,7 @@ def test_the_converter_checks_the_fork_tensors():
   with pytest.raises(rmt.ConvertError, match="lacks 'mem_tokens'"):
     rmt.params_from_rmt_state_dict({k: v for k, v in state.items() if k != "mem_tokens"}, cfg)
   with pytest.raises(rmt.ConvertError, match="num_mem_tokens=0 in the hparams"):
-    rmt.params_from_rmt_state_dict(
-        state, models.ModelConfig(**{**cfg.__dict__, "num_mem_tokens": 0})
-    )
+    rmt.params_from_rmt_state_dict(state, dataclasses.replace(cfg, num_mem_tokens=0))
   with pytest.raises(rmt.ConvertError, match="num_mem_tokens"):
     rmt.load_rmt_hparams({**json.loads(str(z["hparams"])), "num_mem_tokens": -2})
   from transformer_xl.convert import hparams
@@ -233,8 +242,6 @@ def test_the_converter_checks_the_fork_tensors():
 def trained(tmp_path_factory):
   """(root, workdir, config): a model with 2 memory tokens and an XL cache,
   trained for 4 steps through ``modes.run`` on one's own text."""
-  from test_mode_overrides import tiny_text_config, write_corpus
-
   root = tmp_path_factory.mktemp("rmt")
   config = tiny_text_config(write_corpus(root / "corpus"), root / "tfds")
   config.model.update(num_mem_tokens=2)
@@ -310,9 +317,6 @@ def test_it_trains_sharded_with_accumulation_and_resumes_exactly(tmp_path):
   from transformer_xl import sharding
   from transformer_xl.training import train
 
-  from test_reliability import toy_corpus
-  from test_train import tiny_config
-
   config = tiny_config(num_steps=6, batch_chunk=2, log_every=1, eval_every=0)
   config.model.update(num_mem_tokens=2, dropout=0.0, dropatt=0.0)
   config.checkpoint.update(every_steps=2, max_to_keep=10)
@@ -340,8 +344,6 @@ def test_it_trains_sharded_with_accumulation_and_resumes_exactly(tmp_path):
 @pytest.mark.slow
 def test_the_command_line_trains_with_memory_tokens(tmp_path):
   """One process: ``--config.model.num_mem_tokens=2`` with the quickstart config."""
-  from test_train import read_metrics, run_main, small_args, write_ptb_sample
-
   manual = write_ptb_sample(tmp_path / "ptb")
   tiny = [
       "--config.model.n_layer=2",
@@ -371,8 +373,6 @@ def test_the_command_line_trains_with_memory_tokens(tmp_path):
 def test_an_unsupported_setting_is_refused_in_one_line(tmp_path):
   """Before anything is compiled (or read): the config's ``error:`` with one
   problem line naming the setting and the fix."""
-  from test_mode_overrides import tiny_text_config
-
   other = tiny_text_config(tmp_path / "nowhere", tmp_path / "tfds")
   other.model.update(num_mem_tokens=2)
   other.eval.update(method="sliding")

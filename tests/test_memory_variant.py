@@ -30,9 +30,8 @@ from transformer_xl.model import attention_ops, memory, models
 from transformer_xl.run import run_dir
 from transformer_xl.training import train
 
-from test_reliability import VOCAB as CORPUS_VOCAB
-from test_reliability import toy_corpus
-from test_train import tiny_config
+from helpers import TOY_VOCAB as CORPUS_VOCAB
+from helpers import tiny_config, tiny_model_config, toy_corpus
 
 VOCAB = 64
 SIZES = dict(n_token=VOCAB, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32)
@@ -82,7 +81,7 @@ def pooled_config(**train_kw):
 
 
 def test_the_variant_is_chosen_by_the_config_and_unknown_names_are_refused():
-  cfg = models.ModelConfig(**SIZES, tgt_len=6, mem_len=6, memory=PooledMemory.name)
+  cfg = tiny_model_config(**SIZES, tgt_len=6, mem_len=6, memory=PooledMemory.name)
   assert memory.variant(cfg) is PooledMemory
   assert models.init_memory(cfg, 3).mems_LxBxMxD.shape == (2, 3, 7, 16)
   assert cfg.pos_table_len == 6 + 7  # the learned position tables cover the extra slot
@@ -97,8 +96,8 @@ def test_the_extra_slot_is_hidden_until_the_xl_memory_drops_an_input():
   valid XL slots, the summary slot masked); segment 3 is the first whose XL
   update drops inputs, so from segment 4 on the summary slot is read."""
   kw = dict(**SIZES, tgt_len=4, mem_len=8, dropout=0.0)
-  pooled = models.TransformerXL(models.ModelConfig(**kw, memory=PooledMemory.name))
-  xl = models.TransformerXL(models.ModelConfig(**kw))
+  pooled = models.TransformerXL(tiny_model_config(**kw, memory=PooledMemory.name))
+  xl = models.TransformerXL(tiny_model_config(**kw))
   params = nn.unbox(models.init_params(pooled, jax.random.PRNGKey(0)))
   # A summary far from the states (bias 3), so that reading it shows in the scores.
   params["layers"]["pool_proj"]["bias"] = jnp.full_like(params["layers"]["pool_proj"]["bias"], 3.0)

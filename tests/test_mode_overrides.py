@@ -20,50 +20,9 @@ import pytest
 from transformer_xl import data, default_config, sharding
 from transformer_xl.cli import eval_modes, modes
 from transformer_xl.inference import evaluate, generate, language_model, text_scores, trained_model
-from transformer_xl.model import models, pallas_attention, tuning
+from transformer_xl.model import pallas_attention, tuning
 
-WORDS = "the a cat dog sat ran on under mat log big small red blue".split()
-TEXT = "the big cat sat on the mat\nthe small dog ran under a red log\n"
-
-
-def write_corpus(directory, seed=0):
-  """train/valid/test files of a low-entropy toy language of WORDS."""
-  rng = np.random.default_rng(seed)
-  directory.mkdir(parents=True, exist_ok=True)
-  for split, n in (("train", 400), ("valid", 40), ("test", 40)):
-    lines = []
-    for _ in range(n):
-      start, length = rng.integers(0, len(WORDS)), rng.integers(4, 10)
-      lines.append(" ".join(WORDS[(start + 3 * k) % len(WORDS)] for k in range(length)))
-    (directory / f"{split}.txt").write_text("\n".join(lines) + "\n")
-  return directory
-
-
-def tiny_text_config(corpus_dir, data_dir):
-  c = default_config.get_config()
-  c.data.update(
-      dataset="text",
-      tokenizer="word",
-      train_files=str(corpus_dir / "train.txt"),
-      valid_files=str(corpus_dir / "valid.txt"),
-      test_files=str(corpus_dir / "test.txt"),
-      data_dir=str(data_dir),
-  )
-  c.model.update(
-      n_layer=2,
-      d_model=32,
-      n_head=2,
-      d_head=16,
-      d_inner=64,
-      dropout=0.0,
-      dropatt=0.0,
-      tgt_len=8,
-      mem_len=8,
-  )
-  c.train.update(global_batch=8, num_steps=2, warmup_steps=1, eval_every=0, log_every=1)
-  c.eval.update(tgt_len=8, mem_len=8, same_length=True, global_batch=8)
-  c.checkpoint.update(every_steps=2)
-  return c
+from helpers import TEXT, tiny_model_config, tiny_text_config, write_corpus
 
 
 @pytest.fixture(scope="module")
@@ -328,18 +287,7 @@ def test_score_and_generate_after_the_corpus_changed_use_the_saved_tokenizer(
     os.utime(train, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
 
-TRAINED = models.ModelConfig(
-    n_token=40,
-    n_layer=2,
-    d_model=16,
-    n_head=2,
-    d_head=8,
-    d_inner=32,
-    tgt_len=6,
-    mem_len=6,
-    d_embed=16,
-    dtype="bfloat16",
-)
+TRAINED = tiny_model_config(n_token=40, d_embed=16, dtype="bfloat16")
 
 
 def test_free_settings_are_applied_and_training_only_ones_ignored():

@@ -11,6 +11,8 @@ import pytest
 from transformer_xl import default_config
 from transformer_xl.model import models, tuning
 
+from helpers import tiny_model_config
+
 SLOW = pytest.mark.slow  # a case left out of the fast tier (-m "not slow")
 SMOKE = pytest.mark.smoke  # a case in the smoke tier (-m smoke)
 
@@ -21,8 +23,6 @@ def small_config(**kw):
   base = dict(
       n_token=37,
       n_layer=3,
-      d_model=16,
-      n_head=2,
       d_head=6,
       d_inner=24,
       dropout=0.0,
@@ -31,7 +31,7 @@ def small_config(**kw):
       mem_len=7,
   )
   base.update(kw)
-  return models.ModelConfig(**base)
+  return tiny_model_config(**base)
 
 
 def init_model(cfg, batch=2, seed=0):

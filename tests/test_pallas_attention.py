@@ -18,10 +18,19 @@ import numpy as np
 import pytest
 from jax import export
 
-from tests.test_attention import tiny_model_inputs
 from transformer_xl import default_config, sharding
 from transformer_xl.model import attention, attention_ops, models, pallas_attention
 from transformer_xl.training import lowering, train_state, train_step
+
+from helpers import (
+    run_main,
+    small_args,
+    tiny_config,
+    tiny_flags,
+    tiny_model_config,
+    tiny_model_inputs,
+    write_ptb_sample,
+)
 
 SLOW = pytest.mark.slow
 TPU_I = pallas_attention.Flavor("tpu", 8, interpret=True)
@@ -126,18 +135,7 @@ MODEL_CASES = [
 @pytest.mark.parametrize("options,memory,documents", MODEL_CASES)
 def test_model_with_the_kernel_equals_the_xla_model(options, memory, documents):
   """Per-token NLL, the next memory and every parameter's gradient."""
-  cfg = models.ModelConfig(
-      n_token=37,
-      n_layer=2,
-      d_model=16,
-      n_head=2,
-      d_head=8,
-      d_inner=24,
-      dropout=0.0,
-      tgt_len=7,
-      mem_len=5,
-      **options,
-  )
+  cfg = tiny_model_config(n_token=37, d_inner=24, dropout=0.0, tgt_len=7, mem_len=5, **options)
   xla_model = models.TransformerXL(cfg)
   pallas_model = models.TransformerXL(dataclasses.replace(cfg, attention_impl="pallas"))
   params, tokens, mem = tiny_model_inputs(cfg, memory)
@@ -174,18 +172,7 @@ def test_model_with_the_kernel_equals_the_xla_model(options, memory, documents):
 def test_dropatt_in_training_falls_back_to_xla_and_says_so_once(caplog):
   """The kernel has no dropatt: a training step with dropatt > 0 computes
   exactly the XLA path's numbers (same dropout masks), logged once."""
-  cfg = models.ModelConfig(
-      n_token=37,
-      n_layer=2,
-      d_model=16,
-      n_head=2,
-      d_head=8,
-      d_inner=24,
-      dropout=0.1,
-      dropatt=0.3,
-      tgt_len=7,
-      mem_len=5,
-  )
+  cfg = tiny_model_config(n_token=37, d_inner=24, dropout=0.1, dropatt=0.3, tgt_len=7, mem_len=5)
   xla_model = models.TransformerXL(cfg)
   pallas_model = models.TransformerXL(dataclasses.replace(cfg, attention_impl="pallas"))
   params, tokens, mem = tiny_model_inputs(cfg, "empty")
@@ -283,8 +270,6 @@ def test_sharded_training_with_the_kernel_equals_xla_on_one_device():
   """Two train steps over a (data 4, model 2) mesh, the kernel as a
   shard_map in interpret mode, documents on: the XLA path's losses and
   parameters on one device."""
-  from tests.test_train import tiny_config  # noqa: PLC0415 (the same tiny run)
-
   tokens = np.random.default_rng(0).integers(0, 64, size=8 * 6 * 2 + 8).astype(np.int32)
   results = {}
   for impl, mesh in (
@@ -327,8 +312,6 @@ def test_command_line_trains_evaluates_scores_and_generates_with_the_kernel(tmp_
   implementation (a free setting: the same results), score and generate."""
   import json  # noqa: PLC0415
 
-  from tests.test_train import run_main, small_args, write_ptb_sample  # noqa: PLC0415
-
   manual = write_ptb_sample(tmp_path / "ptb", n_lines=(300, 40, 40))
   workdir = tmp_path / "wd"
   r = run_main(
@@ -343,21 +326,7 @@ def test_command_line_trains_evaluates_scores_and_generates_with_the_kernel(tmp_
   assert r.returncode == 1 and "Traceback" not in r.stderr
   assert "model.attn_type=2 needs model.attention_impl='xla'" in r.stderr
   assert not workdir.exists()
-  tiny = [
-      "--config.model.n_layer=2",
-      "--config.model.d_model=32",
-      "--config.model.n_head=2",
-      "--config.model.d_head=16",
-      "--config.model.d_inner=64",
-      "--config.model.tgt_len=8",
-      "--config.model.mem_len=8",
-      "--config.model.dropatt=0.0",
-      "--config.eval.tgt_len=8",
-      "--config.eval.mem_len=16",
-      "--config.train.global_batch=8",
-      "--config.train.eval_every=0",
-      "--config.train.warmup_steps=2",
-  ]
+  tiny = tiny_flags(train__log_every=None, model__dropatt=0.0, eval__tgt_len=8, eval__mem_len=16)
   r = run_main(
       small_args(
           tmp_path,

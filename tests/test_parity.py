@@ -18,7 +18,8 @@ reference does (see the README and transformer_xl/convert/):
 
 All parameters are redrawn at N(0, 0.2) (LayerNorm weights 1 + N(0, 0.1)) so
 the outputs are far from uniform; dropout is off; three consecutive segments
-are run with memory starting empty.
+are run with memory starting empty.  The HuggingFace helpers (``hf_model``,
+``hf_segments``, ...) are in hf_reference.py, shared with the converter's tests.
 """
 
 from __future__ import annotations
@@ -41,141 +42,20 @@ with warnings.catch_warnings():  # transformers 4.35 uses a deprecated torch pyt
 from transformer_xl import convert
 from transformer_xl.model import models  # noqa: E402
 
-BASE = dict(
-    n_token=40,
-    n_layer=2,
-    n_head=2,
-    d_model=16,
-    d_head=8,
-    d_inner=32,
-    dropout=0.0,
-    dropatt=0.0,
-    tgt_len=5,
-    mem_len=7,
+from hf_reference import (
+    CASES,
+    B,
+    empty_hf_mems,
+    hf_model,
+    hf_segments,
+    hparams,
+    our_segments,
+    random_tokens,
+    reverse_clusters,
+    state_dict,
 )
-CASES = {
-    "plain": dict(tie_weight=False),
-    "plain_projected": dict(d_embed=24, tie_projs=[False]),
-    "same_length_clamp": dict(same_length=True, clamp_len=3),
-    "pre_lnorm": dict(pre_lnorm=True),
-    "untie_r": dict(untie_r=True),
-    "adaptive_div1_tied": dict(
-        cutoffs=[10, 25], d_embed=24, div_val=1, tie_projs=[False, True, True]
-    ),
-    "adaptive_div1_untied": dict(
-        cutoffs=[10, 25], d_embed=24, div_val=1, tie_projs=[False, False, False], tie_weight=False
-    ),
-    "adaptive_div4_tied": dict(
-        cutoffs=[10, 25], d_embed=32, div_val=4, tie_projs=[False, True, True]
-    ),
-    "adaptive_div4_untied": dict(
-        cutoffs=[10, 25], d_embed=32, div_val=4, tie_projs=[False, False, False], tie_weight=False
-    ),
-}
-B = 2
+
 N_SEG = 3
-
-
-def hparams(case: str, **overrides) -> dict:
-  """Validated reference hparams of a test case."""
-  return convert.load_hparams({**BASE, **CASES[case], **overrides})
-
-
-def hf_model(hp: dict, seed: int = 0):
-  """A TransfoXLLMHeadModel for reference hparams, parameters redrawn, eval mode."""
-  with warnings.catch_warnings():  # deprecation warnings of transformers 4.35's TransfoXL
-    warnings.simplefilter("ignore")
-    from transformers import TransfoXLConfig, TransfoXLLMHeadModel
-
-    config = TransfoXLConfig(
-        vocab_size=hp["n_token"],
-        cutoffs=list(hp["cutoffs"]),
-        d_model=hp["d_model"],
-        d_embed=hp["d_embed"],
-        n_head=hp["n_head"],
-        d_head=hp["d_head"],
-        d_inner=hp["d_inner"],
-        div_val=hp["div_val"],
-        pre_lnorm=hp["pre_lnorm"],
-        n_layer=hp["n_layer"],
-        mem_len=hp["mem_len"],
-        clamp_len=hp["clamp_len"],
-        same_length=hp["same_length"],
-        dropout=0.0,
-        dropatt=0.0,
-        untie_r=hp["untie_r"],
-        tie_word_embeddings=hp["tie_weight"],
-    )
-    config.tie_projs = list(hp["tie_projs"])
-    model = TransfoXLLMHeadModel(config).eval()
-  gen = torch.Generator().manual_seed(seed)
-  with torch.no_grad():
-    for name, p in model.named_parameters():  # shared (tied) tensors are listed once
-      noise = torch.randn(p.shape, generator=gen)
-      p.copy_(1.0 + 0.1 * noise if name.endswith("layer_norm.weight") else 0.2 * noise)
-  return model
-
-
-def state_dict(model) -> dict[str, np.ndarray]:
-  """The HF model's state dict as numpy copies."""
-  return {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
-
-
-def reverse_clusters(model) -> None:
-  """Known difference (2): reverses HF's cluster rows in place."""
-  if hasattr(model.crit, "cluster_weight"):
-    with torch.no_grad():
-      model.crit.cluster_weight.copy_(model.crit.cluster_weight.flip(0))
-      model.crit.cluster_bias.copy_(model.crit.cluster_bias.flip(0))
-
-
-def empty_hf_mems(hp: dict, batch: int):
-  """Known difference (1): the reference's empty memory, in HF's format."""
-  return [torch.zeros(0, batch, hp["d_model"]) for _ in range(hp["n_layer"])]
-
-
-def hf_segments(model, hp: dict, tokens: np.ndarray, seg_len: int, mems=None):
-  """HF's per-token NLL [B, T] and memories after each segment.
-
-  Args:
-    tokens: int [B, T + 1]; segment s predicts tokens[:, s*L+1 : (s+1)*L+1].
-    mems: initial memories; default the reference's empty memory.
-
-  Returns:
-    (nll float32 [B, T] from HF's log-probs, list of per-segment memories
-    as numpy [n_layer, B, m, d_model]).
-  """
-  mems = empty_hf_mems(hp, tokens.shape[0]) if mems is None else mems
-  nlls, all_mems = [], []
-  t = tokens.shape[1] - 1
-  with torch.no_grad():
-    for s in range(0, t, seg_len):
-      x = torch.from_numpy(tokens[:, s : min(s + seg_len, t)]).long()
-      y = torch.from_numpy(tokens[:, s + 1 : min(s + seg_len, t) + 1]).long()
-      out = model(input_ids=x, mems=mems)
-      mems = out.mems
-      nlls.append(-out.prediction_scores.gather(-1, y[..., None])[..., 0].numpy())
-      all_mems.append(np.stack([m.numpy() for m in mems]).transpose(0, 2, 1, 3))
-  return np.concatenate(nlls, axis=1), all_mems
-
-
-def our_segments(params, cfg, tokens: np.ndarray, seg_len: int):
-  """Our per-token NLL [B, T] and memories (valid slots only) after each segment."""
-  model = models.TransformerXL(cfg)
-  step = jax.jit(lambda p, x, mem, y: model.apply({"params": p}, x, mem, y))
-  memory = models.init_memory(cfg, tokens.shape[0])
-  nlls, all_mems = [], []
-  for s in range(0, tokens.shape[1] - 1, seg_len):
-    x, y = tokens[:, s : s + seg_len], tokens[:, s + 1 : s + seg_len + 1]
-    nll, memory = step(params, jnp.asarray(x, jnp.int32), memory, jnp.asarray(y, jnp.int32))
-    nlls.append(np.asarray(nll))
-    mlen = int(np.asarray(memory.mlen_B)[0])
-    all_mems.append(np.asarray(memory.mems_LxBxMxD)[:, :, cfg.mem_len - mlen :])
-  return np.concatenate(nlls, axis=1), all_mems
-
-
-def random_tokens(n_token: int, length: int, seed: int = 0, batch: int = B) -> np.ndarray:
-  return np.random.default_rng(seed).integers(0, n_token, size=(batch, length)).astype(np.int64)
 
 
 def converted(case: str, seed: int = 0):

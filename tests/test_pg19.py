@@ -10,43 +10,25 @@ boundaries and evaluates whole books, with word-level perplexity.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from transformer_xl import data
 
-REPO = Path(__file__).resolve().parents[1]
+from helpers import REPO, load_config, mock_tfds_module, run_python
+
 SCRIPT = REPO / "scripts" / "mock_tfds.py"
 BOOKS = 48  # mock examples per split (about 780 bytes: enough rows for the config's batch)
-
-
-def _mock_module():
-  spec = importlib.util.spec_from_file_location("mock_tfds", SCRIPT)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-def _config():
-  spec = importlib.util.spec_from_file_location("pg19_small", REPO / "configs" / "pg19_small.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
 
 
 def _mock_books(num_examples=BOOKS):
   """split -> the mock books' texts, read through tfds as the corpus reads them."""
   import tensorflow_datasets as tfds
 
-  with _mock_module().mock_tfds_but_ours(num_examples):
+  with mock_tfds_module().mock_tfds_but_ours(num_examples):
     builder = tfds.builder("pg19")
     return {
         ours: [ex["book_text"] for ex in builder.as_data_source(theirs)]
@@ -56,9 +38,9 @@ def _mock_books(num_examples=BOOKS):
 
 @pytest.mark.smoke
 def test_pg19_small_reads_each_book_as_a_document(tmp_path):
-  config = _config()
+  config = load_config("pg19_small")
   config.data.data_dir = str(tmp_path / "tfds")
-  with _mock_module().mock_tfds_but_ours(BOOKS):
+  with mock_tfds_module().mock_tfds_but_ours(BOOKS):
     corpus = data.load_configured(config.data.to_dict())
   books = _mock_books()
   assert corpus.unit == "byte"
@@ -86,16 +68,8 @@ def test_pg19_small_reads_each_book_as_a_document(tmp_path):
 
 
 def _run(args, timeout=600):
-  env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
-  return subprocess.run(
-      [sys.executable, str(SCRIPT), f"--mock_examples={BOOKS}", *map(str, args)],
-      cwd=REPO,
-      env=env,
-      capture_output=True,
-      text=True,
-      timeout=timeout,
-  )
+  """scripts/mock_tfds.py (the command line over tfds's mock data) ARGS, on one CPU device."""
+  return run_python([SCRIPT, f"--mock_examples={BOOKS}", *args], devices=1, timeout=timeout)
 
 
 @pytest.mark.slow

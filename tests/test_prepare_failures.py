@@ -33,8 +33,8 @@ from transformer_xl.data import text_builder
 from transformer_xl.data.text_settings import TextSettings
 
 from data_samples import CHUNK, _ptb_tgz
+from helpers import REPO, tiny_config
 
-REPO = Path(__file__).resolve().parents[1]
 SPLITS = ("train", "valid", "test")
 
 
@@ -442,8 +442,6 @@ def test_a_training_split_too_short_for_one_step_is_a_user_error_before_compilin
   from transformer_xl import sharding
   from transformer_xl.training import train
 
-  from test_train import tiny_config
-
   config = tiny_config(num_steps=4, eval_every=0)  # global_batch 8, tgt_len 6: 56 tokens a step
   mesh = sharding.make_mesh(config.mesh.shape, config.mesh.axis_names)
 
@@ -464,8 +462,6 @@ def test_a_training_split_too_short_for_one_step_is_a_user_error_before_compilin
 def test_a_training_split_too_short_from_the_command_line_is_one_error_line(tmp_path):
   """``--mode=train`` (``cli.modes.run``) on own text of 30 words."""
   from transformer_xl.cli import modes
-
-  from test_train import tiny_config
 
   folder = _text_files(tmp_path / "text", n_lines=(5, 5, 5))
   config = tiny_config(num_steps=4, eval_every=0)

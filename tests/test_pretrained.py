@@ -34,9 +34,8 @@ from transformer_xl.convert.hub import hub_files
 from transformer_xl.data.download import sha256_of
 
 from data_samples import _wiki_zip
-from test_convert import run_module, tf_variables, write_tf_checkpoint
-from test_parity import BASE, hf_model, hf_segments, state_dict
-from test_safe_pickle import hf_tokenization  # noqa: F401  (a fixture)
+from helpers import run_module
+from hf_reference import BASE, hf_model, hf_segments, state_dict, tf_variables, write_tf_checkpoint
 
 pytest.importorskip("tensorflow", reason="the releases are TF checkpoints (convert extra)")
 
@@ -463,7 +462,7 @@ HUB = "/transfo-xl/transfo-xl-wt103/resolve/main"
 
 
 @pytest.fixture
-def hub(small_release, server, hf_tokenization, tmp_path, monkeypatch):  # noqa: F811 (fixture)
+def hub(small_release, server, hf_tokenization, tmp_path, monkeypatch):
   """The server also answers as the Hub for the small release in HuggingFace's
   layout: ``config.json`` (a TransfoXLConfig), ``pytorch_model.bin``
   (``torch.save`` of the state dict), ``vocab.pkl`` (the tokenizer's

@@ -11,7 +11,7 @@ import pytest
 
 from transformer_xl.cli import process_settings
 
-from test_train import REPO
+from helpers import REPO
 
 GLIBC = platform.libc_ver()[0] == "glibc"
 THP = process_settings.thp_mode() in ("always", "madvise")
@@ -132,13 +132,13 @@ def test_release_after_compiles_runs_after_every_compilation(monkeypatch):
 # The library leaves the process alone; the entry points' settings do what they say.
 
 _LIBRARY_RUN = r"""
-import json, logging, os, signal, sys
+import json, logging, os, pathlib, signal, sys
 import jax
 from transformer_xl import sharding
 from transformer_xl.run import checkpointing
 from transformer_xl.run import workdir as wd
 from transformer_xl.run import run_dir
-from test_reliability import VOCAB, toy_config, toy_corpus, train_toy, _damage
+from helpers import TOY_VOCAB, damage_checkpoint, toy_config, train_toy
 from transformer_xl import default_config
 
 def snapshot():
@@ -157,8 +157,8 @@ workdir = sys.argv[1]
 mesh = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
 config = toy_config(num_steps=4)
 train_toy(workdir, mesh, config)                      # training, checkpoints 2 and 4
-_damage(__import__("pathlib").Path(workdir) / "checkpoints" / "4", "data_file_deleted", None)
-mcfg = default_config.model_config(config, VOCAB)
+damage_checkpoint(pathlib.Path(workdir) / "checkpoints" / "4", "data_file_deleted", None)
+mcfg = default_config.model_config(config, TOY_VOCAB)
 step, _ = run_dir.restore_params(workdir, mcfg, mesh)  # a failed read, then the fallback
 after = snapshot()
 print(json.dumps({"step": step, "before": before, "after": after}))

@@ -16,9 +16,25 @@ import pytest
 from transformer_xl.cli import process_settings
 from transformer_xl.run import metrics
 
-from test_data_text_files import TINY, _main  # python -m transformer_xl.main, piped, 1 CPU device
+from helpers import REPO, run_main, tiny_flags
 
-REPO = Path(__file__).resolve().parents[1]
+# 3 steps of segments and memory of 16, evaluation with memory 32, a checkpoint at step 3.
+TINY = tiny_flags(
+    model__tgt_len=16,
+    model__mem_len=16,
+    train__num_steps=3,
+    train__warmup_steps=0,
+    eval__tgt_len=16,
+    eval__mem_len=32,
+    eval__global_batch=8,
+    checkpoint__every_steps=3,
+)
+
+
+def _main(args):
+  """``python -m transformer_xl.main ARGS``, piped, on one CPU device."""
+  return run_main(args, devices=1, timeout=600)
+
 
 # tfds's noise, each as it appeared in a log before: its progress bars (their
 # names), the two lines it prints on stdout, its warning.

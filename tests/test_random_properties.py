@@ -39,14 +39,14 @@ import numpy as np
 import optax
 import pytest
 
-from transformer_xl import data, sharding
+from transformer_xl import data, default_config, sharding
 from transformer_xl.analysis import relative_gain as rg
 from transformer_xl.convert.names import flatten_params
 from transformer_xl.inference import generate, sampling
 from transformer_xl.model import attention, attention_ops, models
 from transformer_xl.training import train, train_state, train_step
 
-from test_train import tiny_config
+from helpers import tiny_config, tiny_model_config
 
 SIGMAS = 6.0  # the bound of every statistical check, in standard errors
 
@@ -215,18 +215,7 @@ def test_dropatt_output_averaged_over_keys_equals_the_deterministic_attention():
   """The attention output of the Transformer-XL variant averaged over 256 dropout keys
   equals its output without dropout (E[mask / keep] = 1)."""
   dropatt, b, t, m = 0.3, 2, 8, 8
-  cfg = models.ModelConfig(
-      n_token=16,
-      n_layer=1,
-      d_model=16,
-      n_head=2,
-      d_head=8,
-      d_inner=32,
-      dropout=0.0,
-      dropatt=dropatt,
-      tgt_len=t,
-      mem_len=m,
-  )
+  cfg = tiny_model_config(n_token=16, n_layer=1, dropout=0.0, dropatt=dropatt, tgt_len=t, mem_len=m)
   make = lambda det: attention.RelPartialLearnableAttention.from_config(
       cfg, deterministic=det, record=False, block_size=0, name=None
   )
@@ -335,17 +324,8 @@ def dropout_calls():
   """({site: [(x, y) per call]}, hidden): the input x and output y of every nn.Dropout
   call of a 2-layer model, numpy [N_KEYS, ...] over N_KEYS dropout keys, and the final
   hidden states [N_KEYS, B, T, D] (TransformerXL.hidden) of the same calls."""
-  cfg = models.ModelConfig(
-      n_token=64,
-      n_layer=2,
-      d_model=32,
-      n_head=2,
-      d_head=16,
-      d_inner=64,
-      dropout=DROPOUT,
-      dropatt=0.0,
-      tgt_len=8,
-      mem_len=8,
+  cfg = tiny_model_config(
+      d_model=32, d_head=16, d_inner=64, dropout=DROPOUT, dropatt=0.0, tgt_len=8, mem_len=8
   )
   model = models.TransformerXL(cfg)
   params = model_params(cfg)
@@ -452,7 +432,7 @@ def train_setup():
       dropatt=0.0,
   )
   mesh = one_device_mesh()
-  mcfg = models.ModelConfig(n_token=64, **config.model.to_dict())
+  mcfg = default_config.model_config(config, 64)
   model = models.TransformerXL(mcfg)
   tx = train_state.make_optimizer(config.train)
   _, shardings = train_state.abstract_train_state(model, tx, 8, mesh)
@@ -511,17 +491,7 @@ def test_each_generated_token_has_its_own_reproducible_key(monkeypatch):
   """Token i of row b is drawn with fold_in(fold_in(PRNGKey(seed), b), i)
   (generate.Generator.stream): one distinct key per token and row, the same ones for the
   same seed, others for another seed."""
-  cfg = models.ModelConfig(
-      n_token=64,
-      n_layer=1,
-      d_model=16,
-      n_head=2,
-      d_head=8,
-      d_inner=32,
-      dropout=0.0,
-      tgt_len=4,
-      mem_len=4,
-  )
+  cfg = tiny_model_config(n_layer=1, dropout=0.0, tgt_len=4, mem_len=4)
   params = model_params(cfg)
   keys = []  # the key of every draw, in dispatch order (ordered effects)
   real = sampling.sample_tokens

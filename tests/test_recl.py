@@ -13,10 +13,7 @@
 
 import json
 import math
-import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -25,8 +22,7 @@ from transformer_xl.analysis import recl
 from transformer_xl.analysis import relative_gain as rg
 
 from data_samples import _wiki_zip
-from test_configs import _ablation
-from test_train import REPO
+from helpers import ablation_config, run_module, tiny_config
 
 # --------------------------------------------------------------------------- #
 # A group written by hand: models X and Y, context lengths 10, 20, 30, five
@@ -200,8 +196,6 @@ def test_context_length_means_the_same_for_segments_and_sliding_windows():
   from transformer_xl.inference import evaluate
   from transformer_xl.model import models
 
-  from test_train import tiny_config
-
   vocab = 40
   config = tiny_config()
   config.model.update(n_layer=1, attn_type=0, tgt_len=6, mem_len=6, dropout=0.0, dropatt=0.0)
@@ -238,16 +232,13 @@ def test_context_length_means_the_same_for_segments_and_sliding_windows():
 
 
 def _run(args, timeout=240):
-  env = dict(os.environ, PYTHONPATH=str(REPO), JAX_LOG_COMPILES="1")
-  env["XLA_FLAGS"] = " ".join(
-      f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f
-  )  # one CPU device: faster
-  return subprocess.run(
-      [sys.executable, "-m", "transformer_xl.analysis.recl", *args],
-      cwd=REPO,
-      env=env,
-      capture_output=True,
-      text=True,
+  """``python -m transformer_xl.analysis.recl ARGS`` on one CPU device (faster),
+  logging every compilation (JAX_LOG_COMPILES)."""
+  return run_module(
+      "transformer_xl.analysis.recl",
+      *args,
+      devices=1,
+      env={"JAX_LOG_COMPILES": "1"},
       timeout=timeout,
   )
 
@@ -273,7 +264,7 @@ def group(tmp_path_factory):
   mesh = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
   workdirs = []
   for variant in ("xl", "vanilla"):
-    config = _ablation(variant, corpus.vocab_size)
+    config = ablation_config(variant, corpus.vocab_size)
     config.data.update(
         data_dir=str(tmp / "tfds"), manual_dir=str(tmp / "manual"), verify_checksums=False
     )

@@ -8,6 +8,7 @@ workdir shared by the module) cover the messages a user sees.
 """
 
 import asyncio
+import dataclasses
 import errno
 import gc
 import hashlib
@@ -31,35 +32,27 @@ from transformer_xl import data, default_config, sharding
 from transformer_xl.cli import process_settings
 from transformer_xl.model import models
 from transformer_xl.run import checkpointing, fingerprints, metrics, retention, run_dir
-from transformer_xl.training import train, train_state, train_step
+from transformer_xl.training import train_state, train_step
 from transformer_xl.util import report
 
-from test_train import REPO, read_metrics, run_main, small_args, tiny_config, write_ptb_sample
+from helpers import (
+    REPO,
+    TOY_STEPS,
+    TOY_VOCAB,
+    damage_checkpoint,
+    read_metrics,
+    run_main,
+    small_args,
+    start_main,
+    tiny_flags,
+    tiny_model_config,
+    toy_config,
+    toy_corpus,
+    train_toy,
+    write_ptb_sample,
+)
 
 SLOW = pytest.mark.slow  # a case left out of the fast tier (-m "not slow")
-
-VOCAB = 32
-N_STEPS = 12
-
-
-def toy_corpus():
-  rng = np.random.default_rng(0)
-  stream = lambda n: data.ArraySource(rng.integers(0, VOCAB, size=n).astype(np.int32))
-  return data.Corpus(
-      name="toy",
-      unit="word",
-      vocab=[f"w{i}" for i in range(VOCAB)],
-      boundary_id=0,
-      splits={"train": stream(8 * 6 * 40 + 8), "valid": stream(300), "test": stream(300)},
-  )
-
-
-def toy_config(**train_kw):
-  c = tiny_config(
-      **{**dict(num_steps=N_STEPS, warmup_steps=2, log_every=1, eval_every=0), **train_kw}
-  )
-  c.checkpoint.update(every_steps=2, max_to_keep=10)
-  return c
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -119,13 +112,9 @@ def poison(monkeypatch, steps):
   monkeypatch.setattr(data, "make_train_iterator", lambda *a, **k: Poisoned(make(*a, **k), steps))
 
 
-def train_toy(workdir, mesh, config=None):
-  return train.train_and_evaluate(config or toy_config(), str(workdir), toy_corpus(), mesh)
-
-
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory, mesh):
-  """A clean run of N_STEPS steps with a checkpoint every 2 steps (all kept)."""
+  """A clean run of TOY_STEPS steps with a checkpoint every 2 steps (all kept)."""
   workdir = tmp_path_factory.mktemp("clean")
   train_toy(workdir, mesh)
   return workdir
@@ -151,7 +140,7 @@ def copy_upto(src, dst, last_step):
 
 
 def abstract_state(config, mesh):
-  mcfg = default_config.model_config(config, VOCAB)
+  mcfg = default_config.model_config(config, TOY_VOCAB)
   return train_state.abstract_train_state(
       models.TransformerXL(mcfg),
       train_state.make_optimizer(config.train),
@@ -286,7 +275,7 @@ def test_a_non_finite_step_changes_nothing(mesh):
   optimizer state and memory after that step equal those before it; the
   next good step trains again."""
   config = toy_config()
-  mcfg = default_config.model_config(config, VOCAB)
+  mcfg = default_config.model_config(config, TOY_VOCAB)
   model = models.TransformerXL(mcfg)
   tx = train_state.make_optimizer(config.train)
   _, shardings = train_state.abstract_train_state(model, tx, 8, mesh)
@@ -362,7 +351,7 @@ def test_skip_goes_on_and_stops_after_max_skipped_in_a_row(tmp_path, mesh, monke
   last = train_toy(tmp_path / "two", mesh, config)
   assert np.isfinite(last["loss"])
   rows = read_metrics(tmp_path / "two")
-  assert sorted(rows) == list(range(1, N_STEPS + 1))
+  assert sorted(rows) == list(range(1, TOY_STEPS + 1))
   assert [s for s, r in rows.items() if r["train/skipped_steps"]] == [5, 9]
   assert rows[5]["train/loss"] is None and rows[5]["nonfinite"] == [
       "train/loss",
@@ -371,7 +360,7 @@ def test_skip_goes_on_and_stops_after_max_skipped_in_a_row(tmp_path, mesh, monke
   ]
   # Before the first skipped step the run equals the clean one.
   assert records(tmp_path / "two")[4] == records(clean)[4]
-  assert set(records(tmp_path / "two")) == set(range(2, N_STEPS + 1, 2))
+  assert set(records(tmp_path / "two")) == set(range(2, TOY_STEPS + 1, 2))
 
   monkeypatch.undo()
   poison(monkeypatch, {5, 6})
@@ -384,44 +373,6 @@ def test_skip_goes_on_and_stops_after_max_skipped_in_a_row(tmp_path, mesh, monke
 
 # --------------------------------------------------------------------------- #
 # Damaged checkpoints.
-
-
-def _data_files(step_dir):
-  return sorted(
-      (p for p in (step_dir / "state" / "d").iterdir() if p.is_file()),
-      key=lambda p: -p.stat().st_size,
-  )
-
-
-def _damage(step_dir, kind, previous_dir):
-  if kind == "xor_400_bytes":
-    f = _data_files(step_dir)[0]
-    b = bytearray(f.read_bytes())
-    for i in range(100, 500):
-      b[i] ^= 0x5A
-    f.write_bytes(bytes(b))
-  elif kind == "two_bit_flips":
-    f = _data_files(step_dir)[0]
-    b = bytearray(f.read_bytes())
-    b[len(b) // 3] ^= 0x04
-    b[2 * len(b) // 3] ^= 0x04
-    f.write_bytes(bytes(b))
-  elif kind == "truncated":
-    f = _data_files(step_dir)[0]
-    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
-  elif kind == "data_file_deleted":
-    _data_files(step_dir)[0].unlink()
-  elif kind == "metadata_deleted":
-    (step_dir / "state" / "_METADATA").unlink()
-  elif kind == "other_arrays":  # readable files that are not the recorded ones
-    shutil.rmtree(step_dir / "state")
-    shutil.copytree(previous_dir / "state", step_dir / "state")
-  elif kind == "record_damaged":
-    (step_dir / "integrity" / "metadata").write_text('{"format": 1, "leaves": {')
-  elif kind == "record_deleted":  # this version always writes one: not verifiable, not used
-    shutil.rmtree(step_dir / "integrity")
-  else:
-    raise ValueError(kind)
 
 
 @pytest.fixture(scope="module")
@@ -450,7 +401,7 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous(
 ):
   workdir = copy_upto(clean, tmp_path / "wd", 6)
   step6 = workdir / "checkpoints" / "6"
-  _damage(step6, kind, workdir / "checkpoints" / "4")
+  damage_checkpoint(step6, kind, workdir / "checkpoints" / "4")
   train_toy(workdir, mesh)
   out = reports.text
   assert f"Checkpoint {step6} is not usable" in out, out
@@ -462,16 +413,16 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous(
   got, want = read_metrics(workdir), read_metrics(resumed_from_4)
   lines = (workdir / "metrics.jsonl").read_text().splitlines()
   steps = [json.loads(line)["step"] for line in lines]
-  assert steps == list(range(1, N_STEPS + 1))  # the redone steps 5 and 6 are not repeated
-  for step in range(5, N_STEPS + 1):
+  assert steps == list(range(1, TOY_STEPS + 1))  # the redone steps 5 and 6 are not repeated
+  for step in range(5, TOY_STEPS + 1):
     assert got[step]["train/loss"] == pytest.approx(want[step]["train/loss"], rel=1e-6), step
-  assert records(workdir)[N_STEPS] == records(resumed_from_4)[N_STEPS]
+  assert records(workdir)[TOY_STEPS] == records(resumed_from_4)[TOY_STEPS]
 
 
 def test_reasons_are_named_and_no_usable_checkpoint_is_an_error(tmp_path, mesh, clean, reports):
   workdir = copy_upto(clean, tmp_path / "wd", 4)
-  _damage(workdir / "checkpoints" / "4", "other_arrays", workdir / "checkpoints" / "2")
-  _damage(workdir / "checkpoints" / "2", "data_file_deleted", None)
+  damage_checkpoint(workdir / "checkpoints" / "4", "other_arrays", workdir / "checkpoints" / "2")
+  damage_checkpoint(workdir / "checkpoints" / "2", "data_file_deleted", None)
   manager = checkpointing.make_manager(str(workdir))
   with pytest.raises(checkpointing.CheckpointError) as err:
     checkpointing.restore_latest(manager, abstract_state(toy_config(), mesh))
@@ -550,21 +501,7 @@ def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path, mesh, clean, mon
 # --------------------------------------------------------------------------- #
 # Through the command line.
 
-TINY = [
-    "--config.model.n_layer=2",
-    "--config.model.d_model=32",
-    "--config.model.n_head=2",
-    "--config.model.d_head=16",
-    "--config.model.d_inner=64",
-    "--config.model.tgt_len=8",
-    "--config.model.mem_len=8",
-    "--config.train.global_batch=8",
-    "--config.train.log_every=1",
-    "--config.train.eval_every=0",
-    "--config.train.warmup_steps=2",
-    "--config.checkpoint.every_steps=2",
-    "--config.eval.global_batch=8",
-]
+TINY = tiny_flags(checkpoint__every_steps=2, eval__global_batch=8)
 
 
 @pytest.fixture(scope="module")
@@ -908,14 +845,12 @@ def test_a_checkpoint_with_non_finite_values_is_not_used(tmp_path, mesh, clean, 
 def test_run_differences_lists_what_a_checkpoint_cannot_take():
   from transformer_xl.run import workdir as wd
 
-  cfg = models.ModelConfig(n_token=32, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32)
+  cfg = tiny_model_config(n_token=32)
   saved = wd.checkpoint_meta(cfg, "word", "ptb", 8)
-  same = wd.checkpoint_meta(
-      models.ModelConfig(**{**cfg.__dict__, "remat": "full"}), "word", "ptb", 8
-  )
+  same = wd.checkpoint_meta(dataclasses.replace(cfg, remat="full"), "word", "ptb", 8)
   assert wd.run_differences(saved, same) == []  # remat only changes how it is computed
   other = wd.checkpoint_meta(
-      models.ModelConfig(**{**cfg.__dict__, "d_model": 64, "cutoffs": (10,)}),
+      dataclasses.replace(cfg, d_model=64, cutoffs=(10,)),
       "word",
       "wikitext2",
       16,
@@ -1142,14 +1077,7 @@ def test_a_second_training_stops_and_readers_work_beside_a_training(cli, tmp_pat
       "--config.checkpoint.every_steps=1",
       "--config.checkpoint.max_to_keep=2",
   ]
-  first = subprocess.Popen(
-      [sys.executable, "-m", "transformer_xl.main", *args, "--config.train.num_steps=100000"],
-      cwd=REPO,
-      text=True,
-      env=dict(os.environ, PYTHONPATH=str(REPO)),
-      stdout=subprocess.DEVNULL,
-      stderr=subprocess.PIPE,
-  )
+  first = start_main([*args, "--config.train.num_steps=100000"], stdout=subprocess.DEVNULL)
   try:
     _wait_for(
         lambda: (copy / "checkpoints" / "8").exists() or first.poll() is not None,
@@ -1206,17 +1134,6 @@ def test_a_second_training_stops_and_readers_work_beside_a_training(cli, tmp_pat
 # Ctrl-C.
 
 
-def _start(args):
-  return subprocess.Popen(
-      [sys.executable, "-m", "transformer_xl.main", *args],
-      cwd=REPO,
-      text=True,
-      env=dict(os.environ, PYTHONPATH=str(REPO)),
-      stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE,
-  )
-
-
 @pytest.mark.slow
 def test_ctrl_c_saves_and_the_resumed_run_is_exact(cli, tmp_path):
   """The first Ctrl-C (SIGINT) during training: a checkpoint of the current
@@ -1229,7 +1146,7 @@ def test_ctrl_c_saves_and_the_resumed_run_is_exact(cli, tmp_path):
   for d in (stopped, straight):
     shutil.copytree(workdir, d)
   run_args = lambda d: [a.replace(str(workdir), str(d)) for a in args] + constant
-  proc = _start(run_args(stopped) + ["--config.train.num_steps=100000"])
+  proc = start_main(run_args(stopped) + ["--config.train.num_steps=100000"])
   _wait_for(
       lambda: proc.poll() is not None
       or (stopped / "metrics.jsonl").exists()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax
@@ -17,6 +18,8 @@ from transformer_xl.run import checkpointing, param_shapes, run_dir
 from transformer_xl.run import workdir as wd
 from transformer_xl.training import train_state
 
+from helpers import tiny_model_config
+
 VOCAB = 40
 
 
@@ -26,9 +29,7 @@ def mesh():
 
 
 def small():
-  return models.ModelConfig(
-      n_token=VOCAB, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, tgt_len=6, mem_len=6
-  )
+  return tiny_model_config(n_token=VOCAB)
 
 
 def save_state(workdir, state, step, mcfg):
@@ -111,7 +112,7 @@ def test_restore_params_refuses_another_model_and_an_empty_workdir(tmp_path, mes
   mcfg = small()
   tx = train_state.make_optimizer(default_config.get_config().train)
   save_state(tmp_path, trained_state(mesh, tx, mcfg), 2, mcfg)
-  wider = models.ModelConfig(**{**mcfg.__dict__, "d_inner": 64})
+  wider = dataclasses.replace(mcfg, d_inner=64)
   with pytest.raises(errors.ConfigError, match="model.d_inner=32; this run asks for 64"):
     run_dir.restore_params(str(tmp_path), wider, mesh)
   with pytest.raises(FileNotFoundError, match="No checkpoint in"):

@@ -383,45 +383,6 @@ def test_not_a_corpus(tmp_path):
 # ---------------------------------------------------------------------------
 
 
-@pytest.fixture
-def hf_tokenization(monkeypatch):
-  """transformers' TransfoXLTokenizer module, with stand-in ``sacremoses``
-  tokenizers (the real package is not a dependency) under their real module
-  names, so that save_vocabulary pickles the same globals as with it."""
-  with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    try:
-      import transformers.models.transfo_xl.tokenization_transfo_xl as tok
-    except ImportError:  # newer transformers moved it
-      import transformers.models.deprecated.transfo_xl.tokenization_transfo_xl as tok
-  from transformers.utils import import_utils
-
-  pkg = types.ModuleType("sacremoses")
-  submodules = {
-      "tokenize": types.ModuleType("sacremoses.tokenize"),
-      "normalize": types.ModuleType("sacremoses.normalize"),
-  }
-  for sub, name in (
-      ("tokenize", "MosesTokenizer"),
-      ("tokenize", "MosesDetokenizer"),
-      ("normalize", "MosesPunctNormalizer"),
-  ):
-
-    def init(self, lang="en"):
-      self.lang, self.NONBREAKING_PREFIXES = lang, ["Mr", "Dr"]
-
-    cls = type(name, (), {"__init__": init, "__module__": f"sacremoses.{sub}"})
-    setattr(submodules[sub], name, cls)
-    setattr(pkg, name, cls)
-  for sub, module in submodules.items():
-    setattr(pkg, sub, module)
-    monkeypatch.setitem(sys.modules, module.__name__, module)
-  monkeypatch.setitem(sys.modules, "sacremoses", pkg)
-  monkeypatch.setattr(tok, "sm", pkg, raising=False)
-  monkeypatch.setattr(import_utils, "_sacremoses_available", True)
-  return tok
-
-
 def test_hf_vocab_written_by_transformers(tmp_path, hf_tokenization):
   vocab_file = tmp_path / "vocab.txt"
   vocab_file.write_text("<eos>\nthe\nFürth\n,\n<unk>\nnaïve\n", encoding="utf-8")

@@ -9,7 +9,7 @@ from transformer_xl.inference import evaluate
 from transformer_xl.model import models
 from transformer_xl.training import train_state
 
-from test_train import run_main, small_args, tiny_config, write_ptb_sample
+from helpers import run_main, small_args, tiny_config, tiny_flags, write_ptb_sample
 
 
 @pytest.fixture(scope="module")
@@ -80,17 +80,13 @@ def test_score_rows_are_independent_and_padding_is_harmless(setup):
 def test_score_from_the_command_line(tmp_path):
   manual = write_ptb_sample(tmp_path / "ptb")
   workdir = tmp_path / "wd"
-  tiny = [
-      "--config.model.n_layer=2",
-      "--config.model.d_model=32",
-      "--config.model.n_head=2",
-      "--config.model.d_head=16",
-      "--config.model.d_inner=64",
-      "--config.train.num_steps=2",
-      "--config.train.warmup_steps=0",
-      "--config.train.eval_every=0",
-      "--config.train.log_every=1",
-  ]
+  tiny = tiny_flags(
+      model__tgt_len=None,
+      model__mem_len=None,
+      train__global_batch=None,
+      train__num_steps=2,
+      train__warmup_steps=0,
+  )
   r = run_main(small_args(tmp_path, workdir, manual, *tiny))
   assert r.returncode == 0, r.stderr[-3000:]
   tokens = np.random.default_rng(2).integers(0, 20, size=(2, 41))
@@ -171,17 +167,14 @@ def test_corpus_encode_reproduces_the_builders_streams(tmp_path, name):
 def test_score_text_from_the_command_line(tmp_path):
   manual = write_ptb_sample(tmp_path / "ptb")
   workdir = tmp_path / "wd"
-  tiny = [
-      "--config.model.n_layer=1",
-      "--config.model.d_model=32",
-      "--config.model.n_head=2",
-      "--config.model.d_head=16",
-      "--config.model.d_inner=64",
-      "--config.train.num_steps=1",
-      "--config.train.warmup_steps=0",
-      "--config.train.eval_every=0",
-      "--config.train.log_every=1",
-  ]
+  tiny = tiny_flags(
+      model__n_layer=1,
+      model__tgt_len=None,
+      model__mem_len=None,
+      train__global_batch=None,
+      train__num_steps=1,
+      train__warmup_steps=0,
+  )
   r = run_main(small_args(tmp_path, workdir, manual, *tiny))
   assert r.returncode == 0, r.stderr[-3000:]
   r = run_main(

@@ -9,7 +9,7 @@ from transformer_xl import default_config, sharding
 from transformer_xl.model import models
 from transformer_xl.training import train_state
 
-from test_train import run_steps, tiny_config
+from helpers import run_steps, tiny_config
 
 MESH3 = ((2, 2, 2), ("data", "fsdp", "model"))
 

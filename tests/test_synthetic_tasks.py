@@ -8,9 +8,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import flax.linen as nn
@@ -24,7 +21,7 @@ from transformer_xl.inference import eval_steps, evaluate
 from transformer_xl.model import models
 from transformer_xl.training import train
 
-REPO = Path(__file__).resolve().parents[1]
+from helpers import REPO, run_main
 
 
 def small(task, **changes):
@@ -348,25 +345,13 @@ def test_bad_settings_are_refused_before_anything_is_compiled():
   assert "apply only to the synthetic tasks" in problems(data__dataset="ptb")
 
 
-def run_main(*args, one_device=False):
-  env = dict(os.environ, PYTHONPATH=str(REPO))
-  if one_device:
-    env.pop("XLA_FLAGS", None)
-  return subprocess.run(
-      [sys.executable, "-m", "transformer_xl.main", *args],
-      cwd=REPO,
-      env=env,
-      capture_output=True,
-      text=True,
-      timeout=300,
-  )
-
-
 def test_a_segment_length_that_cuts_examples_is_one_error_line(tmp_path):
   r = run_main(
-      f"--config={REPO / 'configs' / 'copy_rmt.py'}:xl",
-      f"--workdir={tmp_path / 'w'}",
-      "--config.model.tgt_len=10",
+      [
+          f"--config={REPO / 'configs' / 'copy_rmt.py'}:xl",
+          f"--workdir={tmp_path / 'w'}",
+          "--config.model.tgt_len=10",
+      ]
   )
   # validate's usual block: "error: Invalid config:", then this one problem on one line.
   assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
@@ -410,7 +395,7 @@ def test_short_copy_is_learned_and_eval_results_carry_the_accuracy(tmp_path):
   rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   valid = [r for r in rows if "valid/answer_accuracy" in r]  # the validation at step 300
   assert [r["step"] for r in valid] == [300] and "valid/answer_token_accuracy" in valid[0]
-  r = run_main(f"--workdir={workdir}", "--mode=eval", one_device=True)
+  r = run_main([f"--workdir={workdir}", "--mode=eval"], devices=1)
   assert r.returncode == 0, r.stderr[-3000:]
   assert "test: loss" in r.stdout and ", greedy_accuracy " in r.stdout, r.stdout[-2000:]
   results = json.loads((workdir / "eval_results.json").read_text())

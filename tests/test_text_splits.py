@@ -26,9 +26,7 @@ from transformer_xl.data import text_builder, text_reading
 from transformer_xl.data.text_settings import TextSettings, settings_problems
 from transformer_xl.training import train
 
-from test_train import tiny_config
-
-REPO = Path(__file__).resolve().parents[1]
+from helpers import REPO, tiny_config
 
 
 def _write(folder: Path, texts: dict[str, str]) -> Path:

@@ -2,10 +2,7 @@
 
 import json
 import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -17,47 +14,18 @@ from transformer_xl import data, default_config, sharding
 from transformer_xl.model import models
 from transformer_xl.training import train_state, train_step
 
+from helpers import (
+    REPO,
+    read_metrics,
+    run_main,
+    run_steps,
+    small_args,
+    tiny_config,
+    tiny_flags,
+    write_ptb_sample,
+)
+
 SLOW = pytest.mark.slow  # a case left out of the fast tier (-m "not slow")
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def tiny_config(**train_kw):
-  c = default_config.get_config()
-  c.model.update(
-      n_layer=2,
-      d_model=16,
-      n_head=2,
-      d_head=8,
-      d_inner=32,
-      dropout=0.1,
-      dropatt=0.1,
-      tgt_len=6,
-      mem_len=6,
-  )
-  c.train.update(global_batch=8, num_steps=100, warmup_steps=2, learning_rate=1e-3)
-  c.train.update(**train_kw)
-  return c
-
-
-def run_steps(config, mesh, tokens, n_steps):
-  mcfg = default_config.model_config(config, 64)
-  model = models.TransformerXL(mcfg)
-  tx = train_state.make_optimizer(config.train)
-  _, shardings = train_state.abstract_train_state(model, tx, config.train.global_batch, mesh)
-  state = train_state.create_train_state(
-      model, tx, config.train.global_batch, mesh, jax.random.PRNGKey(0), shardings
-  )
-  step_fn = train_step.make_train_step(model, tx, mesh, shardings, config.train.batch_chunk, 7)
-  it = data.TrainIterator(data.ArraySource(tokens), config.train.global_batch, mcfg.tgt_len)
-  losses = []
-  for _ in range(n_steps):
-    batch = data.to_global_batch(next(it), sharding.batch_sharding(mesh), config.train.global_batch)
-    state, metrics = step_fn(state, batch)
-    losses.append(float(metrics["loss"]))
-  # Static shapes: one compilation while the memory fills up.
-  assert step_fn._cache_size() == 1
-  return losses, jax.device_get(state)
 
 
 @pytest.fixture(scope="module")
@@ -173,73 +141,11 @@ def test_half_loss_is_the_mean_nll_of_the_last_half_only(attn_type):
 # --------------------------------------------------------------------------- #
 # Through the command line, in fresh processes.
 
-WORDS = (
-    "the a cat dog sat ran on under mat rug and then N <unk> big small red blue "
-    "quickly slowly house tree saw ate fish bird"
-).split()
-
-
-def write_ptb_sample(directory: Path, n_lines=(1200, 80, 90), seed=0):
-  """PTB-format files (leading/trailing space, one sentence per line) of a
-  low-entropy toy language, so that a model can learn it in a few steps."""
-  rng = np.random.default_rng(seed)
-  directory.mkdir(parents=True, exist_ok=True)
-  for split, n in zip(("train", "valid", "test"), n_lines):
-    lines = []
-    for _ in range(n):
-      start = rng.integers(0, len(WORDS))
-      length = rng.integers(4, 12)
-      words = [WORDS[(start + 3 * k) % len(WORDS)] for k in range(length)]
-      lines.append(" " + " ".join(words) + " \n")
-    (directory / f"ptb.{split}.txt").write_text("".join(lines))
-  return directory
-
-
-def run_main(args, timeout=300):
-  env = dict(os.environ, PYTHONPATH=str(REPO))
-  return subprocess.run(
-      [sys.executable, "-m", "transformer_xl.main", *args],
-      cwd=REPO,
-      env=env,
-      capture_output=True,
-      text=True,
-      timeout=timeout,
-  )
-
-
-def small_args(tmp_path, workdir, manual, *extra):
-  return [
-      f"--config={REPO / 'configs' / 'quickstart.py'}",
-      f"--workdir={workdir}",
-      f"--config.data.manual_dir={manual}",
-      f"--config.data.data_dir={tmp_path / 'tfds'}",
-      "--config.data.verify_checksums=False",
-      *extra,
-  ]
-
-
-def read_metrics(workdir):
-  rows = [json.loads(l) for l in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
-  return {r["step"]: r for r in rows if "train/loss" in r}
-
 
 @pytest.mark.slow
 def test_resume_in_new_process_equals_straight_run(tmp_path):
   manual = write_ptb_sample(tmp_path / "ptb")
-  tiny = [
-      "--config.model.n_layer=2",
-      "--config.model.d_model=32",
-      "--config.model.n_head=2",
-      "--config.model.d_head=16",
-      "--config.model.d_inner=64",
-      "--config.model.tgt_len=8",
-      "--config.model.mem_len=8",
-      "--config.train.global_batch=8",
-      "--config.train.log_every=1",
-      "--config.train.eval_every=0",
-      "--config.checkpoint.every_steps=3",
-      "--config.train.warmup_steps=2",
-  ]
+  tiny = tiny_flags(checkpoint__every_steps=3)
   straight = tmp_path / "straight"
   r = run_main(small_args(tmp_path, straight, manual, *tiny, "--config.train.num_steps=6"))
   assert r.returncode == 0, r.stderr[-3000:]

@@ -15,7 +15,7 @@ from transformer_xl.inference import evaluate
 from transformer_xl.model import attention, attention_ops, models
 from transformer_xl.training import train_state, train_step
 
-from test_train import tiny_config
+from helpers import tiny_config
 
 ONE_DEVICE = dict(devices=jax.devices()[:1])
 

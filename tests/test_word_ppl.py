@@ -23,7 +23,7 @@ from transformer_xl.model import models
 from transformer_xl.run import metrics
 
 from data_samples import _PTB, _WIKI, SHARED_DATA, _ptb_tgz, _wiki_zip
-from test_train import write_ptb_sample
+from helpers import write_ptb_sample
 
 SPLITS = ("train", "valid", "test")
 

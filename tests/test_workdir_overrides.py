@@ -19,22 +19,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from absl import flags
 
 from transformer_xl import data, default_config, errors
-from transformer_xl.model import models
 from transformer_xl.run import workdir as wd
 
-from test_train import write_ptb_sample
+from helpers import run_python, tiny_model_config, write_ptb_sample
 
-REPO = Path(__file__).resolve().parents[1]
 MODEL = dict(n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, tgt_len=8, mem_len=8)
 # Evaluation settings other than the saved ones (tgt_len = mem_len = 8, clamp_len 0).
 EVAL = ["--config.eval.tgt_len=6", "--config.eval.mem_len=24", "--config.eval.clamp_len=16"]
@@ -65,19 +59,8 @@ app.run(main.main, flags_parser=user_errors.parse_flags)
 def _main(args, devices=1, counted=False, timeout=600):
   """``python -m transformer_xl.main ARGS`` (``counted``: through WRAPPER) on
   ``devices`` CPU devices; returns (CompletedProcess, counts or None)."""
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env.update(PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
-  if devices > 1:
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
   command = ["-c", WRAPPER] if counted else ["-m", "transformer_xl.main"]
-  r = subprocess.run(
-      [sys.executable, *command, *map(str, args)],
-      cwd=REPO,
-      env=env,
-      capture_output=True,
-      text=True,
-      timeout=timeout,
-  )
+  r = run_python([*command, *args], devices=devices, timeout=timeout)
   counts = None
   if counted:
     lines = [line for line in r.stdout.splitlines() if line.startswith("COUNTS ")]
@@ -127,7 +110,7 @@ def converted(tmp_path_factory):
       data_dir=str(data_dir), manual_dir=str(manual), download=False, verify_checksums=False
   )
   corpus = data.load_corpus("ptb", **data_args)
-  cfg = models.ModelConfig(n_token=corpus.vocab_size, same_length=True, **MODEL)
+  cfg = tiny_model_config(n_token=corpus.vocab_size, same_length=True, **MODEL)
   rng = np.random.default_rng(0)
   params = convert.unflatten_params(
       {

@@ -25,32 +25,27 @@ from pathlib import Path
 
 import pytest
 
-from test_train import write_ptb_sample
+from helpers import REPO, tiny_flags, write_ptb_sample
 
 pytestmark = pytest.mark.slow  # tooling: the documentation site and its examples
 
-REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 SKIP = re.compile(r"<!-- docs-test: skip \((?P<reason>[^)].*)\) -->")
 PYTHON = ("python", "py", "python3")
 QUICK_START_INSTALL = "pip install -e ."  # the quick start's first command
 PTB = "data/ptb"  # the sample the quick start reads here instead of the download
 # Appended to every `python -m transformer_xl.main` of the quick start: seconds, not minutes.
-TINY = [
-    "--config.train.num_steps=4",
-    "--config.train.eval_every=0",
-    "--config.train.log_every=1",
-    "--config.checkpoint.every_steps=4",
-    "--config.train.warmup_steps=0",
-    "--config.model.n_layer=1",
-    "--config.model.d_model=32",
-    "--config.model.n_head=2",
-    "--config.model.d_head=16",
-    "--config.model.d_inner=64",
-    "--config.train.global_batch=4",
-    "--config.eval.global_batch=4",
-    "--config.data.verify_checksums=False",
-]
+TINY = tiny_flags(
+    model__n_layer=1,
+    model__tgt_len=None,
+    model__mem_len=None,
+    train__global_batch=4,
+    train__warmup_steps=0,
+    train__num_steps=4,
+    checkpoint__every_steps=4,
+    eval__global_batch=4,
+    data__verify_checksums=False,
+)
 
 _RUNNER = r"""
 import json, sys, traceback

@@ -6,12 +6,10 @@ exactly what one process with 8 devices computes, across a restart.
 """
 
 import json
-import os
 import random
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,45 +18,16 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from test_train import REPO, read_metrics, write_ptb_sample
+from helpers import read_metrics, run_main, small_args, start_main, tiny_flags, write_ptb_sample
 
 pytestmark = pytest.mark.slow  # multi-process, end to end
 
-TINY = [
-    "--config.model.n_layer=2",
-    "--config.model.d_model=32",
-    "--config.model.n_head=2",
-    "--config.model.d_head=16",
-    "--config.model.d_inner=64",
-    "--config.model.tgt_len=8",
-    "--config.model.mem_len=8",
-    "--config.train.global_batch=8",
-    "--config.train.log_every=1",
-    "--config.train.eval_every=0",
-    "--config.train.warmup_steps=2",
-    "--config.data.verify_checksums=False",
-]
-
-
-def _env(n_devices):
-  env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
-  flags = [f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f]
-  env["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={n_devices}"])
-  return env
+TINY = tiny_flags()
 
 
 def _args(tmp_path, workdir, manual, *extra):
-  return [
-      sys.executable,
-      "-m",
-      "transformer_xl.main",
-      f"--config={REPO / 'configs' / 'quickstart.py'}",
-      f"--workdir={workdir}",
-      f"--config.data.manual_dir={manual}",
-      f"--config.data.data_dir={tmp_path / 'tfds'}",
-      *TINY,
-      *extra,
-  ]
+  """The quickstart config's command line, shrunk to the tiny model, on the PTB sample."""
+  return small_args(tmp_path, workdir, manual, *TINY, *extra)
 
 
 def _free_port():
@@ -68,14 +37,7 @@ def _free_port():
 
 
 def run_single(tmp_path, workdir, manual, *extra, timeout=300):
-  r = subprocess.run(
-      _args(tmp_path, workdir, manual, *extra),
-      cwd=REPO,
-      env=_env(8),
-      capture_output=True,
-      text=True,
-      timeout=timeout,
-  )
+  r = run_main(_args(tmp_path, workdir, manual, *extra), devices=8, timeout=timeout)
   assert r.returncode == 0, r.stderr[-3000:]
   return r
 
@@ -83,7 +45,7 @@ def run_single(tmp_path, workdir, manual, *extra, timeout=300):
 def run_two_processes(tmp_path, workdir, manual, *extra, timeout=300):
   port = _free_port()
   procs = [
-      subprocess.Popen(
+      start_main(
           _args(
               tmp_path,
               workdir,
@@ -93,11 +55,7 @@ def run_two_processes(tmp_path, workdir, manual, *extra, timeout=300):
               "--num_processes=2",
               f"--process_id={i}",
           ),
-          cwd=REPO,
-          env=_env(4),
-          stdout=subprocess.PIPE,
-          stderr=subprocess.PIPE,
-          text=True,
+          devices=4,
       )
       for i in range(2)
   ]
@@ -161,7 +119,7 @@ def _wait_for_step(workdir, step, proc, timeout=240):
 def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
   manual = write_ptb_sample(tmp_path / "ptb")
   workdir = tmp_path / "wd"
-  proc = subprocess.Popen(
+  proc = start_main(
       _args(
           tmp_path,
           workdir,
@@ -169,11 +127,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
           "--config.train.num_steps=100000",
           "--config.checkpoint.every_steps=100000",
       ),
-      cwd=REPO,
-      env=_env(8),
-      stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE,
-      text=True,
+      devices=8,
   )
   _wait_for_step(workdir, 3, proc)
   proc.send_signal(signal.SIGTERM)
@@ -208,13 +162,8 @@ def test_kill_9_at_random_moments_resumes_from_last_complete_checkpoint(tmp_path
   rng = random.Random(0)
   kills = 0
   for attempt in range(12):
-    proc = subprocess.Popen(
-        _args(tmp_path, workdir, manual, *common),
-        cwd=REPO,
-        env=_env(8),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+    proc = start_main(
+        _args(tmp_path, workdir, manual, *common), devices=8, stdout=subprocess.DEVNULL
     )
     # Wait for the run to get going (past the start-up), then kill it at a
     # random moment; with a checkpoint after every step, many kills land in

@@ -8,36 +8,25 @@ analyses (a sample, the attention maps, the RECL curve).
 """
 
 import json
-from pathlib import Path
 
 import nbformat
 import numpy as np
 import papermill
 import pytest
 
-from test_train import write_ptb_sample
+from helpers import REPO, tiny_flags, write_ptb_sample
 
 pytestmark = pytest.mark.slow  # end to end: the notebook
 
-REPO = Path(__file__).resolve().parents[2]
 NOTEBOOK = REPO / "notebooks" / "reproduce_transformer_xl.ipynb"
-TINY = [
-    "--config.model.n_layer=2",
-    "--config.model.d_model=32",
-    "--config.model.n_head=2",
-    "--config.model.d_head=16",
-    "--config.model.d_inner=64",
-    "--config.model.tgt_len=8",
-    "--config.model.mem_len=8",
-    "--config.train.global_batch=8",
-    "--config.train.log_every=2",
-    "--config.train.eval_every=3",
-    "--config.train.warmup_steps=2",
-    "--config.checkpoint.every_steps=3",
-    "--config.eval.tgt_len=8",
-    "--config.eval.mem_len=16",
-    "--config.eval.global_batch=8",
-]
+TINY = tiny_flags(
+    train__log_every=2,
+    train__eval_every=3,
+    checkpoint__every_steps=3,
+    eval__tgt_len=8,
+    eval__mem_len=16,
+    eval__global_batch=8,
+)
 
 
 def test_notebook_has_one_parameters_cell():
@@ -68,7 +57,7 @@ def test_notebook_runs_end_to_end_on_cpu(tmp_path, monkeypatch):
   # sample's vocabulary, converted and evaluated by the notebook's last cell.
   from transformer_xl import convert, data
 
-  from test_parity import BASE, hf_model, state_dict
+  from hf_reference import BASE, hf_model, state_dict  # torch: only this test needs it
 
   corpus = data.load_corpus(
       "ptb",

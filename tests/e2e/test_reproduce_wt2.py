@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from data_samples import _WIKI, _wiki_zip
-from test_train import REPO
+from helpers import REPO
 
 pytestmark = pytest.mark.slow  # end to end: the study script
 

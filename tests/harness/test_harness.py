@@ -8,7 +8,6 @@ the first run only, one that fails an assertion on the first run only, one
 that always aborts.
 """
 
-import configparser
 import os
 import pathlib
 import re
@@ -16,6 +15,8 @@ import subprocess
 import sys
 
 import pytest
+
+from harness import project_pytest_settings
 
 pytestmark = pytest.mark.slow  # tooling: the test harness
 
@@ -52,24 +53,12 @@ def test_worker_crashes_every_time():
 """
 
 
-def _project_pytest_settings() -> str:
-  """[tool:pytest] of the project's setup.cfg, minus testpaths."""
-  cfg = configparser.ConfigParser()
-  cfg.read(_ROOT / "setup.cfg")
-  lines = [  # a multi-line value (markers) keeps its continuation lines indented
-      f"{key} = {value}".replace("\n", "\n    ")
-      for key, value in cfg["tool:pytest"].items()
-      if key != "testpaths"
-  ]
-  return "[tool:pytest]\n" + "\n".join(lines) + "\n"
-
-
 def test_a_crashed_worker_s_test_reruns_once_and_a_python_failure_never(tmp_path):
   run_dir = tmp_path / "run"
   marks = tmp_path / "marks"
   run_dir.mkdir()
   marks.mkdir()
-  (run_dir / "setup.cfg").write_text(_project_pytest_settings())
+  (run_dir / "setup.cfg").write_text(project_pytest_settings())
   (run_dir / "test_policy.py").write_text(_TESTS)
   env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
   env["HARNESS_MARKS"] = str(marks)

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from harness.test_harness import _project_pytest_settings
+from harness import project_pytest_settings
 
 pytestmark = pytest.mark.slow  # tooling: the test harness
 
@@ -53,7 +53,7 @@ def test_a_worker_s_final_collections_walk_only_what_came_after_its_report(tmp_p
   run_dir, out_dir = tmp_path / "run", tmp_path / "out"
   run_dir.mkdir()
   out_dir.mkdir()
-  (run_dir / "setup.cfg").write_text(_project_pytest_settings())
+  (run_dir / "setup.cfg").write_text(project_pytest_settings())
   (run_dir / "conftest.py").write_text((_ROOT / "tests" / "conftest.py").read_text())
   (run_dir / "test_heap.py").write_text(_TESTS)
   (run_dir / "measure_heap.py").write_text(_MEASURE)
