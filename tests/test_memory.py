@@ -1,4 +1,6 @@
-"""The memory module: row axes, shardings, the per-layer update, reset and advance."""
+"""The memory's state (model/memory/state.py): its pytree, declared layouts
+(row axes, shardings), the per-layer update, reset and advance; and the
+auxiliary-loss channel of the train step that memory variants sow into."""
 
 import dataclasses
 
@@ -15,55 +17,58 @@ from transformer_xl.model import models
 from transformer_xl.training import train, train_state, train_step
 
 from helpers import tiny_config, tiny_model_config
+from memory_variants.gated import GatedStore
 
 L, B, M, D = 3, 8, 5, 4
 
 
-def _memory(seed: int = 0, padded: bool = False) -> models.Memory:
+def _memory(seed: int = 0, padded: bool = False) -> memory_lib.Memory:
   rng = np.random.default_rng(seed)
-  return models.Memory(
+  return memory_lib.Memory(
       mems_LxBxMxD=jnp.asarray(rng.normal(size=(L, B, M, D)), jnp.float32),
       mlen_B=jnp.asarray(rng.integers(0, M + 1, size=B), jnp.int32),
       pad_B=jnp.asarray(rng.integers(0, 3, size=B), jnp.int32) if padded else None,
   )
 
 
-def _assert_memory_equal(a: models.Memory, b: models.Memory):
+def _assert_memory_equal(a: memory_lib.Memory, b: memory_lib.Memory):
   np.testing.assert_array_equal(a.mems_LxBxMxD, b.mems_LxBxMxD)
   np.testing.assert_array_equal(a.mlen_B, b.mlen_B)
   assert a.mlen_B.dtype == b.mlen_B.dtype and a.mems_LxBxMxD.dtype == b.mems_LxBxMxD.dtype
   assert (a.pad_B is None) == (b.pad_B is None)
   if a.pad_B is not None:
     np.testing.assert_array_equal(a.pad_B, b.pad_B)
+  assert list(a.variant_state) == list(b.variant_state)
+  for name in a.variant_state:
+    np.testing.assert_array_equal(a.variant_state[name], b.variant_state[name])
 
 
-def test_pytree_is_unchanged_and_reexported():
-  # Checkpoints hold the two fields of the training memory by name; the
-  # front padding and the memory tokens are children only when set; the row
-  # axes are not fields.
-  assert [f.name for f in dataclasses.fields(models.Memory)] == [
+def _paths(tree) -> list[str]:
+  return [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+def test_pytree_leaves_keep_the_names_checkpoints_hold():
+  # Checkpoints hold the leaves by name: the XL memory's two fields (the front
+  # padding only when set), then each variant's arrays under their own names
+  # (the memory tokens' are the names the earlier optional fields had).
+  assert [f.name for f in dataclasses.fields(memory_lib.Memory)] == [
       "mems_LxBxMxD",
       "mlen_B",
       "pad_B",
-      "mem_tokens_BxNxD",
-      "mem_tokens_fresh_B",
+      "variant_state",
   ]
-  assert models.Memory is memory_lib.Memory
-  assert models.init_memory is memory_lib.init_memory
-  assert models.reset_memory is memory_lib.reset_memory
-  assert models.advance_mlen is memory_lib.advance_mlen
-  paths = lambda m: [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(m)[0]]
-  assert paths(_memory()) == [".mems_LxBxMxD", ".mlen_B"]
-  assert paths(_memory(padded=True)) == [".mems_LxBxMxD", ".mlen_B", ".pad_B"]
-  assert dict(models.Memory.ROW_AXES) == {
+  assert not any(hasattr(models, n) for n in ("Memory", "init_memory", "reset_memory"))
+  assert _paths(_memory()) == [".mems_LxBxMxD", ".mlen_B"]
+  assert _paths(_memory(padded=True)) == [".mems_LxBxMxD", ".mlen_B", ".pad_B"]
+  tokens = memory_lib.init_memory(tiny_model_config(tokens={"num_mem_tokens": 2}), B)
+  assert _paths(tokens) == [".mems_LxBxMxD", ".mlen_B", ".mem_tokens_BxNxD", ".mem_tokens_fresh_B"]
+  assert {n: memory_lib.state.leaf(n).row_axis for n in _memory().leaves()} == {
       "mems_LxBxMxD": 1,
       "mlen_B": 0,
-      "pad_B": 0,
-      "mem_tokens_BxNxD": 0,
-      "mem_tokens_fresh_B": 0,
   }
-  back = jax.tree_util.tree_map(lambda x: x, _memory(padded=True))
-  _assert_memory_equal(back, _memory(padded=True))
+  for memory in (_memory(padded=True), tokens):
+    back = jax.tree_util.tree_map(lambda x: x, memory)
+    _assert_memory_equal(back, memory)
 
 
 def test_checkpoints_of_the_two_field_memory_restore(tmp_path):
@@ -85,7 +90,7 @@ def test_checkpoints_of_the_two_field_memory_restore(tmp_path):
     abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, {"memory": mem})
     for name in ("old", "new"):
       got = ckpt.restore(tmp_path / name, abstract)["memory"]
-      assert isinstance(got, models.Memory) and got.pad_B is None
+      assert isinstance(got, memory_lib.Memory) and got.pad_B is None
       _assert_memory_equal(got, mem)
 
 
@@ -101,11 +106,14 @@ def test_init_memory_and_mem_len():
   cfg = tiny_model_config(
       n_token=10, n_layer=L, d_model=D, n_head=2, d_head=2, d_inner=8, tgt_len=3, mem_len=M
   )
-  memory = models.init_memory(cfg, B)
+  memory = memory_lib.init_memory(cfg, B)
   assert memory.mems_LxBxMxD.shape == (L, B, M, D) and memory.mlen_B.shape == (B,)
   assert memory.mlen_B.dtype == jnp.int32 and not np.any(memory.mlen_B)
-  assert memory.mem_len == M
-  assert models.init_memory(cfg, B, mem_len=0).mem_len == 0
+  assert memory.mem_len == M and memory.variant_state == {}
+  assert memory_lib.init_memory(cfg, B, mem_len=0).mem_len == 0
+  abstract = memory_lib.abstract_memory(cfg, B)
+  assert jax.tree_util.tree_structure(abstract) == jax.tree_util.tree_structure(memory)
+  assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves(abstract))
 
 
 def test_map_rows_gathers_the_rows_of_every_field():
@@ -138,10 +146,10 @@ def test_map_rows_chunks_round_trip(n_chunk, padded):
   _assert_memory_equal(chunks.map_rows(train_step._from_chunks), memory)
 
 
-def _old_memory_sharding(mesh: Mesh) -> models.Memory:
+def _old_memory_sharding(mesh: Mesh) -> memory_lib.Memory:
   """What train_state.memory_sharding built before the memory module."""
   rows = sharding.batch_axes(mesh)
-  return models.Memory(
+  return memory_lib.Memory(
       mems_LxBxMxD=NamedSharding(mesh, P(None, rows, None, None)),
       mlen_B=sharding.rows_sharding(mesh),
   )
@@ -161,7 +169,8 @@ def _old_memory_sharding(mesh: Mesh) -> models.Memory:
 def test_shardings_split_rows_over_the_batch_axes(shape, names):
   n = int(np.prod(shape))
   mesh = Mesh(np.asarray(jax.devices()[:n]).reshape(shape), names)
-  got, want = models.Memory.shardings(mesh), _old_memory_sharding(mesh)
+  cfg = tiny_model_config(n_head=2)
+  got, want = memory_lib.shardings(cfg, mesh), _old_memory_sharding(mesh)
   for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
     assert isinstance(g, NamedSharding) and g.mesh == w.mesh
     assert g.spec == w.spec and tuple(g.spec) == tuple(w.spec)
@@ -169,22 +178,100 @@ def test_shardings_split_rows_over_the_batch_axes(shape, names):
   rows = tuple(a for a in ("data", "fsdp") if a in names)
   assert got.mems_LxBxMxD.spec == P(None, rows, None, None)
   assert got.mlen_B.spec == P(rows)
-  assert train_state.memory_sharding(mesh) == got
-  rep = models.Memory.replicated_shardings(mesh)
+  assert _memory().shardings(mesh) == got  # from an instance: the same layout
+  rep = memory_lib.replicated_shardings(cfg, mesh)
   assert rep.mems_LxBxMxD == sharding.replicated(mesh) == rep.mlen_B
 
 
 def test_shardings_place_a_memory():
   mesh = Mesh(np.asarray(jax.devices()[:8]).reshape(2, 2, 2), ("data", "fsdp", "model"))
-  placed = jax.device_put(_memory(), models.Memory.shardings(mesh))
+  placed = jax.device_put(_memory(), _memory().shardings(mesh))
   # Rows over data x fsdp (4 shards of 2 rows), replicated over model.
   shard_shapes = {s.data.shape for s in placed.mems_LxBxMxD.addressable_shards}
   assert shard_shapes == {(L, B // 4, M, D)}
   assert {s.data.shape for s in placed.mlen_B.addressable_shards} == {(B // 4,)}
   _assert_memory_equal(placed, _memory())
-  padded = jax.device_put(_memory(padded=True), models.Memory.shardings(mesh, padded=True))
+  padded = jax.device_put(_memory(padded=True), _memory(padded=True).shardings(mesh))
   assert {s.data.shape for s in padded.pad_B.addressable_shards} == {(B // 4,)}
   _assert_memory_equal(padded, _memory(padded=True))
+
+
+def _with_state(seed: int = 0) -> tuple[memory_lib.Memory, object]:
+  """A memory with variant state: the gated store (per-layer leaves, rows on
+  axis 1, heads on the model axis) and the memory tokens (rows on axis 0),
+  every array random (the counts in range)."""
+  cfg = tiny_model_config(
+      n_layer=L,
+      d_model=D,
+      n_head=2,
+      d_head=2,
+      d_inner=8,
+      tgt_len=3,
+      mem_len=M,
+      **GatedStore.example(),
+      tokens={"num_mem_tokens": 2},
+  )
+  rng = np.random.default_rng(seed)
+
+  def fill(x):
+    if x.dtype == jnp.bool_:
+      return jnp.asarray(rng.integers(0, 2, size=x.shape), jnp.bool_)
+    if x.dtype == jnp.int32:
+      return jnp.asarray(rng.integers(0, 4, size=x.shape), jnp.int32)
+    return jnp.asarray(rng.normal(size=x.shape), x.dtype)
+
+  return jax.tree_util.tree_map(fill, memory_lib.init_memory(cfg, B)), cfg
+
+
+def test_map_rows_and_shardings_follow_each_declared_leaf():
+  memory, cfg = _with_state()
+  assert list(memory.variant_state) == [
+      "store_keys_LxBxHxSxDh",
+      "store_values_LxBxHxSxDh",
+      "store_count_LxB",
+      "mem_tokens_BxNxD",
+      "mem_tokens_fresh_B",
+  ]
+  idx = jnp.asarray([6, 1, 1, 3])
+  taken = memory.map_rows(lambda x, axis: jnp.take(x, idx, axis=axis))
+  for name, x in memory.leaves().items():
+    axis = 0 if name.startswith("mem_tokens") or name == "mlen_B" else 1
+    np.testing.assert_array_equal(taken.leaves()[name], np.take(np.asarray(x), idx, axis=axis))
+  chunks = memory.map_rows(lambda x, axis: train_step._to_chunks(x, 2, axis))
+  _assert_memory_equal(chunks.map_rows(train_step._from_chunks), memory)
+  mesh = Mesh(np.asarray(jax.devices()[:8]).reshape(2, 2, 2), ("data", "fsdp", "model"))
+  specs = {n: tuple(s.spec) for n, s in memory_lib.shardings(cfg, mesh).leaves().items()}
+  rows = ("data", "fsdp")
+  assert specs["store_keys_LxBxHxSxDh"] == (None, rows, "model", None, None)  # 2 heads / 2
+  assert specs["store_count_LxB"] == (None, rows) and specs["mem_tokens_fresh_B"] == (rows,)
+  placed = jax.device_put(memory, memory_lib.shardings(cfg, mesh))
+  shard = placed.variant_state["store_keys_LxBxHxSxDh"].addressable_shards[0].data
+  assert shard.shape == (L, B // 4, 1, 6, 2)
+  _assert_memory_equal(placed, memory)
+  # A head axis the model axis does not divide stays whole.
+  odd = Mesh(np.asarray(jax.devices()[:3]).reshape(1, 1, 3), ("data", "fsdp", "model"))
+  assert memory_lib.state.leaf("store_keys_LxBxHxSxDh").spec(odd, (L, B, 2, 6, 2))[2] is None
+
+
+def test_reset_resets_each_variants_state_its_way():
+  memory, _ = _with_state()
+  reset_B = jnp.asarray([True, False] * (B // 2))
+  out = memory.reset(reset_B).variant_state
+  r = np.asarray(reset_B)
+  want_count = np.where(r[None, :], 0, np.asarray(memory.variant_state["store_count_LxB"]))
+  np.testing.assert_array_equal(out["store_count_LxB"], want_count)
+  want_fresh = np.asarray(memory.variant_state["mem_tokens_fresh_B"]) | r
+  np.testing.assert_array_equal(out["mem_tokens_fresh_B"], want_fresh)
+  for name in ("store_keys_LxBxHxSxDh", "mem_tokens_BxNxD"):  # contents stay, masked or unread
+    np.testing.assert_array_equal(out[name], memory.variant_state[name])
+
+
+def test_a_leaf_declares_one_rows_axis_and_layers_first():
+  assert memory_lib.Leaf(("layers", "batch", None)).row_axis == 1
+  assert memory_lib.Leaf(("batch", "heads")).per_layer is False
+  for bad in ((None, None), ("batch", "batch"), ("batch", "layers")):
+    with pytest.raises(ValueError, match="'batch' exactly once"):
+      memory_lib.Leaf(bad)
 
 
 def _old_layer_update(mem_BxMxD, h_BxTxD):
@@ -227,18 +314,18 @@ def test_layer_read_and_update_stop_the_gradient():
 def test_reset_empties_only_the_flagged_rows():
   memory = _memory()
   reset_B = jnp.asarray([True, False] * (B // 2))
-  for out in (memory.reset(reset_B), models.reset_memory(memory, reset_B)):
-    want = np.where(np.asarray(reset_B), 0, np.asarray(memory.mlen_B))
-    np.testing.assert_array_equal(out.mlen_B, want)
-    assert out.mlen_B.dtype == jnp.int32
-    np.testing.assert_array_equal(out.mems_LxBxMxD, memory.mems_LxBxMxD)
+  out = memory.reset(reset_B)
+  want = np.where(np.asarray(reset_B), 0, np.asarray(memory.mlen_B))
+  np.testing.assert_array_equal(out.mlen_B, want)
+  assert out.mlen_B.dtype == jnp.int32
+  np.testing.assert_array_equal(out.mems_LxBxMxD, memory.mems_LxBxMxD)
 
 
 def test_advance_counts_the_valid_slots():
   mlen_B = jnp.asarray([0, 3, 5, -4, -9], jnp.int32)
-  np.testing.assert_array_equal(models.advance_mlen(mlen_B, 5, 3), [3, 5, 5, -1, -6])
-  np.testing.assert_array_equal(models.advance_mlen(mlen_B, 5, 2), [2, 5, 5, -2, -7])
-  np.testing.assert_array_equal(models.advance_mlen(mlen_B, 0, 4), [0, 0, 0, 0, -5])
+  np.testing.assert_array_equal(memory_lib.advance_mlen(mlen_B, 5, 3), [3, 5, 5, -1, -6])
+  np.testing.assert_array_equal(memory_lib.advance_mlen(mlen_B, 5, 2), [2, 5, 5, -2, -7])
+  np.testing.assert_array_equal(memory_lib.advance_mlen(mlen_B, 0, 4), [0, 0, 0, 0, -5])
   memory = _memory()
   new_mems = memory.mems_LxBxMxD + 1.0
   out = memory.advance(new_mems, 2)
@@ -250,7 +337,7 @@ def test_advance_counts_the_valid_slots():
 def test_advance_consumes_the_padding_first():
   """p padding positions before a segment of T: max(p - T, 0) remain (they
   carry over), max(T - p, 0) positions become valid slots (at most M)."""
-  empty = models.Memory(jnp.zeros((1, 4, 5, 2)), jnp.zeros((4,), jnp.int32))
+  empty = memory_lib.Memory(jnp.zeros((1, 4, 5, 2)), jnp.zeros((4,), jnp.int32))
   memory = empty.with_front_padding(np.asarray([0, 2, 5, 9], np.int32))
   out = memory.advance(memory.mems_LxBxMxD, 3)
   np.testing.assert_array_equal(out.mlen_B, [3, 1, 0, 0])
@@ -269,7 +356,7 @@ def test_with_front_padding_masks_the_padded_positions():
       n_token=20, n_layer=2, d_model=8, n_head=2, d_head=4, d_inner=16, tgt_len=6, mem_len=0
   )
   pad_B = np.asarray([0, 2, 5], np.int32)
-  memory = models.init_memory(cfg, 3, mem_len=0).with_front_padding(pad_B)
+  memory = memory_lib.init_memory(cfg, 3, mem_len=0).with_front_padding(pad_B)
   np.testing.assert_array_equal(memory.pad_B, pad_B)
   np.testing.assert_array_equal(memory.mlen_B, 0)
   np.testing.assert_array_equal(memory.key_count_B(), -pad_B)
@@ -281,7 +368,7 @@ def test_with_front_padding_masks_the_padded_positions():
   log_probs, _ = model.apply({"params": params}, tokens, memory)
   for b, p in enumerate(pad_B):
     alone, _ = model.apply(
-        {"params": params}, tokens[b : b + 1, p:], models.init_memory(cfg, 1, mem_len=0)
+        {"params": params}, tokens[b : b + 1, p:], memory_lib.init_memory(cfg, 1, mem_len=0)
     )
     np.testing.assert_allclose(log_probs[b, p:], alone[0], rtol=1e-5, atol=1e-5)
 

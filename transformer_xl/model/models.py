@@ -55,7 +55,6 @@ from jax.ad_checkpoint import checkpoint_name
 from transformer_xl.model import adaptive, attention, attention_ops, tuning
 from transformer_xl.model import memory as memory_lib
 from transformer_xl.model.config import ModelConfig  # re-exported: the model's hyperparameters
-from transformer_xl.model.memory import Memory
 
 Array = jax.Array
 
@@ -314,7 +313,7 @@ class TransformerXL(nn.Module):
   def hidden(
       self,
       tokens_BxT: Array,
-      memory: Memory,
+      memory: memory_lib.Memory,
       deterministic: bool = True,
       reset_B: Array | None = None,
       doc_pos_BxT: Array | None = None,
@@ -341,7 +340,7 @@ class TransformerXL(nn.Module):
     )
 
   def decode(
-      self, tokens_BxT: Array, memory: Memory, kv_cache: attention_ops.CachedKV | None = None
+      self, tokens_BxT: Array, memory: memory_lib.Memory, kv_cache: attention_ops.CachedKV | None = None
   ):
     """``hidden`` (no dropout) with a decoding cache, for generation.
 
@@ -382,7 +381,7 @@ class TransformerXL(nn.Module):
   def hidden_from_embeddings(
       self,
       emb_BxTxD: Array,
-      memory: Memory,
+      memory: memory_lib.Memory,
       deterministic: bool = True,
       reset_B: Array | None = None,
       doc_pos_BxT: Array | None = None,
@@ -465,7 +464,7 @@ class TransformerXL(nn.Module):
   def __call__(
       self,
       tokens_BxT: Array,
-      memory: Memory,
+      memory: memory_lib.Memory,
       targets_BxT: Array | None = None,
       deterministic: bool = True,
       reset_B: Array | None = None,
