@@ -68,9 +68,7 @@ def get_config(preset=None):
       min_lr=1e-6,
       clip=0.1,
   )
-  c.eval.update(
-      tgt_len=768, mem_len=768, clamp_len=0, same_length=False, global_batch=8
-  )
+  c.eval.update(tgt_len=768, mem_len=768, clamp_len=0, same_length=False, global_batch=8)
   c.eval.compressive.cmem_len = 3072  # compressed slots at evaluation (the docstring)
   c.paper.update(result="0.97 bpc (test)")
   return presets.apply_slice(c, preset)

@@ -71,9 +71,7 @@ def get_config(preset=None):
       min_lr=1e-6,
       clip=0.1,
   )
-  c.eval.update(
-      tgt_len=512, mem_len=500, clamp_len=0, same_length=False, global_batch=10
-  )
+  c.eval.update(tgt_len=512, mem_len=500, clamp_len=0, same_length=False, global_batch=10)
   c.eval.compressive.cmem_len = 1500  # compressed slots at evaluation (the docstring)
   c.paper.update(result="17.1 ppl (test)")
   return presets.apply_slice(c, preset)

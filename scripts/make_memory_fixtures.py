@@ -70,7 +70,10 @@ CASES: dict[str, tuple[dict, tuple[str, ...]]] = {
         ("grad", "reset"),
     ),
     "tokens_no_cache": (dict(tgt_len=4, mem_len=0, num_mem_tokens=2), ("grad",)),
-    "tokens_not_at_end": (dict(tgt_len=4, mem_len=6, num_mem_tokens=2, mem_at_end=False), ("grad",)),
+    "tokens_not_at_end": (
+        dict(tgt_len=4, mem_len=6, num_mem_tokens=2, mem_at_end=False),
+        ("grad",),
+    ),
     "tokens_read_cache": (
         dict(tgt_len=4, mem_len=6, num_mem_tokens=2, read_mem_from_cache=True),
         ("grad",),
@@ -111,7 +114,9 @@ def run_case(fields: dict, kinds: tuple[str, ...]) -> dict[str, np.ndarray]:
       doc_pos_BxT = None
       if "docs" in kinds:  # a document starts at position s % T of each row, offsets from it
         t = jnp.arange(cfg.tgt_len)
-        doc_pos_BxT = jnp.broadcast_to(jnp.where(t >= s % cfg.tgt_len, t - s % cfg.tgt_len, t + 9), (B, cfg.tgt_len))
+        doc_pos_BxT = jnp.broadcast_to(
+            jnp.where(t >= s % cfg.tgt_len, t - s % cfg.tgt_len, t + 9), (B, cfg.tgt_len)
+        )
       (nll_BxT, memory), state = model.apply(
           {"params": p},
           tokens_SxBxT[s],
@@ -133,6 +138,7 @@ def run_case(fields: dict, kinds: tuple[str, ...]) -> dict[str, np.ndarray]:
     memory = memory.with_front_padding(jnp.asarray([0, 2, 5], jnp.int32))
 
   if "decode" in kinds:
+
     def decode(p):  # as generation: the prompt without the cache, then one token a pass
       hidden, mem = model.apply({"params": p}, tokens_SxBxT[0], memory, method=model.hidden)
       outs, cache = [hidden], None
@@ -155,6 +161,7 @@ def run_case(fields: dict, kinds: tuple[str, ...]) -> dict[str, np.ndarray]:
     out.update(_named(memories[s], f"memory_{s}"))
     out.update(_named(losses[s], f"losses_{s}"))
   if "grad" in kinds:
+
     def total(p):
       nlls, _, losses = segments(p, memory)
       aux = sum(jnp.sum(x) for x in jax.tree_util.tree_leaves(losses))

@@ -27,7 +27,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _tokens_config(depth, **train_kw):
   c = tiny_config(**{**dict(log_every=1, eval_every=0, warmup_steps=0), **train_kw})
-  c.model.update(num_mem_tokens=2, mem_at_end=True, tgt_len=4, mem_len=4)
+  c.model.update(tgt_len=4, mem_len=4)
+  c.model.tokens.update(num_mem_tokens=2, mem_at_end=True)
   c.train.update(mem_backprop_depth=depth)
   return c
 
@@ -86,13 +87,14 @@ def _naive_last_loss(model, cfg, params, x_BxST, y_BxST, n_seg, cut_tokens):
   by one with plain model.apply calls (no train-step code); ``cut_tokens``
   stops the gradient of the memory tokens between segments."""
   t = cfg.tgt_len
-  memory = models.init_memory(cfg, x_BxST.shape[0])
+  memory = memory_lib.init_memory(cfg, x_BxST.shape[0])
   for j in range(n_seg):
     nll_BxT, memory = model.apply(
         {"params": params}, x_BxST[:, j * t : (j + 1) * t], memory, y_BxST[:, j * t : (j + 1) * t]
     )
     if cut_tokens:
-      memory = memory.replace(mem_tokens_BxNxD=jax.lax.stop_gradient(memory.mem_tokens_BxNxD))
+      tokens = memory.variant_state["mem_tokens_BxNxD"]
+      memory = memory.with_state(mem_tokens_BxNxD=jax.lax.stop_gradient(tokens))
   return jnp.mean(nll_BxT)
 
 
@@ -138,7 +140,7 @@ def test_the_newest_loss_reaches_the_parameters_through_the_memory_tokens(depth)
   )(params)
   want_loss, want = loss_and_grad(False)
   cut = loss_and_grad(True)[1]
-  name = memory_lib.MEM_TOKENS_PARAM
+  name = memory_lib.tokens.MEM_TOKENS_PARAM
   assert float(jnp.abs(want[name]).max()) > 1e-4
   np.testing.assert_array_equal(np.asarray(cut[name]), 0.0)
 
@@ -154,9 +156,11 @@ def test_the_newest_loss_reaches_the_parameters_through_the_memory_tokens(depth)
   )
   np.testing.assert_allclose(float(metrics["loss"]), float(want_loss), rtol=1e-5)
   # The next window starts one segment later: the memory after the first segment.
-  _, first = model.apply({"params": params}, x[:, :t], models.init_memory(cfg, b), y[:, :t])
+  _, first = model.apply({"params": params}, x[:, :t], memory_lib.init_memory(cfg, b), y[:, :t])
   np.testing.assert_allclose(
-      np.asarray(new_state.memory.mem_tokens_BxNxD), np.asarray(first.mem_tokens_BxNxD), atol=1e-6
+      np.asarray(new_state.memory.variant_state["mem_tokens_BxNxD"]),
+      np.asarray(first.variant_state["mem_tokens_BxNxD"]),
+      atol=1e-6,
   )
 
 
@@ -206,7 +210,11 @@ def test_it_resumes_exactly_and_shards_like_one_device(tmp_path):
 def test_the_config_is_checked():
   c = tiny_config()
   c.train.update(mem_backprop_depth=1)
-  with pytest.raises(default_config.ConfigError, match=r"mem_backprop_depth=1 needs memory tokens"):
+  with pytest.raises(
+      default_config.ConfigError,
+      match=r"mem_backprop_depth=1 needs a memory that carries the gradient between segments "
+      r"\(memory tokens: model\.tokens\.num_mem_tokens > 0\)",
+  ):
     default_config.validate(c, jax.device_count())
   c.train.update(mem_backprop_depth=0, bptt_bp=True)
   with pytest.raises(default_config.ConfigError, match=r"bptt_bp=True needs"):
@@ -244,7 +252,10 @@ def test_the_authors_configs_build_their_models(name, variant, n_token):
   count = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(shapes))
   assert count == config.paper.n_params
   rmt = variant == "rmt"
-  assert (config.model.num_mem_tokens > 0, config.train.mem_backprop_depth == 2) == (rmt, rmt)
+  assert (config.model.tokens.num_mem_tokens > 0, config.train.mem_backprop_depth == 2) == (
+      rmt,
+      rmt,
+  )
   assert (config.model.mem_len == 0) == rmt
 
 
@@ -269,7 +280,7 @@ def test_the_gradient_equals_the_authors_through_one_earlier_segment():
   stream = jnp.asarray(z["stream_BxL"])
   b = stream.shape[0]
   x, y = stream[:, :-1], stream[:, 1:]
-  _, memory = model.apply({"params": params}, x[:, :t], models.init_memory(cfg, b), y[:, :t])
+  _, memory = model.apply({"params": params}, x[:, :t], memory_lib.init_memory(cfg, b), y[:, :t])
 
   batch = {
       "inputs": x[:, t : 3 * t],
@@ -282,7 +293,10 @@ def test_the_gradient_equals_the_authors_through_one_earlier_segment():
   flat_got = dict(jax.tree_util.tree_flatten_with_path(got)[0])
   for path, w in jax.tree_util.tree_flatten_with_path(want)[0]:
     np.testing.assert_allclose(flat_got[path], w, atol=1e-5, err_msg=jax.tree_util.keystr(path))
-  assert float(np.abs(flat_got[(jax.tree_util.DictKey(memory_lib.MEM_TOKENS_PARAM),)]).max()) == 0
+  assert (
+      float(np.abs(flat_got[(jax.tree_util.DictKey(memory_lib.tokens.MEM_TOKENS_PARAM),)]).max())
+      == 0
+  )
 
 
 # --------------------------------------------------------------------------- #
@@ -299,7 +313,8 @@ def _copy_config(depth, bptt_bp=True):
       synthetic_valid_size=8,
       synthetic_test_size=8,
   )
-  c.model.update(num_mem_tokens=2, mem_len=0, tgt_len=3, dropout=0.0, dropatt=0.0)
+  c.model.update(mem_len=0, tgt_len=3, dropout=0.0, dropatt=0.0)
+  c.model.tokens.num_mem_tokens = 2
   c.eval.update(tgt_len=3, mem_len=0, global_batch=4, same_length=False)
   c.train.update(mem_backprop_depth=depth, bptt_bp=bptt_bp)
   return c
@@ -326,7 +341,7 @@ def test_a_synthetic_example_is_one_step_through_all_its_segments(tmp_path):
   segs = [next(base) for _ in range(n_seg)]
 
   def naive(params):
-    memory, total, weight = models.init_memory(cfg, 4), 0.0, 0.0
+    memory, total, weight = memory_lib.init_memory(cfg, 4), 0.0, 0.0
     for seg in segs:
       nll, memory = model.apply(
           {"params": params}, seg["inputs"], memory, seg["targets"], reset_B=seg["reset"]

@@ -5,12 +5,12 @@ through fixtures made by running it (scripts/make_rmt_fixtures.py; committed
 under tests/fixtures/lm_rmt_*.npz): per-token NLLs and the written tokens of
 four consecutive segments, to 1e-5.  Then what their code has no run for:
 document resets, the gradient of the learned initial tokens, the config's
-refusals, and the command line.
+refusals, and the command line.  Sharded training with exact resume is
+the conformance suite's (test_memory_conformance.py).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -31,9 +31,7 @@ from helpers import (
     run_main,
     score_and_generate,
     small_args,
-    tiny_config,
     tiny_text_config,
-    toy_corpus,
     write_corpus,
     write_ptb_sample,
 )
@@ -51,6 +49,10 @@ def _load(name: str):
   return cfg, rmt.params_from_rmt_state_dict(state, cfg), z
 
 
+def _n_tokens(cfg) -> int:
+  return memory_lib.tokens.MemoryTokens.settings(cfg).num_mem_tokens
+
+
 def _step(cfg):
   model = models.TransformerXL(cfg)
   return jax.jit(
@@ -63,12 +65,12 @@ def _step(cfg):
 def _run(cfg, params, inputs_SxBxT, targets_SxBxT, resets=None):
   """Our NLLs [S, B, T] and written tokens [S, B, N, D] over the segments."""
   step, b = _step(cfg), inputs_SxBxT.shape[1]
-  memory, nlls, written = models.init_memory(cfg, b), [], []
+  memory, nlls, written = memory_lib.init_memory(cfg, b), [], []
   for s in range(len(inputs_SxBxT)):
     reset = np.zeros(b, bool) if resets is None else resets[s]
     nll, memory = step(params, inputs_SxBxT[s], memory, targets_SxBxT[s], reset)
     nlls.append(np.asarray(nll))
-    tokens = memory.mem_tokens_BxNxD
+    tokens = memory.variant_state.get("mem_tokens_BxNxD")
     written.append(np.zeros((b, 0, cfg.d_model)) if tokens is None else np.asarray(tokens))
   return np.stack(nlls), np.stack(written)
 
@@ -103,8 +105,8 @@ def test_gradients_equal_the_authors():
   cfg, params, z = _load("lm_rmt_not_at_end")
   model = models.TransformerXL(cfg)
   x, y = z["inputs_SxBxT"], z["targets_SxBxT"]
-  memory = models.init_memory(cfg, 2)
-  xl_cfg = dataclasses.replace(cfg, num_mem_tokens=0)
+  memory = memory_lib.init_memory(cfg, 2)
+  xl_cfg = cfg.with_memory("tokens", num_mem_tokens=0)
   grad_fn = jax.jit(
       jax.grad(lambda p, memory, x, y: model.apply({"params": p}, x, memory, y)[0].sum())
   )
@@ -127,7 +129,7 @@ def test_their_position_terms_of_later_keys_are_needed(monkeypatch):
   one such key is next to its query, where both shifts leave 0: this fixture has
   N = 3.)"""
   cfg, params, z = _load("lm_rmt_not_at_end")
-  monkeypatch.setattr(memory_lib, "future_position_scores", lambda raw, bd, *a: bd)
+  monkeypatch.setattr(memory_lib.tokens, "future_position_scores", lambda raw, bd, *a: bd)
   nll, written = _run(cfg, params, z["inputs_SxBxT"], z["targets_SxBxT"])
   # The tokens written at the read positions: 7e-4 off (the parity tolerance: 1e-5).
   assert np.abs(written[:2] - z["written_SxBxNxD"][:2]).max(axis=(1, 2, 3)).min() > 1e-4
@@ -137,8 +139,9 @@ def test_no_memory_token_is_transformer_xl_with_its_pytree():
   """num_mem_tokens=0: no parameter, the memory's two fields (the checkpoints'
   pytree), and the authors' Transformer-XL numbers (lm_rmt_zero above)."""
   cfg, params, _ = _load("lm_rmt_zero")
-  assert cfg.num_mem_tokens == 0 and "mem_tokens" not in params
-  memory = models.init_memory(cfg, 2)
+  assert _n_tokens(cfg) == 0 and "mem_tokens" not in params
+  assert memory_lib.plan(cfg).variants == (memory_lib.VARIANTS["xl"],)
+  memory = memory_lib.init_memory(cfg, 2)
   assert [k.name for k in jax.tree_util.tree_flatten_with_path(memory)[0][0][0]] == ["mems_LxBxMxD"]
   assert len(jax.tree.leaves(memory)) == 2
   init = lambda key: models.init_params(models.TransformerXL(cfg), key)
@@ -147,15 +150,21 @@ def test_no_memory_token_is_transformer_xl_with_its_pytree():
 
 def test_the_memory_carries_the_tokens_with_its_shardings():
   cfg, _, _ = _load("lm_rmt_mem")
-  memory = models.init_memory(cfg, 8)
-  assert memory.mem_tokens_BxNxD.shape == (8, 2, 16) and bool(memory.mem_tokens_fresh_B.all())
+  memory = memory_lib.init_memory(cfg, 8)
+  tokens, fresh = (
+      memory.variant_state["mem_tokens_BxNxD"],
+      memory.variant_state["mem_tokens_fresh_B"],
+  )
+  assert tokens.shape == (8, 2, 16) and bool(fresh.all())
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]).reshape(4, 1), ("data", "model"))
-  shardings = models.Memory.shardings(mesh, tokens=True)
+  shardings = memory_lib.shardings(cfg, mesh)
   assert jax.tree.structure(shardings) == jax.tree.structure(memory)
   placed = jax.device_put(memory, shardings)
-  assert {s.data.shape for s in placed.mem_tokens_BxNxD.addressable_shards} == {(2, 2, 16)}
-  halves = memory.map_rows(lambda x, axis: jnp.take(x, jnp.arange(4), axis=axis))
-  assert halves.mem_tokens_BxNxD.shape == (4, 2, 16) and halves.mem_tokens_fresh_B.shape == (4,)
+  shards = placed.variant_state["mem_tokens_BxNxD"].addressable_shards
+  assert {s.data.shape for s in shards} == {(2, 2, 16)}
+  halves = memory.map_rows(lambda x, axis: jnp.take(x, jnp.arange(4), axis=axis)).variant_state
+  assert halves["mem_tokens_BxNxD"].shape == (4, 2, 16)
+  assert halves["mem_tokens_fresh_B"].shape == (4,)
 
 
 def test_a_reset_row_reads_the_initial_tokens_again():
@@ -181,7 +190,7 @@ def test_the_initial_tokens_learn_from_fresh_rows_only():
   cfg, params, z = _load("lm_rmt_mem")
   model = models.TransformerXL(cfg)
   x, y = z["inputs_SxBxT"], z["targets_SxBxT"]
-  _, memory = _step(cfg)(params, x[0], models.init_memory(cfg, 2), y[0], np.zeros(2, bool))
+  _, memory = _step(cfg)(params, x[0], memory_lib.init_memory(cfg, 2), y[0], np.zeros(2, bool))
 
   @jax.jit
   def grad_of_tokens(memory, tokens, targets, reset):
@@ -189,25 +198,28 @@ def test_the_initial_tokens_learn_from_fresh_rows_only():
     return jax.grad(loss)(params)["mem_tokens"]
 
   no_reset = np.zeros(2, bool)
-  fresh = models.init_memory(cfg, 2)
+  fresh = memory_lib.init_memory(cfg, 2)
   assert np.abs(grad_of_tokens(fresh, x[0], y[0], no_reset)).max() > 1e-4
   assert not np.asarray(grad_of_tokens(memory, x[1], y[1], no_reset)).any()
   assert np.abs(grad_of_tokens(memory, x[1], y[1], np.array([False, True]))).max() > 1e-4
 
 
 def test_the_config_refuses_what_memory_tokens_do_not_support():
-  ok = dict(n_token=10, num_mem_tokens=2)
-  problems = lambda **kw: model_config.config_problems({**ok, **kw})
-  assert problems() == [] and problems(mem_len=0, mem_at_end=False) == []
-  assert problems(num_mem_tokens=-1)[0].startswith("model.num_mem_tokens=-1 must be")
+  def problems(tokens=None, **kw):
+    section = {"num_mem_tokens": 2, **(tokens or {})}
+    return model_config.config_problems({"n_token": 10, "tokens": section, **kw})
+
+  assert problems() == [] and problems({"mem_at_end": False}, mem_len=0) == []
+  assert problems({"num_mem_tokens": -1})[0].startswith("model.tokens.num_mem_tokens=-1 must be")
   assert "model.attn_type=0" in problems(attn_type=1)[0]
   assert "attention_impl='xla'" in problems(attention_impl="pallas")[0]
   assert "model.attn_block=0" in problems(attn_block=16)[0]
-  assert any("model.memory='xl'" in p for p in problems(memory="compressive", cmem_len=2))
-  assert problems(read_mem_from_cache="yes")[0].startswith("model.read_mem_from_cache=")
+  # Beside the compressive memory (the layers' segment is then tgt_len + 2 N long).
+  assert problems(memory="compressive", compressive={"cmem_len": 2, "cmem_ratio": 2}) == []
+  assert problems({"read_mem_from_cache": "yes"})[0].startswith("model.tokens.read_mem_from_cache=")
   assert all("\n" not in p for p in problems(attn_type=1, attn_block=16))
   c = default_config.get_config()
-  c.model.update(num_mem_tokens=2)
+  c.model.tokens.num_mem_tokens = 2
   c.eval.update(method="sliding")
   c.data.update(documents="reset")
   with pytest.raises(default_config.ConfigError) as err:
@@ -225,17 +237,17 @@ def test_the_converter_checks_the_fork_tensors():
   with pytest.raises(rmt.ConvertError, match="lacks 'mem_tokens'"):
     rmt.params_from_rmt_state_dict({k: v for k, v in state.items() if k != "mem_tokens"}, cfg)
   with pytest.raises(rmt.ConvertError, match="num_mem_tokens=0 in the hparams"):
-    rmt.params_from_rmt_state_dict(state, dataclasses.replace(cfg, num_mem_tokens=0))
+    rmt.params_from_rmt_state_dict(state, cfg.with_memory("tokens", num_mem_tokens=0))
   with pytest.raises(rmt.ConvertError, match="num_mem_tokens"):
     rmt.load_rmt_hparams({**json.loads(str(z["hparams"])), "num_mem_tokens": -2})
   from transformer_xl.convert import hparams
 
-  with pytest.raises(rmt.ConvertError, match="no memory tokens"):  # no export to the reference
+  with pytest.raises(rmt.ConvertError, match="no memory add-on"):  # not to the reference
     hparams.hparams_from_model_config(cfg)
 
 
 # ---------------------------------------------------------------------------
-# The command line: train, eval, score and generate with --config.model.num_mem_tokens.
+# The command line: train, eval, score and generate with --config.model.tokens.num_mem_tokens.
 
 
 @pytest.fixture(scope="module")
@@ -244,7 +256,7 @@ def trained(tmp_path_factory):
   trained for 4 steps through ``modes.run`` on one's own text."""
   root = tmp_path_factory.mktemp("rmt")
   config = tiny_text_config(write_corpus(root / "corpus"), root / "tfds")
-  config.model.update(num_mem_tokens=2)
+  config.model.tokens.num_mem_tokens = 2
   config.eval.update(same_length=False)
   config.train.update(num_steps=4)
   config.checkpoint.update(every_steps=4)
@@ -257,7 +269,7 @@ def trained(tmp_path_factory):
 def test_train_saves_the_tokens_and_eval_dynamic_eval_score_generate_run(trained, tmp_path):
   _, workdir, config = trained
   saved = json.loads((workdir / "model_config.json").read_text())["model"]
-  assert (saved["num_mem_tokens"], saved["mem_at_end"]) == (2, True)
+  assert (saved["tokens"]["num_mem_tokens"], saved["tokens"]["mem_at_end"]) == (2, True)
   modes.run(modes.Request(mode="eval", workdir=str(workdir), config=config))
   results = json.loads((workdir / "eval_results.json").read_text())
   assert all(np.isfinite(results[s]["loss_nats"]) for s in ("valid", "test"))
@@ -286,7 +298,7 @@ def test_generation_draws_each_token_from_the_scored_sequence():
   prompt = z["inputs_SxBxT"][:2, 0].reshape(-1)[:7]
   steps = list(gen.stream(params, [prompt], 9, sampling.SamplingSettings(top_k=0), log_probs=True))
   seq = np.concatenate([prompt, [int(tok[0]) for tok, _ in steps]])
-  model, memory, t = models.TransformerXL(cfg), models.init_memory(cfg, 1), cfg.tgt_len
+  model, memory, t = models.TransformerXL(cfg), memory_lib.init_memory(cfg, 1), cfg.tgt_len
   logps = []
   for s in range(0, len(seq) - 1, t):
     hidden, memory = model.apply(
@@ -299,51 +311,9 @@ def test_generation_draws_each_token_from_the_scored_sequence():
     list(gen.stream(params, [prompt, prompt[:3]], 2))
 
 
-def _fingerprints(workdir, step):
-  rec = json.loads(
-      (Path(workdir) / "checkpoints" / str(step) / "integrity" / "metadata").read_text()
-  )
-  return {k: v["fingerprint"] for k, v in rec["leaves"].items()}
-
-
-@pytest.mark.slow
-def test_it_trains_sharded_with_accumulation_and_resumes_exactly(tmp_path):
-  """8 simulated devices (data 4 x model 2), 2 micro-batches: a run resumed
-  from its step-4 checkpoint ends with the straight run's parameters (the
-  learned tokens among them), optimizer state and memory (the carried tokens
-  among them), bit for bit; one device gives the same losses."""
-  import shutil
-
-  from transformer_xl import sharding
-  from transformer_xl.training import train
-
-  config = tiny_config(num_steps=6, batch_chunk=2, log_every=1, eval_every=0)
-  config.model.update(num_mem_tokens=2, dropout=0.0, dropatt=0.0)
-  config.checkpoint.update(every_steps=2, max_to_keep=10)
-  mesh = sharding.make_mesh((4, 2), ("data", "model"))
-  straight = tmp_path / "straight"
-  train.train_and_evaluate(config, str(straight), toy_corpus(), mesh)
-  resumed = tmp_path / "resumed"
-  shutil.copytree(straight, resumed)
-  for path in (resumed / "checkpoints").iterdir():
-    if path.name.isdigit() and int(path.name) > 4:
-      shutil.rmtree(path)
-  train.train_and_evaluate(config, str(resumed), toy_corpus(), mesh)
-  final = _fingerprints(straight, 6)
-  assert _fingerprints(resumed, 6) == final
-  assert any("mem_tokens_BxNxD" in k for k in final) and any("mem_tokens" in k for k in final)
-  one = tmp_path / "one"
-  single = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
-  train.train_and_evaluate(config, str(one), toy_corpus(), single)
-  rows = lambda wd: [json.loads(x) for x in (wd / "metrics.jsonl").read_text().splitlines()]
-  losses = lambda wd: [r["train/loss"] for r in rows(wd) if "train/loss" in r]
-  assert len(losses(straight)) == 6
-  np.testing.assert_allclose(losses(straight), losses(one), rtol=1e-4, atol=1e-6)
-
-
 @pytest.mark.slow
 def test_the_command_line_trains_with_memory_tokens(tmp_path):
-  """One process: ``--config.model.num_mem_tokens=2`` with the quickstart config."""
+  """One process: ``--config.model.tokens.num_mem_tokens=2`` with the quickstart config."""
   manual = write_ptb_sample(tmp_path / "ptb")
   tiny = [
       "--config.model.n_layer=2",
@@ -353,8 +323,8 @@ def test_the_command_line_trains_with_memory_tokens(tmp_path):
       "--config.model.d_inner=64",
       "--config.model.tgt_len=8",
       "--config.model.mem_len=8",
-      "--config.model.num_mem_tokens=2",
-      "--config.model.mem_at_end=False",
+      "--config.model.tokens.num_mem_tokens=2",
+      "--config.model.tokens.mem_at_end=False",
       "--config.train.global_batch=8",
       "--config.train.log_every=1",
       "--config.train.eval_every=0",
@@ -367,14 +337,14 @@ def test_the_command_line_trains_with_memory_tokens(tmp_path):
   assert r.returncode == 0, r.stderr[-3000:]
   assert sorted(read_metrics(workdir)) == [1, 2]
   saved = json.loads((workdir / "model_config.json").read_text())["model"]
-  assert (saved["num_mem_tokens"], saved["mem_at_end"]) == (2, False)
+  assert (saved["tokens"]["num_mem_tokens"], saved["tokens"]["mem_at_end"]) == (2, False)
 
 
 def test_an_unsupported_setting_is_refused_in_one_line(tmp_path):
   """Before anything is compiled (or read): the config's ``error:`` with one
   problem line naming the setting and the fix."""
   other = tiny_text_config(tmp_path / "nowhere", tmp_path / "tfds")
-  other.model.update(num_mem_tokens=2)
+  other.model.tokens.num_mem_tokens = 2
   other.eval.update(method="sliding")
   workdir = tmp_path / "wd"
   with pytest.raises(SystemExit) as err:

@@ -499,7 +499,12 @@ class Generator:
 
   @staticmethod
   def _take(
-      memory: memory_lib.Memory, cache: Any, token_B: Array, key: Array, done_B: Array, take_R: Array
+      memory: memory_lib.Memory,
+      cache: Any,
+      token_B: Array,
+      key: Array,
+      done_B: Array,
+      take_R: Array,
   ):
     """Rows ``take_R`` of the decoding state (the batch axis of each part)."""
     rows = lambda x, axis: jnp.take(x, take_R, axis=axis)

@@ -50,21 +50,21 @@ from jax.ad_checkpoint import checkpoint_name
 
 from transformer_xl.model import pallas_attention
 from transformer_xl.model.attention_ops import (
-  MASK_VALUE,
-  CachedKV,
-  Kernel,
-  MaskParts,
-  absolute_positions,
-  attend,
-  content_scores,
-  kv_rows,
-  normal_init,
-  output_projection,
-  position_scores,
-  position_table,
-  qkv,
-  rel_shift,
-  sinusoid_pos_emb,
+    MASK_VALUE,
+    CachedKV,
+    Kernel,
+    MaskParts,
+    absolute_positions,
+    attend,
+    content_scores,
+    kv_rows,
+    normal_init,
+    output_projection,
+    position_scores,
+    position_table,
+    qkv,
+    rel_shift,
+    sinusoid_pos_emb,
 )
 
 Array = jax.Array

@@ -281,7 +281,9 @@ class ModelConfig:
     (``model.<name>``: a dict of its fields): what the run config's model
     section and saved files hold."""
     fields = {
-        f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "memory_settings"
+        f.name: getattr(self, f.name)
+        for f in dataclasses.fields(self)
+        if f.name != "memory_settings"
     }
     return {**fields, **memory.sections(self.memory_settings)}
 

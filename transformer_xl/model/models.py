@@ -340,7 +340,10 @@ class TransformerXL(nn.Module):
     )
 
   def decode(
-      self, tokens_BxT: Array, memory: memory_lib.Memory, kv_cache: attention_ops.CachedKV | None = None
+      self,
+      tokens_BxT: Array,
+      memory: memory_lib.Memory,
+      kv_cache: attention_ops.CachedKV | None = None,
   ):
     """``hidden`` (no dropout) with a decoding cache, for generation.
 

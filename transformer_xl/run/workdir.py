@@ -135,9 +135,7 @@ def save_model_config(workdir: str, model_cfg: models.ModelConfig, unit: str, da
   if jax.process_index() == 0:
     _atomic_write(
         epath.Path(workdir) / "model_config.json",
-        json.dumps(
-            {"model": model_cfg.to_dict(), "unit": unit, "dataset": dataset}, indent=2
-        ),
+        json.dumps({"model": model_cfg.to_dict(), "unit": unit, "dataset": dataset}, indent=2),
     )
 
 

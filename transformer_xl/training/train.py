@@ -26,7 +26,7 @@ from transformer_xl import data, default_config, sharding
 from transformer_xl.data import synthetic, text_vocab
 from transformer_xl.inference import evaluate
 from transformer_xl.model import models
-from transformer_xl.run import checkpointing, distributed, metrics, run_dir
+from transformer_xl.run import checkpointing, distributed, metrics, retention, run_dir
 from transformer_xl.run import workdir as wd
 from transformer_xl.training import train_state
 from transformer_xl.training.train_state import TrainState
@@ -85,7 +85,7 @@ class NonFiniteGuard:
     max_skipped: the run stops when this many steps in a row were skipped.
     train_cfg: ``config.train`` (quoted in the advice of the message).
     last_checkpoint: returns a description of the newest good checkpoint
-      (``checkpointing.Verification.describe``).
+      (``retention.Verification.describe``).
     say: where "skip" reports each skipped step.
   """
 
@@ -191,12 +191,12 @@ def train_and_evaluate(
 
   A checkpoint is good only once a step computed from it had a finite loss
   and gradient norm, or its validation was finite
-  (``checkpointing.Verification``): when the run diverges, the checkpoints
+  (``retention.Verification``): when the run diverges, the checkpoints
   saved after the newest good one are moved to ``checkpoints_rejected/``
   and the message names the good one, from which the same command with a
   lower learning rate resumes.  Rotation keeps the newest
   ``checkpoint.max_to_keep`` checkpoints and the newest good one
-  (``checkpointing.prune``).  One training at a time per workdir: a second
+  (``retention.prune``).  One training at a time per workdir: a second
   one stops at once naming the first (``lock.training_lock``).
 
   Returns:
@@ -393,7 +393,7 @@ class _StepLog:
   time since ``restart_clock``.
 
   Args:
-    verification: the run's ``checkpointing.Verification``.
+    verification: the run's ``retention.Verification``.
     guard: the run's ``NonFiniteGuard``.
     unit: the corpus's unit (the metric: bpc or ppl).
     schedule: the learning-rate schedule (logged).
@@ -403,7 +403,7 @@ class _StepLog:
 
   def __init__(
       self,
-      verification: checkpointing.Verification,
+      verification: retention.Verification,
       guard: NonFiniteGuard,
       unit: str,
       schedule: Callable[[int], Any],

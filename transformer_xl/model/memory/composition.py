@@ -169,7 +169,9 @@ class LayerHooks:
   def before_layer(self, h_BxExD: Array) -> Array:
     """Each variant's ``before_layer``."""
     for v in self.plan.variants:
-      h_BxExD, own = v.before_layer(self.layer, self.plan.cfg, h_BxExD, self._own(v), self.key_count_B)
+      h_BxExD, own = v.before_layer(
+          self.layer, self.plan.cfg, h_BxExD, self._own(v), self.key_count_B
+      )
       self.state.update(own)
     return h_BxExD
 
@@ -205,7 +207,9 @@ class LayerHooks:
   def after_layer(self, out_BxExD: Array) -> Array:
     """Each variant's ``after_layer``."""
     for v in self.plan.variants:
-      out_BxExD, own = v.after_layer(self.layer, self.plan.cfg, out_BxExD, self._own(v), self.key_count_B)
+      out_BxExD, own = v.after_layer(
+          self.layer, self.plan.cfg, out_BxExD, self._own(v), self.key_count_B
+      )
       self.state.update(own)
     return out_BxExD
 
@@ -213,7 +217,6 @@ class LayerHooks:
 def plan(cfg: Any) -> Plan:
   """The memory of the model ``cfg`` (a validated ModelConfig)."""
   return Plan(cfg, active({"memory": cfg.memory, **dict(cfg.memory_settings)}))
-
 
 
 def init_memory(cfg: ModelConfig, batch_size: int, mem_len: int | None = None) -> Memory:

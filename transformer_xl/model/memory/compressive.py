@@ -298,7 +298,11 @@ class CompressiveMemory(MemoryVariant):
       problems.append(
           f"model.tgt_len={tgt_len} must be a multiple of model.compressive.cmem_ratio={c} "
           f"(each segment's {length} evicted states are compressed {c} at a time"
-          + (f"; {length - tgt_len} of them are other memories' positions)" if length != tgt_len else ")")
+          + (
+              f"; {length - tgt_len} of them are other memories' positions)"
+              if length != tgt_len
+              else ")"
+          )
           + "."
       )
     if fields.get("attn_type", 0) not in (0, 1):
@@ -411,5 +415,3 @@ class CompressiveMemory(MemoryVariant):
         tgt_len,
     )
     return memory.advance(new_mems_LxBxMxD, tgt_len, count_B)
-
-

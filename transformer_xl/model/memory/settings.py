@@ -121,9 +121,7 @@ def config_problems(fields: Mapping[str, Any]) -> list[str]:
   for other, cls in sorted(VARIANTS.items()):
     if cls.ADDON or other == name or not has_settings(cls):
       continue
-    changed = {
-        k: v for k, v in full[other].items() if v != getattr(cls.Settings(), k)
-    }
+    changed = {k: v for k, v in full[other].items() if v != getattr(cls.Settings(), k)}
     if changed:
       key, value = next(iter(changed.items()))
       problems.append(

@@ -252,7 +252,9 @@ class Memory:
       out = out.replace(pad_B=jnp.where(reset_B, 0, self.pad_B))
     state = dict(self.variant_state)
     for owner in dict.fromkeys(STATE_OWNERS[n] for n in state):  # each owner once, in order
-      state.update(owner.reset({n: x for n, x in state.items() if STATE_OWNERS[n] is owner}, reset_B))
+      state.update(
+          owner.reset({n: x for n, x in state.items() if STATE_OWNERS[n] is owner}, reset_B)
+      )
     return out.replace(variant_state=state)
 
   def with_front_padding(self, pad_B: Array) -> Memory:

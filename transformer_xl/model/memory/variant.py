@@ -351,10 +351,11 @@ def register(cls: type[MemoryVariant]) -> type[MemoryVariant]:
   params = getattr(cls.Settings, "__dataclass_params__", None)
   if params is None or not params.frozen:
     raise ValueError(f"{cls.__name__}.Settings must be a frozen dataclass.")
-  for name, leaf in cls.STATE.items():
+  for name in cls.STATE:
     owner = state_lib.STATE_OWNERS.get(name, cls)
     if name in state_lib.SHARED_LEAVES or getattr(owner, "name", None) != cls.name:
       raise ValueError(f"{cls.__name__}: the memory already has an array named {name!r}.")
+  for name, leaf in cls.STATE.items():  # all checked: now registered together
     state_lib.STATE_LEAVES[name] = leaf
     state_lib.STATE_OWNERS[name] = cls
   VARIANTS[cls.name] = cls
