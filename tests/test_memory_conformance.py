@@ -233,13 +233,7 @@ def _naive_compressive(cfg, params, tokens):
   return naive_scores(cfg, params, tokens)
 
 
-def _naive_gated(cfg, params, tokens):
-  from memory_variants.gated_naive import naive_scores
-
-  return naive_scores(cfg, params, tokens)
-
-
-NAIVE = {"xl": _naive_xl, "compressive": _naive_compressive, "gated_test": _naive_gated}
+NAIVE = {"xl": _naive_xl, "compressive": _naive_compressive}
 
 
 @pytest.mark.parametrize("case", list(CASES))
