@@ -6,4 +6,5 @@ alone; importing this package registers them all, and the conformance suite
 included.  A new test variant is one file here plus its import line below.
 """
 
+from memory_variants import gated as gated  # noqa: F401  (registers "gated_test")
 from memory_variants import pooled as pooled  # noqa: F401  (registers "pooled_test")
