@@ -17,6 +17,7 @@ from transformer_xl.model import models
 from transformer_xl.training import train, train_state, train_step
 
 from helpers import tiny_config, tiny_model_config
+from memory_variants.gated import GatedStore
 
 L, B, M, D = 3, 8, 5, 4
 
@@ -193,6 +194,84 @@ def test_shardings_place_a_memory():
   padded = jax.device_put(_memory(padded=True), _memory(padded=True).shardings(mesh))
   assert {s.data.shape for s in padded.pad_B.addressable_shards} == {(B // 4,)}
   _assert_memory_equal(padded, _memory(padded=True))
+
+
+def _with_state(seed: int = 0) -> tuple[memory_lib.Memory, object]:
+  """A memory with variant state: the gated store (per-layer leaves, rows on
+  axis 1, heads on the model axis) and the memory tokens (rows on axis 0),
+  every array random (the counts in range)."""
+  cfg = tiny_model_config(
+      n_layer=L,
+      d_model=D,
+      n_head=2,
+      d_head=2,
+      d_inner=8,
+      tgt_len=3,
+      mem_len=M,
+      **GatedStore.example(),
+      tokens={"num_mem_tokens": 2},
+  )
+  rng = np.random.default_rng(seed)
+
+  def fill(x):
+    if x.dtype == jnp.bool_:
+      return jnp.asarray(rng.integers(0, 2, size=x.shape), jnp.bool_)
+    if x.dtype == jnp.int32:
+      return jnp.asarray(rng.integers(0, 4, size=x.shape), jnp.int32)
+    return jnp.asarray(rng.normal(size=x.shape), x.dtype)
+
+  return jax.tree_util.tree_map(fill, memory_lib.init_memory(cfg, B)), cfg
+
+
+def test_map_rows_and_shardings_follow_each_declared_leaf():
+  memory, cfg = _with_state()
+  assert list(memory.variant_state) == [
+      "store_keys_LxBxHxSxDh",
+      "store_values_LxBxHxSxDh",
+      "store_count_LxB",
+      "mem_tokens_BxNxD",
+      "mem_tokens_fresh_B",
+  ]
+  idx = jnp.asarray([6, 1, 1, 3])
+  taken = memory.map_rows(lambda x, axis: jnp.take(x, idx, axis=axis))
+  for name, x in memory.leaves().items():
+    axis = 0 if name.startswith("mem_tokens") or name == "mlen_B" else 1
+    np.testing.assert_array_equal(taken.leaves()[name], np.take(np.asarray(x), idx, axis=axis))
+  chunks = memory.map_rows(lambda x, axis: train_step._to_chunks(x, 2, axis))
+  _assert_memory_equal(chunks.map_rows(train_step._from_chunks), memory)
+  mesh = Mesh(np.asarray(jax.devices()[:8]).reshape(2, 2, 2), ("data", "fsdp", "model"))
+  specs = {n: tuple(s.spec) for n, s in memory_lib.shardings(cfg, mesh).leaves().items()}
+  rows = ("data", "fsdp")
+  assert specs["store_keys_LxBxHxSxDh"] == (None, rows, "model", None, None)  # 2 heads / 2
+  assert specs["store_count_LxB"] == (None, rows) and specs["mem_tokens_fresh_B"] == (rows,)
+  placed = jax.device_put(memory, memory_lib.shardings(cfg, mesh))
+  shard = placed.variant_state["store_keys_LxBxHxSxDh"].addressable_shards[0].data
+  assert shard.shape == (L, B // 4, 1, 6, 2)
+  _assert_memory_equal(placed, memory)
+  # A head axis the model axis does not divide stays whole.
+  odd = Mesh(np.asarray(jax.devices()[:3]).reshape(1, 1, 3), ("data", "fsdp", "model"))
+  assert memory_lib.state.leaf("store_keys_LxBxHxSxDh").spec(odd, (L, B, 2, 6, 2))[2] is None
+
+
+def test_reset_resets_each_variants_state_its_way():
+  memory, _ = _with_state()
+  reset_B = jnp.asarray([True, False] * (B // 2))
+  out = memory.reset(reset_B).variant_state
+  r = np.asarray(reset_B)
+  want_count = np.where(r[None, :], 0, np.asarray(memory.variant_state["store_count_LxB"]))
+  np.testing.assert_array_equal(out["store_count_LxB"], want_count)
+  want_fresh = np.asarray(memory.variant_state["mem_tokens_fresh_B"]) | r
+  np.testing.assert_array_equal(out["mem_tokens_fresh_B"], want_fresh)
+  for name in ("store_keys_LxBxHxSxDh", "mem_tokens_BxNxD"):  # contents stay, masked or unread
+    np.testing.assert_array_equal(out[name], memory.variant_state[name])
+
+
+def test_a_leaf_declares_one_rows_axis_and_layers_first():
+  assert memory_lib.Leaf(("layers", "batch", None)).row_axis == 1
+  assert memory_lib.Leaf(("batch", "heads")).per_layer is False
+  for bad in ((None, None), ("batch", "batch"), ("batch", "layers")):
+    with pytest.raises(ValueError, match="'batch' exactly once"):
+      memory_lib.Leaf(bad)
 
 
 def _old_layer_update(mem_BxMxD, h_BxTxD):
