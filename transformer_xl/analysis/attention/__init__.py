@@ -51,6 +51,7 @@ from transformer_xl.model import attention, models
 from transformer_xl.model import memory as memory_lib
 from transformer_xl.run import run_dir
 from transformer_xl.run import workdir as wd
+from transformer_xl.util import report
 
 Array = jax.Array
 TERMS = ("a", "b", "d")  # Sec. 3.3 terms of the Fig. 7 decomposition
@@ -320,5 +321,5 @@ def run(
   }
   with open(os.path.join(out, "summary.json"), "w") as f:
     json.dump(summary, f, indent=2)
-  print(f"Attention maps of {maps['tokens']:,} {split} tokens (step {step}) written to {out}.")
+  report.log(f"Attention maps of {maps['tokens']:,} {split} tokens (step {step}) written to {out}.")
   return summary

@@ -99,7 +99,7 @@ import dataclasses
 import io
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -109,6 +109,7 @@ from transformer_xl.analysis.recl import plots
 
 # The definitions of Appendix C (pure numpy arithmetic) live in relative_gain.py.
 from transformer_xl.analysis.relative_gain import DEFAULT_THRESHOLD, mean_losses, recl, walk_indices
+from transformer_xl.util import report
 
 
 def format_table(names: Sequence[str], rs: Sequence[float], results: dict) -> str:
@@ -450,13 +451,13 @@ def member_losses(
     segment_rows: int = 1,
     window_batch: int = 0,
     tgt_len: int = 0,
-    log: Callable[[str], None] = print,
 ) -> np.ndarray:
   """l(c, t) of one model: float32 [C, n], nats, at each of ``lengths``.
 
   Restores the workdir's latest parameters once, on the mesh of its config,
   and runs ``evaluate.Evaluator.token_nll`` with ``context_config`` at
-  every c (one compilation per c).
+  every c (one compilation per c), reporting each c's loss
+  (``util.report.log``).
 
   Raises:
     FileNotFoundError: no checkpoint.
@@ -475,7 +476,7 @@ def member_losses(
     if np.any(np.isnan(nll_T)):
       raise RuntimeError(f"{member.name} c={c}: some tokens were not scored.")
     out_CxT[k] = nll_T
-    log(
+    report.log(
         f"{member.name} (step {step}, {member.method}) c={c}: loss "
         f"{float(np.mean(nll_T, dtype=np.float64)):.4f} nats over {nll_T.size:,} tokens, "
         f"{time.perf_counter() - t0:.1f} s"
@@ -483,9 +484,12 @@ def member_losses(
   return out_CxT
 
 
-def run(request: Request, log: Callable[[str], None] = print) -> dict:
+def run(request: Request) -> dict:
   """Loads the group, scores the split at every length, computes RECL at
-  every r, writes the outputs into ``request.out`` and returns the JSON dict.
+  every r, writes the outputs into ``request.out`` and returns the JSON dict
+  (its ``table`` and ``curves``: the results as text, which the command
+  prints).  Progress and the files written are reported
+  (``util.report.log``).
 
   Raises:
     UsageError: see ``load_members``; ImportError: no matplotlib.
@@ -503,7 +507,7 @@ def run(request: Request, log: Callable[[str], None] = print) -> dict:
   except data.DataError as err:
     raise UsageError(" ".join(str(err).split())) from None
   n_tokens = corpus.splits[request.split].num_tokens
-  log(
+  report.log(
       f"RECL: {len(members)} models, {request.split} split of {corpus.name}, {n_tokens:,} tokens, "
       f"context lengths {request.lengths}, r {request.rs}"
   )
@@ -517,7 +521,6 @@ def run(request: Request, log: Callable[[str], None] = print) -> dict:
               request.segment_rows,
               request.window_batch,
               request.tgt_len,
-              log,
           )
           for m in members
       ]
@@ -576,14 +579,15 @@ def run(request: Request, log: Callable[[str], None] = print) -> dict:
   (out_dir / plots.FIGURE_4).write_bytes(
       plots.plot_perplexity(names, request.lengths, value_NxC, metric)
   )
-  log("")
-  log(
-      f"RECL (Table 8 of Dai et al. 2019; threshold {request.threshold:g}, walk "
-      f"{results[request.rs[0]]['walk']}):"
-  )
-  log(table)
-  log("")
-  log(f"{metric} by context length (Figure 4):")
-  log(curves)
-  log(f"wrote {out_dir / 'recl.json'}, losses.npz, {plots.FIGURE_3}, {plots.FIGURE_4}")
+  report.log(f"wrote {out_dir / 'recl.json'}, losses.npz, {plots.FIGURE_3}, {plots.FIGURE_4}")
   return out
+
+
+def describe(out: Mapping[str, Any]) -> str:
+  """The results of ``run`` as the command prints them: the RECL table
+  (Table 8) and the metric by context length (Figure 4)."""
+  walk = out["results"][str(out["r"][0])]["walk"]
+  return (
+      f"RECL (Table 8 of Dai et al. 2019; threshold {out['threshold']:g}, walk {walk}):\n"
+      f"{out['table']}\n\n{out['metric']} by context length (Figure 4):\n{out['curves']}"
+  )

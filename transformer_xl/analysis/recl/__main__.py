@@ -104,7 +104,7 @@ def main(argv: list[str]) -> None:
         data_dir=_DATA_DIR.value,
         manual_dir=_MANUAL_DIR.value,
     )
-    recl.run(request, log=lambda s: print(s, flush=True))
+    print(recl.describe(recl.run(request)), flush=True)
   except (recl.UsageError, ImportError, FileNotFoundError) as err:
     _error(err)
 
