@@ -41,6 +41,7 @@ import numpy as np
 from transformer_xl import convert, data, default_config, sharding
 from transformer_xl.cli import modes
 from transformer_xl.inference import evaluate
+from transformer_xl.model import memory as memory_lib
 from transformer_xl.model import models
 from transformer_xl.run import run_dir
 from transformer_xl.run import workdir as wd
@@ -228,23 +229,27 @@ def tiny_flags(*, train: bool = True, **overrides: Any) -> list[str]:
     train: False leaves out the ``train.*`` flags of ``TINY_FLAGS`` (the
       model's only).
     **overrides: ``SECTION__KEY=value`` (e.g. ``train__num_steps=2``,
-      ``eval__mem_len=16``): the value of a ``TINY_FLAGS`` key, in its place,
-      or a flag added after them (in the order given); None leaves the key
-      out (the config's own value is used).  A value is written as ``str``
-      gives it (``(8, 16)``, ``False``).
+      ``eval__mem_len=16``), a nested section's key as
+      ``SECTION__SUB__KEY`` (``model__compressive__cmem_len=4``: the flag
+      ``--config.model.compressive.cmem_len=4``): the value of a
+      ``TINY_FLAGS`` key, in its place, or a flag added after them (in the
+      order given); None leaves the key out (the config's own value is
+      used).  A value is written as ``str`` gives it (``(8, 16)``,
+      ``False``).
 
   Returns:
     The flags, ``TINY_FLAGS``' order first.
 
   Raises:
-    ValueError: an override not named ``SECTION__KEY``.
+    ValueError: an override not named ``SECTION__KEY`` (or
+      ``SECTION__SUB__KEY``).
   """
   values = {k: v for k, v in TINY_FLAGS.items() if train or not k.startswith("train.")}
   for name, value in overrides.items():
-    section, sep, key = name.partition("__")
-    if not (section and sep and key):
+    parts = name.split("__")
+    if len(parts) < 2 or not all(parts):
       raise ValueError(f"{name}: name an override SECTION__KEY (e.g. train__num_steps)")
-    values[f"{section}.{key}"] = value
+    values[".".join(parts)] = value
   return [f"--config.{k}={v}" for k, v in values.items() if v is not None]
 
 
@@ -579,7 +584,7 @@ def tiny_model_inputs(cfg: models.ModelConfig, memory: str):
   )
   tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 8), 0, 37)
   mlen = {"empty": [0, 0], "partial": [5, 2], "full": [5, 5]}[memory]
-  mem = models.init_memory(cfg, 2).replace(
+  mem = memory_lib.init_memory(cfg, 2).replace(
       mlen_B=jnp.asarray(mlen, jnp.int32),
       mems_LxBxMxD=jax.random.normal(jax.random.PRNGKey(3), (2, 2, 5, 16)).astype(
           cfg.compute_dtype

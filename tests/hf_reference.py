@@ -29,6 +29,7 @@ with warnings.catch_warnings():  # transformers 4.35 uses a deprecated torch pyt
   import transformers  # noqa: F401  (a missing one fails the importing module here)
 
 from transformer_xl import convert
+from transformer_xl.model import memory as memory_lib
 from transformer_xl.model import models
 
 TF_REASON = (
@@ -162,7 +163,7 @@ def our_segments(params, cfg, tokens: np.ndarray, seg_len: int):
   """Our per-token NLL [B, T] and memories (valid slots only) after each segment."""
   model = models.TransformerXL(cfg)
   step = jax.jit(lambda p, x, mem, y: model.apply({"params": p}, x, mem, y))
-  memory = models.init_memory(cfg, tokens.shape[0])
+  memory = memory_lib.init_memory(cfg, tokens.shape[0])
   nlls, all_mems = [], []
   for s in range(0, tokens.shape[1] - 1, seg_len):
     x, y = tokens[:, s : s + seg_len], tokens[:, s + 1 : s + seg_len + 1]

@@ -14,7 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 from transformer_xl import sharding
 from transformer_xl.model import adaptive, models
-from transformer_xl.training import train_state
+from transformer_xl.model import memory as memory_lib
 
 from helpers import tiny_model_config
 
@@ -242,7 +242,7 @@ def test_sharded_nll_and_gradient_match_single_device():
   targets = jnp.asarray(
       np.arange(batch * cfg.tgt_len).reshape(batch, -1) * 3 % cfg.n_token, jnp.int32
   )
-  memory = models.init_memory(cfg, batch)
+  memory = memory_lib.init_memory(cfg, batch)
 
   def init(key):
     return model.init(key, tokens, memory, targets)["params"]
@@ -274,7 +274,7 @@ def test_sharded_nll_and_gradient_match_single_device():
     assert shardings["crit"][f"out_bias_{i}"].spec == P("model")
   p_sh = jax.device_put(params, shardings)
   rows = NamedSharding(mesh, P("data", None))
-  mem_sh = jax.device_put(memory, train_state.memory_sharding(mesh))
+  mem_sh = jax.device_put(memory, memory_lib.shardings(cfg, mesh))
   (l8, nll8), g8 = jax.jit(step)(
       p_sh, jax.device_put(tokens, rows), mem_sh, jax.device_put(targets, rows)
   )
@@ -313,7 +313,7 @@ def test_parameter_count_of_small_adaptive_model(tie_weight):
   tok = jnp.zeros((1, cfg.tgt_len), jnp.int32)
   params = nn.unbox(
       jax.eval_shape(
-          lambda: model.init(jax.random.PRNGKey(0), tok, models.init_memory(cfg, 1), tok)
+          lambda: model.init(jax.random.PRNGKey(0), tok, memory_lib.init_memory(cfg, 1), tok)
       )
   )["params"]
   d, h, dh, f = cfg.d_model, cfg.n_head, cfg.d_head, cfg.d_inner
@@ -346,7 +346,7 @@ def test_enwik8_parameter_count_unchanged():
   model = models.TransformerXL(cfg)
   tok = jnp.zeros((1, 4), jnp.int32)
   params = jax.eval_shape(
-      lambda: model.init(jax.random.PRNGKey(0), tok, models.init_memory(cfg, 1, mem_len=4), tok)
+      lambda: model.init(jax.random.PRNGKey(0), tok, memory_lib.init_memory(cfg, 1, mem_len=4), tok)
   )
   assert _count(nn.unbox(params)) == 41_082_112
 

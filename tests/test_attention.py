@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from transformer_xl.model import attention, attention_ops, models, tuning
+from transformer_xl.model import memory as memory_lib
 
 from helpers import tiny_model_config, tiny_model_inputs
 
@@ -177,7 +178,7 @@ def test_blockwise_attention_does_not_keep_the_full_scores(capsys):
     capsys.readouterr()
     jax.ad_checkpoint.print_saved_residuals(
         lambda p: model.apply(
-            {"params": p}, tokens[:, :-1], models.init_memory(cfg, 2), tokens[:, 1:]
+            {"params": p}, tokens[:, :-1], memory_lib.init_memory(cfg, 2), tokens[:, 1:]
         )[0].mean(),
         params,
     )
@@ -206,7 +207,7 @@ def test_attn_block_minus_one_is_chosen_per_backend_and_use(capsys):
       lambda p: model.apply(
           {"params": p},
           tokens[:, :-1],
-          models.init_memory(cfg, 1),
+          memory_lib.init_memory(cfg, 1),
           tokens[:, 1:],
           deterministic=False,
           rngs={"dropout": jax.random.PRNGKey(1)},

@@ -12,11 +12,12 @@ the checkpoint's parameters restored with orbax and run through
 ``models.TransformerXL`` segment by segment with the evaluation lengths,
 one device, no ``Evaluator``, no workdir config (the model itself is held
 to the naive Compressive Transformer in ``test_compressive_memory.py``).
-The same parameters without the compressed memory (``cmem_len=0``, which
-is Transformer-XL exactly) score the same tokens differently, so a
-command that dropped the compressed slots would fail here (checked: eval and
-score with ``cmem_len=0`` in ``eval_steps.eval_model_config``, and generate with
-it in ``generate.Generator``, each fail a test).  Training runs at learning
+The same parameters without the compressed memory
+(``model.compressive.cmem_len=0``, which is Transformer-XL exactly) score
+the same tokens differently, so a command that dropped the compressed slots
+would fail here (checked: eval and score with ``cmem_len=0`` in
+``eval_steps.eval_model_config``, and generate with it in
+``generate.Generator``, each fail a test).  Training runs at learning
 rate 0.05 so that in 3 steps the compression network, which only the
 reconstruction loss trains, moves far enough from its initialisation for the
 compressed slots to change the scores by about 0.05 nats.
@@ -35,6 +36,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from transformer_xl import data
+from transformer_xl.model import memory as memory_lib
 from transformer_xl.model import models
 
 from helpers import run_main, small_args, tiny_flags, write_ptb_sample
@@ -59,11 +61,11 @@ TINY = [
         eval__same_length=False,
         eval__clamp_len=0,
         eval__global_batch=ROWS,
+        model__compressive__cmem_len=NC,
+        model__compressive__cmem_ratio=C,
+        model__compressive__cmem_fn="conv",
     ),
     "--config.model.memory=compressive",
-    f"--config.model.cmem_len={NC}",
-    f"--config.model.cmem_ratio={C}",
-    "--config.model.cmem_fn=conv",
 ]
 
 
@@ -82,11 +84,13 @@ def _params(workdir: Path, step: int) -> dict:
   return state["params"]
 
 
-def _eval_model(workdir: Path, **changes) -> models.ModelConfig:
-  """The trained model (model_config.json) with the eval segments, no dropout."""
+def _eval_model(workdir: Path, cmem_len: int | None = None) -> models.ModelConfig:
+  """The trained model (model_config.json) with the eval segments, no dropout;
+  ``cmem_len``: its compressed slots instead of the trained model's."""
   saved = json.loads((workdir / "model_config.json").read_text())["model"]
-  fields = {**saved, "tgt_len": T, "mem_len": M, "dropout": 0.0, "dropatt": 0.0, **changes}
-  return models.ModelConfig.from_dict(fields)
+  fields = {**saved, "tgt_len": T, "mem_len": M, "dropout": 0.0, "dropatt": 0.0}
+  cfg = models.ModelConfig.from_dict(fields)
+  return cfg if cmem_len is None else cfg.with_memory("compressive", cmem_len=cmem_len)
 
 
 def _without_compression(params: dict) -> dict:
@@ -104,7 +108,7 @@ def _reference_nll(cfg: models.ModelConfig, params: dict, tokens_BxT1: np.ndarra
   n_seg = -(-t // T)
   padded = np.zeros((b, n_seg * T + 1), np.int32)
   padded[:, : t + 1] = tokens_BxT1
-  memory, out = models.init_memory(cfg, b), []
+  memory, out = memory_lib.init_memory(cfg, b), []
   for s in range(n_seg):
     nll, memory = step(
         params, memory, padded[:, s * T : (s + 1) * T], padded[:, s * T + 1 : (s + 1) * T + 1]
@@ -118,7 +122,7 @@ def _next_log_probs(cfg: models.ModelConfig, params: dict, context_BxL: np.ndarr
   empty memory (L a multiple of T)."""
   model = models.TransformerXL(cfg)
   hidden = jax.jit(lambda x, m: model.apply({"params": params}, x, m, method=model.hidden))
-  memory = models.init_memory(cfg, context_BxL.shape[0])
+  memory = memory_lib.init_memory(cfg, context_BxL.shape[0])
   for s in range(context_BxL.shape[1] // T):
     h_BxTxD, memory = hidden(context_BxL[:, s * T : (s + 1) * T], memory)
   return np.asarray(model.apply({"params": params}, h_BxTxD[:, -1:], method=model.log_probs))[:, 0]
@@ -148,11 +152,9 @@ def test_train_eval_score_generate_and_resume_from_the_command_line(tmp_path):
   _ok(train(3))
   for name in ("config.json", "model_config.json"):
     saved = json.loads((workdir / name).read_text())["model"]
-    assert (saved["memory"], saved["cmem_len"], saved["cmem_ratio"], saved["cmem_fn"]) == (
+    assert (saved["memory"], saved["compressive"]) == (
         "compressive",
-        NC,
-        C,
-        "conv",
+        {"cmem_len": NC, "cmem_ratio": C, "cmem_fn": "conv"},
     ), name
   rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
   rows = [r for r in rows if "train/loss" in r]
@@ -176,7 +178,7 @@ def test_train_eval_score_generate_and_resume_from_the_command_line(tmp_path):
       "mem_len": M,
       "clamp_len": 0,
       "same_length": False,
-      "cmem_len": NC,  # eval.cmem_len -1: the model's
+      "compressive": {"cmem_len": NC},  # eval.compressive.cmem_len unset: the model's
   }
   corpus = data.load_corpus(
       "ptb", data_dir=str(tmp_path / "tfds"), manual_dir=str(manual), verify_checksums=False
@@ -254,7 +256,7 @@ def test_train_eval_score_generate_and_resume_from_the_command_line(tmp_path):
   model = models.TransformerXL(cfg)
   hidden = jax.jit(lambda x, m: model.apply({"params": params}, x, m, method=model.hidden))
   log_probs = jax.jit(lambda h: model.apply({"params": params}, h, method=model.log_probs))
-  memory, row = models.init_memory(cfg, 1), context[k][None]
+  memory, row = memory_lib.init_memory(cfg, 1), context[k][None]
   for s in range(3):
     h, memory = hidden(row[:, s * T : (s + 1) * T], memory)
   assert int(memory.mlen_B[0]) == M + NC
@@ -280,13 +282,26 @@ def test_bad_compressive_settings_are_refused_before_anything_is_compiled(tmp_pa
   """Both without a trained workdir: --mode=eval on a config file, and training."""
   manual = write_ptb_sample(tmp_path / "ptb", n_lines=(20, 4, 4))
   workdir = tmp_path / "wd"
-  # An evaluation segment that the compression cannot cut into groups of c.
+  # An evaluation segment that the compression cannot cut into groups of c, and an unknown
+  # compression function: both named, under one error line.
   r = _main(
-      *small_args(tmp_path, workdir, manual, *TINY, "--mode=eval", f"--config.eval.tgt_len={T - 1}")
+      *small_args(
+          tmp_path,
+          workdir,
+          manual,
+          *TINY,
+          "--mode=eval",
+          f"--config.eval.tgt_len={T - 1}",
+          "--config.model.compressive.cmem_fn=avg",
+      )
   )
-  _refused(r, f"eval.tgt_len={T - 1} must be a multiple of model.cmem_ratio={C}")
-  # A compressed memory without the compressive variant, and an unknown compression function:
-  # both named, under one error line.
+  _refused(
+      r,
+      f"eval.tgt_len={T - 1} must be a multiple of model.compressive.cmem_ratio={C}",
+      "model.compressive.cmem_fn='avg': use one of",
+  )
+  # Compressed memory settings, for training and for evaluation, without the compressive
+  # variant: both named, under one error line.
   r = _main(
       *small_args(
           tmp_path,
@@ -294,13 +309,14 @@ def test_bad_compressive_settings_are_refused_before_anything_is_compiled(tmp_pa
           manual,
           *TINY,
           "--config.model.memory=xl",
-          "--config.model.cmem_fn=avg",
+          f"--config.eval.compressive.cmem_len={2 * NC}",
           "--config.train.num_steps=2",
       )
   )
   _refused(
       r,
-      f"model.cmem_len={NC} needs model.memory='compressive' (got 'xl')",
-      "model.cmem_fn='avg': use one of",
+      f"model.compressive.cmem_len={NC} is a setting of model.memory='compressive' (the model "
+      "has 'xl')",
+      f"eval.compressive.cmem_len={2 * NC} needs the model's memory 'compressive'",
   )
   assert not workdir.exists()  # nothing written: no checkpoint, no config

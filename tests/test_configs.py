@@ -34,10 +34,10 @@ def tiny_overrides(n_token, n_clusters):
 # cmem_ratio of the paper configs (2, 3, 4).
 COMPRESSIVE_TINY = [
     "--config.model.tgt_len=12",
-    "--config.model.cmem_len=6",
+    "--config.model.compressive.cmem_len=6",
     "--config.eval.tgt_len=12",
     "--config.eval.mem_len=12",
-    "--config.eval.cmem_len=12",
+    "--config.eval.compressive.cmem_len=12",
 ]
 
 
@@ -91,11 +91,9 @@ def test_compressive_paper_configs_hold_the_papers_numbers():
               d_inner=3072,
               tgt_len=768,
               mem_len=768,
-              cmem_len=1152,
-              cmem_ratio=3,
-              cmem_fn="conv",
+              compressive=dict(cmem_len=1152, cmem_ratio=3, cmem_fn="conv"),
           ),
-          dict(mem_len=768, cmem_len=3072),
+          dict(mem_len=768, compressive=dict(cmem_len=3072)),
           dict(warmup_steps=4000, num_steps=104_000, learning_rate=3e-4, min_lr=1e-6, clip=0.1),
           256,
           352_807_168,
@@ -108,11 +106,9 @@ def test_compressive_paper_configs_hold_the_papers_numbers():
               d_inner=4096,
               tgt_len=512,
               mem_len=512,
-              cmem_len=512,
-              cmem_ratio=4,
-              cmem_fn="conv",
+              compressive=dict(cmem_len=512, cmem_ratio=4, cmem_fn="conv"),
           ),
-          dict(mem_len=500, cmem_len=1500),
+          dict(mem_len=500, compressive=dict(cmem_len=1500)),
           dict(
               warmup_steps=16_000,
               num_steps=516_000,
@@ -125,8 +121,13 @@ def test_compressive_paper_configs_hold_the_papers_numbers():
           360_686_410,
       ),
       "compressive_pg19": (
-          dict(n_layer=36, tgt_len=512, mem_len=512, cmem_len=512, cmem_ratio=2),
-          dict(mem_len=512),
+          dict(
+              n_layer=36,
+              tgt_len=512,
+              mem_len=512,
+              compressive=dict(cmem_len=512, cmem_ratio=2, cmem_fn="conv"),
+          ),
+          dict(mem_len=512, compressive=dict(cmem_len=None)),
           dict(
               warmup_steps=16_000,
               num_steps=516_000,
@@ -143,7 +144,7 @@ def test_compressive_paper_configs_hold_the_papers_numbers():
     config = load_config(name)
     assert config.model.memory == "compressive"
     for section, fields in (("model", model), ("eval", evals), ("train", train)):
-      got = {k: config[section][k] for k in fields}
+      got = {k: config[section].to_dict()[k] for k in fields}  # sections as dicts
       assert got == fields, (name, section)
     default_config.validate(config, 1)
     mc = default_config.model_config(config, n_token)
@@ -165,7 +166,7 @@ def test_wt103_configs_start_and_train_two_steps(tmp_path, name):
 def test_compressive_enwik8_config_starts_trains_and_evaluates(tmp_path):
   """The paper config end to end at tiny shapes: training logs the
   attention-reconstruction loss, and evaluation runs with its larger
-  compressed memory (eval.cmem_len) on the trained checkpoint."""
+  compressed memory (eval.compressive.cmem_len) on the trained checkpoint."""
   import json
 
   from data_samples import _enwik8_bytes, _zip
@@ -179,7 +180,7 @@ def test_compressive_enwik8_config_starts_trains_and_evaluates(tmp_path):
   r = run_main([f"--workdir={workdir}", "--mode=eval"])
   assert r.returncode == 0, r.stderr[-3000:]
   results = json.loads((workdir / "eval_results.json").read_text())
-  assert results["eval"]["cmem_len"] == 12 and results["test"]["bpc"] > 0
+  assert results["eval"]["compressive"] == {"cmem_len": 12} and results["test"]["bpc"] > 0
 
 
 @pytest.mark.parametrize("name", ["lm1b_base", "lm1b_large"])

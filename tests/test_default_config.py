@@ -9,6 +9,7 @@ import ml_collections
 import pytest
 
 from transformer_xl import default_config
+from transformer_xl.model import memory as memory_lib
 from transformer_xl.model import models
 
 from helpers import REPO, run_main
@@ -91,7 +92,12 @@ def test_one_error_lists_every_problem():
 def test_model_section_is_derived_from_model_config():
   c = default_config.get_config()
   fields = {f.name for f in dataclasses.fields(models.ModelConfig)}
-  assert set(c.model.keys()) == fields - {"n_token"}
+  # The memory variants' settings are sections of their own (model.<variant>).
+  sections = memory_lib.default_sections()
+  assert {"compressive", "tokens"} <= set(sections)
+  assert set(c.model.keys()) == fields - {"n_token", "memory_settings"} | set(sections)
+  for name, section in sections.items():
+    assert c.model[name].to_dict() == section, name
   cfg = default_config.model_config(c, 256)
   assert cfg == models.ModelConfig(n_token=256)
 
@@ -123,6 +129,7 @@ def test_set_model_config_is_the_inverse_of_model_config():
       tie_projs=(False, True, True),
       clamp_len=7,
       same_length=True,
+      memory_settings={"tokens": {"num_mem_tokens": 2, "mem_at_end": False}},
   )
   c = default_config.get_config()
   default_config.set_model_config(c, cfg)

@@ -19,6 +19,7 @@ import pytest
 from transformer_xl import data, default_config, sharding
 from transformer_xl.inference import eval_steps, evaluate
 from transformer_xl.model import attention_ops, models
+from transformer_xl.model import memory as memory_lib
 from transformer_xl.training import train_state, train_step
 
 from helpers import tiny_model_config
@@ -94,7 +95,7 @@ def score_segments(model, params, inputs_BxN, targets_BxN, doc_pos_BxN=None):
   cfg = model.config
   b, n = inputs_BxN.shape
   step = segment_step(model)
-  memory, out = models.init_memory(cfg, b), []
+  memory, out = memory_lib.init_memory(cfg, b), []
   for s in range(0, n, cfg.tgt_len):
     seg = lambda a: None if a is None else jnp.asarray(a[:, s : s + cfg.tgt_len])
     nll_BxT, memory = step(
@@ -171,7 +172,7 @@ def recorded_probs(model, params, inputs_BxN, targets_BxN, doc_pos_BxN):
   """Per segment: {name: float32 [L, B, H, T, K]} of the recorded attention."""
   cfg = model.config
   step = segment_step(model, ("intermediates",))
-  memory, out = models.init_memory(cfg, inputs_BxN.shape[0]), []
+  memory, out = memory_lib.init_memory(cfg, inputs_BxN.shape[0]), []
   for s in range(0, inputs_BxN.shape[1], cfg.tgt_len):
     seg = lambda a: None if a is None else jnp.asarray(a[:, s : s + cfg.tgt_len])
     (_, memory), inter = step(
@@ -211,7 +212,7 @@ def test_no_doc_pos_and_an_inert_doc_pos_change_nothing():
   model, params = init_model(cfg)
   rng = np.random.default_rng(3)
   tok = jnp.asarray(rng.integers(0, N_TOKEN, (2, cfg.tgt_len)), jnp.int32)
-  memory = models.init_memory(cfg, 2).replace(
+  memory = memory_lib.init_memory(cfg, 2).replace(
       mems_LxBxMxD=jnp.asarray(rng.normal(size=(2, 2, cfg.mem_len, cfg.d_model)), jnp.float32),
       mlen_B=jnp.array([cfg.mem_len, 2], jnp.int32),
   )
@@ -329,14 +330,17 @@ def test_train_and_eval_steps_pass_doc_pos():
       model.apply(
           {"params": params},
           jnp.asarray(inputs),
-          models.init_memory(mcfg, 8),
+          memory_lib.init_memory(mcfg, 8),
           jnp.asarray(targets),
           doc_pos_BxT=jnp.asarray(doc_pos),
       )[0]
   )
   plain = np.asarray(
       model.apply(
-          {"params": params}, jnp.asarray(inputs), models.init_memory(mcfg, 8), jnp.asarray(targets)
+          {"params": params},
+          jnp.asarray(inputs),
+          memory_lib.init_memory(mcfg, 8),
+          jnp.asarray(targets),
       )[0]
   )
   want = (nll * weights).sum() / weights.sum()
@@ -348,7 +352,7 @@ def test_train_and_eval_steps_pass_doc_pos():
 
   eval_step = eval_steps.make_eval_step(model, mesh)
   eval_batch = {k: v for k, v in batch.items() if k != "weights"}
-  memory = jax.device_put(models.init_memory(mcfg, 8), train_state.memory_sharding(mesh))
+  memory = jax.device_put(memory_lib.init_memory(mcfg, 8), memory_lib.shardings(mcfg, mesh))
   eval_nll, _ = eval_step(params, memory, eval_batch)
   np.testing.assert_allclose(np.asarray(eval_nll), nll, rtol=0, atol=1e-5)
 

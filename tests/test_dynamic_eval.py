@@ -16,6 +16,7 @@ import pytest
 
 from transformer_xl import data, default_config, errors, sharding
 from transformer_xl.inference import dynamic_eval, evaluate
+from transformer_xl.model import memory as memory_lib
 from transformer_xl.model import models
 
 from helpers import EVAL_VOCAB, eval_setup
@@ -66,7 +67,7 @@ def _naive(ev, params, tokens_BxT1, settings, ss=None, stats=False):
   p = [np.asarray(x, np.float32) for x in leaves]
   m = [np.zeros_like(x) for x in p]
   ss = [np.zeros_like(x) for x in p] if ss is None else [np.asarray(x) for x in jax.tree.leaves(ss)]
-  memory = models.init_memory(cfg, b)
+  memory = memory_lib.init_memory(cfg, b)
   out = []
 
   def loss(leaves_, memory, inp, tgt, w):

@@ -9,6 +9,7 @@ import pytest
 
 from transformer_xl import data, sharding
 from transformer_xl.inference import evaluate
+from transformer_xl.model import memory as memory_lib
 from transformer_xl.model import models
 
 from helpers import EVAL_VOCAB, eval_setup
@@ -40,7 +41,7 @@ def _direct_nll(mcfg, params, s, a, z, j):
   nll, _ = model.apply(
       {"params": params},
       jnp.asarray(s[None, a:z], jnp.int32),
-      models.init_memory(cfg, 1),
+      memory_lib.init_memory(cfg, 1),
       jnp.asarray(s[None, a + 1 : z + 1], jnp.int32),
   )
   return float(nll[0, j - a])
@@ -123,7 +124,7 @@ def test_eval_settings_differing_from_training_are_used():
   cfg = dataclasses.replace(mcfg, tgt_len=4, mem_len=9, clamp_len=3, same_length=True)
   model = models.TransformerXL(cfg)
   s = np.concatenate([[0], stream, [0, 0, 0, 0]])
-  memory, want = models.init_memory(cfg, 1), []
+  memory, want = memory_lib.init_memory(cfg, 1), []
   for a in range(0, 20, 4):
     nll, memory = model.apply(
         {"params": params},

@@ -10,6 +10,7 @@ import pytest
 
 from transformer_xl import default_config, sharding
 from transformer_xl.inference import eval_steps, evaluate, generate, sampling
+from transformer_xl.model import memory as memory_lib
 from transformer_xl.model import models
 
 V = 48  # vocabulary
@@ -135,7 +136,7 @@ def test_greedy_equals_one_pass_over_the_growing_context(
   ref = models.TransformerXL(ref_cfg)
   length = n_prompt + NEW  # padded on the right: causality keeps earlier positions exact
   one_pass = jax.jit(
-      lambda x: ref.apply({"params": params}, x, models.init_memory(ref_cfg, 1))[0][0]
+      lambda x: ref.apply({"params": params}, x, memory_lib.init_memory(ref_cfg, 1))[0][0]
   )
   for k in range(NEW):
     context = np.concatenate([p[0], tokens[:k]])
@@ -161,7 +162,7 @@ def test_greedy_without_same_length_equals_segments_then_single_tokens(mesh):
   t = ecfg.tgt_len
   for k in range(NEW):
     context = np.concatenate([p[0], tokens[:k]])[None, :]
-    memory = models.init_memory(ecfg, 1)
+    memory = memory_lib.init_memory(ecfg, 1)
     r = PROMPT % t
     assert r > 0
     logp, memory = apply(context[:, :r], memory)

@@ -57,7 +57,7 @@ def test_an_old_model_config_json_with_ext_len_3_is_refused(tmp_path):
 
 
 def test_from_dict_drops_the_legacy_key_at_its_one_value():
-  fields = {**CFG.__dict__, "ext_len": 0}
+  fields = {**CFG.to_dict(), "ext_len": 0}
   assert models.ModelConfig.from_dict(fields) == CFG
   assert "ext_len" in fields  # the caller's dict is left as it was
   for bad in (3, -1, "0", None):

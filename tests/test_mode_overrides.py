@@ -292,7 +292,7 @@ TRAINED = tiny_model_config(n_token=40, d_embed=16, dtype="bfloat16")
 
 def test_free_settings_are_applied_and_training_only_ones_ignored():
   settings = {
-      **dataclasses.asdict(TRAINED),
+      **TRAINED.to_dict(),
       "dtype": "float32",
       "attention_impl": "pallas",
       "remat": "full",

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from transformer_xl import default_config
+from transformer_xl.model import memory as memory_lib
 from transformer_xl.model import models, tuning
 
 from helpers import tiny_model_config
@@ -37,7 +38,9 @@ def small_config(**kw):
 def init_model(cfg, batch=2, seed=0):
   model = models.TransformerXL(cfg)
   tok = jnp.zeros((batch, cfg.tgt_len), jnp.int32)
-  params = nn.unbox(model.init(jax.random.PRNGKey(seed), tok, models.init_memory(cfg, batch), tok))
+  params = nn.unbox(
+      model.init(jax.random.PRNGKey(seed), tok, memory_lib.init_memory(cfg, batch), tok)
+  )
   return model, params
 
 
@@ -56,7 +59,7 @@ def test_causality_by_gradients(attn_type, pre_lnorm, untie_r):
       pre_lnorm=pre_lnorm, untie_r=untie_r, tgt_len=6, mem_len=4, attn_type=attn_type, d_head=8
   )
   model, params = init_model(cfg)
-  mem = models.init_memory(cfg, 2).replace(mlen_B=jnp.array([4, 2], jnp.int32))
+  mem = memory_lib.init_memory(cfg, 2).replace(mlen_B=jnp.array([4, 2], jnp.int32))
   mem = mem.replace(mems_LxBxMxD=jax.random.normal(jax.random.PRNGKey(3), mem.mems_LxBxMxD.shape))
   emb = jax.random.normal(jax.random.PRNGKey(2), (2, 6, cfg.d_model))
 
@@ -107,12 +110,12 @@ def test_recurrence_equals_concatenation(attn_type, mem_len, clamp_len, pre_lnor
   )
   model, params = init_model(cfg)
   tokens = jax.random.randint(jax.random.PRNGKey(5), (2, 2 * tgt_len), 0, cfg.n_token)
-  mem0 = models.init_memory(cfg, 2)
+  mem0 = memory_lib.init_memory(cfg, 2)
   h1, mem1 = model.apply(params, tokens[:, :tgt_len], mem0, method=model.hidden)
   h2, mem2 = model.apply(params, tokens[:, tgt_len:], mem1, method=model.hidden)
   # One pass over the concatenation with no memory at all.
   h_full, _ = model.apply(
-      params, tokens, models.init_memory(cfg, 2, mem_len=0), method=model.hidden
+      params, tokens, memory_lib.init_memory(cfg, 2, mem_len=0), method=model.hidden
   )
   np.testing.assert_allclose(np.asarray(h1), np.asarray(h_full[:, :tgt_len]), rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(np.asarray(h2), np.asarray(h_full[:, tgt_len:]), rtol=1e-5, atol=1e-5)
@@ -126,12 +129,12 @@ def test_empty_memory_equals_no_memory():
   cfg = small_config(same_length=False)
   model, params = init_model(cfg)
   tokens = jax.random.randint(jax.random.PRNGKey(7), (2, cfg.tgt_len), 0, cfg.n_token)
-  garbage = models.init_memory(cfg, 2).replace(
+  garbage = memory_lib.init_memory(cfg, 2).replace(
       mems_LxBxMxD=1e3 * jnp.ones((cfg.n_layer, 2, cfg.mem_len, cfg.d_model))
   )
   h_empty, _ = model.apply(params, tokens, garbage, method=model.hidden)
   h_none, _ = model.apply(
-      params, tokens, models.init_memory(cfg, 2, mem_len=0), method=model.hidden
+      params, tokens, memory_lib.init_memory(cfg, 2, mem_len=0), method=model.hidden
   )
   np.testing.assert_allclose(np.asarray(h_empty), np.asarray(h_none), rtol=1e-6, atol=1e-6)
 
@@ -142,7 +145,7 @@ def test_memory_holds_layer_inputs():
   cfg = small_config(tgt_len=5, mem_len=3)
   model, params = init_model(cfg)
   tokens = jax.random.randint(jax.random.PRNGKey(8), (2, 5), 0, cfg.n_token)
-  _, mem1 = model.apply(params, tokens, models.init_memory(cfg, 2), method=model.hidden)
+  _, mem1 = model.apply(params, tokens, memory_lib.init_memory(cfg, 2), method=model.hidden)
   # word_emb returns the embedding already scaled by sqrt(d_model) (reference emb_scale).
   emb = model.apply(params, tokens, method=lambda m, t: m.word_emb(t))
   np.testing.assert_allclose(np.asarray(mem1.mems_LxBxMxD[0]), np.asarray(emb[:, -3:]), rtol=1e-6)
@@ -151,7 +154,7 @@ def test_memory_holds_layer_inputs():
   p1 = jax.tree_util.tree_map(lambda x: x, params)
   p1["params"]["layers"] = jax.tree_util.tree_map(lambda x: x[:1], params["params"]["layers"])
   m1 = models.TransformerXL(cfg1)
-  h_l0, _ = m1.apply(p1, tokens, models.init_memory(cfg1, 2), method=m1.hidden)
+  h_l0, _ = m1.apply(p1, tokens, memory_lib.init_memory(cfg1, 2), method=m1.hidden)
   np.testing.assert_allclose(
       np.asarray(mem1.mems_LxBxMxD[1]), np.asarray(h_l0[:, -3:]), rtol=1e-5, atol=1e-5
   )
@@ -167,7 +170,7 @@ def test_loss_of_second_segment_has_no_gradient_through_memory(attn_type):
   tokens = jax.random.randint(jax.random.PRNGKey(9), (2, 2 * cfg.tgt_len + 1), 0, cfg.n_token)
   x1, y1 = tokens[:, : cfg.tgt_len], tokens[:, 1 : cfg.tgt_len + 1]
   x2, y2 = tokens[:, cfg.tgt_len : -1], tokens[:, cfg.tgt_len + 1 :]
-  mem0 = models.init_memory(cfg, 2)
+  mem0 = memory_lib.init_memory(cfg, 2)
 
   def loss2_through(p):
     _, mem1 = model.apply(p, x1, mem0, y1)
@@ -200,8 +203,8 @@ def test_reset_memory_and_log_probs_normalised():
   cfg = small_config()
   model, params = init_model(cfg)
   tokens = jax.random.randint(jax.random.PRNGKey(4), (2, cfg.tgt_len), 0, cfg.n_token)
-  _, mem1 = model.apply(params, tokens, models.init_memory(cfg, 2), tokens)
-  reset = models.reset_memory(mem1, jnp.array([True, False]))
+  _, mem1 = model.apply(params, tokens, memory_lib.init_memory(cfg, 2), tokens)
+  reset = mem1.reset(jnp.array([True, False]))
   assert list(np.asarray(reset.mlen_B)) == [0, min(cfg.mem_len, cfg.tgt_len)]
   logp, _ = model.apply(params, tokens, reset)
   np.testing.assert_allclose(np.exp(np.asarray(logp)).sum(-1), 1.0, rtol=1e-5)
@@ -222,10 +225,12 @@ def test_bfloat16_compute_keeps_float32_params_and_loss(attn_type):
   model, params = init_model(cfg)
   assert all(x.dtype == jnp.float32 for x in jax.tree_util.tree_leaves(params))
   tokens = jax.random.randint(jax.random.PRNGKey(4), (2, cfg.tgt_len), 0, cfg.n_token)
-  nll, mem = model.apply(params, tokens, models.init_memory(cfg, 2), tokens)
+  nll, mem = model.apply(params, tokens, memory_lib.init_memory(cfg, 2), tokens)
   assert nll.dtype == jnp.float32 and mem.mems_LxBxMxD.dtype == jnp.bfloat16
   cfg32 = small_config(attn_type=attn_type, d_head=8)
-  nll32, _ = models.TransformerXL(cfg32).apply(params, tokens, models.init_memory(cfg32, 2), tokens)
+  nll32, _ = models.TransformerXL(cfg32).apply(
+      params, tokens, memory_lib.init_memory(cfg32, 2), tokens
+  )
   np.testing.assert_allclose(np.asarray(nll), np.asarray(nll32), rtol=0.05, atol=0.05)
 
 
@@ -246,7 +251,7 @@ def test_remat_does_not_change_loss_or_gradients(remat, attn_type):
   model, params = init_model(cfg)
   model_r = models.TransformerXL(small_config(remat=remat, attn_type=attn_type, d_head=8))
   tokens = jax.random.randint(jax.random.PRNGKey(11), (2, cfg.tgt_len + 1), 0, cfg.n_token)
-  mem = models.init_memory(cfg, 2)
+  mem = memory_lib.init_memory(cfg, 2)
 
   def loss(m, p):
     return m.apply(p, tokens[:, :-1], mem, tokens[:, 1:])[0].mean()
@@ -264,7 +269,7 @@ def _saved_residuals(remat, capsys):
   model = models.TransformerXL(cfg)
   params = nn.unbox(models.init_params(model, jax.random.PRNGKey(0)))
   tokens = jnp.zeros((2, cfg.tgt_len + 1), jnp.int32)
-  mem = models.init_memory(cfg, 2)
+  mem = memory_lib.init_memory(cfg, 2)
   capsys.readouterr()
   jax.ad_checkpoint.print_saved_residuals(
       lambda p: model.apply({"params": p}, tokens[:, :-1], mem, tokens[:, 1:])[0].mean(), params
@@ -348,7 +353,7 @@ def test_attention_types_equal_the_naive_reference_over_three_segments(
       **{k: v for k, v in options.items() if k != "max_klen"},
   )
   tokens = jax.random.randint(jax.random.PRNGKey(3), (2, 3 * tgt_len), 0, cfg.n_token)
-  memory = models.init_memory(cfg, 2)
+  memory = memory_lib.init_memory(cfg, 2)
   for s in range(3):
     seg = tokens[:, s * tgt_len : (s + 1) * tgt_len]
     logp, memory = model.apply({"params": params}, seg, memory)
@@ -367,7 +372,7 @@ def _second_segment_grads(model, params, cfg, rng=None):
   _, mem = model.apply(
       params,
       tokens[:, : cfg.tgt_len],
-      models.init_memory(cfg, 2),
+      memory_lib.init_memory(cfg, 2),
       tokens[:, 1 : cfg.tgt_len + 1],
       **kw,
   )
@@ -417,7 +422,7 @@ def test_scan_unroll_minus_one_is_chosen_per_backend_and_checked():
   assert models.ModelConfig(n_token=5).scan_unroll == -1
   assert tuning.scan_unroll_layers(-1, 6) == (6 if on_cpu else 1)
   assert [tuning.scan_unroll_layers(u, 6) for u in (1, 2, 6, 9)] == [1, 2, 6, 6]
-  fields = models.ModelConfig(n_token=5).__dict__
+  fields = models.ModelConfig(n_token=5).to_dict()
   for bad in (0, -2):
     (problem,) = default_config.config_problems(dict(fields, scan_unroll=bad))
     assert f"model.scan_unroll={bad}" in problem and "-1" in problem

@@ -40,6 +40,7 @@ with warnings.catch_warnings():  # transformers 4.35 uses a deprecated torch pyt
   import transformers  # noqa: E402,F401  (a missing one fails the module here)
 
 from transformer_xl import convert
+from transformer_xl.model import memory as memory_lib  # noqa: E402
 from transformer_xl.model import models  # noqa: E402
 
 from hf_reference import (
@@ -129,7 +130,7 @@ def test_training_step_loss_and_gradients_match_huggingface(case, impl):
   _, memory = net.apply(
       {"params": params},
       jnp.asarray(x1),
-      models.init_memory(cfg, B),
+      memory_lib.init_memory(cfg, B),
       jnp.asarray(tokens[:, 1 : t + 1]),
   )
 

@@ -124,7 +124,7 @@ def test_compressive_pg19_config_starts_offline_at_tiny_shapes(tmp_path):
       "model.d_inner": 64,
       "model.tgt_len": 8,
       "model.mem_len": 8,
-      "model.cmem_len": 4,
+      "model.compressive.cmem_len": 4,
       "data.vocab_size": 400,  # the mock books have 269 characters
       "train.global_batch": 4,
       "train.num_steps": 2,
@@ -149,5 +149,6 @@ def test_compressive_pg19_config_starts_offline_at_tiny_shapes(tmp_path):
   r = _run([f"--workdir={workdir}", "--mode=eval"])
   assert r.returncode == 0, r.stderr[-3000:]
   results = json.loads((workdir / "eval_results.json").read_text())
-  assert results["eval"]["cmem_len"] == 4 and results["eval"]["documents"] == "whole"
+  assert results["eval"]["compressive"] == {"cmem_len": 4}
+  assert results["eval"]["documents"] == "whole"
   assert results["test"]["documents_scored"] == BOOKS and results["test"]["word_ppl"] > 1

@@ -44,6 +44,7 @@ from transformer_xl.analysis import relative_gain as rg
 from transformer_xl.convert.names import flatten_params
 from transformer_xl.inference import generate, sampling
 from transformer_xl.model import attention, attention_ops, models
+from transformer_xl.model import memory as memory_lib
 from transformer_xl.training import train, train_state, train_step
 
 from helpers import tiny_config, tiny_model_config
@@ -331,7 +332,7 @@ def dropout_calls():
   params = model_params(cfg)
   rng = np.random.default_rng(0)
   tokens_BxT = jnp.asarray(rng.integers(0, 64, (4, 8)), jnp.int32)
-  memory = models.Memory(
+  memory = memory_lib.Memory(
       mems_LxBxMxD=jnp.asarray(rng.normal(size=(2, 4, 8, 32)), jnp.float32),
       mlen_B=jnp.full((4,), 8, jnp.int32),
   )

@@ -18,6 +18,7 @@ import pytest
 from transformer_xl import data, default_config, errors, sharding
 from transformer_xl.data import synthetic
 from transformer_xl.inference import eval_steps, evaluate
+from transformer_xl.model import memory as memory_lib
 from transformer_xl.model import models
 from transformer_xl.training import train
 
@@ -244,7 +245,7 @@ def test_evaluation_accuracy_equals_a_naive_prediction_of_each_example(cutoffs):
   # memory; the argmax of the full distribution (model.__call__ without targets).
   seqs = corpus.examples["valid"]
   step = jax.jit(lambda x, memory: model.apply({"params": params}, x, memory))
-  memory, logp = models.init_memory(mcfg, len(seqs)), []
+  memory, logp = memory_lib.init_memory(mcfg, len(seqs)), []
   for a in range(0, s.example_len, 3):
     logp_NxTxV, memory = step(seqs[:, a : a + 3], memory)
     logp.append(np.asarray(logp_NxTxV, np.float64))
@@ -258,7 +259,7 @@ def test_evaluation_accuracy_equals_a_naive_prediction_of_each_example(cutoffs):
   whole = right.all(axis=1)
   # The step's NLL equals the model's own NLL path (crit.nll, no [B, T, V] array).
   batch = {"inputs": seqs[:, :3], "targets": seqs[:, 1:4], "reset": np.ones(len(seqs), bool)}
-  memory = models.init_memory(mcfg, len(seqs))
+  memory = memory_lib.init_memory(mcfg, len(seqs))
   plain, _ = jax.jit(lambda m, b: eval_steps.segment_nll(model, params, m, b))(memory, batch)
   nll_c, correct_c, _ = jax.jit(lambda m, b: eval_steps.segment_nll_correct(model, params, m, b))(
       memory, batch
@@ -273,8 +274,11 @@ def test_evaluation_accuracy_equals_a_naive_prediction_of_each_example(cutoffs):
 
 MEMORIES = {  # model changes: each memory of the study
     "xl": {},
-    "tokens": {"mem_len": 0, "num_mem_tokens": 2, "mem_at_end": True},
-    "compressive": {"memory": "compressive", "cmem_len": 2, "cmem_ratio": 3, "cmem_fn": "conv"},
+    "tokens": {"mem_len": 0, "tokens": {"num_mem_tokens": 2, "mem_at_end": True}},
+    "compressive": {
+        "memory": "compressive",
+        "compressive": {"cmem_len": 2, "cmem_ratio": 3, "cmem_fn": "conv"},
+    },
 }
 
 
@@ -302,7 +306,7 @@ def test_greedy_decoding_equals_decoding_each_answer_token_from_scratch(memory):
   e, a = s.example_len, s.answer_len
   x_NxE, want = seqs[:, :-1].copy(), np.zeros((len(seqs), a), np.int32)
   for j in range(e - a, e):
-    memory, logp = models.init_memory(mcfg, len(seqs)), []
+    memory, logp = memory_lib.init_memory(mcfg, len(seqs)), []
     for lo in range(0, e, 3):
       logp_NxTxV, memory = step(x_NxE[:, lo : lo + 3], memory)
       logp.append(np.asarray(logp_NxTxV))

@@ -11,6 +11,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from transformer_xl import data, default_config, sharding
+from transformer_xl.model import memory as memory_lib
 from transformer_xl.model import models
 from transformer_xl.training import train_state, train_step
 
@@ -124,7 +125,7 @@ def test_half_loss_is_the_mean_nll_of_the_last_half_only(attn_type):
 
   params, after, loss = run(batch)
   nll, _ = model.apply(
-      {"params": params}, batch["inputs"], models.init_memory(mcfg, 8), batch["targets"]
+      {"params": params}, batch["inputs"], memory_lib.init_memory(mcfg, 8), batch["targets"]
   )
   assert loss == pytest.approx(float(np.mean(np.asarray(nll)[:, 3:])), rel=1e-5)  # 7 // 2 = 3
   # The first half's targets get no gradient: other targets there, the same update.

@@ -13,6 +13,7 @@ import pytest
 from transformer_xl import data, default_config, sharding
 from transformer_xl.inference import evaluate
 from transformer_xl.model import attention, attention_ops, models
+from transformer_xl.model import memory as memory_lib
 from transformer_xl.training import train_state, train_step
 
 from helpers import tiny_config
@@ -249,7 +250,7 @@ def test_evaluator_uses_the_eval_segment_settings():
             {"params": params}, x, mem, y, deterministic=True
         )
     )
-    memory, out = models.init_memory(cfg, 1), []
+    memory, out = memory_lib.init_memory(cfg, 1), []
     for s in range(0, 30, 5):
       nll_s, memory = apply(stream[None, s : s + 5], memory, stream[None, s + 1 : s + 6])
       out.append(np.asarray(nll_s))

@@ -17,7 +17,6 @@ in-process.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import numpy as np
@@ -89,7 +88,7 @@ from transformer_xl.model import models
 
 def get_config():
   c = default_config.get_config()
-  default_config.set_model_config(c, models.ModelConfig(**{model!r}))
+  default_config.set_model_config(c, models.ModelConfig.from_dict({model!r}))
   c.data.update({data!r})
   c.eval.update(tgt_len=8, mem_len=8, clamp_len=0, same_length=True, global_batch=1)
   c.train.global_batch = 1
@@ -121,7 +120,7 @@ def converted(tmp_path_factory):
   workdir = root / "wd"
   convert.write_workdir(str(workdir), params, cfg, dataset="ptb", unit="word", **data_args)
   config_file = root / "same_as_saved.py"
-  model = dataclasses.asdict(cfg)
+  model = cfg.to_dict()
   config_file.write_text(CONFIG_FILE.format(model=model, data=dict(dataset="ptb", **data_args)))
   namespace: dict = {}
   exec(compile(config_file.read_text(), str(config_file), "exec"), namespace)
