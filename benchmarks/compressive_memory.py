@@ -255,7 +255,8 @@ def make_config(args: argparse.Namespace, variant: dict):
       memory=variant["memory"],
       mem_len=variant["mem_len"],
   )
-  c.model.compressive.update({k: variant[k] for k in ("cmem_len", "cmem_ratio", "cmem_fn")})
+  if variant["memory"] == "compressive":  # the XL variants keep the section's defaults
+    c.model.compressive.update({k: variant[k] for k in ("cmem_len", "cmem_ratio", "cmem_fn")})
   c.train.update(global_batch=args.batch, batch_chunk=1)
   c.eval.update(
       method="segments",

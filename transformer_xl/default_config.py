@@ -116,7 +116,7 @@ def get_config() -> ml_collections.ConfigDict:
           ),  # where source files already on disk are
           download=True,
           verify_checksums=True,
-          # data.dataset="text": one's own files (data/text_files.py); comma-separated globs.
+          # data.dataset="text": one's own files (data/text_reading.py); comma-separated globs.
           train_files="",
           valid_files="",
           test_files="",

@@ -343,10 +343,10 @@ def _report_run(
   if corpus.name == data.TEXT and jax.process_index() == 0:  # generate/score without the files
     text_vocab.save_tokenizer(corpus, workdir)
   if corpus.name == data.TEXT and corpus.documents is not None:
-    from transformer_xl.data import text_files  # imports tfds (already loaded for this corpus)
+    from transformer_xl.data import text_builder  # imports tfds (already loaded for this corpus)
 
     report.log(
-        text_files.documents_report(
+        text_builder.documents_report(
             corpus,
             config.data.get("document_separator", "file"),
             config.data.get("documents", "stream"),
