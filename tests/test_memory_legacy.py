@@ -33,7 +33,7 @@ from transformer_xl.model import memory
 from transformer_xl.run import workdir as wd
 from transformer_xl.training import train
 
-from helpers import load_module
+from helpers import CONFIGS, load_module, run_main
 
 FIXTURES = Path(__file__).parent / "fixtures"
 LEGACY = FIXTURES / "legacy_workdirs"
@@ -122,3 +122,18 @@ def test_the_old_checkpoint_resumes_to_the_step_that_code_reached(name, tmp_path
     a, b = ckpt.restore(got / "state"), ckpt.restore(want / "state")
   for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree_util.tree_leaves(b)):
     np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6, err_msg=jax.tree_util.keystr(path))
+
+
+@pytest.mark.parametrize(
+    "flag, new",
+    [
+        ("--config.model.num_mem_tokens=2", "--config.model.tokens.num_mem_tokens"),
+        ("--config.eval.cmem_len=8", "--config.eval.compressive.cmem_len"),
+    ],
+)
+def test_a_flat_flag_of_before_names_its_new_key(flag, new, tmp_path):
+  r = run_main([f"--config={CONFIGS / 'quickstart.py'}", f"--workdir={tmp_path / 'w'}", flag])
+  assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+  line = r.stderr.strip().splitlines()[-1]
+  assert line.startswith(f"error: {flag.split('=')[0]} is now {new} "), line
+  assert not (tmp_path / "w").exists()

@@ -29,6 +29,7 @@ from etils import epath
 from transformer_xl import errors
 from transformer_xl.cli import saved_config
 from transformer_xl.inference import evaluate
+from transformer_xl.model import memory
 
 # What a user can cause; reported as one "error: ..." line (with --debug: a traceback):
 # every kind of errors.UserError (config, data, workdir, checkpoint, non-finite training,
@@ -210,6 +211,14 @@ def parse_flags(argv):
     msg = re.sub(r"[\\'\"]+", " ", str(err).replace("\\n", " ").replace("\n", " ")).split()
     if "get_config" in msg:
       sys.exit("error: the --config file has no get_config() function returning the config.")
+    for arg in parsed_argv:  # a memory variant's setting under its flat name of before
+      key = re.match(r"--config\.([\w.]+)", arg)
+      new = key and memory.renamed(key[1])
+      if new:
+        sys.exit(
+            f"error: --config.{key[1]} is now --config.{new} (a memory variant's settings are "
+            "a section of their own: model.<variant>.<setting>)."
+        )
     sys.exit(
         f"error: unknown config key in the --config.* overrides: {' '.join(msg)} "
         "(every key is listed in transformer_xl/default_config.py)"

@@ -48,6 +48,7 @@ from transformer_xl.model.memory.settings import default_sections as default_sec
 from transformer_xl.model.memory.settings import eval_override_sections as eval_override_sections
 from transformer_xl.model.memory.settings import eval_problems as eval_problems
 from transformer_xl.model.memory.settings import normalise_settings as normalise_settings
+from transformer_xl.model.memory.settings import renamed as renamed
 from transformer_xl.model.memory.settings import run_problems as run_problems
 from transformer_xl.model.memory.settings import sections as sections
 from transformer_xl.model.memory.settings import upgrade_eval as upgrade_eval

@@ -170,6 +170,19 @@ def upgrade_eval(eval_fields: Mapping[str, Any]) -> dict[str, Any]:
   return out
 
 
+def renamed(key: str) -> str | None:
+  """The name today of a dotted config key of earlier versions that a
+  variant's setting replaced (``"model.cmem_len"`` ->
+  ``"model.compressive.cmem_len"``); None if ``key`` is none of those."""
+  section, _, name = key.partition(".")
+  for variant, cls in sorted(VARIANTS.items()):
+    if (section == "model" and name in cls.LEGACY_KEYS) or (
+        section == "eval" and name in cls.LEGACY_EVAL_KEYS
+    ):
+      return f"{section}.{variant}.{name}"
+  return None
+
+
 def eval_override_sections() -> dict[str, dict[str, Any]]:
   """The ``eval.<name>`` sections of the run config: each overridable field
   (``EVAL_OVERRIDES``) unset (None: the model's), typed as its default."""
