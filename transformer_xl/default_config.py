@@ -20,7 +20,7 @@ from typing import Any
 import ml_collections
 
 from transformer_xl import data, errors, sharding
-from transformer_xl.data import synthetic, text_settings
+from transformer_xl.data import config_checks, synthetic, text_settings
 from transformer_xl.model import config as model_config_lib
 from transformer_xl.model import memory
 from transformer_xl.model.config import (  # noqa: F401 (re-exported: the model's schema)
@@ -322,8 +322,8 @@ def validate(
     )
   if t.loss_span not in ("full", "half"):
     problems.append(f"train.loss_span={t.loss_span!r}: use 'full' or 'half'.")
-  problems += _data_problems(config.data, nonfinite)
-  problems += _synthetic_problems(config)
+  problems += config_checks.data_problems(config.data, nonfinite, _default_value)
+  problems += config_checks.synthetic_problems(config, _default_value)
   eval_documents = e.get("documents", "split")
   if eval_documents not in EVAL_DOCUMENTS:
     problems.append(f"eval.documents={eval_documents!r}: use 'split' or 'whole'.")
@@ -373,101 +373,6 @@ def validate(
   if problems:
     raise ConfigError("Invalid config:\n  - " + "\n  - ".join(problems))
   return mesh_shape
-
-
-def _data_problems(d: ml_collections.ConfigDict, nonfinite: set[str]) -> list[str]:
-  """The dataset name, and the text-file fields: set only for data.dataset="text".
-
-  A field in ``nonfinite`` (already refused) counts as its default here."""
-  text = {
-      k: (
-          d.get(k, _default_value(f"data.{k}"))
-          if f"data.{k}" not in nonfinite
-          else _default_value(f"data.{k}")
-      )
-      for k in data.TEXT_FIELDS
-  }
-  documents = d.get("documents", "stream")
-  if documents not in ("stream", "reset"):
-    return [
-        f"data.documents={documents!r}: use 'stream' (memory flows across documents) or "
-        "'reset' (no attention across a document boundary)."
-    ]
-  synthetic_changed = [
-      k
-      for k in synthetic.FIELDS
-      if d.get(k, _default_value(f"data.{k}")) != _default_value(f"data.{k}")
-  ]
-  if synthetic.is_synthetic(d.dataset):
-    text_changed = [k for k, v in text.items() if v != _default_value(f"data.{k}")]
-    if text_changed:
-      return [
-          f"data.{', data.'.join(text_changed)} apply only to your own text "
-          f"(data.dataset={data.TEXT!r} or 'tfds:NAME'), not to {d.dataset!r}: remove them."
-      ]
-    return []  # the task's own settings: _synthetic_problems
-  if synthetic_changed:
-    return [
-        f"data.{', data.'.join(synthetic_changed)} apply only to the synthetic tasks "
-        f"(data.dataset='synthetic:TASK'), not to {d.dataset!r}: remove them."
-    ]
-  if d.dataset == data.TEXT or d.dataset.startswith(data.TFDS_PREFIX):
-    tfds_name = d.dataset[len(data.TFDS_PREFIX) :] if d.dataset != data.TEXT else ""
-    if d.dataset != data.TEXT and not tfds_name:
-      return [f"data.dataset={d.dataset!r}: name the tfds dataset, e.g. 'tfds:pg19'."]
-    return text_settings.settings_problems(text_settings.TextSettings(**text, tfds_name=tfds_name))
-  if documents == "reset":
-    return [
-        f"data.documents='reset' needs documents, which the built-in corpus "
-        f"{d.dataset!r} does not have: use 'stream', or data.dataset={data.TEXT!r}."
-    ]
-  if d.dataset not in data.CORPUS_NAMES:
-    return [
-        f"data.dataset={d.dataset!r}: choose one of {sorted(data.CORPUS_NAMES)}, "
-        f"{data.TEXT!r} for your own text files (data.train_files, ...), "
-        "'tfds:NAME' for a tfds text dataset, or 'synthetic:copy', 'synthetic:reverse' or "
-        "'synthetic:associative_retrieval'."
-    ]
-  changed = [k for k, v in text.items() if v != _default_value(f"data.{k}")]
-  if changed:
-    verb = "applies" if len(changed) == 1 else "apply"
-    return [
-        f"data.{', data.'.join(changed)} {verb} only to data.dataset={data.TEXT!r} (your "
-        f"own text files), not to the built-in corpus {d.dataset!r}: remove them, or set "
-        f"--config.data.dataset={data.TEXT}."
-    ]
-  return []
-
-
-def _synthetic_problems(config: ml_collections.ConfigDict) -> list[str]:
-  """A synthetic task's settings (``synthetic.settings_problems``), its
-  segment lengths (each must divide the example length: an example is whole
-  segments) and the evaluation it needs ("segments", split by split)."""
-  d = config.data
-  if not synthetic.is_synthetic(d.dataset):
-    return []
-  settings = synthetic.TaskSettings.from_data_config(d)
-  defaults = synthetic.TaskSettings(
-      task=settings.task,
-      **{f: _default_value(f"data.{k}") for k, f in synthetic.FIELDS.items()},
-  )
-  problems = synthetic.settings_problems(settings, defaults)
-  if problems:
-    return problems
-  problems = synthetic.segment_problems(
-      settings, {"model.tgt_len": config.model.tgt_len, "eval.tgt_len": config.eval.tgt_len}
-  )
-  if config.eval.method != "segments":
-    problems.append(
-        f"eval.method={config.eval.method!r} does not score {d.dataset!r} (whole examples, "
-        "each from an empty memory): set --config.eval.method=segments."
-    )
-  if config.eval.get("documents", "split") == "whole":
-    problems.append(
-        f"eval.documents={config.eval.documents!r} needs documents; {d.dataset!r} scores "
-        "whole examples already: set --config.eval.documents=split."
-    )
-  return problems
 
 
 def _dynamic_problems(config: ml_collections.ConfigDict, nonfinite: set[str]) -> list[str]:
