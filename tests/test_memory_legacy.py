@@ -68,8 +68,8 @@ def test_the_flat_keys_load_into_the_variants_sections(tmp_path):
   assert wd.load_config(str(toks)).eval.compressive.cmem_len is None  # -1 meant the model's
   # A checkpoint's record (flat) and today's (sections) name the same model.
   record = json.loads((comp / "checkpoints" / "2" / "integrity" / "metadata").read_text())
-  old = model_config_lib.flat_fields(record["meta"]["model"])
-  assert old == json.loads(json.dumps(model_config_lib.flat_fields(cfg.to_dict())))
+  old = model_config_lib.flat_fields(record["meta"]["model"], complete=True)
+  assert old == json.loads(json.dumps(model_config_lib.flat_fields(cfg.to_dict(), complete=True)))
   assert "compressive.cmem_len" in old
 
 

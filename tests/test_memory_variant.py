@@ -26,7 +26,7 @@ from transformer_xl.model import memory, models
 from transformer_xl.training import train
 
 import memory_variants  # noqa: F401  (registers the test-only variants)
-from helpers import tiny_config, tiny_model_config, toy_corpus
+from helpers import run_python, tiny_config, tiny_model_config, toy_corpus
 from memory_variants.pooled import PooledMemory
 
 VOCAB = 64
@@ -118,3 +118,34 @@ def test_its_sown_loss_joins_the_objective_and_the_log(tmp_path):
   # Step 1 drops only empty (zero) slots, which the zero-bias projection maps to 0 exactly.
   assert logged[0]["train/aux_loss/pool_mse"] == 0
   assert all(r["train/aux_loss/pool_mse"] > 0 for r in logged[1:])
+
+
+def test_files_name_only_the_settings_that_matter(tmp_path):
+  """A workdir written where test-only variants are registered (their
+  sections at their defaults) reads in a process where they are not: files
+  hold only the memory sections that are not defaults, and two equal models
+  are equal whatever is registered."""
+  from transformer_xl.run import workdir as wd
+
+  config = tiny_config()
+  config.model.memory = "compressive"
+  config.model.compressive.update(cmem_len=2, cmem_ratio=2)
+  assert "gated_test" in config.model  # registered here, at its defaults
+  cfg = default_config.model_config(config, 32)
+  assert [name for name, _ in cfg.memory_settings] == ["compressive"]
+  wd.save_config(str(tmp_path), config)
+  wd.save_model_config(str(tmp_path), cfg, "word", "toy")
+  saved = json.loads((tmp_path / "config.json").read_text())
+  assert "gated_test" not in saved["model"] and "compressive" not in saved["eval"]
+  assert saved["model"]["compressive"]["cmem_len"] == 2
+  code = (
+      "import sys; from transformer_xl.model import memory; "
+      "from transformer_xl.run import workdir as wd; "
+      "assert 'gated_test' not in memory.VARIANTS; "
+      "c = wd.load_config(sys.argv[1]); m, _ = wd.load_model_config(sys.argv[1]); "
+      "assert c.model.compressive.cmem_len == 2 and c.eval.compressive.cmem_len is None; "
+      "print(m.memory_settings)"
+  )
+  r = run_python(["-c", code, str(tmp_path)])
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert "cmem_len=2" in r.stdout

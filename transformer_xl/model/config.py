@@ -70,13 +70,27 @@ def drop_legacy_keys(fields: Mapping[str, Any], section: str = "model") -> dict[
   return kept
 
 
-def flat_fields(fields: Mapping[str, Any] | None) -> dict[str, Any]:
+def flat_fields(fields: Mapping[str, Any] | None, complete: bool = False) -> dict[str, Any]:
   """Saved model fields (``ModelConfig.to_dict``'s form, or an earlier
   version's: ``memory.upgrade_fields``) with each memory variant's section
   spread into dotted keys (``"<variant>.<field>"``), for comparing two
-  models key by key and naming the keys that differ."""
+  models key by key and naming the keys that differ.
+
+  Args:
+    fields: the model fields.
+    complete: ``fields`` describe a whole model (a file's record, which
+      names only the variants' sections that are not their defaults): fill
+      in every registered variant's defaults where ``fields`` lack them.
+      False: ``fields`` may be some settings only; a key they lack is left
+      out.
+  """
   out = {}
-  for key, value in memory.upgrade_fields(dict(fields or {})).items():
+  upgraded = memory.upgrade_fields(dict(fields or {}))
+  if complete:
+    given = {k: v for k, v in upgraded.items() if k in memory.default_sections()}
+    filled = memory.sections({k: v for k, v in given.items() if isinstance(v, Mapping)})
+    upgraded.update({k: v for k, v in filled.items() if k not in given or isinstance(given[k], Mapping)})
+  for key, value in upgraded.items():
     if key in memory.default_sections() and isinstance(value, Mapping):
       out.update({f"{key}.{k}": v for k, v in value.items()})
     else:

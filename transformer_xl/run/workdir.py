@@ -40,7 +40,7 @@ from etils import epath
 
 from transformer_xl import default_config, errors
 from transformer_xl.model import config as model_config_lib
-from transformer_xl.model import models, tuning
+from transformer_xl.model import memory, models, tuning
 from transformer_xl.run import metrics
 from transformer_xl.util import files
 
@@ -93,9 +93,14 @@ def check_writable(workdir: str) -> None:
 
 
 def save_config(workdir: str, config: ml_collections.ConfigDict) -> None:
-  """Writes ``<workdir>/config.json`` (process 0)."""
+  """Writes ``<workdir>/config.json`` (process 0): the config, without the
+  memory variants' sections that hold their defaults (``memory.without_defaults``;
+  ``load_config`` fills them in again)."""
   if jax.process_index() == 0:
-    _atomic_write(epath.Path(workdir) / "config.json", config.to_json_best_effort(indent=2))
+    saved = json.loads(config.to_json_best_effort())
+    saved["model"] = memory.without_defaults(saved["model"])
+    saved["eval"] = memory.without_defaults(saved["eval"], eval_fields=True)
+    _atomic_write(epath.Path(workdir) / "config.json", json.dumps(saved, indent=2))
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
@@ -129,13 +134,15 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
 
 
 def save_model_config(workdir: str, model_cfg: models.ModelConfig, unit: str, dataset: str) -> None:
-  """Writes ``<workdir>/model_config.json``: the architecture (with n_token),
-  the corpus unit ("byte", "char", "word" or "subword") and the dataset name
-  (process 0)."""
+  """Writes ``<workdir>/model_config.json``: the architecture (with n_token;
+  the memory variants' sections that are not their defaults), the corpus
+  unit ("byte", "char", "word" or "subword") and the dataset name (process
+  0)."""
   if jax.process_index() == 0:
+    model = memory.without_defaults(model_cfg.to_dict())
     _atomic_write(
         epath.Path(workdir) / "model_config.json",
-        json.dumps({"model": model_cfg.to_dict(), "unit": unit, "dataset": dataset}, indent=2),
+        json.dumps({"model": model, "unit": unit, "dataset": dataset}, indent=2),
     )
 
 
@@ -164,12 +171,13 @@ def checkpoint_meta(
     model_cfg: models.ModelConfig, unit: str, dataset: str, global_batch: int
 ) -> dict:
   """What a checkpoint records about the run that made it (JSON-serialisable):
-  the model config (with n_token), the corpus's unit and name, and the
-  training batch (the rows of the saved memory)."""
+  the model config (with n_token; the memory variants' sections that are
+  not their defaults), the corpus's unit and name, and the training batch
+  (the rows of the saved memory)."""
   return json.loads(
       json.dumps(
           {
-              "model": model_cfg.to_dict(),
+              "model": memory.without_defaults(model_cfg.to_dict()),
               "unit": unit,
               "dataset": dataset,
               "global_batch": int(global_batch),
@@ -183,7 +191,7 @@ def _same_meaning(model: Mapping[str, Any] | None) -> dict:
   d_model all mean "no projection" (models.ModelConfig.embed_dim); the
   memory variants' settings as dotted keys, those of earlier versions'
   flat keys included (``model_config.flat_fields``)."""
-  model = model_config_lib.flat_fields(model)
+  model = model_config_lib.flat_fields(model, complete=True)
   if "d_embed" in model and model["d_embed"] in (None, 0, model.get("d_model")):
     model["d_embed"] = 0
   return model

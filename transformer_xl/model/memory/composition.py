@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from transformer_xl.model.memory import state as state_lib
-from transformer_xl.model.memory.settings import active
+from transformer_xl.model.memory.settings import active, has_settings
 from transformer_xl.model.memory.state import Memory
 from transformer_xl.model.memory.variant import MemoryVariant
 
@@ -267,16 +267,13 @@ def eval_settings(cfg: ModelConfig, eval_fields: Mapping[str, Any], sliding: boo
   each variant on applies its ``eval.<name>`` overrides that are set
   (``eval_fields``: the eval section) and what a sliding window needs
   (``MemoryVariant.eval_settings``); the others' are kept."""
-  on = plan(cfg).variants
-  out = {}
-  for name, settings in cfg.memory_settings:
-    cls = next((v for v in on if v.name == name), None)
-    if cls is None:
-      out[name] = settings
+  out = dict(cfg.memory_settings)
+  for v in plan(cfg).variants:
+    if not has_settings(v):
       continue
-    given = eval_fields.get(name) or {}
-    overrides = {k: v for k, v in given.items() if k in cls.EVAL_OVERRIDES and v is not None}
-    out[name] = cls.eval_settings(settings, overrides, sliding)
+    given = eval_fields.get(v.name) or {}
+    overrides = {k: x for k, x in given.items() if k in v.EVAL_OVERRIDES and x is not None}
+    out[v.name] = v.eval_settings(v.settings(cfg), overrides, sliding)
   return out
 
 

@@ -57,12 +57,36 @@ def sections(raw: Any) -> dict[str, dict[str, Any]]:
 
 def normalise_settings(raw: Any) -> tuple[tuple[str, Any], ...]:
   """``ModelConfig.memory_settings``'s form of ``raw`` (as ``sections``): a
-  sorted tuple of (variant name, its frozen settings), hashable."""
+  sorted tuple of (variant name, its frozen settings), hashable, holding
+  only the settings that are not a variant's defaults, so that two equal
+  models are equal whatever else is registered (a variant's settings are
+  its defaults where it has none there: ``MemoryVariant.settings``)."""
   out = []
   for name, values in sorted(sections(raw).items()):
     settings = VARIANTS[name].Settings(**values)
-    out.append((name, settings))
+    if settings != VARIANTS[name].Settings():
+      out.append((name, settings))
   return tuple(out)
+
+
+def without_defaults(fields: Mapping[str, Any], eval_fields: bool = False) -> dict[str, Any]:
+  """``fields`` (a model section, or with ``eval_fields`` an eval section)
+  without the variants' sections that hold only their defaults (an eval
+  section: only unset overrides), as files are written: a workdir's files
+  name the settings that matter, and read the same wherever other variants
+  are registered."""
+  out = dict(fields)
+  for name, cls in VARIANTS.items():
+    section = out.get(name)
+    if not isinstance(section, Mapping):
+      continue
+    if eval_fields:
+      unset = all(v is None for v in section.values())
+    else:
+      unset = dict(section) == dataclasses.asdict(cls.Settings())
+    if unset:
+      del out[name]
+  return out
 
 
 def section_problems(fields: Mapping[str, Any]) -> list[str]:
