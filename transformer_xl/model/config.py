@@ -89,7 +89,9 @@ def flat_fields(fields: Mapping[str, Any] | None, complete: bool = False) -> dic
   if complete:
     given = {k: v for k, v in upgraded.items() if k in memory.default_sections()}
     filled = memory.sections({k: v for k, v in given.items() if isinstance(v, Mapping)})
-    upgraded.update({k: v for k, v in filled.items() if k not in given or isinstance(given[k], Mapping)})
+    upgraded.update(
+        {k: v for k, v in filled.items() if k not in given or isinstance(given[k], Mapping)}
+    )
   for key, value in upgraded.items():
     if key in memory.default_sections() and isinstance(value, Mapping):
       out.update({f"{key}.{k}": v for k, v in value.items()})
