@@ -24,6 +24,7 @@ import pytest
 from absl import flags
 
 from transformer_xl import data, default_config, errors
+from transformer_xl.model import memory
 from transformer_xl.run import workdir as wd
 
 from helpers import run_python, tiny_model_config, write_ptb_sample
@@ -120,7 +121,9 @@ def converted(tmp_path_factory):
   workdir = root / "wd"
   convert.write_workdir(str(workdir), params, cfg, dataset="ptb", unit="word", **data_args)
   config_file = root / "same_as_saved.py"
-  model = cfg.to_dict()
+  # As files are written: the config file must read the same in a subprocess where
+  # the test-only variants (tests/memory_variants) are not registered.
+  model = memory.without_defaults(cfg.to_dict())
   config_file.write_text(CONFIG_FILE.format(model=model, data=dict(dataset="ptb", **data_args)))
   namespace: dict = {}
   exec(compile(config_file.read_text(), str(config_file), "exec"), namespace)
