@@ -2,7 +2,7 @@
 
 ``NaiveCompressive`` (tests/naive_compressive.py) is written from the
 paper's Algorithms 1 and 2, not from the model's code (its docstring).
-Here: every compression function with documents, conv and most_used without (scores,
+Here: conv without documents, and with them max_pool, dilated_conv and most_used (scores,
 memories, reconstruction losses and both gradients), the disjoint
 gradients of the two losses, ``cmem_len`` 0 as the XL memory exactly, the
 fused kernel, generation, evaluation with more compressed slots, the
@@ -149,12 +149,15 @@ def _values_and_grads(run, cfg, params, tokens, resets, docs):
 
 @pytest.mark.parametrize(
     "fn,documents",
-    # The fast tier: conv alone. Slow: every function with documents (which
-    # include whole-segment stretches without a reset or start), and most_used
-    # (whose compression reads the attention) without.
+    # The fast tier: conv (the learned compression). Slow, with documents (a reset,
+    # a start inside a segment, and whole segments of one document): the other
+    # kinds, max_pool (pooling; mean_pool differs by the reduction alone),
+    # dilated_conv and most_used (which reads the attention).
     [("conv", False)]
-    + [pytest.param("most_used", False, marks=pytest.mark.slow)]
-    + [pytest.param(fn, True, marks=pytest.mark.slow) for fn in memory_lib.compressive.CMEM_FNS],
+    + [
+        pytest.param(fn, True, marks=pytest.mark.slow)
+        for fn in ("max_pool", "dilated_conv", "most_used")
+    ],
 )
 def test_the_model_equals_the_naive_compressive_transformer(fn, documents):
   """Scores, memories, reconstruction losses and both gradients, over 4 segments

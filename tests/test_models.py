@@ -162,7 +162,7 @@ def test_memory_holds_layer_inputs():
 
 @pytest.mark.parametrize(
     "attn_type",
-    [0, pytest.param(1, marks=SLOW), pytest.param(2, marks=SLOW), pytest.param(3, marks=SLOW)],
+    [0, pytest.param(3, marks=SLOW)],  # the memory's stop-gradient is not the attention's
 )
 def test_loss_of_second_segment_has_no_gradient_through_memory(attn_type):
   cfg = small_config(attn_type=attn_type, d_head=8)
@@ -389,7 +389,9 @@ def _second_segment_grads(model, params, cfg, rng=None):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "attn_type,pre_lnorm,unroll",
-    [(0, False, 3), (0, True, 2), (1, False, 3), (2, False, 3), (3, True, 3)],
+    # The scan's carry and per-layer parameters are the same for every attention
+    # type; 3 is the one whose layers each add their absolute positions.
+    [(0, True, 2), (3, False, 3)],
 )
 def test_scan_unroll_does_not_change_loss_gradients_or_memory(attn_type, pre_lnorm, unroll):
   cfg = small_config(
