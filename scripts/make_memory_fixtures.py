@@ -43,45 +43,45 @@ B, SEGMENTS = 3, 4
 # "pad" (front padding), "decode" (the decoding cache), "reset" (rows reset
 # at the third segment).
 CASES: dict[str, tuple[dict, tuple[str, ...]]] = {
-  "xl_type0": (dict(tgt_len=4, mem_len=6, dropout=0.1, dropatt=0.1), ("grad", "reset")),
-  "xl_type1": (dict(tgt_len=4, mem_len=6, attn_type=1), ("grad",)),
-  "xl_type2": (dict(tgt_len=4, mem_len=6, attn_type=2), ("grad",)),
-  "xl_type3": (dict(tgt_len=4, mem_len=6, attn_type=3), ("grad",)),
-  "xl_prelnorm_same_length": (
-    dict(tgt_len=4, mem_len=6, pre_lnorm=True, same_length=True, untie_r=True, clamp_len=5),
-    ("grad",),
-  ),
-  "xl_docs": (dict(tgt_len=4, mem_len=6), ("docs",)),
-  "xl_pad": (dict(tgt_len=4, mem_len=0), ("pad",)),
-  "xl_decode": (dict(tgt_len=4, mem_len=6), ("decode",)),
-  **{
-    f"compressive_{fn}": (
-      dict(tgt_len=4, mem_len=4, memory="compressive", cmem_len=4, cmem_ratio=2, cmem_fn=fn),
-      ("grad", "reset"),
-    )
-    for fn in ("max_pool", "mean_pool", "conv", "dilated_conv", "most_used")
-  },
-  "compressive_zero": (
-    dict(tgt_len=4, mem_len=4, memory="compressive", cmem_len=0, cmem_ratio=2),
-    ("grad",),
-  ),
-  "tokens_cache": (
-    dict(tgt_len=4, mem_len=6, num_mem_tokens=2, dropout=0.1),
-    ("grad", "reset"),
-  ),
-  "tokens_no_cache": (dict(tgt_len=4, mem_len=0, num_mem_tokens=2), ("grad",)),
-  "tokens_not_at_end": (
-    dict(tgt_len=4, mem_len=6, num_mem_tokens=2, mem_at_end=False),
-    ("grad",),
-  ),
-  "tokens_read_cache": (
-    dict(tgt_len=4, mem_len=6, num_mem_tokens=2, read_mem_from_cache=True),
-    ("grad",),
-  ),
-  "tokens_same_length": (
-    dict(tgt_len=4, mem_len=6, num_mem_tokens=3, same_length=True),
-    ("grad",),
-  ),
+    "xl_type0": (dict(tgt_len=4, mem_len=6, dropout=0.1, dropatt=0.1), ("grad", "reset")),
+    "xl_type1": (dict(tgt_len=4, mem_len=6, attn_type=1), ("grad",)),
+    "xl_type2": (dict(tgt_len=4, mem_len=6, attn_type=2), ("grad",)),
+    "xl_type3": (dict(tgt_len=4, mem_len=6, attn_type=3), ("grad",)),
+    "xl_prelnorm_same_length": (
+        dict(tgt_len=4, mem_len=6, pre_lnorm=True, same_length=True, untie_r=True, clamp_len=5),
+        ("grad",),
+    ),
+    "xl_docs": (dict(tgt_len=4, mem_len=6), ("docs",)),
+    "xl_pad": (dict(tgt_len=4, mem_len=0), ("pad",)),
+    "xl_decode": (dict(tgt_len=4, mem_len=6), ("decode",)),
+    **{
+        f"compressive_{fn}": (
+            dict(tgt_len=4, mem_len=4, memory="compressive", cmem_len=4, cmem_ratio=2, cmem_fn=fn),
+            ("grad", "reset"),
+        )
+        for fn in ("max_pool", "mean_pool", "conv", "dilated_conv", "most_used")
+    },
+    "compressive_zero": (
+        dict(tgt_len=4, mem_len=4, memory="compressive", cmem_len=0, cmem_ratio=2),
+        ("grad",),
+    ),
+    "tokens_cache": (
+        dict(tgt_len=4, mem_len=6, num_mem_tokens=2, dropout=0.1),
+        ("grad", "reset"),
+    ),
+    "tokens_no_cache": (dict(tgt_len=4, mem_len=0, num_mem_tokens=2), ("grad",)),
+    "tokens_not_at_end": (
+        dict(tgt_len=4, mem_len=6, num_mem_tokens=2, mem_at_end=False),
+        ("grad",),
+    ),
+    "tokens_read_cache": (
+        dict(tgt_len=4, mem_len=6, num_mem_tokens=2, read_mem_from_cache=True),
+        ("grad",),
+    ),
+    "tokens_same_length": (
+        dict(tgt_len=4, mem_len=6, num_mem_tokens=3, same_length=True),
+        ("grad",),
+    ),
 }
 
 
@@ -89,9 +89,9 @@ def _named(tree, prefix: str) -> dict[str, np.ndarray]:
   """{prefix/path: array} of a pytree's leaves."""
   leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
   return {
-    f"{prefix}/{jax.tree_util.keystr(path)}": np.asarray(leaf)
-    for path, leaf in leaves
-    if leaf is not None
+      f"{prefix}/{jax.tree_util.keystr(path)}": np.asarray(leaf)
+      for path, leaf in leaves
+      if leaf is not None
   }
 
 
@@ -116,15 +116,15 @@ def run_case(fields: dict, kinds: tuple[str, ...]) -> dict[str, np.ndarray]:
   if "docs" in kinds:  # a document starts at position s % T of each row, offsets from it
     t = np.arange(cfg.tgt_len)
     doc_pos_SxBxT = jnp.asarray(
-      np.stack(
-        [
-          np.broadcast_to(
-            np.where(t >= s % cfg.tgt_len, t - s % cfg.tgt_len, t + 9), (B, cfg.tgt_len)
-          )
-          for s in range(SEGMENTS)
-        ]
-      ),
-      jnp.int32,
+        np.stack(
+            [
+                np.broadcast_to(
+                    np.where(t >= s % cfg.tgt_len, t - s % cfg.tgt_len, t + 9), (B, cfg.tgt_len)
+                )
+                for s in range(SEGMENTS)
+            ]
+        ),
+        jnp.int32,
     )
   keys_S = jnp.stack([jax.random.PRNGKey(10 + s) for s in range(SEGMENTS)]) if train else None
   xs = (tokens_SxBxT, targets_SxBxT, jnp.asarray(reset_SxB), doc_pos_SxBxT, keys_S)
@@ -132,15 +132,15 @@ def run_case(fields: dict, kinds: tuple[str, ...]) -> dict[str, np.ndarray]:
   def segment(p, memory, x):
     tokens_BxT, targets_BxT, reset_B, doc_pos_BxT, key = x
     (nll_BxT, memory), state = model.apply(
-      {"params": p},
-      tokens_BxT,
-      memory,
-      targets_BxT,
-      deterministic=not train,
-      reset_B=reset_B,
-      doc_pos_BxT=doc_pos_BxT,
-      rngs={"dropout": key} if train else None,
-      mutable=["losses"],
+        {"params": p},
+        tokens_BxT,
+        memory,
+        targets_BxT,
+        deterministic=not train,
+        reset_B=reset_B,
+        doc_pos_BxT=doc_pos_BxT,
+        rngs={"dropout": key} if train else None,
+        mutable=["losses"],
     )
     return memory, (nll_BxT, memory, state.get("losses", {}))
 
@@ -155,7 +155,7 @@ def run_case(fields: dict, kinds: tuple[str, ...]) -> dict[str, np.ndarray]:
       outs, cache = [hidden], None
       for i in range(3):
         hidden, mem, cache = model.apply(
-          {"params": p}, tokens_SxBxT[1][:, i : i + 1], mem, cache, method=model.decode
+            {"params": p}, tokens_SxBxT[1][:, i : i + 1], mem, cache, method=model.decode
         )
         outs.append(hidden)
       return outs, mem

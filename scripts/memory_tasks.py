@@ -197,7 +197,9 @@ def run_one(
     rec = json.loads(line)
     if "train/loss" in rec:
       losses.append([rec["step"], rec["train/loss"]])
-  model = model_config_lib.flat_fields(config["model"], complete=True)  # defaults filled; earlier versions' flat keys too
+  model = model_config_lib.flat_fields(
+      config["model"], complete=True
+  )  # defaults filled; earlier versions' flat keys too
   return {
       "name": name,
       "task": task,
