@@ -17,7 +17,10 @@ to step 3 must equal what this code computed.
     git worktree add /tmp/old 3ea4d5c
     cd /tmp/old && python /path/to/scripts/make_legacy_workdirs.py --out /path/to/tests/fixtures/legacy_workdirs
 
-One device (no simulated devices), float32.
+One device (no simulated devices), float32, XLA's backend optimisation
+off (``--xla_backend_optimization_level=0``, as the test suite compiles and
+as tests/fixtures/memory_bitwise.npz was written: the tests compare bit for
+bit where the machine is the same).
 """
 
 from __future__ import annotations
@@ -76,8 +79,7 @@ WORKDIRS = {
 
 
 def run(*args: str) -> None:
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env["JAX_PLATFORMS"] = "cpu"
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_backend_optimization_level=0")
   r = subprocess.run(
       [sys.executable, "-m", "transformer_xl.main", *args], env=env, capture_output=True, text=True
   )

@@ -7,8 +7,10 @@ function; the memory tokens with and without the XL cache, ``mem_at_end``,
 ``read_mem_from_cache``, ``same_length`` and backpropagation through
 segments) and saves, per case, the initial parameters, the per-segment
 NLLs, the memory after each segment, the auxiliary losses and the gradient
-of the summed loss: ``tests/fixtures/memory_bitwise.npz``, with the CPU
-that computed it (float32 sums differ between CPU models).
+of the summed loss: ``tests/fixtures/memory_bitwise.npz``, with the machine
+that computed it (``machine()``: the CPU model and XLA's backend
+optimisation level; float32 results differ in the last bits between CPU
+models and between levels).
 ``tests/test_memory_bitwise.py`` recomputes every array and compares.
 
 Written against the API that both the code that made the committed
@@ -16,7 +18,10 @@ fixture and today's code have (``ModelConfig.from_dict`` with the flat
 field names of saved files; leaves named by their pytree paths), so that
 running it on an older commit writes the fixture of that commit:
 
-    python scripts/make_memory_fixtures.py --out tests/fixtures/memory_bitwise.npz
+    XLA_FLAGS=--xla_backend_optimization_level=0 \
+      python scripts/make_memory_fixtures.py --out tests/fixtures/memory_bitwise.npz
+
+(the level the test suite compiles at, ``tests/conftest.py``).
 """
 
 from __future__ import annotations
@@ -187,7 +192,7 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", default="tests/fixtures/memory_bitwise.npz")
   args = parser.parse_args()
-  arrays = {"cpu": np.asarray(_cpu_name())}
+  arrays = {"machine": np.asarray(machine())}
   for name, (fields, kinds) in CASES.items():
     for key, value in run_case(fields, kinds).items():
       arrays[f"{name}:{key}"] = value
@@ -196,16 +201,20 @@ def main() -> None:
   print(f"wrote {args.out}: {len(arrays)} arrays")
 
 
-def _cpu_name() -> str:
-  """The CPU model (``/proc/cpuinfo``'s "model name"), else platform.processor()."""
+def machine() -> str:
+  """What decides the last bits of float32 results here: the CPU model
+  (``/proc/cpuinfo``'s "model name", else ``platform.processor()``) and the
+  ``--xla_backend_optimization_level`` of ``XLA_FLAGS`` (XLA's default if
+  unset), e.g. ``"AMD EPYC 7B13; --xla_backend_optimization_level=0"``."""
+  cpu = platform.processor() or "unknown"
   try:
     with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
+      cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), cpu)
   except OSError:
     pass
-  return platform.processor() or "unknown"
+  flags = os.environ.get("XLA_FLAGS", "").split()
+  level = [f for f in flags if f.startswith("--xla_backend_optimization_level")]
+  return "; ".join([cpu, *(level[-1:] or ["default optimisation"])])
 
 
 if __name__ == "__main__":

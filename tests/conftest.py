@@ -19,9 +19,16 @@ import pytest
 # A crashed xdist worker's dump, at the end of the output (tests/harness/).
 pytest_plugins = ("harness.crash_report",)
 
-_FLAG = "--xla_force_host_platform_device_count=8"
-if _FLAG not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
+# XLA's backend (LLVM) optimisation off, here and in every process a test starts (they
+# inherit XLA_FLAGS): the tests' programs are tiny and compiled by the hundred, so compiling
+# is most of the suite's time (a command-line test's wall time about halves) and running
+# them is not.  Float results may differ from an optimised build's in the last bits; the
+# fixtures compared bit for bit (tests/test_memory_bitwise.py, tests/test_memory_legacy.py)
+# were written with the same flag and say so (scripts/make_memory_fixtures.py ``machine``).
+# Set XLA_FLAGS=--xla_backend_optimization_level=2 (or 3) to run the suite optimised.
+for _FLAG in ("--xla_force_host_platform_device_count=8", "--xla_backend_optimization_level=0"):
+  if _FLAG.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 # JAX's persistent compilation cache, one fresh directory per test run, shared by this

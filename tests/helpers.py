@@ -54,20 +54,12 @@ CONFIGS = REPO / "configs"
 # The processes a test starts.
 
 
-# The processes a test starts compile with XLA's backend (LLVM) optimisation off: the
-# command-line tests' programs are tiny and each process compiles them anew, so compiling
-# is most of their time (a test file's wall time about halves).  Their float results may
-# differ from an optimised build's in the last bits; what is compared bit for bit with a
-# stored fixture (tests/test_memory_bitwise.py, tests/test_memory_legacy.py) runs in the
-# test process, which keeps the default.  JAX's compilation cache keys include XLA_FLAGS,
-# so the two kinds of programs never share a cache entry.
-FAST_COMPILE = "--xla_backend_optimization_level=0"
 
 
 def subprocess_env(devices: int | None = None, **variables: str) -> dict[str, str]:
   """The environment of a process that a test starts: this one's, with the
-  repository (the code under test) as ``PYTHONPATH`` and ``FAST_COMPILE``
-  among its ``XLA_FLAGS``.
+  repository (the code under test) as ``PYTHONPATH`` (``XLA_FLAGS`` as
+  ``tests/conftest.py`` set them: 8 devices, backend optimisation off).
 
   Args:
     devices: None keeps the suite's 8 simulated CPU devices (``XLA_FLAGS``
@@ -87,8 +79,6 @@ def subprocess_env(devices: int | None = None, **variables: str) -> dict[str, st
     if devices > 1:
       flags.append(f"--xla_force_host_platform_device_count={devices}")
     env["JAX_PLATFORMS"] = "cpu"
-  if FAST_COMPILE not in flags:
-    flags.append(FAST_COMPILE)
   env["XLA_FLAGS"] = " ".join(flags)
   env.update(variables)
   return env

@@ -10,9 +10,10 @@ memory, memory tokens beside an XL cache; synthetic copy task, one device),
 each trained to step 2 and evaluated, and the step-3 checkpoint that code
 reached from there.  Today's code reads their configs into the variants'
 sections, evaluates the step-2 checkpoint to the scores that code wrote,
-and resumes it to a step 3 equal to that code's (bit for bit on the CPU
-model that made the fixtures, which also made tests/fixtures/
-memory_bitwise.npz; to float32 rounding on another).
+and resumes it to a step 3 equal to that code's (bit for bit on the machine
+that made the fixtures, which also made tests/fixtures/memory_bitwise.npz:
+the CPU model and XLA's backend optimisation level; to float32 rounding
+on another).
 """
 
 from __future__ import annotations
@@ -40,9 +41,9 @@ LEGACY = FIXTURES / "legacy_workdirs"
 
 
 def _same_cpu() -> bool:
-  """Whether this CPU is the one that made the fixtures."""
+  """Whether this machine (CPU model, XLA optimisation level) made the fixtures."""
   script = load_module(Path(__file__).parents[1] / "scripts" / "make_memory_fixtures.py", "mmf")
-  return str(np.load(FIXTURES / "memory_bitwise.npz")["cpu"]) == script._cpu_name()
+  return str(np.load(FIXTURES / "memory_bitwise.npz")["machine"]) == script.machine()
 
 
 def _copy(name: str, tmp_path: Path) -> Path:
