@@ -919,6 +919,26 @@ def test_metrics_lines_that_are_not_rows_or_repeat_a_step_are_cleaned(tmp_path):
   assert (tmp_path / "metrics.jsonl.corrupt").read_text() == '{"step": 2, "a": NaN}\n[1, 2]\n'
 
 
+def test_a_resume_keeps_the_training_and_the_validation_row_of_a_step(tmp_path):
+  """A step with both a training row and a validation row (every eval_every
+  steps) keeps both when a run resumes after it; rows after the restored step
+  go, and a repeated row of one kind keeps its last."""
+  path = tmp_path / "metrics.jsonl"
+  writer = metrics.MetricWriter(str(tmp_path))
+  for step in (1, 2, 3):
+    writer.write_scalars(step, {"train/loss": 1.0 * step, "train/lr": 0.1})
+    if step % 2 == 0 or step == 3:
+      writer.write_scalars(step, {"valid/loss_nats": 2.0 * step})
+  writer.write_scalars(2, {"train/loss": 9.0, "train/lr": 0.1})
+  writer.close()
+  metrics.MetricWriter(str(tmp_path), start_step=2).close()
+  assert [json.loads(l) for l in path.read_text().splitlines()] == [
+      {"step": 1, "train/loss": 1.0, "train/lr": 0.1},
+      {"step": 2, "train/loss": 9.0, "train/lr": 0.1},
+      {"step": 2, "valid/loss_nats": 4.0},
+  ]
+
+
 # --------------------------------------------------------------------------- #
 # One training per workdir; readers beside it.
 

@@ -164,6 +164,11 @@ def _parse_jsonl(text: str) -> tuple[list[dict], list[str]]:
   return rows, bad
 
 
+def _kind(row: Mapping) -> frozenset[str]:
+  """What a metrics row reports: the prefixes of its scalars' names (``train``, ``valid``)."""
+  return frozenset(k.split("/", 1)[0] for k in row if k not in ("step", "nonfinite"))
+
+
 def _refuse_constant(name: str):
   raise ValueError(f"not strict JSON: {name}")
 
@@ -180,8 +185,10 @@ class MetricWriter:
   its events of those steps (``purge_step``), so each step appears once.
   Lines that are not rows (a line torn by a killed run, anything that is
   not strict JSON) are moved to ``metrics.jsonl.corrupt`` with a note
-  (``report.log``), and a repeated step keeps its last row; the file is rewritten
-  through a temporary file and a rename.
+  (``report.log``), and a row that repeats the step and kind of an earlier
+  one (``train/`` scalars, ``valid/`` scalars) replaces it: a step keeps its
+  training row and its validation row; the file is rewritten through a
+  temporary file and a rename.
   """
 
   def __init__(self, workdir: str, start_step: int = 0):
@@ -192,8 +199,11 @@ class MetricWriter:
       if path.exists():
         text = path.read_text()
         rows, bad = _parse_jsonl(text)
-        by_step = {r["step"]: r for r in rows if r["step"] <= start_step}
-        kept = [by_step[s] for s in sorted(by_step)]
+        latest = {}  # (step, kind) -> its last row, at the place of its first
+        for r in rows:
+          if r["step"] <= start_step:
+            latest[(r["step"], _kind(r))] = r
+        kept = sorted(latest.values(), key=lambda r: r["step"])
         if bad:
           side = path.parent / (path.name + ".corrupt")
           with side.open("a") as f:
