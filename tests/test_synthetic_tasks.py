@@ -272,6 +272,25 @@ def test_evaluation_accuracy_equals_a_naive_prediction_of_each_example(cutoffs):
   np.testing.assert_allclose(got["loss_nats"], np.mean(nll), rtol=1e-5)
 
 
+def test_a_validation_that_scores_no_answer_token_reports_no_loss(tmp_path, reports):
+  """A validation cut to its first segment (``train.eval_max_steps=1``) sees
+  only inputs of the copy task, no answer token: its loss and ppl are null in
+  metrics.jsonl (not 0 and 1, a perfect model), and the log says why."""
+  config = tiny_config()
+  config.train.update(num_steps=1, log_every=1, eval_every=1, eval_max_steps=1)
+  config.checkpoint.every_steps = 1
+  default_config.validate(config, 1)
+  corpus = data.load_configured(config.data.to_dict())
+  mesh = sharding.make_mesh((1, 1), config.mesh.axis_names, devices=jax.devices()[:1])
+  train.train_and_evaluate(config, str(tmp_path), corpus, mesh)
+  rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  (valid,) = [r for r in rows if "valid/tokens" in r]
+  assert valid["valid/tokens"] == 0
+  assert valid["valid/loss_nats"] is None and valid["valid/ppl"] is None
+  (line,) = [l for l in reports.lines if "scored no token" in l]
+  assert "train.eval_max_steps=1" in line and "loss and ppl null" in line
+
+
 MEMORIES = {  # model changes: each memory of the study
     "xl": {},
     "tokens": {"mem_len": 0, "tokens": {"num_mem_tokens": 2, "mem_at_end": True}},

@@ -352,7 +352,9 @@ class Evaluator:
 
     Returns:
       {"loss_nats": mean NLL per token (nats), "bpc" or "ppl": ...,
-        "tokens": number of scored tokens}; for a synthetic task (its
+        "tokens": number of scored tokens}, the loss and its metric None
+      when no token was scored (e.g. ``max_steps`` segments of a synthetic
+      task that reach no answer token); for a synthetic task (its
       answer tokens only) also ``answers``' "answer_accuracy" and
       "answer_token_accuracy" and "examples", unless ``step`` is given.
     """
@@ -363,13 +365,13 @@ class Evaluator:
       w = np.asarray(jax.device_get(_fully_replicated(w_BxT)), np.float64)
       nll_sum += float(np.sum(np.asarray(jax.device_get(nll_BxT), np.float64) * w))
       n_tok += float(w.sum())
-    loss = nll_sum / max(n_tok, 1.0)
     metric = metrics.metric_name(self.corpus.unit)
-    result = {
-        "loss_nats": loss,
-        metric: metrics.metric_value(loss, self.corpus.unit),
-        "tokens": int(round(n_tok)),
-    }
+    if n_tok:
+      loss = nll_sum / n_tok
+      result = {"loss_nats": loss, metric: metrics.metric_value(loss, self.corpus.unit)}
+    else:  # nothing measured: no score (a loss of 0 would read as a perfect model)
+      result = {"loss_nats": None, metric: None}
+    result["tokens"] = int(round(n_tok))
     if correct:
       example_BxT, correct_BxT = [], []
       for _, _, pairs, c_BxT in pending:
