@@ -132,6 +132,27 @@ def test_too_few_distinct_inputs_are_refused():
     synthetic.generate(s)
 
 
+def test_the_count_of_distinct_inputs_is_capped_not_computed_for_a_huge_seq_len(monkeypatch):
+  """A typo'd seq_len (10**8) once froze the settings check computing
+  6 ** seq_len exactly; counts beyond the cap are the cap, smaller ones exact,
+  and what would not fit in memory is refused before it is generated."""
+  monkeypatch.setattr(synthetic, "_memory_gib", lambda: 24.0)
+  assert synthetic.settings_problems(small("copy", seq_len=10**6)) == []  # 4.4 GiB
+  for seq_len in (10**6, 10**8, 10**9):
+    s = small("copy", seq_len=seq_len)
+    assert s.distinct_inputs() == 2**64 and s.distinct_inputs(at_most=7) == 7
+  for seq_len in (10**8, 10**9):
+    s = small("copy", seq_len=seq_len)
+    # Refused up front for what it would take (390 examples of ~3 seq_len int32 tokens).
+    (problem,) = synthetic.settings_problems(s)
+    assert f"390 examples of {s.example_len:,} tokens" in problem, problem
+    assert "GiB, more than half this machine's memory" in problem
+  assert small("copy", seq_len=21).distinct_inputs() == 6**21  # just below 2**64
+  assert small("copy", seq_len=25).distinct_inputs() == 2**64  # 6**25 > 2**64
+  assert small("copy", num_tokens=3, seq_len=10**9).distinct_inputs() == 1  # one symbol
+  assert small("associative_retrieval").distinct_inputs() == 26 * 25 * 24 * 10 * 9 * 8 * 3
+
+
 def test_training_batches_are_the_authors_segments_with_the_answer_weighed():
   s = small("copy")  # example length 15: 3 segments of 5
   corpus = synthetic.load(s)

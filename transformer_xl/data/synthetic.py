@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -177,13 +178,19 @@ class TaskSettings:
     """Split -> examples."""
     return {"train": self.train_size, "valid": self.valid_size, "test": self.test_size}
 
-  def distinct_inputs(self) -> int:
-    """How many different inputs X the task has (an upper bound on the examples)."""
+  def distinct_inputs(self, at_most: int = 2**64) -> int:
+    """How many different inputs X the task has (an upper bound on the
+    examples), counted up to ``at_most``: a larger count is returned as
+    ``at_most`` (``(num_tokens - 2) ** seq_len`` exactly takes seconds to
+    hours for a seq_len of millions; its logarithm decides)."""
     if self.task == "associative_retrieval":
-      k = self.num_pairs
+      k = self.num_pairs  # <= 26 (settings_problems)
       values = math.perm(_DIGITS, k) if k <= _DIGITS else _DIGITS**k
-      return math.perm(_LETTERS, k) * values * k
-    return (self.num_tokens - 2) ** self.seq_len
+      return min(math.perm(_LETTERS, k) * values * k, at_most)
+    base = self.num_tokens - 2
+    if base > 1 and self.seq_len * math.log2(base) > math.log2(at_most) + 1:
+      return at_most
+    return min(base**self.seq_len, at_most)
 
 
 def settings_problems(s: TaskSettings, defaults: TaskSettings | None = None) -> list[str]:
@@ -237,6 +244,14 @@ def settings_problems(s: TaskSettings, defaults: TaskSettings | None = None) -> 
   if problems:
     return problems
   total = sum(s.sizes.values())
+  gib = total * s.example_len * 4 / 2**30  # the examples, int32
+  if gib > _memory_gib() / 2:
+    return problems + [
+        f"{PREFIX}{s.task} with these settings is {total:,} examples of {s.example_len:,} "
+        f"tokens: {gib:,.1f} GiB, more than half this machine's memory "
+        f"({_memory_gib():,.1f} GiB): lower data.synthetic_seq_len (or "
+        "data.synthetic_num_pairs) or data.synthetic_train_size + valid_size + test_size."
+    ]
   if s.distinct_inputs() < total:
     problems.append(
         f"{PREFIX}{s.task} has only {s.distinct_inputs():,} distinct inputs with these "
@@ -245,6 +260,14 @@ def settings_problems(s: TaskSettings, defaults: TaskSettings | None = None) -> 
         "data.synthetic_num_tokens (data.synthetic_num_pairs for retrieval)."
     )
   return problems
+
+
+def _memory_gib() -> float:
+  """This machine's physical memory, GiB (64 where the OS does not say)."""
+  try:
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+  except (AttributeError, ValueError, OSError):
+    return 64.0
 
 
 def segment_problems(s: TaskSettings, lengths: Mapping[str, int]) -> list[str]:
