@@ -165,6 +165,29 @@ def test_metadata_entries_that_cannot_be_used_are_damage_too(prepared, entries, 
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("splits", ["missing", "empty", "no valid"])
+def test_a_dataset_info_without_its_splits_is_refused_as_damaged(prepared, kind, splits, tmp_path):
+  """A ``dataset_info.json`` that parses but lists no split (or not every
+  one) was a ``KeyError`` traceback; it is damage, named, with the fix."""
+  corpora, _ = prepared
+  data_dir, folder = _copy(prepared, kind, tmp_path)
+  info_path = folder / "dataset_info.json"
+  info = json.loads(info_path.read_text())
+  if splits == "missing":
+    del info["splits"]
+  else:
+    info["splits"] = [s for s in info["splits"] if splits == "no valid" and s["name"] != "valid"]
+  info_path.write_text(json.dumps(info))
+  message = _one_error_line(lambda: corpora.load(kind, data_dir))
+  assert f"The prepared dataset in {folder} is damaged" in message, message
+  assert f"rm -r {folder}" in message, message
+  if splits == "no valid":
+    assert "split 'valid' cannot be opened" in message, message
+  else:
+    assert "its dataset_info.json lists no split" in message, message
+
+
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("where", ["relative", "absolute"])
 def test_a_dataset_info_naming_files_outside_its_folder_is_refused_as_damaged(
     prepared, kind, where, tmp_path

@@ -63,8 +63,8 @@ class PreparedInfo(tfds.core.DatasetInfo):
     """tfds's ``read_from_directory``, then the split files checked to lie in the folder.
 
     Raises:
-      DataError: the files cannot be read or parsed, or a split's files lie
-        outside ``dataset_info_dir``.
+      DataError: the files cannot be read or parsed, list no split, or a
+        split's files lie outside ``dataset_info_dir``.
     """
     folder = os.fspath(dataset_info_dir)
     try:
@@ -73,6 +73,8 @@ class PreparedInfo(tfds.core.DatasetInfo):
       raise DataError(
           damaged_message(folder, f"its dataset_info.json cannot be read ({first_line(err)})")
       ) from None
+    if not self.splits:  # tfds reads a missing or empty "splits" as none, then a KeyError
+      raise DataError(damaged_message(folder, "its dataset_info.json lists no split"))
     if "://" in folder:  # a remote folder: its paths are URLs, not resolved here
       return
     inside = os.path.normpath(os.path.abspath(folder))
