@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shutil
 from pathlib import Path
 
 import flax.linen as nn
@@ -310,6 +311,42 @@ def test_a_validation_that_scores_no_answer_token_reports_no_loss(tmp_path, repo
   assert valid["valid/loss_nats"] is None and valid["valid/ppl"] is None
   (line,) = [l for l in reports.lines if "scored no token" in l]
   assert "train.eval_max_steps=1" in line and "loss and ppl null" in line
+
+
+@pytest.mark.parametrize(
+    "flags, flag, instead",
+    [
+        (["--mode=generate", "--prompt=abc"], "--prompt", "--mode=score --tokens=FILE.npy"),
+        (["--mode=score", "--text={text}", "--out={out}"], "--text", "--tokens=FILE.npy"),
+        (
+            [
+                "--mode=score",
+                "--tokens={tokens}",
+                "--out={out}",
+                "--dynamic_stats={text}",
+                "--config.eval.dynamic.lr=0.01",
+            ],
+            "--dynamic_stats",
+            "--dynamic_stats=FILE.npy",
+        ),
+    ],
+    ids=["generate", "score", "dynamic_stats"],
+)
+def test_text_input_for_a_synthetic_task_is_one_error_line(flags, flag, instead, tmp_path):
+  """A synthetic task's corpus has no tokenizer: text given to a mode of its
+  workdir (a copy-task workdir of tests/fixtures) is refused in one line that
+  says what to give instead, before any checkpoint is read (was a ValueError
+  traceback)."""
+  workdir = tmp_path / "w"
+  shutil.copytree(REPO / "tests" / "fixtures" / "legacy_workdirs" / "tokens", workdir)
+  (tmp_path / "t.txt").write_text("a b c\n")
+  np.save(tmp_path / "tokens.npy", np.full((1, 9), 3, np.int32))
+  paths = dict(text=tmp_path / "t.txt", out=tmp_path / "o.npy", tokens=tmp_path / "tokens.npy")
+  r = run_main([f"--workdir={workdir}", *(f.format(**paths) for f in flags)], devices=1)
+  assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+  line = r.stderr.strip().splitlines()[-1]
+  assert line.startswith(f"error: {flag} gives text, but corpus synthetic:copy has no tokenizer")
+  assert instead in line and not (tmp_path / "o.npy").exists(), line
 
 
 MEMORIES = {  # model changes: each memory of the study

@@ -132,6 +132,12 @@ def run_generate(
     raise default_config.ConfigError("--stop= is empty: give the text that ends a sample.")
   trained, _, _ = trained_model.model_configs(config, workdir, source)
   corpus = trained_model.load_corpus(config, trained, workdir)
+  trained_model.require_tokenizer(
+      corpus,
+      "--prompt_file" if prompt_file else "--prompt",
+      "--mode=eval (its accuracies include greedy decoding of every answer) or "
+      "--mode=score --tokens=FILE.npy: generation continues text",
+  )
   many = not isinstance(texts, str)
   prompt_ids = [
       trained_model.encode_prompt(corpus, t)  # before the checkpoint is read

@@ -211,6 +211,14 @@ def _run_mode(r: Request, config: ml_collections.ConfigDict, tokens: np.ndarray 
   if r.mode == "score" and (r.text or stats_text) and not stats_from_split:
     # the workdir's saved tokenizer may stand in for the files
     corpus = trained_model.load_corpus(config, wd.load_model_config(r.workdir)[0], r.workdir)
+    if r.text:
+      trained_model.require_tokenizer(
+          corpus, "--text", "--tokens=FILE.npy (an integer array [B, T+1] of token ids)"
+      )
+    if stats_text:
+      trained_model.require_tokenizer(
+          corpus, "--dynamic_stats", "--dynamic_stats=FILE.npy (token ids, like --tokens)"
+      )
   elif r.mode in ("train", "eval") or stats_from_split:
     data_cfg = config.data.to_dict()
     corpus = distributed.process_0_first(lambda: data.load_configured(data_cfg), (data.DataError,))

@@ -276,7 +276,7 @@ class Corpus:
 
   def _tokenizer(self, what: str) -> Tokenizer:
     if self.tokenizer is None:
-      raise ValueError(
+      raise errors.ConfigError(
           f"corpus {self.name!r} has no tokenizer (only corpora "
           f"from load_corpus have one), so it cannot {what} text."
       )

@@ -169,6 +169,25 @@ def load_corpus(
   return corpus
 
 
+def require_tokenizer(corpus: data.Corpus, flag: str, instead: str) -> None:
+  """Checks that ``corpus`` can encode the text a flag gives (a synthetic
+  task's corpus has only token ids).
+
+  Args:
+    corpus: the loaded corpus.
+    flag: the flag that gives text, e.g. "--text".
+    instead: what to give instead, e.g. "--tokens=FILE.npy (...)".
+
+  Raises:
+    data.DataError: the corpus has no tokenizer.
+  """
+  if corpus.tokenizer is None:
+    raise data.DataError(
+        f"{flag} gives text, but corpus {corpus.name} has no tokenizer (its examples are "
+        f"token ids, no text): use {instead}."
+    )
+
+
 def check_vocabulary(corpus: data.Corpus, model_cfg: models.ModelConfig) -> None:
   """Checks that ``corpus`` has the model's n_token symbols.
 
