@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 from transformer_xl import data, default_config, sharding
-from transformer_xl.cli import process_settings
+from transformer_xl.cli import process_settings, user_errors
 from transformer_xl.model import models
 from transformer_xl.run import checkpointing, fingerprints, metrics, retention, run_dir
 from transformer_xl.training import train_state, train_step
@@ -496,6 +496,40 @@ def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path, mesh, clean, mon
   assert records(workdir) == {s: records(clean)[s] for s in (2, 4)}
   manager = checkpointing.make_manager(str(workdir))
   assert checkpointing.restore_latest(manager, abstract_state(toy_config(), mesh)).step == 4
+
+
+# --------------------------------------------------------------------------- #
+# Out of memory.
+
+
+def test_an_allocation_xla_cannot_make_is_one_line_naming_its_size_and_the_settings():
+  """XLA's failed allocation (1 TiB here: refused at once, nothing touched)
+  was a JaxRuntimeError traceback; ``report`` makes it one line."""
+  with pytest.raises(SystemExit) as exit_info:
+    with user_errors.report(debug=False):
+      jax.jit(lambda: jnp.ones((2**38,), jnp.float32))().block_until_ready()
+  line = str(exit_info.value.code)
+  assert line.startswith("error: out of memory on the cpu device (it asked for 1,024.00 GiB)")
+  assert "train.global_batch" in line and "eval.mem_len" in line and "\n" not in line, line
+  with pytest.raises(jax.errors.JaxRuntimeError):  # --debug: the traceback
+    with user_errors.report(debug=True):
+      jax.jit(lambda: jnp.ones((2**38,), jnp.float32))().block_until_ready()
+  with pytest.raises(jax.errors.JaxRuntimeError):  # another runtime error stays a bug's traceback
+    with user_errors.report(debug=False):
+      raise jax.errors.JaxRuntimeError("INTERNAL: something else")
+
+
+def test_an_evaluation_too_large_for_memory_is_one_line_and_changes_no_file(tmp_path):
+  """``--mode=eval`` of a trained workdir (tests/fixtures) with a memory of
+  2**34 slots: one line from the command line, the workdir as it was."""
+  workdir = tmp_path / "w"
+  shutil.copytree(Path(__file__).parent / "fixtures" / "legacy_workdirs" / "compressive", workdir)
+  before = file_hashes(workdir)
+  r = run_main([f"--workdir={workdir}", "--mode=eval", f"--config.eval.mem_len={2**34}"], devices=1)
+  assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+  line = r.stderr.strip().splitlines()[-1]
+  assert line.startswith("error: out of memory on the cpu device (it asked for "), line
+  assert file_hashes(workdir) == before
 
 
 # --------------------------------------------------------------------------- #

@@ -69,6 +69,38 @@ def report(debug: bool) -> Iterator[None]:
     if debug or err.errno not in OS_ERRNOS:
       raise
     sys.exit(f"error: {os_error_message(err)}")
+  except jax.errors.JaxRuntimeError as err:
+    if debug or not is_out_of_memory(err):
+      raise
+    sys.exit(f"error: {out_of_memory_message(err)}")
+
+
+def is_out_of_memory(err: Exception) -> bool:
+  """Whether XLA's error is an allocation that failed (``RESOURCE_EXHAUSTED``
+  on accelerators; ``INTERNAL: ... Out of memory allocating N bytes`` when
+  the CPU client dispatches)."""
+  text = str(err)
+  return "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower()
+
+
+def out_of_memory_message(err: Exception) -> str:
+  """One line for an accelerator (or host) out of memory: XLA's
+  ``RESOURCE_EXHAUSTED``, the size it asked for where it says, and the
+  settings that reduce what a step holds."""
+  text = str(err)
+  asked = re.search(r"(\d+) bytes", text)
+  size = f" (it asked for {int(asked.group(1)) / 2**30:,.2f} GiB)" if asked else ""
+  device = jax.devices()[0]
+  kind = f" ({device.device_kind})" if device.device_kind != device.platform else ""
+  return (
+      f"out of memory on the {device.platform} device{kind}{size}. "
+      "Lower what one step holds: train.global_batch, or more micro-batches "
+      "(train.batch_chunk); model.tgt_len and model.mem_len (eval.tgt_len, eval.mem_len, "
+      "eval.global_batch for evaluation); the memory variant's slots (e.g. "
+      "model.tokens.num_mem_tokens, model.compressive.cmem_len); the model's size "
+      "(n_layer, d_model, d_inner); or use model.remat=full or model.dtype=bfloat16. "
+      "Checkpoints already written are intact."
+  )
 
 
 def os_error_message(err: OSError) -> str:
