@@ -194,6 +194,14 @@ def test_it_resumes_exactly_and_shards_like_one_device(tmp_path):
       shutil.rmtree(path)
   train.train_and_evaluate(config, str(resumed), toy_corpus(), mesh)
   assert _fingerprints(resumed, 6) == _fingerprints(straight, 6)
+  # Resuming with another depth would read segments twice: refused, nothing changed.
+  before = sorted(p.name for p in (resumed / "checkpoints").iterdir())
+  config.train.update(mem_backprop_depth=1, num_steps=8)
+  with pytest.raises(default_config.ConfigError) as err:
+    train.train_and_evaluate(config, str(resumed), toy_corpus(), mesh)
+  assert "trained with train.mem_backprop_depth=2; this run asks for 1" in str(err.value)
+  assert sorted(p.name for p in (resumed / "checkpoints").iterdir()) == before
+  config.train.update(mem_backprop_depth=2, num_steps=6)
 
   one = tmp_path / "one"
   single = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])

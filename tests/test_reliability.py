@@ -883,6 +883,10 @@ def test_run_differences_lists_what_a_checkpoint_cannot_take():
   saved = wd.checkpoint_meta(cfg, "word", "ptb", 8)
   same = wd.checkpoint_meta(dataclasses.replace(cfg, remat="full"), "word", "ptb", 8)
   assert wd.run_differences(saved, same) == []  # remat only changes how it is computed
+  deep, other_depth = (wd.checkpoint_meta(cfg, "word", "ptb", 8, depth) for depth in (2, 1))
+  assert wd.run_differences(deep, saved) == []  # a checkpoint or run without a depth
+  (line,) = wd.run_differences(deep, other_depth)
+  assert line.startswith("the workdir was trained with train.mem_backprop_depth=2; this run ")
   other = wd.checkpoint_meta(
       dataclasses.replace(cfg, d_model=64, cutoffs=(10,)),
       "word",

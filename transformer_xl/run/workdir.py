@@ -168,22 +168,27 @@ def load_model_config(workdir: str) -> tuple[models.ModelConfig, str]:
 
 
 def checkpoint_meta(
-    model_cfg: models.ModelConfig, unit: str, dataset: str, global_batch: int
+    model_cfg: models.ModelConfig,
+    unit: str,
+    dataset: str,
+    global_batch: int,
+    mem_backprop_depth: int | None = None,
 ) -> dict:
   """What a checkpoint records about the run that made it (JSON-serialisable):
   the model config (with n_token; the memory variants' sections that are
-  not their defaults), the corpus's unit and name, and the training batch
-  (the rows of the saved memory)."""
-  return json.loads(
-      json.dumps(
-          {
-              "model": memory.without_defaults(model_cfg.to_dict()),
-              "unit": unit,
-              "dataset": dataset,
-              "global_batch": int(global_batch),
-          }
-      )
-  )
+  not their defaults), the corpus's unit and name, the training batch (the
+  rows of the saved memory) and, from a training run, its
+  ``train.mem_backprop_depth`` (the saved memory is the one before the
+  window of that many segments and the newest one)."""
+  meta = {
+      "model": memory.without_defaults(model_cfg.to_dict()),
+      "unit": unit,
+      "dataset": dataset,
+      "global_batch": int(global_batch),
+  }
+  if mem_backprop_depth is not None:
+    meta["mem_backprop_depth"] = int(mem_backprop_depth)
+  return json.loads(json.dumps(meta))
 
 
 def _same_meaning(model: Mapping[str, Any] | None) -> dict:
@@ -203,7 +208,8 @@ def run_differences(saved: Mapping[str, Any], wanted: Mapping[str, Any]) -> list
   Compared: every model field but ``tuning.FREE_MODEL_KEYS`` (the same
   parameters and results, computed with another speed/memory trade-off),
   and, where both have them, the dataset (unless one is "converted", the
-  converter's name for no particular corpus) and ``train.global_batch``.  Eval settings, the
+  converter's name for no particular corpus), ``train.global_batch`` and
+  ``train.mem_backprop_depth`` (recorded since 2026-11-28).  Eval settings, the
   number of steps, the learning-rate schedule, the mesh may all differ.
 
   Returns:
@@ -221,13 +227,23 @@ def run_differences(saved: Mapping[str, Any], wanted: Mapping[str, Any]) -> list
     ):
       name = "model.n_token (the vocabulary size)" if key == "n_token" else f"model.{key}"
       lines.append(f"the workdir was trained with {name}={a!r}; this run asks for {b!r}")
-  for key, name in (("dataset", "data.dataset"), ("global_batch", "train.global_batch")):
+  for key, name in (
+      ("dataset", "data.dataset"),
+      ("global_batch", "train.global_batch"),
+      ("mem_backprop_depth", "train.mem_backprop_depth"),
+  ):
     if key == "dataset" and "converted" in (saved.get(key), wanted.get(key)):
       continue  # a converted checkpoint of no particular corpus (convert/workdir_io.py)
     if key in saved and key in wanted and saved[key] != wanted[key]:
+      why = (
+          " (the saved memory is the one before a window of that depth: another depth "
+          "would read segments twice or skip them)"
+          if key == "mem_backprop_depth"
+          else ""
+      )
       lines.append(
           f"the workdir was trained with {name}={saved[key]!r}; this run asks for "
-          f"{wanted[key]!r}"
+          f"{wanted[key]!r}{why}"
       )
   return lines
 

@@ -217,7 +217,9 @@ def train_and_evaluate(
   """
   tcfg = config.train
   mcfg = default_config.model_config(config, corpus.vocab_size)
-  meta = wd.checkpoint_meta(mcfg, corpus.unit, corpus.name, tcfg.global_batch)
+  meta = wd.checkpoint_meta(
+      mcfg, corpus.unit, corpus.name, tcfg.global_batch, tcfg.get("mem_backprop_depth", 0)
+  )
   with run_dir.RunDir(workdir, meta, config.checkpoint.max_to_keep) as rundir:
     return _train_and_evaluate(config, mcfg, rundir, corpus, mesh, stop_requested)
 
