@@ -214,6 +214,20 @@ def test_eval_with_dynamic_evaluation_writes_its_own_results(trained):
     assert dynamic[split]["tokens"] == static[split]["tokens"]
     assert dynamic[split]["loss_nats"] != static[split]["loss_nats"]
   assert "Statistics pass: 64 training tokens" in r.stdout + r.stderr
+  # A diverging one (a huge rate) fails in one line and keeps the good results.
+  good = (trained / "eval_results_dynamic.json").read_text()
+  r = run_module(
+      "transformer_xl.main",
+      f"--workdir={trained}",
+      "--mode=eval",
+      "--config.eval.dynamic.lr=1e30",
+      "--config.eval.dynamic.stats_tokens=64",
+  )
+  assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+  assert "the adapted parameters diverged" in r.stderr.strip().splitlines()[-1], r.stderr[-2000:]
+  assert "(a loss is not finite; the file there is kept)" in r.stdout + r.stderr
+  assert (trained / "eval_results_dynamic.json").read_text() == good
+  assert static_path.read_text() == static_text
 
 
 @pytest.mark.slow

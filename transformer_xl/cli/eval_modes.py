@@ -129,28 +129,34 @@ def run_eval(
     )
   results["step"] = int(step)
   results["eval"] = {**evaluator.lengths, **({"dynamic": dynamic} if dynamic else {})}
-  if not unwritable:
-    try:
-      wd.write_eval_results(workdir, results, name)
-    except OSError as err:  # e.g. the disk filled up during the evaluation
-      unwritable = err.strerror or str(err)
-  if unwritable:
+  bad = [s for s in ("valid", "test") if not np.isfinite(results[s]["loss_nats"])]
+  if bad:  # a failed evaluation never replaces the results of a good one
+    kept = "; the file there is kept" if epath.Path(path).exists() else ""
     report.log(
-        f"Could not save {path} ({unwritable}); eval results (not saved): "
+        f"Not saving {path} (a loss is not finite{kept}); eval results: "
         + metrics.dumps(results, sort_keys=True)
     )
   else:
-    report.log(f"Wrote {path}")
-  bad = [s for s in ("valid", "test") if not np.isfinite(results[s]["loss_nats"])]
+    if not unwritable:
+      try:
+        wd.write_eval_results(workdir, results, name)
+      except OSError as err:  # e.g. the disk filled up during the evaluation
+        unwritable = err.strerror or str(err)
+    if unwritable:
+      report.log(
+          f"Could not save {path} ({unwritable}); eval results (not saved): "
+          + metrics.dumps(results, sort_keys=True)
+      )
+    else:
+      report.log(f"Wrote {path}")
+  where = f"printed as null, not saved to {path}"
   if bad and dynamic:
-    where = f"printed as null, not saved to {path}" if unwritable else f"written as null in {path}"
     raise metrics.NonFiniteError(
         f"the {' and '.join(bad)} loss of dynamic evaluation is not finite ({where}): the "
         "adapted parameters diverged; lower eval.dynamic.lr (or eval.dynamic.decay, see the "
         "warning above if there is one); tune them on the valid split."
     )
   if bad:
-    where = f"printed as null, not saved to {path}" if unwritable else f"written as null in {path}"
     raise metrics.NonFiniteError(
         f"the {' and '.join(bad)} loss of checkpoint step {step} is not finite ({where}), "
         "although its parameters are finite: the computation overflowed; with "
