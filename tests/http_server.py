@@ -6,6 +6,7 @@ Serves ``files`` (URL path -> bytes) on 127.0.0.1; nothing leaves the machine.
 from __future__ import annotations
 
 import collections
+import hashlib
 import http.server
 import threading
 
@@ -17,10 +18,13 @@ class FileServer:
     files: URL path -> body.
     faults: URL path -> a list consumed one per GET of that path:
       "truncate" (announce the whole length, send half, close), "corrupt"
-      (flip a byte in the middle), or an HTTP status to answer instead
-      (e.g. 503).
+      (flip a byte in the middle), "no length" (no Content-Length: send
+      half, close), "no content-range" (a 206 without its Content-Range),
+      or an HTTP status to answer instead (e.g. 503).
     honour_range: answer a Range request with 206 from its offset (False:
-      200 and the whole body, as a server without range support).
+      200 and the whole body, as a server without range support); an
+      ``If-Range`` that is not the file's ETag gets 200 and the whole body.
+    validators: send every GET's ETag (a hash of the body); False: none.
     etags: URL path -> the ETag a HEAD request answers with (HuggingFace
       Hub metadata); a path without one answers HEAD with 404.
     requests: (path, Range header or None) of every GET, in order.
@@ -31,6 +35,7 @@ class FileServer:
     self.files: dict[str, bytes] = dict(files or {})
     self.faults: dict[str, list] = collections.defaultdict(list)
     self.honour_range = True
+    self.validators = True
     self.etags: dict[str, str] = {}
     self.requests: list[tuple[str, str | None]] = []
     server = self
@@ -63,7 +68,9 @@ class FileServer:
         if isinstance(fault, int):
           self.send_error(fault)
           return
-        partial = bool(rng) and server.honour_range
+        etag = f'"{hashlib.sha256(body).hexdigest()[:16]}"'
+        if_range = self.headers.get("If-Range")
+        partial = bool(rng) and server.honour_range and if_range in (None, etag)
         start = int(rng.split("=")[1].split("-")[0]) if partial else 0
         if partial and start >= len(body):
           self.send_response(416)
@@ -75,11 +82,14 @@ class FileServer:
           mid = len(chunk) // 2
           chunk = chunk[:mid] + bytes([chunk[mid] ^ 0xFF]) + chunk[mid + 1 :]
         self.send_response(206 if partial else 200)
-        self.send_header("Content-Length", str(len(chunk)))
-        if partial:
+        if server.validators:
+          self.send_header("ETag", etag)
+        if fault != "no length":
+          self.send_header("Content-Length", str(len(chunk)))
+        if partial and fault != "no content-range":
           self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
         self.end_headers()
-        if fault == "truncate":
+        if fault in ("truncate", "no length"):
           self.wfile.write(chunk[: len(chunk) // 2])
           self.wfile.flush()
           self.close_connection = True

@@ -49,32 +49,105 @@ def silent_port():
   sock.close()
 
 
-def test_a_part_file_is_resumed_with_a_range_request(server, tmp_path):
+def interrupted(server, dest) -> bytes:
+  """Leaves the ``.part`` (and its record) of a run cut short after half the file."""
+  server.faults[PATH].append("truncate")
+  with pytest.raises(download.DownloadError):
+    download.fetch(file_url(server), dest, tries=1, progress=False)
+  part = dest.with_name(dest.name + ".part")
+  assert part.read_bytes() == BODY[: len(BODY) // 2] and not dest.exists()
+  return part.read_bytes()
+
+
+def test_the_part_file_of_an_interrupted_run_is_resumed_with_a_range_request(server, tmp_path):
   dest = tmp_path / "d" / "file.bin"
-  dest.parent.mkdir()
-  part = dest.with_name("file.bin.part")
-  part.write_bytes(BODY[:100])
+  interrupted(server, dest)
   download.fetch(file_url(server), dest, progress=False)
+  assert dest.read_bytes() == BODY
+  assert not list(dest.parent.glob("*.part*"))  # the .part and its record
+  assert server.gets(PATH) == [None, f"bytes={len(BODY) // 2}-"]
+
+
+@pytest.mark.parametrize("how", ["no record", "another url", "no validator"])
+def test_a_part_file_not_known_to_be_a_prefix_is_downloaded_afresh(server, tmp_path, how, caplog):
+  """A stale ``.part`` of other content would make a file of the right size
+  and the wrong bytes if resumed: without its record, with the record of
+  another URL, or from a server that gives no validator, it is not."""
+  dest = tmp_path / "file.bin"
+  part = tmp_path / "file.bin.part"
+  if how == "no validator":
+    server.validators = False
+    interrupted(server, dest)
+  else:
+    interrupted(server, dest)
+    if how == "another url":
+      server.files["/other.bin"] = BODY
+      download.fetch(server.url + "/other.bin", tmp_path / "other.bin", progress=False)
+      record = part.with_name("file.bin.part.json")
+      record.write_text(record.read_text().replace(PATH, "/other.bin"))
+    else:
+      part.with_name("file.bin.part.json").unlink()
+  part.write_bytes(b"x" * len(part.read_bytes()))  # other content, same length
+  with caplog.at_level(logging.INFO):
+    download.fetch(file_url(server), dest, progress=False)
   assert dest.read_bytes() == BODY and not part.exists()
-  assert server.gets(PATH) == ["bytes=100-"]
+  assert server.gets(PATH)[1:] == [None]
+  assert "file.bin.part: not known to be a prefix of" in caplog.text
+
+
+def test_a_file_changed_on_the_server_since_the_part_gets_a_fresh_download(server, tmp_path):
+  """The record's ETag goes as If-Range: a changed file comes whole (200)."""
+  dest = tmp_path / "file.bin"
+  interrupted(server, dest)
+  server.files[PATH] = BODY[::-1]
+  download.fetch(file_url(server), dest, progress=False)
+  assert dest.read_bytes() == BODY[::-1]
+  assert server.gets(PATH)[1:] == [f"bytes={len(BODY) // 2}-"]
 
 
 def test_a_server_that_ignores_the_range_gets_a_fresh_download(server, tmp_path):
-  server.honour_range = False
   dest = tmp_path / "file.bin"
-  part = tmp_path / "file.bin.part"
-  part.write_bytes(b"x" * 100)  # not a prefix: would corrupt the file if appended to
+  interrupted(server, dest)
+  server.honour_range = False
   download.fetch(file_url(server), dest, progress=False)
-  assert dest.read_bytes() == BODY and not part.exists()
-  assert server.gets(PATH) == ["bytes=100-"]
+  assert dest.read_bytes() == BODY and not (tmp_path / "file.bin.part").exists()
+  assert server.gets(PATH)[1:] == [f"bytes={len(BODY) // 2}-"]
+
+
+def test_a_partial_answer_without_content_range_gets_a_fresh_download(server, tmp_path):
+  dest = tmp_path / "file.bin"
+  interrupted(server, dest)
+  server.faults[PATH].append("no content-range")
+  download.fetch(file_url(server), dest, progress=False)
+  assert dest.read_bytes() == BODY
+  assert server.gets(PATH)[1:] == [f"bytes={len(BODY) // 2}-", None]
 
 
 def test_a_refused_range_gets_a_fresh_download(server, tmp_path):
   dest = tmp_path / "file.bin"
-  (tmp_path / "file.bin.part").write_bytes(BODY + b"extra")  # longer than the file: 416
+  interrupted(server, dest)
+  part = tmp_path / "file.bin.part"
+  part.write_bytes(BODY + b"extra")  # longer than the file: 416
   download.fetch(file_url(server), dest, progress=False)
   assert dest.read_bytes() == BODY
-  assert server.gets(PATH) == [f"bytes={len(BODY) + 5}-", None]
+  assert server.gets(PATH)[1:] == [f"bytes={len(BODY) + 5}-", None]
+
+
+def test_an_answer_without_length_is_never_taken_as_complete(server, tmp_path, caplog):
+  """A 200 without Content-Length (not chunked) cut short cannot be told from
+  a whole file: it is not renamed, and the try counts as failed."""
+  dest = tmp_path / "file.bin"
+  server.faults[PATH].extend(["no length"] * 3)
+  with pytest.raises(download.DownloadError) as err:
+    download.fetch(file_url(server), dest, progress=False)
+  assert "the server gave no Content-Length" in err.value.reason
+  assert not dest.exists() and not list(tmp_path.glob("*.part*"))
+  server.faults[PATH].append("no length")
+  with caplog.at_level(logging.INFO):
+    download.fetch(file_url(server), dest, progress=False)
+  assert dest.read_bytes() == BODY
+  assert server.gets(PATH)[3:] == [None, None]
+  assert f"the {len(BODY) // 2:,} bytes received cannot be checked" in caplog.text
 
 
 def test_a_download_cut_short_is_resumed_and_the_retry_is_logged(server, tmp_path, caplog):

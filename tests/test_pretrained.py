@@ -335,11 +335,18 @@ def test_a_partial_file_of_an_interrupted_run_is_resumed(small_release, server, 
   name = "data/cache.pkl"
   body = small_release.files[name]
   part = tmp_path / "c/downloads/wt103/data/cache.pkl.part"
-  part.parent.mkdir(parents=True)
-  part.write_bytes(body[:100])
+  server.faults[f"/tf_wt103/{name}"] = ["truncate", 503, 503]
+  with pytest.raises(convert.ConvertError, match="cannot download"):
+    download.release_files(releases.release("wt103"), str(tmp_path / "c"), progress=False)
+  assert part.read_bytes() == body[: len(body) // 2]
   base = download.release_files(releases.release("wt103"), str(tmp_path / "c"), progress=False)
   assert (base / name).read_bytes() == body and not part.exists()
-  assert server.gets(name) == ["bytes=100-"]
+  assert server.gets(name)[3:] == [f"bytes={len(body) // 2}-"]
+  # A stale .part of other content (no record of what it is a prefix of) is not resumed.
+  (base / name).unlink()
+  part.write_bytes(b"x" * 100)
+  base = download.release_files(releases.release("wt103"), str(tmp_path / "c"), progress=False)
+  assert (base / name).read_bytes() == body and server.gets(name)[4:] == [None]
 
 
 def test_a_cached_file_that_changed_is_fetched_again(small_release, server, tmp_path):

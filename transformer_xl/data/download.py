@@ -6,11 +6,19 @@ corpus archives: enwik8, text8, PTB, WikiText, One Billion Word) and by
 ``transformer_xl.convert.pretrained`` (the released models' files).  What
 it guarantees:
 
-* **Resume.**  A ``.part`` left by an earlier try (a dropped connection, a
-  read that timed out, fewer bytes than the server's Content-Length) or by
-  an earlier run is continued with an HTTP ``Range`` request: status 206
-  appends, a server that ignores the range (200) or refuses it (416) gets a
+* **Resume, only where it is sure.**  A ``.part`` left by an earlier try (a
+  dropped connection, a read that timed out, fewer bytes than the server's
+  Content-Length) or by an earlier run is continued with an HTTP ``Range``
+  request only if its record ``<dest>.part.json`` names the same URL and
+  the server's validator of the file (ETag, else Last-Modified), sent as
+  ``If-Range``: a 206 whose ``Content-Range`` starts at the ``.part``'s end
+  (and names the recorded length) appends; anything else (a ``.part``
+  without a record or of another URL, a server without validators, a 200,
+  a 416, a 206 without ``Content-Range`` or from another offset) gets a
   fresh download.
+* **Complete, or not renamed.**  A response's end is checked against its
+  ``Content-Length`` (or, chunked, by the chunking); a response with
+  neither cannot be checked and counts as a failed try.
 * **Retries.**  ``tries`` tries, a short pause between them, each noted in
   the log (``transformer_xl.util.report.log``); HTTP 403, 404 and 410 fail at once, as
   does a host that never answers (see next).
@@ -38,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import http.client
+import json
 import re
 import socket
 import sys
@@ -55,7 +64,7 @@ DownloadError = errors.DownloadError  # re-exported (transformer_xl.errors)
 CHUNK = 1 << 20  # bytes per read and per hash update (1 MiB)
 TRIES = 3
 TIMEOUT_S = 60.0  # seconds to answer (name lookup included), and of silence between reads
-_CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-")
+_CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-\d+/(\d+|\*)")
 
 
 def sha256_of(path: Path) -> str:
@@ -116,7 +125,7 @@ def fetch(
     done = True
   finally:
     if not done and not keep_partial:
-      part.unlink(missing_ok=True)
+      _discard(part, _PartRecord(part))
 
 
 def _fetch(url: str, dest: Path, part: Path, tries: int, timeout_s: float, progress: bool) -> None:
@@ -126,20 +135,29 @@ def _fetch(url: str, dest: Path, part: Path, tries: int, timeout_s: float, progr
     reason = _describe(err)
     raise DownloadError(f"cannot download {url}: {reason}.", url=url, reason=reason) from None
   last, status = "no try", None
+  record = _PartRecord(part)
   for attempt in range(tries):
     have = part.stat().st_size if part.exists() else 0
-    request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
+    resumable = have and record.resumes(url)
+    if have and not resumable:
+      report.log(f"  {part.name}: not known to be a prefix of {url}; downloading it afresh.")
+      _discard(part, record)
+      have = 0
+    headers = {"Range": f"bytes={have}-", "If-Range": record.validator} if have else {}
+    request = urllib.request.Request(url, headers=headers)
     try:
       with _open(request, timeout_s) as resp:
         status = resp.status
         resumed = have > 0 and resp.status == 206
-        if resumed and _range_start(resp) not in (None, have):
-          part.unlink()  # a range that does not continue the .part: start again
-          last = f"the server answered the range bytes={have}- from another offset"
+        if resumed and _range(resp) not in ((have, record.total), (have, None)):
+          _discard(part, record)  # a range that does not continue the .part: start again
+          last = f"the server answered the range bytes={have}- with {_range(resp) or 'none'}"
           continue
         if not resumed:
           have = 0
+          record.start(url, resp)
         length = resp.headers.get("Content-Length", "")
+        chunked = "chunked" in resp.headers.get("Transfer-Encoding", "").lower()
         total = have + int(length) if length.isdigit() else None
         with (
             open(part, "ab" if resumed else "wb") as f,
@@ -151,8 +169,15 @@ def _fetch(url: str, dest: Path, part: Path, tries: int, timeout_s: float, progr
       size = part.stat().st_size
       if total is not None and size < total:
         last = f"the connection ended after {size:,} of {total:,} bytes"
+      elif total is None and not chunked:
+        _discard(part, record)  # what arrived may be cut short: nothing to resume
+        last = (
+            f"the server gave no Content-Length: the {size:,} bytes received cannot be "
+            "checked for completeness"
+        )
       else:
         part.replace(dest)
+        record.remove()
         return
     except _NoAnswer:
       raise DownloadError(
@@ -165,7 +190,7 @@ def _fetch(url: str, dest: Path, part: Path, tries: int, timeout_s: float, progr
       err.close()
       status = err.code
       if err.code == 416:  # the .part is not a prefix the server recognises: start again
-        part.unlink(missing_ok=True)
+        _discard(part, record)
         last = "the server refused to resume (HTTP 416)"
         continue
       if err.code in (403, 404, 410):
@@ -252,10 +277,54 @@ def _is_timeout(err: object) -> bool:
   return isinstance(getattr(err, "reason", err), (TimeoutError, socket.timeout))
 
 
-def _range_start(resp) -> int | None:
-  """The first byte of a 206 answer's Content-Range, or None if absent."""
-  match = _CONTENT_RANGE.match(resp.headers.get("Content-Range", ""))
-  return int(match.group(1)) if match else None
+def _range(resp) -> tuple[int, int | None] | None:
+  """(first byte, the file's length or None for "*") of a 206 answer's
+  Content-Range; None if it has none."""
+  match = _CONTENT_RANGE.match(resp.headers.get("Content-Range", "").strip())
+  if not match:
+    return None
+  return int(match.group(1)), None if match.group(2) == "*" else int(match.group(2))
+
+
+class _PartRecord:
+  """``<dest>.part.json``: what the ``.part`` beside it is a prefix of (the
+  URL, the server's validator of the file: its ETag, else Last-Modified, and
+  the file's length when known), written when the ``.part`` is started."""
+
+  def __init__(self, part: Path):
+    self.path = part.with_name(part.name + ".json")
+    try:
+      saved = json.loads(self.path.read_text())
+      self.url, self.validator, self.total = saved["url"], saved["validator"], saved["total"]
+    except (OSError, ValueError, KeyError, TypeError):
+      self.url = self.validator = self.total = None
+
+  def resumes(self, url: str) -> bool:
+    """Whether the ``.part`` may be continued from ``url`` (same URL, a validator)."""
+    return self.url == url and isinstance(self.validator, str) and bool(self.validator)
+
+  def start(self, url: str, resp) -> None:
+    """Records the response that starts a fresh ``.part``."""
+    length = resp.headers.get("Content-Length", "")
+    self.url = url
+    self.validator = resp.headers.get("ETag") or resp.headers.get("Last-Modified")
+    if self.validator and self.validator.startswith("W/"):
+      self.validator = None  # a weak ETag may not validate a range (RFC 9110, 13.1.5)
+    self.total = int(length) if length.isdigit() else None
+    with contextlib.suppress(OSError):  # without it, the .part is only not resumed later
+      self.path.write_text(
+          json.dumps({"url": url, "validator": self.validator, "total": self.total})
+      )
+
+  def remove(self) -> None:
+    self.url = self.validator = self.total = None
+    self.path.unlink(missing_ok=True)
+
+
+def _discard(part: Path, record: _PartRecord) -> None:
+  """Removes a ``.part`` and its record."""
+  part.unlink(missing_ok=True)
+  record.remove()
 
 
 def _describe(err: object) -> str:
