@@ -789,6 +789,29 @@ def test_divergence_from_the_command_line(cli, tmp_path):
   assert json.loads(results)["step"] == 4 and "NaN" not in results
 
 
+@pytest.mark.parametrize("name", ["9", "99999999999999999999"])
+def test_a_checkpoint_folder_renamed_to_another_step_is_not_used_as_it(cli, tmp_path, name):
+  """checkpoints/4 renamed to another step: its state says step 4, so it is
+  refused with the reason and the previous checkpoint (2) is used: by eval,
+  and by a resumed training (the huge name was a ValueError traceback of
+  tensorboardX's purge_step)."""
+  root, manual, workdir, args = cli
+  copy = tmp_path / "wd"
+  shutil.copytree(workdir, copy)
+  (copy / "checkpoints" / "4").rename(copy / "checkpoints" / name)
+  r = run_main([f"--workdir={copy}", "--mode=eval"])
+  assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+  assert json.loads((copy / "eval_results.json").read_text())["step"] == 2
+  out = r.stdout + r.stderr
+  assert f"its folder names step {name} but its state is step 4" in out, out[-3000:]
+  if name != "9":
+    args = [a.replace(str(workdir), str(copy)) for a in args]
+    r = run_main(args + ["--config.train.num_steps=6"])
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert f"Resumed from {copy / 'checkpoints' / '2'} at step 2." in r.stdout + r.stderr
+    assert (copy / "checkpoints" / "6").is_dir() and not (copy / "checkpoints" / name).exists()
+
+
 @pytest.mark.slow
 def test_score_text_reports_unknown_words(cli, tmp_path):
   _, manual, workdir, _ = cli

@@ -400,6 +400,12 @@ def restore(
   reason = integrity.verify(state, record, partial)
   if reason is not None:
     raise CheckpointError(reason)
+  saved = state.get("step") if isinstance(state, dict) else getattr(state, "step", None)
+  if saved is not None and int(jax.device_get(saved)) != step:
+    raise CheckpointError(
+        f"its folder names step {step} but its state is step {int(jax.device_get(saved))} "
+        "(a renamed or copied folder)"
+    )
   return Restored(
       step=step,
       state=state,
