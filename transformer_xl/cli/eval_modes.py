@@ -183,7 +183,10 @@ def _save_npy(out_path: str, array: np.ndarray) -> None:
   """``array`` as .npy at exactly ``out_path``, through a temporary file and a rename."""
   buf = io.BytesIO()
   np.save(buf, array)
-  files.write_bytes_atomic(out_path, buf.getvalue())
+  try:
+    files.write_bytes_atomic(out_path, buf.getvalue())
+  except OSError as err:
+    raise user_errors.output_error(err, out_path) from None
 
 
 def run_score(

@@ -10,6 +10,7 @@ it after its checks.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import sys
@@ -177,7 +178,10 @@ def run_generate(
   first_batch = [True]
   replaced = bool(out) and epath.Path(out).exists()
   tmp = files.temporary_name(out) if out else None
-  sink = tmp.open("w", encoding="utf-8") if out and main else None
+  try:
+    sink = tmp.open("w", encoding="utf-8") if out and main else None
+  except OSError as err:
+    raise user_errors.output_error(err, out) from None
 
   def on_text(pieces: list[str]) -> None:
     if main and first_batch[0]:
@@ -219,9 +223,14 @@ def run_generate(
       sink.write(("]" if many else json.dumps(result.to_json(), ensure_ascii=False)) + "\n")
       sink.close()
       tmp.replace(epath.Path(out))
+  except OSError as err:
+    if sink is None or err.errno not in user_errors.OS_ERRNOS:
+      raise
+    raise user_errors.output_error(err, out) from None
   finally:  # a failed or interrupted run leaves no temporary file
     if sink is not None:
-      sink.close()
+      with contextlib.suppress(OSError):  # a full disk fails the close's flush too
+        sink.close()
       if tmp.exists():
         tmp.unlink()
   if main:

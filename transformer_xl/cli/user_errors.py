@@ -75,6 +75,17 @@ def report(debug: bool) -> Iterator[None]:
     sys.exit(f"error: {out_of_memory_message(err)}")
 
 
+def output_error(err: OSError, path: str, flag: str = "--out") -> errors.UsageError:
+  """The one line for an ``--out`` file that could not be written (a full
+  disk, a read-only directory): the flag, the file, the cause, the fix."""
+  what = OS_ERRNOS.get(err.errno, err.strerror or str(err))
+  return errors.UsageError(
+      f"{flag}={path}: cannot write it ({what}); free some space or give another {flag} "
+      "(nothing was written there: an existing file is unchanged). The workdir was not "
+      "touched."
+  )
+
+
 def is_out_of_memory(err: Exception) -> bool:
   """Whether XLA's error is an allocation that failed (``RESOURCE_EXHAUSTED``
   on accelerators; ``INTERNAL: ... Out of memory allocating N bytes`` when
