@@ -10,7 +10,6 @@ import errno
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from transformer_xl.cli import eval_modes, generate_mode, modes
