@@ -280,6 +280,22 @@ def test_an_unreadable_config_is_still_damaged(name, tmp_path):
     load(str(workdir))
 
 
+@pytest.mark.parametrize(
+    "name, section",
+    [("config.json", "model"), ("config.json", "data"), ("model_config.json", "model")],
+)
+def test_a_config_without_a_section_it_always_has_is_damaged(name, section, tmp_path):
+  """Without its "model" section config.json was read as the defaults and
+  blamed one of them (or a legacy key) as unknown; it is damaged."""
+  workdir = _saved_workdir(tmp_path)
+  load = wd.load_config if name == "config.json" else wd.load_model_config
+  path = workdir / name
+  _edit(path, lambda c: c.pop(section))
+  with pytest.raises(wd.WorkdirError) as err:
+    load(str(workdir))
+  assert str(err.value).startswith(f"{path} is damaged (it has no '{section}' section)")
+
+
 # ---------------------------------------------------------------------------
 # Converter: integer parameters in a .safetensors file; an existing output
 # ---------------------------------------------------------------------------

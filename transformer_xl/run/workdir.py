@@ -119,7 +119,11 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
     )
   config = default_config.get_config()
   try:
-    saved = default_config.without_legacy_keys(json.loads(path.read_text()))
+    raw = json.loads(path.read_text())
+    missing = [k for k in ("model", "data") if not isinstance(raw, dict) or k not in raw]
+    if missing:  # every training writes them: the file lost them, no default stands in
+      raise ValueError(f"it has no {' and no '.join(repr(k) for k in missing)} section")
+    saved = default_config.without_legacy_keys(raw)
     known = config.to_dict()
     unknown = model_config_lib.unknown_keys(saved, known)
     config.update(model_config_lib.known_only(saved, known))
@@ -159,6 +163,9 @@ def load_model_config(workdir: str) -> tuple[models.ModelConfig, str]:
     raise FileNotFoundError(f"{path} does not exist: train (or convert) into this --workdir first.")
   try:
     saved = json.loads(path.read_text())
+    missing = [k for k in ("model", "unit") if not isinstance(saved, dict) or k not in saved]
+    if missing:
+      raise ValueError(f"it has no {' and no '.join(repr(k) for k in missing)} section")
     unit = saved["unit"]
     return models.ModelConfig.from_dict(saved["model"]), unit
   except model_config_lib.UnknownKeysError as err:
