@@ -25,6 +25,7 @@ import pytest
 from transformer_xl import data, default_config
 from transformer_xl.data import text_vocab, tokenizers
 from transformer_xl.data.corpus import Corpus
+from transformer_xl.inference import trained_model
 from transformer_xl.run import workdir as wd
 
 from helpers import run_main, tiny_model_config
@@ -128,6 +129,42 @@ def test_other_damage_to_tokenizer_json_is_reported_alike(change, spm_corpus, tm
   with pytest.raises(data.DataError, match=f"^{path} is damaged \\(") as err:
     text_vocab.load_saved_tokenizer(tmp_path)
   assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("change", ["two entries swapped", "last entries cut"])
+def test_a_word_vocabulary_changed_inside_tokenizer_json_is_damage(change, tmp_path):
+  """A word-level vocabulary is the only record of its ids: two entries
+  swapped (every later score and generation wrong) or entries cut (the
+  model's n_token no longer the vocabulary's) are refused, naming the file,
+  by generation's and scoring's loader as by eval's check."""
+  tok = tokenizers.LineTokenizer("text")
+  vocab = ("<eos>", "<unk>", *sorted({w for line in LINES for w in line.split()}))
+  corpus = Corpus(name="text", unit="word", vocab=vocab, boundary_id=0, splits={}, tokenizer=tok)
+  text_vocab.save_tokenizer(corpus, tmp_path)
+  path = tmp_path / text_vocab.TOKENIZER_FILE
+  assert text_vocab.load_saved_tokenizer(tmp_path).vocab == vocab
+  record = json.loads(path.read_text())
+  v = record["vocab"]
+  record["vocab"] = [v[0], v[1], v[3], v[2], *v[4:]] if change == "two entries swapped" else v[:-3]
+  path.write_text(json.dumps(record))
+  for call in (
+      lambda: text_vocab.load_saved_tokenizer(tmp_path),
+      lambda: text_vocab.check_saved_tokenizer(corpus, tmp_path),
+  ):
+    with pytest.raises(data.DataError) as err:
+      call()
+    assert str(err.value).startswith(f"{path} is damaged (its vocab of "), str(err.value)
+    assert "is not the one it was written with" in str(err.value)
+  # A file of before the checksum: entries cut are told by the model's n_token, naming it.
+  del record["vocab_sha256"]
+  path.write_text(json.dumps(record))
+  config = default_config.get_config()
+  config.data.dataset = "text"
+  model_cfg = tiny_model_config(n_token=len(vocab))
+  if change == "last entries cut":
+    with pytest.raises(data.DataError) as err:
+      trained_model.load_corpus(config, model_cfg, tmp_path)
+    assert str(err.value).startswith(f"{path} is damaged (its vocab has {len(vocab) - 3} ")
 
 
 def _hf_corpus() -> Corpus:

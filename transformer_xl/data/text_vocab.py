@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import collections
+import hashlib
 import heapq
 import io
 import itertools
@@ -392,6 +393,7 @@ def save_tokenizer(corpus: Corpus, workdir) -> None:
   record = {
       "unit": corpus.unit,
       "vocab": list(corpus.vocab),
+      "vocab_sha256": _vocab_sha256(corpus.vocab),
       "boundary_id": int(corpus.boundary_id),
       "tokenizer": tokenizer_record(corpus.tokenizer),
   }
@@ -433,6 +435,11 @@ _KIND_UNITS = {  # tokenizer kind -> the unit of its corpus (text_builder.py)
 }
 
 
+def _vocab_sha256(vocab: Sequence[str]) -> str:
+  """The SHA-256 of a vocabulary (its JSON list), recorded in tokenizer.json."""
+  return hashlib.sha256(json.dumps(list(vocab)).encode("utf-8")).hexdigest()
+
+
 def _saved_corpus(record) -> Corpus:
   """The vocabulary-only corpus of a ``tokenizer.json`` record (``save_tokenizer``).
 
@@ -451,6 +458,11 @@ def _saved_corpus(record) -> Corpus:
     raise _Damaged(f"unit {_short(unit)} is not one of {', '.join(UNITS)}")
   if not isinstance(vocab, list) or not vocab or not all(isinstance(v, str) for v in vocab):
     raise _Damaged("its vocab is not a non-empty list of strings")
+  if "vocab_sha256" in record and record["vocab_sha256"] != _vocab_sha256(vocab):
+    raise _Damaged(  # written since 2026-11-28: entries swapped, edited, cut or added
+        f"its vocab of {len(vocab):,} symbols is not the one it was written with "
+        "(vocab_sha256 differs)"
+    )
   if type(boundary) is not int or not 0 <= boundary < len(vocab):  # noqa: E721  (not bool)
     raise _Damaged(f"boundary_id {_short(boundary)} is not an id of its {len(vocab):,} symbols")
   tok = _tokenizer_of_record(record["tokenizer"], "text")

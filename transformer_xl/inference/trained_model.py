@@ -161,6 +161,13 @@ def load_corpus(
   corpus = None
   if workdir is not None and data_cfg["dataset"] not in data.CORPUS_NAMES:
     corpus = text_vocab.load_saved_tokenizer(workdir)
+    if corpus is not None and corpus.vocab_size != model_cfg.n_token:
+      path = epath.Path(workdir) / text_vocab.TOKENIZER_FILE
+      raise data.DataError(
+          f"{path} is damaged (its vocab has {corpus.vocab_size:,} symbols, the model "
+          f"{model_cfg.n_token:,}): restore it from a copy, or delete it (resuming the "
+          "training with its text files writes it again)."
+      )
   if corpus is None:
     corpus = distributed.process_0_first(lambda: data.load_configured(data_cfg), (data.DataError,))
     if workdir is not None and corpus.name == data.TEXT:
