@@ -54,8 +54,6 @@ CONFIGS = REPO / "configs"
 # The processes a test starts.
 
 
-
-
 def subprocess_env(devices: int | None = None, **variables: str) -> dict[str, str]:
   """The environment of a process that a test starts: this one's, with the
   repository (the code under test) as ``PYTHONPATH`` (``XLA_FLAGS`` as

@@ -214,6 +214,24 @@ def test_eval_with_dynamic_evaluation_writes_its_own_results(trained):
     assert dynamic[split]["tokens"] == static[split]["tokens"]
     assert dynamic[split]["loss_nats"] != static[split]["loss_nats"]
   assert "Statistics pass: 64 training tokens" in r.stdout + r.stderr
+  # Statistics asked of more tokens than the training split has: said, all of it read
+  # (in segments of 128 on one device: 24 gradients).
+  r = run_module(
+      "transformer_xl.main",
+      f"--workdir={trained}",
+      "--mode=eval",
+      "--config.eval.dynamic.lr=3e-3",
+      f"--config.eval.dynamic.stats_tokens={10**9}",
+      "--config.eval.tgt_len=128",
+      devices=1,
+  )
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert (
+      f"eval.dynamic.stats_tokens={10**9:,} is more than the training split's 3,073 tokens"
+      in r.stdout + r.stderr
+  )
+  read = json.loads((trained / "eval_results_dynamic.json").read_text())
+  assert 3_073 - 128 < read["eval"]["dynamic"]["stats_tokens_read"] <= 3_073
   # A diverging one (a huge rate) fails in one line and keeps the good results.
   good = (trained / "eval_results_dynamic.json").read_text()
   r = run_module(

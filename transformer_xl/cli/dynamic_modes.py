@@ -155,7 +155,13 @@ def statistics(
           "dynamic evaluation's statistics come from the training split, which the corpus "
           "does not have here; give --dynamic_stats=FILE (--mode=score)."
       )
-    steps = settings.stats_steps(corpus.splits["train"].num_tokens, tgt_len)
+    train_tokens = corpus.splits["train"].num_tokens
+    steps = settings.stats_steps(train_tokens, tgt_len)
+    if settings.stats_tokens > train_tokens:
+      report.log(
+          f"Note: eval.dynamic.stats_tokens={settings.stats_tokens:,} is more than the "
+          f"training split's {train_tokens:,} tokens: the statistics are of all of it."
+      )
     dynamic_eval.log_settings(
         settings,
         f"{steps:,} segment(s) x {settings.global_batch} row(s) x {tgt_len} tokens of the "
