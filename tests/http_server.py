@@ -24,7 +24,7 @@ class FileServer:
     honour_range: answer a Range request with 206 from its offset (False:
       200 and the whole body, as a server without range support); an
       ``If-Range`` that is not the file's ETag gets 200 and the whole body.
-    validators: send every GET's ETag (a hash of the body); False: none.
+    validators: send an ETag (a hash of the body) with every GET; False: none.
     etags: URL path -> the ETag a HEAD request answers with (HuggingFace
       Hub metadata); a path without one answers HEAD with 404.
     requests: (path, Range header or None) of every GET, in order.
