@@ -319,6 +319,20 @@ def test_overrides_without_config_read_the_saved_config(args, saved, flag_values
   assert saved_config.source("configs/quickstart.py") is None
 
 
+@pytest.mark.parametrize("boolean", ["--debug", "--nodebug", "-debug"])
+def test_the_only_override_after_a_boolean_flag_still_reads_the_saved_config(
+    boolean, saved, flag_values
+):
+  """A boolean flag takes no value: the override right after it is an
+  override (were it read as the flag's value, the only override would
+  silently never reach the saved config)."""
+  from transformer_xl.cli import saved_config
+
+  argv = ["main.py", "--mode=eval", f"--workdir={saved}", boolean, "--config.eval.mem_len=3"]
+  got = saved_config.argv_with_saved_config(argv, flag_values)
+  assert got == [argv[0], f"--config={saved_config.PATH}:{saved}", *argv[1:]]
+
+
 @pytest.mark.parametrize(
     "args",
     [
