@@ -304,6 +304,24 @@ def test_a_non_finite_step_changes_nothing(mesh):
   )
 
 
+def test_a_divergence_right_after_a_resume_keeps_the_checkpoint_resumed_from(
+    tmp_path, mesh, monkeypatch, clean
+):
+  """Resumed from checkpoint 4, every later step diverges: no step of this run
+  was finite, yet checkpoint 4 is the good one the run started from (the
+  previous run verified it); it and 2 stay where they are and are named."""
+  workdir = tmp_path / "w"
+  copy_upto(clean, workdir, 4)
+  poison(monkeypatch, set(range(5, 20)))
+  with pytest.raises(metrics.NonFiniteError) as err:
+    train_toy(workdir, mesh)
+  message = str(err.value)
+  assert "step 5:" in message, message
+  assert f"The last good checkpoint is {workdir / 'checkpoints' / '4'} (step 4)" in message
+  assert records(workdir) == {s: records(clean)[s] for s in (2, 4)}
+  assert not (workdir / "checkpoints_rejected").exists()
+
+
 @pytest.mark.parametrize("poisoned,good,moved", [({7}, 6, None), ({7, 8}, 4, 6)])
 def test_stop_names_the_newest_verified_checkpoint_and_sets_aside_the_rest(
     tmp_path, mesh, monkeypatch, clean, poisoned, good, moved
