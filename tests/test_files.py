@@ -5,23 +5,35 @@ from __future__ import annotations
 import json
 import threading
 
+import pytest
+
 from transformer_xl.run import workdir as wd
 from transformer_xl.util import files
 
+# The two atomic writers: text (eval_results.json, configs, records) and bytes
+# (score's --out .npy).
+WRITERS = {
+    "text": lambda path, record: wd.write_eval_results(str(path.parent), record),
+    "bytes": lambda path, record: files.write_bytes_atomic(path, json.dumps(record).encode()),
+}
 
-def test_two_writers_of_one_file_and_a_reader_never_collide(tmp_path):
+
+@pytest.mark.parametrize("kind", list(WRITERS))
+def test_two_writers_of_one_file_and_a_reader_never_collide(tmp_path, kind):
   """Two evaluations of one workdir writing eval_results.json at once (each
-  300 times, as threads of one process) and a reader: no writer fails, the
-  reader only ever sees a whole file of one writer, no temporary file is
-  left.  With one shared temporary name, writers took each other's file
-  (FileNotFoundError) and readers saw torn files."""
+  300 times, as threads of one process), or two scores writing one --out,
+  and a reader: no writer fails, the reader only ever sees a whole file of
+  one writer, no temporary file is left.  With one shared temporary name,
+  writers took each other's file (FileNotFoundError) and readers saw torn
+  files."""
   errors, torn, seen = [], [], set()
   done = threading.Event()
+  write = WRITERS[kind]
 
   def writer(k):
     try:
       for i in range(300):
-        wd.write_eval_results(str(tmp_path), {"writer": k, "i": i, "pad": "x" * 4096})
+        write(tmp_path / "eval_results.json", {"writer": k, "i": i, "pad": "x" * 4096})
     except Exception as err:  # noqa: BLE001  (reported below)
       errors.append(repr(err))
 
@@ -52,22 +64,40 @@ def test_two_writers_of_one_file_and_a_reader_never_collide(tmp_path):
   assert seen <= {1, 2}
 
 
-def test_a_failed_write_keeps_the_target_and_leaves_no_temporary_file(tmp_path, monkeypatch):
-  path = tmp_path / "config.json"
-  files.write_text_atomic(path, "old")
+@pytest.mark.parametrize("kind", list(WRITERS))
+@pytest.mark.parametrize("fails", ["write", "rename"])
+def test_a_failed_write_keeps_the_target_and_leaves_no_temporary_file(
+    tmp_path, monkeypatch, kind, fails
+):
+  """A full disk while the temporary file is written, or when it is renamed:
+  the error propagates, the target keeps its old content, no temporary file."""
+  path = tmp_path / "eval_results.json"
+  WRITERS[kind](path, {"old": 1})
+  old = path.read_bytes()
 
-  def no_rename(self, target):
+  def full(self, *args, **kwargs):
     raise OSError(28, "No space left on device")
 
-  monkeypatch.setattr(type(files.temporary_name(path)), "replace", no_rename)
-  try:
-    files.write_text_atomic(path, "new")
-  except OSError:
-    pass
+  cls = type(files.temporary_name(path))
+  if fails == "rename":
+    monkeypatch.setattr(cls, "replace", full)
   else:
-    raise AssertionError("the write did not fail")
-  assert path.read_text() == "old"
-  assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]
+    real = {name: getattr(cls, name) for name in ("write_bytes", "write_text")}
+
+    def writes_then_fails(name):
+      def method(self, data, *args, **kwargs):
+        real[name](self, data[: len(data) // 2], *args, **kwargs)  # half, then the disk is full
+        raise OSError(28, "No space left on device")
+
+      return method
+
+    for name in real:
+      monkeypatch.setattr(cls, name, writes_then_fails(name))
+  with pytest.raises(OSError, match="No space left"):
+    WRITERS[kind](path, {"new": 2})
+  monkeypatch.undo()
+  assert path.read_bytes() == old
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["eval_results.json"]
 
 
 def test_temporary_names_are_unique_and_hidden(tmp_path):
