@@ -188,6 +188,42 @@ def test_the_model_equals_the_naive_compressive_transformer(fn, documents):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=jax.tree_util.keystr(path))
 
 
+@pytest.mark.parametrize("fn", memory_lib.compressive.CMEM_FNS)
+def test_each_compression_function_equals_the_naive_slot_by_slot(fn):
+  """``compress`` on 3 slots of c = 3 states (D 8, 2 rows) against the naive
+  transformer's loop over slots and taps (the fast tier's check of every
+  function: which states each slot pools, convolves or keeps)."""
+  cfg = _config(fn, cmem_ratio=3, cmem_len=3, tgt_len=6)
+  b, g, c, d = 2, 3, 3, cfg.d_model
+  rng = np.random.default_rng(7)
+  win_BxNxD = jnp.asarray(rng.normal(size=(b, g * c, d)), jnp.float32)
+  usage_BxN = jnp.asarray(rng.permutation(b * g * c).reshape(b, g * c), jnp.float32)
+  new_B = jnp.full((b,), g, jnp.int32)
+
+  class Compress(nn.Module):
+
+    @nn.compact
+    def __call__(self, x, usage, new):
+      return memory_lib.compressive.compress(self, cfg, x, usage, new)
+
+  module = Compress()
+  variables = module.init(jax.random.PRNGKey(0), win_BxNxD, usage_BxN, new_B)
+  params = jax.tree_util.tree_map(
+      lambda x: x + 0.3 * jnp.asarray(rng.normal(size=x.shape), x.dtype),
+      nn.unbox(variables.get("params", {})),
+  )
+  got = module.apply({"params": params}, win_BxNxD, usage_BxN, new_B)
+  naive = NaiveCompressive.__new__(NaiveCompressive)
+  naive.c, naive.fn = c, fn
+  for r in range(b):
+    if fn == "most_used":  # the g most used states, in their order
+      keep = np.sort(np.argsort(-np.asarray(usage_BxN[r]), kind="stable")[:g])
+      want = np.asarray(win_BxNxD[r])[keep]
+    else:
+      want = naive.compress(params, None, win_BxNxD[r], g)
+    np.testing.assert_allclose(got[r], want, rtol=1e-5, atol=1e-6, err_msg=f"row {r}")
+
+
 def _is_compression(path):
   return any("cmem_" in str(getattr(k, "key", "")) for k in path)
 
