@@ -164,6 +164,30 @@ def test_the_newest_loss_reaches_the_parameters_through_the_memory_tokens(depth)
   )
 
 
+def test_at_depth_2_the_step_counts_the_newest_segments_loss_only():
+  """The fast tier's check of which losses count through 3 segments (the
+  gradient at depth 2 is the slow case above): the step's loss is the naive
+  mean NLL of the third segment, read after the first two, not of the
+  window or of its last two segments."""
+  config = _tokens_config(2, global_batch=2, num_steps=1)
+  config.model.update(dropout=0.0, dropatt=0.0)
+  cfg = default_config.model_config(config, VOCAB)
+  model, params = _model_and_params(cfg)
+  t, b = cfg.tgt_len, 2
+  rng = np.random.default_rng(3)
+  x = jnp.asarray(rng.integers(0, VOCAB, size=(b, 3 * t)), jnp.int32)
+  y = jnp.asarray(rng.integers(0, VOCAB, size=(b, 3 * t)), jnp.int32)
+  nll = jax.jit(lambda p: _naive_last_loss(model, cfg, p, x, y, 3, False))(params)
+  batch = {
+      "inputs": x,
+      "targets": y,
+      "weights": jnp.ones((b, 3 * t), jnp.float32),
+      "reset": jnp.zeros((b, 3), bool).at[:, 0].set(True),
+  }
+  _, metrics, _ = _sgd_gradient(model, params, batch, mem_backprop_depth=2)
+  np.testing.assert_allclose(float(metrics["loss"]), float(nll), rtol=1e-5)
+
+
 # --------------------------------------------------------------------------- #
 # Runs: resume and sharding.
 
