@@ -29,6 +29,7 @@ from transformer_xl.model import models
 from helpers import (
     read_metrics,
     run_main,
+    run_module,
     score_and_generate,
     small_args,
     tiny_text_config,
@@ -244,6 +245,43 @@ def test_the_converter_checks_the_fork_tensors():
 
   with pytest.raises(rmt.ConvertError, match="no memory add-on"):  # not to the reference
     hparams.hparams_from_model_config(cfg)
+
+
+@pytest.mark.parametrize("name", ["lm_rmt_mem", "lm_rmt_adaptive"])
+def test_the_command_line_converts_the_authors_checkpoint_and_scores_as_they_do(name, tmp_path):
+  """``python -m transformer_xl.convert --from=pytorch`` with the fork's
+  hparams (num_mem_tokens, mem_at_end, read_mem_from_cache) and state dict
+  (an .npz of their names): a workdir whose ``--mode=score`` of the
+  fixture's streams gives their NLLs (four segments carrying the cache and
+  the tokens), as the Python path does (``rmt.*``, the test above)."""
+  z = np.load(FIXTURES / f"{name}.npz")
+  np.savez(tmp_path / "sd.npz", **{k[len("sd/") :]: z[k] for k in z.files if k.startswith("sd/")})
+  (tmp_path / "hparams.json").write_text(str(z["hparams"]))
+  inputs, targets = z["inputs_SxBxT"], z["targets_SxBxT"]
+  stream = np.concatenate([*inputs, targets[-1][:, -1:]], axis=1)  # [B, S T + 1]
+  np.testing.assert_array_equal(stream[:, 1:], np.concatenate(list(targets), axis=1))
+  np.save(tmp_path / "tokens.npy", stream.astype(np.int32))
+  workdir = tmp_path / "wd"
+  r = run_module(
+      "transformer_xl.convert",
+      "--from=pytorch",
+      f"--checkpoint={tmp_path / 'sd.npz'}",
+      f"--hparams={tmp_path / 'hparams.json'}",
+      f"--workdir={workdir}",
+      devices=1,
+  )
+  assert r.returncode == 0, r.stderr[-3000:]
+  r = run_module(
+      "transformer_xl.main",
+      f"--workdir={workdir}",
+      "--mode=score",
+      f"--tokens={tmp_path / 'tokens.npy'}",
+      f"--out={tmp_path / 'nll.npy'}",
+      devices=1,
+  )
+  assert r.returncode == 0, r.stderr[-3000:]
+  want = np.concatenate(list(z["nll_SxBxT"]), axis=1)
+  np.testing.assert_allclose(np.load(tmp_path / "nll.npy"), want, atol=1e-5, rtol=0)
 
 
 # ---------------------------------------------------------------------------

@@ -94,10 +94,23 @@ def load_hparams(source: str | Mapping[str, Any]) -> dict:
       0, ext_len > 0, tie_projs longer than the clusters, an attn_type other
       than 0-3, attn_type 3 with n_head * d_head != d_model).
   """
-  fix = (
-      "pass with --hparams a JSON object of the reference constructor's arguments, e.g. "
-      '{"n_token": 267735, "n_layer": 16, ...}'
-  )
+  return check_hparams(*read_hparams(source))
+
+
+_FIX = (
+    "pass with --hparams a JSON object of the reference constructor's arguments, e.g. "
+    '{"n_token": 267735, "n_layer": 16, ...}'
+)
+
+
+def read_hparams(source: str | Mapping[str, Any]) -> tuple[dict, str]:
+  """(the JSON object of ``source``, a path or a dict, unchecked; what to
+  call it in messages: the path, or "hparams").
+
+  Raises:
+    ConvertError: a missing or unreadable file, not UTF-8, not JSON, not an object.
+  """
+  fix = _FIX
   if isinstance(source, (str, os.PathLike)):
     if not os.path.exists(source):
       raise ConvertError(f"hparams file {source} does not exist; {fix}.")
@@ -127,6 +140,13 @@ def load_hparams(source: str | Mapping[str, Any]) -> dict:
         f"{where}: expected a JSON object of constructor arguments, got "
         f"{type(raw).__name__}; {fix}."
     )
+  return raw, where
+
+
+def check_hparams(raw: Mapping[str, Any], where: str = "hparams") -> dict:
+  """``load_hparams`` of a JSON object already read (``read_hparams``);
+  ``where`` names it in messages."""
+  raw = dict(raw)
   known = set(REQUIRED_HPARAMS) | set(OPTIONAL_HPARAMS)
   unknown = sorted(set(raw) - known)
   if unknown:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from transformer_xl.convert.errors import ConvertError
-from transformer_xl.convert.hparams import load_hparams, model_config_from_hparams
+from transformer_xl.convert.hparams import check_hparams, model_config_from_hparams, read_hparams
 from transformer_xl.convert.pytorch import params_from_state_dict
 from transformer_xl.model.memory.tokens import MemoryTokens
 
@@ -47,30 +47,38 @@ def reference_names(state: Mapping[str, Any]) -> dict:
   return out
 
 
-def load_rmt_hparams(source: Mapping[str, Any]) -> dict:
+def is_rmt_hparams(raw: Mapping[str, Any]) -> bool:
+  """Whether constructor arguments are the fork's (they name one of ``RMT_HPARAMS``)."""
+  return any(k in raw for k in RMT_HPARAMS)
+
+
+def load_rmt_hparams(source: str | Mapping[str, Any]) -> dict:
   """The fork's constructor arguments, checked: ``load_hparams`` of the
   reference's, plus ``RMT_HPARAMS`` (defaults filled in).
+
+  Args:
+    source: path of a JSON file, or the dict itself (``read_hparams``).
 
   Raises:
     ConvertError: the reference's problems (``load_hparams``), a fork
       argument of the wrong type, or memory tokens with what ours does not
       carry them with (``MemoryTokens.config_problems``: attn_type != 0).
   """
-  raw = dict(source)
+  raw, where = read_hparams(source)
   fork = {k: raw.pop(k, v) for k, v in RMT_HPARAMS.items()}
   if fork["num_mem_tokens"] is None:  # their default
     fork["num_mem_tokens"] = 0
   n = fork["num_mem_tokens"]
   if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-    raise ConvertError(f"hparams: num_mem_tokens={n!r} must be an integer >= 0.")
+    raise ConvertError(f"{where}: num_mem_tokens={n!r} must be an integer >= 0.")
   for k in ("read_mem_from_cache", "mem_at_end"):
     if not isinstance(fork[k], bool):
-      raise ConvertError(f"hparams: {k}={fork[k]!r} must be true or false.")
-  hp = {**load_hparams(raw), **fork}
+      raise ConvertError(f"{where}: {k}={fork[k]!r} must be true or false.")
+  hp = {**check_hparams(raw, where), **fork}
   try:
     model_config_from_rmt_hparams(hp)
   except ValueError as err:
-    raise ConvertError(f"hparams: {err}") from None
+    raise ConvertError(f"{where}: {err}") from None
   return hp
 
 
@@ -86,7 +94,7 @@ def model_config_from_rmt_hparams(hp: Mapping[str, Any], n_token: int | None = N
   return cfg.with_memory(MemoryTokens.name, **{k: hp[k] for k in RMT_HPARAMS})
 
 
-def params_from_rmt_state_dict(state: Mapping[str, Any], cfg) -> dict:
+def params_from_rmt_state_dict(state: Mapping[str, Any], cfg, cluster_order: str = "auto") -> dict:
   """Our parameter tree from the fork's state dict.
 
   Args:
@@ -95,6 +103,7 @@ def params_from_rmt_state_dict(state: Mapping[str, Any], cfg) -> dict:
       reads them) plus ``mem_tokens`` [N, 1, d_model] when
       the model has memory tokens (``model.tokens.num_mem_tokens`` > 0).
     cfg: the ModelConfig (``model_config_from_rmt_hparams``).
+    cluster_order: as ``params_from_state_dict``'s.
 
   Returns:
     Nested dict of float32 numpy arrays, with ``mem_tokens`` [N, d_model].
@@ -112,7 +121,7 @@ def params_from_rmt_state_dict(state: Mapping[str, Any], cfg) -> dict:
           f"state dict has {MEM_TOKENS!r} but num_mem_tokens=0 in the hparams; set "
           f"num_mem_tokens={np.shape(tokens)[0]}."
       )
-    return params_from_state_dict(rest, cfg)
+    return params_from_state_dict(rest, cfg, cluster_order)
   if tokens is None:
     raise ConvertError(
         f"state dict lacks {MEM_TOKENS!r} (expected shape ({n}, 1, {cfg.d_model})); check "
@@ -124,6 +133,8 @@ def params_from_rmt_state_dict(state: Mapping[str, Any], cfg) -> dict:
         f"{MEM_TOKENS}: expected shape ({n}, 1, {cfg.d_model}) from the hparams, got "
         f"{tokens.shape}; check num_mem_tokens and d_model."
     )
-  params = params_from_state_dict(rest, cfg.with_memory(MemoryTokens.name, num_mem_tokens=0))
+  params = params_from_state_dict(
+      rest, cfg.with_memory(MemoryTokens.name, num_mem_tokens=0), cluster_order
+  )
   params[MEM_TOKENS] = tokens[:, 0, :].copy()
   return params

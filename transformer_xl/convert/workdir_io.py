@@ -19,12 +19,14 @@ from typing import Any
 
 import numpy as np
 
+from transformer_xl.convert import rmt
 from transformer_xl.convert.errors import ConvertError, one_line
 from transformer_xl.convert.hparams import (
+    check_hparams,
     expected_param_shapes,
     hparams_from_model_config,
-    load_hparams,
     model_config_from_hparams,
+    read_hparams,
 )
 from transformer_xl.convert.names import flatten_params, resolve_cluster_order, unflatten_params
 from transformer_xl.convert.pytorch import (
@@ -328,7 +330,11 @@ def convert_to_workdir(
       ``.safetensors``) or "tf" (``read_tf_checkpoint``; always forward
       cluster order).
     checkpoint: the file / TF checkpoint prefix.
-    hparams: JSON path or dict (``load_hparams``).
+    hparams: JSON path or dict (``load_hparams``); the LM-RMT fork's
+      (``num_mem_tokens``, ``mem_at_end``, ``read_mem_from_cache`` among
+      them: ``rmt.load_rmt_hparams``) make a model with memory tokens from
+      the fork's state dict (``rmt.params_from_rmt_state_dict``; "pytorch"
+      and "safetensors" only).
     workdir: output directory (``write_workdir``).
     cluster_order: for "pytorch" and "safetensors" (``params_from_state_dict``).
     vocab: the released model's vocabulary file (``read_vocab``); its
@@ -365,8 +371,15 @@ def convert_to_workdir(
   _check_unit(unit)
   if dataset is not None:
     check_dataset_name(dataset)
-  hp = load_hparams(hparams)
-  cfg = model_config_from_hparams(hp)
+  raw, where = read_hparams(hparams)
+  fork = rmt.is_rmt_hparams(raw)  # the LM-RMT fork's (memory tokens)
+  if fork and source == "tf":
+    raise ConvertError(
+        f"{where} has the LM-RMT fork's hparams ({', '.join(sorted(rmt.RMT_HPARAMS))}), "
+        "whose checkpoints are PyTorch state dicts: use --from=pytorch."
+    )
+  hp = rmt.load_rmt_hparams(hparams) if fork else check_hparams(raw, where)
+  cfg = rmt.model_config_from_rmt_hparams(hp) if fork else model_config_from_hparams(hp)
   ref_vocab = None
   if vocab is not None:
     ref_vocab = read_vocab(vocab)
@@ -403,7 +416,8 @@ def convert_to_workdir(
         ">= tgt_len, --eval_mem_len=<mem_len + 1> gives TF's attention span); TF starts from "
         "zero-filled memory, here from empty memory."
     )
-  params = _naming(checkpoint, params_from_state_dict, state, cfg, order)
+  to_params = rmt.params_from_rmt_state_dict if fork else params_from_state_dict
+  params = _naming(checkpoint, to_params, state, cfg, order)
   report: dict[str, Any] = {"cluster_order": order, "vocab": None}
   our_unit = unit
   if dataset is not None:
