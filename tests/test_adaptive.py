@@ -16,7 +16,7 @@ from transformer_xl import sharding
 from transformer_xl.model import adaptive, models
 from transformer_xl.model import memory as memory_lib
 
-from helpers import tiny_model_config
+from helpers import REPO, load_module, tiny_model_config
 
 jax.config.update("jax_enable_x64", False)
 
@@ -366,3 +366,37 @@ def test_config_validation_names_the_field(kw, field):
   with pytest.raises(ValueError, match=field.replace(".", r"\.")):
     adaptive_model_config(**kw)
   adaptive_model_config()  # the base case is valid
+
+
+def test_the_initial_loss_on_uniform_tokens_is_the_adaptive_softmaxs_structure():
+  """With all logits ~0 (a tiny init), a head token costs log(head) and a
+  tail token log(head) + log(its cluster's size): far above log(vocab) for
+  wt103_large's clusters (20.6 nats against 12.5), the loss the accelerator
+  benchmark saw on random tokens.  ``benchmarks/adaptive_init_loss.py``'s
+  ``expected_initial_nll`` is the mean of those costs over the vocabulary."""
+  bench = load_module(REPO / "benchmarks" / "adaptive_init_loss.py", "adaptive_init_loss")
+  vocab, cutoffs = 180, (20, 60)
+  cfg = tiny_model_config(
+      n_token=vocab, cutoffs=cutoffs, div_val=2, init_std=1e-7, proj_init_std=1e-7, mem_len=0
+  )
+  model = models.TransformerXL(cfg)
+  params = nn.unbox(models.init_params(model, jax.random.PRNGKey(0)))
+  t = cfg.tgt_len  # every token once, as rows of one batch (no memory)
+  assert vocab % t == 0
+  targets_BxT = jnp.arange(vocab, dtype=jnp.int32).reshape(-1, t)
+  nll_BxT, _ = model.apply(
+      {"params": params},
+      jnp.roll(targets_BxT, 1, axis=1),
+      memory_lib.init_memory(cfg, vocab // t),
+      targets_BxT,
+  )
+  nll = np.asarray(nll_BxT).reshape(-1)
+  head = cutoffs[0] + len(cutoffs)
+  want = np.log(head) + np.select(
+      [np.arange(vocab) < 20, np.arange(vocab) < 60], [0.0, np.log(40)], np.log(120)
+  )
+  np.testing.assert_allclose(nll, want, atol=1e-4)
+  assert bench.expected_initial_nll(vocab, cutoffs) == pytest.approx(nll.mean(), abs=1e-4)
+  assert bench.expected_initial_nll(267_735, (20000, 40000, 200000)) == pytest.approx(
+      20.619, abs=1e-3
+  )
