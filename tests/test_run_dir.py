@@ -33,10 +33,12 @@ def small():
 
 
 def save_state(workdir, state, step, mcfg):
+  """``state`` as checkpoint ``step`` (its step set to it: a checkpoint whose
+  state names another step is refused when read)."""
   meta = wd.checkpoint_meta(mcfg, "word", "toy", 4)
   with run_dir.RunDir(str(workdir), meta, max_to_keep=5) as rd:
     rd.start(None, default_config.get_config(), mcfg)
-    rd.save(step, state, {"epoch": 0, "step": step})
+    rd.save(step, state.replace(step=jnp.asarray(step, jnp.int32)), {"epoch": 0, "step": step})
 
 
 def trained_state(mesh, tx, mcfg, global_batch=4):
