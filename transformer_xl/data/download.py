@@ -307,9 +307,11 @@ class _PartRecord:
     """Records the response that starts a fresh ``.part``."""
     length = resp.headers.get("Content-Length", "")
     self.url = url
-    self.validator = resp.headers.get("ETag") or resp.headers.get("Last-Modified")
-    if self.validator and self.validator.startswith("W/"):
-      self.validator = None  # a weak ETag may not validate a range (RFC 9110, 13.1.5)
+    etag = resp.headers.get("ETag") or ""
+    # A weak ETag may not validate a range (RFC 9110, 13.1.5): then Last-Modified.
+    self.validator = (etag if not etag.startswith("W/") else "") or resp.headers.get(
+        "Last-Modified"
+    )
     self.total = int(length) if length.isdigit() else None
     with contextlib.suppress(OSError):  # without it, the .part is only not resumed later
       self.path.write_text(
