@@ -50,9 +50,11 @@ OS_ERRNOS = {
 
 @contextlib.contextmanager
 def report(debug: bool) -> Iterator[None]:
-  """Runs the body; a USER_ERRORS exception or an OSError of the environment
-  (OS_ERRNOS) exits with ``error: <message>`` (status 1), Ctrl-C with one
-  line (status 130), or re-raises with ``debug``.  Any other exception propagates (a bug: its traceback is shown).
+  """Runs the body; a USER_ERRORS exception, an OSError of the environment
+  (OS_ERRNOS) or XLA's out of memory (``is_out_of_memory``) exits with
+  ``error: <message>`` (status 1), Ctrl-C with one line (status 130), or
+  re-raises with ``debug``.  Any other exception propagates (a bug: its
+  traceback is shown).
   """
   try:
     yield
