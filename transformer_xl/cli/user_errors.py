@@ -109,8 +109,8 @@ def out_of_memory_message(err: Exception) -> str:
       f"out of memory on the {device.platform} device{kind}{size}. "
       "Lower what one step holds: train.global_batch, or more micro-batches "
       "(train.batch_chunk); model.tgt_len and model.mem_len (eval.tgt_len, eval.mem_len, "
-      "eval.global_batch for evaluation); the memory variant's slots (e.g. "
-      "model.tokens.num_mem_tokens, model.compressive.cmem_len); the model's size "
+      "eval.global_batch for evaluation); the memory variant's slots (its "
+      "model.<variant>.* settings); the model's size "
       "(n_layer, d_model, d_inner); or use model.remat=full or model.dtype=bfloat16. "
       "Checkpoints already written are intact."
   )

@@ -164,6 +164,20 @@ def _parse_jsonl(text: str) -> tuple[list[dict], list[str]]:
   return rows, bad
 
 
+def scalars_line(scalars: Mapping[str, float | None]) -> str:
+  """``name=value, ...`` for the log: 4 significant digits, "null" for None."""
+  return ", ".join(f"{k}={'null' if v is None else format(v, '.4g')}" for k, v in scalars.items())
+
+
+def empty_validation_warning(step: int, metric: str, eval_max_steps: int) -> str:
+  """The log's line for a validation during training that scored no token."""
+  return (
+      f"Warning: the validation at step {step} scored no token (loss and {metric} null): "
+      f"its first train.eval_max_steps={eval_max_steps} segments hold no scored (answer) "
+      "token; raise train.eval_max_steps, or set it to 0 for the whole split."
+  )
+
+
 def _kind(row: Mapping) -> frozenset[str]:
   """What a metrics row reports: the prefixes of its scalars' names (``train``, ``valid``)."""
   return frozenset(k.split("/", 1)[0] for k in row if k not in ("step", "nonfinite"))

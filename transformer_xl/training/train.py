@@ -41,11 +41,6 @@ def aux_loss_means(rows: list[Mapping[str, Any]]) -> dict[str, float]:
   return {k: float(np.mean([row[k] for row in rows if k in row])) for k in keys}
 
 
-def _g(value: float | None) -> str:
-  """A logged scalar: 4 significant digits, "null" for None."""
-  return "null" if value is None else f"{value:.4g}"
-
-
 class PreemptionGuard:
   """Agrees across processes on a request to stop (SIGTERM on a preempted
   Cloud TPU VM), so that every process writes its checkpoint after the same
@@ -548,14 +543,9 @@ def _run_steps(
         if res["loss_nats"] is not None and np.isfinite(res["loss_nats"]):
           rundir.verification.params_good(step)
         writer.write_scalars(step, {f"valid/{k}": v for k, v in res.items()})
-        say(f"step {step}: valid " + ", ".join(f"{k}={_g(v)}" for k, v in res.items()))
+        say(f"step {step}: valid " + metrics.scalars_line(res))
         if not res["tokens"]:
-          report.log(
-              f"Warning: the validation at step {step} scored no token (loss and "
-              f"{metric} null): its first train.eval_max_steps={tcfg.eval_max_steps} "
-              "segments hold no scored (answer) token; raise train.eval_max_steps, or set it "
-              "to 0 for the whole split."
-          )
+          report.log(metrics.empty_validation_warning(step, metric, tcfg.eval_max_steps))
         step_log.restart_clock()
       preempted = preemption.should_stop(step)
       if step % config.checkpoint.every_steps == 0 or step == tcfg.num_steps or preempted:
