@@ -34,6 +34,21 @@ for _FLAG in (
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+# XLA's CPU client launches each device's part of a program on a pool of
+# max(NPROC or the cores, devices) threads ("XLAPjRtCpuClient"), and runs the
+# collectives on an intra-op pool of the same size ("XLAEigen"). On a 2-core machine
+# that is 8 threads for 8 simulated devices: exactly one collective's participants.
+# With programs dispatched asynchronously (dynamic evaluation's steps, a training
+# loop), a launch can wait on its device's in-flight limit while the earlier
+# program's completion waits for a pool thread that every launch of the next
+# collective holds: a deadlock, which XLA ends with an abort after
+# --xla_cpu_collective_call_terminate_timeout_seconds ("Fatal Python error: Aborted",
+# in InProcessCommunicator::AllReduce: 3 runs of 7 of
+# test_dynamic_evaluation_learns_a_repeated_pattern beside 3 CPU hogs aborted, 0 of 30
+# with this).  Twice the devices leaves threads beyond one collective's; processes the
+# tests start inherit it.  (XLA reads NPROC in DefaultThreadPoolSize.)
+os.environ.setdefault("NPROC", "16")
+
 # JAX's persistent compilation cache, one fresh directory per test run, shared by this
 # process, the xdist workers and every process a test starts (they inherit the variables):
 # the command-line tests compile the same small programs in process after process (train,
