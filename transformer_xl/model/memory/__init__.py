@@ -18,6 +18,9 @@ through the names below; nothing outside it names a memory variant.
   in order), ``init_memory`` and ``shardings``;
 * ``compressive.py``: the compressive memory (Rae et al. 2020),
   ``model.memory="compressive"``;
+* ``knn.py``: the store and reads of the kNN memory of Memorizing
+  Transformers (Wu et al. 2022), pure functions exact to the authors' code
+  (its variant, ``model.memory="knn"``, is not registered yet);
 * ``tokens.py``: the memory tokens of the Recurrent Memory Transformer
   (Bulatov et al. 2022), ``model.tokens.num_mem_tokens`` > 0, beside any of
   them.
