@@ -150,16 +150,18 @@ def test_exact_and_approximate_retrieval_are_the_true_top_k(mode):
   np.testing.assert_allclose(rv, gathered, atol=0)
 
 
-def test_writes_are_a_ring_buffer_of_whole_segments():
-  """The store after any writes equals a naive ring buffer (numpy): entry j
-  of the n-th write at slot (n T + j) mod S; a reset empties a row only."""
+def test_writes_are_a_ring_buffer():
+  """The store after any writes equals a naive ring buffer (numpy): each
+  entry at slot (entries written before it) mod S, segments of any length
+  (one that wraps inside itself, one longer than the store); a reset empties
+  a row only."""
   rng = np.random.default_rng(2)
-  b, h, s, t, d = 2, 1, 12, 4, 3
+  b, h, s, d = 2, 1, 12, 3
   keys, values = jnp.zeros((b, h, s, d)), jnp.zeros((b, h, s, d))
   index = jnp.zeros((b,), jnp.int32)
   naive = np.zeros((b, h, s, d), np.float32)
   count = np.zeros(b, int)
-  for step in range(7):
+  for step, t in enumerate([4, 4, 5, 1, 4, 7, 15, 4]):
     if step == 4:
       keys, values, index = knn.reset(keys, values, index, jnp.array([False, True]))
       naive[1], count[1] = 0, 0
@@ -169,7 +171,7 @@ def test_writes_are_a_ring_buffer_of_whole_segments():
       for j in range(t):
         naive[r, :, (count[r] + j) % s] = new[r, :, j]
       count[r] += t
-    np.testing.assert_array_equal(keys, naive)
+    np.testing.assert_array_equal(keys, naive, err_msg=f"write {step} of {t}")
     np.testing.assert_array_equal(values, naive * 2)
     np.testing.assert_array_equal(index, count)
 
@@ -206,10 +208,6 @@ def test_no_gradient_flows_into_the_store():
         (lambda k, v: knn.retrieve(k[:, :, :3], k, v, 5, mode="exact"), None),
         (lambda k, v: knn.retrieve(k[:, :, :3], k, v, 13, mode="exact"), "k must be at most S."),
         (lambda k, v: knn.retrieve(k[:, :, :3], k, v, 4, mode="faiss"), "use one of"),
-        (
-            lambda k, v: knn.write(k, v, jnp.zeros(1, jnp.int32), k[:, :, :5], v[:, :, :5]),
-            "multiple",
-        ),
     ],
 )
 def test_bad_shapes_and_modes_are_refused_in_one_message(call, words):
@@ -219,3 +217,136 @@ def test_bad_shapes_and_modes_are_refused_in_one_message(call, words):
     return
   with pytest.raises(ValueError, match=words):
     call(keys, values)
+
+
+# ---- The variant in the model (model.memory="knn") -------------------------------
+
+SIZES = dict(n_token=24, n_layer=3, d_model=16, n_head=2, d_head=8, d_inner=32, tgt_len=4)
+
+
+def _model(memory="knn", **knn_kw):
+  from transformer_xl.model import models
+
+  fields = {**SIZES, "mem_len": 4, "dropout": 0.0, "dropatt": 0.0, "memory": memory}
+  if memory == "knn":
+    fields["knn"] = {"memory_size": 8, "num_neighbors": 2, "layers": (1,), **knn_kw}
+  cfg = models.ModelConfig.from_dict(fields)
+  return cfg, models.TransformerXL(cfg)
+
+
+def _segments(n=5, b=2, seed=0):
+  rng = np.random.default_rng(seed)
+  return jnp.asarray(rng.integers(1, SIZES["n_token"], size=(b, n * 4 + 1)), jnp.int32)
+
+
+def _run(cfg, model, params, tokens):
+  from transformer_xl.model import memory
+
+  mem = memory.init_memory(cfg, tokens.shape[0])
+  step = jax.jit(lambda p, m, x, y: model.apply({"params": p}, x, m, y))
+  out = []
+  for s in range((tokens.shape[1] - 1) // 4):
+    nll, mem = step(params, mem, tokens[:, 4 * s : 4 * s + 4], tokens[:, 4 * s + 1 : 4 * s + 5])
+    out.append(nll)
+  return jnp.concatenate(out, axis=1), mem
+
+
+def test_a_closed_gate_leaves_the_xl_model_as_it_is():
+  """With the gate closed (bias -40: g = 4e-18) the model scores every
+  segment as the XL model with the same other parameters: the kNN path adds
+  to the layer's attention and changes nothing else (its cache, the other
+  layers)."""
+  from transformer_xl.model import memory
+
+  cfg, model = _model()
+  xl_cfg, xl_model = _model("xl")
+  tokens = _segments()
+  params = model.init(
+      jax.random.PRNGKey(0), tokens[:, :4], memory.init_memory(cfg, 2), tokens[:, 1:5]
+  )["params"]
+  closed = jax.tree_util.tree_map_with_path(
+      lambda path, x: jnp.full_like(x, -40.0)
+      if "knn_gate_bias" in jax.tree_util.keystr(path)
+      else x,
+      params,
+  )
+  xl_params = {
+      **params,
+      "layers": {
+          **params["layers"],
+          "attn": {k: v for k, v in params["layers"]["attn"].items() if not k.startswith("knn_")},
+      },
+  }
+  nll, mem = _run(cfg, model, closed, tokens)
+  xl_nll, xl_mem = _run(xl_cfg, xl_model, xl_params, tokens)
+  np.testing.assert_allclose(nll, xl_nll, atol=1e-5)
+  np.testing.assert_allclose(mem.mems_LxBxMxD, xl_mem.mems_LxBxMxD, atol=1e-5)
+  # ... and with it open the memory layer reads the store: scores differ once it is filled.
+  open_nll, _ = _run(cfg, model, params, tokens)
+  assert not np.allclose(open_nll[:, 4:], xl_nll[:, 4:], atol=1e-4)
+
+
+def test_only_the_memory_layers_hold_a_store_and_learn_its_gate():
+  """One store per memory layer (not per layer), written 4 entries a segment
+  with a wrap-around; the gate and scale of the other layers get no
+  gradient, the memory layer's do."""
+  from transformer_xl.model import memory
+
+  cfg, model = _model(layers=(-2,))
+  tokens = _segments(n=3)
+  mem = memory.init_memory(cfg, 2)
+  assert mem.variant_state["knn_keys_NxBxHxSxDh"].shape == (1, 2, 2, 8, 8)
+  params = model.init(jax.random.PRNGKey(1), tokens[:, :4], mem, tokens[:, 1:5])["params"]
+  _, mem = _run(cfg, model, params, tokens)
+  np.testing.assert_array_equal(mem.variant_state["knn_index_NxB"], [[12, 12]])
+
+  def loss(p):
+    return jnp.mean(model.apply({"params": p}, tokens[:, 4:8], mem, tokens[:, 5:9])[0])
+
+  grads = jax.grad(loss)(params)["layers"]["attn"]
+  for name in ("knn_gate_bias", "knn_scale"):
+    g = np.asarray(nn_unbox(grads[name]))  # [n_layer, H]
+    assert np.abs(g[1]).max() > 0, name
+    np.testing.assert_array_equal(g[[0, 2]], 0.0)
+
+
+def nn_unbox(x):
+  import flax.linen as nn
+
+  return nn.unbox(x)
+
+
+@pytest.mark.parametrize(
+    "knn_kw, words",
+    [
+        ({"layers": (3,)}, "model.knn.layers=(3,): layer 3 is not one of the 3 layers"),
+        ({"memory_size": 10, "num_neighbors": 4}, "must be a multiple of model.knn.num_neighbors"),
+        ({"num_neighbors": 9}, "model.knn.num_neighbors=9 is more than"),
+        ({"retrieval": "faiss"}, "model.knn.retrieval='faiss': use one of"),
+        ({"recall_target": 0.0}, "model.knn.recall_target=0.0 must be in"),
+        ({"layers": ()}, "model.knn.layers=() must be a non-empty tuple"),
+    ],
+)
+def test_bad_settings_are_refused_naming_the_key(knn_kw, words):
+  with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
+    _model(**knn_kw)
+
+
+def test_a_token_never_reads_its_own_segment_from_the_store():
+  """Causality with a filled store: the scores of a segment's first
+  positions do not change when its last input token does (a store written
+  before it is read would hand every query the keys after it)."""
+  from transformer_xl.model import memory
+
+  cfg, model = _model(layers=(0, 2))
+  tokens = _segments(n=3)
+  params = model.init(
+      jax.random.PRNGKey(2), tokens[:, :4], memory.init_memory(cfg, 2), tokens[:, 1:5]
+  )["params"]
+  _, mem = _run(cfg, model, params, tokens[:, :9])  # two segments in the store
+  x, y = tokens[:, 8:12], tokens[:, 9:13]
+  changed = x.at[:, 3].set((x[:, 3] + 1) % SIZES["n_token"])
+  a, _ = model.apply({"params": params}, x, mem, y)
+  b, _ = model.apply({"params": params}, changed, mem, y)
+  np.testing.assert_allclose(a[:, :3], b[:, :3], atol=1e-6)
+  assert not np.allclose(a[:, 3], b[:, 3])

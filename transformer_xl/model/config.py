@@ -94,7 +94,8 @@ def flat_fields(fields: Mapping[str, Any] | None, complete: bool = False) -> dic
     )
   for key, value in upgraded.items():
     if key in memory.default_sections() and isinstance(value, Mapping):
-      out.update({f"{key}.{k}": v for k, v in value.items()})
+      # a setting's tuple as a file's list (e.g. model.knn.layers), so both compare equal
+      out.update({f"{key}.{k}": list(v) if isinstance(v, tuple) else v for k, v in value.items()})
     else:
       out[key] = value
   return out
@@ -429,7 +430,9 @@ def config_problems(fields: Mapping[str, Any]) -> list[str]:
   if f["remat"] not in tuning.REMAT_POLICIES:
     problems.append(f"model.remat={f['remat']!r}: use one of {tuple(tuning.REMAT_POLICIES)}.")
   problems += attention.config_problems(f)
-  problems += memory.config_problems(f)
+  problems += [  # a NaN or inf named once (above), not again by a variant's checks
+      p for p in memory.config_problems(f) if not any(p.startswith(f"{n}=") for n in nonfinite)
+  ]
   if f["attn_block"] < -1:
     problems.append(
         f"model.attn_block={f['attn_block']} must be >= -1 (-1 = chosen per "

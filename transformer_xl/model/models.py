@@ -35,7 +35,8 @@ of the model's ``memory.plan``, called where they belong: ``extend`` and
 ``mask`` before the layers (positions a variant adds to the segment, e.g.
 memory tokens), ``before_layer``, ``position_scores`` and ``combine`` (in
 the attention), ``layer_update`` and ``after_layer`` in each layer (with the
-layer's slice of the variants' per-layer state, scanned like the memory),
+layer's slice of the variants' per-layer state, scanned like the memory,
+and their carried state, the scan's carry, with the layer's index),
 ``advance`` and ``finish`` after them.  Nothing here names a variant.
 
 The layer stack is one ``nn.scan`` (parameters stacked on a leading
@@ -90,9 +91,10 @@ class DecoderLayer(nn.Module):
   @nn.compact
   def __call__(
       self,
-      h_BxTxD: Array,
+      carry: tuple[Array, dict[str, Array]],
       mem_BxMxD: Array,
       state: dict[str, Array],
+      layer_index: Array,
       pos: Any,
       mask_Bx1xTxK: Array,
       key_count_B: Array,
@@ -101,11 +103,14 @@ class DecoderLayer(nn.Module):
     """Runs the layer on one segment and returns the layer's next memory.
 
     Args:
-      h_BxTxD: layer input for the segment (the scan carry).
+      carry: (h_BxTxD, carried): the layer input for the segment and the
+        memory variants' carried state (``memory.Plan.carried_state``; {} for
+        most), by name: the scan carry.
       mem_BxMxD: this layer's memory (its inputs at the previous M positions),
         or, decoding with a cache, a ``LayerCache`` of it.
       state: this layer's slice of the memory variants' per-layer state
         (``memory.Plan.layer_state``; {} for most), by name.
+      layer_index: int32 scalar, this layer's index (scanned in).
       pos: the variant's position terms, the same for every layer
         (``variant.model_inputs``; e.g. attn_type 0's R, u and v).
       mask_Bx1xTxK: attention mask (attention_ops.attention_mask), or with
@@ -116,11 +121,13 @@ class DecoderLayer(nn.Module):
       deterministic: disables dropout (static).
 
     Returns:
-      (out_BxTxD, (new_mem_BxMxD, new_state)): the layer output (next
-      carry), the new memory of this layer (decoding: a ``LayerCache`` of
-      the new memory and the new cache) and the layer's next state.
+      ((out_BxTxD, carried), (new_mem_BxMxD, new_state)): the layer output
+      and the next carried state (next carry), the new memory of this layer
+      (decoding: a ``LayerCache`` of the new memory and the new cache) and
+      the layer's next per-layer state.
     """
     cfg = self.config
+    h_BxTxD, carried = carry
     plan = memory_lib.plan(cfg)
     decode = isinstance(mem_BxMxD, LayerCache)
     cached = mem_BxMxD.kv if decode else None
@@ -128,7 +135,9 @@ class DecoderLayer(nn.Module):
 
     # ---- The memory path (Sec. 3.2): h~ = [SG(m) o h] ----------------------
     mem_BxMxD = memory_lib.layer_read(mem_BxMxD)  # stop-gradient
-    hooks = plan.layer_hooks(self, state, key_count_B)  # the variants' hooks, this layer
+    hooks = plan.layer_hooks(  # the variants' hooks, this layer
+        self, {**state, **carried}, key_count_B, layer_index
+    )
     h_BxTxD = hooks.before_layer(h_BxTxD)
     mem_BxMxD, h_BxTxD, pos = self.variant.layer_inputs(  # (absolute positions
         self, cfg, mem_BxMxD, h_BxTxD, pos
@@ -185,7 +194,9 @@ class DecoderLayer(nn.Module):
       x_BxTxD = x_BxTxD.astype(cfg.compute_dtype)
       out_BxTxD = _layer_norm("ff_layer_norm")(x_BxTxD + ff(x_BxTxD, deterministic))
     out_BxTxD = hooks.after_layer(out_BxTxD.astype(cfg.compute_dtype))
-    return out_BxTxD, (new_mem_BxMxD, hooks.state)
+    new_carried = {n: hooks.state[n] for n in carried}
+    new_state = {n: x for n, x in hooks.state.items() if n not in carried}
+    return (out_BxTxD, new_carried), (new_mem_BxMxD, new_state)
 
 
 def _split_cache(attn_out: Any, new_mem_BxMxD: Array, decode: bool) -> tuple[Array, Any]:
@@ -293,17 +304,17 @@ class TransformerXL(nn.Module):
 
     layer_cls = DecoderLayer
     if cfg.remat != "none":
-      # static_argnums counts self as 0: `deterministic` is argument 7.
+      # static_argnums counts self as 0: `deterministic` is argument 8.
       layer_cls = nn.remat(
-          layer_cls, prevent_cse=False, static_argnums=(7,), policy=tuning.REMAT_POLICIES[cfg.remat]
+          layer_cls, prevent_cse=False, static_argnums=(8,), policy=tuning.REMAT_POLICIES[cfg.remat]
       )
     self.layers = nn.scan(
         layer_cls,
         variable_axes={"params": 0, "intermediates": 0, "losses": 0},  # losses: sown, stacked
         split_rngs={"params": True, "dropout": True},
-        # Scanned: the memory and the variants' per-layer state.  Broadcast: the
-        # position terms, mask, key count, deterministic.
-        in_axes=(0, 0) + (nn.broadcast,) * 4,
+        # Scanned: the memory, the variants' per-layer state, the layer index.
+        # Broadcast: the position terms, mask, key count, deterministic.
+        in_axes=(0, 0, 0) + (nn.broadcast,) * 4,
         out_axes=0,
         length=cfg.n_layer,
         unroll=tuning.scan_unroll_layers(cfg.scan_unroll, cfg.n_layer),
@@ -433,10 +444,11 @@ class TransformerXL(nn.Module):
       mask = plan.mask(mask.dense(tgt_len, mem_len, cfg.same_length))
 
     layer_mems = LayerCache(mems_LxBxMxD, kv_cache) if decode else mems_LxBxMxD
-    h_BxTxD, (new_mems_LxBxMxD, new_layer_state) = self.layers(  # read (scanned in),
-        h_BxTxD,
+    (h_BxTxD, new_carried), (new_mems_LxBxMxD, new_layer_state) = self.layers(  # read
+        (h_BxTxD, plan.carried_state(memory)),  # (scanned in),
         layer_mems,
         plan.layer_state(memory),
+        jnp.arange(cfg.n_layer, dtype=jnp.int32),
         pos,
         mask,
         memory.key_count_B(),
@@ -444,7 +456,9 @@ class TransformerXL(nn.Module):
     )  # new memory (out)
     if decode:
       new_mems_LxBxMxD, kv_cache = new_mems_LxBxMxD
-    new_memory = plan.advance(memory, new_mems_LxBxMxD, tgt_len, new_layer_state)  # return
+    new_memory = plan.advance(  # return
+        memory, new_mems_LxBxMxD, tgt_len, {**new_layer_state, **new_carried}
+    )
     h_BxTxD = self.drop(h_BxTxD, deterministic=deterministic)
     h_BxTxD, new_memory = plan.finish(h_BxTxD, new_memory, seg_len)  # the segment's states
     return (h_BxTxD, new_memory, kv_cache) if decode else (h_BxTxD, new_memory)

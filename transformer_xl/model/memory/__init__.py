@@ -18,9 +18,9 @@ through the names below; nothing outside it names a memory variant.
   in order), ``init_memory`` and ``shardings``;
 * ``compressive.py``: the compressive memory (Rae et al. 2020),
   ``model.memory="compressive"``;
-* ``knn.py``: the store and reads of the kNN memory of Memorizing
-  Transformers (Wu et al. 2022), pure functions exact to the authors' code
-  (its variant, ``model.memory="knn"``, is not registered yet);
+* ``knn.py``: the kNN memory of Memorizing Transformers (Wu et al. 2022),
+  ``model.memory="knn"``: its store and reads as pure functions exact to
+  the authors' code, and the variant;
 * ``tokens.py``: the memory tokens of the Recurrent Memory Transformer
   (Bulatov et al. 2022), ``model.tokens.num_mem_tokens`` > 0, beside any of
   them.
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from transformer_xl.model.memory import composition as composition
 from transformer_xl.model.memory import compressive as compressive
+from transformer_xl.model.memory import knn as knn
 from transformer_xl.model.memory import settings as settings
 from transformer_xl.model.memory import state as state
 from transformer_xl.model.memory import tokens as tokens

@@ -124,9 +124,22 @@ class Plan:
     axis: the scan over layers hands each layer its slice)."""
     return {n: x for n, x in memory.variant_state.items() if state_lib.leaf(n).per_layer}
 
-  def layer_hooks(self, layer: nn.Module, state: dict[str, Array], key_count_B: Array):
-    """The variants' hooks inside one layer call (``LayerHooks``)."""
-    return LayerHooks(self, layer, dict(state), key_count_B)
+  def carried_state(self, memory: Memory) -> dict[str, Array]:
+    """The carried arrays of ``memory``'s variant state (``Leaf.carried``:
+    the scan over layers hands them to each layer in turn, whole)."""
+    return {n: x for n, x in memory.variant_state.items() if state_lib.leaf(n).carried}
+
+  def layer_hooks(
+      self,
+      layer: nn.Module,
+      state: dict[str, Array],
+      key_count_B: Array,
+      layer_index: Array | None = None,
+  ):
+    """The variants' hooks inside one layer call (``LayerHooks``); ``state``:
+    the layer's slice of the per-layer arrays and the carried ones;
+    ``layer_index``: int32 scalar, the layer's index (for carried state)."""
+    return LayerHooks(self, layer, dict(state), key_count_B, layer_index)
 
   def layer_update(
       self, module: nn.Module, mem_BxMxD: Array, h_BxTxD: Array, key_count_B: Array
@@ -142,7 +155,7 @@ class Plan:
       new_layer_state: Mapping[str, Array],
   ) -> Memory:
     """The next Memory: ``model.memory``'s ``advance``, with the layers' new
-    per-layer state."""
+    per-layer and carried state."""
     new_memory = self.primary.advance(self.cfg, memory, new_mems_LxBxMxD, tgt_len)
     return new_memory.with_state(**new_layer_state) if new_layer_state else new_memory
 
@@ -155,16 +168,33 @@ class Plan:
 
 class LayerHooks:
   """The variants' hooks inside one call of one layer (``Plan.layer_hooks``),
-  with the layer's slice of their per-layer state, which the hooks update
-  in place: ``state`` after the layer is its next one.  Built and used
-  within one trace of the layer (``models.DecoderLayer``); the attention
-  calls ``position_scores`` and ``combine``."""
+  with the layer's slice of their per-layer state and their carried state,
+  which the hooks update in place: ``state`` after the layer is its next
+  one.  A variant with carried leaves also finds the layer's index in its
+  state (``state.LAYER_INDEX``; not written back).  Built and used within
+  one trace of the layer (``models.DecoderLayer``); the attention calls
+  ``position_scores`` and ``combine``."""
 
-  def __init__(self, plan: Plan, layer: nn.Module, state: dict[str, Array], key_count_B: Array):
+  def __init__(
+      self,
+      plan: Plan,
+      layer: nn.Module,
+      state: dict[str, Array],
+      key_count_B: Array,
+      layer_index: Array | None = None,
+  ):
     self.plan, self.layer, self.state, self.key_count_B = plan, layer, state, key_count_B
+    self.layer_index = layer_index
 
   def _own(self, v: type[MemoryVariant]) -> dict[str, Array]:
-    return {n: x for n, x in self.state.items() if n in v.STATE}
+    own = {n: x for n, x in self.state.items() if n in v.STATE}
+    if self.layer_index is not None and any(leaf.carried for leaf in v.STATE.values()):
+      own[state_lib.LAYER_INDEX] = self.layer_index
+    return own
+
+  def _keep(self, own: dict[str, Array]) -> None:
+    """Writes a hook's returned state back (without the layer index)."""
+    self.state.update({n: x for n, x in own.items() if n != state_lib.LAYER_INDEX})
 
   def before_layer(self, h_BxExD: Array) -> Array:
     """Each variant's ``before_layer``."""
@@ -172,7 +202,7 @@ class LayerHooks:
       h_BxExD, own = v.before_layer(
           self.layer, self.plan.cfg, h_BxExD, self._own(v), self.key_count_B
       )
-      self.state.update(own)
+      self._keep(own)
     return h_BxExD
 
   def position_scores(self, raw_HxBxExK: Array, bd_HxBxExK: Array) -> Array:
@@ -201,7 +231,7 @@ class LayerHooks:
           self._own(v),
           self.key_count_B,
       )
-      self.state.update(own)
+      self._keep(own)
     return vec_BxExHxDh
 
   def after_layer(self, out_BxExD: Array) -> Array:
@@ -210,7 +240,7 @@ class LayerHooks:
       out_BxExD, own = v.after_layer(
           self.layer, self.plan.cfg, out_BxExD, self._own(v), self.key_count_B
       )
-      self.state.update(own)
+      self._keep(own)
     return out_BxExD
 
 

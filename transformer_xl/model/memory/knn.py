@@ -46,9 +46,15 @@ Dh the head width.
 
 from __future__ import annotations
 
+import dataclasses
+
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from transformer_xl.model.memory.state import LAYER_INDEX, Leaf
+from transformer_xl.model.memory.variant import MemoryVariant, register
 
 Array = jax.Array
 
@@ -75,10 +81,11 @@ def write(
     new_keys_BxHxTxDh: Array,
     new_values_BxHxTxDh: Array,
 ) -> tuple[Array, Array, Array]:
-  """Writes one segment into the store: T entries at slot ``index % S``
-  onwards (S a multiple of T, so a write never wraps inside itself; the
-  oldest entries are overwritten once the store is full).  No gradient
-  flows into the store (meliad ``MemoryOnTpu.update``).
+  """Writes one segment into the store, a ring buffer: entry j at slot
+  ``(index + j) mod S``, overwriting the oldest once the store is full
+  (meliad ``MemoryOnTpu.update``, which writes at ``index mod S`` a segment
+  of T entries, S a multiple of T: the same slots).  A segment longer than
+  the store leaves its last S entries.  No gradient flows into the store.
 
   Args:
     keys_BxHxSxDh, values_BxHxSxDh: the store.
@@ -88,21 +95,19 @@ def write(
 
   Returns:
     (keys, values, index_B + T), the store's dtypes.
-
-  Raises:
-    ValueError: S is not a multiple of T.
   """
   s, t = keys_BxHxSxDh.shape[2], new_keys_BxHxTxDh.shape[2]
-  if s % t:
-    raise ValueError(f"the store's {s} slots must be a multiple of the segment's {t} entries.")
-  start_B = (index_B % s).astype(jnp.int32)
+  skip = max(t - s, 0)  # entries overwritten within this write
+  slot_BxT = (index_B[:, None] + skip + jnp.arange(t - skip)[None, :]) % s
 
-  def put(store_HxSxDh, new_HxTxDh, start):
-    new_HxTxDh = jax.lax.stop_gradient(new_HxTxDh).astype(store_HxSxDh.dtype)
-    return jax.lax.dynamic_update_slice(store_HxSxDh, new_HxTxDh, (0, start, 0))
+  def put(store_BxHxSxDh, new_BxHxTxDh):
+    new_BxHxTxDh = jax.lax.stop_gradient(new_BxHxTxDh[:, :, skip:]).astype(store_BxHxSxDh.dtype)
+    return jax.vmap(lambda x_HxSxD, n_HxTxD, i_T: x_HxSxD.at[:, i_T].set(n_HxTxD))(
+        store_BxHxSxDh, new_BxHxTxDh, slot_BxT
+    )
 
-  keys = jax.vmap(put)(keys_BxHxSxDh, new_keys_BxHxTxDh, start_B)
-  values = jax.vmap(put)(values_BxHxSxDh, new_values_BxHxTxDh, start_B)
+  keys = put(keys_BxHxSxDh, new_keys_BxHxTxDh)
+  values = put(values_BxHxSxDh, new_values_BxHxTxDh)
   return keys, values, (index_B + t).astype(jnp.int32)
 
 
@@ -214,3 +219,205 @@ def gate(local_BxExHxDh: Array, memory_BxExHxDh: Array, bias_H: Array) -> Array:
   g_1x1xHx1 = jax.nn.sigmoid(jnp.asarray(bias_H, jnp.float32))[None, None, :, None]
   local = jnp.asarray(local_BxExHxDh, jnp.float32)
   return local * (1 - g_1x1xHx1) + jnp.asarray(memory_BxExHxDh, jnp.float32) * g_1x1xHx1
+
+
+# ---- The memory variant: model.memory = "knn" --------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class KNNSettings:
+  """``model.knn``: the kNN memory's settings (meliad's names in brackets;
+  defaults as their gin configs).
+
+  Attributes:
+    memory_size: S, (key, value) entries per row, head and memory layer
+      (``memory_on_tpu_factory.database_size``: 8192; the paper's largest
+      runs 32768, up to 262144).
+    num_neighbors: k, the entries each query reads
+      (``TransformerLayer.memory_num_neighbors``: 128); with "bucketed"
+      retrieval a divisor of ``memory_size``.
+    layers: the layers with a memory, negative counting from the top
+      (``DecoderStack.memory_layer_indices``: (-4,), the 9th of 12 as the
+      paper).  Every layer has the gate's and the scale's parameters (the
+      layers are one scan), used only here.
+    retrieval: "bucketed" (theirs), "exact" or "approx" (``RETRIEVALS``).
+    recall_target: "approx" only: ``jax.lax.approx_max_k``'s (0, 1].
+  """
+
+  memory_size: int = 8192
+  num_neighbors: int = 128
+  layers: tuple[int, ...] = (-4,)
+  retrieval: str = "bucketed"
+  recall_target: float = 0.95
+
+  def __post_init__(self):  # a config file's list, hashable as the model config needs
+    if isinstance(self.layers, list):
+      object.__setattr__(self, "layers", tuple(self.layers))
+
+  def memory_layers(self, n_layer: int) -> tuple[int, ...]:
+    """``layers`` as indices in [0, n_layer), sorted: the order of the
+    store's leading axis."""
+    return tuple(sorted({i % n_layer for i in self.layers}))
+
+
+_STORE = Leaf((None, "batch", "heads", None, "kv"), carried=True)
+
+
+@register
+class KNNMemory(MemoryVariant):
+  """The kNN memory of Memorizing Transformers (Wu et al. 2022, Sec. 3),
+  ``model.memory="knn"``: the XL memory (its cache, unchanged) and, at the
+  layers ``model.knn.layers``, a store of past keys and values read by the
+  attention (``combine``): the module docstring says what is the authors'
+  and what is decided here.
+
+  State (``Memory.variant_state``; carried through the layers, one store
+  per memory layer N, not per layer): ``knn_keys_NxBxHxSxDh`` (normalised
+  keys) and ``knn_values_NxBxHxSxDh`` in the compute dtype, and
+  ``knn_index_NxB`` (int32, entries written since the row's last reset).
+  Heads split over the ``model`` mesh axis, rows over the batch axes.
+  Bytes per row and memory layer: ``2 H S Dh`` times the compute dtype's
+  size, plus 4 (for H = 8, Dh = 64, S = 32768 in bfloat16: 64 MiB).
+
+  Per segment, in each memory layer: the rows that start a stream are
+  emptied (``reset``, before the layers); each query of the segment reads
+  its neighbours from the store as it was before the segment; the
+  segment's keys (normalised) and values are written (front padding as
+  empty entries).  Parameters per layer (all layers; used at the memory
+  layers): ``knn_gate_bias`` [H] (zeros) and ``knn_scale`` [H] (ones; the
+  memory attention scales its logits by its absolute value, as meliad's
+  ``attention_scale``).
+  """
+
+  name = "knn"
+  Settings = KNNSettings
+  STATE = {
+      "knn_keys_NxBxHxSxDh": _STORE,
+      "knn_values_NxBxHxSxDh": _STORE,
+      "knn_index_NxB": Leaf((None, "batch"), carried=True),
+  }
+  DOCUMENTS = False  # the store is per row: documents inside a segment are not kept apart
+  DECODE_CACHE = False  # each pass writes the store
+  WHOLE_SEGMENTS = True  # a token never reads its own segment: generation re-runs segments
+
+  @classmethod
+  def settings_problems(cls, section):
+    problems = []
+    for key in ("memory_size", "num_neighbors"):
+      n = section[key]
+      if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        problems.append(f"model.knn.{key}={n!r} must be an integer >= 1.")
+    layers = section["layers"]
+    if (
+        not isinstance(layers, (tuple, list))
+        or not layers
+        or any(isinstance(i, bool) or not isinstance(i, int) for i in layers)
+    ):
+      problems.append(
+          f"model.knn.layers={layers!r} must be a non-empty tuple of layer indices, e.g. (-4,)."
+      )
+    if section["retrieval"] not in RETRIEVALS:
+      problems.append(f"model.knn.retrieval={section['retrieval']!r}: use one of {RETRIEVALS}.")
+    r = section["recall_target"]
+    if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 < r <= 1:
+      problems.append(f"model.knn.recall_target={r!r} must be in (0, 1].")
+    return problems
+
+  @classmethod
+  def config_problems(cls, fields):
+    s, n_layer = fields[cls.name], fields.get("n_layer", 1)
+    problems = []
+    bad = [i for i in s["layers"] if not -n_layer <= i < n_layer]
+    if bad:
+      problems.append(
+          f"model.knn.layers={tuple(s['layers'])!r}: layer {bad[0]} is not one of the "
+          f"{n_layer} layers (use -{n_layer} .. {n_layer - 1})."
+      )
+    size, k = s["memory_size"], s["num_neighbors"]
+    if k > size:
+      problems.append(
+          f"model.knn.num_neighbors={k} is more than model.knn.memory_size={size} entries."
+      )
+    elif s["retrieval"] == "bucketed" and size % k:
+      problems.append(
+          f"model.knn.memory_size={size} must be a multiple of model.knn.num_neighbors={k} "
+          "with model.knn.retrieval='bucketed' (slots grouped by index mod k), or use "
+          "retrieval='exact'."
+      )
+    return problems
+
+  @classmethod
+  def example(cls):
+    return {
+        "memory": cls.name,
+        cls.name: {"memory_size": 16, "num_neighbors": 4, "layers": (-1,)},
+    }
+
+  @classmethod
+  def init_state(cls, cfg, batch_size):
+    s = cls.settings(cfg)
+    n = len(s.memory_layers(cfg.n_layer))
+    shape = (n, batch_size, cfg.n_head, s.memory_size, cfg.d_head)
+    return {
+        "knn_keys_NxBxHxSxDh": jnp.zeros(shape, cfg.compute_dtype),
+        "knn_values_NxBxHxSxDh": jnp.zeros(shape, cfg.compute_dtype),
+        "knn_index_NxB": jnp.zeros((n, batch_size), jnp.int32),
+    }
+
+  @classmethod
+  def reset(cls, state, reset_B):
+    keys, values, index = jax.vmap(lambda k, v, i: reset(k, v, i, reset_B))(
+        state["knn_keys_NxBxHxSxDh"], state["knn_values_NxBxHxSxDh"], state["knn_index_NxB"]
+    )
+    return {"knn_keys_NxBxHxSxDh": keys, "knn_values_NxBxHxSxDh": values, "knn_index_NxB": index}
+
+  @classmethod
+  def combine(cls, attn, cfg, q_BxExHxDh, k_BxKxHxDh, v_BxKxHxDh, vec_BxExHxDh, state, key_count_B):
+    s = cls.settings(cfg)
+    heads = lambda init: nn.with_logical_partitioning(init, ("heads",))
+    bias_H = attn.param("knn_gate_bias", heads(nn.initializers.zeros), (cfg.n_head,), jnp.float32)
+    scale_H = attn.param("knn_scale", heads(nn.initializers.ones), (cfg.n_head,), jnp.float32)
+    layers = jnp.asarray(s.memory_layers(cfg.n_layer), jnp.int32)
+    hit_N = layers == state[LAYER_INDEX]
+    j = jnp.argmax(hit_N)  # this layer's store (when it has one)
+    e = q_BxExHxDh.shape[1]
+    store = (state["knn_keys_NxBxHxSxDh"], state["knn_values_NxBxHxSxDh"], state["knn_index_NxB"])
+
+    def read_and_write(operands):
+      (keys_N, values_N, index_N), vec = operands
+      keys, values, index = keys_N[j], values_N[j], index_N[j]
+      q_n = normalize(q_BxExHxDh)
+      rk, rv, _, _ = retrieve(
+          jnp.swapaxes(q_n, 1, 2),
+          keys,
+          values,
+          s.num_neighbors,
+          s.retrieval,
+          s.recall_target,
+      )
+      memory_BxExHxDh = attend(
+          q_n, jnp.swapaxes(rk, 1, 2), jnp.swapaxes(rv, 1, 2), jnp.abs(scale_H)
+      )
+      out = gate(vec, memory_BxExHxDh, bias_H).astype(vec.dtype)
+      # The segment's entries; the front padding (key_count_B < 0) as empty ones.
+      valid_BxE = jnp.arange(e)[None, :] >= jnp.maximum(-key_count_B, 0)[:, None]
+      new_k = jnp.where(valid_BxE[:, :, None, None], normalize(k_BxKxHxDh[:, -e:]), 0.0)
+      new_v = jnp.where(valid_BxE[:, :, None, None], v_BxKxHxDh[:, -e:], 0)
+      keys, values, index = write(
+          keys, values, index, jnp.swapaxes(new_k, 1, 2), jnp.swapaxes(new_v, 1, 2)
+      )
+      new_store = (keys_N.at[j].set(keys), values_N.at[j].set(values), index_N.at[j].set(index))
+      return out, new_store
+
+    def skip(operands):
+      store_, vec = operands
+      return vec, store_
+
+    out, (keys_N, values_N, index_N) = jax.lax.cond(
+        jnp.any(hit_N), read_and_write, skip, (store, vec_BxExHxDh)
+    )
+    return out, {
+        "knn_keys_NxBxHxSxDh": keys_N,
+        "knn_values_NxBxHxSxDh": values_N,
+        "knn_index_NxB": index_N,
+    }

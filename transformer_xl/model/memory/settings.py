@@ -51,7 +51,11 @@ def sections(raw: Any) -> dict[str, dict[str, Any]]:
   for name, value in given.items():
     if dataclasses.is_dataclass(value):
       value = dataclasses.asdict(value)
-    out[name] = {**out.get(name, {}), **dict(value)} if isinstance(value, Mapping) else value
+    if isinstance(value, Mapping):  # a file's lists as the settings' tuples
+      value = {k: tuple(v) if isinstance(v, list) else v for k, v in value.items()}
+      out[name] = {**out.get(name, {}), **value}
+    else:
+      out[name] = value
   return out
 
 
@@ -83,7 +87,7 @@ def without_defaults(fields: Mapping[str, Any], eval_fields: bool = False) -> di
     if eval_fields:
       unset = all(v is None for v in section.values())
     else:
-      unset = dict(section) == dataclasses.asdict(cls.Settings())
+      unset = sections({name: section})[name] == dataclasses.asdict(cls.Settings())
     if unset:
       del out[name]
   return out

@@ -76,15 +76,23 @@ class Leaf:
       hands layer l its slice), a name of ``axes.LOGICAL_AXIS_RULES``
       (e.g. ``"heads"``: split over the ``model`` mesh axis where it
       divides), or None (replicated).
+    carried: handed whole to every layer, in order, through the scan over
+      layers (its carry), each layer's hooks reading and replacing it, with
+      the layer's index (``LAYER_INDEX`` in the hooks' state): state that
+      only some layers hold (e.g. a store at one layer of twelve), without
+      a copy per layer.  Not with a ``"layers"`` axis.
   """
 
   axes: tuple[str | None, ...]
+  carried: bool = False
 
   def __post_init__(self):
     if self.axes.count("batch") != 1 or "layers" in self.axes[1:]:
       raise ValueError(
           f"Leaf axes {self.axes}: 'batch' exactly once, 'layers' only as the first axis."
       )
+    if self.carried and self.per_layer:
+      raise ValueError(f"Leaf axes {self.axes}: a carried leaf has no 'layers' axis.")
 
   @property
   def row_axis(self) -> int:
@@ -112,6 +120,10 @@ class Leaf:
       out.append(target if ok else None)
     return PartitionSpec(*out)
 
+
+# The name under which a variant with carried leaves (``Leaf.carried``) finds the
+# index of the layer its hooks run in (an int32 scalar, traced) in their state.
+LAYER_INDEX = "layer_index"
 
 # The fields every memory has (pad_B only when set).
 SHARED_LEAVES: Mapping[str, Leaf] = types.MappingProxyType(
