@@ -129,12 +129,10 @@ def inputs(rng: np.random.Generator, normalize):
   return q, k, v, sos
 
 
-def run_store(memory_factory, q, k, v, sos):
-  """Their store over the segments: reset, retrieve, update."""
-  import jax
-  import jax.numpy as jnp
-
-  manager = memory_factory.MemoryManager(
+def memory_manager(memory_factory):
+  """Their memory as ``memory_on_tpu_factory`` builds it by default
+  (``cross_batch_memory=False``: a store per row and head)."""
+  return memory_factory.MemoryManager(
       batch_size=B,
       mode="train",
       num_heads=H,
@@ -143,6 +141,14 @@ def run_store(memory_factory, q, k, v, sos):
       database_size=S,
       cross_batch_memory=False,
   )
+
+
+def run_store(memory_factory, q, k, v, sos):
+  """Their store over the segments: reset, retrieve, update."""
+  import jax
+  import jax.numpy as jnp
+
+  manager = memory_manager(memory_factory)
   layer = manager.create_memory_layer()
   layer = layer.clone(wrapped=layer.wrapped.clone(report_scores_and_indices=True))
 
@@ -220,15 +226,7 @@ def run_layer(attention, memory_factory, transformer_base, transformer_layer, q,
   attention.external_attention = external_attention
   transformer_base.MemTransformerBase.post_attn_ffn = post_attn_ffn
 
-  manager = memory_factory.MemoryManager(
-      batch_size=B,
-      mode="train",
-      num_heads=H,
-      key_size=D,
-      value_size=D,
-      database_size=S,
-      cross_batch_memory=False,
-  )
+  manager = memory_manager(memory_factory)
 
   class Layer(nn.Module):
     """Their layer with its window state loaded and stored, as their
