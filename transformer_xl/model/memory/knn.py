@@ -263,6 +263,22 @@ class KNNSettings:
 _STORE = Leaf((None, "batch", "heads", None, "kv"), carried=True)
 
 
+def _store_problems(s, section="model", named=None):
+  """The store's size against k (``s``: the settings as a dict), naming
+  each key as ``section`` (or ``named[key][1]``) says."""
+  name = lambda key: f"{(named or {}).get(key, (None, section))[1]}.knn.{key}"
+  size, k = s["memory_size"], s["num_neighbors"]
+  if k > size:
+    return [f"{name('num_neighbors')}={k} is more than {name('memory_size')}={size} entries."]
+  if s["retrieval"] == "bucketed" and size % k:
+    return [
+        f"{name('memory_size')}={size} must be a multiple of {name('num_neighbors')}={k} "
+        f"with {name('retrieval')}='bucketed' (slots grouped by index mod k), or use "
+        "retrieval='exact'."
+    ]
+  return []
+
+
 @register
 class KNNMemory(MemoryVariant):
   """The kNN memory of Memorizing Transformers (Wu et al. 2022, Sec. 3),
@@ -291,6 +307,8 @@ class KNNMemory(MemoryVariant):
 
   name = "knn"
   Settings = KNNSettings
+  # The paper evaluates with larger stores than it trains with (Sec. 4.2).
+  EVAL_OVERRIDES = ("memory_size", "num_neighbors", "retrieval")
   STATE = {
       "knn_keys_NxBxHxSxDh": _STORE,
       "knn_values_NxBxHxSxDh": _STORE,
@@ -333,18 +351,17 @@ class KNNMemory(MemoryVariant):
           f"model.knn.layers={tuple(s['layers'])!r}: layer {bad[0]} is not one of the "
           f"{n_layer} layers (use -{n_layer} .. {n_layer - 1})."
       )
-    size, k = s["memory_size"], s["num_neighbors"]
-    if k > size:
-      problems.append(
-          f"model.knn.num_neighbors={k} is more than model.knn.memory_size={size} entries."
-      )
-    elif s["retrieval"] == "bucketed" and size % k:
-      problems.append(
-          f"model.knn.memory_size={size} must be a multiple of model.knn.num_neighbors={k} "
-          "with model.knn.retrieval='bucketed' (slots grouped by index mod k), or use "
-          "retrieval='exact'."
-      )
-    return problems
+    return problems + _store_problems(s, "model")
+
+  @classmethod
+  def eval_problems(cls, fields, eval_fields):
+    given = {k: v for k, v in (eval_fields.get(cls.name) or {}).items() if v is not None}
+    problems = cls.settings_problems({**fields[cls.name], **given})
+    if problems:
+      return [p.replace("model.knn.", "eval.knn.") for p in problems]
+    # eval.knn.<key> where set, model.knn.<key> where not.
+    named = {k: (given[k], "eval") if k in given else (fields[cls.name][k], "model") for k in given}
+    return [] if not given else _store_problems({**fields[cls.name], **given}, named=named)
 
   @classmethod
   def example(cls):
