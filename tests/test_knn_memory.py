@@ -350,3 +350,48 @@ def test_a_token_never_reads_its_own_segment_from_the_store():
   b, _ = model.apply({"params": params}, changed, mem, y)
   np.testing.assert_allclose(a[:, :3], b[:, :3], atol=1e-6)
   assert not np.allclose(a[:, 3], b[:, 3])
+
+
+def test_a_trained_workdir_starts_a_knn_run_with_its_parameters(tmp_path):
+  """train.init_from: the source's parameters in place of the fresh ones,
+  the kNN gate and scale fresh (zeros, ones), the optimizer at step 0; a
+  model that differs in a field that gives the parameters their meaning
+  is refused naming it."""
+  import optax
+
+  from transformer_xl import default_config, sharding
+  from transformer_xl.model import models
+  from transformer_xl.run import run_dir
+  from transformer_xl.training import init_from, train_state
+
+  from helpers import toy_config, train_toy
+
+  mesh = sharding.make_mesh((2, 1), ("data", "model"), devices=jax.devices()[:2])
+  source = tmp_path / "xl"
+  train_toy(source, mesh, toy_config(num_steps=2))
+  config = toy_config(init_from=str(source))
+  config.model.update(memory="knn")
+  config.model.knn.update(memory_size=12, num_neighbors=2, layers=(-1,))
+  mcfg = default_config.model_config(config, 32)
+  model, tx = models.TransformerXL(mcfg), optax.adam(1e-3)
+  _, shardings = train_state.abstract_train_state(model, tx, 8, mesh)
+  state = init_from.initial_state(config, model, tx, mesh, shardings, "word")
+  _, loaded = run_dir.restore_params(
+      str(source), default_config.model_config(toy_config(), 32), mesh
+  )
+  got, want = init_from._by_path(state.params), init_from._by_path(loaded)
+  assert sorted(set(got) - set(want)) == ["layers/attn/knn_gate_bias", "layers/attn/knn_scale"]
+  for name, x in want.items():
+    np.testing.assert_array_equal(got[name], x, err_msg=name)
+  np.testing.assert_array_equal(got["layers/attn/knn_gate_bias"], 0.0)
+  np.testing.assert_array_equal(got["layers/attn/knn_scale"], 1.0)
+  assert int(state.step) == 0
+
+  config.model.d_inner = 48
+  other = models.TransformerXL(default_config.model_config(config, 32))
+  _, other_shardings = train_state.abstract_train_state(other, tx, 8, mesh)
+  with pytest.raises(default_config.ConfigError, match=r"model\.d_inner=48 differs from"):
+    init_from.initial_state(config, other, tx, mesh, other_shardings, "word")
+  config.model.d_inner = 32
+  with pytest.raises(default_config.ConfigError, match="trained on word units, this corpus has"):
+    init_from.initial_state(config, model, tx, mesh, shardings, "char")

@@ -274,6 +274,20 @@ def test_importing_the_model_loads_only_model_modules():
   assert out and all(m == "transformer_xl" or in_wing(m, "model") for m in out), out
 
 
+def test_importing_the_package_starts_no_jax_backend():
+  """Every module imports without computing anything on a device: the
+  multi-host launch calls ``jax.distributed.initialize()`` after its imports,
+  which refuses once a backend exists (a module-level ``jnp.asarray`` did)."""
+  code = (
+      "import importlib, pkgutil, transformer_xl; "
+      "from jax._src import xla_bridge; "
+      "[importlib.import_module(m.name) for m in pkgutil.walk_packages("
+      "transformer_xl.__path__, 'transformer_xl.') if not m.name.endswith('__main__')]; "
+      "assert not xla_bridge.backends_are_initialized(), 'a module started a backend'"
+  )
+  subprocess.run([sys.executable, "-c", code], check=True, cwd=PACKAGE.parent)
+
+
 def test_importing_the_language_model_loads_no_training_code():
   """The Python API (and so evaluation and generation) loads neither
   ``training/`` nor optax: restoring parameters needs no optimizer."""

@@ -179,6 +179,8 @@ def get_config() -> ml_collections.ConfigDict:
           # again and the gradient flows back through the memory they write (0 = none)
           bptt_bp=False,  # True: the loss of every segment of the window counts (the
           # authors' --bptt_bp); False: the newest segment's only
+          init_from="",  # a trained workdir whose parameters a new run starts from
+          # (fine-tuning, e.g. adding a kNN memory: training/init_from.py)
       )
   )
   # A step whose loss, gradient norm or update is not finite is never applied (train.py):

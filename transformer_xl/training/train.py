@@ -28,7 +28,7 @@ from transformer_xl.inference import evaluate
 from transformer_xl.model import models
 from transformer_xl.run import checkpointing, distributed, metrics, retention, run_dir
 from transformer_xl.run import workdir as wd
-from transformer_xl.training import train_state
+from transformer_xl.training import init_from, train_state
 from transformer_xl.training.train_state import TrainState
 from transformer_xl.training.train_step import make_train_step
 from transformer_xl.util import report
@@ -237,10 +237,8 @@ def _train_and_evaluate(
   )
   train_iter, window_advance = _train_iterator(config, mcfg, corpus, mesh)
   restored = rundir.restore(abstract_state)
-  if restored is None:
-    state = train_state.create_train_state(
-        model, tx, tcfg.global_batch, mesh, jax.random.PRNGKey(tcfg.seed), state_shardings
-    )
+  if restored is None:  # fresh, or from train.init_from's parameters
+    state = init_from.initial_state(config, model, tx, mesh, state_shardings, corpus.unit)
     start_step = 0
   else:
     start_step, state = restored.step, restored.state

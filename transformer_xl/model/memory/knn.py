@@ -59,7 +59,7 @@ from transformer_xl.model.memory.variant import MemoryVariant, register
 Array = jax.Array
 
 # The score of an empty slot: meliad's ``-1e6`` mask, computed in bfloat16.
-EMPTY_SCORE = float(np.float32(jnp.asarray(-1e6, jnp.bfloat16)))
+EMPTY_SCORE = float(np.asarray(-1e6, dtype=jnp.bfloat16))  # numpy (ml_dtypes): no backend at import
 # The retrieval modes (``retrieve``).
 RETRIEVALS = ("bucketed", "exact", "approx")
 # The bucketed selection's softmax temperature (theirs).
@@ -88,10 +88,12 @@ def write(
   the store leaves its last S entries.  No gradient flows into the store.
 
   Args:
-    keys_BxHxSxDh, values_BxHxSxDh: the store.
+    keys_BxHxSxDh: the store's keys.
+    values_BxHxSxDh: the store's values.
     index_B: int32 [B], entries written to each row since its last reset.
-    new_keys_BxHxTxDh, new_values_BxHxTxDh: the segment's (normalised) keys
-      and values; a zero key marks an entry as empty (e.g. padding).
+    new_keys_BxHxTxDh: the segment's (normalised) keys; a zero key marks an
+      entry as empty (e.g. padding).
+    new_values_BxHxTxDh: the segment's values.
 
   Returns:
     (keys, values, index_B + T), the store's dtypes.
@@ -148,7 +150,8 @@ def retrieve(
 
   Args:
     q_BxHxExDh: the (normalised) queries.
-    keys_BxHxSxDh, values_BxHxSxDh: the store.
+    keys_BxHxSxDh: the store's keys.
+    values_BxHxSxDh: the store's values.
     num_neighbors: k; with ``"bucketed"`` a divisor of S.
     mode: one of ``RETRIEVALS`` (see the module docstring).
     recall_target: ``"approx"`` only: ``jax.lax.approx_max_k``'s.
