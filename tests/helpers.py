@@ -654,3 +654,26 @@ def write_json(path, obj):
   """Writes ``obj`` as JSON to ``path``; returns the path as ``str``."""
   Path(path).write_text(json.dumps(obj))
   return str(path)
+
+
+def reference_nll(cfg: models.ModelConfig, params: Any, tokens_BxT1: np.ndarray) -> np.ndarray:
+  """float32 [B, T]: the model ``cfg`` run segment by segment (its tgt_len)
+  from an empty memory, the last segment padded after the real tokens (as
+  ``--mode=score``): the command-line tests' independent computation."""
+  seg = cfg.tgt_len
+  model = models.TransformerXL(cfg)
+  step = jax.jit(lambda p, m, x, y: model.apply({"params": p}, x, m, y, deterministic=True))
+  b, t = tokens_BxT1.shape[0], tokens_BxT1.shape[1] - 1
+  n_seg = -(-t // seg)
+  padded = np.zeros((b, n_seg * seg + 1), np.int32)
+  padded[:, : t + 1] = tokens_BxT1
+  memory, out = memory_lib.init_memory(cfg, b), []
+  for s in range(n_seg):
+    nll, memory = step(
+        params,
+        memory,
+        padded[:, s * seg : (s + 1) * seg],
+        padded[:, s * seg + 1 : (s + 1) * seg + 1],
+    )
+    out.append(np.asarray(nll))
+  return np.concatenate(out, axis=1)[:, :t]

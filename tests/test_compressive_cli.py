@@ -39,7 +39,7 @@ from transformer_xl import data
 from transformer_xl.model import memory as memory_lib
 from transformer_xl.model import models
 
-from helpers import run_main, small_args, tiny_flags, write_ptb_sample
+from helpers import reference_nll, run_main, small_args, tiny_flags, write_ptb_sample
 
 pytestmark = pytest.mark.slow  # seven commands, two of them train: 70-90 s on 2 shared cores
 
@@ -97,24 +97,6 @@ def _without_compression(params: dict) -> dict:
   """The parameters of memory='xl' (cmem_len=0 has no compression network)."""
   layers = {k: v for k, v in params["layers"].items() if not k.startswith("cmem_")}
   return {**params, "layers": layers}
-
-
-def _reference_nll(cfg: models.ModelConfig, params: dict, tokens_BxT1: np.ndarray) -> np.ndarray:
-  """float32 [B, T]: the model run segment by segment from an empty memory,
-  the last segment padded after the real tokens (as ``--mode=score``)."""
-  model = models.TransformerXL(cfg)
-  step = jax.jit(lambda p, m, x, y: model.apply({"params": p}, x, m, y, deterministic=True))
-  b, t = tokens_BxT1.shape[0], tokens_BxT1.shape[1] - 1
-  n_seg = -(-t // T)
-  padded = np.zeros((b, n_seg * T + 1), np.int32)
-  padded[:, : t + 1] = tokens_BxT1
-  memory, out = memory_lib.init_memory(cfg, b), []
-  for s in range(n_seg):
-    nll, memory = step(
-        params, memory, padded[:, s * T : (s + 1) * T], padded[:, s * T + 1 : (s + 1) * T + 1]
-    )
-    out.append(np.asarray(nll))
-  return np.concatenate(out, axis=1)[:, :t]
 
 
 def _next_log_probs(cfg: models.ModelConfig, params: dict, context_BxL: np.ndarray) -> np.ndarray:
@@ -210,11 +192,11 @@ def test_train_eval_score_generate_and_resume_from_the_command_line(tmp_path):
   # eval's loss is the mean of score's per-token NLLs over the same tokens.
   assert nll.astype(np.float64).mean() == pytest.approx(results["valid"]["loss_nats"], abs=1e-5)
   params = _params(workdir, 3)
-  ref = _reference_nll(_eval_model(workdir), params, tokens)
+  ref = reference_nll(_eval_model(workdir), params, tokens)
   np.testing.assert_allclose(nll, ref, rtol=1e-5, atol=1e-5)
   # The compressed slots are read: without them (Transformer-XL, same weights) the scores of
   # the segments after the first compression differ, those before it do not.
-  xl = _reference_nll(_eval_model(workdir, cmem_len=0), _without_compression(params), tokens)
+  xl = reference_nll(_eval_model(workdir, cmem_len=0), _without_compression(params), tokens)
   np.testing.assert_allclose(xl[:, : 2 * T], ref[:, : 2 * T], rtol=1e-5, atol=1e-5)
   assert np.abs(xl[:, 2 * T :] - ref[:, 2 * T :]).max() > 1e-4
 

@@ -28,10 +28,9 @@ import orbax.checkpoint as ocp
 import pytest
 
 from transformer_xl import data
-from transformer_xl.model import memory as memory_lib
 from transformer_xl.model import models
 
-from helpers import run_main, small_args, tiny_flags, write_ptb_sample
+from helpers import reference_nll, run_main, small_args, tiny_flags, write_ptb_sample
 
 pytestmark = pytest.mark.slow  # five commands, one of them trains: ~60 s on 2 shared cores
 
@@ -67,26 +66,12 @@ def _ok(r: subprocess.CompletedProcess) -> str:
 
 
 def _reference_nll(workdir: Path, params: dict, tokens_BxT1: np.ndarray, **knn) -> np.ndarray:
-  """float32 [B, T]: the trained model (model_config.json, the eval
-  segments, ``knn`` settings changed) run segment by segment from an empty
-  memory, the last segment padded after the real tokens (as --mode=score)."""
+  """``helpers.reference_nll`` of the trained model (model_config.json, the
+  eval segments, no dropout, ``knn`` settings changed)."""
   saved = json.loads((workdir / "model_config.json").read_text())["model"]
   fields = {**saved, "tgt_len": T, "mem_len": M, "dropout": 0.0, "dropatt": 0.0}
   fields["knn"] = {**fields["knn"], **knn}
-  cfg = models.ModelConfig.from_dict(fields)
-  model = models.TransformerXL(cfg)
-  step = jax.jit(lambda p, m, x, y: model.apply({"params": p}, x, m, y, deterministic=True))
-  b, t = tokens_BxT1.shape[0], tokens_BxT1.shape[1] - 1
-  n_seg = -(-t // T)
-  padded = np.zeros((b, n_seg * T + 1), np.int32)
-  padded[:, : t + 1] = tokens_BxT1
-  memory, out = memory_lib.init_memory(cfg, b), []
-  for s in range(n_seg):
-    nll, memory = step(
-        params, memory, padded[:, s * T : (s + 1) * T], padded[:, s * T + 1 : (s + 1) * T + 1]
-    )
-    out.append(np.asarray(nll))
-  return np.concatenate(out, axis=1)[:, :t]
+  return reference_nll(models.ModelConfig.from_dict(fields), params, tokens_BxT1)
 
 
 def test_train_eval_with_a_larger_store_score_and_generate(tmp_path):
