@@ -94,7 +94,7 @@ def flat_fields(fields: Mapping[str, Any] | None, complete: bool = False) -> dic
     )
   for key, value in upgraded.items():
     if key in memory.default_sections() and isinstance(value, Mapping):
-      # a setting's tuple as a file's list (e.g. model.knn.layers), so both compare equal
+      # a setting's tuple as a file's list (e.g. a list of layers), so both compare equal
       out.update({f"{key}.{k}": list(v) if isinstance(v, tuple) else v for k, v in value.items()})
     else:
       out[key] = value

@@ -266,10 +266,11 @@ class KNNSettings:
 _STORE = Leaf((None, "batch", "heads", None, "kv"), carried=True)
 
 
-def _store_problems(s, section="model", named=None):
-  """The store's size against k (``s``: the settings as a dict), naming
-  each key as ``section`` (or ``named[key][1]``) says."""
-  name = lambda key: f"{(named or {}).get(key, (None, section))[1]}.knn.{key}"
+def _store_problems(s, eval_keys=()):
+  """The store's size against k (``s``: the settings as a dict), each key
+  named ``model.knn.<key>``, or ``eval.knn.<key>`` when in ``eval_keys``
+  (the evaluation's overrides)."""
+  name = lambda key: f"{'eval' if key in eval_keys else 'model'}.knn.{key}"
   size, k = s["memory_size"], s["num_neighbors"]
   if k > size:
     return [f"{name('num_neighbors')}={k} is more than {name('memory_size')}={size} entries."]
@@ -354,7 +355,7 @@ class KNNMemory(MemoryVariant):
           f"model.knn.layers={tuple(s['layers'])!r}: layer {bad[0]} is not one of the "
           f"{n_layer} layers (use -{n_layer} .. {n_layer - 1})."
       )
-    return problems + _store_problems(s, "model")
+    return problems + _store_problems(s)
 
   @classmethod
   def eval_problems(cls, fields, eval_fields):
@@ -362,9 +363,7 @@ class KNNMemory(MemoryVariant):
     problems = cls.settings_problems({**fields[cls.name], **given})
     if problems:
       return [p.replace("model.knn.", "eval.knn.") for p in problems]
-    # eval.knn.<key> where set, model.knn.<key> where not.
-    named = {k: (given[k], "eval") if k in given else (fields[cls.name][k], "model") for k in given}
-    return [] if not given else _store_problems({**fields[cls.name], **given}, named=named)
+    return _store_problems({**fields[cls.name], **given}, eval_keys=given) if given else []
 
   @classmethod
   def example(cls):
