@@ -138,7 +138,7 @@ def get_config() -> ml_collections.ConfigDict:
           tfds_splits="train,validation,test",  # ... and its splits read as train, valid, test
           documents="stream",  # stream: memory flows across documents (the reference);
           # reset: no attention across a document boundary
-          # data.dataset="synthetic:copy|reverse|associative_retrieval" (data/synthetic.py;
+          # data.dataset="synthetic:copy|reverse|associative_retrieval|passkey" (data/synthetic.py;
           # defaults: Bulatov et al. 2022's generate_data.py and run scripts):
           # (values: synthetic.TaskSettings's defaults, written once there)
           synthetic_seq_len=_TASK.seq_len,  # copy/reverse: input symbols (long runs: 120)
@@ -148,6 +148,10 @@ def get_config() -> ml_collections.ConfigDict:
           synthetic_valid_size=_TASK.valid_size,  # val_size, test_size), duplicates
           synthetic_test_size=_TASK.test_size,  # removed across them
           synthetic_seed=_TASK.seed,  # the numpy Generator that draws the examples
+          # data.dataset="synthetic:passkey" (Mohtashami & Jaggi 2023's prompt, data/passkey.py):
+          synthetic_passkey_len=_TASK.passkey_len,  # E: positions of an example
+          synthetic_passkey_depth=_TASK.passkey_depth,  # filler tokens before the key; -1: drawn
+          synthetic_passkey_digits=_TASK.passkey_digits,  # the key's digits (the answer)
       )
   )
 

@@ -43,7 +43,7 @@ Modules, one role each:
   tokenizer.json;
 * ``text_settings.py``: their settings (checked without tfds);
 * ``synthetic.py``: the long-range synthetic tasks
-  (``data.dataset="synthetic:copy|reverse|associative_retrieval"``), drawn
+  (``data.dataset="synthetic:copy|reverse|associative_retrieval|passkey"``), drawn
   in memory, and their iterators over whole examples;
 * ``builders.py``: corpus name -> builder;
 * ``checks.py``: argument and state checks of the iterators;

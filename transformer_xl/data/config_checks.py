@@ -70,8 +70,8 @@ def data_problems(d: Any, nonfinite: set[str], default: Callable[[str], Any]) ->
     return [
         f"data.dataset={d.dataset!r}: choose one of {sorted(data.CORPUS_NAMES)}, "
         f"{data.TEXT!r} for your own text files (data.train_files, ...), "
-        "'tfds:NAME' for a tfds text dataset, or 'synthetic:copy', 'synthetic:reverse' or "
-        "'synthetic:associative_retrieval'."
+        "'tfds:NAME' for a tfds text dataset, or one of "
+        f"{', '.join(repr(synthetic.PREFIX + t) for t in synthetic.TASKS)}."
     ]
   changed = [k for k, v in text.items() if v != default(f"data.{k}")]
   if changed:

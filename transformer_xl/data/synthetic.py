@@ -1,4 +1,4 @@
-"""Long-range synthetic tasks: copy, reverse, associative retrieval.
+"""Long-range synthetic tasks: copy, reverse, associative retrieval, passkey.
 
 The algorithmic tasks of the Recurrent Memory Transformer (Bulatov,
 Kuratov, Burtsev 2022, arXiv 2207.06881, Sec. 4), generated as the authors'
@@ -23,6 +23,12 @@ corpus is loaded.
   ids 11..36, distinct), values (digits, ids 0..9, distinct for K <= 10),
   the query ``q`` one of the keys; ``y = [10, v]``, ``v`` the query's value;
   ``S = 2 * K + 3``.  The vocabulary is always 37 ids.
+
+``data.dataset="synthetic:passkey"`` is the passkey retrieval of Landmark
+Attention (Mohtashami & Jaggi 2023; ``passkey.py``): filler text with a
+pass-key line at a depth, the question, and the key's ``passkey_digits``
+digits as the answer (no marker: the question ends "The pass key is");
+``S = passkey_len + 1``.  It is laid out, scored and decoded as the others.
 
 The model reads ``inputs = seq[:-1]`` and predicts ``targets = seq[1:]``:
 ``E = S - 1`` positions per example (the *example length*; 72 for copy
@@ -78,6 +84,7 @@ from typing import Any
 import numpy as np
 
 from transformer_xl import errors
+from transformer_xl.data import passkey
 from transformer_xl.data.checks import (
     Batch,
     check_positive,
@@ -88,7 +95,8 @@ from transformer_xl.data.checks import (
 from transformer_xl.data.corpus import ArraySource, Corpus
 
 PREFIX = "synthetic:"  # data.dataset="synthetic:TASK"
-TASKS = ("copy", "reverse", "associative_retrieval")
+RMT_TASKS = ("copy", "reverse", "associative_retrieval")  # Bulatov et al. 2022's
+TASKS = (*RMT_TASKS, "passkey")  # passkey: Mohtashami & Jaggi 2023 (passkey.py)
 # data config key -> TaskSettings field (the authors' names in the comments of default_config).
 FIELDS = {
     "synthetic_seq_len": "seq_len",
@@ -98,18 +106,29 @@ FIELDS = {
     "synthetic_valid_size": "valid_size",
     "synthetic_test_size": "test_size",
     "synthetic_seed": "seed",
+    "synthetic_passkey_len": "passkey_len",
+    "synthetic_passkey_depth": "passkey_depth",
+    "synthetic_passkey_digits": "passkey_digits",
 }
 # The fields that apply to some tasks only.
 _TASK_FIELDS = {
     "synthetic_seq_len": ("copy", "reverse"),
     "synthetic_num_tokens": ("copy", "reverse"),
     "synthetic_num_pairs": ("associative_retrieval",),
+    "synthetic_passkey_len": ("passkey",),
+    "synthetic_passkey_depth": ("passkey",),
+    "synthetic_passkey_digits": ("passkey",),
 }
 ANSWER_MARKER = 1  # copy and reverse: y[0] (generate_data.py: ``y[:, 0] = 1``)
 QUERY_MARKER = 10  # retrieval: y[0] (``y[:, 0] = 10``)
 _LETTERS = 26  # retrieval keys: ids 11..36 (retrieval.get_three_letters)
 _DIGITS = 10  # retrieval values: ids 0..9 (retrieval.get_three_numbers)
 RETRIEVAL_VOCAB = 37
+# The corpus's boundary_id (what generation may stop at): the marker, passkey's line end.
+_BOUNDARY = {
+    "associative_retrieval": QUERY_MARKER,
+    "passkey": passkey.vocabulary().index(passkey.EOS),
+}
 OVERSAMPLE = 3  # generate_data: ``num_batches = total_size // batch_size * 3``
 
 
@@ -129,6 +148,11 @@ class TaskSettings:
     num_tokens: copy/reverse: the vocabulary, ids 0 (unused padding), 1 (the
       answer marker) and the symbols 2 .. num_tokens - 1 (authors' 12).
     num_pairs: retrieval: key-value pairs K (authors' 4), 1 to 26.
+    passkey_len: passkey: E, the positions of an example (the prompt and
+      its answer are E + 1 tokens); a multiple of the segment length.
+    passkey_depth: passkey: filler tokens before the pass-key line; -1:
+      drawn uniformly per example (the authors').
+    passkey_digits: passkey: digits of the key (the answer's tokens).
     train_size, valid_size, test_size: examples per split.
     seed: seed of the numpy Generator that draws every split.
   """
@@ -137,6 +161,9 @@ class TaskSettings:
   seq_len: int = 24
   num_tokens: int = 12
   num_pairs: int = 4
+  passkey_len: int = 512
+  passkey_depth: int = -1
+  passkey_digits: int = 5
   train_size: int = 10_000
   valid_size: int = 1_000
   test_size: int = 2_000
@@ -156,6 +183,8 @@ class TaskSettings:
       return 3 * self.seq_len + 1
     if self.task == "reverse":
       return 2 * self.seq_len + 1
+    if self.task == "passkey":
+      return self.passkey_len + 1
     return 2 * self.num_pairs + 3
 
   @property
@@ -166,11 +195,14 @@ class TaskSettings:
   @property
   def answer_len(self) -> int:
     """Answer positions at the end of an example (the authors' answer_size)."""
-    return {"copy": 2 * self.seq_len, "reverse": self.seq_len}.get(self.task, 1)
+    answer = {"copy": 2 * self.seq_len, "reverse": self.seq_len, "passkey": self.passkey_digits}
+    return answer.get(self.task, 1)
 
   @property
   def n_token(self) -> int:
     """The vocabulary size (the authors' ``ntokens``)."""
+    if self.task == "passkey":
+      return len(passkey.vocabulary())
     return RETRIEVAL_VOCAB if self.task == "associative_retrieval" else self.num_tokens
 
   @property
@@ -187,6 +219,10 @@ class TaskSettings:
       k = self.num_pairs  # <= 26 (settings_problems)
       values = math.perm(_DIGITS, k) if k <= _DIGITS else _DIGITS**k
       return min(math.perm(_LETTERS, k) * values * k, at_most)
+    if self.task == "passkey":
+      depths = passkey.filler_len(self.passkey_len, self.passkey_digits) + 1
+      keys = 9 * 10 ** (self.passkey_digits - 1)
+      return min(keys * (depths if self.passkey_depth < 0 else 1), at_most)
     base = self.num_tokens - 2
     if base > 1 and self.seq_len * math.log2(base) > math.log2(at_most) + 1:
       return at_most
@@ -241,6 +277,8 @@ def settings_problems(s: TaskSettings, defaults: TaskSettings | None = None) -> 
     )
   if s.seed < 0:
     problems.append(f"data.synthetic_seed={s.seed} must be >= 0.")
+  if s.task == "passkey":
+    problems += _passkey_problems(s)
   if problems:
     return problems
   total = sum(s.sizes.values())
@@ -260,6 +298,25 @@ def settings_problems(s: TaskSettings, defaults: TaskSettings | None = None) -> 
         "data.synthetic_num_tokens (data.synthetic_num_pairs for retrieval)."
     )
   return problems
+
+
+def _passkey_problems(s: TaskSettings) -> list[str]:
+  """The passkey settings' problems: the digits, the length, the depth."""
+  if not 1 <= s.passkey_digits <= 9:
+    return [f"data.synthetic_passkey_digits={s.passkey_digits} must be in [1, 9]."]
+  shortest = passkey.fixed_len(s.passkey_digits) - 1
+  if s.passkey_len < shortest:
+    return [
+        f"data.synthetic_passkey_len={s.passkey_len} is shorter than the prompt without "
+        f"filler ({shortest} positions with {s.passkey_digits} digits): raise it."
+    ]
+  f = passkey.filler_len(s.passkey_len, s.passkey_digits)
+  if not -1 <= s.passkey_depth <= f:
+    return [
+        f"data.synthetic_passkey_depth={s.passkey_depth} must be -1 (drawn per example) or "
+        f"in [0, {f}] (the filler tokens of data.synthetic_passkey_len={s.passkey_len})."
+    ]
+  return []
 
 
 def _memory_gib() -> float:
@@ -302,6 +359,8 @@ def marked_answer(s: TaskSettings, x_NxL: np.ndarray) -> np.ndarray:
     int32 [N, 1 + answer_len].
   """
   n = x_NxL.shape[0]
+  if s.task == "passkey":  # no marker: the question ends "The pass key is"
+    return passkey.answers(x_NxL, s.passkey_digits)
   if s.task in ("copy", "reverse"):
     answer = np.concatenate([x_NxL, x_NxL], axis=1) if s.task == "copy" else x_NxL[:, ::-1]
     return np.concatenate([np.full((n, 1), ANSWER_MARKER), answer], axis=1).astype(np.int32)
@@ -314,6 +373,10 @@ def marked_answer(s: TaskSettings, x_NxL: np.ndarray) -> np.ndarray:
 
 def _inputs(s: TaskSettings, rng: np.random.Generator, n: int) -> np.ndarray:
   """``n`` drawn inputs X: int32 [n, len(X)]."""
+  if s.task == "passkey":
+    return passkey.examples(s.passkey_len, s.passkey_digits, s.passkey_depth, rng, n)[
+        :, : -s.passkey_digits
+    ]
   if s.task in ("copy", "reverse"):
     return rng.integers(2, s.num_tokens, size=(n, s.seq_len), dtype=np.int32)
   k = s.num_pairs
@@ -358,6 +421,8 @@ def generate(s: TaskSettings) -> dict[str, np.ndarray]:
 def vocabulary(s: TaskSettings) -> list[str]:
   """Symbol of each id: copy/reverse ``<pad>``, ``<answer>``, then the ids
   as numbers; retrieval the digits, ``?`` (the query marker), a..z."""
+  if s.task == "passkey":
+    return passkey.vocabulary()
   if s.task == "associative_retrieval":
     return [str(d) for d in range(_DIGITS)] + ["?"] + [chr(ord("a") + i) for i in range(_LETTERS)]
   return ["<pad>", "<answer>"] + [str(i) for i in range(2, s.num_tokens)]
@@ -399,7 +464,7 @@ def load(s: TaskSettings) -> SyntheticCorpus:
       name=PREFIX + s.task,
       unit="word",
       vocab=vocabulary(s),
-      boundary_id=QUERY_MARKER if s.task == "associative_retrieval" else ANSWER_MARKER,
+      boundary_id=_BOUNDARY.get(s.task, ANSWER_MARKER),
       splits={k: ArraySource(v.reshape(-1)) for k, v in examples.items()},
       settings=s,
       examples=examples,
