@@ -3,7 +3,8 @@
 ``python -m transformer_xl.main`` in subprocesses on a tiny PTB-format
 corpus (``helpers.write_ptb_sample``): train a model with a store at its
 last layer, then ``--mode=eval`` with a larger store than training's
-(``eval.knn.memory_size``, as the paper evaluates), ``--mode=score
+(``eval.knn.memory_size``, as the paper evaluates; it also scores the model
+without its store), ``--mode=score
 --tokens`` and ``--mode=generate`` on its workdir, and a bad store size
 refused before anything is compiled.
 
@@ -125,6 +126,24 @@ def test_train_eval_with_a_larger_store_score_and_generate(tmp_path):
   )
   xl = _reference_nll(workdir, closed, tokens, memory_size=S_EVAL)
   assert np.abs(xl[:, T:] - ref[:, T:]).max() > 1e-4
+  # --mode=eval scored each split both ways, with the store and without it (its own line).
+  without = results["valid"]["without_knn"]
+  assert without["eval"] == {"memory_size": 0} and without["tokens"] == results["valid"]["tokens"]
+  assert abs(without["loss_nats"] - results["valid"]["loss_nats"]) > 1e-5
+  # Without the store (eval.knn.memory_size=0) is the local attention alone: the closed gate.
+  _ok(
+      run_main(
+          [
+              f"--workdir={workdir}",
+              "--mode=score",
+              f"--tokens={tmp_path / 'tokens.npy'}",
+              f"--out={tmp_path / 'nll0.npy'}",
+              "--config.eval.knn.memory_size=0",
+          ]
+      )
+  )
+  np.testing.assert_allclose(np.load(tmp_path / "nll0.npy"), xl, rtol=1e-5, atol=1e-5)
+  assert set(results["test"]["without_knn"]) == {"loss_nats", "tokens", "ppl", "eval"}
 
   # -- generate: a continuation from a prompt ---------------------------------------------------
   out = _ok(

@@ -24,6 +24,7 @@ from jax.sharding import Mesh
 from transformer_xl import data, default_config
 from transformer_xl.cli import dynamic_modes, user_errors
 from transformer_xl.inference import dynamic_eval, evaluate, text_scores, trained_model
+from transformer_xl.model import memory as memory_lib
 from transformer_xl.run import metrics, run_dir
 from transformer_xl.run import workdir as wd
 from transformer_xl.util import files, report
@@ -71,7 +72,11 @@ def run_eval(
   where they can be counted).  With ``eval.documents="whole"`` each split
   is scored document by document (``Evaluator.evaluate_documents``) and
   its dict also holds ``per_document`` (each document's tokens, loss,
-  bits per byte and word-level perplexity) and ``documents_scored``.  With dynamic evaluation (``eval.dynamic.lr > 0``,
+  bits per byte and word-level perplexity) and ``documents_scored``.  A
+  memory that can be evaluated without its own part (the kNN store:
+  ``MemoryVariant.EVAL_WITHOUT``) is scored both ways: each split's dict
+  also holds ``without_<name>`` (loss, metric, tokens, answer accuracies,
+  and the overrides used), so that the gain of the memory is one file.  With dynamic evaluation (``eval.dynamic.lr > 0``,
   ``dynamic_eval.py``: each split from the loaded parameters, the
   statistics once from the training split) the same goes to
   ``<workdir>/eval_results_dynamic.json`` instead, its settings under
@@ -127,6 +132,8 @@ def run_eval(
         f"step {step} {split}: loss {r['loss_nats']:.4f} nats, {metric} "
         f"{r[metric]:.4f} over {r['tokens']:,} tokens{extra}"
     )
+  if not dynamic:
+    _score_without(config, model_cfg, corpus, mesh, params, step, results)
   results["step"] = int(step)
   results["eval"] = {**evaluator.lengths, **({"dynamic": dynamic} if dynamic else {})}
   bad = [s for s in ("valid", "test") if not np.isfinite(results[s]["loss_nats"])]
@@ -163,6 +170,37 @@ def run_eval(
         "--config.model.dtype=bfloat16 try float32."
     )
   return results
+
+
+# What an evaluation without a variant's memory records of each split (those it has).
+_WITHOUT_KEYS = ("loss_nats", "tokens", "answer_accuracy", "answer_token_accuracy")
+
+
+def _score_without(config, model_cfg, corpus, mesh, params, step, results) -> None:
+  """Scores valid and test again without each variant's own memory that has
+  such an evaluation (``memory.eval_without``: the kNN store), into
+  ``results[split]["without_<name>"]`` (loss, the unit's metric, tokens,
+  the answer accuracies of a synthetic task); logs each."""
+  metric = metrics.metric_name(corpus.unit)
+  for name, overrides in memory_lib.eval_without(model_cfg, config.eval.to_dict()).items():
+    cfg = config.copy_and_resolve_references()
+    cfg.eval[name].update(overrides)
+    evaluator = evaluate.Evaluator(cfg, model_cfg, corpus, mesh)
+    score = evaluator.evaluate_documents if evaluator.whole else evaluator.evaluate
+    for split in ("valid", "test"):
+      r = score(params, split)
+      kept = {k: r[k] for k in (*_WITHOUT_KEYS, metric) if k in r}
+      results[split][f"without_{name}"] = {**kept, "eval": overrides}
+      shown = ", ".join(
+          f"{k} {r[k]:.4f}" for k in ("loss_nats", metric, *_WITHOUT_KEYS[2:]) if k in r
+      )
+      report.log(
+          f"step {step} {split} without the {name} memory ({_flags(name, overrides)}): {shown}"
+      )
+
+
+def _flags(name: str, overrides: dict) -> str:
+  return " ".join(f"eval.{name}.{k}={v}" for k, v in overrides.items())
 
 
 def _cannot_write(workdir: str) -> str | None:

@@ -43,6 +43,7 @@ from transformer_xl.model.memory.composition import Plan as Plan
 from transformer_xl.model.memory.composition import abstract_memory as abstract_memory
 from transformer_xl.model.memory.composition import describe_eval as describe_eval
 from transformer_xl.model.memory.composition import eval_settings as eval_settings
+from transformer_xl.model.memory.composition import eval_without as eval_without
 from transformer_xl.model.memory.composition import init_memory as init_memory
 from transformer_xl.model.memory.composition import plan as plan
 from transformer_xl.model.memory.composition import replicated_shardings as replicated_shardings

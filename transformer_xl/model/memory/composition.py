@@ -307,6 +307,19 @@ def eval_settings(cfg: ModelConfig, eval_fields: Mapping[str, Any], sliding: boo
   return out
 
 
+def eval_without(cfg: ModelConfig, eval_fields: Mapping[str, Any]) -> dict[str, dict]:
+  """The evaluations without a variant's own memory that ``--mode=eval``
+  adds: {variant name: its ``EVAL_WITHOUT`` overrides} for each variant on
+  that has them, unless the evaluation (``eval_fields``: the eval section)
+  already runs without it."""
+  settings = eval_settings(cfg, eval_fields)
+  out = {}
+  for v in plan(cfg).variants:
+    if v.EVAL_WITHOUT and any(getattr(settings[v.name], k) != x for k, x in v.EVAL_WITHOUT.items()):
+      out[v.name] = dict(v.EVAL_WITHOUT)
+  return out
+
+
 def describe_eval(cfg: ModelConfig) -> dict[str, Any]:
   """What evaluation results record of the memory's settings: {variant name:
   its ``describe_eval``} for each variant on that records something."""

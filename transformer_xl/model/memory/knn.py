@@ -47,6 +47,7 @@ Dh the head width.
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import flax.linen as nn
 import jax
@@ -235,7 +236,8 @@ class KNNSettings:
   Attributes:
     memory_size: S, (key, value) entries per row, head and memory layer
       (``memory_on_tpu_factory.database_size``: 8192; the paper's largest
-      runs 32768, up to 262144).
+      runs 32768, up to 262144); 0: no store, the memory layers attend
+      locally only (the model without its memory: ``eval.knn.memory_size=0``).
     num_neighbors: k, the entries each query reads
       (``TransformerLayer.memory_num_neighbors``: 128); with "bucketed"
       retrieval a divisor of ``memory_size``.
@@ -272,6 +274,8 @@ def _store_problems(s, eval_keys=()):
   (the evaluation's overrides)."""
   name = lambda key: f"{'eval' if key in eval_keys else 'model'}.knn.{key}"
   size, k = s["memory_size"], s["num_neighbors"]
+  if size == 0:  # no store: nothing is read
+    return []
   if k > size:
     return [f"{name('num_neighbors')}={k} is more than {name('memory_size')}={size} entries."]
   if s["retrieval"] == "bucketed" and size % k:
@@ -313,6 +317,7 @@ class KNNMemory(MemoryVariant):
   Settings = KNNSettings
   # The paper evaluates with larger stores than it trains with (Sec. 4.2).
   EVAL_OVERRIDES = ("memory_size", "num_neighbors", "retrieval")
+  EVAL_WITHOUT = types.MappingProxyType({"memory_size": 0})  # --mode=eval's "without the store"
   STATE = {
       "knn_keys_NxBxHxSxDh": _STORE,
       "knn_values_NxBxHxSxDh": _STORE,
@@ -325,10 +330,10 @@ class KNNMemory(MemoryVariant):
   @classmethod
   def settings_problems(cls, section):
     problems = []
-    for key in ("memory_size", "num_neighbors"):
+    for key, least in (("memory_size", 0), ("num_neighbors", 1)):
       n = section[key]
-      if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        problems.append(f"model.knn.{key}={n!r} must be an integer >= 1.")
+      if isinstance(n, bool) or not isinstance(n, int) or n < least:
+        problems.append(f"model.knn.{key}={n!r} must be an integer >= {least}.")
     layers = section["layers"]
     if (
         not isinstance(layers, (tuple, list))
@@ -396,6 +401,8 @@ class KNNMemory(MemoryVariant):
     heads = lambda init: nn.with_logical_partitioning(init, ("heads",))
     bias_H = attn.param("knn_gate_bias", heads(nn.initializers.zeros), (cfg.n_head,), jnp.float32)
     scale_H = attn.param("knn_scale", heads(nn.initializers.ones), (cfg.n_head,), jnp.float32)
+    if s.memory_size == 0:  # no store: the local attention alone
+      return vec_BxExHxDh, {k: state[k] for k in cls.STATE}
     layers = jnp.asarray(s.memory_layers(cfg.n_layer), jnp.int32)
     hit_N = layers == state[LAYER_INDEX]
     j = jnp.argmax(hit_N)  # this layer's store (when it has one)

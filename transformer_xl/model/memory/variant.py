@@ -93,6 +93,10 @@ class MemoryVariant:
   Settings: ClassVar[type] = NoSettings
   # Fields of Settings that evaluation may override (eval.<name>.<field>).
   EVAL_OVERRIDES: ClassVar[tuple[str, ...]] = ()
+  # The overrides (of EVAL_OVERRIDES) under which its own memory is off: the
+  # trained model without it, which ``--mode=eval`` scores too (as
+  # ``without_<name>``); empty: no such comparison.
+  EVAL_WITHOUT: ClassVar[Mapping[str, Any]] = types.MappingProxyType({})
   # Flat model keys of earlier versions that are fields of Settings
   # (model.<key> -> model.<name>.<key>), and flat eval keys with the value
   # that meant "the model's" (eval.<key> -> eval.<name>.<key>, that value
