@@ -38,27 +38,28 @@ pytestmark = pytest.mark.slow  # five commands, one of them trains: ~60 s on 2 s
 T, M = 8, 8  # eval segment, XL memory
 S, S_EVAL, K = 32, 64, 4  # the store at training and at evaluation, neighbours
 ROWS = 2
-TINY = [
-    *tiny_flags(
-        model__d_model=16,
-        model__d_head=8,
-        model__d_inner=32,
-        model__tgt_len=T,
-        model__mem_len=M,
-        train__global_batch=None,
-        train__warmup_steps=0,
-        train__learning_rate=0.05,
-        eval__tgt_len=T,
-        eval__mem_len=M,
-        eval__same_length=False,
-        eval__clamp_len=0,
-        eval__global_batch=ROWS,
-        model__knn__memory_size=S,
-        model__knn__num_neighbors=K,
-        model__knn__layers="(-1,)",
-    ),
+TINY_XL = tiny_flags(  # the model without a store (the fine-tuning's source)
+    model__d_model=16,
+    model__d_head=8,
+    model__d_inner=32,
+    model__tgt_len=T,
+    model__mem_len=M,
+    train__global_batch=None,
+    train__warmup_steps=0,
+    train__learning_rate=0.05,
+    eval__tgt_len=T,
+    eval__mem_len=M,
+    eval__same_length=False,
+    eval__clamp_len=0,
+    eval__global_batch=ROWS,
+)
+KNN = [
+    f"--config.model.knn.memory_size={S}",
+    f"--config.model.knn.num_neighbors={K}",
+    "--config.model.knn.layers=(-1,)",
     "--config.model.memory=knn",
 ]
+TINY = [*TINY_XL, *KNN]
 
 
 def _ok(r: subprocess.CompletedProcess) -> str:
@@ -165,3 +166,51 @@ def test_train_eval_with_a_larger_store_score_and_generate(tmp_path):
   errors = [l for l in r.stderr.splitlines() if l.startswith("error: ")]
   assert len(errors) == 1, r.stderr[-3000:]
   assert "eval.knn.memory_size=30 must be a multiple of model.knn.num_neighbors=4" in r.stderr
+
+
+def test_fine_tune_a_trained_workdir_with_a_store_in_one_command_and_resume_exactly(tmp_path):
+  """The paper's recipe (Sec. 4.4) from the command line: a Transformer-XL
+  workdir trained without a store, then one command that starts a kNN
+  model from it (``train.init_from``), run once to step 4 and once stopped
+  at step 2 and resumed: the same losses and the same parameters (the
+  store comes back from the checkpoint; a fresh store would score steps 3
+  and 4 differently)."""
+  manual = write_ptb_sample(tmp_path / "ptb", n_lines=(300, 8, 8))
+  source = tmp_path / "xl"
+  _ok(run_main(small_args(tmp_path, source, manual, *TINY_XL, "--config.train.num_steps=2")))
+  assert json.loads((source / "model_config.json").read_text())["model"]["memory"] == "xl"
+
+  def fine_tune(workdir, steps):
+    return _ok(
+        run_main(
+            small_args(
+                tmp_path,
+                workdir,
+                manual,
+                *TINY,
+                f"--config.train.init_from={source}",
+                f"--config.train.num_steps={steps}",
+                "--config.train.min_lr=0.05",  # a constant rate: the schedule ignores num_steps
+            )
+        )
+    )
+
+  out = fine_tune(tmp_path / "once", 4)
+  assert f"Starting from {source} (step 2)" in out, out[-3000:]
+  assert "2 new: " in out and "knn_gate_bias" in out and "knn_scale" in out
+  saved = json.loads((tmp_path / "once" / "config.json").read_text())
+  assert saved["train"]["init_from"] == str(source) and saved["model"]["memory"] == "knn"
+  fine_tune(tmp_path / "twice", 2)
+  out = fine_tune(tmp_path / "twice", 4)
+  assert "Resumed from" in out and "at step 2" in out and "Starting from" not in out
+
+  def losses(workdir):
+    rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
+
+  once, twice = losses(tmp_path / "once"), losses(tmp_path / "twice")
+  assert sorted(once) == sorted(twice) == [1, 2, 3, 4]
+  assert [twice[s] for s in (1, 2, 3, 4)] == [once[s] for s in (1, 2, 3, 4)]
+  restore = lambda w: ocp.StandardCheckpointer().restore(w / "checkpoints" / "4" / "state")
+  a, b = restore(tmp_path / "once"), restore(tmp_path / "twice")
+  jax.tree_util.tree_map(np.testing.assert_array_equal, a["params"], b["params"])
