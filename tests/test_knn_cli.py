@@ -19,6 +19,7 @@ segments differently, so a command that dropped the store would fail here.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -214,3 +215,30 @@ def test_fine_tune_a_trained_workdir_with_a_store_in_one_command_and_resume_exac
   restore = lambda w: ocp.StandardCheckpointer().restore(w / "checkpoints" / "4" / "state")
   a, b = restore(tmp_path / "once"), restore(tmp_path / "twice")
   jax.tree_util.tree_map(np.testing.assert_array_equal, a["params"], b["params"])
+
+
+def test_a_checkpoint_holds_the_store_and_its_size_is_said_at_the_start(tmp_path):
+  """The store is saved in every checkpoint: the run says how large one is
+  (its parts counted by hand here) and that the memory is most of it; on
+  disk, once the store is full of keys and values, the checkpoint is at
+  least the store's bytes (the format does not shrink it away)."""
+  manual = write_ptb_sample(tmp_path / "ptb", n_lines=(300, 8, 8))
+  workdir, s, steps = tmp_path / "wd", 128, 17  # 16 segments of T = 8 fill 128 entries
+  knn = [f"--config.model.knn.memory_size={s}", *KNN[1:]]
+  out = _ok(
+      run_main(
+          small_args(tmp_path, workdir, manual, *TINY_XL, *knn, f"--config.train.num_steps={steps}")
+      )
+  )
+  (line,) = [l for l in out.splitlines() if l.startswith("Checkpoint: ")]
+  mib = [float(x) * 2**20 for x in re.findall(r"([0-9.]+) MiB", line)]
+  rows, layers, heads, d_head, d_model, n_params = 16, 2, 2, 8, 16, 5331
+  store = 2 * rows * heads * s * d_head * 4 + rows * 4  # keys, values (float32), index
+  memory = layers * rows * M * d_model * 4 + rows * 4 + store  # + XL's cache and lengths
+  parts = {"params": n_params * 4, "opt_state": 2 * n_params * 4 + 4, "memory": memory}
+  for got, want in zip(mib, [sum(parts.values()), *parts.values()]):
+    assert got == pytest.approx(want, rel=1e-3, abs=60), line
+  assert f"Model: {n_params:,} parameters" in out
+  assert "The memory of the 16 training rows is most of it (a kNN store" in line, line
+  on_disk = sum(f.stat().st_size for f in (workdir / "checkpoints" / str(steps)).rglob("*"))
+  assert on_disk > store, (on_disk, store)

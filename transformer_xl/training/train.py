@@ -244,7 +244,7 @@ def _train_and_evaluate(
     start_step, state = restored.step, restored.state
     _resume_data(train_iter, restored)
   rundir.start(restored, config, mcfg)
-  _report_run(config, corpus, rundir.workdir, state.params)
+  _report_run(config, corpus, rundir.workdir, state)
   train_step = make_train_step(
       model,
       tx,
@@ -335,11 +335,14 @@ def _resume_data(train_iter: Any, restored: checkpointing.Restored) -> None:
 
 
 def _report_run(
-    config: ml_collections.ConfigDict, corpus: data.Corpus, workdir: str, params: Any
+    config: ml_collections.ConfigDict, corpus: data.Corpus, workdir: str, state: Any
 ) -> None:
   """What the run starts with: one's own text's tokenizer saved in the
   workdir (so that generation and scoring need no corpus file) and its
-  documents reported; the parameter count against the paper's."""
+  documents reported; the parameter count against the paper's; the size
+  of a checkpoint, and a note where the memory is most of it (a kNN
+  store)."""
+  params = state.params
   if corpus.name == data.TEXT and jax.process_index() == 0:  # generate/score without the files
     text_vocab.save_tokenizer(corpus, workdir)
   if corpus.name == data.TEXT and corpus.documents is not None:
@@ -363,6 +366,21 @@ def _report_run(
   elif config.paper.result:
     paper = f"; paper: no parameter count reported, {config.paper.result}"
   report.log(f"Model: {n_params:,} parameters ({n_params / 1e6:.1f}M{paper}).")
+  parts = train_state.state_bytes(state)
+  mib = lambda n: f"{n / 2**20:,.4g} MiB"
+  keep = config.checkpoint.max_to_keep
+  line = (
+      f"Checkpoint: {mib(sum(parts.values()))} each (parameters {mib(parts['params'])}, "
+      f"optimizer {mib(parts['opt_state'])}, memory {mib(parts['memory'])}); "
+      f"checkpoint.max_to_keep={keep}."
+  )
+  if parts["memory"] > parts["params"] + parts["opt_state"]:
+    line += (
+        f"  The memory of the {config.train.global_batch} training rows is most of it (a kNN "
+        f"store: model.knn.memory_size); {keep} checkpoints take "
+        f"{mib(keep * sum(parts.values()))} on disk."
+    )
+  report.log(line)
 
 
 def _placed_batches(

@@ -49,6 +49,19 @@ class TrainState:
   memory: memory_lib.Memory
 
 
+def state_bytes(state: TrainState) -> dict[str, int]:
+  """Bytes of each part of a train state, as a checkpoint holds them
+  (before any compression of the checkpoint format):
+  {"params", "opt_state", "memory"}; the memory is every row's (e.g. a kNN
+  store: ``2 N B H S Dh`` values), which a checkpoint saves whole."""
+  size = lambda tree: sum(int(x.size) * x.dtype.itemsize for x in jax.tree_util.tree_leaves(tree))
+  return {
+      "params": size(state.params),
+      "opt_state": size(state.opt_state),
+      "memory": size(state.memory),
+  }
+
+
 def learning_rate_schedule(train_cfg: ml_collections.ConfigDict) -> optax.Schedule:
   """Linear warmup from 0 to learning_rate, then cosine decay to min_lr.
 
