@@ -395,3 +395,37 @@ def test_a_trained_workdir_starts_a_knn_run_with_its_parameters(tmp_path):
   config.model.d_inner = 32
   with pytest.raises(default_config.ConfigError, match="trained on word units, this corpus has"):
     init_from.initial_state(config, model, tx, mesh, shardings, "char")
+
+
+def test_the_paper_config_holds_its_settings_and_the_parameter_count_it_states():
+  """configs/knn_pg19.py: Wu et al. 2022, Sec. 4.1's model (12 layers,
+  1024 wide, 8 heads of 128, FFN 4096, k = 32 at the 9th layer, segments and
+  cache of 512) for each store size, the counts its docstring states being
+  those of the models it builds; an unknown variant is one message."""
+  import flax
+
+  from transformer_xl import default_config
+  from transformer_xl.model import models
+
+  from helpers import CONFIGS, load_config
+
+  text = (CONFIGS / "knn_pg19.py").read_text()
+  sizes = {"xl": 0, "knn_8k": 8192, "knn_32k": 32768, "knn_65k": 65536, "knn_262k": 262144}
+  for name, size in sizes.items():
+    config = load_config("knn_pg19", name)
+    m = config.model
+    assert (m.n_layer, m.d_model, m.n_head, m.d_head, m.d_inner) == (12, 1024, 8, 128, 4096)
+    assert (m.tgt_len, m.mem_len, config.eval.mem_len) == (512, 512, 512)
+    assert m.memory == ("knn" if size else "xl")
+    if size:
+      assert (m.knn.memory_size, m.knn.num_neighbors, tuple(m.knn.layers)) == (size, 32, (-4,))
+    default_config.validate(config, 1)
+    if name in ("xl", "knn_65k"):
+      mc = default_config.model_config(config, 32000)
+      init = lambda key, mc=mc: models.init_params(models.TransformerXL(mc), key)
+      shapes = flax.linen.unbox(jax.eval_shape(init, jax.random.PRNGKey(0)))
+      count = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(shapes))
+      assert count == 196_490_496 + (2 * 8 * 12 if size else 0), name
+      assert f"{count:,}" in text, name
+  with pytest.raises(ValueError, match="unknown variant 'knn_1k'; use one of"):
+    load_config("knn_pg19", "knn_1k")
