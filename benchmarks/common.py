@@ -1,5 +1,8 @@
 """What the benchmark tools share: the machine they ran on, library versions,
-result files, worker subprocesses and the memory-carrying evaluation loop.
+result files, worker subprocesses, the memory-carrying evaluation loop, and
+the machinery of the memory benchmarks (``compressive_memory.py``,
+``knn_memory.py``: their flags, config, compiled steps, interleaved timing
+with CPU time, ratios to the baseline and table cells).
 
 ``vs_pytorch.py``, ``fit.py`` and ``eval_speed.py`` run as scripts
 (``python benchmarks/X.py``) and the tests load them from their files; each
@@ -11,8 +14,10 @@ PyTorch worker never imports JAX.
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import importlib.metadata
+import importlib.util
 import json
 import math
 import os
@@ -23,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS_DIR = os.path.join(REPO, "benchmarks", "results")
@@ -214,7 +219,9 @@ def eval_loop(eval_step, params, memory, batches: list):
   """``run(n)``: n calls of ``nll, memory = eval_step(params, memory, batch)``
   (``eval_steps.make_eval_step``'s step, memory donated) over ``batches`` in
   turn, the memory carried from call to call and over runs; each run blocks
-  until its last results are ready (timing it times the computation)."""
+  until its last results are ready (timing it times the computation).
+  ``run.memory()`` is the memory now carried (valid until the next run,
+  which donates it)."""
   import jax
 
   holder = {"memory": memory, "i": 0}
@@ -227,6 +234,7 @@ def eval_loop(eval_step, params, memory, batches: list):
     jax.block_until_ready((nll, mem))
     holder["memory"] = mem
 
+  run.memory = lambda: holder["memory"]  # type: ignore[attr-defined]
   return run
 
 
@@ -298,3 +306,457 @@ def per_token_summary(times: list, steps: int, tokens_per_step: int) -> dict:
       "repeat_seconds": [round(t, 4) for t in times],
       "s_per_token": per_token,
   }
+
+
+# ---------------------------------------------------------------------------
+# The memory benchmarks (compressive_memory.py, knn_memory.py): the package's
+# jitted training and evaluation steps of memory variants of one model, timed
+# in one run against Transformer-XL's, as ratios.
+# ---------------------------------------------------------------------------
+
+ABLATION = os.path.join(REPO, "configs", "ablation_wt2.py")
+JAX_PACKAGES = ("jax", "jaxlib", "flax", "optax", "numpy")  # versions saved with the results
+PHASES = ("train", "eval")
+# The model's sizes and the segment length, flags of both memory benchmarks (ints >= 1).
+MODEL_SIZES = ("n_layer", "d_model", "n_head", "d_head", "d_inner", "vocab", "div_val", "tgt_len")
+
+
+class UsageError(ValueError):
+  """Bad command-line input; printed as one ``error: ...`` line."""
+
+
+class Parser(argparse.ArgumentParser):
+  """An ``argparse.ArgumentParser`` whose errors raise ``UsageError``."""
+
+  def error(self, message):
+    raise UsageError(message)
+
+
+def int_list(flag: str, text: str) -> list[int]:
+  """``text``, a comma list of ints ('' = none), as a list.
+
+  Raises:
+    UsageError: not a comma list of ints (the message names ``--flag``).
+  """
+  try:
+    return [int(s) for s in str(text).split(",") if s.strip()]
+  except ValueError:
+    raise UsageError(f"--{flag}={text!r}: expected a comma list of ints.") from None
+
+
+def add_model_flags(p: argparse.ArgumentParser, sizes: Sequence[str]) -> None:
+  """The memory benchmarks' first flags: ``--smoke``, one int flag per name
+  of ``sizes`` (default None: the preset's) and ``--cutoffs``."""
+  p.add_argument("--smoke", action="store_true", help="tiny model (seconds)")
+  for name in sizes:
+    p.add_argument(f"--{name}", type=int)
+  p.add_argument("--cutoffs", help="adaptive softmax cutoffs, a comma list ('' = dense)")
+
+
+def add_timing_flags(p: argparse.ArgumentParser, name: str) -> None:
+  """The memory benchmarks' last flags: ``--same_length`` (eval, default
+  on), ``--min_repeat_s``, ``--warmup`` (3), ``--seed`` (0) and ``--json``
+  (default ``benchmarks/results/<name>_<date>_<time>_<host>.json``)."""
+  p.add_argument(
+      "--same_length",
+      action=argparse.BooleanOptionalAction,
+      default=True,
+      help="eval same_length (default on, as configs/ablation_wt2.py's eval)",
+  )
+  p.add_argument("--min_repeat_s", type=float, help="seconds per timed repeat (about)")
+  p.add_argument("--warmup", type=int, default=3, help="untimed steps after compilation")
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument(
+      "--json",
+      default="",
+      help="write arguments, machine and results here (default: benchmarks/results/"
+      f"{name}_<date>_<time>_<host>.json; --smoke: a temporary directory)",
+  )
+
+
+def apply_preset(args: argparse.Namespace, presets: dict[str, dict]) -> None:
+  """Fills every flag not given (None) from ``presets["smoke"]`` (with
+  ``--smoke``) or ``presets["default"]``, and parses ``args.cutoffs``.
+
+  Raises:
+    UsageError: cutoffs that are not a comma list of ints.
+  """
+  preset = presets["smoke" if args.smoke else "default"]
+  for k, v in preset.items():
+    if getattr(args, k) is None:
+      setattr(args, k, v)
+  args.cutoffs = int_list("cutoffs", args.cutoffs)
+
+
+def check_sizes(args: argparse.Namespace, sizes: Sequence[str]) -> None:
+  """Raises ``UsageError`` naming every flag of ``sizes`` below 1, a
+  negative ``--warmup`` and a ``--min_repeat_s`` not above 0."""
+  bad = [f"--{k}" for k in sizes if getattr(args, k) < 1]
+  bad += ["--warmup"] if args.warmup < 0 else []
+  bad += ["--min_repeat_s"] if not args.min_repeat_s > 0 else []
+  if bad:
+    raise UsageError(
+        f"{', '.join(bad)}: sizes, lengths, --batch and --repeats must be >= 1, --warmup >= 0, "
+        "--min_repeat_s > 0."
+    )
+
+
+def ablation_config():
+  """``configs/ablation_wt2.py:xl``, loaded from its file (ml_collections.ConfigDict)."""
+  spec = importlib.util.spec_from_file_location("ablation_wt2", ABLATION)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config("xl")
+
+
+def memory_config(args: argparse.Namespace, memory: str, mem_len: int):
+  """The config of one memory variant: ``configs/ablation_wt2.py:xl``
+  (optimizer, clipping, dropout) with the sizes of ``args``, ``model.memory``
+  and XL memory of ``mem_len`` slots, eval segments of ``tgt_len`` with that
+  ``mem_len``, no clamp_len and ``args.same_length``, and batch
+  ``args.batch`` for both.  The variant's own section (``model.<memory>``)
+  keeps its defaults: the caller sets it.
+
+  Returns:
+    ml_collections.ConfigDict.
+  """
+  c = ablation_config()
+  c.model.update(
+      n_layer=args.n_layer,
+      d_model=args.d_model,
+      n_head=args.n_head,
+      d_head=args.d_head,
+      d_inner=args.d_inner,
+      tgt_len=args.tgt_len,
+      cutoffs=tuple(args.cutoffs),
+      div_val=args.div_val,
+      tie_projs=(False,) + (True,) * len(args.cutoffs) if args.cutoffs else (),
+      memory=memory,
+      mem_len=mem_len,
+  )
+  c.train.update(global_batch=args.batch, batch_chunk=1)
+  c.eval.update(
+      method="segments",
+      tgt_len=args.tgt_len,
+      mem_len=mem_len,
+      same_length=args.same_length,
+      clamp_len=0,
+      global_batch=args.batch,
+  )
+  return c
+
+
+def memory_analysis(compiled) -> dict:
+  """XLA's memory analysis of a compiled step, in MiB: {"temp_mib",
+  "argument_mib", "output_mib"}, each None where the backend gives none."""
+  try:
+    a = compiled.memory_analysis()
+  except Exception:  # noqa: BLE001 -- an estimate only; the timing goes on
+    a = None
+  names = {"temp_mib": "temp", "argument_mib": "argument", "output_mib": "output"}
+  return {
+      k: (None if a is None else getattr(a, f"{n}_size_in_bytes", None) / 2**20)
+      for k, n in names.items()
+  }
+
+
+def train_loop(step, state, batches: list) -> Callable[[int], None]:
+  """``run(n)``: n calls of ``state, metrics = step(state, batch)`` (the
+  train step, state donated) over ``batches`` in turn, the state carried
+  from call to call and over runs; each run blocks until its last results
+  are ready.  ``run.last`` holds the last call's metrics, ``run.state()``
+  the state now carried (valid until the next run, which donates it)."""
+  import jax  # noqa: PLC0415
+
+  holder = {"state": state, "i": 0}
+
+  def run(n: int) -> None:
+    st, metrics = holder["state"], None
+    for _ in range(n):
+      st, metrics = step(st, batches[holder["i"] % len(batches)])
+      holder["i"] += 1
+    jax.block_until_ready((st, metrics))
+    holder["state"] = st
+    run.last = metrics  # type: ignore[attr-defined]
+
+  run.state = lambda: holder["state"]  # type: ignore[attr-defined]
+  return run
+
+
+def time_interleaved_cpu(
+    runs: dict, warmup: int, repeats: int, min_repeat_s: float
+) -> dict[str, tuple[list, list, int]]:
+  """``time_interleaved`` that also reads this process's CPU time
+  (``time.process_time``: all its threads, XLA:CPU's pool included) around
+  each repeat: on a shared CPU the wall time of a repeat includes the time
+  other processes held the cores, its CPU time less so.  (On an accelerator
+  the CPU time is the host's, not the computation's.)
+
+  Returns:
+    {name: (wall seconds of each repeat, CPU seconds of each, steps per repeat)}."""
+  steps = {name: calibrate(run, warmup, min_repeat_s) for name, run in runs.items()}
+  wall: dict = {name: [] for name in runs}
+  cpu: dict = {name: [] for name in runs}
+  for _ in range(repeats):
+    for name, run in runs.items():
+      c0, t0 = time.process_time(), time.perf_counter()
+      run(steps[name])
+      wall[name].append(time.perf_counter() - t0)
+      cpu[name].append(time.process_time() - c0)
+  return {name: (wall[name], cpu[name], steps[name]) for name in runs}
+
+
+def measure_memory_variants(
+    args: argparse.Namespace,
+    variants: list[dict],
+    make_config: Callable,
+    describe: Callable,
+    finish: Callable | None = None,
+    log: Callable[[str], None] = print,
+) -> dict:
+  """Compiles and times every variant's train and eval steps on the first
+  device, all repeats in turn (``time_interleaved_cpu``).
+
+  Per variant: ``make_config(args, variant)`` (validated for one device);
+  the model's default initialisation (``args.seed``) and its train state for
+  ``args.batch`` rows; the training step (``train_step.make_train_step``)
+  and the eval segment step (``eval_steps.make_eval_step`` of
+  ``eval_steps.eval_model_config``, an empty eval memory ``init_memory``)
+  compiled once (``lower().compile()``: the analysed executable is the one
+  timed); 4 batches of random token ids in [0, ``args.vocab``), [B, T] int32,
+  placed on the device before timing, used in turn.
+
+  Args:
+    args: the flags (``batch``, ``tgt_len``, ``vocab``, ``seed``,
+      ``warmup``, ``repeats``, ``min_repeat_s``, and what ``make_config``
+      reads).
+    variants: one dict per variant with a unique "key"; the first is the
+      baseline of the ratios.
+    make_config: ``(args, variant) -> ConfigDict``.
+    describe: ``(variant, train_state, eval_memory) -> (train_state,
+      eval_memory, fields)``: the states to time from (e.g. a store filled)
+      and the variant's entries of the results, at least
+      "state_bytes_per_row" (the recurrent state, bytes per batch row).
+    finish: ``(variant result, train run, eval run) -> None``, after timing:
+      adds to the result (the runs: ``train_loop``'s and ``eval_loop``'s).
+    log: progress lines.
+
+  Returns:
+    {"variants": [each variant's dict with "n_params", ``describe``'s
+    fields, "train" and "eval": each ``per_token_summary``'s dict plus
+    "temp_mib", "argument_mib", "output_mib" (``memory_analysis``),
+    "cpu_tokens_per_sec" and "repeat_cpu_seconds", and for train
+    "last_loss" (the last step's cross-entropy, nats)], "ratios": {phase:
+    {variant key: {"tokens_per_sec", "cpu_tokens_per_sec",
+    "state_bytes_per_row", "temp_mib"}: the variant's over the
+    baseline's}}, "device_peak_mib" (None where the device reports none,
+    as XLA:CPU)}.
+
+  Raises:
+    default_config.ConfigError: sizes the config validation rejects.
+  """
+  import jax  # noqa: PLC0415
+  import jax.numpy as jnp  # noqa: PLC0415
+  import numpy as np  # noqa: PLC0415
+
+  from transformer_xl import default_config, sharding  # noqa: PLC0415
+  from transformer_xl.inference import eval_steps  # noqa: PLC0415
+  from transformer_xl.model import memory as memory_lib  # noqa: PLC0415
+  from transformer_xl.model import models  # noqa: PLC0415
+  from transformer_xl.training import train_state, train_step  # noqa: PLC0415
+
+  mesh = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
+  rng = np.random.default_rng(args.seed)
+  b, t = args.batch, args.tgt_len
+  bs, rows = sharding.batch_sharding(mesh), sharding.rows_sharding(mesh)
+  tokens = [rng.integers(0, args.vocab, (b, t + 1), dtype=np.int32) for _ in range(4)]
+
+  def batches(with_weights: bool) -> list:
+    out = []
+    for x in tokens:
+      batch = {"inputs": x[:, :-1], "targets": x[:, 1:], "reset": np.zeros((b,), bool)}
+      shard = {"inputs": bs, "targets": bs, "reset": rows}
+      if with_weights:
+        batch["weights"], shard["weights"] = np.ones((b, t), np.float32), bs
+      out.append(jax.device_put(batch, shard))
+    return out
+
+  train_batches, eval_batches = batches(True), batches(False)
+  runs, found = {}, []
+  for v in variants:
+    config = make_config(args, v)
+    default_config.validate(config, 1)
+    train_cfg = default_config.model_config(config, args.vocab)
+    model = models.TransformerXL(train_cfg)
+    tx = train_state.make_optimizer(config.train, train_cfg)
+    _, shardings = train_state.abstract_train_state(model, tx, b, mesh)
+    state = train_state.create_train_state(
+        model, tx, b, mesh, jax.random.PRNGKey(args.seed), shardings
+    )
+    n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(state.params))
+    log(f"compiling {v['key']} ({n_params:,} parameters) ...")
+    step = train_step.make_train_step(
+        model,
+        tx,
+        mesh,
+        shardings,
+        1,
+        config.train.seed,
+        config.train.loss_span,
+        config.train.aux_loss_weight,
+    )
+    train_exe = step.lower(state, train_batches[0]).compile()
+    eval_cfg = eval_steps.eval_model_config(config, train_cfg)
+    eval_step = eval_steps.make_eval_step(models.TransformerXL(eval_cfg), mesh)
+    memory = jax.jit(
+        lambda cfg=eval_cfg: memory_lib.init_memory(cfg, b),
+        out_shardings=memory_lib.shardings(eval_cfg, mesh),
+    )()
+    params = jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), state.params)  # not donated
+    eval_exe = eval_step.lower(params, memory, eval_batches[0]).compile()
+    state, memory, fields = describe(v, state, memory)
+    found.append(
+        {
+            **v,
+            "n_params": n_params,
+            **fields,
+            "train": memory_analysis(train_exe),
+            "eval": memory_analysis(eval_exe),
+        }
+    )
+    runs[("train", v["key"])] = train_loop(train_exe, state, train_batches)
+    runs[("eval", v["key"])] = eval_loop(eval_exe, params, memory, eval_batches)
+  log("timing ...")
+  timed = time_interleaved_cpu(runs, args.warmup, args.repeats, args.min_repeat_s)
+
+  base = found[0]["key"]
+  for v in found:
+    for phase in PHASES:
+      times, cpu_times, n = timed[(phase, v["key"])]
+      v[phase].update(per_token_summary(times, n, b * t))
+      v[phase]["cpu_tokens_per_sec"] = b * t * n / statistics.median(cpu_times)
+      v[phase]["repeat_cpu_seconds"] = [round(x, 4) for x in cpu_times]
+    v["train"]["last_loss"] = float(runs[("train", v["key"])].last["loss"])
+    if finish is not None:
+      finish(v, runs[("train", v["key"])], runs[("eval", v["key"])])
+  by_key = {v["key"]: v for v in found}
+  ratios = {}
+  for phase in PHASES:
+    ref = by_key[base]
+    ratios[phase] = {
+        v["key"]: {
+            "tokens_per_sec": v[phase]["tokens_per_sec"] / ref[phase]["tokens_per_sec"],
+            "cpu_tokens_per_sec": (
+                v[phase]["cpu_tokens_per_sec"] / ref[phase]["cpu_tokens_per_sec"]
+            ),
+            "state_bytes_per_row": v["state_bytes_per_row"] / ref["state_bytes_per_row"],
+            "temp_mib": (
+                None
+                if v[phase]["temp_mib"] is None or not ref[phase]["temp_mib"]
+                else v[phase]["temp_mib"] / ref[phase]["temp_mib"]
+            ),
+        }
+        for v in found
+    }
+  device = jax.devices()[0]
+  stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+  return {
+      "variants": found,
+      "ratios": ratios,
+      "device_peak_mib": (
+          stats["peak_bytes_in_use"] / 2**20 if stats and "peak_bytes_in_use" in stats else None
+      ),
+  }
+
+
+# The table columns of ``phase_cells``, after the variant's own.
+PHASE_COLUMNS = (
+    "| train tokens/s | train vs XL | train vs XL, CPU time | train temp / args MiB "
+    "| eval tokens/s | eval vs XL | eval vs XL, CPU time | eval temp / args MiB |"
+)
+PHASE_ALIGN = "---:|" * 8
+
+
+def phase_cells(v: dict, base: dict) -> list[str]:
+  """The table cells of a measured variant ``v`` (``measure_memory_variants``)
+  against the baseline ``base``, per phase: tokens/s, its ratio (wall time,
+  then this process's CPU time) and XLA's temporaries / arguments (MiB)."""
+  num = lambda x: f"{x:,.0f}" if x >= 100 else f"{x:.1f}"
+  mib = lambda x: "-" if x is None else f"{x:,.1f}"
+  cells = []
+  for phase in PHASES:
+    x, ref = v[phase], base[phase]
+    cells += [
+        num(x["tokens_per_sec"]),
+        f"{x['tokens_per_sec'] / ref['tokens_per_sec']:.3f}x",
+        f"{x['cpu_tokens_per_sec'] / ref['cpu_tokens_per_sec']:.3f}x",
+        f"{mib(x['temp_mib'])} / {mib(x['argument_mib'])}",
+    ]
+  return cells
+
+
+def jax_machine_info() -> dict:
+  """The machine (``machine_info`` with ``JAX_PACKAGES``), the commit, its
+  first JAX device and the JAX platform ("cpu", "gpu", "tpu"), recorded
+  with the results."""
+  import jax  # noqa: PLC0415
+
+  info = machine_info(JAX_PACKAGES)
+  info.update(git_commit())
+  info.update(device=str(jax.devices()[0].device_kind), platform=jax.devices()[0].platform)
+  return info
+
+
+def memory_benchmark_main(
+    argv: Sequence[str] | None,
+    parse_args: Callable,
+    model_line: Callable,
+    measure: Callable,
+    format_table: Callable,
+    name: str,
+) -> int:
+  """A memory benchmark's command line: parses the flags (``parse_args``:
+  a ``UsageError`` is one ``error:`` line, status 2), prints the machine and
+  ``model_line(args)``, runs ``measure(args, log=...)`` (a
+  ``default_config.ConfigError``: one line, status 2), prints
+  ``format_table(res)`` and the timing's terms, and writes the JSON (flags,
+  machine, results, table) to ``--json``, by default
+  ``benchmarks/results/<name>_<date>_<time>_<host>.json`` (``--smoke``: a
+  temporary directory).  Returns the exit status."""
+  try:
+    args = parse_args(argv)
+  except UsageError as err:
+    print(f"error: {err}", file=sys.stderr)
+    return 2
+  from transformer_xl import default_config  # noqa: PLC0415
+
+  info = jax_machine_info()
+  print(
+      f"{info['date']}  {info['cpu']}, {info['cpu_count']} CPUs; device {info['device']} "
+      f"({info['platform']}); load average {' '.join(map(str, info['loadavg_start']))}; "
+      f"commit {info['commit'][:12]}",
+      flush=True,
+  )
+  print(model_line(args), flush=True)
+  try:
+    res = measure(args, log=lambda s: print(s, flush=True))
+  except default_config.ConfigError as err:
+    print(f"error: {err}", file=sys.stderr)
+    return 2
+  info["loadavg_end"] = loadavg()
+  table = format_table(res)
+  print()
+  print(table)
+  print()
+  print(
+      f"median of {args.repeats} repeats (>= {args.min_repeat_s} s each, all variants and steps "
+      f"in turn) after compilation and {args.warmup} warm-up steps; load average "
+      f"{info['loadavg_start'][0]} -> {info['loadavg_end'][0]} (1 min); temporaries: XLA's "
+      "memory_analysis of each compiled step"
+  )
+  path = args.json
+  if not path:
+    folder = tempfile.mkdtemp(prefix=f"{name}_smoke_") if args.smoke else RESULTS_DIR
+    path = default_json_path(platform.node(), f"{name}_", folder)
+  write_json(path, {"args": vars(args), "machine": info, **res, "table": table})
+  return 0

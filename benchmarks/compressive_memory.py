@@ -67,13 +67,8 @@ is read.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
-import platform
-import statistics
 import sys
-import tempfile
-import time
 from collections.abc import Callable, Sequence
 
 BENCHMARKS = os.path.dirname(os.path.abspath(__file__))
@@ -84,9 +79,7 @@ import common  # noqa: E402
 REPO = common.REPO
 if REPO not in sys.path:
   sys.path.insert(0, REPO)
-PACKAGES = ("jax", "jaxlib", "flax", "optax", "numpy")  # versions saved with the results
-ABLATION = os.path.join(REPO, "configs", "ablation_wt2.py")
-PHASES = ("train", "eval")
+UsageError = common.UsageError
 
 # Model, lengths and timing of each preset; flags given explicitly override them.  "default":
 # configs/ablation_wt2.py:xl's model and training batch (WikiText-2's vocabulary, adaptive).
@@ -126,25 +119,7 @@ PRESETS = {
         min_repeat_s=0.05,
     ),
 }
-SIZES = ("n_layer", "d_model", "n_head", "d_head", "d_inner", "vocab", "div_val", "tgt_len")
-SIZES += ("mem_len", "cmem_len", "batch", "repeats")
-
-
-class UsageError(ValueError):
-  """Bad command-line input; printed as one ``error: ...`` line."""
-
-
-class _Parser(argparse.ArgumentParser):
-
-  def error(self, message):
-    raise UsageError(message)
-
-
-def _int_list(flag: str, text: str) -> list[int]:
-  try:
-    return [int(s) for s in str(text).split(",") if s.strip()]
-  except ValueError:
-    raise UsageError(f"--{flag}={text!r}: expected a comma list of ints.") from None
+SIZES = common.MODEL_SIZES + ("mem_len", "cmem_len", "batch", "repeats")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -154,42 +129,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     UsageError: unknown flags, sizes < 1, rates < 2 or not dividing
       ``--tgt_len``, cutoffs that are not a comma list of ints.
   """
-  p = _Parser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--smoke", action="store_true", help="tiny model (seconds)")
-  for name in SIZES:
-    p.add_argument(f"--{name}", type=int)
-  p.add_argument("--cutoffs", help="adaptive softmax cutoffs, a comma list ('' = dense)")
+  p = common.Parser(description=__doc__.split("\n\n")[0])
+  common.add_model_flags(p, SIZES)
   p.add_argument("--ratios", help="compression rates c, a comma list (each divides --tgt_len)")
-  p.add_argument(
-      "--same_length",
-      action=argparse.BooleanOptionalAction,
-      default=True,
-      help="eval same_length (default on, as configs/ablation_wt2.py's eval)",
-  )
-  p.add_argument("--min_repeat_s", type=float, help="seconds per timed repeat (about)")
-  p.add_argument("--warmup", type=int, default=3, help="untimed steps after compilation")
-  p.add_argument("--seed", type=int, default=0)
-  p.add_argument(
-      "--json",
-      default="",
-      help="write arguments, machine and results here (default: benchmarks/results/"
-      "compressive_memory_<date>_<time>_<host>.json; --smoke: a temporary directory)",
-  )
+  common.add_timing_flags(p, "compressive_memory")
   args = p.parse_args(argv)
-  preset = PRESETS["smoke" if args.smoke else "default"]
-  for k, v in preset.items():
-    if getattr(args, k) is None:
-      setattr(args, k, v)
-  args.cutoffs = _int_list("cutoffs", args.cutoffs)
-  args.ratios = sorted(set(_int_list("ratios", args.ratios)))
-  bad = [f"--{k}" for k in SIZES if getattr(args, k) < 1]
-  bad += ["--warmup"] if args.warmup < 0 else []
-  bad += ["--min_repeat_s"] if not args.min_repeat_s > 0 else []
-  if bad:
-    raise UsageError(
-        f"{', '.join(bad)}: sizes, lengths, --batch and --repeats must be >= 1, --warmup >= 0, "
-        "--min_repeat_s > 0."
-    )
+  common.apply_preset(args, PRESETS)
+  args.ratios = sorted(set(common.int_list("ratios", args.ratios)))
+  common.check_sizes(args, SIZES)
   wrong = [c for c in args.ratios if c < 2 or args.tgt_len % c]
   if not args.ratios or wrong:
     raise UsageError(
@@ -226,238 +173,54 @@ def variants(args: argparse.Namespace) -> list[dict]:
   return out
 
 
-def _ablation_config():
-  spec = importlib.util.spec_from_file_location("ablation_wt2", ABLATION)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config("xl")
-
-
 def make_config(args: argparse.Namespace, variant: dict):
   """The config of one variant: ``configs/ablation_wt2.py:xl`` (optimizer,
   clipping, dropout) with the sizes of ``args``, the variant's memory, eval
-  segments of ``tgt_len`` with the variant's ``mem_len``, and batch ``args.batch``.
+  segments of ``tgt_len`` with the variant's ``mem_len``, and batch ``args.batch``
+  (``common.memory_config``).
 
   Returns:
     ml_collections.ConfigDict.
   """
-  c = _ablation_config()
-  c.model.update(
-      n_layer=args.n_layer,
-      d_model=args.d_model,
-      n_head=args.n_head,
-      d_head=args.d_head,
-      d_inner=args.d_inner,
-      tgt_len=args.tgt_len,
-      cutoffs=tuple(args.cutoffs),
-      div_val=args.div_val,
-      tie_projs=(False,) + (True,) * len(args.cutoffs) if args.cutoffs else (),
-      memory=variant["memory"],
-      mem_len=variant["mem_len"],
-  )
+  c = common.memory_config(args, variant["memory"], variant["mem_len"])
   if variant["memory"] == "compressive":  # the XL variants keep the section's defaults
     c.model.compressive.update({k: variant[k] for k in ("cmem_len", "cmem_ratio", "cmem_fn")})
-  c.train.update(global_batch=args.batch, batch_chunk=1)
-  c.eval.update(
-      method="segments",
-      tgt_len=args.tgt_len,
-      mem_len=variant["mem_len"],
-      same_length=args.same_length,
-      clamp_len=0,
-      global_batch=args.batch,
-  )
   return c
-
-
-def _analysis(compiled) -> dict:
-  """XLA's memory analysis of a compiled step, in MiB: {"temp_mib",
-  "argument_mib", "output_mib"}, each None where the backend gives none."""
-  try:
-    a = compiled.memory_analysis()
-  except Exception:  # noqa: BLE001 -- an estimate only; the timing goes on
-    a = None
-  names = {"temp_mib": "temp", "argument_mib": "argument", "output_mib": "output"}
-  return {
-      k: (None if a is None else getattr(a, f"{n}_size_in_bytes", None) / 2**20)
-      for k, n in names.items()
-  }
-
-
-def train_loop(step, state, batches: list) -> Callable[[int], None]:
-  """``run(n)``: n calls of ``state, metrics = step(state, batch)`` (the
-  train step, state donated) over ``batches`` in turn, the state carried
-  from call to call and over runs; each run blocks until its last results
-  are ready.  ``run.last`` holds the last call's metrics."""
-  import jax
-
-  holder = {"state": state, "i": 0}
-
-  def run(n: int) -> None:
-    st, metrics = holder["state"], None
-    for _ in range(n):
-      st, metrics = step(st, batches[holder["i"] % len(batches)])
-      holder["i"] += 1
-    jax.block_until_ready((st, metrics))
-    holder["state"] = st
-    run.last = metrics  # type: ignore[attr-defined]
-
-  return run
-
-
-def time_interleaved(
-    runs: dict, warmup: int, repeats: int, min_repeat_s: float
-) -> dict[str, tuple[list, list, int]]:
-  """``common.time_interleaved`` that also reads this process's CPU time
-  (``time.process_time``: all its threads, XLA:CPU's pool included) around
-  each repeat: on a shared CPU the wall time of a repeat includes the time
-  other processes held the cores, its CPU time less so.  (On an accelerator
-  the CPU time is the host's, not the computation's.)
-
-  Returns:
-    {name: (wall seconds of each repeat, CPU seconds of each, steps per repeat)}."""
-  steps = {name: common.calibrate(run, warmup, min_repeat_s) for name, run in runs.items()}
-  wall: dict = {name: [] for name in runs}
-  cpu: dict = {name: [] for name in runs}
-  for _ in range(repeats):
-    for name, run in runs.items():
-      c0, t0 = time.process_time(), time.perf_counter()
-      run(steps[name])
-      wall[name].append(time.perf_counter() - t0)
-      cpu[name].append(time.process_time() - c0)
-  return {name: (wall[name], cpu[name], steps[name]) for name in runs}
 
 
 def measure(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict:
   """Compiles and times every variant's train and eval steps (module
-  docstring) on the first device.
+  docstring) on the first device (``common.measure_memory_variants``).
 
   Returns:
     {"variants": [``variants``' dicts with "n_params", "state_bytes_per_row"
-    (the memory's float32 values per row, bytes), "train" and "eval": each
-    ``common.per_token_summary``'s dict plus "temp_mib", "argument_mib",
-    "output_mib" (``_analysis``) and, for train, "last_loss" and
-    "last_recon" (the last step's cross-entropy and reconstruction loss,
-    nats; None without one)}], "ratios": {phase: {variant key: {"tokens_per_sec",
-    "state_bytes_per_row", "temp_mib"}: the variant's over the baseline's}},
-    "device_peak_mib" (None where the device reports none, as XLA:CPU)}.
+    (the memory's float32 values per row, bytes), "state_shape_LxBxMxD",
+    "train" and "eval": each ``common.per_token_summary``'s dict plus
+    "temp_mib", "argument_mib", "output_mib" (``common.memory_analysis``),
+    "cpu_tokens_per_sec", "repeat_cpu_seconds" and, for train, "last_loss"
+    and "last_recon" (the last step's cross-entropy and reconstruction loss,
+    nats; None without one)}], "ratios": {phase: {variant key:
+    {"tokens_per_sec", "cpu_tokens_per_sec", "state_bytes_per_row",
+    "temp_mib"}: the variant's over the baseline's}}, "device_peak_mib"
+    (None where the device reports none, as XLA:CPU)}.
 
   Raises:
     default_config.ConfigError: sizes the config validation rejects.
   """
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
 
-  from transformer_xl import default_config, sharding
-  from transformer_xl.inference import eval_steps
-  from transformer_xl.model import memory as memory_lib
-  from transformer_xl.model import models
-  from transformer_xl.training import train_state, train_step
-
-  mesh = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
-  rng = np.random.default_rng(args.seed)
-  b, t = args.batch, args.tgt_len
-  bs, rows = sharding.batch_sharding(mesh), sharding.rows_sharding(mesh)
-  tokens = [rng.integers(0, args.vocab, (b, t + 1), dtype=np.int32) for _ in range(4)]
-
-  def batches(with_weights: bool) -> list:
-    out = []
-    for x in tokens:
-      batch = {"inputs": x[:, :-1], "targets": x[:, 1:], "reset": np.zeros((b,), bool)}
-      shard = {"inputs": bs, "targets": bs, "reset": rows}
-      if with_weights:
-        batch["weights"], shard["weights"] = np.ones((b, t), np.float32), bs
-      out.append(jax.device_put(batch, shard))
-    return out
-
-  train_batches, eval_batches = batches(True), batches(False)
-  runs, found = {}, []
-  for v in variants(args):
-    config = make_config(args, v)
-    default_config.validate(config, 1)
-    train_cfg = default_config.model_config(config, args.vocab)
-    model = models.TransformerXL(train_cfg)
-    tx = train_state.make_optimizer(config.train, train_cfg)
-    _, shardings = train_state.abstract_train_state(model, tx, b, mesh)
-    state = train_state.create_train_state(
-        model, tx, b, mesh, jax.random.PRNGKey(args.seed), shardings
-    )
-    n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(state.params))
-    log(f"compiling {v['key']} ({n_params:,} parameters) ...")
-    step = train_step.make_train_step(
-        model,
-        tx,
-        mesh,
-        shardings,
-        1,
-        config.train.seed,
-        config.train.loss_span,
-        config.train.aux_loss_weight,
-    )
-    train_exe = step.lower(state, train_batches[0]).compile()
-    eval_cfg = eval_steps.eval_model_config(config, train_cfg)
-    eval_step = eval_steps.make_eval_step(models.TransformerXL(eval_cfg), mesh)
-    memory = jax.jit(
-        lambda cfg=eval_cfg: memory_lib.init_memory(cfg, b),
-        out_shardings=memory_lib.shardings(eval_cfg, mesh),
-    )()
-    params = jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), state.params)  # not donated
-    eval_exe = eval_step.lower(params, memory, eval_batches[0]).compile()
+  def describe(v, state, memory):
     mems = state.memory.mems_LxBxMxD
-    found.append(
-        {
-            **v,
-            "n_params": n_params,
-            "state_bytes_per_row": int(mems.nbytes) // b,
-            "state_shape_LxBxMxD": list(mems.shape),
-            "train": _analysis(train_exe),
-            "eval": _analysis(eval_exe),
-        }
-    )
-    runs[("train", v["key"])] = train_loop(train_exe, state, train_batches)
-    runs[("eval", v["key"])] = common.eval_loop(eval_exe, params, memory, eval_batches)
-  log("timing ...")
-  timed = time_interleaved(runs, args.warmup, args.repeats, args.min_repeat_s)
-
-  base = found[0]["key"]
-  for v in found:
-    for phase in PHASES:
-      times, cpu_times, n = timed[(phase, v["key"])]
-      v[phase].update(common.per_token_summary(times, n, b * t))
-      v[phase]["cpu_tokens_per_sec"] = b * t * n / statistics.median(cpu_times)
-      v[phase]["repeat_cpu_seconds"] = [round(x, 4) for x in cpu_times]
-    last = runs[("train", v["key"])].last
-    v["train"]["last_loss"] = float(last["loss"])
-    recon = last.get(f"aux_loss/{_recon_name()}")
-    v["train"]["last_recon"] = None if recon is None else float(recon)
-  by_key = {v["key"]: v for v in found}
-  ratios = {}
-  for phase in PHASES:
-    ref = by_key[base]
-    ratios[phase] = {
-        v["key"]: {
-            "tokens_per_sec": v[phase]["tokens_per_sec"] / ref[phase]["tokens_per_sec"],
-            "cpu_tokens_per_sec": (
-                v[phase]["cpu_tokens_per_sec"] / ref[phase]["cpu_tokens_per_sec"]
-            ),
-            "state_bytes_per_row": v["state_bytes_per_row"] / ref["state_bytes_per_row"],
-            "temp_mib": (
-                None
-                if v[phase]["temp_mib"] is None or not ref[phase]["temp_mib"]
-                else v[phase]["temp_mib"] / ref[phase]["temp_mib"]
-            ),
-        }
-        for v in found
+    fields = {
+        "state_bytes_per_row": int(mems.nbytes) // args.batch,
+        "state_shape_LxBxMxD": list(mems.shape),
     }
-  device = jax.devices()[0]
-  stats = device.memory_stats() if hasattr(device, "memory_stats") else None
-  return {
-      "variants": found,
-      "ratios": ratios,
-      "device_peak_mib": (
-          stats["peak_bytes_in_use"] / 2**20 if stats and "peak_bytes_in_use" in stats else None
-      ),
-  }
+    return state, memory, fields
+
+  def finish(v, train_run, eval_run):
+    recon = train_run.last.get(f"aux_loss/{_recon_name()}")
+    v["train"]["last_recon"] = None if recon is None else float(recon)
+
+  return common.measure_memory_variants(args, variants(args), make_config, describe, finish, log)
 
 
 def _recon_name() -> str:
@@ -466,30 +229,15 @@ def _recon_name() -> str:
   return memory_lib.compressive.RECON_LOSS
 
 
-def machine_info() -> dict:
-  """The machine (``common.machine_info``), the commit, its first JAX device
-  and the JAX platform ("cpu", "gpu", "tpu"), recorded with the results."""
-  import jax
-
-  info = common.machine_info(PACKAGES)
-  info.update(common.git_commit())
-  info.update(device=str(jax.devices()[0].device_kind), platform=jax.devices()[0].platform)
-  return info
-
-
 def format_table(res: dict) -> str:
   """The table (markdown): one row per variant, its memory slots (Nc + M),
   temporal range (M + c Nc), parameters, state KiB per row, and per step
   tokens/s with its ratio to the baseline's (wall time, and this
   process's CPU time), and XLA's temporaries and arguments (MiB)."""
   out = [
-      "| variant | slots Nc+M | range | params | state KiB/row | train tokens/s | train vs XL "
-      "| train vs XL, CPU time | train temp / args MiB | eval tokens/s | eval vs XL "
-      "| eval vs XL, CPU time | eval temp / args MiB |",
-      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+      "| variant | slots Nc+M | range | params | state KiB/row " + common.PHASE_COLUMNS,
+      "|---|---:|---:|---:|---:|" + common.PHASE_ALIGN,
   ]
-  num = lambda x: f"{x:,.0f}" if x >= 100 else f"{x:.1f}"
-  mib = lambda x: "-" if x is None else f"{x:,.1f}"
   base = res["variants"][0]
   for v in res["variants"]:
     slots = v["cmem_len"] + v["mem_len"]
@@ -501,66 +249,25 @@ def format_table(res: dict) -> str:
         f"{v['n_params']:,}",
         f"{v['state_bytes_per_row'] / 1024:,.1f}",
     ]
-    for phase in PHASES:
-      x, ref = v[phase], base[phase]
-      cells += [
-          num(x["tokens_per_sec"]),
-          f"{x['tokens_per_sec'] / ref['tokens_per_sec']:.3f}x",
-          f"{x['cpu_tokens_per_sec'] / ref['cpu_tokens_per_sec']:.3f}x",
-          f"{mib(x['temp_mib'])} / {mib(x['argument_mib'])}",
-      ]
-    out.append("| " + " | ".join(cells) + " |")
+    out.append("| " + " | ".join(cells + common.phase_cells(v, base)) + " |")
   return "\n".join(out)
+
+
+def _model_line(args: argparse.Namespace) -> str:
+  cut = f"adaptive, cutoffs {args.cutoffs}, div_val {args.div_val}" if args.cutoffs else "dense"
+  return (
+      f"model: {args.n_layer} layers, d_model {args.d_model}, {args.n_head}x{args.d_head} heads, "
+      f"d_inner {args.d_inner}, vocab {args.vocab:,} ({cut}), attn_type 0, float32; segments "
+      f"of {args.tgt_len}, batch {args.batch}; memory M={args.mem_len}, compressed Nc="
+      f"{args.cmem_len} at c in {args.ratios}; eval same_length {args.same_length}"
+  )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
   """Runs the benchmark, prints the table; returns the exit status."""
-  try:
-    args = parse_args(argv)
-  except UsageError as err:
-    print(f"error: {err}", file=sys.stderr)
-    return 2
-  from transformer_xl import default_config
-
-  info = machine_info()
-  print(
-      f"{info['date']}  {info['cpu']}, {info['cpu_count']} CPUs; device {info['device']} "
-      f"({info['platform']}); load average {' '.join(map(str, info['loadavg_start']))}; "
-      f"commit {info['commit'][:12]}",
-      flush=True,
+  return common.memory_benchmark_main(
+      argv, parse_args, _model_line, measure, format_table, "compressive_memory"
   )
-  cut = f"adaptive, cutoffs {args.cutoffs}, div_val {args.div_val}" if args.cutoffs else "dense"
-  print(
-      f"model: {args.n_layer} layers, d_model {args.d_model}, {args.n_head}x{args.d_head} heads, "
-      f"d_inner {args.d_inner}, vocab {args.vocab:,} ({cut}), attn_type 0, float32; segments "
-      f"of {args.tgt_len}, batch {args.batch}; memory M={args.mem_len}, compressed Nc="
-      f"{args.cmem_len} at c in {args.ratios}; eval same_length {args.same_length}",
-      flush=True,
-  )
-  try:
-    res = measure(args, log=lambda s: print(s, flush=True))
-  except default_config.ConfigError as err:
-    print(f"error: {err}", file=sys.stderr)
-    return 2
-  info["loadavg_end"] = common.loadavg()
-  table = format_table(res)
-  print()
-  print(table)
-  print()
-  print(
-      f"median of {args.repeats} repeats (>= {args.min_repeat_s} s each, all variants and steps "
-      f"in turn) after compilation and {args.warmup} warm-up steps; load average "
-      f"{info['loadavg_start'][0]} -> {info['loadavg_end'][0]} (1 min); temporaries: XLA's "
-      "memory_analysis of each compiled step"
-  )
-  path = args.json
-  if not path:
-    folder = (
-        tempfile.mkdtemp(prefix="compressive_memory_smoke_") if args.smoke else common.RESULTS_DIR
-    )
-    path = common.default_json_path(platform.node(), "compressive_memory_", folder)
-  common.write_json(path, {"args": vars(args), "machine": info, **res, "table": table})
-  return 0
 
 
 if __name__ == "__main__":
