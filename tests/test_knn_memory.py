@@ -352,6 +352,48 @@ def test_a_token_never_reads_its_own_segment_from_the_store():
   assert not np.allclose(a[:, 3], b[:, 3])
 
 
+def test_a_document_start_inside_a_segment_empties_the_store():
+  """Documents masked apart (``data.documents="reset"``): a document that
+  starts at position 2 of the third segment, after two segments of another
+  one filled the store, is scored exactly as the same document alone (an
+  empty memory, the segment's first 2 positions front padding), and leaves
+  the same store; the old document's queries before it still read the
+  store (they score as without documents)."""
+  from transformer_xl.model import memory
+
+  cfg, model = _model(memory_size=8, num_neighbors=2, layers=(1,))
+  tokens = _segments(n=4, b=1, seed=3)
+  params = model.init(
+      jax.random.PRNGKey(4), tokens[:, :4], memory.init_memory(cfg, 1), tokens[:, 1:5]
+  )["params"]
+  step = jax.jit(lambda m, x, y, d: model.apply({"params": params}, x, m, y, doc_pos_BxT=d))
+  plain = jax.jit(lambda m, x, y: model.apply({"params": params}, x, m, y))
+  seg = lambda s: (tokens[:, 4 * s : 4 * s + 4], tokens[:, 4 * s + 1 : 4 * s + 5])
+  far = 1000  # an offset beyond every key: the document started long ago
+  docs = [[[far] * 4], [[far] * 4], [[far, far, 0, 1]], [[2, 3, 4, 5]]]
+  mem, nll = memory.init_memory(cfg, 1), []
+  for s in range(4):
+    if s == 2:
+      without, _ = plain(mem, *seg(s))
+    out, mem = step(mem, *seg(s), jnp.asarray(docs[s], jnp.int32))
+    nll.append(out)
+  # The old document's first two queries of segment 2 read the store as without documents.
+  np.testing.assert_allclose(nll[2][:, :2], without[:, :2], atol=1e-6)
+  alone = memory.init_memory(cfg, 1).with_front_padding(jnp.asarray([2]))
+  a2, alone = plain(alone, *seg(2))
+  a3, alone = plain(alone, *seg(3))
+  np.testing.assert_allclose(nll[2][:, 2:], a2[:, 2:], atol=1e-5)
+  np.testing.assert_allclose(nll[3], a3, atol=1e-5)
+  for name in ("knn_keys_NxBxHxSxDh", "knn_values_NxBxHxSxDh", "knn_index_NxB"):
+    np.testing.assert_allclose(mem.variant_state[name], alone.variant_state[name], atol=1e-6)
+  np.testing.assert_array_equal(mem.variant_state["knn_index_NxB"], [[8]])
+  # Without the documents' offsets the new document reads the old one's entries.
+  mem = memory.init_memory(cfg, 1)
+  for s in range(3):
+    out, mem = plain(mem, *seg(s))
+  assert not np.allclose(out[:, 2:], a2[:, 2:], atol=1e-4)
+
+
 def test_a_trained_workdir_starts_a_knn_run_with_its_parameters(tmp_path):
   """train.init_from: the source's parameters in place of the fresh ones,
   the kNN gate and scale fresh (zeros, ones), the optimizer at step 0; a

@@ -445,7 +445,7 @@ class TransformerXL(nn.Module):
 
     layer_mems = LayerCache(mems_LxBxMxD, kv_cache) if decode else mems_LxBxMxD
     (h_BxTxD, new_carried), (new_mems_LxBxMxD, new_layer_state) = self.layers(  # read
-        (h_BxTxD, plan.carried_state(memory)),  # (scanned in),
+        (h_BxTxD, plan.carried_state(memory, doc_pos_BxT)),  # (scanned in),
         layer_mems,
         plan.layer_state(memory),
         jnp.arange(cfg.n_layer, dtype=jnp.int32),
@@ -456,6 +456,7 @@ class TransformerXL(nn.Module):
     )  # new memory (out)
     if decode:
       new_mems_LxBxMxD, kv_cache = new_mems_LxBxMxD
+    new_carried.pop(memory_lib.DOC_POS, None)  # the documents' offsets: an input only
     new_memory = plan.advance(  # return
         memory, new_mems_LxBxMxD, tgt_len, {**new_layer_state, **new_carried}
     )

@@ -59,6 +59,7 @@ from transformer_xl.model.memory.settings import sections as sections
 from transformer_xl.model.memory.settings import upgrade_eval as upgrade_eval
 from transformer_xl.model.memory.settings import upgrade_fields as upgrade_fields
 from transformer_xl.model.memory.settings import without_defaults as without_defaults
+from transformer_xl.model.memory.state import DOC_POS as DOC_POS
 from transformer_xl.model.memory.state import Leaf as Leaf
 from transformer_xl.model.memory.state import Memory as Memory
 from transformer_xl.model.memory.state import advance_mlen as advance_mlen

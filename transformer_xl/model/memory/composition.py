@@ -124,10 +124,15 @@ class Plan:
     axis: the scan over layers hands each layer its slice)."""
     return {n: x for n, x in memory.variant_state.items() if state_lib.leaf(n).per_layer}
 
-  def carried_state(self, memory: Memory) -> dict[str, Array]:
+  def carried_state(self, memory: Memory, doc_pos_BxT: Array | None = None) -> dict[str, Array]:
     """The carried arrays of ``memory``'s variant state (``Leaf.carried``:
-    the scan over layers hands them to each layer in turn, whole)."""
-    return {n: x for n, x in memory.variant_state.items() if state_lib.leaf(n).carried}
+    the scan over layers hands them to each layer in turn, whole), with
+    the documents' offsets ``doc_pos_BxT`` as ``state.DOC_POS`` where there
+    are such arrays and documents (the model drops it after the layers)."""
+    out = {n: x for n, x in memory.variant_state.items() if state_lib.leaf(n).carried}
+    if out and doc_pos_BxT is not None:
+      out[state_lib.DOC_POS] = doc_pos_BxT.astype(jnp.int32)
+    return out
 
   def layer_hooks(
       self,
@@ -171,7 +176,8 @@ class LayerHooks:
   with the layer's slice of their per-layer state and their carried state,
   which the hooks update in place: ``state`` after the layer is its next
   one.  A variant with carried leaves also finds the layer's index in its
-  state (``state.LAYER_INDEX``; not written back).  Built and used within
+  state (``state.LAYER_INDEX``; not written back), and, with documents
+  masked apart, their offsets (``state.DOC_POS``).  Built and used within
   one trace of the layer (``models.DecoderLayer``); the attention calls
   ``position_scores`` and ``combine``."""
 
@@ -188,13 +194,17 @@ class LayerHooks:
 
   def _own(self, v: type[MemoryVariant]) -> dict[str, Array]:
     own = {n: x for n, x in self.state.items() if n in v.STATE}
-    if self.layer_index is not None and any(leaf.carried for leaf in v.STATE.values()):
-      own[state_lib.LAYER_INDEX] = self.layer_index
+    if any(leaf.carried for leaf in v.STATE.values()):
+      if self.layer_index is not None:
+        own[state_lib.LAYER_INDEX] = self.layer_index
+      if state_lib.DOC_POS in self.state:
+        own[state_lib.DOC_POS] = self.state[state_lib.DOC_POS]
     return own
 
   def _keep(self, own: dict[str, Array]) -> None:
-    """Writes a hook's returned state back (without the layer index)."""
-    self.state.update({n: x for n, x in own.items() if n != state_lib.LAYER_INDEX})
+    """Writes a hook's returned state back (without the layer index and the
+    documents' offsets)."""
+    self.state.update({n: x for n, x in own.items() if n not in state_lib.RESERVED})
 
   def before_layer(self, h_BxExD: Array) -> Array:
     """Each variant's ``before_layer``."""

@@ -54,7 +54,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_xl.model.memory.state import LAYER_INDEX, Leaf
+from transformer_xl.model.memory.state import DOC_POS, LAYER_INDEX, Leaf
 from transformer_xl.model.memory.variant import MemoryVariant, register
 
 Array = jax.Array
@@ -307,7 +307,11 @@ class KNNMemory(MemoryVariant):
   emptied (``reset``, before the layers); each query of the segment reads
   its neighbours from the store as it was before the segment; the
   segment's keys (normalised) and values are written (front padding as
-  empty entries).  Parameters per layer (all layers; used at the memory
+  empty entries).  With documents masked apart (``state.DOC_POS`` in the
+  hooks' state), a document's start empties the store: its queries read
+  nothing (a zero memory vector, as an empty store gives) and the segment
+  writes its last document's entries only, into an emptied store.
+  Parameters per layer (all layers; used at the memory
   layers): ``knn_gate_bias`` [H] (zeros) and ``knn_scale`` [H] (ones; the
   memory attention scales its logits by its absolute value, as meliad's
   ``attention_scale``).
@@ -323,7 +327,7 @@ class KNNMemory(MemoryVariant):
       "knn_values_NxBxHxSxDh": _STORE,
       "knn_index_NxB": Leaf((None, "batch"), carried=True),
   }
-  DOCUMENTS = False  # the store is per row: documents inside a segment are not kept apart
+  DOCUMENTS = True  # a document's start empties the row's store (``combine``)
   DECODE_CACHE = False  # each pass writes the store
   WHOLE_SEGMENTS = True  # a token never reads its own segment: generation re-runs segments
 
@@ -408,6 +412,18 @@ class KNNMemory(MemoryVariant):
     j = jnp.argmax(hit_N)  # this layer's store (when it has one)
     e = q_BxExHxDh.shape[1]
     store = (state["knn_keys_NxBxHxSxDh"], state["knn_values_NxBxHxSxDh"], state["knn_index_NxB"])
+    # Documents inside the segment (data.documents="reset"): a document's start empties the
+    # row's store, as a reset row's.  Its queries read nothing (what an empty store gives: a
+    # zero memory vector), and the segment writes its last document's entries only, into an
+    # emptied store.
+    i_E = jnp.arange(e)
+    doc_pos_BxE = state.get(DOC_POS)
+    if doc_pos_BxE is None:
+      read_BxE = jnp.ones((q_BxExHxDh.shape[0], e), bool)
+      last_start_B = jnp.full((q_BxExHxDh.shape[0],), -1)
+    else:  # a query's document started in this segment where doc_pos <= its position
+      read_BxE = doc_pos_BxE > i_E[None, :]
+      last_start_B = jnp.max(jnp.where(read_BxE, -1, i_E[None, :] - doc_pos_BxE), axis=1)
 
     def read_and_write(operands):
       (keys_N, values_N, index_N), vec = operands
@@ -424,9 +440,15 @@ class KNNMemory(MemoryVariant):
       memory_BxExHxDh = attend(
           q_n, jnp.swapaxes(rk, 1, 2), jnp.swapaxes(rv, 1, 2), jnp.abs(scale_H)
       )
+      if doc_pos_BxE is not None:
+        memory_BxExHxDh = jnp.where(read_BxE[:, :, None, None], memory_BxExHxDh, 0)
       out = gate(vec, memory_BxExHxDh, bias_H).astype(vec.dtype)
-      # The segment's entries; the front padding (key_count_B < 0) as empty ones.
-      valid_BxE = jnp.arange(e)[None, :] >= jnp.maximum(-key_count_B, 0)[:, None]
+      # The segment's entries; the front padding (key_count_B < 0) and the entries before
+      # the last document start as empty ones, in a store emptied at that start.
+      if doc_pos_BxE is not None:
+        keys, values, index = reset(keys, values, index, last_start_B >= 0)
+      first_B = jnp.maximum(jnp.maximum(-key_count_B, 0), last_start_B)
+      valid_BxE = i_E[None, :] >= first_B[:, None]
       new_k = jnp.where(valid_BxE[:, :, None, None], normalize(k_BxKxHxDh[:, -e:]), 0.0)
       new_v = jnp.where(valid_BxE[:, :, None, None], v_BxKxHxDh[:, -e:], 0)
       keys, values, index = write(

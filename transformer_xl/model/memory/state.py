@@ -124,6 +124,12 @@ class Leaf:
 # The name under which a variant with carried leaves (``Leaf.carried``) finds the
 # index of the layer its hooks run in (an int32 scalar, traced) in their state.
 LAYER_INDEX = "layer_index"
+# ... and, where documents are masked apart inside the segment, each query's
+# offset from its document's first input (int32 [B, T], as the attention mask's
+# ``doc_pos_BxT``): the document started in this segment where it is <= the
+# query's position.
+DOC_POS = "doc_pos_BxT"
+RESERVED = (LAYER_INDEX, DOC_POS)  # in the hooks' state, never written back
 
 # The fields every memory has (pad_B only when set).
 SHARED_LEAVES: Mapping[str, Leaf] = types.MappingProxyType(
