@@ -129,6 +129,116 @@ def run(lm, correction: bool, params: dict, xs: list, cots: list) -> dict:
   return rec
 
 
+# The whole-model case: HuggingFace's TransfoXLLMHeadModel wrapped by their
+# AssociativeMemoryCell and AssociativeRecurrentWrapper.
+HF_CONFIG = dict(
+    vocab_size=24,
+    cutoffs=[],
+    d_model=16,
+    d_embed=16,
+    n_head=2,
+    d_head=8,
+    d_inner=32,
+    div_val=1,
+    pre_lnorm=False,
+    n_layer=2,
+    mem_len=0,
+    clamp_len=-1,
+    same_length=False,
+    attn_type=0,
+    untie_r=True,
+    dropout=0.0,
+    dropatt=0.0,
+    tie_projs=[False],
+    adaptive=True,
+    init_std=0.3,
+)
+CELL = dict(num_mem_tokens=3, d_mem=4)
+SEGMENT_SIZE = 4
+TOTAL = 15  # tokens of a row: 3 full segments and a ragged one of 3
+
+
+def shim(lm, transformers):
+  """What their code needs of a TransfoXLLMHeadModel (their wrapper was
+  written for GPT-2): the input embedding's ``embedding_dim`` and ``weight``
+  (AdaptiveEmbedding has neither), a decoder layer called by keyword
+  (``hidden_states=``, as their ``AssociativeLayerWrapper`` calls it) while
+  TransfoXLModel calls it positionally with the relative positions, the
+  batch-first layout their wrapper's einsums and ``out[0][:, -N:]`` assume
+  (TransfoXLModel runs its layers time-first: the shim transposes around
+  their wrapper and around the layer it wraps), and a
+  model that ignores the ``use_cache``/``past_key_values``/``prev_attn_mask`` their recurrent
+  wrapper always passes (and reads back as ``past_key_values``: the mems,
+  None with mem_len 0).  Nothing of the computation changes."""
+  from transformers.models.transfo_xl import modeling_transfo_xl as hf  # 4.35
+
+  if getattr(hf, "_armt_shim", False):
+    return hf
+  hf._armt_shim = True
+  emb = hf.AdaptiveEmbedding
+  emb.embedding_dim = property(lambda self: self.d_embed)
+  emb.weight = property(lambda self: self.emb_layers[0].weight)
+  layer = hf.RelPartialLearnableDecoderLayer
+  layer_forward = layer.forward
+  t = lambda out: [out[0].transpose(0, 1).contiguous(), *out[1:]]  # [T, B, D] <-> [B, T, D]
+
+  def layer_by_keyword(self, hidden_states, r, **kw):  # batch-first in and out
+    return t(layer_forward(self, hidden_states.transpose(0, 1).contiguous(), r, **kw))
+
+  layer.forward = layer_by_keyword
+  wrapper_forward = lm.AssociativeLayerWrapper.forward
+
+  def wrapper_positional(self, dec_inp, r, **kw):  # TransfoXLModel's call, time-first
+    return t(wrapper_forward(self, hidden_states=dec_inp.transpose(0, 1).contiguous(), r=r, **kw))
+
+  lm.AssociativeLayerWrapper.forward = wrapper_positional
+  model_forward = hf.TransfoXLLMHeadModel.forward
+
+  def forward(self, *args, use_cache=None, past_key_values=None, prev_attn_mask=None, **kw):
+    return model_forward(self, *args, **kw)
+
+  hf.TransfoXLLMHeadModel.forward = forward
+  hf.TransfoXLLMHeadModelOutput.past_key_values = property(lambda self: self.mems)
+  return hf
+
+
+def run_model(lm, correction: bool, tokens: np.ndarray, seed: int) -> dict:
+  """Their wrapper over a TransfoXLLMHeadModel: per-token NLLs (from their
+  concatenated logits, the last position of a segment predicting the next
+  segment's first token), the loss their wrapper computes, its gradients,
+  and the state dict under their names."""
+  import torch
+  import transformers
+
+  hf = shim(lm, transformers)
+  torch.manual_seed(seed)
+  base = hf.TransfoXLLMHeadModel(hf.TransfoXLConfig(**HF_CONFIG))
+  cell = lm.AssociativeMemoryCell(
+      base, layers_attr="transformer.layers", wrap_pos=False, correction=correction, **CELL
+  )
+  wrapper = lm.AssociativeRecurrentWrapper(cell, segment_size=SEGMENT_SIZE)
+  with torch.no_grad():  # values that carry something (theirs start at zeros)
+    g = torch.Generator().manual_seed(seed + 1)
+    for layer in cell.layers:
+      layer.W_mv.weight.copy_(torch.randn(layer.W_mv.weight.shape, generator=g) * 0.3)
+  ids = torch.tensor(tokens, dtype=torch.long)
+  out = wrapper(input_ids=ids, labels=ids)
+  out["loss"].backward()
+  logp = torch.log_softmax(out["logits"].detach(), -1)  # their logits are log-probabilities
+  nll = -logp[:, :-1].gather(-1, ids[:, 1:, None])[..., 0]
+  rec = {
+      "nll": nll.numpy(),
+      "loss": np.float64(out["loss"].item()),
+      "logits": out["logits"].detach().numpy(),
+  }
+  for name, t in wrapper.state_dict().items():
+    rec[f"state/{name}"] = t.detach().numpy().copy()
+  for name, prm in wrapper.named_parameters():
+    if prm.grad is not None:
+      rec[f"grad/{name}"] = prm.grad.numpy().copy()
+  return rec
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("checkout", help="the authors' repository: a work tree or a bare mirror")
@@ -160,10 +270,16 @@ def main(argv=None) -> int:
       arrays.update({f"{case}_{k}": v for k, v in rec.items()})
       for s, (x, c) in enumerate(zip(xs, cots)):
         arrays[f"{case}_x_s{s}"], arrays[f"{case}_cot_s{s}"] = x, c
+    tokens = rng.integers(0, HF_CONFIG["vocab_size"], size=(B, TOTAL))
+    model_arrays = {"tokens": tokens.astype(np.int32)}
+    for case, correction in (("corr", True), ("nocorr", False)):
+      rec = run_model(lm, correction, tokens, SEED)
+      model_arrays.update({f"{case}/{k}": v for k, v in rec.items()})
   os.makedirs(a.out, exist_ok=True)
-  path = os.path.join(a.out, "armt_layer.npz")
-  np.savez_compressed(path, **arrays)
-  print(f"wrote {path}: {len(arrays)} arrays")
+  for name, data in (("armt_layer.npz", arrays), ("armt_model.npz", model_arrays)):
+    path = os.path.join(a.out, name)
+    np.savez_compressed(path, **data)
+    print(f"wrote {path}: {len(data)} arrays")
   return 0
 
 

@@ -139,3 +139,123 @@ def test_dpfp_is_the_authors_feature_map_written_out():
   want = np.concatenate([xp * np.roll(xp, j) for j in (1, 2, 3)])
   np.testing.assert_allclose(armt.dpfp(x)[0], want)
   assert armt.d_key(2) == 12
+
+
+# ---- The whole model against their wrapper around HuggingFace's TransfoXLLMHeadModel ----
+
+MODEL_FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "armt_model.npz")
+PREFIX = "memory_cell.model."
+SEGMENT = 4  # their segment_size
+
+
+def _model_cfg(correction, memory="armt"):
+  """The fixture's model (HF_CONFIG of the script); ``memory="xl"``: its base."""
+  from transformer_xl.model import models
+
+  armt_fields = {"num_mem_tokens": 3, "d_mem": 4, "correction": correction}
+  return models.ModelConfig.from_dict(
+      dict(
+          n_token=24,
+          n_layer=2,
+          d_model=16,
+          n_head=2,
+          d_head=8,
+          d_inner=32,
+          tgt_len=SEGMENT,
+          mem_len=0,
+          untie_r=True,
+          tie_weight=True,
+          dropout=0.0,
+          dropatt=0.0,
+          memory=memory,
+          **({"armt": armt_fields} if memory == "armt" else {}),
+      )
+  )
+
+
+def _their_params(f, case, cfg):
+  """Our parameter tree from their state dict: the base model's names (less
+  their wrapper's ``.layer.``) through the package's converter, the
+  memory's by hand; the duplicated ``memory_cell.layers.*`` must equal the
+  model's."""
+  from transformer_xl.convert import pytorch
+
+  state = {k[len(f"{case}/state/") :]: v for k, v in f.items() if k.startswith(f"{case}/state/")}
+  for name, x in state.items():
+    if name.startswith("memory_cell.layers."):
+      twin = PREFIX + "transformer.layers." + name[len("memory_cell.layers.") :]
+      np.testing.assert_array_equal(x, state[twin])
+  base = {
+      k[len(PREFIX) :].replace(".layer.", "."): v
+      for k, v in state.items()
+      if k.startswith(PREFIX) and ".W_m" not in k
+  }
+  params = pytorch.params_from_state_dict(
+      base, _model_cfg(cfg.memory_settings[0][1].correction, "xl")
+  )
+  layer = lambda i, n: state[f"{PREFIX}transformer.layers.{i}.{n}"]
+  stack = lambda n, fn: np.stack([fn(layer(i, n)) for i in range(cfg.n_layer)])
+  params["layers"].update(
+      armt_w_q=stack("W_mq.weight", np.transpose),
+      armt_w_k=stack("W_mk.weight", np.transpose),
+      armt_w_v=stack("W_mv.weight", np.transpose),
+      armt_w_b=stack("W_mb.weight", np.transpose),
+      armt_b_b=stack("W_mb.bias", lambda x: x),
+  )
+  params["armt_mem_tokens"] = state["memory_cell.memory"]
+  return jax.tree_util.tree_map(jnp.asarray, params)
+
+
+def _our_nll(cfg, params, tokens_BxL):
+  """Per-token NLL [B, L - 1] of their layout: segments of SEGMENT from the
+  row's start, the last one shorter, from an empty memory; position t
+  predicts token t + 1 (a segment's last position the next one's first)."""
+  from transformer_xl.model import memory, models
+
+  model = models.TransformerXL(cfg)
+  mem = memory.init_memory(cfg, tokens_BxL.shape[0])
+  padded = jnp.concatenate([tokens_BxL, tokens_BxL[:, :1]], axis=1)  # a target for the last
+  out = []
+  for a in range(0, tokens_BxL.shape[1], SEGMENT):
+    b = min(a + SEGMENT, tokens_BxL.shape[1])
+    nll, mem = model.apply({"params": params}, padded[:, a:b], mem, padded[:, a + 1 : b + 1])
+    out.append(nll)
+  return jnp.concatenate(out, axis=1)[:, :-1]
+
+
+@pytest.mark.parametrize("case", ["corr", "nocorr"])
+def test_the_model_scores_as_their_wrapper_around_huggingface_transfo_xl(case):
+  """Their AssociativeRecurrentWrapper(AssociativeMemoryCell(TransfoXLLMHeadModel))
+  over 4 segments (the last of 3 tokens), their parameters converted: the
+  per-token NLLs to 1e-5, and the gradients of their mean loss for the
+  memory's projections and tokens and the base model's attention."""
+  f = dict(np.load(MODEL_FIXTURE))
+  cfg = _model_cfg(case == "corr")
+  params = _their_params(f, case, cfg)
+  tokens = jnp.asarray(f["tokens"])
+  nll = _our_nll(cfg, params, tokens)
+  np.testing.assert_allclose(nll, f[f"{case}/nll"], rtol=1e-5, atol=1e-5)
+  without = _our_nll(
+      cfg,
+      {**params, "layers": {**params["layers"], "armt_w_v": 0 * params["layers"]["armt_w_v"]}},
+      tokens,
+  )
+  assert np.abs(without[:, SEGMENT:] - nll[:, SEGMENT:]).max() > 1e-3  # the memory is read
+
+  grads = jax.grad(lambda p: jnp.mean(_our_nll(cfg, p, tokens)))(params)
+  layer = lambda i, n: f[f"{case}/grad/{PREFIX}transformer.layers.{i}.{n}"]
+  theirs = {
+      "armt_w_q": np.stack([layer(i, "W_mq.weight").T for i in range(2)]),
+      "armt_w_k": np.stack([layer(i, "W_mk.weight").T for i in range(2)]),
+      "armt_w_v": np.stack([layer(i, "W_mv.weight").T for i in range(2)]),
+      "armt_w_b": np.stack([layer(i, "W_mb.weight").T for i in range(2)]),
+  }
+  for name, want in theirs.items():
+    got = grads["layers"][name]
+    np.testing.assert_allclose(
+        got, want, rtol=0, atol=1e-5 * max(1, np.abs(want).max()), err_msg=name
+    )
+  want = f[f"{case}/grad/memory_cell.memory"]
+  np.testing.assert_allclose(
+      grads["armt_mem_tokens"], want, rtol=0, atol=1e-5 * max(1, np.abs(want).max())
+  )

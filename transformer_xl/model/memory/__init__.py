@@ -31,6 +31,7 @@ A new memory variant is a module here with a ``register``-ed subclass of
 
 from __future__ import annotations
 
+from transformer_xl.model.memory import armt as armt
 from transformer_xl.model.memory import composition as composition
 from transformer_xl.model.memory import compressive as compressive
 from transformer_xl.model.memory import knn as knn
