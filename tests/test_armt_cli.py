@@ -136,3 +136,76 @@ def test_bad_armt_settings_are_one_line_before_anything_is_compiled(tmp_path):
   assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
   assert "model.armt.d_mem=0 must be an integer >= 1" in r.stderr, r.stderr[-3000:]
   assert not (tmp_path / "wd" / "checkpoints").exists()
+
+
+def test_their_checkpoint_converts_and_scores_as_their_wrapper(tmp_path):
+  """``python -m transformer_xl.convert --from=armt``: the state dict of
+  their wrapper around HuggingFace's TransfoXL (tests/fixtures/armt_model.npz,
+  made by running their code: scripts/make_armt_fixtures.py) and its three
+  hparams sections; ``--mode=score`` on the workdir gives their per-token
+  NLLs (the last position of a segment predicting the next segment's first
+  token).  A missing tensor and a TransfoXL cache their wrapper would fill
+  with zeros are one error line each."""
+  from helpers import REPO, run_module
+
+  f = dict(np.load(REPO / "tests" / "fixtures" / "armt_model.npz"))
+  state = {k[len("corr/state/") :]: v for k, v in f.items() if k.startswith("corr/state/")}
+  np.savez(tmp_path / "armt.npz", **state)
+  hf = dict(
+      vocab_size=24,
+      cutoffs=[],
+      d_model=16,
+      d_embed=16,
+      n_head=2,
+      d_head=8,
+      d_inner=32,
+      div_val=1,
+      n_layer=2,
+      mem_len=0,
+      clamp_len=-1,
+      same_length=False,
+      untie_r=True,
+      tie_word_embeddings=True,
+      architectures=["TransfoXLLMHeadModel"],
+  )
+  hparams = {
+      "transfo_xl_config": hf,
+      "memory_cell": {"num_mem_tokens": 3, "d_mem": 4, "correction": True},
+      "recurrent_wrapper": {"segment_size": 4, "max_n_segments": 4, "k2": -1},
+  }
+  (tmp_path / "h.json").write_text(json.dumps(hparams))
+  convert = lambda *extra, w="wd", h="h.json", c="armt.npz": run_module(
+      "transformer_xl.convert",
+      "--from=armt",
+      f"--checkpoint={tmp_path / c}",
+      f"--hparams={tmp_path / h}",
+      f"--workdir={tmp_path / w}",
+      *extra,
+  )
+  _ok(convert())
+  np.save(tmp_path / "tokens.npy", f["tokens"])
+  _ok(
+      run_main(
+          [
+              f"--workdir={tmp_path / 'wd'}",
+              "--mode=score",
+              f"--tokens={tmp_path / 'tokens.npy'}",
+              f"--out={tmp_path / 'nll.npy'}",
+          ]
+      )
+  )
+  np.testing.assert_allclose(np.load(tmp_path / "nll.npy"), f["corr/nll"], rtol=1e-5, atol=1e-5)
+
+  del state["memory_cell.model.transformer.layers.1.W_mk.weight"]  # the copy alone will do
+  np.savez(tmp_path / "copy.npz", **state)
+  _ok(convert(w="wd1", c="copy.npz"))
+  del state["memory_cell.layers.1.W_mk.weight"]
+  np.savez(tmp_path / "broken.npz", **state)
+  r = convert(w="wd2", c="broken.npz")
+  assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+  assert "missing tensor 'memory_cell.model.transformer.layers.1.W_mk.weight'" in r.stderr
+  (tmp_path / "h2.json").write_text(
+      json.dumps({**hparams, "transfo_xl_config": {**hf, "mem_len": 16}})
+  )
+  r = convert(w="wd3", h="h2.json")
+  assert r.returncode == 1 and "transfo_xl_config.mem_len=16" in r.stderr, r.stderr[-2000:]

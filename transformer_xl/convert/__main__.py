@@ -30,9 +30,11 @@ def _define_flags(fv):
   f["from"] = flags.DEFINE_enum(
       "from",
       None,
-      ["pytorch", "safetensors", "tf"],
+      ["pytorch", "safetensors", "tf", "armt"],
       "Convert a reference checkpoint into --workdir (safetensors: "
-      "--from=pytorch for a .safetensors file only).",
+      "--from=pytorch for a .safetensors file only; armt: ARMT's wrapper around "
+      "HuggingFace's TransfoXL, its state dict in any format --from=pytorch reads, "
+      "--hparams with the sections transfo_xl_config, memory_cell, recurrent_wrapper).",
       flag_values=fv,
   )
   f["to"] = flags.DEFINE_enum(
@@ -213,7 +215,7 @@ def main(argv: Sequence[str]) -> None:
       raise ConvertError("--dataset_manual_dir and --cache_dir go with --pretrained.")
     if (f["from"] is None) == (f["to"] is None):
       raise ConvertError(
-          "give exactly one of --from=pytorch|safetensors|tf and --to=pytorch|safetensors."
+          "give exactly one of --from=pytorch|safetensors|tf|armt and --to=pytorch|safetensors."
       )
     if not f["checkpoint"] or not f["workdir"]:
       raise ConvertError("--checkpoint and --workdir are required.")

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from transformer_xl.convert import rmt
+from transformer_xl.convert import armt, rmt
 from transformer_xl.convert.errors import ConvertError, one_line
 from transformer_xl.convert.hparams import (
     check_hparams,
@@ -321,14 +321,16 @@ def convert_to_workdir(
     unseen_bias: float = UNSEEN_BIAS,
     **workdir_kwargs,
 ) -> dict:
-  """``--from=pytorch|safetensors|tf``: a reference checkpoint into a workdir.
+  """``--from=pytorch|safetensors|tf|armt``: a reference checkpoint into a workdir.
 
   Args:
     source: "pytorch" (a state dict file of any format,
       ``read_state_dict``: ``.npz``, ``.safetensors`` or torch, by its
       extension), "safetensors" (the same, but the file must end in
-      ``.safetensors``) or "tf" (``read_tf_checkpoint``; always forward
-      cluster order).
+      ``.safetensors``), "tf" (``read_tf_checkpoint``; always forward
+      cluster order) or "armt" (the state dict of ARMT's wrapper around
+      HuggingFace's TransfoXL, any format "pytorch" reads, with
+      ``hparams`` its three sections: ``convert/armt.py``).
     checkpoint: the file / TF checkpoint prefix.
     hparams: JSON path or dict (``load_hparams``); the LM-RMT fork's
       (``num_mem_tokens``, ``mem_at_end``, ``read_mem_from_cache`` among
@@ -362,8 +364,8 @@ def convert_to_workdir(
       hparams, the vocabulary file, the workdir's settings and emptiness)
       comes before reading the checkpoint and preparing the corpus.
   """
-  if source not in ("pytorch", "safetensors", "tf"):
-    raise ConvertError(f"--from={source!r}: use pytorch, safetensors or tf.")
+  if source not in ("pytorch", "safetensors", "tf", "armt"):
+    raise ConvertError(f"--from={source!r}: use pytorch, safetensors, tf or armt.")
   if source == "safetensors":
     _check_safetensors_name("--from", checkpoint)
   if vocab is not None and dataset is None:
@@ -371,15 +373,20 @@ def convert_to_workdir(
   _check_unit(unit)
   if dataset is not None:
     check_dataset_name(dataset)
-  raw, where = read_hparams(hparams)
-  fork = rmt.is_rmt_hparams(raw)  # the LM-RMT fork's (memory tokens)
-  if fork and source == "tf":
-    raise ConvertError(
-        f"{where} has the LM-RMT fork's hparams ({', '.join(sorted(rmt.RMT_HPARAMS))}), "
-        "whose checkpoints are PyTorch state dicts: use --from=pytorch."
-    )
-  hp = rmt.load_rmt_hparams(hparams) if fork else check_hparams(raw, where)
-  cfg = rmt.model_config_from_rmt_hparams(hp) if fork else model_config_from_hparams(hp)
+  if source == "armt":  # ARMT's wrapper around HuggingFace's TransfoXL (convert/armt.py)
+    hp = armt.load_armt_hparams(hparams)
+    cfg = armt.model_config_from_armt_hparams(hp)
+    fork = False
+  else:
+    raw, where = read_hparams(hparams)
+    fork = rmt.is_rmt_hparams(raw)  # the LM-RMT fork's (memory tokens)
+    if fork and source == "tf":
+      raise ConvertError(
+          f"{where} has the LM-RMT fork's hparams ({', '.join(sorted(rmt.RMT_HPARAMS))}), "
+          "whose checkpoints are PyTorch state dicts: use --from=pytorch."
+      )
+    hp = rmt.load_rmt_hparams(hparams) if fork else check_hparams(raw, where)
+    cfg = rmt.model_config_from_rmt_hparams(hp) if fork else model_config_from_hparams(hp)
   ref_vocab = None
   if vocab is not None:
     ref_vocab = read_vocab(vocab)
@@ -399,7 +406,7 @@ def convert_to_workdir(
       **workdir_kwargs,
   )
   check_new_workdir(workdir)
-  if source in ("pytorch", "safetensors"):
+  if source in ("pytorch", "safetensors", "armt"):
     state = read_state_dict(checkpoint)
     order = resolve_cluster_order(cluster_order, list(state))
     log(
@@ -417,6 +424,8 @@ def convert_to_workdir(
         "zero-filled memory, here from empty memory."
     )
   to_params = rmt.params_from_rmt_state_dict if fork else params_from_state_dict
+  if source == "armt":
+    to_params = armt.params_from_armt_state_dict
   params = _naming(checkpoint, to_params, state, cfg, order)
   report: dict[str, Any] = {"cluster_order": order, "vocab": None}
   our_unit = unit
