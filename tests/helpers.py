@@ -656,6 +656,26 @@ def write_json(path, obj):
   return str(path)
 
 
+def ptb_valid_rows(tmp_path: Path, manual: Path, rows: int) -> tuple[Any, np.ndarray, int]:
+  """The valid split of the PTB sample prepared under ``tmp_path / "tfds"``
+  (``small_args``) in the evaluation's layout (docs/guide/evaluation.md,
+  test_score.py): the boundary symbol as the context of token 0, row r the
+  targets r n / rows .. (r + 1) n / rows - 1 (n: the split's tokens cut to a
+  multiple of ``rows``), for ``--mode=score --tokens``.
+
+  Returns:
+    (the corpus, int32 [rows, n / rows + 1] token rows, n).
+  """
+  corpus = data.load_corpus(
+      "ptb", data_dir=str(tmp_path / "tfds"), manual_dir=str(manual), verify_checksums=False
+  )
+  valid = corpus.splits["valid"]
+  n = valid.num_tokens - valid.num_tokens % rows
+  per_row = n // rows
+  full = np.concatenate([[corpus.boundary_id], valid.read(0, n)]).astype(np.int32)
+  return corpus, np.stack([full[r * per_row : (r + 1) * per_row + 1] for r in range(rows)]), n
+
+
 def reference_nll(cfg: models.ModelConfig, params: Any, tokens_BxT1: np.ndarray) -> np.ndarray:
   """float32 [B, T]: the model ``cfg`` run segment by segment (its tgt_len)
   from an empty memory, the last segment padded after the real tokens (as

@@ -21,10 +21,16 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from transformer_xl import data
 from transformer_xl.model import models
 
-from helpers import reference_nll, run_main, small_args, tiny_flags, write_ptb_sample
+from helpers import (
+    ptb_valid_rows,
+    reference_nll,
+    run_main,
+    small_args,
+    tiny_flags,
+    write_ptb_sample,
+)
 
 pytestmark = pytest.mark.slow  # five commands, two of them train: ~60 s on 2 shared cores
 
@@ -76,15 +82,8 @@ def test_train_eval_score_generate_and_resume(tmp_path):
   _ok(run_main([f"--workdir={workdir}", "--mode=eval"]))
   results = json.loads((workdir / "eval_results.json").read_text())
   assert np.isfinite(results["valid"]["loss_nats"]) and results["step"] == 3
-  corpus = data.load_corpus(
-      "ptb", data_dir=str(tmp_path / "tfds"), manual_dir=str(manual), verify_checksums=False
-  )
-  valid = corpus.splits["valid"]
-  n = valid.num_tokens - valid.num_tokens % ROWS
-  per_row = n // ROWS
-  assert per_row > 3 * T, per_row
-  full = np.concatenate([[corpus.boundary_id], valid.read(0, n)]).astype(np.int32)
-  tokens = np.stack([full[r * per_row : (r + 1) * per_row + 1] for r in range(ROWS)])
+  _, tokens, n = ptb_valid_rows(tmp_path, manual, ROWS)
+  assert n // ROWS > 3 * T, n
   np.save(tmp_path / "tokens.npy", tokens)
   out = _ok(
       run_main(

@@ -35,11 +35,17 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from transformer_xl import data
 from transformer_xl.model import memory as memory_lib
 from transformer_xl.model import models
 
-from helpers import reference_nll, run_main, small_args, tiny_flags, write_ptb_sample
+from helpers import (
+    ptb_valid_rows,
+    reference_nll,
+    run_main,
+    small_args,
+    tiny_flags,
+    write_ptb_sample,
+)
 
 pytestmark = pytest.mark.slow  # seven commands, two of them train: 70-90 s on 2 shared cores
 
@@ -162,19 +168,12 @@ def test_train_eval_score_generate_and_resume_from_the_command_line(tmp_path):
       "same_length": False,
       "compressive": {"cmem_len": NC},  # eval.compressive.cmem_len unset: the model's
   }
-  corpus = data.load_corpus(
-      "ptb", data_dir=str(tmp_path / "tfds"), manual_dir=str(manual), verify_checksums=False
-  )
-  valid = corpus.splits["valid"]
-  n = valid.num_tokens
-  assert results["valid"]["tokens"] == n and n % ROWS == 0, n  # equal rows: one score array
-  # The evaluation's layout (docs/guide/evaluation.md, test_score.py): the boundary symbol as
-  # the context of token 0, row r = targets r n/ROWS .. (r + 1) n/ROWS - 1, each row from an
-  # empty memory.  Enough segments that the compressed memory fills and is truncated.
-  full = np.concatenate([[corpus.boundary_id], valid.read(0, n)]).astype(np.int32)
-  per_row = n // ROWS
+  # The evaluation's layout (helpers.ptb_valid_rows), each row from an empty memory.
+  corpus, tokens, n = ptb_valid_rows(tmp_path, manual, ROWS)
+  n_valid = corpus.splits["valid"].num_tokens  # equal rows: one score array
+  assert results["valid"]["tokens"] == n == n_valid, (n, n_valid)
+  per_row = n // ROWS  # enough segments that the compressed memory fills and is truncated
   assert per_row > (1 + NC // (T // C)) * T  # the 4th segment truncates the full memory
-  tokens = np.stack([full[r * per_row : (r + 1) * per_row + 1] for r in range(ROWS)])
   np.save(tmp_path / "tokens.npy", tokens)
 
   # -- score: the same rows with the same eval settings ---------------------------------------

@@ -29,10 +29,16 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from transformer_xl import data
 from transformer_xl.model import models
 
-from helpers import reference_nll, run_main, small_args, tiny_flags, write_ptb_sample
+from helpers import (
+    ptb_valid_rows,
+    reference_nll,
+    run_main,
+    small_args,
+    tiny_flags,
+    write_ptb_sample,
+)
 
 pytestmark = pytest.mark.slow  # five commands, one of them trains: ~60 s on 2 shared cores
 
@@ -93,15 +99,8 @@ def test_train_eval_with_a_larger_store_score_and_generate(tmp_path):
       "num_neighbors": K,
       "retrieval": "bucketed",
   }
-  corpus = data.load_corpus(
-      "ptb", data_dir=str(tmp_path / "tfds"), manual_dir=str(manual), verify_checksums=False
-  )
-  valid = corpus.splits["valid"]
-  n = valid.num_tokens - valid.num_tokens % ROWS
-  per_row = n // ROWS
-  assert per_row > (S_EVAL // T + 1) * T, per_row  # the store wraps around
-  full = np.concatenate([[corpus.boundary_id], valid.read(0, n)]).astype(np.int32)
-  tokens = np.stack([full[r * per_row : (r + 1) * per_row + 1] for r in range(ROWS)])
+  _, tokens, n = ptb_valid_rows(tmp_path, manual, ROWS)
+  assert n // ROWS > (S_EVAL // T + 1) * T, n  # the store wraps around
   np.save(tmp_path / "tokens.npy", tokens)
 
   # -- score with the same eval store: equal to the model run here ----------------------------
