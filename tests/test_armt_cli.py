@@ -4,7 +4,8 @@
 corpus (``helpers.write_ptb_sample``): train with ``model.memory="armt"``
 and backpropagation through the previous segment (the memory's writes
 learn only across segments), then ``--mode=eval``, ``--mode=score
---tokens`` and ``--mode=generate`` on the workdir, and a resumed run.  The
+--tokens`` and ``--mode=generate`` on the workdir, and a resumed run equal
+to an uninterrupted one.  The
 scores are compared with the model run in this process on the
 checkpoint's parameters (``helpers.reference_nll``); the same parameters
 with the value projection zeroed (nothing read) score the later segments
@@ -114,10 +115,21 @@ def test_train_eval_score_generate_and_resume(tmp_path):
   out = _ok(run_main([*generate, f"--config.eval.mem_len={T}"]))
   assert out.strip()
 
-  # -- resume to step 5 -------------------------------------------------------------------------
+  # -- resume to step 5: as a run straight to step 5 (the matrices come back from the checkpoint;
+  # a constant learning rate, so that the schedule does not depend on num_steps) --------------
   out = _ok(train(5))
   assert "Resumed from" in out and "at step 3" in out
-  assert (workdir / "checkpoints" / "5").is_dir()
+  straight = tmp_path / "straight"
+  _ok(run_main(small_args(tmp_path, straight, manual, *TINY, "--config.train.num_steps=5")))
+
+  def losses(w):
+    rows = [json.loads(l) for l in (w / "metrics.jsonl").read_text().splitlines()]
+    return [r["train/loss"] for r in rows if "train/loss" in r]
+
+  assert len(losses(workdir)) == 5 and losses(workdir) == losses(straight)
+  restore = lambda w: ocp.StandardCheckpointer().restore(w / "checkpoints" / "5" / "state")
+  a, b = restore(workdir), restore(straight)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, a["params"], b["params"])
 
 
 def test_bad_armt_settings_are_one_line_before_anything_is_compiled(tmp_path):
