@@ -1,8 +1,8 @@
 """What the benchmark tools share: the machine they ran on, library versions,
 result files, worker subprocesses, the memory-carrying evaluation loop, and
 the machinery of the memory benchmarks (``compressive_memory.py``,
-``knn_memory.py``: their flags, config, compiled steps, interleaved timing
-with CPU time, ratios to the baseline and table cells).
+``knn_memory.py``, ``armt_memory.py``: their flags, config, compiled steps,
+interleaved timing with CPU time, ratios to the baseline and table cells).
 
 ``vs_pytorch.py``, ``fit.py`` and ``eval_speed.py`` run as scripts
 (``python benchmarks/X.py``) and the tests load them from their files; each
@@ -309,7 +309,7 @@ def per_token_summary(times: list, steps: int, tokens_per_step: int) -> dict:
 
 
 # ---------------------------------------------------------------------------
-# The memory benchmarks (compressive_memory.py, knn_memory.py): the package's
+# The memory benchmarks (compressive_memory.py, knn_memory.py, armt_memory.py): the package's
 # jitted training and evaluation steps of memory variants of one model, timed
 # in one run against Transformer-XL's, as ratios.
 # ---------------------------------------------------------------------------
@@ -524,7 +524,12 @@ def measure_memory_variants(
   ``eval_steps.eval_model_config``, an empty eval memory ``init_memory``)
   compiled once (``lower().compile()``: the analysed executable is the one
   timed); 4 batches of random token ids in [0, ``args.vocab``), [B, T] int32,
-  placed on the device before timing, used in turn.
+  placed on the device before timing, used in turn.  A config with
+  ``train.mem_backprop_depth`` k > 0 gets the training step that
+  backpropagates through the k segments before the newest (``train_step``)
+  and train batches of windows of k + 1 segments ([B, (k + 1) T], their own
+  random ids); its tokens per step stay B x T, the newest segment's, the
+  only ones scored (the window slides by one segment a step).
 
   Args:
     args: the flags (``batch``, ``tgt_len``, ``vocab``, ``seed``,
@@ -581,11 +586,33 @@ def measure_memory_variants(
       out.append(jax.device_put(batch, shard))
     return out
 
+  def window_batches(depth: int) -> list:
+    """4 train batches of windows of k + 1 segments, k = ``depth`` ([B, (k +
+    1) T], ``reset`` [B, k + 1]; ``train_step``'s backpropagation through
+    segments), random ids of their own (seeded by ``args.seed`` and k)."""
+    wrng = np.random.default_rng([args.seed, depth])
+    n = (depth + 1) * t
+    out = []
+    for _ in range(4):
+      x = wrng.integers(0, args.vocab, (b, n + 1), dtype=np.int32)
+      batch = {
+          "inputs": x[:, :-1],
+          "targets": x[:, 1:],
+          "weights": np.ones((b, n), np.float32),
+          "reset": np.zeros((b, depth + 1), bool),
+      }
+      out.append(jax.device_put(batch, {**dict.fromkeys(batch, bs), "reset": rows}))
+    return out
+
   train_batches, eval_batches = batches(True), batches(False)
+  windows: dict[int, list] = {0: train_batches}
   runs, found = {}, []
   for v in variants:
     config = make_config(args, v)
     default_config.validate(config, 1)
+    depth = config.train.get("mem_backprop_depth", 0)
+    if depth not in windows:
+      windows[depth] = window_batches(depth)
     train_cfg = default_config.model_config(config, args.vocab)
     model = models.TransformerXL(train_cfg)
     tx = train_state.make_optimizer(config.train, train_cfg)
@@ -604,8 +631,9 @@ def measure_memory_variants(
         config.train.seed,
         config.train.loss_span,
         config.train.aux_loss_weight,
+        depth,
     )
-    train_exe = step.lower(state, train_batches[0]).compile()
+    train_exe = step.lower(state, windows[depth][0]).compile()
     eval_cfg = eval_steps.eval_model_config(config, train_cfg)
     eval_step = eval_steps.make_eval_step(models.TransformerXL(eval_cfg), mesh)
     memory = jax.jit(
@@ -624,7 +652,7 @@ def measure_memory_variants(
             "eval": memory_analysis(eval_exe),
         }
     )
-    runs[("train", v["key"])] = train_loop(train_exe, state, train_batches)
+    runs[("train", v["key"])] = train_loop(train_exe, state, windows[depth])
     runs[("eval", v["key"])] = eval_loop(eval_exe, params, memory, eval_batches)
   log("timing ...")
   timed = time_interleaved_cpu(runs, args.warmup, args.repeats, args.min_repeat_s)
