@@ -245,7 +245,8 @@ def test_the_config_is_checked():
   with pytest.raises(
       default_config.ConfigError,
       match=r"mem_backprop_depth=1 needs a memory that carries the gradient between segments "
-      r"\(memory tokens: model\.tokens\.num_mem_tokens > 0\)",
+      r"\(the associative memory: model\.memory='armt' or memory tokens: "
+      r"model\.tokens\.num_mem_tokens > 0\)",
   ):
     default_config.validate(c, jax.device_count())
   c.train.update(mem_backprop_depth=0, bptt_bp=True)

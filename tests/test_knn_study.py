@@ -43,10 +43,10 @@ def test_quick_study_trains_fine_tunes_and_evaluates_every_run(tmp_path):
   res = json.loads((out / "results.json").read_text())
   assert res["quick"] is True and list(res["parts"]) == ["wt2", "passkey"]
 
-  # -- wt2: the base, the control and two stores, each fine-tuned from the base --------------------
+  # -- wt2: the base, the control and a store, each fine-tuned from the base ------------------------
   wt2 = res["parts"]["wt2"]
   runs = wt2["runs"]
-  assert list(runs) == ["base", "ft_xl", "ft_knn_s16", "ft_knn_s32"]
+  assert list(runs) == ["base", "ft_xl", "ft_knn_s32"]
   for name, run in runs.items():
     config = json.loads((workdirs / name / "config.json").read_text())
     model = json.loads((workdirs / name / "model_config.json").read_text())["model"]
