@@ -315,11 +315,9 @@ def format_table(res: dict) -> str:
 
 
 def _model_line(args: argparse.Namespace) -> str:
-  cut = f"adaptive, cutoffs {args.cutoffs}, div_val {args.div_val}" if args.cutoffs else "dense"
   return (
-      f"model: {args.n_layer} layers, d_model {args.d_model}, {args.n_head}x{args.d_head} heads, "
-      f"d_inner {args.d_inner}, vocab {args.vocab:,} ({cut}), attn_type 0, float32; segments "
-      f"of {args.tgt_len}, batch {args.batch}; baseline XL M={args.mem_len}; memory tokens and "
+      common.model_description(args) + "; "
+      f"baseline XL M={args.mem_len}; memory tokens and "
       f"ARMT (mem_len 0) with N in {args.num_mem_tokens}, ARMT d_mem in {args.d_mem} "
       f"(correction on); train mem_backprop_depth 0 and {args.mem_backprop_depth} (_k "
       f"variants); eval same_length {args.same_length}"

@@ -506,6 +506,17 @@ def time_interleaved_cpu(
   return {name: (wall[name], cpu[name], steps[name]) for name in runs}
 
 
+def model_description(args: argparse.Namespace) -> str:
+  """The memory benchmarks' model, as their output's first line begins:
+  layers, widths, vocabulary and softmax, segments and batch."""
+  cut = f"adaptive, cutoffs {args.cutoffs}, div_val {args.div_val}" if args.cutoffs else "dense"
+  return (
+      f"model: {args.n_layer} layers, d_model {args.d_model}, {args.n_head}x{args.d_head} heads, "
+      f"d_inner {args.d_inner}, vocab {args.vocab:,} ({cut}), attn_type 0, float32; segments "
+      f"of {args.tgt_len}, batch {args.batch}"
+  )
+
+
 def measure_memory_variants(
     args: argparse.Namespace,
     variants: list[dict],

@@ -254,11 +254,9 @@ def format_table(res: dict) -> str:
 
 
 def _model_line(args: argparse.Namespace) -> str:
-  cut = f"adaptive, cutoffs {args.cutoffs}, div_val {args.div_val}" if args.cutoffs else "dense"
   return (
-      f"model: {args.n_layer} layers, d_model {args.d_model}, {args.n_head}x{args.d_head} heads, "
-      f"d_inner {args.d_inner}, vocab {args.vocab:,} ({cut}), attn_type 0, float32; segments "
-      f"of {args.tgt_len}, batch {args.batch}; memory M={args.mem_len}, compressed Nc="
+      common.model_description(args) + "; "
+      f"memory M={args.mem_len}, compressed Nc="
       f"{args.cmem_len} at c in {args.ratios}; eval same_length {args.same_length}"
   )
 

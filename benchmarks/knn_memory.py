@@ -359,11 +359,9 @@ def format_table(res: dict) -> str:
 
 
 def _model_line(args: argparse.Namespace) -> str:
-  cut = f"adaptive, cutoffs {args.cutoffs}, div_val {args.div_val}" if args.cutoffs else "dense"
   return (
-      f"model: {args.n_layer} layers, d_model {args.d_model}, {args.n_head}x{args.d_head} heads, "
-      f"d_inner {args.d_inner}, vocab {args.vocab:,} ({cut}), attn_type 0, float32; segments "
-      f"of {args.tgt_len}, batch {args.batch}; memory M={args.mem_len}; kNN store of S in "
+      common.model_description(args) + "; "
+      f"memory M={args.mem_len}; kNN store of S in "
       f"{args.memory_sizes} entries at layer {args.knn_layer % args.n_layer} (of 0.."
       f"{args.n_layer - 1}), k={args.num_neighbors}, filled before timing; eval same_length "
       f"{args.same_length}"

@@ -238,6 +238,6 @@ def test_a_checkpoint_holds_the_store_and_its_size_is_said_at_the_start(tmp_path
   for got, want in zip(mib, [sum(parts.values()), *parts.values()]):
     assert got == pytest.approx(want, rel=1e-3, abs=60), line
   assert f"Model: {n_params:,} parameters" in out
-  assert "The memory of the 16 training rows is most of it (a kNN store" in line, line
+  assert "The memory of the 16 training rows is most of it (model.memory='knn')" in line, line
   on_disk = sum(f.stat().st_size for f in (workdir / "checkpoints" / str(steps)).rglob("*"))
   assert on_disk > store, (on_disk, store)

@@ -340,8 +340,8 @@ def _report_run(
   """What the run starts with: one's own text's tokenizer saved in the
   workdir (so that generation and scoring need no corpus file) and its
   documents reported; the parameter count against the paper's; the size
-  of a checkpoint, and a note where the memory is most of it (a kNN
-  store)."""
+  of a checkpoint, and a note where the memory is most of it (a large
+  store of a memory variant)."""
   params = state.params
   if corpus.name == data.TEXT and jax.process_index() == 0:  # generate/score without the files
     text_vocab.save_tokenizer(corpus, workdir)
@@ -376,8 +376,8 @@ def _report_run(
   )
   if parts["memory"] > parts["params"] + parts["opt_state"]:
     line += (
-        f"  The memory of the {config.train.global_batch} training rows is most of it (a kNN "
-        f"store: model.knn.memory_size); {keep} checkpoints take "
+        f"  The memory of the {config.train.global_batch} training rows is most of it "
+        f"(model.memory={config.model.memory!r}); {keep} checkpoints take "
         f"{mib(keep * sum(parts.values()))} on disk."
     )
   report.log(line)
