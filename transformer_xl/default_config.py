@@ -20,7 +20,7 @@ from typing import Any
 import ml_collections
 
 from transformer_xl import data, errors, sharding
-from transformer_xl.data import config_checks, synthetic, text_settings
+from transformer_xl.data import babilong, config_checks, synthetic, text_settings
 from transformer_xl.model import config as model_config_lib
 from transformer_xl.model import memory
 from transformer_xl.model.config import (  # noqa: F401 (re-exported: the model's schema)
@@ -82,6 +82,7 @@ def nonfinite_problems(section: str, values: Mapping[str, Any]) -> tuple[list[st
 
 # The synthetic tasks' defaults (the authors'), for data.synthetic_*.
 _TASK = synthetic.TaskSettings(task="copy")
+_BABI = babilong.BabilongSettings(task="qa1")  # ... and BABILong's, for data.babilong_*
 
 
 def _default_value(name: str) -> Any:
@@ -107,7 +108,7 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.data = ml_collections.ConfigDict(
       dict(
-          dataset="enwik8",  # data.CORPUS_NAMES, "text" (own files), "tfds:NAME", "synthetic:TASK"
+          dataset="enwik8",  # data.CORPUS_NAMES, "text", "tfds:NAME", "synthetic:TASK", "babilong:qaN"
           data_dir=ml_collections.FieldReference(
               None, field_type=str
           ),  # tfds data dir (default ~/tensorflow_datasets)
@@ -152,6 +153,22 @@ def get_config() -> ml_collections.ConfigDict:
           synthetic_passkey_len=_TASK.passkey_len,  # E: positions of an example
           synthetic_passkey_depth=_TASK.passkey_depth,  # filler tokens before the key; -1: drawn
           synthetic_passkey_digits=_TASK.passkey_digits,  # the key's digits (the answer)
+          # data.dataset="babilong:qa1".."qa20" (Kuratov et al. 2024, data/babilong.py; the
+          # authors' names and defaults; also reads data.tokenizer=pretrained:PATH and, for
+          # the background text, data.text_key/tfds_splits or data.*_files):
+          babilong_sample_size=_BABI.sample_size,  # E: context + question + answer tokens
+          babilong_qa_margin=_BABI.qa_margin,  # of those, left for question and answer
+          babilong_task_start_pct=_BABI.task_start_pct,  # where the facts go (fractions
+          babilong_task_end_pct=_BABI.task_end_pct,  # of the sample); -1: anywhere
+          babilong_max_n_facts=_BABI.max_n_facts,  # drop longer stories (0: none)
+          babilong_min_sentence_len=_BABI.min_sentence_len,  # shorter noise sentences skipped
+          babilong_train_sample_sizes=_BABI.train_sample_sizes,  # curriculum, e.g. "512,1024"
+          babilong_mixed_length_ratio=_BABI.mixed_length_ratio,  # ... P(longest length)
+          babilong_train_size=_BABI.train_size,  # samples (0: the train file's, less valid)
+          babilong_valid_size=_BABI.valid_size,  # the train file's last samples
+          babilong_test_size=_BABI.test_size,  # 0: all of the test file
+          babilong_seed=_BABI.seed,  # test's sampler and noise (their 42); valid +1, train +2
+          babilong_noise=_BABI.noise,  # "tfds:pg19" (theirs) or "text" (data.*_files)
       )
   )
 

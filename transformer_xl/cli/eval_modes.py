@@ -121,6 +121,7 @@ def run_eval(
             "answer_token_accuracy",
             "greedy_accuracy",
             "greedy_token_accuracy",
+            "babilong_accuracy",
         )
         if k in r
     )

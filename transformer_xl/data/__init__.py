@@ -45,6 +45,8 @@ Modules, one role each:
 * ``synthetic.py``: the long-range synthetic tasks
   (``data.dataset="synthetic:copy|reverse|associative_retrieval|passkey"``), drawn
   in memory, and their iterators over whole examples;
+* ``babilong.py``: BABILong (``data.dataset="babilong:qa1"`` ... ``qa20``):
+  bAbI facts hidden in background text, laid out as the synthetic tasks;
 * ``builders.py``: corpus name -> builder;
 * ``checks.py``: argument and state checks of the iterators;
 * ``iterators.py``: ``TrainIterator``, ``EvalIterator``,
@@ -102,7 +104,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from transformer_xl.data import synthetic
+from transformer_xl.data import babilong, synthetic
 from transformer_xl.data.corpus import (
     ArraySentenceIndex,
     ArraySource,
@@ -167,6 +169,13 @@ def load_configured(data_cfg: Mapping[str, Any]) -> Corpus:
       ``synthetic.load``.
   """
   dataset = data_cfg["dataset"]
+  if babilong.is_babilong(dataset):  # generated now, from the bAbI files and the noise
+    return babilong.load(
+        babilong.BabilongSettings.from_data_config(data_cfg),
+        manual_dir=data_cfg.get("manual_dir"),
+        data_dir=data_cfg.get("data_dir"),
+        download=data_cfg.get("download", True),
+    )
   if synthetic.is_synthetic(dataset):
     return synthetic.load(synthetic.TaskSettings.from_data_config(data_cfg))
   if dataset == TEXT or dataset.startswith(TFDS_PREFIX):

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from transformer_xl import data
-from transformer_xl.data import synthetic, text_settings
+from transformer_xl.data import babilong, synthetic, text_settings
 
 
 def data_problems(d: Any, nonfinite: set[str], default: Callable[[str], Any]) -> list[str]:
@@ -43,6 +43,27 @@ def data_problems(d: Any, nonfinite: set[str], default: Callable[[str], Any]) ->
   synthetic_changed = [
       k for k in synthetic.FIELDS if d.get(k, default(f"data.{k}")) != default(f"data.{k}")
   ]
+  babilong_values = {  # a value refused as NaN or inf counts as its default here
+      k: d.get(k, default(f"data.{k}")) if f"data.{k}" not in nonfinite else default(f"data.{k}")
+      for k in babilong.FIELDS
+  }
+  babilong_changed = [k for k, v in babilong_values.items() if v != default(f"data.{k}")]
+  if babilong.is_babilong(d.dataset):
+    others = synthetic_changed + [
+        k
+        for k, v in text.items()
+        if v != default(f"data.{k}") and k not in babilong.TEXT_FIELDS_READ
+    ]
+    if others:
+      return [f"data.{', data.'.join(others)} do not apply to {d.dataset!r}: remove them."]
+    return babilong.settings_problems(
+        babilong.BabilongSettings.from_data_config({**d.to_dict(), **babilong_values})
+    )
+  if babilong_changed:
+    return [
+        f"data.{', data.'.join(babilong_changed)} apply only to BABILong "
+        f"(data.dataset='babilong:qaN'), not to {d.dataset!r}: remove them."
+    ]
   if synthetic.is_synthetic(d.dataset):
     text_changed = [k for k, v in text.items() if v != default(f"data.{k}")]
     if text_changed:
@@ -70,8 +91,9 @@ def data_problems(d: Any, nonfinite: set[str], default: Callable[[str], Any]) ->
     return [
         f"data.dataset={d.dataset!r}: choose one of {sorted(data.CORPUS_NAMES)}, "
         f"{data.TEXT!r} for your own text files (data.train_files, ...), "
-        "'tfds:NAME' for a tfds text dataset, or one of "
-        f"{', '.join(repr(synthetic.PREFIX + t) for t in synthetic.TASKS)}."
+        "'tfds:NAME' for a tfds text dataset, one of "
+        f"{', '.join(repr(synthetic.PREFIX + t) for t in synthetic.TASKS)}, or "
+        "'babilong:qa1' ... 'babilong:qa20'."
     ]
   changed = [k for k, v in text.items() if v != default(f"data.{k}")]
   if changed:
@@ -91,16 +113,23 @@ def synthetic_problems(config: Any, default: Callable[[str], Any]) -> list[str]:
   when ``config`` (the whole run config, a ConfigDict) has no synthetic task.
   ``default``: a dotted key's default."""
   d = config.data
-  if not synthetic.is_synthetic(d.dataset):
+  if babilong.is_babilong(d.dataset):
+    settings: Any = babilong.Layout(
+        d.dataset[len(babilong.PREFIX) :], d.babilong_sample_size + 1, 1
+    )
+    if babilong.settings_problems(babilong.BabilongSettings.from_data_config(d)):
+      return []  # data_problems says what
+  elif synthetic.is_synthetic(d.dataset):
+    settings = synthetic.TaskSettings.from_data_config(d)
+    defaults = synthetic.TaskSettings(
+        task=settings.task,
+        **{f: default(f"data.{k}") for k, f in synthetic.FIELDS.items()},
+    )
+    problems = synthetic.settings_problems(settings, defaults)
+    if problems:
+      return problems
+  else:
     return []
-  settings = synthetic.TaskSettings.from_data_config(d)
-  defaults = synthetic.TaskSettings(
-      task=settings.task,
-      **{f: default(f"data.{k}") for k, f in synthetic.FIELDS.items()},
-  )
-  problems = synthetic.settings_problems(settings, defaults)
-  if problems:
-    return problems
   problems = synthetic.segment_problems(
       settings, {"model.tgt_len": config.model.tgt_len, "eval.tgt_len": config.eval.tgt_len}
   )

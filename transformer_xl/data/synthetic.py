@@ -177,6 +177,11 @@ class TaskSettings:
     return cls(task=data_cfg["dataset"][len(PREFIX) :], **fields)
 
   @property
+  def name(self) -> str:
+    """``data.dataset``: "synthetic:TASK"."""
+    return PREFIX + self.task
+
+  @property
   def sequence_len(self) -> int:
     """S: tokens of one example ``[X, y]``."""
     if self.task == "copy":
@@ -340,7 +345,7 @@ def segment_problems(s: TaskSettings, lengths: Mapping[str, int]) -> list[str]:
   e = s.example_len
   divisors = [d for d in range(1, e + 1) if e % d == 0]
   return [
-      f"{key}={t} does not divide the {PREFIX}{s.task} example length {e} (an example "
+      f"{key}={t} does not divide the {s.name} example length {e} (an example "
       f"must be whole segments): set --config.{key} to one of {divisors}."
       for key, t in lengths.items()
       if t < 1 or e % t
@@ -439,10 +444,36 @@ class SyntheticCorpus(Corpus):
 
   settings: TaskSettings | None = None
   examples: Mapping[str, np.ndarray] | None = None
+  answer_counts: Mapping[str, np.ndarray] | None = None
 
   def example_of(self, stream_index: np.ndarray) -> np.ndarray:
     """The example of stream positions of a split (int64, same shape)."""
     return np.asarray(stream_index) // self.settings.sequence_len
+
+  def counts(self, split: str) -> np.ndarray:
+    """int [N]: each example's weighed positions, the first of its answer
+    region of ``answer_len`` (``answer_counts``; all of it by default)."""
+    if self.answer_counts is not None:
+      return np.asarray(self.answer_counts[split])
+    return np.full(self.examples[split].shape[0], self.settings.answer_len, np.int32)
+
+  def greedy_scores(self, split: str, examples_NxS: np.ndarray, preds_NxA: np.ndarray) -> dict:
+    """The accuracies of greedily decoded answers ``preds_NxA`` (int [N,
+    answer_len]) of the first N examples of ``split`` (``examples_NxS``):
+    {"greedy_token_accuracy": the share of answer tokens decoded right (the
+    authors' "No teacher forcing: acc", ``num_correct / num_total``),
+    "greedy_accuracy": the share of examples whose whole answer is decoded
+    right (equal to the teacher-forced ``answer_accuracy``: an answer is
+    decoded right exactly when every token of it is predicted right from
+    the true earlier ones), "greedy_examples": N}; NaN accuracies for none."""
+    del split
+    n, a_len = preds_NxA.shape
+    right_N = (preds_NxA == examples_NxS[:, examples_NxS.shape[1] - a_len :]).sum(axis=1)
+    return {
+        "greedy_token_accuracy": float(right_N.sum() / (n * a_len)) if n else math.nan,
+        "greedy_accuracy": float(np.count_nonzero(right_N == a_len) / n) if n else math.nan,
+        "greedy_examples": n,
+    }
 
 
 def load(s: TaskSettings) -> SyntheticCorpus:
@@ -471,10 +502,12 @@ def load(s: TaskSettings) -> SyntheticCorpus:
   )
 
 
-def answer_mask(settings: TaskSettings) -> np.ndarray:
-  """float32 [E]: 1 at the answer positions of an example, else 0."""
-  e = settings.example_len
-  return (np.arange(e) >= e - settings.answer_len).astype(np.float32)
+def weighed(settings: TaskSettings, counts_b: np.ndarray, pos_T: np.ndarray) -> np.ndarray:
+  """bool [b, T]: which of positions ``pos_T`` (int [T], of an example) are
+  weighed for examples with ``counts_b`` (int [b]) weighed answer positions:
+  the first ``count`` of the answer region."""
+  start = settings.example_len - settings.answer_len
+  return (pos_T[None, :] >= start) & (pos_T[None, :] < start + np.asarray(counts_b)[:, None])
 
 
 class _Examples:
@@ -495,7 +528,8 @@ class _Examples:
     if problems:
       raise errors.ConfigError(problems[0])
     self._examples_NxS = corpus.examples[split]
-    self._mask_E = answer_mask(s)
+    self._settings = s
+    self._counts_N = corpus.counts(split)
     self._seq_len = s.sequence_len
     self.num_examples = int(self._examples_NxS.shape[0])
     self.segments = s.example_len // self.tgt_len  # the authors' n_chunks
@@ -506,8 +540,10 @@ class _Examples:
     """Segment ``segment`` of examples ``k_b`` (rows with ``real_b`` False: padding)."""
     T = self.tgt_len
     a = segment * T
-    tokens_bxT1 = self._examples_NxS[np.where(real_b, k_b, 0), a : a + T + 1]
-    weights_bxT = np.where(real_b[:, None], self._mask_E[None, a : a + T], 0.0)
+    k_b = np.where(real_b, k_b, 0)
+    tokens_bxT1 = self._examples_NxS[k_b, a : a + T + 1]
+    answer_bxT = weighed(self._settings, self._counts_N[k_b], np.arange(a, a + T))
+    weights_bxT = np.where(real_b[:, None] & answer_bxT, 1.0, 0.0)
     return {
         "inputs": np.ascontiguousarray(tokens_bxT1[:, :-1], dtype=np.int32),
         "targets": np.ascontiguousarray(tokens_bxT1[:, 1:], dtype=np.int32),
@@ -641,7 +677,10 @@ class ExampleEvalIterator(_Examples):
     T = self.tgt_len
     pos_T = s * T + np.arange(T)
     j_BxT = k_B[:, None] * self._seq_len + pos_T[None, :] + 1
-    scored = (k_B[:, None] >= 0) & (self._mask_E[pos_T] > 0)[None, :]
+    real_B = k_B >= 0
+    scored = real_B[:, None] & weighed(
+        self._settings, self._counts_N[np.where(real_B, k_B, 0)], pos_T
+    )
     return np.where(scored, j_BxT, -1)
 
   def __next__(self) -> Batch:

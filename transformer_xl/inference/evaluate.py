@@ -382,7 +382,7 @@ class Evaluator:
           answers(
               np.concatenate(example_BxT, axis=1) if example_BxT else np.zeros((0, 0), np.int64),
               np.concatenate(correct_BxT, axis=1) if correct_BxT else np.zeros((0, 0), bool),
-              self.corpus.settings.answer_len,
+              self.corpus.counts(split),
           )
       )
     return result
@@ -545,7 +545,7 @@ class Evaluator:
     )
 
 
-def answers(example_BxT: np.ndarray, correct_BxT: np.ndarray, answer_len: int) -> dict:
+def answers(example_BxT: np.ndarray, correct_BxT: np.ndarray, counts_N: np.ndarray) -> dict:
   """The accuracies of a synthetic task's answers (Bulatov et al. 2022, Sec. 4).
 
   Args:
@@ -553,13 +553,15 @@ def answers(example_BxT: np.ndarray, correct_BxT: np.ndarray, answer_len: int) -
       -1 where a position is not scored (any T': segments side by side).
     correct_BxT: bool [B, T'], whether the argmax prediction at the position
       (given the true earlier tokens) is its target.
-    answer_len: answer positions of an example.
+    counts_N: int [N], the weighed answer positions of each example of the
+      split (``SyntheticCorpus.counts``: the task's ``answer_len`` for all
+      but BABILong's, whose answers differ in length).
 
   Returns:
     {"answer_token_accuracy": the share of scored answer positions predicted
     right (the authors' teacher-forced accuracy, ``num_correct_tf /
     num_total`` of ``train_synthetic.py``), "answer_accuracy": the share of
-    examples whose ``answer_len`` answer positions are all scored and all
+    examples whose answer positions are all scored and all
     right (exact match; an example cut off by ``max_steps`` does not count),
     "examples": those examples}; accuracies are NaN where nothing was scored.
   """
@@ -568,10 +570,13 @@ def answers(example_BxT: np.ndarray, correct_BxT: np.ndarray, answer_len: int) -
   ids, inverse = np.unique(k, return_inverse=True)
   seen = np.bincount(inverse, minlength=len(ids))
   right = np.bincount(inverse, weights=ok.astype(np.float64), minlength=len(ids))
-  whole = seen == answer_len
+  expected = np.asarray(counts_N)[ids] if len(ids) else np.zeros(0, np.int64)
+  whole = seen == expected
   n = int(np.count_nonzero(whole))
   return {
-      "answer_accuracy": float(np.count_nonzero(right[whole] == answer_len) / n) if n else math.nan,
+      "answer_accuracy": float(np.count_nonzero(right[whole] == expected[whole]) / n)
+      if n
+      else math.nan,
       "answer_token_accuracy": float(ok.mean()) if ok.size else math.nan,
       "examples": n,
   }

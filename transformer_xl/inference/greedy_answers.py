@@ -36,7 +36,6 @@ which hold the compiled greedy segment (``make_greedy_segment``).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -188,13 +187,11 @@ def greedy_answers(
     num_rows: examples decoded side by side (0: ``eval.global_batch``).
 
   Returns:
-    {"greedy_token_accuracy": the share of answer tokens decoded right (the
-    authors' "No teacher forcing: acc", ``num_correct / num_total``),
-    "greedy_accuracy": the share of examples whose whole answer is decoded
-    right (equal to the teacher-forced ``answer_accuracy``: an answer is
-    decoded right exactly when every token of it is predicted right from
-    the true earlier ones), "greedy_examples": the examples decoded}; NaN
-    accuracies for an empty split.
+    The corpus's ``greedy_scores``: for the synthetic tasks
+    {"greedy_token_accuracy", "greedy_accuracy", "greedy_examples"}
+    (``synthetic.SyntheticCorpus.greedy_scores``); for BABILong also
+    "babilong_accuracy", the answer found in the decoded text's first
+    sentence (``babilong.BabilongCorpus.greedy_scores``).
 
   Raises:
     ValueError: the evaluator's corpus is not a synthetic task.
@@ -204,10 +201,4 @@ def greedy_answers(
   if max_examples:
     examples_NxS = examples_NxS[:max_examples]
   preds_NxA = decode(evaluator, step, params, examples_NxS, num_rows)
-  n, a_len = preds_NxA.shape
-  right_N = (preds_NxA == examples_NxS[:, examples_NxS.shape[1] - a_len :]).sum(axis=1)
-  return {
-      "greedy_token_accuracy": float(right_N.sum() / (n * a_len)) if n else math.nan,
-      "greedy_accuracy": float(np.count_nonzero(right_N == a_len) / n) if n else math.nan,
-      "greedy_examples": n,
-  }
+  return evaluator.corpus.greedy_scores(split, examples_NxS, preds_NxA)
