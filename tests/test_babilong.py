@@ -280,6 +280,7 @@ def _config(**data):
   from transformer_xl import default_config
 
   c = default_config.get_config()
+  train = {k.split(".")[1]: data.pop(k) for k in list(data) if k.startswith("train.")}
   c.data.update(
       {
           "dataset": "babilong:qa2",
@@ -288,9 +289,10 @@ def _config(**data):
           **data,
       }
   )
+  c.model.memory = "armt" if train.get("mem_backprop_depth") else "xl"
   c.model.update(tgt_len=64, mem_len=64)
   c.eval.update(tgt_len=64, mem_len=64)
-  c.train.update(global_batch=8)
+  c.train.update(global_batch=8, **train)
   c.eval.update(global_batch=8)
   return c
 
@@ -310,6 +312,7 @@ def _config(**data):
         ({"dataset": "babilong:qa21"}, "babilong:qa20"),
         ({"dataset": "ptb", "babilong_sample_size": 512, "tokenizer": "word"}, "only to BABILong"),
         ({"babilong_sample_size": 200}, "does not divide"),
+        ({"babilong_sample_size": 512, "train.mem_backprop_depth": 1}, "mem_backprop_depth=7"),
     ],
 )
 def test_bad_settings_are_refused_before_loading(where, words):
@@ -323,3 +326,35 @@ def test_good_settings_pass():
   from transformer_xl import default_config
 
   default_config.validate(_config(babilong_task_start_pct=0.1, babilong_task_end_pct=0.9), 8)
+
+
+@pytest.mark.parametrize(
+    "variant, memory, n_params",
+    [("armt", "armt", 139_019_101), ("tokens", "xl", 130_752_337), ("xl", "xl", 130_744_657)],
+)
+def test_the_babilong_config_validates_and_holds_its_docstrings_counts(variant, memory, n_params):
+  """configs/babilong.py: each variant passes validation (two segments,
+  backpropagation through both for the memories) and has the parameters
+  its docstring states (GPT-2's vocabulary)."""
+  import functools
+  import importlib.util
+
+  import jax
+  from flax.core import meta
+
+  from transformer_xl import default_config
+  from transformer_xl.model import models
+
+  path = REPO / "configs" / "babilong.py"
+  spec = importlib.util.spec_from_file_location("babilong_config", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  c = module.get_config(variant)
+  default_config.validate(c, 1)
+  assert c.model.memory == memory
+  mc = default_config.model_config(c, 50257)
+  init = functools.partial(models.init_params, models.TransformerXL(mc))
+  shapes = meta.unbox(jax.eval_shape(init, jax.random.PRNGKey(0)))
+  count = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(shapes))
+  assert count == n_params
+  assert f"{n_params:,}" in path.read_text()

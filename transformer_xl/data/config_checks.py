@@ -133,6 +133,15 @@ def synthetic_problems(config: Any, default: Callable[[str], Any]) -> list[str]:
   problems = synthetic.segment_problems(
       settings, {"model.tgt_len": config.model.tgt_len, "eval.tgt_len": config.eval.tgt_len}
   )
+  depth, t = config.train.get("mem_backprop_depth", 0), config.model.tgt_len
+  if babilong.is_babilong(d.dataset) and depth and not problems:
+    segments = settings.example_len // t
+    if depth + 1 != segments or not config.train.get("bptt_bp", False):
+      problems.append(
+          f"train.mem_backprop_depth={depth}: BABILong trains on whole examples as the "
+          f"synthetic tasks: set train.mem_backprop_depth={segments - 1} (its {segments} "
+          f"segments of {t}) and train.bptt_bp=True, or 0."
+      )
   if config.eval.method != "segments":
     problems.append(
         f"eval.method={config.eval.method!r} does not score {d.dataset!r} (whole examples, "
