@@ -358,3 +358,17 @@ def test_the_babilong_config_validates_and_holds_its_docstrings_counts(variant, 
   count = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(shapes))
   assert count == n_params
   assert f"{n_params:,}" in path.read_text()
+
+
+def test_a_split_is_generated_only_when_read(tmp_path):
+  """Evaluating never generates the training split: the corpus knows every
+  split's length and answers before generating any."""
+  from transformer_xl import data
+
+  corpus = data.load_configured(_data_cfg(tmp_path))
+  assert not any(corpus.examples.made(s) for s in ("train", "valid", "test"))
+  n_test = corpus.splits["test"].num_tokens // corpus.settings.sequence_len
+  assert n_test == len(corpus.answers["test"])
+  tokens = corpus.splits["test"].read(0, corpus.settings.sequence_len)
+  assert corpus.examples.made("test") and not corpus.examples.made("train")
+  np.testing.assert_array_equal(tokens, corpus.examples["test"][0])

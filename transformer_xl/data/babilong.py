@@ -79,7 +79,6 @@ import numpy as np
 
 from transformer_xl import errors
 from transformer_xl.data import sources
-from transformer_xl.data.corpus import ArraySource
 from transformer_xl.data.synthetic import SyntheticCorpus
 
 PREFIX = "babilong:"  # data.dataset="babilong:qaN"
@@ -841,10 +840,53 @@ def layout_examples(
   return out, counts
 
 
+class _LazySplits(Mapping):
+  """split -> a value made on first access (``make(split)``), then kept: a
+  split is generated only when something reads it (``--mode=eval`` never
+  generates the training split)."""
+
+  def __init__(self, splits: Sequence[str], make: Callable[[str], Any]):
+    self._splits, self._make, self._made = tuple(splits), make, {}
+
+  def __getitem__(self, split: str) -> Any:
+    if split not in self._splits:
+      raise KeyError(split)
+    if split not in self._made:
+      self._made[split] = self._make(split)
+    return self._made[split]
+
+  def __iter__(self):
+    return iter(self._splits)
+
+  def __len__(self) -> int:
+    return len(self._splits)
+
+  def made(self, split: str) -> bool:
+    """Whether ``split`` has been generated."""
+    return split in self._made
+
+
+@dataclasses.dataclass(frozen=True)
+class _LazySource:
+  """A split's token stream (``TokenSource``): its length known from the
+  plan, its tokens generated when first read."""
+
+  examples: Mapping[str, np.ndarray]
+  split: str
+  num_tokens: int
+
+  def read(self, start: int, stop: int) -> np.ndarray:
+    """int32 tokens [start, stop); IndexError outside [0, num_tokens]."""
+    if not 0 <= start <= stop <= self.num_tokens:
+      raise IndexError(f"range [{start}, {stop}) outside [0, {self.num_tokens}]")
+    return self.examples[self.split].reshape(-1)[start:stop]
+
+
 def load(
     s: BabilongSettings, manual_dir=None, data_dir=None, download: bool = True
 ) -> BabilongCorpus:
-  """The task's corpus (``data.dataset="babilong:qaN"``), generated now.
+  """The task's corpus (``data.dataset="babilong:qaN"``), each split
+  generated when first read.
 
   Returns:
     A ``BabilongCorpus``: name "babilong:qaN", unit "word", the tokenizer's
@@ -852,8 +894,9 @@ def load(
 
   Raises:
     errors.ConfigError: bad settings (``settings_problems``).
-    errors.DataError: bAbI files or background text missing or unusable,
-      a sample that does not fit.
+    errors.DataError: bAbI files or background text missing or unusable
+      (the files: now; the text: when a split is generated), a sample that
+      does not fit.
   """
   problems = settings_problems(s)
   if problems:
@@ -888,29 +931,31 @@ def load(
       ),
       "test": (test_all, s.seed, np.arange(n_test), context),
   }
-  generated = {
-      split: generate_split(samples, docs[split], encode, s, seed, order, sizes)
-      for split, (samples, seed, order, sizes) in plan.items()
+  # The answer region fits the longest answer of every split (known without the noise).
+  answers = {
+      split: tuple(samples[int(i)].answer for i in order)
+      for split, (samples, _, order, _) in plan.items()
   }
-  answer_len = 1 + max(len(g.target_tokens) for gs in generated.values() for g in gs)
+  answer_len = 1 + max(len(encode(a)) for a in set(sum(answers.values(), ())))
   layout = Layout(task=s.task, sequence_len=s.sample_size + 1, answer_len=answer_len)
-  examples, counts, answers = {}, {}, {}
-  for split, gs in generated.items():
-    examples[split], counts[split] = layout_examples(
-        gs, gen_id, eos_id, layout.sequence_len, answer_len
-    )
-    samples, _, order, _ = plan[split]
-    answers[split] = tuple(samples[int(i)].answer for i in order)
+
+  def make(split: str) -> tuple[np.ndarray, np.ndarray]:
+    samples, seed, order, sizes = plan[split]
+    generated = generate_split(samples, docs[split], encode, s, seed, order, sizes)
+    return layout_examples(generated, gen_id, eos_id, layout.sequence_len, answer_len)
+
+  made = _LazySplits(tuple(plan), make)
+  examples = _LazySplits(tuple(plan), lambda split: made[split][0])
   return BabilongCorpus(
       name=PREFIX + s.task,
       unit="word",
       vocab=list(tok.vocab),
       boundary_id=eos_id,
-      splits={k: ArraySource(v.reshape(-1)) for k, v in examples.items()},
+      splits={k: _LazySource(examples, k, len(plan[k][2]) * layout.sequence_len) for k in plan},
       tokenizer=tok,
       settings=layout,  # type: ignore[arg-type]
       examples=examples,
-      answer_counts=counts,
+      answer_counts=_LazySplits(tuple(plan), lambda split: made[split][1]),
       answers=answers,
       babilong=s,
   )
