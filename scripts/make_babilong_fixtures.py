@@ -49,7 +49,7 @@ REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "tests" / "fixtures" / "babilong"
 sys.path.insert(0, str(REPO))
 
-from transformer_xl.data import babi_like, babilong  # noqa: E402
+from transformer_xl.data import babi_like, babilong_sources  # noqa: E402
 
 WORDS = (
     "the of and a to in he was that his it with as had for on at by her she which from "
@@ -127,7 +127,7 @@ def main(argv: list[str]) -> int:
   noise_test = [{"text": t} for t in json.loads((OUT / "noise_test.json").read_text())]
   expected = {}
   for case, (task, size, start, end, max_facts, _, ratio, seed, n) in CASES.items():
-    path = next(OUT.glob(f"{task}_{babilong.TASK_NAMES[task]}_test.txt"))
+    path = next(OUT.glob(f"{task}_{babilong_sources.TASK_NAMES[task]}_test.txt"))
     task_ds = theirs.TaskDataset(str(path), max_n_facts=max_facts)
     max_sentence_len = None
     if start is not None:

@@ -16,7 +16,14 @@ import numpy as np
 import pytest
 
 from transformer_xl import errors
-from transformer_xl.data import babi_like, babilong, synthetic, text_vocab
+from transformer_xl.data import (
+    babi_like,
+    babilong,
+    babilong_samples,
+    babilong_sources,
+    synthetic,
+    text_vocab,
+)
 from transformer_xl.inference import evaluate
 
 from helpers import REPO
@@ -32,14 +39,14 @@ def tok():
 
 def _ours(case: dict, tok) -> tuple[list, int]:
   path = next(FIX.glob(f"{case['task']}_*_test.txt"))
-  samples = babilong.parse_task(path.read_text(), case["max_n_facts"] or 0)
+  samples = babilong_samples.parse_task(path.read_text(), case["max_n_facts"] or 0)
   start, end = case["task_start_pct"], case["task_end_pct"]
   max_sentence_len = None if start is None else int((end - start) * 0.5 * case["sample_size"])
   docs = json.loads((FIX / "noise_test.json").read_text())
-  sampler = babilong.SentenceSampler(
+  sampler = babilong_samples.SentenceSampler(
       docs, tok.line_ids, max_sentence_len=max_sentence_len, shuffle=True, seed=case["seed"]
   )
-  injection = babilong.NoiseInjection(
+  injection = babilong_samples.NoiseInjection(
       samples,
       sampler,
       tok.line_ids,
@@ -90,7 +97,7 @@ def test_parse_task_splits_stories_into_questions():
       "5 Where is Daniel? \thallway\t4\n1 Sandra went to the garden.\n"
       "2 Where is Sandra? \tgarden\t1\n1 X went to the office.\n2 Where is X? \toffice\t1\n"
   )
-  s = babilong.parse_task(text)
+  s = babilong_samples.parse_task(text)
   assert len(s) == 3  # their __len__: the last of four samples is left out
   assert s[0].facts == ("Mary moved to the bathroom.", "John went to the hallway.")
   assert s[0].question == "Where is Mary? " and s[0].answer == "bathroom"
@@ -100,21 +107,24 @@ def test_parse_task_splits_stories_into_questions():
       "Daniel went back to the hallway.",
   )
   assert s[1].references == ("Daniel went back to the hallway.",)
-  assert babilong.parse_task(text, max_n_facts=3)[0].answer == "bathroom"
-  assert [x.answer for x in babilong.parse_task(text, max_n_facts=3)] == ["bathroom", "garden"]
+  assert babilong_samples.parse_task(text, max_n_facts=3)[0].answer == "bathroom"
+  assert [x.answer for x in babilong_samples.parse_task(text, max_n_facts=3)] == [
+      "bathroom",
+      "garden",
+  ]
   with pytest.raises(errors.DataError, match="line 1"):
-    babilong.parse_task("Mary moved.\n")
+    babilong_samples.parse_task("Mary moved.\n")
 
 
 def test_compare_answers_is_theirs():
-  assert babilong.compare_answers("bathroom", "The Bathroom. no kitchen")
-  assert not babilong.compare_answers("kitchen", "bathroom. kitchen")
-  assert not babilong.compare_answers("garden", "x <example> garden")
-  assert babilong.compare_answers("Bill", "bill")
+  assert babilong_samples.compare_answers("bathroom", "The Bathroom. no kitchen")
+  assert not babilong_samples.compare_answers("kitchen", "bathroom. kitchen")
+  assert not babilong_samples.compare_answers("garden", "x <example> garden")
+  assert babilong_samples.compare_answers("Bill", "bill")
 
 
 def test_layout_puts_the_answer_region_last():
-  g = babilong.Tokens([5, 6, 7], [8, 9], [3, 4], [0])
+  g = babilong_samples.Tokens([5, 6, 7], [8, 9], [3, 4], [0])
   ex, counts = babilong.layout_examples([g], gen_id=2, eos_id=0, sequence_len=12, answer_len=4)
   assert ex.tolist() == [[0, 0, 5, 6, 7, 8, 9, 2, 3, 4, 0, 0]]
   assert counts.tolist() == [3]  # the answer's two tokens and its eos
@@ -183,7 +193,7 @@ def test_the_corpus_lays_out_whole_examples(tmp_path):
       assert corpus.decode(region[: c - 1]) == answer
   assert corpus.examples["valid"].shape[0] == 10
   assert corpus.examples["test"].shape[0] == len(
-      babilong.parse_task(next((tmp_path / "babi").glob("*_test.txt")).read_text(), 8)
+      babilong_samples.parse_task(next((tmp_path / "babi").glob("*_test.txt")).read_text(), 8)
   )
 
 
@@ -225,7 +235,7 @@ def test_missing_babi_files_name_the_files_and_where_they_go(tmp_path):
     data.load_configured(cfg)
   msg = str(err.value)
   assert "qa1_single-supporting-fact_train.txt" in msg and str(tmp_path / "empty") in msg
-  assert babilong.ARCHIVE in msg and babilong.URL in msg
+  assert babilong_sources.ARCHIVE in msg and babilong_sources.URL in msg
 
 
 def test_the_babi_archive_is_downloaded_when_absent(tmp_path, monkeypatch):
@@ -240,18 +250,18 @@ def test_the_babi_archive_is_downloaded_when_absent(tmp_path, monkeypatch):
   with tarfile.open(fileobj=buf, mode="w:gz") as tf:
     for path in sorted(FIX.glob("qa1_*.txt")):
       data = path.read_bytes()
-      info = tarfile.TarInfo(f"{babilong.MEMBER_DIR}/{path.name}")
+      info = tarfile.TarInfo(f"{babilong_sources.MEMBER_DIR}/{path.name}")
       info.size = len(data)
       tf.addfile(info, io.BytesIO(data))
   server = FileServer({"/babi.tar.gz": buf.getvalue()})
   try:
-    monkeypatch.setattr(babilong, "URL", server.url + "/babi.tar.gz")
-    texts = babilong.read_babi("qa1", str(tmp_path / "manual"), str(tmp_path / "tfds"))
+    monkeypatch.setattr(babilong_sources, "URL", server.url + "/babi.tar.gz")
+    texts = babilong_sources.read_babi("qa1", str(tmp_path / "manual"), str(tmp_path / "tfds"))
   finally:
     server.close()
   assert texts["train"] == next(FIX.glob("qa1_*_train.txt")).read_text()
   assert texts["test"] == next(FIX.glob("qa1_*_test.txt")).read_text()
-  assert (tmp_path / "tfds" / "downloads" / babilong.ARCHIVE).is_file()
+  assert (tmp_path / "tfds" / "downloads" / babilong_sources.ARCHIVE).is_file()
 
 
 def test_greedy_scores_read_the_first_sentence_up_to_eos(tmp_path):

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from transformer_xl.data import babilong
+from transformer_xl.data import babilong_sources
 
 PEOPLE = ("Mary", "John", "Daniel", "Sandra")
 PLACES = ("bathroom", "hallway", "garden", "office", "bedroom", "kitchen")
@@ -138,7 +138,7 @@ def write_task(folder: str | Path, task: str, train_stories: int, test_stories: 
   names ``data.manual_dir`` is searched for); returns their paths."""
   folder = Path(folder)
   folder.mkdir(parents=True, exist_ok=True)
-  name = f"{task}_{babilong.TASK_NAMES[task]}"
+  name = f"{task}_{babilong_sources.TASK_NAMES[task]}"
   paths = []
   for split, n, s in (("train", train_stories, seed), ("test", test_stories, seed + 1)):
     path = folder / f"{name}_{split}.txt"

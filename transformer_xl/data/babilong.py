@@ -7,30 +7,13 @@ the facts of a bAbI task (Weston et al. 2015, ``tasks_1-20_v1-2/en-10k``)
 scattered between the sentences of unrelated text (PG-19 books in the
 paper), the question after them, and the answer to write.
 
-**Construction** (exact to the authors' ``babilong/babilong_utils.py`` for
-a given seed and tokenizer; ``tests/test_babilong.py`` compares with
-samples their code made, ``scripts/make_babilong_fixtures.py``):
-
-* ``read_task_file`` is their ``get_dataset_df`` and ``TaskDataset``: a
-  story with several questions becomes one sample per question, its facts
-  every statement of the story before the question (earlier questions
-  dropped); ``max_n_facts`` drops samples with more lines; as their
-  ``TaskDataset.__len__`` the last sample of a file is never used.
-* ``SentenceSampler`` is theirs: background text split into sentences by
-  NLTK's Punkt (untrained, as theirs), each sentence tokenised with a space
-  in front, sentences shorter than ``min_sentence_len`` tokens (or longer
-  than ``max_sentence_len``) skipped, sentences taken in order until the
-  sample is long enough, the last one cut; ``shuffle``: each new text is a
-  random document from a random character on, cut to ``10 x`` the length,
-  its first and last (partial) sentences dropped.
-* ``NoiseInjectionDataset`` is theirs: the facts (each tokenised with a
-  space in front) go between background sentences at positions drawn with
-  replacement (anywhere, or where the text so far is between
-  ``task_start_pct`` and ``task_end_pct`` of the sample) and sorted; the
-  sample's length is the context's ``sample_size - qa_margin`` tokens
-  (their run script's ``qa_margin = 20`` left for the question and
-  answer); the curriculum's mixed lengths (``train_sample_sizes`` and
-  ``mixed_length_ratio``) as their ``get_sample_size``.
+**Construction**: ``babilong_samples.py``, exact to the authors'
+``babilong/babilong_utils.py`` for a given seed and tokenizer (the task
+file's samples, the background sentences, the facts placed among them;
+the curriculum's mixed lengths); the files and documents:
+``babilong_sources.py``.  The test split is their test set (the test
+file in order, the test background, seed ``babilong_seed``); valid and
+train are drawn alike with seeds ``babilong_seed + 1`` and ``+ 2``.
 
 **An example** (their ``run_finetuning_babilong_rmt.py``'s ``collate_fn``)
 is the context, the question, a ``GEN`` token (the first token of
@@ -45,7 +28,7 @@ answer's tokens and the first eos after it (their ``labels_mask`` shifted
 as their loss shifts it); ``answer_accuracy`` counts an example right when
 all of those are the argmax.  *Differences from the authors' code:* the
 front padding (theirs pads at the end of a batch's shorter rows);
-training samples are drawn once per corpus load, in a seeded order, with
+training samples are drawn once per run (when first read), in a seeded order, with
 seeded samplers (theirs draw new background text every epoch from an
 unseeded sampler); valid is the train file's last ``valid_size`` samples
 with the noise corpus's validation split (theirs validate on test).
@@ -69,44 +52,29 @@ and ``data.download`` is on.  The background text is ``data.babilong_noise``:
 from __future__ import annotations
 
 import dataclasses
-import glob
-import re
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from transformer_xl import errors
-from transformer_xl.data import sources
+from transformer_xl.data.babilong_samples import (
+    NoiseInjection,
+    Sample,
+    SentenceSampler,
+    Tokens,
+    compare_answers,
+    parse_task,
+)
+from transformer_xl.data.babilong_sources import (
+    TASK_NAMES,
+    TextDocuments,
+    TfdsDocuments,
+    read_babi,
+)
 from transformer_xl.data.synthetic import SyntheticCorpus
 
 PREFIX = "babilong:"  # data.dataset="babilong:qaN"
-TASK_NAMES = {  # the bAbI file names (tasks_1-20_v1-2/en-10k/qaN_NAME_{train,test}.txt)
-    "qa1": "single-supporting-fact",
-    "qa2": "two-supporting-facts",
-    "qa3": "three-supporting-facts",
-    "qa4": "two-arg-relations",
-    "qa5": "three-arg-relations",
-    "qa6": "yes-no-questions",
-    "qa7": "counting",
-    "qa8": "lists-sets",
-    "qa9": "simple-negation",
-    "qa10": "indefinite-knowledge",
-    "qa11": "basic-coreference",
-    "qa12": "conjunction",
-    "qa13": "compound-coreference",
-    "qa14": "time-reasoning",
-    "qa15": "basic-deduction",
-    "qa16": "basic-induction",
-    "qa17": "positional-reasoning",
-    "qa18": "size-reasoning",
-    "qa19": "path-finding",
-    "qa20": "agents-motivations",
-}
-ARCHIVE = "tasks_1-20_v1-2.tar.gz"
-URL = "http://www.thespermwhale.com/jaseweston/babi/tasks_1-20_v1-2.tar.gz"
-MEMBER_DIR = "tasks_1-20_v1-2/en-10k"
 NOISE_SOURCES = ("tfds:pg19", "text")  # data.babilong_noise; any "tfds:NAME" is read alike
 GEN = "GEN"  # their gen_token: tokenizer.encode('GEN')[0]
 EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>")  # tokenizer.json eos
@@ -293,287 +261,6 @@ def settings_problems(s: BabilongSettings) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# bAbI files: get_dataset_df and TaskDataset
-
-
-@dataclasses.dataclass(frozen=True)
-class Sample:
-  """One question of a bAbI story (their ``TaskDataset.__getitem__``).
-
-  Attributes:
-    facts: the story's statements before the question, in order.
-    question: the question line's text (as in the file, trailing space kept).
-    answer: the answer text.
-    references: the supporting facts' texts.
-  """
-
-  facts: tuple[str, ...]
-  question: str
-  answer: str
-  references: tuple[str, ...]
-
-
-def parse_task(text: str, max_n_facts: int = 0) -> list[Sample]:
-  """The samples of a bAbI task file's text, as their ``TaskDataset`` indexes
-  them (``len`` = their ``__len__``: the last sample is left out).
-
-  Args:
-    text: the file's contents.
-    max_n_facts: drop samples of more lines (facts and question); 0: none.
-
-  Raises:
-    errors.DataError: a line without its number, or a file not starting a
-      story at line 1.
-  """
-  rows = []  # (phrase_num, text, answer or None, reference_num or None)
-  for i, line in enumerate(text.strip().split("\n")):
-    try:
-      num = int(line.split(" ")[0])
-      body = line[line.index(" ") + 1 :]
-      answer = body[body.index("\t") + 1 :] if "\t" in body else None
-      refs = None if answer is None else [int(n) for n in re.split("\t| ", answer)[1:]]
-    except ValueError:
-      raise errors.DataError(
-          f"bAbI line {i + 1} ({line[:60]!r}) is not 'N text' or 'N question\\tanswer\\tfacts'."
-      ) from None
-    if answer is not None:
-      answer = answer.split("\t")[0]
-    rows.append((num, body.split("\t")[0] if "\t" in body else body, answer, refs))
-  if not rows or rows[0][0] != 1:
-    raise errors.DataError("a bAbI file starts with a story's line 1.")
-  stories = _split_at_ones(rows)
-  flat = []
-  for story in stories:  # one sample per question: the story's statements up to it
-    for q, row in enumerate(story):
-      if row[2] is None:
-        continue
-      kept = [r for r in story[: q + 1] if r[2] is None] + [row]
-      if max_n_facts and len(kept) > max_n_facts:
-        continue
-      flat.extend(kept)
-  samples = []
-  for sample in _split_at_ones(flat)[:-1]:  # their __len__ = sample_num.max()
-    last = sample[-1]
-    samples.append(
-        Sample(
-            facts=tuple(r[1] for r in sample[:-1]),
-            question=last[1],
-            answer=last[2],
-            references=tuple(r[1] for r in sample if r[0] in last[3]),
-        )
-    )
-  return samples
-
-
-def _split_at_ones(rows: list) -> list[list]:
-  """Runs of rows, each starting where the line number is 1 (their marking)."""
-  starts = [i for i, r in enumerate(rows) if r[0] == 1] + [len(rows)]
-  return [rows[a:b] for a, b in zip(starts, starts[1:])]
-
-
-# ---------------------------------------------------------------------------------------------
-# SentenceSampler and NoiseInjectionDataset
-
-
-class SentenceSampler:
-  """Background sentences (their ``SentenceSampler``).
-
-  Args:
-    documents: random-access texts (``len`` and ``[i]`` -> str).
-    encode: text -> token ids (no special tokens).
-    min_sentence_len, max_sentence_len: token bounds of a sentence (None: no
-      bound).
-    shuffle: a random document from a random place each time (theirs).
-    seed: the numpy ``Generator``'s seed.
-
-  Raises (``get_sample``):
-    errors.DataError: the documents give no usable sentence.
-  """
-
-  _MAX_EMPTY_REFILLS = 1000  # theirs would loop forever on text without usable sentences
-
-  def __init__(
-      self,
-      documents: Any,
-      encode: Callable[[str], list[int]],
-      min_sentence_len: int | None = 10,
-      max_sentence_len: int | None = None,
-      shuffle: bool = False,
-      seed: int | None = 42,
-  ):
-    from nltk.tokenize.punkt import PunktSentenceTokenizer  # pylint: disable=import-outside-toplevel
-
-    self.documents, self.encode = documents, encode
-    self.min_sentence_len, self.max_sentence_len = min_sentence_len, max_sentence_len
-    self.shuffle = shuffle
-    self.gen = np.random.default_rng(seed=seed)
-    self.sentences: list[str] = []
-    self.sample_ind = 0
-    self.splitter = PunktSentenceTokenizer()
-
-  def get_sample(self, sample_size: int) -> list[list[int]]:
-    """Tokenised sentences of ``sample_size`` tokens in all, the last one cut."""
-    sample: list[list[int]] = []
-    total_len = 0
-    for _ in range(self._MAX_EMPTY_REFILLS):
-      for i, sent in enumerate(list(self.sentences)):
-        tokenized = self.encode(" " + sent)
-        if not self._length_is_ok(tokenized):
-          continue
-        total_len += len(tokenized)
-        sample.append(tokenized)
-        if total_len >= sample_size:
-          self.sentences = self.sentences[i + 1 :]
-          cutoff = total_len - sample_size
-          if cutoff > 0:
-            sample[-1] = sample[-1][:-cutoff]
-          return sample
-      self.sentences = []
-      self._sample_sentences(sample_size)
-    raise errors.DataError(
-        f"BABILong's background text gave no sentence of at least {self.min_sentence_len} "
-        f"tokens in {self._MAX_EMPTY_REFILLS} tries: use longer texts or lower "
-        "data.babilong_min_sentence_len."
-    )
-
-  def _sample_sentences(self, sample_size: int) -> None:
-    sentences: list[str] = []
-    for _ in range(self._MAX_EMPTY_REFILLS):
-      if sentences:
-        break
-      text = self._next_document()
-      if self.shuffle:
-        if len(text) == 0:
-          continue
-        text = text[self.gen.choice(len(text)) :]
-        text = text[: sample_size * 10]
-      sentences += self.splitter.tokenize(text)
-      if self.shuffle:
-        sentences = sentences[1:-1]
-    self.sentences += sentences
-
-  def _next_document(self) -> str:
-    if self.shuffle:
-      return self.documents[int(self.gen.choice(len(self.documents)))]
-    text = self.documents[int(self.sample_ind)]
-    self.sample_ind = (self.sample_ind + 1) % len(self.documents)
-    return text
-
-  def _length_is_ok(self, tokenized: list[int]) -> bool:
-    if self.max_sentence_len is not None and len(tokenized) > self.max_sentence_len:
-      return False
-    if self.min_sentence_len is not None and len(tokenized) < self.min_sentence_len:
-      return False
-    return True
-
-
-@dataclasses.dataclass(frozen=True)
-class Tokens:
-  """One generated sample's tokens (their ``input_tokens``, ``question_tokens``,
-  ``target_tokens``) and where its facts went (``fact_positions``)."""
-
-  input_tokens: list[int]
-  question_tokens: list[int]
-  target_tokens: list[int]
-  fact_positions: list[int]
-
-
-class NoiseInjection:
-  """Samples with their facts among background sentences (their
-  ``NoiseInjectionDataset``; call ``sample(i)`` in the order their loader
-  would index the dataset: the sampler and generator carry state).
-
-  Args:
-    samples: the task's ``Sample`` list.
-    sampler: the background's ``SentenceSampler``.
-    encode: text -> token ids.
-    sample_size: tokens of the context (an int, or the curriculum's list).
-    task_start_pct, task_end_pct: the facts' range, or None (anywhere).
-    mixed_length_ratio: see ``BabilongSettings``.
-    seed: the numpy ``Generator``'s seed.
-
-  Raises (``sample``):
-    errors.DataError: no place for the facts in the range (their IndexError).
-  """
-
-  def __init__(
-      self,
-      samples: Sequence[Sample],
-      sampler: SentenceSampler,
-      encode: Callable[[str], list[int]],
-      sample_size: int | list[int],
-      task_start_pct: float | None = None,
-      task_end_pct: float | None = None,
-      mixed_length_ratio: float = 0.0,
-      seed: int = 42,
-  ):
-    self.samples, self.sampler, self.encode = samples, sampler, encode
-    self.sample_size = sample_size
-    self.task_start_pct, self.task_end_pct = task_start_pct, task_end_pct
-    self.mixed_length_ratio = mixed_length_ratio
-    self.gen = np.random.default_rng(seed=seed)
-
-  def sample(self, ind: int) -> Tokens:
-    """The tokens of sample ``ind`` (their ``__getitem__``)."""
-    s = self.samples[ind]
-    facts_tok = [self.encode(" " + f) for f in s.facts]
-    question_tok = self.encode(s.question)
-    answer_tok = self.encode(s.answer)
-    sample_size = self._sample_size()
-    task_len = sum(len(f) for f in facts_tok)
-    if task_len > sample_size:  # theirs would go on and make a sample longer than asked
-      raise errors.DataError(
-          f"a BABILong sample's {len(facts_tok)} facts are {task_len} tokens, more than its "
-          f"context of {sample_size} (data.babilong_sample_size less qa_margin): raise "
-          "data.babilong_sample_size or set data.babilong_max_n_facts (the authors' scripts: "
-          "sample_size / 5)."
-      )
-    background = self.sampler.get_sample(sample_size - task_len)
-    if self.task_start_pct is None and self.task_end_pct is None:
-      possible_positions: Any = range(len(background) + 1)
-    else:
-      start = int(sample_size * self.task_start_pct)
-      end = int(sample_size * self.task_end_pct)
-      possible_positions, current = [], 0
-      for i, text in enumerate(background):
-        if current >= start and current < end - task_len:
-          possible_positions.append(i)
-        current += len(text)
-      if not possible_positions:
-        raise errors.DataError(
-            f"BABILong: no place for the facts ({task_len} tokens) between "
-            f"data.babilong_task_start_pct={self.task_start_pct} and task_end_pct="
-            f"{self.task_end_pct} of a {sample_size}-token sample: widen the range or raise "
-            "data.babilong_sample_size."
-        )
-    positions = self.gen.choice(possible_positions, len(facts_tok))
-    positions.sort()
-    slots: list[list[list[int]]] = [[] for _ in range(len(background) + 1)]
-    for fact, pos in zip(facts_tok, positions):
-      slots[pos].append(fact)
-    for i, sentence in enumerate(background):
-      slots[i].append(sentence)
-    tokens = [t for slot in slots for piece in slot for t in piece]
-    return Tokens(tokens, question_tok, answer_tok, [int(p) for p in positions])
-
-  def _sample_size(self) -> int:
-    if isinstance(self.sample_size, list):
-      if self.gen.random() > self.mixed_length_ratio:
-        return int(self.gen.choice(self.sample_size))
-      return max(self.sample_size)
-    return self.sample_size
-
-
-def compare_answers(target: str, output: str) -> bool:
-  """Their scoring: ``target`` (lower-cased) in the first sentence of
-  ``output`` (lower-cased, up to the first "."), examples it imitates
-  (after ``<context>`` or ``<example>``) cut off."""
-  target, output = target.lower(), output.lower()
-  output = output.split(".")[0].split("<context>")[0].split("<example>")[0]
-  return target in output
-
-
-# ---------------------------------------------------------------------------------------------
 # The corpus
 
 
@@ -640,118 +327,16 @@ class BabilongCorpus(SyntheticCorpus):
     }
 
 
-def _babi_spec(task: str) -> sources.SourceSpec:
-  name = f"{task}_{TASK_NAMES[task]}"
-  return sources.SourceSpec(
-      corpus=PREFIX + task,
-      archive=ARCHIVE,
-      url=URL,
-      files=tuple(
-          sources.SourceFile(name=f"{name}_{split}.txt", member=f"{MEMBER_DIR}/{name}_{split}.txt")
-          for split in ("train", "test")
-      ),
-      note="BABILong reads the en-10k files of bAbI (Weston et al. 2015).",
-  )
-
-
-def read_babi(
-    task: str,
-    manual_dir: str | None,
-    data_dir: str | None = None,
-    download: bool = True,
-    timeout_s: float | None = None,
-) -> dict[str, str]:
-  """The task's bAbI files' texts: {"train": ..., "test": ...}.
-
-  Looked for in ``manual_dir`` (the files, or the archive; default
-  ``<data_dir>/downloads/manual``), then downloaded (``sources.locate``).
-
-  Raises:
-    errors.DataError: missing (the message names the files, where they go
-      and the archive's URL), or unreadable.
-  """
-  base = Path(data_dir or Path.home() / "tensorflow_datasets").expanduser()
-  manual = Path(manual_dir).expanduser() if manual_dir else base / "downloads" / "manual"
-  found = sources.locate(
-      _babi_spec(task),
-      manual_dir=manual,
-      download_dir=base / "downloads",
-      download=download,
-      timeout_s=timeout_s,
-  )
-  return {
-      split: found[f.name].read_bytes().decode("utf-8")
-      for split, f in zip(("train", "test"), _babi_spec(task).files)
-  }
-
-
-class _TextDocuments:
-  """One's own files as documents (each file one text), read when indexed."""
-
-  def __init__(self, patterns: str, key: str):
-    files: list[str] = []
-    for pattern in (p.strip() for p in patterns.split(",") if p.strip()):
-      files += sorted(f for f in glob.glob(str(Path(pattern).expanduser()), recursive=True))
-    files = [f for f in files if Path(f).is_file()]
-    if not files:
-      raise errors.DataError(
-          f"data.{key}={patterns!r} (BABILong's background text) matches no file: give "
-          "comma-separated globs of text files."
-      )
-    self.files = files
-
-  def __len__(self) -> int:
-    return len(self.files)
-
-  def __getitem__(self, i: int) -> str:
-    return Path(self.files[i]).read_text(encoding="utf-8", errors="replace")
-
-
-class _TfdsDocuments:
-  """A tfds split's texts (``data_source``), decoded when indexed."""
-
-  def __init__(self, name: str, split: str, key: str, data_dir: str | None):
-    import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
-
-    try:
-      builder = tfds.builder(name, data_dir=data_dir)
-      if key not in builder.info.features:
-        raise errors.DataError(
-            f"data.text_key={key!r}: tfds:{name} has no such feature (its features: "
-            f"{sorted(builder.info.features)}; PG-19's text is --config.data.text_key=book_text)."
-        )
-      try:
-        self.source = builder.as_data_source(split=split)
-      except Exception:  # pylint: disable=broad-except  (not prepared yet)
-        builder.download_and_prepare(file_format="array_record")
-        self.source = builder.as_data_source(split=split)
-    except errors.DataError:
-      raise
-    except Exception as err:  # pylint: disable=broad-except
-      raise errors.DataError(
-          f"data.babilong_noise='tfds:{name}' (split {split!r}) does not load: "
-          f"{str(err).splitlines()[0][:200]}"
-      ) from None
-    self.key = key
-
-  def __len__(self) -> int:
-    return len(self.source)
-
-  def __getitem__(self, i: int) -> str:
-    text = self.source[i][self.key]
-    return text.decode("utf-8") if isinstance(text, bytes) else str(text)
-
-
 def noise_documents(s: BabilongSettings, data_dir: str | None = None) -> dict[str, Any]:
   """split -> the background documents (``len``, ``[i]`` -> str)."""
   if s.noise == "text":
     return {
-        split: _TextDocuments(getattr(s, f"{split}_files"), f"{split}_files")
+        split: TextDocuments(getattr(s, f"{split}_files"), f"{split}_files")
         for split in ("train", "valid", "test")
     }
   splits = [x.strip() for x in s.tfds_splits.split(",")]
   return {
-      split: _TfdsDocuments(s.noise[len("tfds:") :], tfds_split, s.text_key, data_dir)
+      split: TfdsDocuments(s.noise[len("tfds:") :], tfds_split, s.text_key, data_dir)
       for split, tfds_split in zip(("train", "valid", "test"), splits)
   }
 
