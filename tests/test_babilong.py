@@ -382,3 +382,26 @@ def test_a_split_is_generated_only_when_read(tmp_path):
   tokens = corpus.splits["test"].read(0, corpus.settings.sequence_len)
   assert corpus.examples.made("test") and not corpus.examples.made("train")
   np.testing.assert_array_equal(tokens, corpus.examples["test"][0])
+
+
+def test_the_pg19_background_is_read_book_by_book(tmp_path):
+  """data.babilong_noise="tfds:pg19" (the authors'): each split's documents
+  are the tfds split's books (tfds's mock data, offline), and a feature it
+  lacks is named with PG-19's."""
+  import tensorflow_datasets as tfds
+
+  from helpers import mock_tfds_module
+
+  s = babilong.BabilongSettings(task="qa1", text_key="book_text", tokenizer="pretrained:x")
+  with mock_tfds_module().mock_tfds_but_ours(5):
+    docs = babilong.noise_documents(s, data_dir=str(tmp_path / "tfds"))
+    builder = tfds.builder("pg19", data_dir=str(tmp_path / "tfds"))
+    for split, theirs in (("train", "train"), ("valid", "validation"), ("test", "test")):
+      want = [ex["book_text"] for ex in builder.as_data_source(theirs)]
+      assert len(docs[split]) == len(want) == 5
+      assert [docs[split][i] for i in range(5)] == [
+          w.decode() if isinstance(w, bytes) else w for w in want
+      ]
+    bad = babilong.BabilongSettings(task="qa1", text_key="text", tokenizer="pretrained:x")
+    with pytest.raises(errors.DataError, match="text_key=book_text"):
+      babilong.noise_documents(bad, data_dir=str(tmp_path / "tfds"))
