@@ -1,8 +1,9 @@
 """What the benchmark tools share: the machine they ran on, library versions,
 result files, worker subprocesses, the memory-carrying evaluation loop, and
 the machinery of the memory benchmarks (``compressive_memory.py``,
-``knn_memory.py``, ``armt_memory.py``: their flags, config, compiled steps,
-interleaved timing with CPU time, ratios to the baseline and table cells).
+``knn_memory.py``, ``armt_memory.py``, ``memory_variants.py``: their flags,
+config, compiled steps, interleaved timing with CPU time, the state's
+arrays, ratios to the baseline and table cells).
 
 ``vs_pytorch.py``, ``fit.py`` and ``eval_speed.py`` run as scripts
 (``python benchmarks/X.py``) and the tests load them from their files; each
@@ -309,15 +310,16 @@ def per_token_summary(times: list, steps: int, tokens_per_step: int) -> dict:
 
 
 # ---------------------------------------------------------------------------
-# The memory benchmarks (compressive_memory.py, knn_memory.py, armt_memory.py): the package's
-# jitted training and evaluation steps of memory variants of one model, timed
-# in one run against Transformer-XL's, as ratios.
+# The memory benchmarks (compressive_memory.py, knn_memory.py, armt_memory.py,
+# memory_variants.py): the package's jitted training and evaluation steps of
+# memory variants of one model, timed in one run against Transformer-XL's, as
+# ratios.
 # ---------------------------------------------------------------------------
 
 ABLATION = os.path.join(REPO, "configs", "ablation_wt2.py")
 JAX_PACKAGES = ("jax", "jaxlib", "flax", "optax", "numpy")  # versions saved with the results
 PHASES = ("train", "eval")
-# The model's sizes and the segment length, flags of both memory benchmarks (ints >= 1).
+# The model's sizes and the segment length, flags of every memory benchmark (ints >= 1).
 MODEL_SIZES = ("n_layer", "d_model", "n_head", "d_head", "d_inner", "vocab", "div_val", "tgt_len")
 
 
@@ -708,18 +710,30 @@ def measure_memory_variants(
   }
 
 
+def phase_columns(temp_ratio: bool = False) -> tuple[str, str]:
+  """The table header of ``phase_cells``' columns (after the variant's own,
+  from its leading "| ") and their alignment row (right-aligned)."""
+  names = []
+  for phase in PHASES:
+    names += [
+        f"{phase} tokens/s",
+        f"{phase} vs XL",
+        f"{phase} vs XL, CPU time",
+        f"{phase} temp / args MiB",
+    ]
+    names += [f"{phase} temp vs XL"] if temp_ratio else []
+  return "| " + " | ".join(names) + " |", "---:|" * len(names)
+
+
 # The table columns of ``phase_cells``, after the variant's own.
-PHASE_COLUMNS = (
-    "| train tokens/s | train vs XL | train vs XL, CPU time | train temp / args MiB "
-    "| eval tokens/s | eval vs XL | eval vs XL, CPU time | eval temp / args MiB |"
-)
-PHASE_ALIGN = "---:|" * 8
+PHASE_COLUMNS, PHASE_ALIGN = phase_columns()
 
 
-def phase_cells(v: dict, base: dict) -> list[str]:
+def phase_cells(v: dict, base: dict, temp_ratio: bool = False) -> list[str]:
   """The table cells of a measured variant ``v`` (``measure_memory_variants``)
   against the baseline ``base``, per phase: tokens/s, its ratio (wall time,
-  then this process's CPU time) and XLA's temporaries / arguments (MiB)."""
+  then this process's CPU time), XLA's temporaries / arguments (MiB) and,
+  with ``temp_ratio``, the temporaries' ratio ("-" where either has none)."""
   num = lambda x: f"{x:,.0f}" if x >= 100 else f"{x:.1f}"
   mib = lambda x: "-" if x is None else f"{x:,.1f}"
   cells = []
@@ -731,7 +745,27 @@ def phase_cells(v: dict, base: dict) -> list[str]:
         f"{x['cpu_tokens_per_sec'] / ref['cpu_tokens_per_sec']:.3f}x",
         f"{mib(x['temp_mib'])} / {mib(x['argument_mib'])}",
     ]
+    if temp_ratio:
+      known = x["temp_mib"] is not None and ref["temp_mib"]
+      cells.append(f"{x['temp_mib'] / ref['temp_mib']:.2f}x" if known else "-")
   return cells
+
+
+def state_leaves(memory, batch: int) -> dict[str, dict]:
+  """The recurrent state's arrays of ``memory`` (a ``memory.Memory`` of
+  ``batch`` rows): the XL cache ``mems_LxBxMxD`` and every array of its
+  ``variant_state``, as {name: {"shape", "dtype", "bytes_per_row"}} (the
+  array's bytes over ``batch``); ``mlen_B`` (4 bytes per row in every
+  variant) is left out, as the memory benchmarks count the state."""
+  leaves = {"mems_LxBxMxD": memory.mems_LxBxMxD, **memory.variant_state}
+  return {
+      name: {
+          "shape": list(x.shape),
+          "dtype": str(x.dtype),
+          "bytes_per_row": int(x.size) * x.dtype.itemsize // batch,
+      }
+      for name, x in leaves.items()
+  }
 
 
 def jax_machine_info() -> dict:
