@@ -343,8 +343,10 @@ def noise_documents(s: BabilongSettings, data_dir: str | None = None) -> dict[st
 
 def special_ids(tok: Any) -> tuple[int, int]:
   """(GEN, eos) of a pretrained tokenizer: GEN the first token of "GEN"
-  (their ``tokenizer.encode('GEN')[0]``), eos the SentencePiece model's
-  ``</s>`` or the first of ``EOS_CANDIDATES`` a tokenizer.json has.
+  (their ``tokenizer.encode('GEN')[0]``; encoded without special tokens, so
+  a tokenizer that adds a BOS token gives GEN's own token, not the BOS
+  theirs would take), eos the SentencePiece model's ``</s>`` or the first of
+  ``EOS_CANDIDATES`` a tokenizer.json has.
 
   Raises:
     errors.DataError: no end token.

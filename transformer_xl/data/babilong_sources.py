@@ -10,6 +10,7 @@ each file one document, read when a document is drawn.
 from __future__ import annotations
 
 import glob
+import os
 from pathlib import Path
 
 from transformer_xl import errors
@@ -67,13 +68,15 @@ def read_babi(
   """The task's bAbI files' texts: {"train": ..., "test": ...}.
 
   Looked for in ``manual_dir`` (the files, or the archive; default
-  ``<data_dir>/downloads/manual``), then downloaded (``sources.locate``).
+  ``<data_dir>/downloads/manual``, ``data_dir`` by default tfds's:
+  ``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``), then downloaded (``sources.locate``).
 
   Raises:
     errors.DataError: missing (the message names the files, where they go
       and the archive's URL), or unreadable.
   """
-  base = Path(data_dir or Path.home() / "tensorflow_datasets").expanduser()
+  default = os.environ.get("TFDS_DATA_DIR") or Path.home() / "tensorflow_datasets"  # tfds's
+  base = Path(data_dir or default).expanduser()
   manual = Path(manual_dir).expanduser() if manual_dir else base / "downloads" / "manual"
   found = sources.locate(
       _babi_spec(task),
