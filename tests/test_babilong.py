@@ -21,7 +21,7 @@ from transformer_xl.data import (
     babilong,
     babilong_samples,
     babilong_sources,
-    synthetic,
+    example_corpus,
     text_vocab,
 )
 from transformer_xl.inference import evaluate
@@ -138,7 +138,7 @@ def test_weights_cover_each_answer_and_its_eos_only():
   counts an example whole when all of its own positions are scored."""
   layout = babilong.Layout("qa1", sequence_len=9, answer_len=3)
   counts = np.array([3, 2])
-  w = synthetic.weighed(layout, counts, np.arange(8))
+  w = example_corpus.weighed(layout, counts, np.arange(8))
   assert w.astype(int).tolist() == [[0, 0, 0, 0, 0, 1, 1, 1], [0, 0, 0, 0, 0, 1, 1, 0]]
   example = np.array([[0, 0, 0, 1, 1]])
   correct = np.array([[1, 1, 0, 1, 1]], bool)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from transformer_xl import data, default_config, sharding
+from transformer_xl.data import example_corpus
 from transformer_xl.model import memory as memory_lib
 from transformer_xl.model import models
 from transformer_xl.training import train, train_state, train_step
@@ -356,15 +357,14 @@ def _copy_config(depth, bptt_bp=True):
 @pytest.mark.slow
 def test_a_synthetic_example_is_one_step_through_all_its_segments(tmp_path):
   """With a synthetic task the window is a whole example (its segments side
-  by side, synthetic.ExampleWindows): the step's gradient is the one of the
+  by side, example_corpus.ExampleWindows): the step's gradient is the one of the
   whole answer's loss with the memory tokens carried, with their gradient,
   through every segment (a naive loop of model.apply calls); a depth other
   than segments - 1, or without bptt_bp, is refused in one line."""
-  from transformer_xl.data import synthetic
 
   config = _copy_config(depth=0)
   corpus = data.load_configured(config.data.to_dict())
-  base = synthetic.ExampleIterator(corpus, "train", 4, 3)
+  base = example_corpus.ExampleIterator(corpus, "train", 4, 3)
   n_seg = base.segments
   assert n_seg > 2
   config.train.update(mem_backprop_depth=n_seg - 1)
@@ -383,7 +383,9 @@ def test_a_synthetic_example_is_one_step_through_all_its_segments(tmp_path):
     return total / weight
 
   want_loss, want = jax.jit(jax.value_and_grad(naive))(params)  # the loop, traced
-  window = next(synthetic.ExampleWindows(synthetic.ExampleIterator(corpus, "train", 4, 3)))
+  window = next(
+      example_corpus.ExampleWindows(example_corpus.ExampleIterator(corpus, "train", 4, 3))
+  )
   got, metrics, _ = _sgd_gradient(
       model, params, window, mem_backprop_depth=n_seg - 1, bptt_bp=True, window_advance=n_seg
   )

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from transformer_xl import data, default_config
-from transformer_xl.data import passkey, synthetic
+from transformer_xl.data import example_corpus, passkey, synthetic
 
 from helpers import CONFIGS, run_main, tiny_flags
 
@@ -77,7 +77,7 @@ def test_the_corpus_splits_score_only_the_key():
   )
   corpus = synthetic.load(s)
   assert corpus.vocab_size == s.n_token == 54 and corpus.vocab[corpus.boundary_id] == "<eos>"
-  it = synthetic.ExampleEvalIterator(corpus, "valid", 4, 32)
+  it = example_corpus.ExampleEvalIterator(corpus, "valid", 4, 32)
   targets, weights = [], []
   for b in it:
     targets.append(b["targets"]), weights.append(b["weights"])

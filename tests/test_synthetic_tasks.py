@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from transformer_xl import data, default_config, errors, sharding
-from transformer_xl.data import synthetic
+from transformer_xl.data import example_corpus, synthetic
 from transformer_xl.inference import eval_steps, evaluate
 from transformer_xl.model import memory as memory_lib
 from transformer_xl.model import models
@@ -83,7 +83,7 @@ def test_the_authors_code_gives_the_same_answers_segments_and_loss_positions(tas
   np.testing.assert_array_equal(synthetic.marked_answer(s, x), y)  # same answers
   # Their examples through our training iterator: their segments, their loss positions.
   examples = np.concatenate([x, y], axis=1)
-  corpus = synthetic.SyntheticCorpus(
+  corpus = example_corpus.ExampleCorpus(
       name=f"synthetic:{task}",
       unit="word",
       vocab=synthetic.vocabulary(s),
@@ -94,7 +94,7 @@ def test_the_authors_code_gives_the_same_answers_segments_and_loss_positions(tas
   )
   inputs_CxTxB, targets_CxTxB = f[f"{task}_inputs"], f[f"{task}_targets"]
   n_chunks, tgt_len, batch = inputs_CxTxB.shape
-  it = synthetic.ExampleIterator(corpus, "train", batch, tgt_len)
+  it = example_corpus.ExampleIterator(corpus, "train", batch, tgt_len)
   weights = []
   for c in range(n_chunks):
     b = next(it)
@@ -163,7 +163,7 @@ def test_training_batches_are_the_authors_segments_with_the_answer_weighed():
   s = small("copy")  # example length 15: 3 segments of 5
   corpus = synthetic.load(s)
   ex, B, T = corpus.examples["train"], 4, 5
-  it = synthetic.ExampleIterator(corpus, "train", B, T)
+  it = example_corpus.ExampleIterator(corpus, "train", B, T)
   n_chunks = s.example_len // T
   for e in range(80):  # 80 batches of 4 wrap around the 300 examples
     seg = [next(it) for _ in range(n_chunks)]
@@ -178,7 +178,7 @@ def test_training_batches_are_the_authors_segments_with_the_answer_weighed():
       np.testing.assert_array_equal(weights, np.arange(15) >= 15 - s.answer_len)
   # Resumes exactly; rows of one process are those rows of the global batch.
   state = it.get_state()
-  again = synthetic.ExampleIterator(corpus, "train", B, T, row_ids=[1, 3])
+  again = example_corpus.ExampleIterator(corpus, "train", B, T, row_ids=[1, 3])
   again.set_state(json.loads(json.dumps(state)))
   for _ in range(5):
     want, got = next(it), next(again)
@@ -186,13 +186,13 @@ def test_training_batches_are_the_authors_segments_with_the_answer_weighed():
       np.testing.assert_array_equal(got[key], want[key][[1, 3]])
   with pytest.raises(ValueError, match="num_examples"):
     other = synthetic.load(small("copy", train_size=200))
-    synthetic.ExampleIterator(other, "train", B, T).set_state(state)
+    example_corpus.ExampleIterator(other, "train", B, T).set_state(state)
 
 
 def test_one_evaluation_pass_scores_every_answer_token_once():
   s = small("reverse")  # example length 10, answer 5; 40 valid examples in rows of 3
   corpus = synthetic.load(s)
-  it = synthetic.ExampleEvalIterator(corpus, "valid", 3, 5, corpus.boundary_id)
+  it = example_corpus.ExampleEvalIterator(corpus, "valid", 3, 5, corpus.boundary_id)
   assert len(it) == math.ceil(40 / 3) * 2
   seen = []
   for step, batch in enumerate(it):

@@ -72,7 +72,7 @@ from transformer_xl.data.babilong_sources import (
     TfdsDocuments,
     read_babi,
 )
-from transformer_xl.data.synthetic import SyntheticCorpus
+from transformer_xl.data.example_corpus import ExampleCorpus
 
 PREFIX = "babilong:"  # data.dataset="babilong:qaN"
 NOISE_SOURCES = ("tfds:pg19", "text")  # data.babilong_noise; any "tfds:NAME" is read alike
@@ -267,7 +267,7 @@ def settings_problems(s: BabilongSettings) -> list[str]:
 @dataclasses.dataclass(frozen=True)
 class Layout:
   """A BABILong corpus's example layout (what the synthetic tasks' iterators,
-  evaluation and greedy decoding read from ``SyntheticCorpus.settings``).
+  evaluation and greedy decoding read from ``ExampleCorpus.settings``).
 
   Attributes:
     task: "qa1" .. "qa20".
@@ -290,11 +290,11 @@ class Layout:
 
 
 @dataclasses.dataclass(frozen=True)
-class BabilongCorpus(SyntheticCorpus):
-  """A BABILong task's corpus: a ``SyntheticCorpus`` of whole examples whose
+class BabilongCorpus(ExampleCorpus):
+  """A BABILong task's corpus: an ``ExampleCorpus`` of whole examples whose
   answers differ in length (``answer_counts``) and are scored as text.
 
-  Attributes (beyond ``SyntheticCorpus``'s):
+  Attributes (beyond ``ExampleCorpus``'s):
     answers: split -> the answers' texts, one per example.
     babilong: the ``BabilongSettings``.
   """
@@ -540,7 +540,7 @@ def load(
       boundary_id=eos_id,
       splits={k: _LazySource(examples, k, len(plan[k][2]) * layout.sequence_len) for k in plan},
       tokenizer=tok,
-      settings=layout,  # type: ignore[arg-type]
+      settings=layout,
       examples=examples,
       answer_counts=_LazySplits(tuple(plan), lambda split: made[split][1]),
       answers=answers,

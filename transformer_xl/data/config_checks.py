@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from transformer_xl import data
-from transformer_xl.data import babilong, synthetic, text_settings
+from transformer_xl.data import babilong, example_corpus, synthetic, text_settings
 
 
 def data_problems(d: Any, nonfinite: set[str], default: Callable[[str], Any]) -> list[str]:
@@ -130,7 +130,7 @@ def synthetic_problems(config: Any, default: Callable[[str], Any]) -> list[str]:
       return problems
   else:
     return []
-  problems = synthetic.segment_problems(
+  problems = example_corpus.segment_problems(
       settings, {"model.tgt_len": config.model.tgt_len, "eval.tgt_len": config.eval.tgt_len}
   )
   depth, t = config.train.get("mem_backprop_depth", 0), config.model.tgt_len

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 
 from transformer_xl import errors
-from transformer_xl.data import synthetic
+from transformer_xl.data import example_corpus
 from transformer_xl.data.checks import (
     Batch,
     check_boundary_id,
@@ -678,8 +678,8 @@ def make_train_iterator(
   (reference ``LMMultiFileIterator``/``LMShuffledIterator``) with
   ``boundary_id = corpus.boundary_id``; all others an ordered
   ``TrainIterator`` (reference ``LMOrderedIterator``), which ignores
-  ``seed``; a synthetic task (``synthetic.SyntheticCorpus``) its
-  ``synthetic.ExampleIterator`` (whole examples, each from an empty
+  ``seed``; a synthetic task (``example_corpus.ExampleCorpus``) its
+  ``example_corpus.ExampleIterator`` (whole examples, each from an empty
   memory, ``documents`` and ``seed`` ignored).  All follow the batch
   contract and have ``get_state``/``set_state``.
 
@@ -702,8 +702,8 @@ def make_train_iterator(
         f"split {split!r} is not in the corpus {corpus.name!r}; "
         f"its splits are {sorted(corpus.splits)}."
     )
-  if isinstance(corpus, synthetic.SyntheticCorpus):
-    return synthetic.ExampleIterator(corpus, split, global_batch, tgt_len, row_ids=row_ids)
+  if isinstance(corpus, example_corpus.ExampleCorpus):
+    return example_corpus.ExampleIterator(corpus, split, global_batch, tgt_len, row_ids=row_ids)
   index = (corpus.sentence_offsets or {}).get(split)
   if index is not None:
     return ShuffledSentenceIterator(

@@ -32,7 +32,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from transformer_xl import data, errors, sharding
-from transformer_xl.data import synthetic
+from transformer_xl.data import example_corpus
 from transformer_xl.inference import eval_steps, greedy_answers
 from transformer_xl.model import attention, models
 from transformer_xl.model import memory as memory_lib
@@ -111,9 +111,9 @@ class Evaluator:
   (book) scored from an empty memory to its end, as if alone; results come
   per document as well.
 
-  A synthetic task (``data.synthetic.SyntheticCorpus``: copy, reverse,
-  associative retrieval) is scored example by example
-  (``synthetic.ExampleEvalIterator``: each example from an empty memory,
+  A corpus of whole examples (``data.example_corpus.ExampleCorpus``: the
+  synthetic tasks, BABILong) is scored example by example
+  (``example_corpus.ExampleEvalIterator``: each example from an empty memory,
   only its answer positions weighed, whatever ``data.documents`` says), and
   ``evaluate`` adds the accuracy of the argmax predictions at the answer
   positions (``eval_steps.segment_nll_correct``; computed for these corpora
@@ -147,7 +147,7 @@ class Evaluator:
     self.corpus = corpus
     self.documents = config.data.get("documents", "stream")  # "reset": batches carry doc_pos
     # A synthetic task: whole examples, each from an empty memory (``reset``), and accuracy.
-    self.answers = isinstance(corpus, synthetic.SyntheticCorpus)
+    self.answers = isinstance(corpus, example_corpus.ExampleCorpus)
     if self.answers:
       self.documents = "stream"
       if self.method != "segments":
@@ -283,7 +283,7 @@ class Evaluator:
           source, b, self.window_cfg.tgt_len, self.stride, boundary, row_ids=row_ids
       )
     elif self.answers:
-      make_it = lambda row_ids: synthetic.ExampleEvalIterator(
+      make_it = lambda row_ids: example_corpus.ExampleEvalIterator(
           self.corpus, split, b, self.cfg.tgt_len, boundary, row_ids=row_ids
       )
     else:
@@ -554,7 +554,7 @@ def answers(example_BxT: np.ndarray, correct_BxT: np.ndarray, counts_N: np.ndarr
     correct_BxT: bool [B, T'], whether the argmax prediction at the position
       (given the true earlier tokens) is its target.
     counts_N: int [N], the weighed answer positions of each example of the
-      split (``SyntheticCorpus.counts``: the task's ``answer_len`` for all
+      split (``ExampleCorpus.counts``: the task's ``answer_len`` for all
       but BABILong's, whose answers differ in length).
 
   Returns:

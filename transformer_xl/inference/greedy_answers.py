@@ -119,7 +119,7 @@ def decode(
   (``Evaluator.decode_answers``).
 
   Args:
-    evaluator: an ``Evaluator`` of a ``synthetic.SyntheticCorpus`` (its eval
+    evaluator: an ``Evaluator`` of a ``example_corpus.ExampleCorpus`` (its eval
       model and mesh; ``eval.tgt_len`` divides the example length).
     step: the evaluator's greedy segment (``make_greedy_segment`` of its
       model and mesh).
@@ -179,7 +179,7 @@ def greedy_answers(
   ``Evaluator.greedy_answers``).
 
   Args:
-    evaluator: an ``Evaluator`` of a ``synthetic.SyntheticCorpus``.
+    evaluator: an ``Evaluator`` of a ``example_corpus.ExampleCorpus``.
     step: the evaluator's greedy segment (``make_greedy_segment``).
     params: model parameters.
     split: "train", "valid" or "test".
@@ -189,7 +189,7 @@ def greedy_answers(
   Returns:
     The corpus's ``greedy_scores``: for the synthetic tasks
     {"greedy_token_accuracy", "greedy_accuracy", "greedy_examples"}
-    (``synthetic.SyntheticCorpus.greedy_scores``); for BABILong also
+    (``example_corpus.ExampleCorpus.greedy_scores``); for BABILong also
     "babilong_accuracy", the answer found in the decoded text's first
     sentence (``babilong.BabilongCorpus.greedy_scores``).
 

@@ -23,7 +23,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from transformer_xl import data, default_config, sharding
-from transformer_xl.data import synthetic, text_vocab
+from transformer_xl.data import example_corpus, text_vocab
 from transformer_xl.inference import evaluate
 from transformer_xl.model import models
 from transformer_xl.run import checkpointing, distributed, metrics, retention, run_dir
@@ -283,7 +283,7 @@ def _train_iterator(
   Contiguous rows of the corpus (or, One Billion Word, shuffled-sentence
   rows); with ``train.mem_backprop_depth`` k > 0, windows of k + 1 segments
   sliding by one (``data.SegmentWindows``), or a synthetic task's whole
-  examples (``synthetic.ExampleWindows``).
+  examples (``example_corpus.ExampleWindows``).
 
   Raises:
     default_config.ConfigError: a depth that does not fit the data.
@@ -301,7 +301,7 @@ def _train_iterator(
   )  # "reset": batches carry doc_pos
   depth = tcfg.get("mem_backprop_depth", 0)
   window_advance = 1
-  if depth and isinstance(train_iter, synthetic.ExampleIterator):  # a step per whole example
+  if depth and isinstance(train_iter, example_corpus.ExampleIterator):  # a step per whole example
     if depth + 1 != train_iter.segments or not tcfg.get("bptt_bp", False):
       raise default_config.ConfigError(
           f"train.mem_backprop_depth={depth}: a synthetic task trains on whole examples "
@@ -309,7 +309,7 @@ def _train_iterator(
           f"{train_iter.segments - 1} (its {train_iter.segments} segments of "
           f"{mcfg.tgt_len}) and train.bptt_bp=True (the whole answer's loss), or 0."
       )
-    train_iter, window_advance = synthetic.ExampleWindows(train_iter), depth + 1
+    train_iter, window_advance = example_corpus.ExampleWindows(train_iter), depth + 1
   elif depth:  # windows of k + 1 segments, sliding by one
     try:
       train_iter = data.SegmentWindows(train_iter, depth)

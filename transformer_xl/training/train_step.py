@@ -134,7 +134,7 @@ def make_train_step(
   k = 1).  ``window_advance``: segments from one window's start to the
   next's, 1 (sliding windows, ``data.SegmentWindows``) or k + 1 (windows
   side by side: the synthetic tasks' whole examples,
-  ``synthetic.ExampleWindows``); the next state's memory is the one after
+  ``example_corpus.ExampleWindows``); the next state's memory is the one after
   the window's first ``window_advance`` segments.
   """
   # One sharding for every array of the batch, [B] or [B, T]: rows over
