@@ -92,26 +92,15 @@ def noise_documents(seed: int, n: int) -> list[str]:
 
 def write_inputs() -> None:
   """The bAbI files, the noise and the tokenizer (see the module docstring)."""
-  import tokenizers  # pylint: disable=import-outside-toplevel
-
   OUT.mkdir(parents=True, exist_ok=True)
   for task in ("qa1", "qa2", "qa3", "qa4", "qa5"):
     babi_like.write_task(OUT, task, train_stories=8, test_stories=6, seed=0)
   noise = {"train": noise_documents(0, 6), "test": noise_documents(1, 6)}
   for split, docs in noise.items():
     (OUT / f"noise_{split}.json").write_text(json.dumps(docs, indent=0) + "\n")
-  tok = tokenizers.Tokenizer(tokenizers.models.BPE())
-  tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
-  tok.decoder = tokenizers.decoders.ByteLevel()
-  trainer = tokenizers.trainers.BpeTrainer(
-      vocab_size=400,
-      special_tokens=["<|endoftext|>"],
-      initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
-  )
   texts = noise["train"] + noise["test"]
   texts += [p.read_text() for p in sorted(OUT.glob("qa*_*.txt"))]
-  tok.train_from_iterator(texts, trainer)
-  (OUT / "tokenizer.json").write_text(tok.to_str(pretty=False) + "\n")
+  (OUT / "tokenizer.json").write_text(babi_like.train_tokenizer(texts, vocab_size=400))
 
 
 def main(argv: list[str]) -> int:

@@ -145,3 +145,24 @@ def write_task(folder: str | Path, task: str, train_stories: int, test_stories: 
     path.write_text(task_text(task, n, s), encoding="utf-8")
     paths.append(path)
   return paths
+
+
+def train_tokenizer(texts: list[str], vocab_size: int) -> str:
+  """A byte-level BPE (GPT-2's kind, with ``<|endoftext|>``) of ``vocab_size``
+  tokens trained on ``texts`` with the ``tokenizers`` library, for
+  ``data.tokenizer=pretrained:PATH`` where GPT-2's is not at hand (tests,
+  CPU studies): its ``tokenizer.json`` text.  Deterministic for the same
+  texts."""
+  import tokenizers  # pylint: disable=import-outside-toplevel
+
+  tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+  tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = tokenizers.decoders.ByteLevel()
+  trainer = tokenizers.trainers.BpeTrainer(
+      vocab_size=vocab_size,
+      special_tokens=["<|endoftext|>"],
+      initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
+      show_progress=False,
+  )
+  tok.train_from_iterator(texts, trainer)
+  return tok.to_str(pretty=False) + "\n"
