@@ -322,6 +322,38 @@ PHASES = ("train", "eval")
 # The model's sizes and the segment length, flags of every memory benchmark (ints >= 1).
 MODEL_SIZES = ("n_layer", "d_model", "n_head", "d_head", "d_inner", "vocab", "div_val", "tgt_len")
 
+# The model, batch and timing every memory benchmark's presets start from (each adds its
+# memory's settings; flags given explicitly override them).  "default": configs/ablation_wt2.py:xl's
+# model and training batch (WikiText-2's vocabulary); "smoke": a toy for the tests.
+DEFAULT_PRESET = dict(
+    n_layer=4,
+    d_model=128,
+    n_head=4,
+    d_head=32,
+    d_inner=512,
+    vocab=33_278,
+    cutoffs="2000,8000",
+    div_val=2,
+    tgt_len=32,
+    batch=16,
+    repeats=5,
+    min_repeat_s=1.0,
+)
+SMOKE_PRESET = dict(
+    n_layer=2,
+    d_model=16,
+    n_head=2,
+    d_head=8,
+    d_inner=32,
+    vocab=64,
+    cutoffs="",
+    div_val=1,
+    tgt_len=8,
+    batch=2,
+    repeats=3,
+    min_repeat_s=0.05,
+)
+
 
 class UsageError(ValueError):
   """Bad command-line input; printed as one ``error: ...`` line."""

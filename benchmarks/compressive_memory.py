@@ -81,42 +81,20 @@ if REPO not in sys.path:
   sys.path.insert(0, REPO)
 UsageError = common.UsageError
 
-# Model, lengths and timing of each preset; flags given explicitly override them.  "default":
-# configs/ablation_wt2.py:xl's model and training batch (WikiText-2's vocabulary, adaptive).
+# Each preset: common's model, batch and timing (smoke: one layer), and the memory's sizes.
 PRESETS = {
     "default": dict(
-        n_layer=4,
-        d_model=128,
-        n_head=4,
-        d_head=32,
-        d_inner=512,
-        vocab=33_278,
-        cutoffs="2000,8000",
-        div_val=2,
-        tgt_len=32,
+        common.DEFAULT_PRESET,
         mem_len=32,
         cmem_len=32,
         ratios="2,4",
-        batch=16,
-        repeats=5,
-        min_repeat_s=1.0,
     ),
     "smoke": dict(
+        common.SMOKE_PRESET,
         n_layer=1,
-        d_model=16,
-        n_head=2,
-        d_head=8,
-        d_inner=32,
-        vocab=64,
-        cutoffs="",
-        div_val=1,
-        tgt_len=8,
         mem_len=8,
         cmem_len=4,
         ratios="2",
-        batch=2,
-        repeats=3,
-        min_repeat_s=0.05,
     ),
 }
 SIZES = common.MODEL_SIZES + ("mem_len", "cmem_len", "batch", "repeats")

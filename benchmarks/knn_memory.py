@@ -112,44 +112,21 @@ UsageError = common.UsageError
 KEYS, VALUES, INDEX = "knn_keys_NxBxHxSxDh", "knn_values_NxBxHxSxDh", "knn_index_NxB"
 RECALL_TARGET = 0.95  # "approx": jax.lax.approx_max_k's (KNNSettings' default)
 
-# Model, lengths, store and timing of each preset; flags given explicitly override them.
-# "default": configs/ablation_wt2.py:xl's model and training batch (WikiText-2's vocabulary).
+# Each preset: common's model, batch and timing, and the store's sizes.
 PRESETS = {
     "default": dict(
-        n_layer=4,
-        d_model=128,
-        n_head=4,
-        d_head=32,
-        d_inner=512,
-        vocab=33_278,
-        cutoffs="2000,8000",
-        div_val=2,
-        tgt_len=32,
+        common.DEFAULT_PRESET,
         mem_len=32,
         memory_sizes="1024,4096,16384",
         num_neighbors=32,
         knn_layer=-2,
-        batch=16,
-        repeats=5,
-        min_repeat_s=1.0,
     ),
     "smoke": dict(
-        n_layer=2,
-        d_model=16,
-        n_head=2,
-        d_head=8,
-        d_inner=32,
-        vocab=64,
-        cutoffs="",
-        div_val=1,
-        tgt_len=8,
+        common.SMOKE_PRESET,
         mem_len=8,
         memory_sizes="16,64",
         num_neighbors=4,
         knn_layer=-2,
-        batch=2,
-        repeats=3,
-        min_repeat_s=0.05,
     ),
 }
 SIZES = common.MODEL_SIZES + ("mem_len", "num_neighbors", "batch", "repeats")

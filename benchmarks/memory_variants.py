@@ -138,19 +138,10 @@ UsageError = common.UsageError
 
 FLOAT32 = 4  # bytes of the compute dtype (float32) of every state array here
 
-# Model, budget, memories and timing of each preset; flags given explicitly override them.
-# "default": configs/ablation_wt2.py:xl's model and training batch (WikiText-2's vocabulary).
+# Each preset: common's model, batch and timing, and the memories' sizes.
 PRESETS = {
     "default": dict(
-        n_layer=4,
-        d_model=128,
-        n_head=4,
-        d_head=32,
-        d_inner=512,
-        vocab=33_278,
-        cutoffs="2000,8000",
-        div_val=2,
-        tgt_len=32,
+        common.DEFAULT_PRESET,
         mem_len=24,
         cmem_len=12,
         cmem_ratio=4,
@@ -159,20 +150,9 @@ PRESETS = {
         knn_layer=-2,
         armt_tokens=10,
         mem_backprop_depth=1,
-        batch=16,
-        repeats=5,
-        min_repeat_s=1.0,
     ),
     "smoke": dict(
-        n_layer=2,
-        d_model=16,
-        n_head=2,
-        d_head=8,
-        d_inner=32,
-        vocab=64,
-        cutoffs="",
-        div_val=1,
-        tgt_len=8,
+        common.SMOKE_PRESET,
         mem_len=12,
         cmem_len=6,
         cmem_ratio=2,
@@ -181,9 +161,6 @@ PRESETS = {
         knn_layer=-2,
         armt_tokens=2,
         mem_backprop_depth=1,
-        batch=2,
-        repeats=3,
-        min_repeat_s=0.05,
     ),
 }
 SIZES = common.MODEL_SIZES + (
