@@ -175,7 +175,9 @@ DISTANCES: dict[str, tuple[str, ...]] = {
 CHANCE = {"copy": 0.25, "reverse": 0.25, "retrieval": 0.1, "passkey": 0.1, "qa1": 1 / 6}
 CHANCE["qa2"] = 1 / 6
 
-BENCH_LINK = "../../benchmarks/results/REPORT.md#memory-variants-at-equal-budget"
+# The cost benchmark, named (not linked: the results pages are read on GitHub and on the site,
+# whose paths to it differ); the site's Memories page links it.
+BENCH_SECTION = '"Memory variants at equal budget" of benchmarks/results/REPORT.md'
 
 
 def sizes(mem: int) -> dict:
@@ -701,7 +703,7 @@ def report(res: dict[str, Any], out: Path) -> str:
       "## Cost",
       "",
       "The speed and memory of each variant at this kind of equal budget: the benchmark "
-      f"section [Memory variants at equal budget]({BENCH_LINK}).",
+      f"section {BENCH_SECTION} (`benchmarks/memory_variants.py`; the site's Memories page).",
       "",
       "## Every run",
       "",

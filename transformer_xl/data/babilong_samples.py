@@ -112,8 +112,8 @@ class SentenceSampler:
   Args:
     documents: random-access texts (``len`` and ``[i]`` -> str).
     encode: text -> token ids (no special tokens).
-    min_sentence_len, max_sentence_len: token bounds of a sentence (None: no
-      bound).
+    min_sentence_len: the fewest tokens of a sentence taken (None: no bound).
+    max_sentence_len: the most tokens of a sentence taken (None: no bound).
     shuffle: a random document from a random place each time (theirs).
     seed: the numpy ``Generator``'s seed.
 
@@ -219,7 +219,9 @@ class NoiseInjection:
     sampler: the background's ``SentenceSampler``.
     encode: text -> token ids.
     sample_size: tokens of the context (an int, or the curriculum's list).
-    task_start_pct, task_end_pct: the facts' range, or None (anywhere).
+    task_start_pct: where the facts' range starts (a fraction of the
+      sample), or None (anywhere).
+    task_end_pct: where it ends, or None.
     mixed_length_ratio: see ``BabilongSettings``.
     seed: the numpy ``Generator``'s seed.
 
