@@ -121,6 +121,7 @@ import concurrent.futures
 import datetime
 import glob
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -133,13 +134,26 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))  # reproduce_wt2's helpers (machine, _run, _shown)
-sys.path.insert(1, str(REPO / "benchmarks"))  # memory_variants.budget
+sys.path.insert(1, str(REPO / "benchmarks"))  # common, which memory_variants imports
 import memory_tasks  # noqa: E402
 import reproduce_wt2 as study  # noqa: E402
 
-import memory_variants  # noqa: E402
-
 CONFIG = REPO / "configs" / "copy_rmt.py"
+
+
+def _load_benchmark(name: str):
+  """``benchmarks/NAME.py`` loaded from its file: ``import memory_variants`` would find the
+  test suite's package of the same name (``tests/memory_variants/``) when the tests load
+  this script in-process."""
+  spec = importlib.util.spec_from_file_location(
+      f"benchmarks_{name}", REPO / "benchmarks" / f"{name}.py"
+  )
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+memory_variants = _load_benchmark("memory_variants")
 
 N_LAYER, D_MODEL, N_HEAD, D_HEAD = 2, 64, 2, 32  # memory_tasks.MODEL's
 MEM = 4  # M, XL's cache per layer: the budget's unit (--mem)
