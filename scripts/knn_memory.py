@@ -199,18 +199,6 @@ PK_QUICK = dict(
 )
 
 
-def _log_losses(workdir: Path) -> list[list[float]]:
-  """[[step, train/loss], ...] of a workdir's metrics.jsonl."""
-  out = []
-  path = workdir / "metrics.jsonl"
-  if path.exists():
-    for line in path.read_text().splitlines():
-      rec = json.loads(line)
-      if "train/loss" in rec:
-        out.append([rec["step"], rec["train/loss"]])
-  return out
-
-
 def _n_params(log: Path) -> int | None:
   for line in log.read_text().splitlines():
     if "Model:" in line and "parameters" in line:
@@ -379,7 +367,7 @@ def wt2_part(a, sizes: dict, before: dict, part: dict, workdirs: Path, logs: Pat
           "train_command": shown,
           "train_wall_s": wall,
           "n_params": _n_params(logs / f"train_{name}.log"),
-          "train_loss": _log_losses(workdir),
+          "train_loss": study.train_losses(workdir),
       }
     store = int(name.rsplit("_s", 1)[1]) if name.startswith("ft_knn_s") else None
     run.update(
@@ -554,7 +542,7 @@ def passkey_part(
           "train_wall_s": wall,
           "n_params": _n_params(logs / f"train_{run_id}.log"),
           "num_steps": a.passkey_batches * (e // t),
-          "train_loss": _log_losses(workdir),
+          "train_loss": study.train_losses(workdir),
       }
     run["memory"] = "knn" if name == "pk_knn" else "xl"
     run["evals"] = {}

@@ -288,11 +288,7 @@ def run_one(
   eval_s = study._run(evaluate, logs / f"eval_{name}.log")
   results = json.loads((workdir / "eval_results.json").read_text())
   config = json.loads((workdir / "config.json").read_text())
-  losses = []
-  for line in (workdir / "metrics.jsonl").read_text().splitlines():
-    rec = json.loads(line)
-    if "train/loss" in rec:
-      losses.append([rec["step"], rec["train/loss"]])
+  losses = study.train_losses(workdir)
   model = model_config_lib.flat_fields(
       config["model"], complete=True
   )  # defaults filled; earlier versions' flat keys too

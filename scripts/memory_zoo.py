@@ -427,11 +427,7 @@ def run_one(spec: dict, a: argparse.Namespace, babi: dict | None, paths: dict) -
     }
     marker.write_text(json.dumps(info, indent=1) + "\n")
   config = json.loads((workdir / "config.json").read_text())
-  losses = []
-  for line in (workdir / "metrics.jsonl").read_text().splitlines():
-    rec = json.loads(line)
-    if "train/loss" in rec:
-      losses.append([rec["step"], rec["train/loss"]])
+  losses = study.train_losses(workdir)
   evals = {}
   for distance in spec["distances"]:
     cmd = [*train, *eval_flags(task, distance), "--mode=eval"]

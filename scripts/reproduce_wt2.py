@@ -167,6 +167,19 @@ def _shown(cmd: Sequence[str]) -> str:
   return " ".join(["python"] + [rel(a) for a in cmd[1:]])
 
 
+def train_losses(workdir: Path) -> list[list[float]]:
+  """[[step, train/loss], ...] of a workdir's metrics.jsonl ([] without one): the
+  learning curve the study scripts record per run."""
+  out = []
+  path = Path(workdir) / "metrics.jsonl"
+  if path.exists():
+    for line in path.read_text().splitlines():
+      rec = json.loads(line)
+      if "train/loss" in rec:
+        out.append([rec["step"], rec["train/loss"]])
+  return out
+
+
 def _run(cmd: Sequence[str], log_path: Path) -> float:
   """Runs a command (PYTHONPATH = the repository), its output into
   ``log_path``; returns the wall time in seconds.
