@@ -75,7 +75,6 @@ from transformer_xl.data.babilong_sources import (
 from transformer_xl.data.example_corpus import ExampleCorpus
 
 PREFIX = "babilong:"  # data.dataset="babilong:qaN"
-NOISE_SOURCES = ("tfds:pg19", "text")  # data.babilong_noise; any "tfds:NAME" is read alike
 GEN = "GEN"  # their gen_token: tokenizer.encode('GEN')[0]
 EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>")  # tokenizer.json eos
 # data config key -> BabilongSettings field.
