@@ -1,8 +1,9 @@
 """The fused Pallas attention (model.attention_impl="pallas") equals the XLA path.
 
 The kernels run in Pallas interpret mode on CPU: both backends' formulations
-(TPU: in-register strided rotate; GPU: scratch tile and gathering loads) are
-checked against the XLA path (``pallas_attention.xla_reference``, built
+(TPU: the relative shift as a barrel shifter of uniform rotations, which
+test_pallas_mosaic compiles with Mosaic; GPU: scratch tile and gathering
+loads) are checked against the XLA path (``pallas_attention.xla_reference``, built
 from ``attention_ops``, which test_attention checks against a literal
 Sec. 3.3 computation) (values and every gradient) over a grid of
 shapes, the whole model against the XLA model, and the train and eval steps
@@ -117,6 +118,27 @@ def test_kernel_refuses_shapes_that_do_not_agree():
     pallas_attention.rel_attention(
         q, k, v, r, u, rr, jnp.zeros(1, jnp.int32), mem_len=3, same_length=False
     )
+
+
+@pytest.mark.parametrize("q,w", [(8, 16), (128, 256), (4, 32)])
+@pytest.mark.parametrize(
+    "stride_of",
+    [lambda w: 0, lambda w: 1, lambda w: 3, lambda w: w - 1],
+    ids=["0", "1", "3", "W-1"],
+)
+def test_barrel_roll_rotates_each_row_as_jnp_roll(q, w, stride_of):
+  """TPU's per-row rotation (uniform pltpu.roll's and selects, what Mosaic
+  compiles) equals ``jnp.roll`` of row a by shift + a * stride, _Rotate's
+  ``out[a, c] = x[a, (c - shift - a * stride) mod W]``; the kernels' strides
+  are 1 and 2b - 1, their shifts b + 1, b - 1 and 0."""
+  stride = stride_of(w)
+  x = jax.random.normal(jax.random.PRNGKey(0), (q, w))
+  for shift in (0, 1, q - 1, q + 1, w - 1):
+    got = np.asarray(jax.jit(lambda x: pallas_attention._barrel_roll(x, shift, stride))(x))
+    per_row = jax.vmap(jnp.roll)(x, shift + jnp.arange(q) * stride)  # row a by its amount
+    np.testing.assert_array_equal(got, np.asarray(per_row))
+    rows, cols = np.arange(q)[:, None], np.arange(w)[None, :]
+    np.testing.assert_array_equal(got, np.asarray(x)[rows, (cols - shift - rows * stride) % w])
 
 
 # --------------------------------------------------------------------------- #

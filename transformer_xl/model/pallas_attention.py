@@ -16,11 +16,30 @@ The position term of a tile (query rows i0..i0+b-1, keys j0..j0+b-1)
 needs the distances i - j + M of a band of 2b - 1 consecutive position
 rows: ``(q + v) @ band.T`` is one [b, 2b] matrix product, and Appendix B's
 left shift is applied to that band inside the kernel as a per-row rotation
-(row a rotated by a + b + 1): on TPU with the in-register strided rotate
-(``pltpu.roll(..., stride=1, stride_axis=0)``); on GPU (Triton), which has
-no rotate, by a store to a per-program scratch tile and a gathering load
-back (L1/L2 traffic only).  The same rotations, with other strides, give
-the un-shift of the backward pass.
+(row a rotated by a + b + 1).  The same rotations, with other strides
+(2b - 1, i.e. -1 mod 2b), give the un-shift of the backward pass.
+
+On TPU (``_barrel_roll``) the rotation is a barrel shifter of uniform
+rotations: one static ``pltpu.roll`` of the whole [b, 2b] float32 tile by a
+base amount, then for each bit k of the rows' remaining amounts a static
+``pltpu.roll`` by 2^k kept by the rows with that bit (``jnp.where``): at
+most log2(2b) + 1 = 9 lane rotations and 8 selects of the tile at b = 128
+(the kernels' rotations need at most 8 and 7), pure data movement, so exact.
+Not the strided rotate (``pltpu.roll(x, shift, 1, stride=stride,
+stride_axis=0)``, one instruction) that the kernels used first, which Mosaic
+(libtpu 0.0.42.1) refuses: on v5e the backward's stride 2b - 1 gives "Not
+implemented: the max shift in a vreg 1016 is larger than the vreg's width
+128", and v4, which has no strided lane rotate, refuses even the forward's
+stride 1 with "Not implemented: only supported in TPU v5+ and rotation
+dimension is the minor most when stride dimension is the second minor most".
+Forward and backward compile with Mosaic for v4, v5e, v5p and v6e (libtpu
+0.0.42.1, from a CPU machine: compiled, never run on a TPU) at the paper
+configs' shapes (enwik8_12l, enwik8_24l, wt103_base, wt103_large; train and
+eval, bfloat16; tests/test_pallas_mosaic.py compiles a small shape for v4
+and v5e); the extra rotations' cost on a TPU is unmeasured.  Interpret mode
+runs the same barrel shifter, so the CPU tests check the arithmetic Mosaic
+compiles.  On GPU (Triton), which has no rotate, the rotation is a store to
+a per-program scratch tile and a gathering load back (L1/L2 traffic only).
 
 Masks are computed in the kernel from indices, never read: causal (distance
 >= 0), the memory's valid slots (key j >= M - mlen[b]; ``mlen`` as
@@ -55,7 +74,10 @@ per-row partials [B, H, K, Dh] float32 and, on GPU, the scratch tiles
 k, v and the position rows whole (on TPU in VMEM: K x d_head x 2 bytes
 each in bfloat16, 1 MiB at K = 8192, d_head = 64) and loops over their
 blocks; attention far longer than that would want the key loop pipelined
-from HBM instead.
+from HBM instead.  TPU v4's 16 MiB of VMEM is the first limit: at d_head =
+128 in bfloat16 Mosaic compiles K = 16384 keys for v4 and refuses K = 24576
+("Ran out of memory in memory space vmem. Used 19.05M of 16.00M vmem"),
+while v5e compiles K = 131128 (the paper configs' largest K is 3928).
 
 Backends, chosen at lowering time with ``jax.lax.platform_dependent``: TPU
 (Mosaic) and CUDA/ROCm (Triton) compile the kernels; any other platform
@@ -110,7 +132,7 @@ class Flavor:
   """How the kernels are built for one backend.
 
   Attributes:
-    backend: "tpu" (Mosaic: scalar prefetch, strided rotate) or "gpu"
+    backend: "tpu" (Mosaic: scalar prefetch, rotations by barrel shifter) or "gpu"
       (Triton: per-program scratch and gathering loads).
     block: queries and keys per tile (b, a power of two); the band is 2b
       wide.  0: the smallest power of two >= T, at least 8, at most 128.
@@ -160,6 +182,42 @@ class _Geometry:
 # ----------------------------------------------------------------------------
 
 
+def _barrel_roll(x_QxW, shift: int, stride: int):
+  """Row a of x rotated by ``shift + a * stride`` along the lanes (W a power
+  of two; ``jnp.roll``'s sense), from static, unstrided rotations only.
+
+  Mosaic refuses the strided rotate (``pltpu.roll(..., stride=...)``) that
+  would do this in one instruction (module docstring: v4 has none, v5e
+  refuses stride 2b - 1 on a [b, 2b] tile).  Instead a barrel shifter:
+  one uniform rotation by a base amount c, then for each bit k that some
+  row's remainder e_a = (shift + a * stride - c) mod W has, the rows with
+  that bit take ``pltpu.roll(y, 2**k, 1)`` (a ``jnp.where`` on a
+  row mask).  Pure data movement, exact; at most log2(W) + 1 rotations and
+  log2(W) selects of the [Q, W] tile.  For stride = W - 1 (-1 mod W) the
+  base is shift - (Q - 1), so that e_a = Q - 1 - a needs log2(Q) bits, as
+  stride 1's e_a = a does."""
+  q, w = x_QxW.shape
+  if w & (w - 1):
+    raise ValueError(f"_barrel_roll: width {w} is not a power of two")
+  stride %= w
+  if stride == w - 1:
+    base, e_rows = shift - (q - 1), [q - 1 - a for a in range(q)]
+  else:
+    base, e_rows = shift, [(a * stride) % w for a in range(q)]
+  base %= w
+  y = pltpu.roll(x_QxW, base, 1) if base else x_QxW
+  used = functools.reduce(lambda acc, e: acc | e, e_rows, 0)
+  if not used:
+    return y
+  a = jax.lax.broadcasted_iota(jnp.int32, (q, w), 0)
+  e = (q - 1 - a) if stride == w - 1 else jnp.bitwise_and(a * stride, w - 1)
+  for k in range(w.bit_length() - 1):
+    if used >> k & 1:
+      take = jnp.bitwise_and(e, 1 << k) != 0
+      y = jnp.where(take, pltpu.roll(y, 1 << k, 1), y)
+  return y
+
+
 class _Rotate:
   """Row a of x_QxW rotated by ``shift + a * stride`` (``jnp.roll``'s sense:
   out[a, c] = x[a, (c - shift - a * stride) mod W]); ``take`` keeps the
@@ -170,7 +228,7 @@ class _Rotate:
     self.scratch_ref = scratch_ref  # gpu: this program's [b, 2b] float32 tile
 
   def _roll(self, x, shift, stride):
-    return pltpu.roll(x, shift, 1, stride=stride, stride_axis=0)
+    return _barrel_roll(x, shift, stride)
 
   def _gather(self, width, shift, stride, n_src):
     """gpu: the rotation read back from the scratch tile (src columns >= n_src are 0)."""
