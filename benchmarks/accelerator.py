@@ -49,7 +49,7 @@ failed); an unknown config name is refused before anything runs.
 MFU = model FLOPs per token x tokens/s / the device's peak dense bf16
 FLOP/s (``common.PEAK_BF16_FLOPS``; none for a device not in the table).
 Model FLOPs per token count the matrix products as this model does them:
-``vs_pytorch.model_flops_per_token`` for the layers (q, k, v of the K =
+``transformer_xl.compile.flops.layer_flops_per_token`` for the layers (q, k, v of the K =
 tgt_len + mem_len rows, W_kR over the K position rows, (a)+(c) over K keys,
 (b)+(d) over K position rows, the weighted values, o_net, the feed-forward)
 plus the adaptive softmax of ``softmax_flops_per_token`` (every
@@ -73,8 +73,15 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from transformer_xl.compile.flops import (  # noqa: E402
+    softmax_flops_per_token,  # noqa: F401 (the tests read it here)
+)
+from transformer_xl.compile.flops import (  # noqa: E402
+    step_flops_per_token as model_flops_per_token,
+)
+
 import common  # noqa: E402  pylint: disable=wrong-import-position
-import vs_pytorch  # noqa: E402  pylint: disable=wrong-import-position
+import vs_pytorch  # noqa: E402,F401  pylint: disable=wrong-import-position
 
 OOM = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory")
 
@@ -107,31 +114,6 @@ def load_config(name: str):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module.get_config()
-
-
-def softmax_flops_per_token(model_cfg) -> float:
-  """Forward FLOPs per token of the (adaptive) softmax as ``adaptive.py``
-  computes it: for every cluster, the projection to its width (where there
-  is one) and its logits, for every token."""
-  from transformer_xl.model import adaptive  # noqa: PLC0415
-
-  cutoffs, d = tuple(model_cfg.cutoffs), model_cfg.d_model
-  bounds = adaptive.cluster_bounds(model_cfg.n_token, cutoffs)
-  dims = adaptive.cluster_dims(model_cfg.embed_dim, len(bounds) - 1, model_cfg.div_val)
-  projected = adaptive.has_projections(model_cfg.embed_dim, d, model_cfg.div_val)
-  flops = 0.0
-  for i, e in enumerate(dims):
-    width = (cutoffs[0] + len(cutoffs)) if (i == 0 and cutoffs) else bounds[i + 1] - bounds[i]
-    flops += (2 * d * e if projected else 0) + 2 * e * width
-  return flops
-
-
-def model_flops_per_token(model_cfg, batch: int, train: bool) -> float:
-  c = model_cfg
-  layers = vs_pytorch.model_flops_per_token(
-      c.n_layer, c.d_model, c.n_head, c.d_head, c.d_inner, 0, batch, c.tgt_len, c.mem_len, train
-  )
-  return layers + (3 if train else 1) * softmax_flops_per_token(c)
 
 
 def _is_oom(err: Exception) -> bool:

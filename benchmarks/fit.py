@@ -53,10 +53,17 @@ the config's ``model.attn_block`` and then smaller blocks; eval: blocks
 only) and prints the first that fits as ``--config.model.remat=...
 --config.model.attn_block=...``.
 
-Caveats: the numbers are XLA's compile-time buffer assignment for the CPU
-backend with the slice's device count, not a measurement on a TPU or GPU.
-The TPU and GPU compilers fuse, lay out and schedule differently (and the
-runtime reserves some memory), hence the margin.  Compiling the large
+The compiler: for a TPU device kind (a preset's, or ``--device_kind`` v2
+... v6e) with libtpu installed (``pip install 'transformer_xl[tpu-compile]'``),
+the TPU compiler itself, for the slice's topology (``python -m
+transformer_xl.compile`` does the same per config and adds FLOPs,
+collectives and a roofline); otherwise, the fallback, XLA:CPU on simulated
+devices.  The output and the JSON (``compiled_by``) say which.
+
+Caveats: the numbers are XLA's compile-time buffer assignment, not a
+measurement on a TPU or GPU.  The CPU fallback fuses, lays out and
+schedules differently from the TPU and GPU compilers, and the runtime
+reserves some memory, hence the margin.  Compiling the large
 configs takes minutes each on a small CPU machine.
 
 Any config value can be overridden as with ``transformer_xl.main``:
@@ -338,9 +345,13 @@ def main(argv=None) -> int:
   print()
   print(table)
   print()
+  compilers = sorted({r.get("compiled_by", "XLA:CPU") for r in results})
   print(
-      "GiB per device (2**30 bytes) from XLA's compile-time memory analysis on simulated CPU "
-      "devices, not measured on the accelerator; total = arguments + outputs - aliased + "
+      "GiB per device (2**30 bytes) from XLA's compile-time memory analysis ("
+      + "; ".join(compilers)
+      + "), not measured on the accelerator; TPU kinds use the TPU compiler when libtpu is "
+      "installed (pip install 'transformer_xl[tpu-compile]'), simulated CPU devices otherwise; "
+      "total = arguments + outputs - aliased + "
       f"temporaries + generated code; FITS below {100 - args.margin:g}% of the device, TIGHT "
       "up to 100%."
   )

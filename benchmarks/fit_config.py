@@ -20,11 +20,11 @@ import common
 
 GIB = 2**30  # bytes
 
-# Memory of one JAX device, GiB: a TPU v2/v3 TensorCore, a v4/v5p chip (Cloud
-# TPU system architecture pages: v2 8 GiB and v3 16 GiB of HBM per core, v4
-# 32 GiB and v5p 95 GB per chip), an NVIDIA H100 (80 GB of HBM3; a CUDA
+# Memory of one JAX device, GiB: a TPU v2/v3 TensorCore, a v4/v5e/v5p/v6e chip (Cloud
+# TPU system architecture pages, as transformer_xl/compile/chips.py: v2 8 GiB and v3 16 GiB
+# of HBM per core, v4 32, v5e 16, v5p 95 and v6e 32 per chip), an NVIDIA H100 (80 GB of HBM3; a CUDA
 # process gets somewhat less, which --margin covers).
-DEVICE_MEMORY_GIB = {"v2": 8, "v3": 16, "v4": 32, "v5p": 95, "h100": 80}
+DEVICE_MEMORY_GIB = {"v2": 8, "v3": 16, "v4": 32, "v5e": 16, "v5p": 95, "v6e": 32, "h100": 80}
 
 
 class FitError(Exception):

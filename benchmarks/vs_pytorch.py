@@ -133,6 +133,12 @@ from vs_pytorch_compare import compare_runs, load_json  # noqa: E402
 import common  # noqa: E402
 import vs_pytorch_workers as workers  # noqa: E402  (workers: nothing heavy at import)
 
+if common.REPO not in sys.path:  # this checkout's transformer_xl
+  sys.path.insert(0, common.REPO)
+from transformer_xl.compile.flops import (  # noqa: E402
+    layer_flops_per_token as model_flops_per_token,
+)
+
 REPO = common.REPO
 PHASES = ("train", "eval", "eval_long")
 IMPLEMENTATIONS = ("ours", "pytorch")
@@ -308,50 +314,6 @@ def phase_lengths(args, phase: str) -> tuple[int, int, int]:
     return args.batch, args.tgt_len, args.mem_len
   mem_len = args.eval_long_mem_len if phase == "eval_long" else args.eval_mem_len
   return args.eval_batch, args.eval_tgt_len, mem_len
-
-
-def model_flops_per_token(
-    n_layer: int,
-    d_model: int,
-    n_head: int,
-    d_head: int,
-    d_inner: int,
-    vocab: int,
-    batch: int,
-    tgt_len: int,
-    mem_len: int,
-    train: bool,
-) -> float:
-  """Matrix-multiply FLOPs per predicted token of a Transformer-XL step.
-
-  2 FLOPs per multiply-add; T = tgt_len, M = mem_len, K = T + M keys,
-  H x Dh heads.  Per layer and token: the q projection (2 d H Dh), the k and
-  v projections of all K rows (the memory is re-projected every segment:
-  4 d H Dh K / T), ``r_net`` over the K sinusoid rows, shared by the batch
-  (2 d H Dh K / (B T)), the (a)+(c) scores over K keys (2 H Dh K), the
-  (b)+(d) scores against all K distances before the shift (2 H Dh K), the
-  probabilities times the values (2 H Dh K), ``o_net`` (2 H Dh d) and the
-  feed-forward (4 d d_inner); then the dense softmax layer (2 d vocab).
-  Masked keys count (the dense computation does them).  Not counted:
-  element-wise work (softmax, LayerNorm, dropout, the optimizer) and the
-  q rows of the memory that a fused qkv projection computes and drops.
-  Training counts 3x the forward (the backward pass is twice its matmuls;
-  Kaplan et al. 2020, Sec. 2.1).
-
-  Returns:
-    FLOPs per token (batch * tgt_len tokens a step).
-  """
-  hd, k = n_head * d_head, tgt_len + mem_len
-  per_layer = (
-      2 * d_model * hd
-      + 4 * d_model * hd * k / tgt_len
-      + 2 * d_model * hd * k / (batch * tgt_len)
-      + 3 * 2 * hd * k
-      + 2 * hd * d_model
-      + 4 * d_model * d_inner
-  )
-  forward = n_layer * per_layer + 2 * d_model * vocab
-  return 3 * forward if train else forward
 
 
 def _worker_env(args, which: str) -> dict:

@@ -10,7 +10,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 usage() {
   cat <<'EOF'
 Usage: launch/create.sh --name NAME --zone ZONE --accelerator-type TYPE
-                        [--version RUNTIME] [--spot] [--project PROJECT] [--dry-run]
+                        [--version RUNTIME] [--spot] [--project PROJECT]
+                        [--config FILE[:PRESET]] [--dry-run]
 
 Creates a TPU VM slice named NAME.
 
@@ -29,6 +30,13 @@ Creates a TPU VM slice named NAME.
                              gcloud compute tpus queued-resources describe NAME --zone ZONE
   --project PROJECT        Cloud project (default: gcloud's configured project,
                            or $PROJECT).
+  --config FILE[:PRESET]   first compile the config's train and eval steps for
+                           TYPE with the TPU compiler on this machine
+                           (python -m transformer_xl.compile; needs
+                           pip install 'transformer_xl[tpu-compile]', no TPU)
+                           and refuse to create a slice it does not fit,
+                           with the GiB per chip and a setting that fits
+                           ($PYTHON, default python3, runs it).
   --dry-run                print the gcloud command, run nothing (also DRY_RUN=1).
   -h, --help               this help.
 
@@ -40,6 +48,7 @@ EOF
 ACCELERATOR_TYPE=""
 VERSION=""
 SPOT=0
+CONFIG=""
 
 normalize_args "$@"
 set -- ${ARGS[@]+"${ARGS[@]}"}
@@ -48,6 +57,7 @@ while (($#)); do
     --accelerator-type) need_value "$@"; ACCELERATOR_TYPE=$2; shift 2 ;;
     --version) need_value "$@"; VERSION=$2; shift 2 ;;
     --spot) SPOT=1; shift ;;
+    --config) need_value "$@"; CONFIG=$2; shift 2 ;;
     *)
       parse_common_option "$@" || die "unknown argument '$1'."
       shift "$SHIFT_BY"
@@ -66,6 +76,29 @@ if [[ -z $VERSION ]]; then
     v5p-*) VERSION=v2-alpha-tpuv5 ;;
     v6e-*) VERSION=v2-alpha-tpuv6e ;;
     *) die "no default --version for accelerator type '$ACCELERATOR_TYPE'; give --version." ;;
+  esac
+fi
+
+# Fit before you rent: the TPU compiler's verdict for the config on this slice.
+if [[ -n $CONFIG ]]; then
+  log "Compiling $CONFIG for $ACCELERATOR_TYPE with the TPU compiler (no TPU needed) ..."
+  REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  set +e
+  CHECK=$(PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python3}" \
+    -m transformer_xl.compile "--config=$CONFIG" "--topology=$ACCELERATOR_TYPE" \
+    "--json=${TMPDIR:-/tmp}/txl_compile_${NAME}.json" 2>&1)
+  STATUS=$?
+  set -e
+  printf '%s\n' "$CHECK" | grep -E '^(train|eval):|memory per device|what makes it fit' >&2 || true
+  case $STATUS in
+    0) log "$CONFIG fits a $ACCELERATOR_TYPE." ;;
+    3)
+      die "$CONFIG does not fit a $ACCELERATOR_TYPE ($(printf '%s\n' "$CHECK" |
+        grep -m1 -o '= [0-9.]* GiB of [0-9.]* GiB: DOES NOT FIT' || echo 'DOES NOT FIT')); \
+nothing created. Use the setting above, or a larger slice." ;;
+    *)
+      die "the compile check of $CONFIG failed (exit $STATUS): $(printf '%s\n' "$CHECK" |
+        grep -m1 '^error:' || printf '%s\n' "$CHECK" | tail -n 1); nothing created." ;;
   esac
 fi
 

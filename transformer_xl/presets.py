@@ -42,12 +42,13 @@ def apply_slice(config: ml_collections.ConfigDict, preset: str | None) -> ml_col
   """Configures ``config`` for the TPU slice ``preset`` (None or "" = unchanged).
 
   Sets mesh ("data", "fsdp", "model") = (1, devices / m, m), model.dtype
-  bfloat16 and model.remat "full".  m is 1 when the device count divides
-  d_model (so the ``fsdp`` axis shards every parameter's d_model dimension);
+  bfloat16 and model.remat "full" (``shard_over``).  m is 1 when the device
+  count divides d_model and the global batch (so the ``fsdp`` axis shards
+  every parameter's d_model dimension and every row has one device);
   otherwise the smallest m that divides both the device count and n_head
-  and leaves an ``fsdp`` size that divides d_model (lm1b_large on a v3-512:
-  d_model 1280, 512 devices -> (1, 256, 2)), since a mesh axis that does not
-  divide a dimension leaves it replicated.  The eval batch stays the
+  and leaves an ``fsdp`` size that divides d_model and the batch
+  (lm1b_large on a v3-512: d_model 1280, 512 devices -> (1, 256, 2)), since
+  a mesh axis that does not divide a dimension leaves it replicated.  The eval batch stays the
   config's (the evaluator pads it to the device count with empty rows).
 
   Raises:
@@ -61,26 +62,53 @@ def apply_slice(config: ml_collections.ConfigDict, preset: str | None) -> ml_col
         f"Unknown TPU slice preset {preset!r}; choose one of "
         f"{sorted(SLICE_DEVICES)} (e.g. --config=configs/enwik8_24l.py:v3-32)."
     )
-  n = SLICE_DEVICES[preset]
+  return shard_over(config, SLICE_DEVICES[preset], f"a {preset}")
+
+
+def shard_over(
+    config: ml_collections.ConfigDict, n: int, where: str = ""
+) -> ml_collections.ConfigDict:
+  """Configures ``config`` for ``n`` TPU devices as a slice preset does.
+
+  Sets mesh ("data", "fsdp", "model") = (1, n / m, m), model.dtype
+  bfloat16 and model.remat "full", with the smallest m that divides n and
+  n_head and leaves an ``fsdp`` size that divides both d_model and
+  train.global_batch (``apply_slice``; ``python -m transformer_xl.compile
+  --topology=...`` uses it for a topology that is not the config's preset).
+
+  Raises:
+    ValueError: no such m (the message names ``where``, e.g. "a v4-128").
+  """
+  where = where or f"{n} devices"
   d_model, n_head = config.model.d_model, config.model.n_head
+  batch = config.train.global_batch
   model_axis = next(
       (m for m in range(1, n + 1) if n % m == 0 and n_head % m == 0 and d_model % (n // m) == 0),
       None,
   )
   if model_axis is None:
     raise ValueError(
-        f"no mesh of the {n} devices of a {preset} shards d_model={d_model} "
+        f"no mesh of the {n} devices of {where} shards d_model={d_model} "
         f"with n_head={n_head}; set --config.mesh.shape yourself."
     )
-  n_fsdp = n // model_axis
-  if config.train.global_batch % n_fsdp:
+  with_batch = next(
+      (
+          m
+          for m in range(model_axis, n + 1)
+          if n % m == 0 and n_head % m == 0 and d_model % (n // m) == 0 and batch % (n // m) == 0
+      ),
+      None,
+  )
+  if with_batch is None:
     raise ValueError(
-        f"train.global_batch={config.train.global_batch} cannot be split over the "
-        f"{n_fsdp} data-parallel devices of a {preset}; pick a slice whose device "
-        "count divides it."
+        f"train.global_batch={batch} cannot be split over the "
+        f"{n // model_axis} data-parallel devices of {where}; pick a slice whose device "
+        "count divides it, or --config.train.global_batch="
+        f"{-(-batch // (n // model_axis)) * (n // model_axis)}."
     )
+  n_fsdp = n // with_batch
   config.mesh.axis_names = ("data", "fsdp", "model")
-  config.mesh.shape = (1, n_fsdp, model_axis)
+  config.mesh.shape = (1, n_fsdp, with_batch)
   config.model.dtype = "bfloat16"
   config.model.remat = "full"
   return config

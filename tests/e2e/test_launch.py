@@ -147,6 +147,56 @@ def test_create_spot_uses_queued_resources(cloud):
   ]
 
 
+# A stand-in for python3 -m transformer_xl.compile: what the TPU compiler would print.
+FAKE_COMPILE = """#!/usr/bin/env bash
+printf '%s\\n' "$*" >> "$COMPILE_ARGS"
+echo "train: 64 rows (all devices) x 768 tokens per step"
+echo "  memory per device: arguments 1 + outputs 1 - aliased 1 + temporaries 40 + code 0 = $GIB GiB of 16 GiB: $VERDICT"
+[ "$VERDICT" = "DOES NOT FIT" ] && echo "  what makes it fit: --config.model.attn_block=128 (14.20 GiB)"
+exit $STATUS
+"""
+
+
+@pytest.mark.parametrize("status,verdict", [(0, "FITS"), (3, "DOES NOT FIT"), (1, "")])
+def test_create_compiles_the_config_first_and_refuses_one_that_does_not_fit(cloud, status, verdict):
+  fake = cloud.bin_dir / "fake_python"
+  _write_exe(fake, FAKE_COMPILE)
+  args_file = cloud.tmp / "compile_args"
+  env = {
+      "PYTHON": str(fake),
+      "COMPILE_ARGS": str(args_file),
+      "STATUS": str(status),
+      "VERDICT": verdict,
+      "GIB": "41.57",
+  }
+  if status == 1:
+    fake.write_text("#!/usr/bin/env bash\necho 'error: --topology=v5e-16: bad'\nexit 1\n")
+  r = cloud.script(
+      "create",
+      "--dry-run",
+      *TPU,
+      "--accelerator-type=v5litepod-16",
+      "--config=configs/enwik8_24l.py:v3-32",
+      env_extra=env,
+  )
+  if status == 0:
+    assert r.returncode == 0, r.stderr
+    assert "--accelerator-type=v5litepod-16" in r.stdout  # the create command follows
+    assert (
+        "-m transformer_xl.compile --config=configs/enwik8_24l.py:v3-32 --topology=v5litepod-16"
+        in (args_file.read_text())
+    )
+  else:
+    assert r.returncode != 0 and "gcloud" not in r.stdout, r.stdout
+    assert "nothing created" in r.stderr and "Traceback" not in r.stderr
+    if status == 3:
+      assert "does not fit a v5litepod-16 (= 41.57 GiB of 16 GiB: DOES NOT FIT)" in r.stderr
+      assert "--config.model.attn_block=128" in r.stderr  # the setting that fits
+    else:
+      assert "error: --topology=v5e-16: bad" in r.stderr
+  assert not cloud.marker.exists()
+
+
 @pytest.mark.parametrize(
     "accelerator,version",
     [

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The pods guide's table: every config's steps compiled by the TPU compiler
+# (python -m transformer_xl.compile) on its slice preset and on a v5e and a
+# v5p slice; one JSON per run in results/tpu_compile/, then the table:
+#   python scripts/tpu_compile_table.py results/tpu_compile > results/tpu_compile/TABLE.md
+# Runs for hours on 2 cores; a JSON already there is not compiled again.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+OUT=${OUT:-results/tpu_compile}
+mkdir -p "$OUT"
+run() {  # name config topology [flags...]
+  local name=$1 config=$2 topology=$3
+  shift 3
+  local json="$OUT/$name.json"
+  [[ -s $json ]] && return 0
+  echo "== $name: $config on $topology $*"
+  python -m transformer_xl.compile --config="$config" --topology="$topology" \
+    --json="$json" "$@" >"$OUT/$name.log" 2>&1
+  echo "   exit $? ($(grep -c 'compiled in' "$OUT/$name.log") steps)"
+}
+for impl in xla pallas; do
+  run "enwik8_24l_v3-32_$impl" configs/enwik8_24l.py:v3-32 v3-32 --config.model.attention_impl=$impl
+  run "enwik8_24l_v5e-256_$impl" configs/enwik8_24l.py:v3-32 v5e-256 --config.model.attention_impl=$impl
+  run "enwik8_24l_v5p-128_$impl" configs/enwik8_24l.py:v3-32 v5p-128 --config.model.attention_impl=$impl
+  run "wt103_large_v3-64_$impl" configs/wt103_large.py:v3-64 v3-64 --config.model.attention_impl=$impl
+  run "wt103_large_v5e-256_$impl" configs/wt103_large.py:v3-64 v5e-256 --config.model.attention_impl=$impl
+  run "wt103_large_v5p-128_$impl" configs/wt103_large.py:v3-64 v5p-128 --config.model.attention_impl=$impl
+  run "text8_24l_v3-32_$impl" configs/text8_24l.py:v3-32 v3-32 --config.model.attention_impl=$impl
+  run "wt103_base_v4-8_$impl" configs/wt103_base.py v4-8 --config.model.attention_impl=$impl
+  run "enwik8_12l_v4-8_$impl" configs/enwik8_12l.py v4-8 --config.model.attention_impl=$impl \
+    --config.train.global_batch=24
+  run "compressive_enwik8_v3-32_$impl" configs/compressive_enwik8.py:v3-32 v3-32 \
+    --config.model.attention_impl=$impl
+  run "rmt_enwik8_v4-8_$impl" configs/rmt_enwik8.py:rmt v4-8 --config.model.attention_impl=$impl
+  run "knn_pg19_v4-8_$impl" configs/knn_pg19.py:knn_65k v4-8 --config.model.attention_impl=$impl
+  run "babilong_armt_v4-8_$impl" configs/babilong.py:armt v4-8 --config.model.attention_impl=$impl
+  run "lm1b_large_v3-512_$impl" configs/lm1b_large.py:v3-512 v3-512 --config.model.attention_impl=$impl
+done

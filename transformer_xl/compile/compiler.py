@@ -1,0 +1,253 @@
+"""A config's steps compiled by the TPU compiler on a machine without a TPU.
+
+``libtpu`` (the ``[tpu-compile]`` extra) has a compile-only client:
+``jax.experimental.topologies.get_topology_desc`` gives the devices of a
+named TPU topology with no hardware, and ``jax.jit(step).lower(*abstract
+arguments).compile()`` on a mesh of them runs the real TPU compiler
+(XLA:TPU and Mosaic for Pallas kernels) with nothing executed (MaxText's
+``train_compile.py`` does the same).  ``analyse`` compiles a config's
+steps (``training.lowering.abstract_step``: the train step, the eval step,
+the generation steps, with the config's mesh and shardings) and reads
+what the compiled program says about one device: its memory, its matrix
+FLOPs, bytes and collectives per step (``hlo.count``), and the roofline
+ceiling of its speed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from transformer_xl import errors
+from transformer_xl.compile import chips as chips_lib
+from transformer_xl.compile import fit, hlo
+
+EXTRA = "pip install 'transformer_xl[tpu-compile]'"
+
+
+class CompileError(errors.UserError):
+  """Bad input to the compile command (one ``error:`` line)."""
+
+
+def libtpu_path() -> str:
+  """The libtpu shared library: $TPU_LIBRARY_PATH, else the ``libtpu``
+  package's ``libtpu.so``.
+
+  Raises:
+    CompileError: neither exists (names the extra that installs it).
+  """
+  path = os.environ.get("TPU_LIBRARY_PATH")
+  if path:
+    if not os.path.isfile(path):
+      raise CompileError(f"TPU_LIBRARY_PATH={path} is not a file; unset it or {EXTRA}")
+    return path
+  spec = importlib.util.find_spec("libtpu")
+  if spec is None or not spec.submodule_search_locations:
+    raise CompileError(
+        f"the TPU compiler (libtpu) is not installed: {EXTRA} (a CPU machine is enough)"
+    )
+  path = os.path.join(list(spec.submodule_search_locations)[0], "libtpu.so")
+  if not os.path.isfile(path):
+    raise CompileError(f"the libtpu package has no libtpu.so at {path}: reinstall it, {EXTRA}")
+  return path
+
+
+def topology_devices(slice_: chips_lib.Slice, num_slices: int = 1) -> list:
+  """The JAX devices of ``num_slices`` slices of ``slice_``, compile only.
+
+  Raises:
+    CompileError: libtpu is missing, or it refuses the topology.
+  """
+  os.environ.setdefault("TPU_LIBRARY_PATH", libtpu_path())
+  # Compile only: no TPU to lock (libtpu otherwise holds /tmp/libtpu_lockfile, one process at a
+  # time) and no metadata server to ask for one.
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+  from jax.experimental import topologies  # noqa: PLC0415 (after TPU_LIBRARY_PATH)
+
+  kwargs: dict[str, Any] = {}
+  if slice_.chip.megacore:
+    kwargs.update(chip_config_name="megacore")
+  if num_slices > 1 or slice_.chip.megacore:
+    sides = [int(s) for s in slice_.topology.split(":")[1].split("x")]
+    host = tuple(min(s, 2) for s in sides[:2]) + ((1,) if len(sides) == 3 else ())
+    kwargs.update(chips_per_host_bounds=host, num_slices=num_slices)
+    kwargs.update(wrap=tuple(s >= 4 for s in sides))
+  try:
+    topo = topologies.get_topology_desc(topology_name=slice_.topology, platform="tpu", **kwargs)
+  except Exception as err:  # noqa: BLE001 (libtpu's own message)
+    raise CompileError(
+        f"libtpu does not build the topology {slice_.topology} ({slice_.name}): {err}"
+    ) from None
+  devices = list(topo.devices)
+  if len(devices) != slice_.devices * num_slices:
+    raise CompileError(
+        f"libtpu gave {len(devices)} devices for {slice_.topology} x {num_slices}, expected "
+        f"{slice_.devices * num_slices}"
+    )
+  return devices
+
+
+@dataclasses.dataclass
+class Setting:
+  """How a step is compiled: remat policy, attention block, micro-batches."""
+
+  remat: str
+  attn_block: int
+  batch_chunk: int = 1
+
+
+class StepCompiler:
+  """Compiles a config's steps on given devices with a ``Setting``."""
+
+  def __init__(self, config: Any, vocab: int, devices: list):
+    from transformer_xl import sharding  # noqa: PLC0415 (jax after the topology's env)
+    from transformer_xl.training import lowering  # noqa: PLC0415
+
+    self.config = config
+    self.mesh = sharding.make_mesh(config.mesh.shape, config.mesh.axis_names, devices=devices)
+    # "per backend" settings (-1) as an accelerator's, not this CPU's
+    self.model_cfg = lowering.resolved_model_config(config, vocab)
+
+  def n_params(self) -> int:
+    """The model's parameter count (shapes only)."""
+    import jax  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+
+    from transformer_xl.model import models  # noqa: PLC0415
+
+    shapes = jax.eval_shape(
+        lambda r: models.init_params(models.TransformerXL(self.model_cfg), r), jax.random.PRNGKey(0)
+    )
+    return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(shapes)))
+
+  def compile(self, step: str, setting: Setting, counts: bool = False) -> dict:
+    """Lower + compile ``step`` (one of ``lowering.STEPS``) with ``setting``;
+    returns ``fit.memory_report`` plus the setting, the batch, the compile
+    seconds and, with ``counts``, XLA's cost analysis and ``hlo.count``."""
+    from transformer_xl.training import lowering  # noqa: PLC0415
+
+    mcfg = dataclasses.replace(self.model_cfg, remat=setting.remat, attn_block=setting.attn_block)
+    chunk = self.config.train.batch_chunk
+    self.config.train.batch_chunk = setting.batch_chunk
+    try:
+      t0 = time.perf_counter()
+      fn, args = lowering.abstract_step(self.config, mcfg, self.mesh, step)
+      compiled = fn.lower(*args).compile()
+      seconds = time.perf_counter() - t0
+    finally:
+      self.config.train.batch_chunk = chunk
+    rep = fit.memory_report(compiled)
+    batch = args[-1]["inputs"].shape if isinstance(args[-1], dict) else args[2].shape
+    rep.update(
+        dataclasses.asdict(setting),
+        batch=batch[0],
+        tgt_len=batch[-1] if len(batch) > 1 else 1,
+        compile_seconds=round(seconds, 1),
+    )
+    if counts:
+      cost = compiled.cost_analysis() or {}
+      rep["xla_cost_analysis"] = {
+          k: float(cost[k]) for k in ("flops", "bytes accessed", "transcendentals") if k in cost
+      }
+      rep["counts"] = hlo.count(compiled.as_text()).as_dict()
+    return rep
+
+
+def search(
+    comp: StepCompiler, step: str, target: float, max_tries: int, log: Callable[[str], None]
+) -> dict:
+  """``fit.search_fit`` over remat / attn_block; for the train step, when
+  even the most frugal of those does not fit, ``train.batch_chunk``
+  doubled (the same gradient in more micro-batches) up to the rows per
+  data-parallel device.  Returns search_fit's dict (``fix`` may carry a
+  batch_chunk)."""
+  from transformer_xl import sharding  # noqa: PLC0415
+
+  m = comp.model_cfg
+  chunk = comp.config.train.batch_chunk
+  res = fit.search_fit(
+      lambda r, b: comp.compile(step, Setting(r, b, chunk)),
+      step,
+      m.remat,
+      m.attn_block,
+      m.tgt_len if step == "train" else comp.config.eval.tgt_len,
+      target,
+      max_tries,
+      log,
+  )
+  if res["fix"] is not None or step != "train":
+    return res
+  frugal = res["tried"][0] if res["tried"] else {"remat": m.remat, "attn_block": m.attn_block}
+  rows = comp.config.train.global_batch // sharding.data_parallel_size(comp.mesh)
+  c = chunk * 2
+  while c <= rows and len(res["tried"]) < max_tries:
+    if rows % c == 0:
+      rep = comp.compile(step, Setting(frugal["remat"], frugal["attn_block"], c))
+      res["tried"].append(rep)
+      log(
+          f"    {step}: remat={rep['remat']}, attn_block={rep['attn_block']}, batch_chunk={c}: "
+          f"{rep['total_bytes'] / fit.GIB:.2f} GiB"
+      )
+      if rep["total_bytes"] <= target:
+        res["fix"] = rep
+        return res
+    c *= 2
+  return res
+
+
+def analyse(
+    config: Any,
+    vocab: int,
+    devices: list,
+    chip: chips_lib.Chip,
+    steps: tuple[str, ...],
+    margin: float = 0.1,
+    do_search: bool = True,
+    max_tries: int = 12,
+    log: Callable[[str], None] = print,
+) -> dict:
+  """Compiles ``steps`` of ``config`` on ``devices`` and reads each one.
+
+  Per step: the memory report (per device; ``fit.memory_report``) and its
+  verdict against ``chip.hbm_gib`` (``fit.classify``), with the search for
+  a setting that fits when it does not; XLA's cost analysis; the matrix
+  FLOPs, bytes accessed and collectives per step (``hlo.count``: loops
+  counted as often as they run); the roofline ceiling (``fit.roofline``)
+  from the chip's peaks.
+
+  Returns:
+    {"mesh", "dtype", "n_params", "chip": the chip's numbers, "steps":
+    {step: {"as_configured", "verdict", "search"?, "roofline"}}}.
+  """
+  comp = StepCompiler(config, vocab, devices)
+  capacity = chip.hbm_gib * fit.GIB
+  out = {
+      "mesh": dict(comp.mesh.shape),
+      "dtype": comp.model_cfg.dtype,
+      "attention_impl": comp.model_cfg.attention_impl,
+      "n_params": comp.n_params(),
+      "chip": dataclasses.asdict(chip),
+      "steps": {},
+  }
+  m = comp.model_cfg
+  for step in steps:
+    rep = comp.compile(step, Setting(m.remat, m.attn_block, config.train.batch_chunk), counts=True)
+    verdict = fit.classify(rep["total_bytes"], capacity, margin)
+    counts = rep["counts"]
+    ceiling = fit.roofline(
+        counts["matmul_flops"], counts["bytes_accessed"], chip.peak_flops, chip.hbm_bytes_per_s
+    )
+    log(
+        f"  {step}: {rep['total_bytes'] / fit.GIB:.2f} GiB of {chip.hbm_gib:g} GiB per device, "
+        f"{verdict} (compiled in {rep['compile_seconds']:.0f} s)"
+    )
+    res = {"as_configured": rep, "verdict": verdict, "roofline": ceiling}
+    if verdict != "FITS" and do_search and step in ("train", "eval"):
+      res["search"] = search(comp, step, capacity * (1 - margin), max_tries, log)
+    out["steps"][step] = res
+  return out
