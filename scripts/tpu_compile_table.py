@@ -40,7 +40,15 @@ def rows(folder: str) -> list[str]:
     mesh = "(" + ", ".join(f"{k} {v}" for k, v in r["mesh"].items()) + ")"
     hbm = r["chip"]["hbm_gib"]
     for step, s in r["steps"].items():
-      rep, counts, ceil = s["as_configured"], s["as_configured"]["counts"], s["roofline"]
+      rep, counts, ceil = s["as_configured"], s["as_configured"].get("counts"), s["roofline"]
+      if counts is None:  # refused by the compiler as larger than HBM
+        out.append(
+            f"| {name} | {r['slice']} ({r['topology']}) | {mesh} | {r['attention_impl']} | {step} "
+            f"| >= {rep['total_bytes'] / 2**30:.2f} of {hbm:g} | {s['verdict']} "
+            f"| {report.fix_text(s, r['margin']).replace('|', '/')} | | | | | "
+            f"{rep['compile_seconds']:.0f} |"
+        )
+        continue
       coll = ", ".join(
           f"{op} {int(c['count'])} ({c['bytes'] / 2**20:.0f} MiB)"
           for op, c in counts["collectives"].items()

@@ -3,9 +3,10 @@
 # (python -m transformer_xl.compile) on its slice preset and on a v5e and a
 # v5p slice; one JSON per run in results/tpu_compile/, then the table:
 #   python scripts/tpu_compile_table.py results/tpu_compile > results/tpu_compile/TABLE.md
-# Runs for hours on 2 cores; a JSON already there is not compiled again.
+# Runs for hours on 2 cores; a JSON already there is not compiled again.  The H100 rows
+# need [gpu-compile] (GPU_PYTHON: a python that has it).
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 OUT=${OUT:-results/tpu_compile}
 mkdir -p "$OUT"
 run() {  # name config topology [flags...]
@@ -14,7 +15,9 @@ run() {  # name config topology [flags...]
   local json="$OUT/$name.json"
   [[ -s $json ]] && return 0
   echo "== $name: $config on $topology $*"
-  python -m transformer_xl.compile --config="$config" --topology="$topology" \
+  local py=python
+  [[ $topology == h100* ]] && py=${GPU_PYTHON:-python}  # an environment with [gpu-compile]
+  "$py" -m transformer_xl.compile --config="$config" --topology="$topology" \
     --json="$json" "$@" >"$OUT/$name.log" 2>&1
   echo "   exit $? ($(grep -c 'compiled in' "$OUT/$name.log") steps)"
 }
@@ -35,4 +38,11 @@ for impl in xla pallas; do
   run "knn_pg19_v4-8_$impl" configs/knn_pg19.py:knn_65k v4-8 --config.model.attention_impl=$impl
   run "babilong_armt_v4-8_$impl" configs/babilong.py:armt v4-8 --config.model.attention_impl=$impl
   run "lm1b_large_v3-512_$impl" configs/lm1b_large.py:v3-512 v3-512 --config.model.attention_impl=$impl
+done
+for impl in xla pallas; do
+  run "enwik8_12l_h100_$impl" configs/enwik8_12l.py h100 --config.model.attention_impl=$impl
+  run "wt103_base_h100_$impl" configs/wt103_base.py h100 --config.model.attention_impl=$impl
+  run "enwik8_24l_h100x8_$impl" configs/enwik8_24l.py:v3-32 h100x8 --config.model.attention_impl=$impl
+  run "wt103_large_h100x8_$impl" configs/wt103_large.py:v3-64 h100x8 \
+    --config.model.attention_impl=$impl
 done

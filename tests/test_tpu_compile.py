@@ -359,3 +359,65 @@ def test_fit_tool_uses_the_tpu_compiler_for_a_tpu_kind(tmp_path):
   assert res["compiled_by"] == "the TPU compiler (libtpu), v5e:2x2"
   assert "the TPU compiler (libtpu), v5e:2x2" in proc.stdout
   assert res["steps"]["train"]["verdict"] == "FITS"
+
+
+def test_a_program_the_compiler_refuses_is_read_from_its_message():
+  msg = (
+      "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+      "temporaries (54.29G) exceeds available HBM (15.75G)."
+  )
+  rep = compiler.refused_report(msg, 2**30)
+  assert rep["temp_bytes"] == int(54.29 * 2**30) and rep["compiler_hbm_bytes"] == int(15.75 * 2**30)
+  assert rep["total_bytes"] == 2**30 + int(54.29 * 2**30)
+  rep = compiler.refused_report("RESOURCE_EXHAUSTED: Used 19.05M of 16.00M hbm.", 0)
+  assert rep["total_bytes"] == int(19.05 * 2**20)
+  # A refused setting never counts as fitting, whatever its (lower-bound) total.
+  tiny = dict(compiler.refused_report("RESOURCE_EXHAUSTED: unparsed", 10), remat="full")
+  res = fit.search_fit(lambda r, b: dict(tiny, remat=r, attn_block=b), "train", "none", 0, 64,
+                       1e9, 8, lambda s: None)  # fmt: skip
+  assert res["fix"] is None
+
+
+@pytest.mark.parametrize(
+    "name,topology,devices",
+    [("h100", "1x1x1", 1), ("h100x8", "1x1x8", 8), ("h100:2x8", "1x2x8", 16)],
+)
+def test_gpu_names(name, topology, devices):
+  s = chips.parse(name)
+  assert (s.topology, s.devices, s.chip.platform) == (topology, devices, "cuda")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    importlib.util.find_spec("jax_cuda12_plugin") is None,
+    reason="jax's CUDA plugin not installed (pip install 'transformer_xl[gpu-compile]')",
+)
+@pytest.mark.parametrize("topology", ["h100", "h100x8"])
+def test_small_config_compiles_for_h100s(tmp_path, topology):
+  out = tmp_path / "gpu.json"
+  proc = _run([*SMALL, f"--topology={topology}", "--config.mesh.shape=(-1, 1)", f"--json={out}"])
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  res = json.loads(out.read_text())
+  assert res["chip"]["name"] == "h100" and res["devices"] == (8 if topology == "h100x8" else 1)
+  for step in ("train", "eval"):
+    assert res["steps"][step]["verdict"] == "FITS"
+    assert res["steps"][step]["as_configured"]["counts"]["matmul_flops"] > 0
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_two_slices_compile_with_twice_the_devices(tmp_path):
+  out = tmp_path / "two.json"
+  proc = _run(
+      [
+          "--config=configs/quickstart.py",
+          "--topology=v5e:2x2",
+          "--num_slices=2",
+          "--config.mesh.shape=(-1, 1)",
+          "--steps=eval",
+          f"--json={out}",
+      ]
+  )
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  res = json.loads(out.read_text())
+  assert res["devices"] == 8 and res["mesh"] == {"data": 8, "model": 1}

@@ -6,7 +6,9 @@ r"""Compile a config's steps with the TPU compiler before you create the slice.
         --steps=train,eval,generate_token --config.model.attention_impl=pallas
 
 Runs on a CPU machine with ``pip install 'transformer_xl[tpu-compile]'``
-(libtpu's compile-only client; no TPU, nothing executed).  The devices are
+(libtpu's compile-only client; no TPU, nothing executed); H100s
+(``--topology=h100x8``) with ``[gpu-compile]`` (jax's CUDA plugin and a
+target description of the GPU; no GPU).  The devices are
 the config's slice preset (``configs/FILE.py:PRESET``) or ``--topology``
 (a slice type such as ``v5e-256`` or libtpu's name such as ``v5e:16x16``;
 a topology other than the preset gets the preset's mesh rule for its
@@ -45,8 +47,9 @@ _CONFIG = config_flags.DEFINE_config_file(
 _TOPOLOGY = flags.DEFINE_string(
     "topology",
     None,
-    "A slice type (v4-128, v5e-256, v5p-64, v6e-16, v3-32) or libtpu topology (v5e:16x16, "
-    "v4:4x4x4); default: the config's slice preset.",
+    "A slice type (v4-128, v5e-256, v5p-64, v6e-16, v3-32), a libtpu topology (v5e:16x16, "
+    "v4:4x4x4) or H100s (h100, h100x8, h100:2x8; needs [gpu-compile]); default: the config's "
+    "slice preset.",
 )
 _NUM_SLICES = flags.DEFINE_integer(
     "num_slices", 1, "Slices of --topology (multislice: the data axis spans them)."

@@ -13,7 +13,11 @@ Per chip, from the Cloud TPU documentation's system-architecture pages
 | v6e | 32 GiB | 1640 GB/s | 918 TFLOP/s | 1 |
 
 The numbers here are per JAX device (a v2/v3 TensorCore gets half its
-chip's).  A slice type (``v4-128``: 128 TensorCores, 64 chips;
+chip's).  And one GPU, compiled by XLA:GPU through jax's CUDA plugin
+(``[gpu-compile]``) for a target described here (``h100_target_config``),
+with no GPU: the NVIDIA H100 SXM (datasheet: 80 GB HBM3 at 3.35 TB/s, 989
+TFLOP/s dense bf16; 132 SMs of compute capability 9.0), as ``h100`` (one),
+``h100x8`` (one host of eight) or ``h100:2x8`` (hosts x GPUs).  A slice type (``v4-128``: 128 TensorCores, 64 chips;
 ``v5e-256``/``v5litepod-256``, ``v6e-64``: chips) or the compiler's own
 topology name (``v5e:16x16``, ``v4:4x4x4``) names the devices; libtpu's
 compile-only client builds them (``compiler.topology_devices``).  The
@@ -40,7 +44,8 @@ class Chip:
   devices_per_chip: int
   topology_prefix: str  # libtpu's name: v4:..., v5:... (v5p), v5e:...
   megacore: bool  # two TensorCores as one device: chip_config_name="megacore"
-  dims: int  # torus dimensions of its topology names (2 or 3)
+  dims: int  # torus dimensions of its topology names (2 or 3; GPUs: 0)
+  platform: str = "tpu"  # or "cuda"
 
 
 CHIPS = {
@@ -50,6 +55,7 @@ CHIPS = {
     "v5e": Chip("v5e", 16, 819e9, 197e12, 1, "v5e", False, 2),
     "v5p": Chip("v5p", 95, 2765e9, 459e12, 1, "v5", True, 3),
     "v6e": Chip("v6e", 32, 1640e9, 918e12, 1, "v6e", False, 2),
+    "h100": Chip("h100", 80, 3.35e12, 989e12, 1, "h100", False, 0, "cuda"),
 }
 _ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "v6lite": "v6e", "v5": "v5p"}
 
@@ -107,15 +113,21 @@ def parse(name: str) -> Slice:
     TopologyError: an unknown generation or a malformed name.
   """
   text = name.strip()
+  gpu = re.fullmatch(r"h100(?:(?:x|-)(\d+)|:(\d+)x(\d+))?", text)
+  if gpu:
+    per_host, hosts = int(gpu.group(1) or gpu.group(3) or 1), int(gpu.group(2) or 1)
+    if per_host < 1 or hosts < 1 or per_host > 8:
+      raise TopologyError(f"--topology={name!r}: 1 to 8 H100s per host, e.g. h100x8 or h100:2x8")
+    return Slice(CHIPS["h100"], f"1x{hosts}x{per_host}", hosts * per_host, text)
   m = re.fullmatch(r"(v\d[a-z]*)([-:])([\dx]+)", text)
   if not m:
     raise TopologyError(
-        f"--topology={name!r}: give a slice type (v4-128, v5e-256, v5p-64, v6e-16, v3-32) "
-        "or a libtpu topology (v5e:16x16, v4:4x4x4)"
+        f"--topology={name!r}: give a slice type (v4-128, v5e-256, v5p-64, v6e-16, v3-32), "
+        "a libtpu topology (v5e:16x16, v4:4x4x4) or H100s (h100, h100x8, h100:2x8)"
     )
   gen, sep, size = m.groups()
   gen = _ALIASES.get(gen, gen)
-  if gen not in CHIPS:
+  if gen not in CHIPS or CHIPS[gen].platform != "tpu":
     raise TopologyError(f"--topology={name!r}: unknown TPU generation; one of {sorted(CHIPS)}")
   chip = CHIPS[gen]
   if sep == ":":
@@ -151,3 +163,44 @@ def for_devices(kind: str, devices: int) -> Slice:
     raise TopologyError(f"unknown TPU generation {kind!r}; one of {sorted(CHIPS)}")
   cores = devices * (2 if kind in ("v4", "v5p") else 1)  # slice types count TensorCores
   return parse(f"{kind}-{cores}")
+
+
+def h100_target_config() -> str:
+  """XLA:GPU's target description (a ``GpuTargetConfigProto`` in text form)
+  of an NVIDIA H100 SXM, for compiling without the GPU.
+
+  The numbers are the published ones: NVIDIA's H100 datasheet and Hopper
+  tuning guide (132 SMs, 1.98 GHz boost clock, 50 MiB L2, 3.35 TB/s of
+  HBM3, 80 GiB) and the CUDA C++ Programming Guide's table for compute
+  capability 9.0 (228 KiB of shared memory per SM, 227 KiB per block
+  opted in, 48 KiB by default; 64 Ki registers per SM and per block; 2048
+  threads per SM, 1024 per block; grid limits).  XLA reads them to tile
+  its kernels; cuDNN's version is the one jax's CUDA 12 wheels bring.
+  """
+  return """gpu_device_info {
+  threads_per_block_limit: 1024
+  threads_per_warp: 32
+  shared_memory_per_block: 49152
+  shared_memory_per_block_optin: 232448
+  shared_memory_per_core: 233472
+  threads_per_core_limit: 2048
+  core_count: 132
+  fpus_per_core: 128
+  block_dim_limit_x: 2147483647
+  block_dim_limit_y: 65535
+  block_dim_limit_z: 65535
+  thread_dim_limit_x: 1024
+  thread_dim_limit_y: 1024
+  thread_dim_limit_z: 64
+  memory_bandwidth: 3350000000000
+  l2_cache_size: 52428800
+  clock_rate_ghz: 1.98
+  device_memory_size: 85899345920
+  registers_per_core_limit: 65536
+  registers_per_block_limit: 65536
+  cuda_compute_capability { major: 9 minor: 0 }
+}
+platform_name: "CUDA"
+dnn_version_info { major: 9 }
+device_description_str: "NVIDIA H100 80GB HBM3"
+"""

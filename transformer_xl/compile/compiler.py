@@ -27,6 +27,7 @@ from transformer_xl.compile import chips as chips_lib
 from transformer_xl.compile import fit, hlo
 
 EXTRA = "pip install 'transformer_xl[tpu-compile]'"
+GPU_EXTRA = "pip install 'transformer_xl[gpu-compile]'"
 
 
 class CompileError(errors.UserError):
@@ -56,12 +57,48 @@ def libtpu_path() -> str:
   return path
 
 
+def check_compiler(slice_: chips_lib.Slice) -> None:
+  """Raises CompileError (naming the extra) if the compiler for ``slice_``
+  is not installed: libtpu for a TPU, jax's CUDA 12 plugin for a GPU."""
+  if slice_.chip.platform == "tpu":
+    libtpu_path()
+  elif importlib.util.find_spec("jax_cuda12_plugin") is None:
+    raise CompileError(
+        f"compiling for {slice_.name} needs jax's CUDA plugin: {GPU_EXTRA} (no GPU needed)"
+    )
+
+
+def gpu_devices(slice_: chips_lib.Slice) -> list:
+  """The compile-only devices of ``slice_`` (H100s) from jax's CUDA plugin.
+
+  Raises:
+    CompileError: the plugin is missing or refuses the topology.
+  """
+  check_compiler(slice_)
+  from jax.experimental import topologies  # noqa: PLC0415
+
+  try:
+    topo = topologies.get_topology_desc(
+        platform="cuda", topology=slice_.topology, target_config=chips_lib.h100_target_config()
+    )
+  except Exception as err:  # noqa: BLE001 (the plugin's own message)
+    raise CompileError(
+        f"jax's CUDA plugin does not build {slice_.name} ({slice_.topology}): {err}"
+    ) from None
+  return list(topo.devices)
+
+
 def topology_devices(slice_: chips_lib.Slice, num_slices: int = 1) -> list:
-  """The JAX devices of ``num_slices`` slices of ``slice_``, compile only.
+  """The JAX devices of ``num_slices`` slices of ``slice_``, compile only
+  (GPUs: ``gpu_devices``, one slice).
 
   Raises:
     CompileError: libtpu is missing, or it refuses the topology.
   """
+  if slice_.chip.platform == "cuda":
+    if num_slices != 1:
+      raise CompileError("--num_slices applies to TPU slices; give H100 hosts as h100:HOSTSx8")
+    return gpu_devices(slice_)
   os.environ.setdefault("TPU_LIBRARY_PATH", libtpu_path())
   # Compile only: no TPU to lock (libtpu otherwise holds /tmp/libtpu_lockfile, one process at a
   # time) and no metadata server to ask for one.
@@ -73,10 +110,12 @@ def topology_devices(slice_: chips_lib.Slice, num_slices: int = 1) -> list:
   if slice_.chip.megacore:
     kwargs.update(chip_config_name="megacore")
   if num_slices > 1 or slice_.chip.megacore:
+    # As Cloud TPU hosts them (MaxText's accelerator_to_spec_map): 2x2x1 chips per host;
+    # a 3-D torus wraps from 4 chips a side, a 2-D one (v5e, v6e) only as a full 16x16 pod.
     sides = [int(s) for s in slice_.topology.split(":")[1].split("x")]
-    host = tuple(min(s, 2) for s in sides[:2]) + ((1,) if len(sides) == 3 else ())
-    kwargs.update(chips_per_host_bounds=host, num_slices=num_slices)
-    kwargs.update(wrap=tuple(s >= 4 for s in sides))
+    wrap_from = 4 if len(sides) == 3 else 16
+    kwargs.update(chips_per_host_bounds=(min(sides[0], 2), min(sides[1], 2), 1))
+    kwargs.update(num_slices=num_slices, wrap=tuple(s >= wrap_from for s in (sides + [1])[:3]))
   try:
     topo = topologies.get_topology_desc(topology_name=slice_.topology, platform="tpu", **kwargs)
   except Exception as err:  # noqa: BLE001 (libtpu's own message)
@@ -134,14 +173,24 @@ class StepCompiler:
     mcfg = dataclasses.replace(self.model_cfg, remat=setting.remat, attn_block=setting.attn_block)
     chunk = self.config.train.batch_chunk
     self.config.train.batch_chunk = setting.batch_chunk
+    import jax  # noqa: PLC0415
+
     try:
       t0 = time.perf_counter()
       fn, args = lowering.abstract_step(self.config, mcfg, self.mesh, step)
-      compiled = fn.lower(*args).compile()
+      try:
+        compiled = fn.lower(*args).compile()
+      except jax.errors.JaxRuntimeError as err:
+        if "RESOURCE_EXHAUSTED" not in str(err):
+          raise
+        compiled, refusal = None, str(err)
       seconds = time.perf_counter() - t0
     finally:
       self.config.train.batch_chunk = chunk
-    rep = fit.memory_report(compiled)
+    if compiled is None:  # the TPU compiler refuses a program larger than HBM
+      rep = refused_report(refusal, argument_bytes(args))
+    else:
+      rep = fit.memory_report(compiled)
     batch = args[-1]["inputs"].shape if isinstance(args[-1], dict) else args[2].shape
     rep.update(
         dataclasses.asdict(setting),
@@ -149,13 +198,66 @@ class StepCompiler:
         tgt_len=batch[-1] if len(batch) > 1 else 1,
         compile_seconds=round(seconds, 1),
     )
-    if counts:
+    if counts and compiled is not None:
       cost = compiled.cost_analysis() or {}
       rep["xla_cost_analysis"] = {
           k: float(cost[k]) for k in ("flops", "bytes accessed", "transcendentals") if k in cost
       }
       rep["counts"] = hlo.count(compiled.as_text()).as_dict()
     return rep
+
+
+_SIZE = r"([0-9.]+)([KMGT]?)i?B?"
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def _bytes(number: str, unit: str) -> int:
+  return int(float(number) * _UNITS[unit])
+
+
+def argument_bytes(args: tuple) -> int:
+  """Bytes of one device's shards of a step's abstract arguments."""
+  import jax  # noqa: PLC0415
+  import numpy as np  # noqa: PLC0415
+
+  total = 0
+  for leaf in jax.tree_util.tree_leaves(args):
+    if isinstance(leaf, jax.ShapeDtypeStruct):
+      shape = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
+      total += int(np.prod(shape)) * np.dtype(leaf.dtype).itemsize
+  return total
+
+
+def refused_report(message: str, arguments: int) -> dict:
+  """The memory report of a step the TPU compiler refused as larger than
+  HBM (RESOURCE_EXHAUSTED: "the total memory required for HLO temporaries
+  (54.29G) exceeds available HBM (15.75G)", or "Used X of Y hbm"): its
+  temporaries from the message (libtpu's sizes are binary: G = GiB), its
+  arguments from the abstract arguments' shards, outputs taken as aliased.
+  ``total_bytes`` is then a lower bound; ``refused`` holds the message."""
+  import re  # noqa: PLC0415
+
+  one_line = " ".join(message.split())
+  temps = re.search(
+      r"HLO temporaries \(" + _SIZE + r"\) exceeds available HBM \(" + _SIZE, one_line
+  )
+  used = re.search(r"Used " + _SIZE + " of " + _SIZE + " hbm", one_line)
+  temp, available = 0, None
+  if temps:
+    temp, available = _bytes(*temps.groups()[:2]), _bytes(*temps.groups()[2:])
+  elif used:
+    temp, available = _bytes(*used.groups()[:2]) - arguments, _bytes(*used.groups()[2:])
+  rep = {
+      "argument_bytes": arguments,
+      "output_bytes": 0,
+      "alias_bytes": 0,
+      "temp_bytes": max(temp, 0),
+      "generated_code_bytes": 0,
+  }
+  rep["total_bytes"] = arguments + rep["temp_bytes"]
+  rep["refused"] = one_line[:500]
+  rep["compiler_hbm_bytes"] = available
+  return rep
 
 
 def search(
@@ -193,7 +295,7 @@ def search(
           f"    {step}: remat={rep['remat']}, attn_block={rep['attn_block']}, batch_chunk={c}: "
           f"{rep['total_bytes'] / fit.GIB:.2f} GiB"
       )
-      if rep["total_bytes"] <= target:
+      if rep["total_bytes"] <= target and "refused" not in rep:
         res["fix"] = rep
         return res
     c *= 2
@@ -237,9 +339,11 @@ def analyse(
   m = comp.model_cfg
   for step in steps:
     rep = comp.compile(step, Setting(m.remat, m.attn_block, config.train.batch_chunk), counts=True)
-    verdict = fit.classify(rep["total_bytes"], capacity, margin)
-    counts = rep["counts"]
-    ceiling = fit.roofline(
+    verdict = (
+        "DOES NOT FIT" if "refused" in rep else fit.classify(rep["total_bytes"], capacity, margin)
+    )
+    counts = rep.get("counts")
+    ceiling = counts and fit.roofline(
         counts["matmul_flops"], counts["bytes_accessed"], chip.peak_flops, chip.hbm_bytes_per_s
     )
     log(

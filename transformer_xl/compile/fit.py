@@ -79,7 +79,8 @@ def search_fit(
   is at most ``target`` bytes.
 
   ``try_setting(remat, attn_block)`` returns a memory report (a dict with
-  "total_bytes").  The most frugal candidate goes first: if it does not
+  "total_bytes"; one with "refused", a program the compiler refused as too
+  large, never fits).  The most frugal candidate goes first: if it does not
   fit, nothing will and the search stops there; if it does, the others
   follow from the least recomputation up, and the first that fits is the
   answer (the frugal one if none of them fits, or if ``max_tries``
@@ -101,14 +102,15 @@ def search_fit(
     log(f"    {step}: remat={r}, attn_block={b}{note}: {rep['total_bytes'] / GIB:.2f} GiB")
     return rep
 
+  fits = lambda rep: rep["total_bytes"] <= target and "refused" not in rep
   frugal = attempt(*cands[0], note=" (the most frugal)")
-  if frugal["total_bytes"] > target:
+  if not fits(frugal):
     return {"fix": None, "cheapest": True, "tried": tried}
   for r, b in cands[1:]:
     if len(tried) >= max_tries:
       return {"fix": frugal, "cheapest": False, "tried": tried}
     rep = attempt(r, b)
-    if rep["total_bytes"] <= target:
+    if fits(rep):
       return {"fix": rep, "cheapest": True, "tried": tried}
   return {"fix": frugal, "cheapest": True, "tried": tried}
 

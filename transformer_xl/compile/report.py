@@ -148,7 +148,7 @@ def model_flops(config: Any, model_cfg: Any, step: str, rows: int, tgt_len: int)
 
 def format_step(step: str, res: dict, chip: chips_lib.Chip, margin: float) -> str:
   """The printed block of one step."""
-  rep, counts, ceil = res["as_configured"], res["as_configured"]["counts"], res["roofline"]
+  rep, counts, ceil = res["as_configured"], res["as_configured"].get("counts"), res["roofline"]
   lines = [
       f"{step}: {rep['batch']} rows (all devices) x {rep['tgt_len']} tokens per step "
       f"(remat={rep['remat']}, attn_block={rep['attn_block']}, batch_chunk={rep['batch_chunk']}), "
@@ -159,8 +159,16 @@ def format_step(step: str, res: dict, chip: chips_lib.Chip, margin: float) -> st
       f"{_gib(rep['total_bytes'])} GiB of {chip.hbm_gib:g} GiB: {res['verdict']}",
   ]
   fix = fix_text(res, margin)
+  if "refused" in rep:
+    lines.append(
+        "  the TPU compiler refused it: "
+        + rep["refused"].split("RESOURCE_EXHAUSTED: ")[-1][:300]
+        + " (the total above is its temporaries plus the arguments' shards: a lower bound)"
+    )
   if fix:
     lines.append(f"  what makes it fit: {fix}")
+  if counts is None:
+    return "\n".join(lines)
   lines.append(
       f"  per device per step: {_si(counts['matmul_flops'], 'FLOP')} (matrix products), "
       f"{_si(counts['bytes_accessed'], 'B')} accessed"
@@ -212,7 +220,7 @@ def run(
     n = slice_.devices * num_slices
     default_config.validate(config, n)
     n_vocab = _vocab(config, vocab)
-    compiler.libtpu_path()
+    compiler.check_compiler(slice_)
     devices = compiler.topology_devices(slice_, num_slices)
   except errors.UserError as err:
     if debug:
@@ -227,7 +235,8 @@ def run(
   where = f"{slice_.name} ({slice_.topology}{f' x {num_slices} slices' if num_slices > 1 else ''})"
   print(
       f"compiling {spec} for {where}: {n} devices of {chip.name} ({chip.hbm_gib:g} GiB HBM, "
-      f"{chip.peak_flops / 1e12:g} TFLOP/s bf16, {chip.hbm_bytes_per_s / 1e9:g} GB/s per device); "
+      f"{chip.peak_flops / 1e12:g} TFLOP/s bf16, {chip.hbm_bytes_per_s / 1e9:g} GB/s per device), "
+      f"nothing executed; "
       f"mesh {tuple(config.mesh.shape)} {tuple(config.mesh.axis_names)}",
       flush=True,
   )
@@ -241,7 +250,7 @@ def run(
   n_data = result["mesh"].get("data", 1) * result["mesh"].get("fsdp", 1)
   for step, res in result["steps"].items():
     rep = res["as_configured"]
-    if step in ("train", "eval"):
+    if step in ("train", "eval") and res["roofline"]:
       rows = max(rep["batch"] // n_data, 1)  # per device
       mf = model_flops(config, model_cfg, step, rows, rep["tgt_len"])
       res["model_flops"] = mf
@@ -249,8 +258,9 @@ def run(
     print()
     print(format_step(step, res, chip, margin))
   print()
+  by = "the TPU compiler (libtpu)" if chip.platform == "tpu" else "XLA:GPU (jax's CUDA plugin)"
   print(
-      "Memory: XLA's compile-time buffer assignment of the TPU compiler (libtpu), per device; "
+      f"Memory: XLA's compile-time buffer assignment of {by}, per device; "
       "FLOPs, bytes and collectives: counted in the compiled program, loops as often as they run. "
       "The roofline is a ceiling from the chip's published peaks, not a measurement."
   )
