@@ -22,6 +22,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from transformer_xl import presets
@@ -421,3 +422,40 @@ def test_two_slices_compile_with_twice_the_devices(tmp_path):
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   res = json.loads(out.read_text())
   assert res["devices"] == 8 and res["mesh"] == {"data": 8, "model": 1}
+
+
+def test_a_custom_call_counts_the_flops_it_declares():
+  body = '{"custom_call_config": {"body": "TUxJUg==", "cost_estimate": {"flops": "%s", "x": 1}}}'
+  for flops in ("123456", 123456):
+    text = f"""HloModule m
+
+ENTRY %main (p: f32[8,128]) -> f32[8,128] {{
+  %p = f32[8,128]{{1,0}} parameter(0)
+  ROOT %k = f32[8,128]{{1,0}} custom-call(%p), custom_call_target="tpu_custom_call", backend_config={json.dumps(body % flops)}
+}}
+"""
+    assert hlo.count(text).matmul_flops == 123456
+
+
+@needs_libtpu
+def test_the_fused_kernel_declares_its_flops_to_the_tpu_compiler(monkeypatch):
+  """The kernel's tiles at full memory (T = M = 256, blocks of 128, no
+  same_length: query block i sees key blocks 0..i+2) times 8 b^2 Dh."""
+  from transformer_xl.model import pallas_attention as pa
+
+  monkeypatch.setenv("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  devices = compiler.topology_devices(chips.parse("v5e:2x2"))
+  mesh = jax.sharding.Mesh(np.array(devices[:1]), ("x",))
+  sh = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  b, t, m, h, d = 2, 256, 256, 2, 64
+  spec = lambda *s, dt=jnp.bfloat16: jax.ShapeDtypeStruct(s, dt, sharding=sh)
+  args = (spec(b, t, h, d), spec(b, t + m, h, d), spec(b, t + m, h, d), spec(t + m, h, d))
+  args += (spec(h, d), spec(h, d), spec(b, dt=jnp.int32))
+
+  def f(*a):
+    out = pa.rel_attention(*a, mem_len=m, same_length=False, flavor=pa.TPU)
+    return out.astype(jnp.float32).sum()
+
+  text = jax.jit(f).lower(*args).compile().as_text()
+  tiles = 3 + 4  # query block 0: key blocks 0-2; query block 1: 0-3
+  assert hlo.count(text).matmul_flops == 8 * b * h * tiles * 128 * 128 * d

@@ -22,9 +22,10 @@ its train-step FLOPs by 2%); this module multiplies by the trip count,
 which the compiled program states in the loop's condition (``counter <
 constant``) or in its ``known_trip_count``.  A loop whose trip count it
 cannot read counts once and is listed in ``unknown_trip_counts``.  Both
-branches of a conditional count (an upper bound).  Custom calls (Pallas
-kernels) are opaque: their FLOPs are not counted, their operands and
-results are.
+branches of a conditional count (an upper bound).  Custom calls are
+opaque: a Pallas TPU kernel's FLOPs are those its ``cost_estimate``
+declares (``pallas_attention`` declares its own), any other's are not
+counted; the operands and results of all of them are.
 """
 
 from __future__ import annotations
@@ -345,6 +346,13 @@ def _traffic(module: Module, instr: Instruction, table: dict) -> float:
   return operands + result
 
 
+def _custom_call_flops(instr: Instruction) -> float:
+  """The FLOPs a custom call declares (a Pallas TPU kernel's ``cost_estimate``
+  in its backend config), else 0."""
+  m = re.search(r'cost_estimate\\?"\s*:\s*\{[^}]*?"?flops\\?"\s*:\s*\\?"?(\d+)', instr.attrs)
+  return float(m.group(1)) if m else 0.0
+
+
 @dataclasses.dataclass
 class StepCounts:
   """Per device, one execution of the step (see the module docstring)."""
@@ -379,6 +387,8 @@ def count(text: str) -> StepCounts:
         total += times * _conv_flops(instr, table)
       elif instr.op == "dot":
         total += times * _dot_flops(instr, table)
+      elif instr.op == "custom-call":
+        total += times * _custom_call_flops(instr)
     return total
 
   def traffic(weights):

@@ -552,13 +552,63 @@ def _dr_kernel(
 # ----------------------------------------------------------------------------
 
 
+# Matrix-product FLOPs of one visited tile, in units of b^2 x Dp: the forward's
+# (q+u) k^T (2), (q+v) band^T over the 2b-wide band (4) and P v (2); dq's recomputed
+# scores (6), dP (2), dS k (2), the un-shifted dS band (4); dk/dv's scores (6), dP,
+# dv, dk (2 each); dr's rotated content term and dP over 2b keys (4 each), its
+# position term (2) and dS^T (q+v) (2).
+_TILE_FLOPS = {
+    "txl_attention_fwd": 8,
+    "txl_attention_dq": 14,
+    "txl_attention_dkv": 12,
+    "txl_attention_dr": 12,
+}
+
+
+def _visited_tiles(p: Problem, g: _Geometry) -> int:
+  """(query block, key block) tiles one (batch row, head) computes with a
+  full memory (``_key_blocks`` at mlen = M, in Python)."""
+  total = 0
+  for qb in range(g.Tp // g.b):
+    i0 = qb * g.b
+    first = i0 + 1 if p.same_length else 0
+    last = min(i0 + g.b, p.T) + p.M
+    total += max(min(-(-last // g.b), g.Kp // g.b) - first // g.b, 0)
+  return total
+
+
+def _cost(p: Problem, g: _Geometry, grid, name: str, args, out_shape) -> pl.CostEstimate:
+  """What XLA's cost analysis (and ``transformer_xl.compile``) count for a
+  kernel, which they cannot see into: its matrix FLOPs over the visited
+  tiles with a full memory, one exp per score, and its operands and results."""
+  per_row = grid[0] * grid[1] * _visited_tiles(p, g) * g.b * g.b
+  nbytes = sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in (*args, *out_shape))
+  return pl.CostEstimate(
+      flops=int(_TILE_FLOPS[name] * per_row * g.Dp),
+      transcendentals=int(per_row),
+      bytes_accessed=int(nbytes),
+  )
+
+
 def _call(
-    fl: Flavor, g: _Geometry, kernel, grid, in_specs, out_specs, out_shape, mlen_B, args, name
+    fl: Flavor,
+    g: _Geometry,
+    kernel,
+    grid,
+    in_specs,
+    out_specs,
+    out_shape,
+    mlen_B,
+    args,
+    name,
+    p: Problem | None = None,
 ):
   """One pallas_call: ``in_specs`` are (block_shape, index_map(*grid_idx))
   pairs for ``args``, mlen_B first in every kernel's signature.  TPU: mlen
   by scalar prefetch.  GPU: mlen as an input, plus a per-program [b, 2b]
-  float32 scratch output (discarded) for the rotations."""
+  float32 scratch output (discarded) for the rotations.  With the problem
+  ``p``, the call carries its cost estimate (``_cost``)."""
+  cost = None if p is None else _cost(p, g, grid, name, args, out_shape)
   if fl.backend == "tpu":
     spec = lambda shape, imap: pl.BlockSpec(shape, lambda *ix: imap(*ix[:-1]))
     grid_spec = pltpu.PrefetchScalarGridSpec(
@@ -579,6 +629,7 @@ def _call(
         compiler_params=params,
         interpret=fl.interpret,
         name=name,
+        cost_estimate=cost,
     )(mlen_B, *args)
     return outs
   n_prog = grid[0] * grid[1] * grid[2]
@@ -598,6 +649,7 @@ def _call(
       compiler_params=params,
       interpret=fl.interpret,
       name=name,
+      cost_estimate=cost,
   )(mlen_pad, *args)
   return outs[:-1]
 
@@ -657,6 +709,7 @@ def _forward(fl: Flavor, p: Problem, q, k, v, r, u, rr, mlen, doc):
       mlen,
       args,
       "txl_attention_fwd",
+      p,
   )
   return o[:, :, : p.T, :dh], lse[:, :, : p.T, 0]
 
@@ -684,6 +737,7 @@ def _backward(fl: Flavor, p: Problem, q, k, v, r, u, rr, mlen, doc, lse, delta, 
       mlen,
       (qp, kp, vp, r_pad, up, rrp, docp, dop, lsep, deltap),
       "txl_attention_dq",
+      p,
   )
   dk, dv = _call(
       fl,
@@ -699,6 +753,7 @@ def _backward(fl: Flavor, p: Problem, q, k, v, r, u, rr, mlen, doc, lse, delta, 
       mlen,
       (qp, kp, vp, r_pad, up, rrp, docp, dop, lsep, deltap),
       "txl_attention_dkv",
+      p,
   )
   # dr: keys padded so that each tile's band of 2b keys starts at row >= 0.
   k_len = g.Kp + g.Tp + 2 * g.b
@@ -728,6 +783,7 @@ def _backward(fl: Flavor, p: Problem, q, k, v, r, u, rr, mlen, doc, lse, delta, 
       mlen,
       (qp, kd, vd, _pad_to(_pad_to(r, 2, g.Dp), 1, g.Kp), up, rrp, docp, dop, lsep, deltap),
       "txl_attention_dr",
+      p,
   )
   dq = (dqu + dqv)[:, :, : p.T, :dh].astype(q.dtype)
   du = jnp.sum(dqu[:, :, : p.T, :dh], axis=(0, 2))
