@@ -55,7 +55,8 @@ only) and prints the first that fits as ``--config.model.remat=...
 
 The compiler: for a TPU device kind (a preset's, or ``--device_kind`` v2
 ... v6e) with libtpu installed (``pip install 'transformer_xl[tpu-compile]'``),
-the TPU compiler itself, for the slice's topology (``python -m
+the TPU compiler itself, for the slice's topology; for up to 8 H100s with
+jax's CUDA plugin (``[gpu-compile]``), XLA:GPU (``python -m
 transformer_xl.compile`` does the same per config and adds FLOPs,
 collectives and a roofline); otherwise, the fallback, XLA:CPU on simulated
 devices.  The output and the JSON (``compiled_by``) say which.
@@ -91,6 +92,8 @@ import sys
 BENCHMARKS = os.path.dirname(os.path.abspath(__file__))
 if BENCHMARKS not in sys.path:  # common.py and the parts below, also when loaded from the file
   sys.path.insert(0, BENCHMARKS)
+from transformer_xl.compile.report import gib_text, setting_flags  # noqa: E402
+
 import common  # noqa: E402
 
 # fit.py's API, for the tests too: bad input, configs and jobs (fit_config.py), the
@@ -148,22 +151,6 @@ def run_job(job: Job) -> dict:
   return res
 
 
-def _gib(x: float) -> str:
-  """Bytes as GiB: 2 decimals, 3 significant digits below 0.1 GiB."""
-  g = x / GIB
-  return f"{g:.2f}" if g >= 0.1 or g == 0 else f"{g:.3g}"
-
-
-def _flags(rep: dict, configured: dict) -> str:
-  """The --config.model.* flags that turn the configured setting into rep's."""
-  parts = []
-  if rep["remat"] != configured["remat"]:
-    parts.append(f"--config.model.remat={rep['remat']}")
-  if rep["attn_block"] != configured["attn_block"]:
-    parts.append(f"--config.model.attn_block={rep['attn_block']}")
-  return " ".join(f"`{p}`" for p in parts)
-
-
 def verdict_text(step_result: dict, margin: float) -> tuple[str, str]:
   """(FITS / TIGHT / DOES NOT FIT, what makes it fit) for one step's result."""
   verdict = step_result["verdict"]
@@ -183,12 +170,12 @@ def verdict_text(step_result: dict, margin: float) -> tuple[str, str]:
     return verdict, (
         f"no remat / attn_block setting gets below {100 * (1 - margin):g}% "
         f"(remat={low['remat']}, attn_block={low['attn_block']}: "
-        f"{_gib(low['total_bytes'])} GiB): fewer rows or less state per device "
+        f"{gib_text(low['total_bytes'])} GiB): fewer rows or less state per device "
         "(more devices, or arguments sharded further)"
     )
   note = "" if search["cheapest"] else "; --max_tries reached, a cheaper one may fit"
-  flags = _flags(fix, step_result["as_configured"])
-  return verdict, f"{flags} ({_gib(fix['total_bytes'])} GiB{note})"
+  flags = " ".join(f"`{f}`" for f in setting_flags(fix, step_result["as_configured"]).split())
+  return verdict, f"{flags} ({gib_text(fix['total_bytes'])} GiB{note})"
 
 
 def format_table(results: list[dict]) -> str:
@@ -208,9 +195,9 @@ def format_table(results: list[dict]) -> str:
       pct = 100 * rep["total_bytes"] / (job["device_memory_gib"] * GIB)
       rows.append(
           f"| `{job['spec']}` | {Job(**job).slice_name} | {mesh} | {step} | {rep['remat']} "
-          f"| {rep['attn_block']} | {_gib(rep['argument_bytes'])} | {_gib(rep['output_bytes'])} "
-          f"| {_gib(rep['alias_bytes'])} | {_gib(rep['temp_bytes'])} "
-          f"| **{_gib(rep['total_bytes'])}** | {job['device_memory_gib']:g} | {pct:.0f}% "
+          f"| {rep['attn_block']} | {gib_text(rep['argument_bytes'])} | {gib_text(rep['output_bytes'])} "
+          f"| {gib_text(rep['alias_bytes'])} | {gib_text(rep['temp_bytes'])} "
+          f"| **{gib_text(rep['total_bytes'])}** | {job['device_memory_gib']:g} | {pct:.0f}% "
           f"| {verdict} | {fix} |"
       )
   return "\n".join(rows)
@@ -333,7 +320,7 @@ def main(argv=None) -> int:
     results = []
     for job in jobs:
       print(
-          f"compiling {job.spec} on {job.devices} simulated device(s) "
+          f"compiling {job.spec} for {job.devices} device(s) "
           f"({job.slice_name}, {job.device_memory_gib:g} GiB each) ...",
           flush=True,
       )

@@ -4,8 +4,9 @@ the remat / attention-block settings for one that does
 (``transformer_xl.compile.fit``).
 
 A TPU device kind (v2 ... v6e) is compiled by the TPU compiler for its
-slice when libtpu is installed (``transformer_xl.compile.compiler``; no
-TPU needed); anything else, or a machine without libtpu, on this
+slice when libtpu is installed, H100s (up to 8) by XLA:GPU when jax's CUDA
+plugin is (``transformer_xl.compile.compiler``; no accelerator needed);
+anything else, or a machine without them, on this
 process's simulated CPU devices: ``fit.py --worker=JOB`` runs ``analyse``
 in a subprocess started with
 ``XLA_FLAGS=--xla_force_host_platform_device_count=N``.  JAX is imported
@@ -35,21 +36,20 @@ from transformer_xl.compile.fit import (  # noqa: E402,F401
 )
 
 
-def tpu_slice(job: Job):
-  """The TPU slice of ``job`` when the TPU compiler can compile for it
-  (a TPU device kind and libtpu installed), else None (simulated CPU devices)."""
+def compile_slice(job: Job):
+  """The slice of ``job`` when its real compiler is here: a TPU kind with
+  libtpu, H100s with jax's CUDA plugin (``transformer_xl.compile``, no
+  accelerator needed); else None (simulated CPU devices)."""
   from transformer_xl.compile import chips, compiler
 
   if job.device_kind not in chips.CHIPS:
     return None
   try:
-    compiler.libtpu_path()
-  except compiler.CompileError:
+    slice_ = chips.for_devices(job.device_kind, job.devices)
+    compiler.check_compiler(slice_)
+  except (chips.TopologyError, compiler.CompileError):
     return None
-  try:
-    return chips.for_devices(job.device_kind, job.devices)
-  except chips.TopologyError:
-    return None
+  return slice_
 
 
 class StepCompiler:
@@ -78,12 +78,16 @@ def analyse(job: Job, log=print) -> dict:
 
   config = load_config(job.spec)
   apply_overrides(config, job.overrides)
-  slice_ = tpu_slice(job)
-  if slice_ is not None:  # the TPU compiler, no TPU needed
+  slice_ = compile_slice(job)
+  if slice_ is not None:  # the accelerator's own compiler, no accelerator needed
     from transformer_xl.compile import compiler
 
     devices = compiler.topology_devices(slice_)
-    compiled_by = f"the TPU compiler (libtpu), {slice_.topology}"
+    compiled_by = (
+        f"the TPU compiler (libtpu), {slice_.topology}"
+        if slice_.chip.platform == "tpu"
+        else f"XLA:GPU (jax's CUDA plugin), {slice_.devices} x {slice_.chip.name}"
+    )
   else:
     devices = jax.devices()
     compiled_by = f"XLA:CPU on {len(devices)} simulated devices"

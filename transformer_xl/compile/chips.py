@@ -161,6 +161,8 @@ def for_devices(kind: str, devices: int) -> Slice:
   """
   if kind not in CHIPS:
     raise TopologyError(f"unknown TPU generation {kind!r}; one of {sorted(CHIPS)}")
+  if CHIPS[kind].platform == "cuda":
+    return parse(f"{kind}x{devices}")
   cores = devices * (2 if kind in ("v4", "v5p") else 1)  # slice types count TensorCores
   return parse(f"{kind}-{cores}")
 

@@ -92,7 +92,8 @@ def _vocab(config: Any, vocab: int | None) -> int:
   return sizes[config.data.dataset]
 
 
-def _gib(x: float) -> str:
+def gib_text(x: float) -> str:
+  """Bytes as GiB: 2 decimals, 3 significant digits below 0.1 GiB."""
   g = x / fit.GIB
   return f"{g:.2f}" if g >= 0.1 or g == 0 else f"{g:.3g}"
 
@@ -129,7 +130,7 @@ def fix_text(step_result: dict, margin: float) -> str:
         "more devices (a larger slice), or fewer rows per device"
     )
   fix = search["fix"]
-  return f"{setting_flags(fix, step_result['as_configured'])} ({_gib(fix['total_bytes'])} GiB)"
+  return f"{setting_flags(fix, step_result['as_configured'])} ({gib_text(fix['total_bytes'])} GiB)"
 
 
 def model_flops(config: Any, model_cfg: Any, step: str, rows: int, tgt_len: int) -> float:
@@ -153,10 +154,10 @@ def format_step(step: str, res: dict, chip: chips_lib.Chip, margin: float) -> st
       f"{step}: {rep['batch']} rows (all devices) x {rep['tgt_len']} tokens per step "
       f"(remat={rep['remat']}, attn_block={rep['attn_block']}, batch_chunk={rep['batch_chunk']}), "
       f"compiled in {rep['compile_seconds']:.0f} s",
-      f"  memory per device: arguments {_gib(rep['argument_bytes'])} + outputs "
-      f"{_gib(rep['output_bytes'])} - aliased {_gib(rep['alias_bytes'])} + temporaries "
-      f"{_gib(rep['temp_bytes'])} + code {_gib(rep['generated_code_bytes'])} = "
-      f"{_gib(rep['total_bytes'])} GiB of {chip.hbm_gib:g} GiB: {res['verdict']}",
+      f"  memory per device: arguments {gib_text(rep['argument_bytes'])} + outputs "
+      f"{gib_text(rep['output_bytes'])} - aliased {gib_text(rep['alias_bytes'])} + temporaries "
+      f"{gib_text(rep['temp_bytes'])} + code {gib_text(rep['generated_code_bytes'])} = "
+      f"{gib_text(rep['total_bytes'])} GiB of {chip.hbm_gib:g} GiB: {res['verdict']}",
   ]
   fix = fix_text(res, margin)
   if "refused" in rep:
