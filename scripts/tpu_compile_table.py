@@ -1,6 +1,7 @@
-"""The table of ``results/tpu_compile/*.json`` (``python -m transformer_xl.compile``'s output).
+"""The report of ``results/tpu_compile/*.json`` (``python -m transformer_xl.compile``'s output).
 
-    python scripts/tpu_compile_table.py results/tpu_compile > results/tpu_compile/TABLE.md
+    bash scripts/tpu_compile_table.sh          # compiles what is missing (hours on 2 cores)
+    python scripts/tpu_compile_table.py results/tpu_compile > results/tpu_compile/REPORT.md
 
 One row per config, slice, attention and step: GiB per device and the
 verdict, the setting that fits, collectives per step, FLOPs, the roofline
@@ -65,5 +66,65 @@ def rows(folder: str) -> list[str]:
   return out
 
 
+HEADER = """# Every config compiled for its slice by the TPU compiler, on a CPU machine
+
+What `python -m transformer_xl.compile` says of each config's train and eval
+steps (the real steps, the config's mesh and shardings, nothing executed, no
+accelerator): on its slice preset, on a v5e-256 and a v5p-128 (the preset
+rule's mesh for their device count, `presets.shard_over`), and on H100s;
+the XLA attention and the fused Pallas kernel side by side (the Pallas rows
+with `model.dropatt=0`: the kernel has no dropatt, and a training step with
+dropatt > 0 takes the XLA path).  Made by `scripts/tpu_compile_table.sh`
+(the commands, one JSON and one log per row here) and
+`scripts/tpu_compile_table.py` (this page).
+
+- Compiled with {compilers}; jax {jax}; on {machine} ({date}).  Compile
+  times are those of a 2-core CPU VM running two or three compiles at once:
+  minutes per large config.
+- GiB per device: XLA's buffer assignment (arguments + outputs - aliased +
+  temporaries + code) against the chip's HBM (`transformer_xl/compile/chips.py`);
+  FITS below 90%.  A step the TPU compiler refused as larger than HBM shows
+  ">=": its temporaries from the compiler's message plus the arguments.
+- TFLOP per device and bytes (behind the ceiling): counted in the compiled
+  program, every loop body as often as it runs (XLA's own cost analysis
+  counts the scan over layers once); the Pallas kernels' FLOPs are those
+  they declare (`pl.CostEstimate`).
+- Ceiling: the roofline bound max(FLOPs / peak, bytes / HBM bandwidth) per
+  device and the MFU it allows (model FLOPs, `compile/flops.py`).  **A
+  ceiling, not a measurement**: no step here has run on a TPU or a GPU.
+- Not compiled: the rows the table lists as such, with the last line of
+  their log (a config a variant refuses, e.g. memory tokens with the fused
+  kernel, or a run not finished when this page was made).
+
+"""
+
+
+def header(folder: str) -> str:
+  """The page's preamble, with the compilers, versions, machine and date of the runs."""
+  runs = []
+  for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
+    with open(path, encoding="utf-8") as f:
+      runs.append(json.load(f))
+  compilers = sorted(
+      {
+          f"libtpu {r['versions'].get('libtpu')}" if r["chip"].get("platform", "tpu") == "tpu"
+          else "XLA:GPU (jax's CUDA 12 plugin)"
+          for r in runs
+      }
+  )  # fmt: skip
+  dates = sorted(r["date"][:10] for r in runs)
+  return HEADER.format(
+      compilers=", ".join(compilers) or "-",
+      jax=runs[0]["versions"]["jax"] if runs else "-",
+      machine=(
+          f"{runs[-1]['machine'].get('cpu', 'a CPU VM')}, {runs[-1]['machine']['cpu_count']} CPUs"
+          if runs
+          else "-"
+      ),
+      date=f"{dates[0]} to {dates[-1]}" if dates else "-",
+  )
+
+
 if __name__ == "__main__":
-  print("\n".join(rows(sys.argv[1] if len(sys.argv) > 1 else "results/tpu_compile")))
+  folder = sys.argv[1] if len(sys.argv) > 1 else "results/tpu_compile"
+  print(header(folder) + "\n".join(rows(folder)))

@@ -459,3 +459,37 @@ def test_the_fused_kernel_declares_its_flops_to_the_tpu_compiler(monkeypatch):
   text = jax.jit(f).lower(*args).compile().as_text()
   tiles = 3 + 4  # query block 0: key blocks 0-2; query block 1: 0-3
   assert hlo.count(text).matmul_flops == 8 * b * h * tiles * 128 * 128 * d
+
+
+def test_a_kernel_too_large_for_vmem_is_told_apart_from_hbm():
+  assert compiler.vmem_overflow(
+      "RESOURCE_EXHAUSTED: Ran out of memory in memory space vmem. Used 19.05M of 16.00M vmem."
+  ) == ("19.05 MiB", "16.00 MiB")
+  assert compiler.vmem_overflow(
+      "RESOURCE_EXHAUSTED: Allocation (size=25165824) would exceed memory (size=16777216) :: "
+      "#allocation12 [shape = 'u8[25165824]{0}', space=vmem, size = 0x1800000, scoped]"
+  ) == ("24.00 MiB", "16.00 MiB")
+  assert compiler.vmem_overflow("RESOURCE_EXHAUSTED: ... exceeds available HBM (15.75G)") is None
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_a_fused_kernel_too_large_for_vmem_is_one_error_line():
+  """v4's 16 MiB of VMEM: the kernel holds a head's K = 24576 keys, values and
+  position rows (d_head 128) whole."""
+  proc = _run(
+      [
+          "--config=configs/quickstart.py",
+          "--topology=v4:2x2x1",
+          "--config.mesh.shape=(-1, 1)",
+          "--config.model.n_head=1",
+          "--config.model.d_head=128",
+          "--config.eval.mem_len=24448",
+          "--config.eval.tgt_len=128",
+          "--config.model.attention_impl=pallas",
+          "--steps=eval",
+      ]
+  )
+  line = _error_line(proc)
+  assert "needs 24.00 MiB of VMEM, the chip has 16.00 MiB" in line
+  assert "--config.model.attention_impl=xla" in line

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -181,8 +182,21 @@ class StepCompiler:
       try:
         compiled = fn.lower(*args).compile()
       except jax.errors.JaxRuntimeError as err:
+        vmem = vmem_overflow(str(err))
+        if vmem:  # a Pallas kernel's blocks do not fit the core's VMEM: a limit of the kernel
+          raise CompileError(
+              f"the {step} step's fused attention kernel (model.attention_impl='pallas') needs "
+              f"{vmem[0]} of VMEM, the chip has {vmem[1]} (it holds the K = mem_len + tgt_len "
+              "keys, values and position rows of a head whole): use "
+              "--config.model.attention_impl=xla, or a shorter mem_len for this step"
+          ) from err
         if "RESOURCE_EXHAUSTED" not in str(err):
-          raise
+          raise CompileError(
+              f"the compiler could not compile the {step} step (remat={setting.remat}, "
+              f"attn_block={setting.attn_block}, batch_chunk={setting.batch_chunk}): "
+              + " ".join(str(err).split())[:600]
+              + " (--debug shows the traceback)"
+          ) from err
         compiled, refusal = None, str(err)
       seconds = time.perf_counter() - t0
     finally:
@@ -228,6 +242,23 @@ def argument_bytes(args: tuple) -> int:
   return total
 
 
+def vmem_overflow(message: str) -> tuple[str, str] | None:
+  """(needed, available) when the compiler's message says a kernel's VMEM
+  (the TPU core's scratchpad, 16 to 128 MiB) overflowed, else None.  Two
+  forms: "Used 19.05M of 16.00M vmem" and "Allocation (size=25165824) would
+  exceed memory (size=16777216) :: ... space=vmem"."""
+  one_line = " ".join(message.split())
+  if not re.search(r"memory space vmem|space=vmem", one_line):
+    return None
+  used = re.search(r"Used ([0-9.]+)([KMG]?) of ([0-9.]+)([KMG]?) vmem", one_line)
+  if used:
+    return f"{used.group(1)} {used.group(2)}iB", f"{used.group(3)} {used.group(4)}iB"
+  alloc = re.search(r"Allocation \(size=(\d+)\) would exceed memory \(size=(\d+)\)", one_line)
+  if alloc:
+    return tuple(f"{int(x) / 2**20:.2f} MiB" for x in alloc.groups())  # type: ignore[return-value]
+  return "more", "it has"
+
+
 def refused_report(message: str, arguments: int) -> dict:
   """The memory report of a step the TPU compiler refused as larger than
   HBM (RESOURCE_EXHAUSTED: "the total memory required for HLO temporaries
@@ -235,8 +266,6 @@ def refused_report(message: str, arguments: int) -> dict:
   temporaries from the message (libtpu's sizes are binary: G = GiB), its
   arguments from the abstract arguments' shards, outputs taken as aliased.
   ``total_bytes`` is then a lower bound; ``refused`` holds the message."""
-  import re  # noqa: PLC0415
-
   one_line = " ".join(message.split())
   temps = re.search(
       r"HLO temporaries \(" + _SIZE + r"\) exceeds available HBM \(" + _SIZE, one_line

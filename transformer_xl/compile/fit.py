@@ -88,8 +88,8 @@ def search_fit(
 
   Returns:
     {"fix": the report of the setting that makes it fit, or None;
-     "cheapest": False when ``max_tries`` cut the search short (a setting
-     with less recomputation may fit too); "tried": every report}.
+    "cheapest": False when ``max_tries`` cut the search short (a setting
+    with less recomputation may fit too); "tried": every report}.
   """
   tried = []
   cands = candidates(step, remat, attn_block, tgt_len)
@@ -138,7 +138,7 @@ def roofline(flops: float, bytes_accessed: float, peak_flops: float, bandwidth: 
 
   Returns:
     {"compute_seconds", "memory_seconds", "bound_seconds", "bound": "compute"
-     or "memory", "max_mfu": flops / (bound_seconds x peak_flops), at most 1}.
+    or "memory", "max_mfu": flops / (bound_seconds x peak_flops), at most 1}.
   """
   compute, memory = flops / peak_flops, bytes_accessed / bandwidth
   bound = max(compute, memory)

@@ -241,10 +241,15 @@ def run(
       f"mesh {tuple(config.mesh.shape)} {tuple(config.mesh.axis_names)}",
       flush=True,
   )
-  result = compiler.analyse(
-      config, n_vocab, devices, chip, steps, margin, do_search, max_tries,
-      log=lambda s: print(s, flush=True),
-  )  # fmt: skip
+  try:
+    result = compiler.analyse(
+        config, n_vocab, devices, chip, steps, margin, do_search, max_tries,
+        log=lambda s: print(s, flush=True),
+    )  # fmt: skip
+  except errors.UserError as err:  # the compiler refused a step (not for its size)
+    if debug:
+      raise
+    sys.exit(f"error: {' '.join(str(err).split())}")
   from transformer_xl.training import lowering  # noqa: PLC0415
 
   model_cfg = lowering.resolved_model_config(config, n_vocab)
@@ -274,7 +279,7 @@ def run(
       "devices": n,
       "margin": margin,
       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-      "machine": {"host": platform.node(), "cpu_count": os.cpu_count()},
+      "machine": {"host": platform.node(), "cpu": _cpu_name(), "cpu_count": os.cpu_count()},
       "versions": _versions(),
       **result,
   }
@@ -289,6 +294,17 @@ def run(
 def _default_json(spec: str, slice_: chips_lib.Slice) -> str:
   name = re.sub(r"\W+", "_", os.path.basename(spec.partition(":")[0]).removesuffix(".py"))
   return f"compile_{name}_{re.sub(r'[^0-9a-zA-Z]+', '-', slice_.topology)}.json"
+
+
+def _cpu_name() -> str:
+  try:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
 
 
 def _versions() -> dict:
