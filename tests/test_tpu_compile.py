@@ -493,3 +493,19 @@ def test_a_fused_kernel_too_large_for_vmem_is_one_error_line():
   line = _error_line(proc)
   assert "needs 24.00 MiB of VMEM, the chip has 16.00 MiB" in line
   assert "--config.model.attention_impl=xla" in line
+
+
+def test_a_topology_keeps_the_command_lines_remat_and_dtype():
+  from transformer_xl.compile import report
+
+  c = _config("configs/enwik8_24l.py", "v3-32")
+  with c.unlocked():
+    c.model.remat = "none"
+    report.resolve_slice(c, "configs/enwik8_24l.py:v3-32", "v5e-16", ("model.remat",))
+  assert tuple(c.mesh.shape) == (1, 16, 1) and c.model.remat == "none"
+  assert c.model.dtype == "bfloat16"
+  c = _config("configs/enwik8_24l.py", "v3-32")
+  with c.unlocked():
+    c.model.remat = "none"
+    report.resolve_slice(c, "configs/enwik8_24l.py:v3-32", "v5e-16")
+  assert c.model.remat == "full"  # the preset rule's, when the command line did not set it

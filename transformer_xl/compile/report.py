@@ -41,13 +41,16 @@ def _steps(names: list[str]) -> tuple[str, ...]:
   return tuple(out)
 
 
-def resolve_slice(config: Any, spec: str, topology: str | None) -> chips_lib.Slice:
+def resolve_slice(
+    config: Any, spec: str, topology: str | None, overridden: tuple[str, ...] = ()
+) -> chips_lib.Slice:
   """The slice to compile for: ``--topology``, else the config's preset.
 
   With a topology other than the preset, the mesh is the preset rule's for
   its device count (``presets.shard_over``); a config without a preset
   keeps its own mesh when its product is the device count, else gets the
-  preset rule too.
+  preset rule too.  ``model.dtype`` and ``model.remat`` given on the
+  command line (``overridden``: the --config.* keys) stay as given.
 
   Raises:
     CompileError: no topology and no preset, or an unknown one.
@@ -69,10 +72,12 @@ def resolve_slice(config: Any, spec: str, topology: str | None) -> chips_lib.Sli
   for s in config.mesh.shape:
     n_mesh *= max(int(s), 1)
   if topology and (preset or (-1 not in tuple(config.mesh.shape) and n_mesh != slice_.devices)):
+    kept = {k: config.model[k] for k in ("dtype", "remat") if f"model.{k}" in overridden}
     try:
       presets.shard_over(config, slice_.devices, f"{slice_.name} ({slice_.topology})")
     except ValueError as err:
       raise compiler.CompileError(str(err)) from None
+    config.model.update(kept)  # the command line's own dtype and remat win
   return slice_
 
 
@@ -216,8 +221,11 @@ def run(
     if max_tries < 1:
       raise compiler.CompileError(f"--max_tries={max_tries} must be >= 1")
     steps = _steps(step_names)
+    overridden = tuple(
+        a[len("--config.") :].split("=")[0] for a in sys.argv[1:] if a.startswith("--config.")
+    )
     with config.unlocked():
-      slice_ = resolve_slice(config, spec, topology)
+      slice_ = resolve_slice(config, spec, topology, overridden)
     n = slice_.devices * num_slices
     default_config.validate(config, n)
     n_vocab = _vocab(config, vocab)
