@@ -27,9 +27,12 @@ def rows(folder: str) -> list[str]:
       "| MFU <= | compile s |",
       "|---|---|---|---|---|---:|---|---|---|---:|---:|---:|---:|",
   ]
-  for log in sorted(glob.glob(os.path.join(folder, "*.log"))):
-    name = os.path.basename(log)[: -len(".log")]
-    path = os.path.join(folder, name + ".json")
+  names = {
+      os.path.splitext(os.path.basename(f))[0]
+      for f in glob.glob(os.path.join(folder, "*.log")) + glob.glob(os.path.join(folder, "*.json"))
+  }
+  for name in sorted(names):
+    log, path = os.path.join(folder, name + ".log"), os.path.join(folder, name + ".json")
     if not os.path.exists(path):
       with open(log, encoding="utf-8", errors="replace") as f:
         lines = [ln.strip() for ln in f if ln.strip() and not ln.startswith(("W0", "I0", "E0"))]

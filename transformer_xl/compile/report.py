@@ -2,9 +2,10 @@
 
 ``run`` resolves the slice (``--topology`` or the config's preset),
 checks the config for its device count (``default_config.validate``) and
-the libtpu install before anything is compiled, compiles the steps
-(``compiler.analyse``) and prints one block per step; ``format_step``
-and ``format_table`` are what the pods guide's table is made of.
+the compiler's install before anything is compiled, compiles the steps
+(``compiler.analyse``) and prints one block per step (``format_step``)
+and writes the JSON that ``scripts/tpu_compile_table.py`` makes the
+table of every config from.
 """
 
 from __future__ import annotations
