@@ -21,34 +21,37 @@ run() {  # name config topology [flags...]
     --json="$json" "$@" >"$OUT/$name.log" 2>&1
   echo "   exit $? ($(grep -c 'compiled in' "$OUT/$name.log") steps)"
 }
+xla=(--config.model.attention_impl=xla)
+# The kernel has no dropatt: a training step with dropatt > 0 would take the XLA path.
+pallas=(--config.model.attention_impl=pallas --config.model.dropatt=0)
+# The paper's configs: on their slice, a v5e and a v5p slice (and a v6e), both attentions.
 for impl in xla pallas; do
-  flags=("--config.model.attention_impl=$impl")
-  # the kernel has no dropatt: a training step with dropatt > 0 would take the XLA path
-  [[ $impl == pallas ]] && flags+=(--config.model.dropatt=0)
+  if [[ $impl == xla ]]; then flags=("${xla[@]}"); else flags=("${pallas[@]}"); fi
   run "enwik8_24l_v3-32_$impl" configs/enwik8_24l.py:v3-32 v3-32 "${flags[@]}"
-  run "enwik8_24l_v5e-256_$impl" configs/enwik8_24l.py:v3-32 v5e-256 "${flags[@]}"
-  run "enwik8_24l_v5p-128_$impl" configs/enwik8_24l.py:v3-32 v5p-128 "${flags[@]}"
   run "wt103_large_v3-64_$impl" configs/wt103_large.py:v3-64 v3-64 "${flags[@]}"
-  run "wt103_large_v5e-256_$impl" configs/wt103_large.py:v3-64 v5e-256 "${flags[@]}"
-  run "wt103_large_v5p-128_$impl" configs/wt103_large.py:v3-64 v5p-128 "${flags[@]}"
   run "text8_24l_v3-32_$impl" configs/text8_24l.py:v3-32 v3-32 "${flags[@]}"
   run "wt103_base_v4-8_$impl" configs/wt103_base.py v4-8 "${flags[@]}"
   run "enwik8_12l_v4-8_$impl" configs/enwik8_12l.py v4-8 "${flags[@]}" \
     --config.train.global_batch=24
-  run "compressive_enwik8_v3-32_$impl" configs/compressive_enwik8.py:v3-32 v3-32 \
-    "${flags[@]}"
+  run "enwik8_24l_v5e-256_$impl" configs/enwik8_24l.py:v3-32 v5e-256 "${flags[@]}"
+  run "enwik8_24l_v5p-128_$impl" configs/enwik8_24l.py:v3-32 v5p-128 "${flags[@]}"
+  run "enwik8_24l_v6e-64_$impl" configs/enwik8_24l.py:v3-32 v6e-64 "${flags[@]}"
+  run "wt103_large_v5e-256_$impl" configs/wt103_large.py:v3-64 v5e-256 "${flags[@]}"
+  run "wt103_large_v5p-128_$impl" configs/wt103_large.py:v3-64 v5p-128 "${flags[@]}"
+  run "enwik8_12l_h100_$impl" configs/enwik8_12l.py h100 "${flags[@]}"
+  run "wt103_base_h100_$impl" configs/wt103_base.py h100 "${flags[@]}"
+  run "enwik8_24l_h100x8_$impl" configs/enwik8_24l.py:v3-32 h100x8 "${flags[@]}"
+  run "wt103_large_h100x8_$impl" configs/wt103_large.py:v3-64 h100x8 "${flags[@]}"
+done
+# The successors' configs and the largest one.
+for impl in xla pallas; do
+  if [[ $impl == xla ]]; then flags=("${xla[@]}"); else flags=("${pallas[@]}"); fi
+  run "compressive_enwik8_v3-32_$impl" configs/compressive_enwik8.py:v3-32 v3-32 "${flags[@]}"
   run "rmt_enwik8_v4-8_$impl" configs/rmt_enwik8.py:rmt v4-8 "${flags[@]}"
   run "knn_pg19_v4-8_$impl" configs/knn_pg19.py:knn_65k v4-8 "${flags[@]}"
   run "babilong_armt_v4-8_$impl" configs/babilong.py:armt v4-8 "${flags[@]}"
   run "lm1b_large_v3-512_$impl" configs/lm1b_large.py:v3-512 v3-512 "${flags[@]}"
 done
-for impl in xla pallas; do
-  flags=("--config.model.attention_impl=$impl")
-  # the kernel has no dropatt: a training step with dropatt > 0 would take the XLA path
-  [[ $impl == pallas ]] && flags+=(--config.model.dropatt=0)
-  run "enwik8_12l_h100_$impl" configs/enwik8_12l.py h100 "${flags[@]}"
-  run "wt103_base_h100_$impl" configs/wt103_base.py h100 "${flags[@]}"
-  run "enwik8_24l_h100x8_$impl" configs/enwik8_24l.py:v3-32 h100x8 "${flags[@]}"
-  run "wt103_large_h100x8_$impl" configs/wt103_large.py:v3-64 h100x8 \
-    "${flags[@]}"
-done
+# A config made too large: enwik8_24l without remat on 16 v5e chips.
+run "enwik8_24l_v5e-16_remat-none_xla" configs/enwik8_24l.py:v3-32 v5e-16 "${xla[@]}" \
+  --config.model.remat=none

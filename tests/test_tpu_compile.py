@@ -242,6 +242,15 @@ def test_bad_input_is_one_error_line(tmp_path):
       (["--config=configs/quickstart.py", "--topology=v5e-4", "--steps=forward"], "unknown step"),
       (["--config=configs/quickstart.py", "--topology=v5e-256"], "global_batch=16"),
       (
+          [
+              "--config=configs/quickstart.py",
+              "--topology=v3-8",
+              "--config.model.attention_impl=pallas",
+              "--config.model.dtype=bfloat16",
+          ],
+          "does not compile for TPU v3",
+      ),
+      (
           ["--config=configs/quickstart.py", "--topology=v5e-4"],
           "[tpu-compile]",
       ),  # with TPU_LIBRARY_PATH pointing nowhere
@@ -509,3 +518,19 @@ def test_a_topology_keeps_the_command_lines_remat_and_dtype():
     c.model.remat = "none"
     report.resolve_slice(c, "configs/enwik8_24l.py:v3-32", "v5e-16")
   assert c.model.remat == "full"  # the preset rule's, when the command line did not set it
+
+
+@pytest.mark.parametrize("kind", ["TPU v2", "TPU v3"])
+def test_the_fused_kernel_in_bfloat16_is_refused_before_tpu_v4(kind):
+  from transformer_xl import default_config
+
+  c = _config("configs/enwik8_24l.py", "v3-32")  # bfloat16
+  with c.unlocked():
+    c.model.attention_impl = "pallas"
+  with pytest.raises(default_config.ConfigError, match="does not compile for " + kind):
+    default_config.validate(c, 32, device_kind=kind)
+  default_config.validate(c, 32, device_kind="TPU v4")
+  default_config.validate(c, 32)  # no device kind: not checked
+  with c.unlocked():
+    c.model.dtype = "float32"
+  default_config.validate(c, 32, device_kind=kind)  # Mosaic compiles it in float32 there

@@ -271,8 +271,19 @@ def get_config() -> ml_collections.ConfigDict:
   return c
 
 
+# Device kinds on which Mosaic compiles the fused kernel in float32 only: before v4 the
+# TPU's matrix unit takes no bfloat16 operand in a Pallas kernel (libtpu 0.0.42, compiled
+# for v2 and v3: "CompileTimeMosaicUnsupportedRhsType: Unsupported matmul RHS type on
+# target: vector<128x128xbf16>").
+KERNEL_FLOAT32_ONLY = ("TPU v2", "TPU v3")
+
+
 def validate(
-    config: ml_collections.ConfigDict, num_devices: int, *, training: bool = True
+    config: ml_collections.ConfigDict,
+    num_devices: int,
+    *,
+    training: bool = True,
+    device_kind: str | None = None,
 ) -> tuple[int, ...]:
   """Checks the whole config against itself and the devices.
 
@@ -287,6 +298,9 @@ def validate(
       generate, ``LanguageModel``): ``train.global_batch`` and
       ``train.batch_chunk``, which they never use, are not checked against
       the mesh.
+    device_kind: the devices' ``device_kind`` ("TPU v3", ...), for what
+      depends on the chip (the fused kernel in bfloat16 needs TPU v4 or
+      later, ``KERNEL_FLOAT32_ONLY``); None: not checked.
 
   Returns:
     The mesh shape, with -1 resolved.
@@ -393,6 +407,16 @@ def validate(
   problems += _optimizer_problems(t, nonfinite)
   problems += _dynamic_problems(config, nonfinite)
   problems += _bptt_problems(config)
+  if (
+      device_kind in KERNEL_FLOAT32_ONLY
+      and m.get("attention_impl") == "pallas"
+      and m.get("dtype") == "bfloat16"
+  ):
+    problems.append(
+        f"model.attention_impl='pallas' with model.dtype='bfloat16' does not compile for "
+        f"{device_kind} (Mosaic has no bfloat16 matrix products before TPU v4): use "
+        "--config.model.attention_impl=xla, or --config.model.dtype=float32."
+    )
   if problems:
     raise ConfigError("Invalid config:\n  - " + "\n  - ".join(problems))
   return mesh_shape

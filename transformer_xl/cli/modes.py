@@ -184,7 +184,12 @@ def _run(r: Request) -> None:
   wd.require_dir(r.workdir)
   config = r.config if r.config is not None else wd.load_config(r.workdir)
   tokens = user_errors.load_tokens(r.tokens) if r.mode == "score" and r.tokens else None
-  default_config.validate(config, jax.device_count(), training=r.mode == "train")
+  default_config.validate(
+      config,
+      jax.device_count(),
+      training=r.mode == "train",
+      device_kind=jax.devices()[0].device_kind,
+  )
   dynamic_modes.check_request(r.mode, r.dynamic_stats, config)
   if r.mode != "train":
     _run_mode(r, config, tokens)

@@ -198,6 +198,14 @@ class StepCompiler:
               + " (--debug shows the traceback)"
           ) from err
         compiled, refusal = None, str(err)
+      except Exception as err:  # Mosaic (Pallas TPU kernels) raises its own errors
+        if "Mosaic failed to compile" not in str(err):
+          raise
+        raise CompileError(
+            f"Mosaic could not compile the {step} step's Pallas kernel: "
+            + " ".join(str(err).split())[:400]
+            + " (use --config.model.attention_impl=xla; --debug shows the traceback)"
+        ) from err
       seconds = time.perf_counter() - t0
     finally:
       self.config.train.batch_chunk = chunk

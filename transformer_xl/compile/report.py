@@ -228,7 +228,7 @@ def run(
     with config.unlocked():
       slice_ = resolve_slice(config, spec, topology, overridden)
     n = slice_.devices * num_slices
-    default_config.validate(config, n)
+    default_config.validate(config, n, device_kind=f"TPU {slice_.chip.name}")
     n_vocab = _vocab(config, vocab)
     compiler.check_compiler(slice_)
     devices = compiler.topology_devices(slice_, num_slices)

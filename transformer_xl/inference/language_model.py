@@ -173,7 +173,9 @@ class LanguageModel:
     config = wd.load_config(workdir) if config is None else config
     trained, model_cfg, _ = trained_model.model_configs(config, workdir, source)
     if mesh is None:
-      default_config.validate(config, jax.device_count(), training=False)
+      default_config.validate(
+          config, jax.device_count(), training=False, device_kind=jax.devices()[0].device_kind
+      )
       mesh = sharding.make_mesh(config.mesh.shape, config.mesh.axis_names)
     corpus = trained_model.load_corpus(config, trained, workdir) if corpus is None else corpus
     step, params = run_dir.restore_params(workdir, trained, mesh)
