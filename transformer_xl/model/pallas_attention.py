@@ -36,7 +36,10 @@ Forward and backward compile with Mosaic for v4, v5e, v5p and v6e (libtpu
 0.0.42.1, from a CPU machine: compiled, never run on a TPU) at the paper
 configs' shapes (enwik8_12l, enwik8_24l, wt103_base, wt103_large; train and
 eval, bfloat16; tests/test_pallas_mosaic.py compiles a small shape for v4
-and v5e); the extra rotations' cost on a TPU is unmeasured.  Interpret mode
+and v5e); the extra rotations' cost on a TPU is unmeasured.  On v2 and v3
+they compile in float32 only (bfloat16: "Unsupported matmul RHS type on
+target: vector<128x128xbf16>"; ``default_config.validate`` refuses that
+pair when it knows the device kind).  Interpret mode
 runs the same barrel shifter, so the CPU tests check the arithmetic Mosaic
 compiles.  On GPU (Triton), which has no rotate, the rotation is a store to
 a per-program scratch tile and a gathering load back (L1/L2 traffic only).
