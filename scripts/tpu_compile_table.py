@@ -128,6 +128,29 @@ def header(folder: str) -> str:
   )
 
 
+def pending(folder: str) -> list[str]:
+  """The runs of ``scripts/tpu_compile_table.sh`` with neither a JSON nor a log here."""
+  import re  # noqa: PLC0415
+
+  script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tpu_compile_table.sh")
+  with open(script, encoding="utf-8") as f:
+    names = re.findall(r'run "([^"]+)"', f.read())
+  out = []
+  for name in names:
+    for impl in ("xla", "pallas") if "$impl" in name else ("",):
+      n = name.replace("$impl", impl)
+      if not any(os.path.exists(os.path.join(folder, n + ext)) for ext in (".json", ".log")):
+        out.append(n)
+  return out
+
+
 if __name__ == "__main__":
   folder = sys.argv[1] if len(sys.argv) > 1 else "results/tpu_compile"
+  todo = pending(folder)
   print(header(folder) + "\n".join(rows(folder)))
+  if todo:
+    print(
+        "\nNot compiled yet (the script compiles what is missing when run again): "
+        + ", ".join(f"`{n}`" for n in todo)
+        + "."
+    )
