@@ -34,6 +34,7 @@ from transformer_xl.compile.fit import (  # noqa: E402,F401
     memory_report,
     search_fit,
 )
+from transformer_xl.compile.fit import verdict as fit_verdict  # noqa: E402
 
 
 def compile_slice(job: Job):
@@ -52,25 +53,6 @@ def compile_slice(job: Job):
   return slice_
 
 
-class StepCompiler:
-  """``compiler.StepCompiler`` with fit's (remat, attn_block) signature."""
-
-  def __init__(self, config, vocab: int, devices):
-    from transformer_xl.compile import compiler
-
-    self._comp = compiler.StepCompiler(config, vocab, devices)
-    self.config, self.mesh, self.model_cfg = config, self._comp.mesh, self._comp.model_cfg
-
-  def n_params(self) -> int:
-    return self._comp.n_params()
-
-  def compile(self, step: str, remat: str, attn_block: int) -> dict:
-    from transformer_xl.compile import compiler
-
-    setting = compiler.Setting(remat, attn_block, self.config.train.batch_chunk)
-    return self._comp.compile(step, setting)
-
-
 def analyse(job: Job, log=print) -> dict:
   """Compiles the job's train and eval steps (and, when one does not fit,
   the candidates of ``search_fit``) on this process's devices."""
@@ -78,10 +60,10 @@ def analyse(job: Job, log=print) -> dict:
 
   config = load_config(job.spec)
   apply_overrides(config, job.overrides)
+  from transformer_xl.compile import compiler
+
   slice_ = compile_slice(job)
   if slice_ is not None:  # the accelerator's own compiler, no accelerator needed
-    from transformer_xl.compile import compiler
-
     devices = compiler.topology_devices(slice_)
     compiled_by = (
         f"the TPU compiler (libtpu), {slice_.topology}"
@@ -97,7 +79,11 @@ def analyse(job: Job, log=print) -> dict:
         "(XLA_FLAGS must be set before jax is imported)"
     )
   log(f"  compiled by {compiled_by}")
-  comp = StepCompiler(config, job.vocab, devices)
+  comp = compiler.StepCompiler(config, job.vocab, devices)
+  chunk = config.train.batch_chunk
+  compile_step = lambda step, remat, block: comp.compile(
+      step, compiler.Setting(remat, block, chunk)
+  )
   capacity = job.device_memory_gib * GIB
   target = capacity * (1 - job.margin)
   out = {
@@ -111,8 +97,8 @@ def analyse(job: Job, log=print) -> dict:
   for step in ("train", "eval"):
     m = comp.model_cfg
     t0 = time.perf_counter()
-    rep = comp.compile(step, m.remat, m.attn_block)
-    verdict = classify(rep["total_bytes"], capacity, job.margin)
+    rep = compile_step(step, m.remat, m.attn_block)
+    verdict = fit_verdict(rep, capacity, job.margin)
     log(
         f"  {job.spec} {step}: {rep['total_bytes'] / GIB:.2f} GiB of "
         f"{job.device_memory_gib:g} GiB per device, {verdict} "
@@ -121,7 +107,7 @@ def analyse(job: Job, log=print) -> dict:
     res = {"as_configured": rep, "verdict": verdict}
     if verdict != "FITS" and job.search:
       res["search"] = search_fit(
-          lambda r, b, s=step: comp.compile(s, r, b),
+          lambda r, b, s=step: compile_step(s, r, b),
           step,
           m.remat,
           m.attn_block,

@@ -386,6 +386,8 @@ def test_a_program_the_compiler_refuses_is_read_from_its_message():
   res = fit.search_fit(lambda r, b: dict(tiny, remat=r, attn_block=b), "train", "none", 0, 64,
                        1e9, 8, lambda s: None)  # fmt: skip
   assert res["fix"] is None
+  assert fit.verdict(tiny, 2**30, 0.1) == "DOES NOT FIT"  # whatever its lower-bound total
+  assert fit.verdict({"total_bytes": 10}, 2**30, 0.1) == "FITS"
 
 
 @pytest.mark.parametrize(

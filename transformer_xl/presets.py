@@ -82,29 +82,20 @@ def shard_over(
   where = where or f"{n} devices"
   d_model, n_head = config.model.d_model, config.model.n_head
   batch = config.train.global_batch
-  model_axis = next(
-      (m for m in range(1, n + 1) if n % m == 0 and n_head % m == 0 and d_model % (n // m) == 0),
-      None,
-  )
-  if model_axis is None:
+  # model axes m that split the heads and leave an fsdp axis dividing d_model, smallest first
+  axes = [m for m in range(1, n + 1) if n % m == 0 and n_head % m == 0 and d_model % (n // m) == 0]
+  if not axes:
     raise ValueError(
         f"no mesh of the {n} devices of {where} shards d_model={d_model} "
         f"with n_head={n_head}; set --config.mesh.shape yourself."
     )
-  with_batch = next(
-      (
-          m
-          for m in range(model_axis, n + 1)
-          if n % m == 0 and n_head % m == 0 and d_model % (n // m) == 0 and batch % (n // m) == 0
-      ),
-      None,
-  )
+  with_batch = next((m for m in axes if batch % (n // m) == 0), None)
   if with_batch is None:
+    n_data = n // axes[0]
     raise ValueError(
         f"train.global_batch={batch} cannot be split over the "
-        f"{n // model_axis} data-parallel devices of {where}; pick a slice whose device "
-        "count divides it, or --config.train.global_batch="
-        f"{-(-batch // (n // model_axis)) * (n // model_axis)}."
+        f"{n_data} data-parallel devices of {where}; pick a slice whose device "
+        f"count divides it, or --config.train.global_batch={-(-batch // n_data) * n_data}."
     )
   n_fsdp = n // with_batch
   config.mesh.axis_names = ("data", "fsdp", "model")

@@ -169,13 +169,13 @@ class StepCompiler:
     """Lower + compile ``step`` (one of ``lowering.STEPS``) with ``setting``;
     returns ``fit.memory_report`` plus the setting, the batch, the compile
     seconds and, with ``counts``, XLA's cost analysis and ``hlo.count``."""
+    import jax  # noqa: PLC0415
+
     from transformer_xl.training import lowering  # noqa: PLC0415
 
     mcfg = dataclasses.replace(self.model_cfg, remat=setting.remat, attn_block=setting.attn_block)
     chunk = self.config.train.batch_chunk
-    self.config.train.batch_chunk = setting.batch_chunk
-    import jax  # noqa: PLC0415
-
+    self.config.train.batch_chunk = setting.batch_chunk  # what abstract_step reads; restored below
     try:
       t0 = time.perf_counter()
       fn, args = lowering.abstract_step(self.config, mcfg, self.mesh, step)
@@ -332,7 +332,7 @@ def search(
           f"    {step}: remat={rep['remat']}, attn_block={rep['attn_block']}, batch_chunk={c}: "
           f"{rep['total_bytes'] / fit.GIB:.2f} GiB"
       )
-      if rep["total_bytes"] <= target and "refused" not in rep:
+      if fit.fits(rep, target):
         res["fix"] = rep
         return res
     c *= 2
@@ -353,7 +353,7 @@ def analyse(
   """Compiles ``steps`` of ``config`` on ``devices`` and reads each one.
 
   Per step: the memory report (per device; ``fit.memory_report``) and its
-  verdict against ``chip.hbm_gib`` (``fit.classify``), with the search for
+  verdict against ``chip.hbm_gib`` (``fit.verdict``), with the search for
   a setting that fits when it does not; XLA's cost analysis; the matrix
   FLOPs, bytes accessed and collectives per step (``hlo.count``: loops
   counted as often as they run); the roofline ceiling (``fit.roofline``)
@@ -376,9 +376,7 @@ def analyse(
   m = comp.model_cfg
   for step in steps:
     rep = comp.compile(step, Setting(m.remat, m.attn_block, config.train.batch_chunk), counts=True)
-    verdict = (
-        "DOES NOT FIT" if "refused" in rep else fit.classify(rep["total_bytes"], capacity, margin)
-    )
+    verdict = fit.verdict(rep, capacity, margin)
     counts = rep.get("counts")
     ceiling = counts and fit.roofline(
         counts["matmul_flops"], counts["bytes_accessed"], chip.peak_flops, chip.hbm_bytes_per_s

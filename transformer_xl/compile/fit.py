@@ -102,15 +102,14 @@ def search_fit(
     log(f"    {step}: remat={r}, attn_block={b}{note}: {rep['total_bytes'] / GIB:.2f} GiB")
     return rep
 
-  fits = lambda rep: rep["total_bytes"] <= target and "refused" not in rep
   frugal = attempt(*cands[0], note=" (the most frugal)")
-  if not fits(frugal):
+  if not fits(frugal, target):
     return {"fix": None, "cheapest": True, "tried": tried}
   for r, b in cands[1:]:
     if len(tried) >= max_tries:
       return {"fix": frugal, "cheapest": False, "tried": tried}
     rep = attempt(r, b)
-    if fits(rep):
+    if fits(rep, target):
       return {"fix": rep, "cheapest": True, "tried": tried}
   return {"fix": frugal, "cheapest": True, "tried": tried}
 
@@ -120,6 +119,17 @@ def classify(total: float, capacity: float, margin: float) -> str:
   if total <= capacity * (1 - margin):
     return "FITS"
   return "TIGHT" if total <= capacity else "DOES NOT FIT"
+
+
+def fits(rep: dict, target: float) -> bool:
+  """A memory report's total is at most ``target`` bytes; one the compiler
+  refused as too large (its total only a lower bound) never fits."""
+  return rep["total_bytes"] <= target and "refused" not in rep
+
+
+def verdict(rep: dict, capacity: float, margin: float) -> str:
+  """``classify`` of a memory report; DOES NOT FIT for one the compiler refused."""
+  return "DOES NOT FIT" if "refused" in rep else classify(rep["total_bytes"], capacity, margin)
 
 
 def roofline(flops: float, bytes_accessed: float, peak_flops: float, bandwidth: float) -> dict:

@@ -10,6 +10,7 @@ table of every config from.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -141,8 +142,6 @@ def fix_text(step_result: dict, margin: float) -> str:
 
 def model_flops(config: Any, model_cfg: Any, step: str, rows: int, tgt_len: int) -> float:
   """Model FLOPs of one step on one device (``flops.step_flops_per_token``)."""
-  import dataclasses  # noqa: PLC0415
-
   from transformer_xl.inference import eval_steps  # noqa: PLC0415
 
   if step == "train":
