@@ -2,42 +2,51 @@
 # The pods guide's table: every config's steps compiled by the TPU compiler
 # (python -m transformer_xl.compile) on its slice preset and on a v5e and a
 # v5p slice; one JSON per run in results/tpu_compile/, then the table:
-#   python scripts/tpu_compile_table.py results/tpu_compile > results/tpu_compile/TABLE.md
-# Runs for hours on 2 cores; a JSON already there is not compiled again.  The H100 rows
-# need [gpu-compile] (GPU_PYTHON: a python that has it).
+#   python scripts/tpu_compile_table.py results/tpu_compile > results/tpu_compile/REPORT.md
+# Runs for hours on 2 cores (JOBS compiles at once, default 2); a JSON already there is not
+# compiled again.  The H100 rows need [gpu-compile] (GPU_PYTHON: a python that has it).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 OUT=${OUT:-results/tpu_compile}
 mkdir -p "$OUT"
-run() {  # name config topology [flags...]
+JOBS=${JOBS:-2}
+run() {  # name config topology [flags...]: compiled in the background, JOBS at a time
+  local name=$1
+  [[ -s $OUT/$name.json ]] && return 0
+  while (($(jobs -rp | wc -l) >= JOBS)); do wait -n; done
+  compile "$@" &
+}
+compile() {
   local name=$1 config=$2 topology=$3
   shift 3
   local json="$OUT/$name.json"
-  [[ -s $json ]] && return 0
-  echo "== $name: $config on $topology $*"
   local py=python
   [[ $topology == h100* ]] && py=${GPU_PYTHON:-python}  # an environment with [gpu-compile]
+  echo "== $name: $config on $topology $*"
   "$py" -m transformer_xl.compile --config="$config" --topology="$topology" \
     --json="$json" "$@" >"$OUT/$name.log" 2>&1
-  echo "   exit $? ($(grep -c 'compiled in' "$OUT/$name.log") steps)"
+  echo "   $name: exit $? ($(grep -c 'compiled in' "$OUT/$name.log") steps)"
 }
 xla=(--config.model.attention_impl=xla)
 # The kernel has no dropatt: a training step with dropatt > 0 would take the XLA path.
 pallas=(--config.model.attention_impl=pallas --config.model.dropatt=0)
-# The paper's configs: on their slice, a v5e and a v5p slice (and a v6e), both attentions.
+# Every config on its slice preset, one v5e and one v5p slice (the paper's largest also on a
+# v6e), both attentions; H100s for the paper's configs.
 for impl in xla pallas; do
   if [[ $impl == xla ]]; then flags=("${xla[@]}"); else flags=("${pallas[@]}"); fi
-  run "enwik8_24l_v3-32_$impl" configs/enwik8_24l.py:v3-32 v3-32 "${flags[@]}"
-  run "wt103_large_v3-64_$impl" configs/wt103_large.py:v3-64 v3-64 "${flags[@]}"
-  run "text8_24l_v3-32_$impl" configs/text8_24l.py:v3-32 v3-32 "${flags[@]}"
-  run "wt103_base_v4-8_$impl" configs/wt103_base.py v4-8 "${flags[@]}"
-  run "enwik8_12l_v4-8_$impl" configs/enwik8_12l.py v4-8 "${flags[@]}" \
-    --config.train.global_batch=24
-  run "enwik8_24l_v5e-256_$impl" configs/enwik8_24l.py:v3-32 v5e-256 "${flags[@]}"
-  run "enwik8_24l_v5p-128_$impl" configs/enwik8_24l.py:v3-32 v5p-128 "${flags[@]}"
+  for slice in v3-32 v5e-256 v5p-128; do
+    run "enwik8_24l_${slice}_$impl" configs/enwik8_24l.py:v3-32 $slice "${flags[@]}"
+    run "text8_24l_${slice}_$impl" configs/text8_24l.py:v3-32 $slice "${flags[@]}"
+  done
   run "enwik8_24l_v6e-64_$impl" configs/enwik8_24l.py:v3-32 v6e-64 "${flags[@]}"
-  run "wt103_large_v5e-256_$impl" configs/wt103_large.py:v3-64 v5e-256 "${flags[@]}"
-  run "wt103_large_v5p-128_$impl" configs/wt103_large.py:v3-64 v5p-128 "${flags[@]}"
+  for slice in v3-64 v5e-256 v5p-128; do
+    run "wt103_large_${slice}_$impl" configs/wt103_large.py:v3-64 $slice "${flags[@]}"
+  done
+  for slice in v4-8 v5e-8 v5p-8; do
+    run "wt103_base_${slice}_$impl" configs/wt103_base.py $slice "${flags[@]}"
+    run "enwik8_12l_${slice}_$impl" configs/enwik8_12l.py $slice "${flags[@]}" \
+      --config.train.global_batch=24
+  done
   run "enwik8_12l_h100_$impl" configs/enwik8_12l.py h100 "${flags[@]}"
   run "wt103_base_h100_$impl" configs/wt103_base.py h100 "${flags[@]}"
   run "enwik8_24l_h100x8_$impl" configs/enwik8_24l.py:v3-32 h100x8 "${flags[@]}"
@@ -51,12 +60,19 @@ run "enwik8_24l_v5e-16_remat-none_xla" configs/enwik8_24l.py:v3-32 v5e-16 "${xla
   --config.model.remat=none
 run "enwik8_24l_v5e-16_remat-none_batch128_xla" configs/enwik8_24l.py:v3-32 v5e-16 "${xla[@]}" \
   --config.model.remat=none --config.train.global_batch=128 --steps=train --max_tries=4
-# The successors' configs and the largest one.
+# The successors' configs and the largest paper config.
 for impl in xla pallas; do
   if [[ $impl == xla ]]; then flags=("${xla[@]}"); else flags=("${pallas[@]}"); fi
-  run "compressive_enwik8_v3-32_$impl" configs/compressive_enwik8.py:v3-32 v3-32 "${flags[@]}"
-  run "rmt_enwik8_v4-8_$impl" configs/rmt_enwik8.py:rmt v4-8 "${flags[@]}"
-  run "knn_pg19_v4-8_$impl" configs/knn_pg19.py:knn_65k v4-8 "${flags[@]}"
-  run "babilong_armt_v4-8_$impl" configs/babilong.py:armt v4-8 "${flags[@]}"
-  run "lm1b_large_v3-512_$impl" configs/lm1b_large.py:v3-512 v3-512 "${flags[@]}"
+  for slice in v3-32 v5e-32 v5p-32; do
+    run "compressive_enwik8_${slice}_$impl" configs/compressive_enwik8.py:v3-32 $slice "${flags[@]}"
+  done
+  for slice in v4-8 v5e-8 v5p-8; do
+    run "rmt_enwik8_${slice}_$impl" configs/rmt_enwik8.py:rmt $slice "${flags[@]}"
+    run "knn_pg19_${slice}_$impl" configs/knn_pg19.py:knn_65k $slice "${flags[@]}"
+    run "babilong_armt_${slice}_$impl" configs/babilong.py:armt $slice "${flags[@]}"
+  done
+  for slice in v3-512 v5e-256 v5p-256; do
+    run "lm1b_large_${slice}_$impl" configs/lm1b_large.py:v3-512 $slice "${flags[@]}"
+  done
 done
+wait

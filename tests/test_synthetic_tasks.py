@@ -57,6 +57,10 @@ def test_every_answer_is_the_copy_the_reverse_or_the_retrieved_value(task):
         assert len(at) == 3 * s.passkey_digits
         np.testing.assert_array_equal(row[at].reshape(3, -1), [row[-s.passkey_digits :]] * 3)
         assert at[-1] == s.sequence_len - 1
+      elif task == synthetic.ARMT:  # k SEP v EOS per pair, k GEN v EOS, EOS (test_armt_retrieval)
+        seg = row[:-1].reshape(s.num_pairs + 1, 4)
+        assert dict(seg[:-1, [0, 2]].tolist())[seg[-1, 0]] == seg[-1, 2] == row[-3]
+        assert len(set(seg[:-1, 0])) == s.num_pairs and row[-1] == 102
       else:
         k = s.num_pairs
         keys, values, query = row[0 : 2 * k : 2], row[1 : 2 * k : 2], row[2 * k]

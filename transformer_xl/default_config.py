@@ -13,6 +13,7 @@ floats are refused by one generic check of every float
 
 from __future__ import annotations
 
+import ast
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -30,6 +31,7 @@ from transformer_xl.model.config import (  # noqa: F401 (re-exported: the model'
     config_problems,
     segment_problems,
 )
+from transformer_xl.training import early_stop
 
 NONFINITE_POLICIES = ("stop", "skip")  # train.nonfinite
 EVAL_DOCUMENTS = ("split", "whole")  # eval.documents (inference/evaluate.py)
@@ -139,12 +141,14 @@ def get_config() -> ml_collections.ConfigDict:
           tfds_splits="train,validation,test",  # ... and its splits read as train, valid, test
           documents="stream",  # stream: memory flows across documents (the reference);
           # reset: no attention across a document boundary
-          # data.dataset="synthetic:copy|reverse|associative_retrieval|passkey" (data/synthetic.py;
-          # defaults: Bulatov et al. 2022's generate_data.py and run scripts):
+          # data.dataset="synthetic:copy|reverse|associative_retrieval|armt_retrieval|passkey"
+          # (data/synthetic.py; defaults: Bulatov et al. 2022's generate_data.py and run scripts):
           # (values: synthetic.TaskSettings's defaults, written once there)
           synthetic_seq_len=_TASK.seq_len,  # copy/reverse: input symbols (long runs: 120)
           synthetic_num_tokens=_TASK.num_tokens,  # copy/reverse: symbols 2..num_tokens-1
           synthetic_num_pairs=_TASK.num_pairs,  # associative_retrieval: key-value pairs K
+          synthetic_key_size=_TASK.key_size,  # armt_retrieval: symbols of a key (of 16)
+          synthetic_value_size=_TASK.value_size,  # ... and of a value
           synthetic_train_size=_TASK.train_size,  # examples per split (their train_size,
           synthetic_valid_size=_TASK.valid_size,  # val_size, test_size), duplicates
           synthetic_test_size=_TASK.test_size,  # removed across them
@@ -202,6 +206,14 @@ def get_config() -> ml_collections.ConfigDict:
           # authors' --bptt_bp); False: the newest segment's only
           init_from="",  # a trained workdir whose parameters a new run starts from
           # (fine-tuning, e.g. adding a kNN memory: training/init_from.py)
+          # Early stopping after a validation (training/early_stop.py; the authors' trainer):
+          stop_metric="",  # a valid metric, e.g. "answer_accuracy" ("" = never stop early)
+          stop_target=0.0,  # stop once it is this good (>= for accuracies, <= for losses)
+          stop_patience=0,  # stop after this many validations without a new best (0 = off)
+          # A curriculum (training/curriculum.py): stages trained one after the other, each
+          # from the last one's parameters, each "KEY=VALUE ..." overrides of this config,
+          # e.g. ("data.synthetic_num_pairs=1 train.num_steps=2000", "data.synthetic_num_pairs=2")
+          curriculum=(),
       )
   )
   # A step whose loss, gradient norm or update is not finite is never applied (train.py):
@@ -405,6 +417,12 @@ def validate(
   if t.eval_every < 0 or t.eval_max_steps < 0:
     problems.append("train.eval_every and train.eval_max_steps must be >= 0 (0 = never / all).")
   problems += _optimizer_problems(t, nonfinite)
+  problems += early_stop.settings_problems(
+      t,
+      synthetic.is_synthetic(config.data.dataset) or babilong.is_babilong(config.data.dataset),
+      nonfinite,
+  )
+  problems += _curriculum_problems(config, num_devices, training, device_kind)
   problems += _dynamic_problems(config, nonfinite)
   problems += _bptt_problems(config)
   if (
@@ -420,6 +438,88 @@ def validate(
   if problems:
     raise ConfigError("Invalid config:\n  - " + "\n  - ".join(problems))
   return mesh_shape
+
+
+CURRICULUM_FIXED = ("train.curriculum", "train.init_from")  # set by the curriculum itself
+
+
+def stage_overrides(text: str) -> dict[str, Any]:
+  """A curriculum stage's ``"KEY=VALUE KEY=VALUE"``: {dotted key: value}
+  (values read as Python literals, e.g. ``2``, ``0.5``, ``(1, 2)``, ``True``;
+  anything else as a string).
+
+  Raises:
+    ValueError: an entry is not KEY=VALUE, or a key repeats.
+  """
+  out: dict[str, Any] = {}
+  for item in str(text).split():
+    key, eq, raw = item.partition("=")
+    if not eq or not key:
+      raise ValueError(f"{item!r} is not KEY=VALUE (e.g. data.synthetic_num_pairs=2)")
+    if key in out:
+      raise ValueError(f"{key} is set twice")
+    try:
+      out[key] = ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+      out[key] = raw
+  return out
+
+
+def stage_config(config: ml_collections.ConfigDict, i: int) -> ml_collections.ConfigDict:
+  """``config`` with curriculum stage ``i``'s overrides (``train.curriculum[i]``)
+  and no curriculum of its own.
+
+  Raises:
+    ValueError: a malformed stage, an unknown key, a key the curriculum
+      sets itself (``CURRICULUM_FIXED``), or a value of another type.
+  """
+  out = ml_collections.ConfigDict(config.to_dict())
+  out.train.curriculum = ()
+  for key, value in stage_overrides(config.train.curriculum[i]).items():
+    if key in CURRICULUM_FIXED:
+      raise ValueError(f"{key} is set by the curriculum itself; remove it from the stage")
+    *path, name = key.split(".")
+    section = out
+    try:
+      for part in path:
+        section = section[part]
+      if not isinstance(section, ml_collections.ConfigDict) or name not in section:
+        raise KeyError(key)
+      section[name] = value
+    except KeyError:
+      raise ValueError(f"{key} is not a config key (e.g. data.synthetic_num_pairs)") from None
+    except TypeError as err:
+      raise ValueError(f"{key}={value!r}: {err}") from None
+  return out
+
+
+def _curriculum_problems(
+    config: ml_collections.ConfigDict, num_devices: int, training: bool, device_kind: str | None
+) -> list[str]:
+  """Every stage of ``train.curriculum`` as a config of its own (``validate``),
+  its problems named by the stage."""
+  stages = config.train.get("curriculum", ())
+  if not stages:
+    return []
+  if isinstance(stages, str) or not all(isinstance(x, str) for x in stages):
+    return [
+        f"train.curriculum={stages!r} must be a tuple of stages, each a string of "
+        'KEY=VALUE overrides, e.g. ("data.synthetic_num_pairs=1", "data.synthetic_num_pairs=2").'
+    ]
+  problems = []
+  for i, text in enumerate(stages):
+    name = f"train.curriculum[{i}] ({text!r})"
+    try:
+      stage = stage_config(config, i)
+    except ValueError as err:
+      problems.append(f"{name}: {err}.")
+      continue
+    try:
+      validate(stage, num_devices, training=training, device_kind=device_kind)
+    except ConfigError as err:
+      lines = str(err).split("\n  - ")[1:]
+      problems += [f"{name}: {line}" for line in lines if not line.startswith("train.curriculum")]
+  return problems
 
 
 def _dynamic_problems(config: ml_collections.ConfigDict, nonfinite: set[str]) -> list[str]:

@@ -51,7 +51,7 @@ from transformer_xl.data import text_vocab
 from transformer_xl.inference import dynamic_eval, language_model, text_scores, trained_model
 from transformer_xl.run import distributed, lock
 from transformer_xl.run import workdir as wd
-from transformer_xl.training import train
+from transformer_xl.training import curriculum, train
 from transformer_xl.util import report
 
 MODES = ("train", "eval", "score", "generate")
@@ -191,6 +191,13 @@ def _run(r: Request) -> None:
       device_kind=jax.devices()[0].device_kind,
   )
   dynamic_modes.check_request(r.mode, r.dynamic_stats, config)
+  if r.mode != "train" and config.train.get("curriculum"):
+    raise default_config.ConfigError(
+        f"--mode={r.mode} takes one model, and train.curriculum trains one per stage: give "
+        f"--workdir={epath.Path(r.workdir) / 'stages' / 'NN'} (a stage's run; the last one is "
+        "the final model), without train.curriculum. The final model's results at every "
+        f"stage are in {epath.Path(r.workdir) / curriculum.RESULTS}."
+    )
   if r.mode != "train":
     _run_mode(r, config, tokens)
     return
@@ -224,7 +231,7 @@ def _run_mode(r: Request, config: ml_collections.ConfigDict, tokens: np.ndarray 
       trained_model.require_tokenizer(
           corpus, "--dynamic_stats", "--dynamic_stats=FILE.npy (token ids, like --tokens)"
       )
-  elif r.mode in ("train", "eval") or stats_from_split:
+  elif (r.mode == "train" and not config.train.curriculum) or r.mode == "eval" or stats_from_split:
     data_cfg = config.data.to_dict()
     corpus = distributed.process_0_first(lambda: data.load_configured(data_cfg), (data.DataError,))
     if corpus.name == data.TEXT:  # a resumed or evaluated run: the ids it was trained with
@@ -279,9 +286,10 @@ def _run_mode(r: Request, config: ml_collections.ConfigDict, tokens: np.ndarray 
 
 
 def run_train(
-    config: ml_collections.ConfigDict, workdir: str, corpus: data.Corpus, mesh: Mesh
+    config: ml_collections.ConfigDict, workdir: str, corpus: data.Corpus | None, mesh: Mesh
 ) -> dict:
-  """``--mode=train``: ``train.train_and_evaluate``, with SIGTERM (a
+  """``--mode=train``: ``train.train_and_evaluate`` (``curriculum.run`` for a
+  ``train.curriculum``, whose stages load their data: ``corpus`` None), with SIGTERM (a
   preempted VM, ``launch/stop.sh``) turned into a checkpoint and a clean
   exit (``process_settings.StopSignals``).
 
@@ -289,4 +297,6 @@ def run_train(
     The last logged training metrics.
   """
   with process_settings.StopSignals() as signals:
+    if config.train.curriculum:  # its stages load their own data
+      return curriculum.run(config, workdir, mesh, stop_requested=signals.received)
     return train.train_and_evaluate(config, workdir, corpus, mesh, stop_requested=signals.received)

@@ -43,7 +43,7 @@ Modules, one role each:
   tokenizer.json;
 * ``text_settings.py``: their settings (checked without tfds);
 * ``synthetic.py``: the long-range synthetic tasks
-  (``data.dataset="synthetic:copy|reverse|associative_retrieval|passkey"``), drawn
+  (``data.dataset="synthetic:copy|reverse|associative_retrieval|armt_retrieval|passkey"``), drawn
   in memory, and their iterators over whole examples;
 * ``babilong.py``: BABILong (``data.dataset="babilong:qa1"`` ... ``qa20``):
   bAbI facts hidden in background text, laid out as the synthetic tasks;

@@ -110,19 +110,23 @@ class ExampleCorpus(Corpus):
 
   def greedy_scores(self, split: str, examples_NxS: np.ndarray, preds_NxA: np.ndarray) -> dict:
     """The accuracies of greedily decoded answers ``preds_NxA`` (int [N,
-    answer_len]) of the first N examples of ``split`` (``examples_NxS``):
-    {"greedy_token_accuracy": the share of answer tokens decoded right (the
-    authors' "No teacher forcing: acc", ``num_correct / num_total``),
-    "greedy_accuracy": the share of examples whose whole answer is decoded
-    right (equal to the teacher-forced ``answer_accuracy``: an answer is
-    decoded right exactly when every token of it is predicted right from
-    the true earlier ones), "greedy_examples": N}; NaN accuracies for none."""
-    del split
+    answer_len]) of the first N examples of ``split`` (``examples_NxS``),
+    over each example's weighed answer tokens (the first ``counts`` of
+    its answer region): {"greedy_token_accuracy": the share of those tokens
+    decoded right (the authors' "No teacher forcing: acc", ``num_correct /
+    num_total``), "greedy_accuracy": the share of examples whose whole
+    answer is decoded right (equal to the teacher-forced
+    ``answer_accuracy``: an answer is decoded right exactly when every
+    token of it is predicted right from the true earlier ones),
+    "greedy_examples": N}; NaN accuracies for none."""
     n, a_len = preds_NxA.shape
-    right_N = (preds_NxA == examples_NxS[:, examples_NxS.shape[1] - a_len :]).sum(axis=1)
+    counts_N = self.counts(split)[:n]
+    scored_NxA = np.arange(a_len)[None, :] < counts_N[:, None]
+    right_NxA = (preds_NxA == examples_NxS[:, examples_NxS.shape[1] - a_len :]) & scored_NxA
+    right_N = right_NxA.sum(axis=1)
     return {
-        "greedy_token_accuracy": float(right_N.sum() / (n * a_len)) if n else math.nan,
-        "greedy_accuracy": float(np.count_nonzero(right_N == a_len) / n) if n else math.nan,
+        "greedy_token_accuracy": float(right_N.sum() / counts_N.sum()) if n else math.nan,
+        "greedy_accuracy": float(np.count_nonzero(right_N == counts_N) / n) if n else math.nan,
         "greedy_examples": n,
     }
 

@@ -24,6 +24,14 @@ corpus is loaded.
   the query ``q`` one of the keys; ``y = [10, v]``, ``v`` the query's value;
   ``S = 2 * K + 3``.  The vocabulary is always 37 ids.
 
+``data.dataset="synthetic:armt_retrieval"`` is associative retrieval as
+the ARMT authors train it (Rodkin et al. 2024; ``armt_retrieval.py``): one
+key-value pair per segment, keys of ``key_size`` and values of
+``value_size`` symbols of 16, their token ids and layout; its splits are
+independent draws as theirs (not deduplicated), and of its answer region
+(the value, ``EOS`` and an appended ``EOS`` the model reads nothing after)
+the value and ``EOS`` are weighed.
+
 ``data.dataset="synthetic:passkey"`` is the passkey retrieval of Landmark
 Attention (Mohtashami & Jaggi 2023; ``passkey.py``): filler text with a
 pass-key line at a depth, the question, and the key's ``passkey_digits``
@@ -81,18 +89,21 @@ from typing import Any
 import numpy as np
 
 from transformer_xl import errors
-from transformer_xl.data import passkey
+from transformer_xl.data import armt_retrieval, passkey
 from transformer_xl.data.corpus import ArraySource
 from transformer_xl.data.example_corpus import ExampleCorpus
 
 PREFIX = "synthetic:"  # data.dataset="synthetic:TASK"
 RMT_TASKS = ("copy", "reverse", "associative_retrieval")  # Bulatov et al. 2022's
-TASKS = (*RMT_TASKS, "passkey")  # passkey: Mohtashami & Jaggi 2023 (passkey.py)
+ARMT = "armt_retrieval"  # Rodkin et al. 2024's associative retrieval (armt_retrieval.py)
+TASKS = (*RMT_TASKS, ARMT, "passkey")  # passkey: Mohtashami & Jaggi 2023 (passkey.py)
 # data config key -> TaskSettings field (the authors' names in the comments of default_config).
 FIELDS = {
     "synthetic_seq_len": "seq_len",
     "synthetic_num_tokens": "num_tokens",
     "synthetic_num_pairs": "num_pairs",
+    "synthetic_key_size": "key_size",
+    "synthetic_value_size": "value_size",
     "synthetic_train_size": "train_size",
     "synthetic_valid_size": "valid_size",
     "synthetic_test_size": "test_size",
@@ -105,7 +116,9 @@ FIELDS = {
 _TASK_FIELDS = {
     "synthetic_seq_len": ("copy", "reverse"),
     "synthetic_num_tokens": ("copy", "reverse"),
-    "synthetic_num_pairs": ("associative_retrieval",),
+    "synthetic_num_pairs": ("associative_retrieval", ARMT),
+    "synthetic_key_size": (ARMT,),
+    "synthetic_value_size": (ARMT,),
     "synthetic_passkey_len": ("passkey",),
     "synthetic_passkey_depth": ("passkey",),
     "synthetic_passkey_digits": ("passkey",),
@@ -119,7 +132,9 @@ RETRIEVAL_VOCAB = 37
 _BOUNDARY = {
     "associative_retrieval": QUERY_MARKER,
     "passkey": passkey.vocabulary().index(passkey.EOS),
+    ARMT: armt_retrieval.EOS,
 }
+ARMT_MAX_KEY_SIZE = 4  # keys of up to 16**4 values
 OVERSAMPLE = 3  # generate_data: ``num_batches = total_size // batch_size * 3``
 
 
@@ -138,7 +153,10 @@ class TaskSettings:
       their long runs).
     num_tokens: copy/reverse: the vocabulary, ids 0 (unused padding), 1 (the
       answer marker) and the symbols 2 .. num_tokens - 1 (authors' 12).
-    num_pairs: retrieval: key-value pairs K (authors' 4), 1 to 26.
+    num_pairs: retrieval: key-value pairs K (authors' 4), 1 to 26;
+      armt_retrieval: pairs P, one per segment, 1 to ``16**key_size``.
+    key_size, value_size: armt_retrieval: symbols of a key and a value
+      (their ar-value recipe: 1 and 1, keys of 2 and 3 from 20 pairs).
     passkey_len: passkey: E, the positions of an example (the prompt and
       its answer are E + 1 tokens); a multiple of the segment length.
     passkey_depth: passkey: filler tokens before the pass-key line; -1:
@@ -152,6 +170,8 @@ class TaskSettings:
   seq_len: int = 24
   num_tokens: int = 12
   num_pairs: int = 4
+  key_size: int = 1
+  value_size: int = 1
   passkey_len: int = 512
   passkey_depth: int = -1
   passkey_digits: int = 5
@@ -181,6 +201,8 @@ class TaskSettings:
       return 2 * self.seq_len + 1
     if self.task == "passkey":
       return self.passkey_len + 1
+    if self.task == ARMT:  # P + 1 segments, then the appended EOS
+      return (self.num_pairs + 1) * armt_retrieval.segment_len(self.key_size, self.value_size) + 1
     return 2 * self.num_pairs + 3
 
   @property
@@ -191,14 +213,27 @@ class TaskSettings:
   @property
   def answer_len(self) -> int:
     """Answer positions at the end of an example (the authors' answer_size)."""
-    answer = {"copy": 2 * self.seq_len, "reverse": self.seq_len, "passkey": self.passkey_digits}
+    answer = {
+        "copy": 2 * self.seq_len,
+        "reverse": self.seq_len,
+        "passkey": self.passkey_digits,
+        ARMT: armt_retrieval.answer_len(self.value_size),
+    }
     return answer.get(self.task, 1)
+
+  @property
+  def weighed_len(self) -> int:
+    """Weighed positions of the answer region, its first (all of it but
+    armt_retrieval's appended EOS)."""
+    return armt_retrieval.weighed_len(self.value_size) if self.task == ARMT else self.answer_len
 
   @property
   def n_token(self) -> int:
     """The vocabulary size (the authors' ``ntokens``)."""
     if self.task == "passkey":
       return len(passkey.vocabulary())
+    if self.task == ARMT:
+      return armt_retrieval.VOCAB_SIZE
     return RETRIEVAL_VOCAB if self.task == "associative_retrieval" else self.num_tokens
 
   @property
@@ -211,6 +246,15 @@ class TaskSettings:
     examples), counted up to ``at_most``: a larger count is returned as
     ``at_most`` (``(num_tokens - 2) ** seq_len`` exactly takes seconds to
     hours for a seq_len of millions; its logarithm decides)."""
+    if self.task == ARMT:  # distinct keys in order, any values, any query
+      m, p = armt_retrieval.NUM_SYMBOLS**self.key_size, self.num_pairs
+      bits = (math.lgamma(m + 1) - math.lgamma(m - p + 1)) / math.log(2)
+      bits += 4 * self.value_size * p + math.log2(p)
+      return (
+          at_most
+          if bits > math.log2(at_most) + 1
+          else min(math.perm(m, p) * 16 ** (self.value_size * p) * p, at_most)
+      )
     if self.task == "associative_retrieval":
       k = self.num_pairs  # <= 26 (settings_problems)
       values = math.perm(_DIGITS, k) if k <= _DIGITS else _DIGITS**k
@@ -266,7 +310,9 @@ def settings_problems(s: TaskSettings, defaults: TaskSettings | None = None) -> 
         f"data.synthetic_num_tokens={s.num_tokens} must be >= 3 (ids 0 and 1 are the "
         "padding and the answer marker; the symbols are 2 .. num_tokens - 1)."
     )
-  if not 1 <= s.num_pairs <= _LETTERS:
+  if s.task == ARMT:
+    problems += _armt_problems(s)
+  elif not 1 <= s.num_pairs <= _LETTERS:
     problems.append(
         f"data.synthetic_num_pairs={s.num_pairs} must be in [1, {_LETTERS}] (the keys are "
         "distinct letters)."
@@ -286,7 +332,7 @@ def settings_problems(s: TaskSettings, defaults: TaskSettings | None = None) -> 
         f"({_memory_gib():,.1f} GiB): lower data.synthetic_seq_len (or "
         "data.synthetic_num_pairs) or data.synthetic_train_size + valid_size + test_size."
     ]
-  if s.distinct_inputs() < total:
+  if s.task != ARMT and s.distinct_inputs() < total:  # ARMT's splits: independent draws
     problems.append(
         f"{PREFIX}{s.task} has only {s.distinct_inputs():,} distinct inputs with these "
         f"settings, fewer than the {total:,} examples of data.synthetic_train_size + "
@@ -294,6 +340,25 @@ def settings_problems(s: TaskSettings, defaults: TaskSettings | None = None) -> 
         "data.synthetic_num_tokens (data.synthetic_num_pairs for retrieval)."
     )
   return problems
+
+
+def _armt_problems(s: TaskSettings) -> list[str]:
+  """armt_retrieval's key and value sizes and pairs."""
+  if not 1 <= s.key_size <= ARMT_MAX_KEY_SIZE:
+    return [
+        f"data.synthetic_key_size={s.key_size} must be in [1, {ARMT_MAX_KEY_SIZE}] (symbols "
+        "of a key; the authors' recipes use 1 to 3)."
+    ]
+  if s.value_size < 1:
+    return [f"data.synthetic_value_size={s.value_size} must be >= 1."]
+  space = armt_retrieval.NUM_SYMBOLS**s.key_size
+  if not 1 <= s.num_pairs <= space:
+    return [
+        f"data.synthetic_num_pairs={s.num_pairs} must be in [1, {space}] with "
+        f"data.synthetic_key_size={s.key_size} (the keys of an example are distinct): "
+        "lower it or raise data.synthetic_key_size."
+    ]
+  return []
 
 
 def _passkey_problems(s: TaskSettings) -> list[str]:
@@ -372,13 +437,22 @@ def generate(s: TaskSettings) -> dict[str, np.ndarray]:
   """Every split's examples, drawn from ``s.seed``.
 
   Returns:
-    "train", "valid", "test" -> int32 [n, S] examples ``[X, y]``; no input
-    X is in two splits or twice in one.
+    "train", "valid", "test" -> int32 [n, S] examples ``[X, y]``
+    (armt_retrieval: ``armt_retrieval.layout``); no input X is in two
+    splits or twice in one (armt_retrieval's splits are independent draws,
+    as the authors').
 
   Raises:
     errors.DataError: fewer distinct inputs were drawn than the splits need.
   """
   rng = np.random.default_rng(s.seed)
+  if s.task == ARMT:  # independent draws per split, in order, as their three ARDatasets
+    return {
+        split: armt_retrieval.layout(
+            *armt_retrieval.draw(rng, s.key_size, s.value_size, s.num_pairs, size)
+        )
+        for split, size in s.sizes.items()
+    }
   total = sum(s.sizes.values())
   x = _inputs(s, rng, OVERSAMPLE * total)
   _, first = np.unique(x, axis=0, return_index=True)
@@ -396,9 +470,12 @@ def generate(s: TaskSettings) -> dict[str, np.ndarray]:
 
 def vocabulary(s: TaskSettings) -> list[str]:
   """Symbol of each id: copy/reverse ``<pad>``, ``<answer>``, then the ids
-  as numbers; retrieval the digits, ``?`` (the query marker), a..z."""
+  as numbers; retrieval the digits, ``?`` (the query marker), a..z;
+  armt_retrieval ``armt_retrieval.vocabulary``."""
   if s.task == "passkey":
     return passkey.vocabulary()
+  if s.task == ARMT:
+    return armt_retrieval.vocabulary()
   if s.task == "associative_retrieval":
     return [str(d) for d in range(_DIGITS)] + ["?"] + [chr(ord("a") + i) for i in range(_LETTERS)]
   return ["<pad>", "<answer>"] + [str(i) for i in range(2, s.num_tokens)]
@@ -427,4 +504,9 @@ def load(s: TaskSettings) -> ExampleCorpus:
       splits={k: ArraySource(v.reshape(-1)) for k, v in examples.items()},
       settings=s,
       examples=examples,
+      answer_counts=(
+          {k: np.full(v.shape[0], s.weighed_len, np.int32) for k, v in examples.items()}
+          if s.weighed_len != s.answer_len
+          else None
+      ),
   )

@@ -164,6 +164,12 @@ def _parse_jsonl(text: str) -> tuple[list[dict], list[str]]:
   return rows, bad
 
 
+def read_rows(workdir: str) -> list[dict]:
+  """The complete rows of ``<workdir>/metrics.jsonl`` ([] without one)."""
+  path = epath.Path(workdir) / "metrics.jsonl"
+  return _parse_jsonl(path.read_text())[0] if path.exists() else []
+
+
 def scalars_line(scalars: Mapping[str, float | None]) -> str:
   """``name=value, ...`` for the log: 4 significant digits, "null" for None."""
   return ", ".join(f"{k}={'null' if v is None else format(v, '.4g')}" for k, v in scalars.items())

@@ -28,7 +28,7 @@ from transformer_xl.inference import evaluate
 from transformer_xl.model import models
 from transformer_xl.run import checkpointing, distributed, metrics, retention, run_dir
 from transformer_xl.run import workdir as wd
-from transformer_xl.training import init_from, train_state
+from transformer_xl.training import early_stop, init_from, train_state
 from transformer_xl.training.train_state import TrainState
 from transformer_xl.training.train_step import make_train_step
 from transformer_xl.util import report
@@ -170,6 +170,7 @@ def train_and_evaluate(
     corpus: data.Corpus,
     mesh: Mesh,
     stop_requested: Callable[[], bool | str] = lambda: False,
+    stage: tuple[int, str] | None = None,
 ) -> dict:
   """Trains until ``config.train.num_steps``, resuming from ``workdir`` if possible.
 
@@ -182,7 +183,8 @@ def train_and_evaluate(
   and tokens/s (tokens = global_batch * tgt_len per step) every
   ``log_every`` steps to TensorBoard, metrics.jsonl and a console progress
   bar (metrics.py); validates every ``eval_every`` steps with the eval
-  settings; checkpoints every ``checkpoint.every_steps``, at the end and
+  settings, and stops after a validation that meets ``train.stop_*``
+  (early_stop.py; a run that stopped so does nothing when resumed); checkpoints every ``checkpoint.every_steps``, at the end and
   when ``stop_requested()`` becomes true (then it returns; a string names
   the signal in the message: the command line passes SIGTERM's and
   Ctrl-C's flag, ``PreemptionGuard``).  Non-finite steps are handled
@@ -199,8 +201,14 @@ def train_and_evaluate(
   (``retention.prune``).  One training at a time per workdir: a second
   one stops at once naming the first (``lock.training_lock``).
 
+  ``stage``: (index, name) of a curriculum's stage (curriculum.py): the
+  console lines and the progress bar name it, and every metrics.jsonl row
+  carries ``curriculum/stage``.
+
   Returns:
-    The last logged training metrics (dict of floats).
+    The last logged training metrics (dict of floats; with
+    ``stopped_early_at_step`` after an early stop, ``preempted_at_step``
+    after a requested stop).
 
   Raises:
     workdir.WorkdirError: another training holds the workdir.
@@ -216,7 +224,7 @@ def train_and_evaluate(
       mcfg, corpus.unit, corpus.name, tcfg.global_batch, tcfg.get("mem_backprop_depth", 0)
   )
   with run_dir.RunDir(workdir, meta, config.checkpoint.max_to_keep) as rundir:
-    return _train_and_evaluate(config, mcfg, rundir, corpus, mesh, stop_requested)
+    return _train_and_evaluate(config, mcfg, rundir, corpus, mesh, stop_requested, stage)
 
 
 def _train_and_evaluate(
@@ -226,6 +234,7 @@ def _train_and_evaluate(
     corpus: data.Corpus,
     mesh: Mesh,
     stop_requested: Callable[[], bool | str],
+    stage: tuple[int, str] | None,
 ) -> dict:
   """``train_and_evaluate``'s work in its run directory (lock held): the
   state (restored or new), the data from where it stopped, then the steps."""
@@ -243,6 +252,13 @@ def _train_and_evaluate(
   else:
     start_step, state = restored.step, restored.state
     _resume_data(train_iter, restored)
+    stopped = early_stop.stopped_at(rundir.workdir)
+    if stopped is not None and stopped[0] == start_step:  # its marker, then its checkpoint
+      report.log(
+          f"This run stopped early at step {start_step} ({stopped[1]}): nothing to train "
+          f"(to train on, remove {early_stop.MARKER} from the workdir)."
+      )
+      return {"stopped_early_at_step": start_step}
   rundir.start(restored, config, mcfg)
   _report_run(config, corpus, rundir.workdir, state)
   train_step = make_train_step(
@@ -271,6 +287,7 @@ def _train_and_evaluate(
       unit=corpus.unit,
       tokens_per_step=tcfg.global_batch * mcfg.tgt_len * window_advance,  # new tokens a step
       stop_requested=stop_requested,
+      stage=stage,
   )
 
 
@@ -503,6 +520,7 @@ def _run_steps(
     unit: str,
     tokens_per_step: int,
     stop_requested: Callable[[], bool | str],
+    stage: tuple[int, str] | None = None,
 ) -> dict:
   """The steps from ``start_step`` to ``train.num_steps`` on the batches of
   ``train_iter``: each logged, validated and checkpointed at its
@@ -519,9 +537,13 @@ def _run_steps(
   """
   tcfg = config.train
   writer = metrics.MetricWriter(rundir.workdir, start_step)
+  stage_row = {} if stage is None else {"curriculum/stage": stage[0]}
   last: dict = {}
-  bar = metrics.progress_bar(tcfg.num_steps, start_step)
-  say = bar.write if jax.process_index() == 0 else (lambda msg: None)
+  bar = metrics.progress_bar(tcfg.num_steps, start_step, desc=stage[1] if stage else "train")
+  prefix = f"[{stage[1]}] " if stage else ""
+  say = (lambda msg: bar.write(prefix + msg)) if jax.process_index() == 0 else (lambda msg: None)
+  stopper = early_stop.EarlyStop.from_config(tcfg)
+  stopper.replay(metrics.read_rows(rundir.workdir) if stopper.enabled else [], start_step)
   guard = NonFiniteGuard(
       tcfg.nonfinite, tcfg.max_skipped_steps, tcfg, rundir.verification.describe, say
   )
@@ -550,21 +572,30 @@ def _run_steps(
         step_log.restart_clock()
       if step % tcfg.log_every == 0 or step == tcfg.num_steps:
         last = step_log.summary(step)
-        writer.write_scalars(step, {f"train/{k}": v for k, v in last.items()})
+        writer.write_scalars(step, {**stage_row, **{f"train/{k}": v for k, v in last.items()}})
         bar.set_postfix(loss=f"{last['loss']:.3f}", **{metric: f"{last[metric]:.3f}"})
         say(f"step {step}: " + ", ".join(f"{k}={v:.4g}" for k, v in last.items()))
         step_log.restart_clock()
+      stop_reason = None
       if evaluator is not None and (step % tcfg.eval_every == 0 or step == tcfg.num_steps):
         res = evaluator.evaluate(state.params, "valid", max_steps=tcfg.eval_max_steps)
         if res["loss_nats"] is not None and np.isfinite(res["loss_nats"]):
           rundir.verification.params_good(step)
-        writer.write_scalars(step, {f"valid/{k}": v for k, v in res.items()})
+        writer.write_scalars(step, {**stage_row, **{f"valid/{k}": v for k, v in res.items()}})
+        stop_reason = stopper.update(res.get(stopper.metric)) if stopper.enabled else None
         say(f"step {step}: valid " + metrics.scalars_line(res))
         if not res["tokens"]:
           report.log(metrics.empty_validation_warning(step, metric, tcfg.eval_max_steps))
         step_log.restart_clock()
       preempted = preemption.should_stop(step)
-      if step % config.checkpoint.every_steps == 0 or step == tcfg.num_steps or preempted:
+      if stop_reason:  # the marker first: a checkpoint without it would train on when resumed
+        early_stop.write_marker(rundir.workdir, step, stop_reason)
+      if (
+          step % config.checkpoint.every_steps == 0
+          or step == tcfg.num_steps
+          or preempted
+          or stop_reason
+      ):
         step_log.drain()  # never save before every step since the last check is known to be finite
         rundir.save(step, state, iter_state)
         step_log.restart_clock()
@@ -575,6 +606,10 @@ def _run_steps(
             f"{step}; stopping (the same command resumes here)."
         )
         last["preempted_at_step"] = step
+        break
+      if stop_reason:
+        say(f"Stopping early at step {step}: {stop_reason}.")
+        last["stopped_early_at_step"] = step
         break
     finished = True
   except metrics.NonFiniteError as err:
