@@ -155,12 +155,12 @@ def test_bad_stages_and_stop_settings_are_one_error_line_before_any_training(tmp
     assert "Traceback" not in r.stderr and not (w / "stages").exists()
   config = default_config.get_config()
   problems = {
-      "answer_accuracy": early_stop.settings_problems(
+      "answer_accuracy": default_config.stop_problems(
           {"stop_metric": "answer_accuracy", "stop_target": 0.9}, example_corpus=False
       ),
-      "no target": early_stop.settings_problems({"stop_metric": "ppl"}, example_corpus=False),
-      "no metric": early_stop.settings_problems({"stop_target": 0.9}, example_corpus=True),
-      "accuracy > 1": early_stop.settings_problems(
+      "no target": default_config.stop_problems({"stop_metric": "ppl"}, example_corpus=False),
+      "no metric": default_config.stop_problems({"stop_target": 0.9}, example_corpus=True),
+      "accuracy > 1": default_config.stop_problems(
           {"stop_metric": "answer_accuracy", "stop_target": 90}, example_corpus=True
       ),
   }
@@ -168,7 +168,7 @@ def test_bad_stages_and_stop_settings_are_one_error_line_before_any_training(tmp
   assert "needs train.stop_target or train.stop_patience" in problems["no target"][0]
   assert "need train.stop_metric" in problems["no metric"][0]
   assert "use a value in [0, 1]" in problems["accuracy > 1"][0]
-  assert not early_stop.settings_problems(config.train, example_corpus=False)
+  assert not default_config.stop_problems(config.train, example_corpus=False)
 
 
 def test_early_stop_decides_on_target_and_patience_and_replays_the_same():

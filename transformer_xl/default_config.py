@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ast
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import ml_collections
@@ -31,7 +31,6 @@ from transformer_xl.model.config import (  # noqa: F401 (re-exported: the model'
     config_problems,
     segment_problems,
 )
-from transformer_xl.training import early_stop
 
 NONFINITE_POLICIES = ("stop", "skip")  # train.nonfinite
 EVAL_DOCUMENTS = ("split", "whole")  # eval.documents (inference/evaluate.py)
@@ -417,7 +416,7 @@ def validate(
   if t.eval_every < 0 or t.eval_max_steps < 0:
     problems.append("train.eval_every and train.eval_max_steps must be >= 0 (0 = never / all).")
   problems += _optimizer_problems(t, nonfinite)
-  problems += early_stop.settings_problems(
+  problems += stop_problems(
       t,
       synthetic.is_synthetic(config.data.dataset) or babilong.is_babilong(config.data.dataset),
       nonfinite,
@@ -438,6 +437,52 @@ def validate(
   if problems:
     raise ConfigError("Invalid config:\n  - " + "\n  - ".join(problems))
   return mesh_shape
+
+
+STOP_LOWER_IS_BETTER = ("loss_nats", "ppl", "bpc")
+STOP_ANSWER_METRICS = ("answer_accuracy", "answer_token_accuracy")
+# Validation metrics a run can stop on: every corpus's, and the example corpora's answers.
+STOP_METRICS = (*STOP_LOWER_IS_BETTER, *STOP_ANSWER_METRICS)
+
+
+def stop_problems(
+    train_cfg: Mapping[str, Any], example_corpus: bool, nonfinite: Collection[str] = ()
+) -> list[str]:
+  """What is wrong with ``train.stop_*`` (early stopping, training/early_stop.py); ``example_corpus``: the data is
+  whole examples with answers (a synthetic task, BABILong); ``nonfinite``:
+  the keys already refused as NaN or infinite (not checked again)."""
+  metric = train_cfg.get("stop_metric", "")
+  target, patience = train_cfg.get("stop_target", 0.0), train_cfg.get("stop_patience", 0)
+  if "train.stop_target" in nonfinite:
+    target = 0.0
+  if not metric:
+    if target or patience:
+      return [
+          f"train.stop_target={target} and train.stop_patience={patience} need "
+          f"train.stop_metric: set it to one of {', '.join(STOP_METRICS)}."
+      ]
+    return []
+  if metric not in STOP_METRICS:
+    return [f"train.stop_metric={metric!r}: use one of {', '.join(STOP_METRICS)} (or '' for none)."]
+  problems = []
+  if metric in STOP_ANSWER_METRICS and not example_corpus:
+    problems.append(
+        f"train.stop_metric={metric!r} is measured on tasks with answers (data.dataset "
+        "'synthetic:TASK' or 'babilong:qaN'): use loss_nats, ppl or bpc."
+    )
+  if not isinstance(patience, int) or patience < 0:
+    problems.append(f"train.stop_patience={patience!r} must be an integer >= 0 (0 = off).")
+  if not isinstance(target, (int, float)) or not math.isfinite(target) or target < 0:
+    problems.append(f"train.stop_target={target!r} must be a finite number >= 0.")
+  elif metric not in STOP_LOWER_IS_BETTER and target > 1:
+    problems.append(f"train.stop_target={target} is an accuracy: use a value in [0, 1].")
+  if not problems and not patience and not target:
+    problems.append(f"train.stop_metric={metric!r} needs train.stop_target or train.stop_patience.")
+  if train_cfg.get("eval_every", 1) == 0:
+    problems.append(
+        "train.stop_metric needs validations: set train.eval_every > 0 (steps between them)."
+    )
+  return problems
 
 
 CURRICULUM_FIXED = ("train.curriculum", "train.init_from")  # set by the curriculum itself

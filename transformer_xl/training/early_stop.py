@@ -7,8 +7,8 @@ booydar/LM-RMT) stops a run when the validation metric reaches a target
 for ``--early_stopping_patience`` validations in a row; their curricula
 move on to the next stage then.  Here:
 
-* ``train.stop_metric``: a validation metric (``METRICS``; "" = never stop
-  early); accuracies count as better when higher, ``loss_nats``, ``ppl``
+* ``train.stop_metric``: a validation metric (``default_config.STOP_METRICS``,
+  checked by ``default_config.stop_problems``; "" = never stop early); accuracies count as better when higher, ``loss_nats``, ``ppl``
   and ``bpc`` when lower;
 * ``train.stop_target``: stop once the metric is at least as good (0 with a
   higher-is-better metric, or with ``stop_patience`` alone: no target);
@@ -29,59 +29,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import jax
 from etils import epath
 
+from transformer_xl import default_config
 from transformer_xl.util import files
 
 MARKER = "early_stop.json"
-LOWER_IS_BETTER = ("loss_nats", "ppl", "bpc")
-# Validation metrics a run can stop on: every corpus's, and the example corpora's answers.
-METRICS = (*LOWER_IS_BETTER, "answer_accuracy", "answer_token_accuracy")
-ANSWER_METRICS = ("answer_accuracy", "answer_token_accuracy")
-
-
-def settings_problems(
-    train_cfg: Mapping[str, Any], example_corpus: bool, nonfinite: Collection[str] = ()
-) -> list[str]:
-  """What is wrong with ``train.stop_*``; ``example_corpus``: the data is
-  whole examples with answers (a synthetic task, BABILong); ``nonfinite``:
-  the keys already refused as NaN or infinite (not checked again)."""
-  metric = train_cfg.get("stop_metric", "")
-  target, patience = train_cfg.get("stop_target", 0.0), train_cfg.get("stop_patience", 0)
-  if "train.stop_target" in nonfinite:
-    target = 0.0
-  if not metric:
-    if target or patience:
-      return [
-          f"train.stop_target={target} and train.stop_patience={patience} need "
-          f"train.stop_metric: set it to one of {', '.join(METRICS)}."
-      ]
-    return []
-  if metric not in METRICS:
-    return [f"train.stop_metric={metric!r}: use one of {', '.join(METRICS)} (or '' for none)."]
-  problems = []
-  if metric in ANSWER_METRICS and not example_corpus:
-    problems.append(
-        f"train.stop_metric={metric!r} is measured on tasks with answers (data.dataset "
-        "'synthetic:TASK' or 'babilong:qaN'): use loss_nats, ppl or bpc."
-    )
-  if not isinstance(patience, int) or patience < 0:
-    problems.append(f"train.stop_patience={patience!r} must be an integer >= 0 (0 = off).")
-  if not isinstance(target, (int, float)) or not math.isfinite(target) or target < 0:
-    problems.append(f"train.stop_target={target!r} must be a finite number >= 0.")
-  elif metric not in LOWER_IS_BETTER and target > 1:
-    problems.append(f"train.stop_target={target} is an accuracy: use a value in [0, 1].")
-  if not problems and not patience and not target:
-    problems.append(f"train.stop_metric={metric!r} needs train.stop_target or train.stop_patience.")
-  if train_cfg.get("eval_every", 1) == 0:
-    problems.append(
-        "train.stop_metric needs validations: set train.eval_every > 0 (steps between them)."
-    )
-  return problems
+LOWER_IS_BETTER = default_config.STOP_LOWER_IS_BETTER  # the settings' checks: default_config
 
 
 @dataclasses.dataclass
