@@ -25,8 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_xl import presets
-from transformer_xl.compile import chips, compiler, fit, hlo
+from transformer_xl import default_config, presets
+from transformer_xl.compile import chips, compiler, fit, hlo, report
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
@@ -536,3 +536,18 @@ def test_the_fused_kernel_in_bfloat16_is_refused_before_tpu_v4(kind):
   with c.unlocked():
     c.model.dtype = "float32"
   default_config.validate(c, 32, device_kind=kind)  # Mosaic compiles it in float32 there
+
+
+def test_the_vocabulary_of_a_config_is_found_or_asked_for():
+  """Fixed corpora, synthetic tasks and a SentencePiece size need no --vocab;
+  another tokenizer's file (GPT-2's for BABILong) is asked for in one line."""
+  config = default_config.get_config()
+  assert report._vocab(config, None) == 256  # enwik8  # pylint: disable=protected-access
+  config.data.update(dataset="synthetic:armt_retrieval")
+  assert report._vocab(config, None) == 103  # pylint: disable=protected-access
+  config.data.update(dataset="tfds:pg19", tokenizer="sentencepiece", vocab_size=32000)
+  assert report._vocab(config, None) == 32000  # pylint: disable=protected-access
+  assert report._vocab(config, 7) == 7  # pylint: disable=protected-access
+  config.data.update(dataset="babilong:qa1", tokenizer="pretrained:gpt2/tokenizer.json")
+  with pytest.raises(compiler.CompileError, match="pass --vocab=N"):
+    report._vocab(config, None)  # pylint: disable=protected-access

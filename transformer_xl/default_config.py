@@ -53,6 +53,8 @@ FLOAT_RANGES = {
     "train.learning_rate": "> 0",
     "train.min_lr": ">= 0 and <= train.learning_rate",
     "train.clip": "> 0",
+    "train.clip_value": ">= 0",
+    "train.weight_decay": ">= 0",
     "train.adam_b1": "in [0, 1)",
     "train.adam_b2": "in [0, 1)",
     "train.adam_eps": "> 0",
@@ -183,7 +185,13 @@ def get_config() -> ml_collections.ConfigDict:
           warmup_steps=0,
           learning_rate=2.5e-4,  # Adam, linear warmup then cosine decay to min_lr
           min_lr=0.0,  # reference eta_min
-          clip=0.25,  # global gradient-norm clipping
+          schedule="cosine",  # after the warmup: "cosine" (the reference) | "linear" (to
+          # min_lr; HuggingFace's get_linear_schedule_with_warmup, the ARMT authors')
+          schedule_steps=0,  # the step where the decay reaches min_lr (0 = num_steps)
+          clip=0.25,  # global gradient-norm clipping (inf = none)
+          clip_value=0.0,  # clip each gradient value to [-v, v] first (torch's
+          # clip_grad_value_, the ARMT authors' 1.0; 0 = none)
+          weight_decay=0.0,  # decoupled weight decay of every parameter (AdamW; 0 = Adam)
           adam_b1=0.9,
           adam_b2=0.999,
           adam_eps=1e-8,
@@ -413,6 +421,9 @@ def validate(
   problems += _schedule_problems(t, nonfinite)
   if finite("train.clip") and not t.clip > 0:
     problems.append(f"train.clip={t.clip} must be > 0 (the gradient-norm clip; reference 0.25).")
+  for key in ("clip_value", "weight_decay"):
+    if finite(f"train.{key}") and not t.get(key, 0.0) >= 0:
+      problems.append(f"train.{key}={t.get(key)} must be >= 0 (0 = none).")
   if t.eval_every < 0 or t.eval_max_steps < 0:
     problems.append("train.eval_every and train.eval_max_steps must be >= 0 (0 = never / all).")
   problems += _optimizer_problems(t, nonfinite)
@@ -638,6 +649,16 @@ def _schedule_problems(t: ml_collections.ConfigDict, nonfinite: set[str]) -> lis
     problems.append(
         f"train.min_lr={t.min_lr} must be <= train.learning_rate="
         f"{t.learning_rate} (the cosine decays from learning_rate to min_lr)."
+    )
+  schedule, span = t.get("schedule", "cosine"), t.get("schedule_steps", 0)
+  if schedule not in ("cosine", "linear"):
+    problems.append(f"train.schedule={schedule!r}: use 'cosine' or 'linear'.")
+  if not isinstance(span, int) or isinstance(span, bool) or span < 0:
+    problems.append(f"train.schedule_steps={span!r} must be an integer >= 0 (0 = num_steps).")
+  elif span and span < t.warmup_steps:
+    problems.append(
+        f"train.schedule_steps={span} must be >= train.warmup_steps={t.warmup_steps} (the "
+        "decay follows the warmup), or 0 (num_steps)."
     )
   if t.num_steps >= 1 and t.warmup_steps > t.num_steps:
     problems.append(

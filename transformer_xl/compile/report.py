@@ -91,12 +91,19 @@ def _vocab(config: Any, vocab: int | None) -> int:
     if vocab < 2:
       raise compiler.CompileError(f"--vocab={vocab} must be >= 2")
     return vocab
-  if config.data.dataset not in sizes:
-    raise compiler.CompileError(
-        f"no fixed vocabulary size is known for data.dataset={config.data.dataset!r}: "
-        "pass --vocab=N"
-    )
-  return sizes[config.data.dataset]
+  if config.data.dataset in sizes:
+    return sizes[config.data.dataset]
+  from transformer_xl.data import synthetic  # noqa: PLC0415
+
+  if synthetic.is_synthetic(config.data.dataset):  # the task's own vocabulary
+    return synthetic.TaskSettings.from_data_config(config.data).n_token
+  if config.data.get("tokenizer") == "sentencepiece" and config.data.get("vocab_size", 0) > 0:
+    return int(config.data.vocab_size)  # the pieces SentencePiece is asked to learn
+  raise compiler.CompileError(
+      f"no fixed vocabulary size is known for data.dataset={config.data.dataset!r} with "
+      f"data.tokenizer={config.data.get('tokenizer')!r}: pass --vocab=N (e.g. GPT-2's "
+      "tokenizer: 50257)"
+  )
 
 
 def gib_text(x: float) -> str:

@@ -63,25 +63,44 @@ def state_bytes(state: TrainState) -> dict[str, int]:
 
 
 def learning_rate_schedule(train_cfg: ml_collections.ConfigDict) -> optax.Schedule:
-  """Linear warmup from 0 to learning_rate, then cosine decay to min_lr.
+  """Linear warmup from 0 to learning_rate, then a decay to min_lr.
 
-  The cosine spans num_steps including the warmup (optax
-  ``warmup_cosine_decay_schedule``; the reference's CosineAnnealingLR over
-  max_step).
+  ``train.schedule``: "cosine" (optax ``warmup_cosine_decay_schedule``, the
+  cosine spanning the steps including the warmup: the reference's
+  CosineAnnealingLR over max_step) or "linear" (HuggingFace's
+  ``get_linear_schedule_with_warmup``, which the ARMT and RMT authors
+  train with: ``lr * step / warmup``, then a straight line to min_lr).  The
+  decay reaches min_lr at ``train.schedule_steps`` (0 = ``num_steps``; the
+  ARMT authors set twice their iterations) and stays there.
   """
+  lr, end = train_cfg.learning_rate, train_cfg.min_lr
+  warmup = train_cfg.warmup_steps
+  total = train_cfg.get("schedule_steps", 0) or train_cfg.num_steps
+  if train_cfg.get("schedule", "cosine") == "linear":
+    decay = optax.linear_schedule(lr, end, max(total - warmup, 1))
+    if not warmup:
+      return decay
+    return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup), decay], [warmup])
   return optax.warmup_cosine_decay_schedule(
-      init_value=0.0 if train_cfg.warmup_steps > 0 else train_cfg.learning_rate,
-      peak_value=train_cfg.learning_rate,
-      warmup_steps=train_cfg.warmup_steps,
-      decay_steps=max(train_cfg.num_steps, train_cfg.warmup_steps + 1),
-      end_value=train_cfg.min_lr,
+      init_value=0.0 if warmup > 0 else lr,
+      peak_value=lr,
+      warmup_steps=warmup,
+      decay_steps=max(total, warmup + 1),
+      end_value=end,
   )
 
 
 def make_optimizer(
     train_cfg: ml_collections.ConfigDict, model_cfg: models.ModelConfig | None = None
 ) -> optax.GradientTransformation:
-  """Global-norm clipping then Adam on ``learning_rate_schedule``.
+  """Clipping, then Adam (AdamW with ``train.weight_decay`` > 0) on
+  ``learning_rate_schedule``.
+
+  Clipping: each gradient value to ``[-train.clip_value, clip_value]``
+  when set (torch's ``clip_grad_value_``, the ARMT authors'), then the
+  global norm to ``train.clip`` (the reference's; inf: none).  AdamW is
+  torch's ``AdamW`` (and optax's ``adamw``): the parameters decay by
+  ``lr * weight_decay`` apart from the Adam step, every parameter alike.
 
   A model whose memory has parameters of its own optimised apart
   (``memory.Plan.param_groups``, e.g. a compression network that its paper
@@ -90,22 +109,22 @@ def make_optimizer(
   each to ``train.clip``: an auxiliary loss's gradient then takes nothing
   from the language model's clipped step.  Adam works per parameter, so
   this is one optimiser per group with the same settings; the state is the
-  plain chain's (checkpoints keep their layout).
+  plain chain's (checkpoints keep their layout; without ``clip_value`` and
+  weight decay, the layout of the versions before them).
   """
   groups = memory_lib.plan(model_cfg).param_groups() if model_cfg is not None else ()
   if groups:
     clip = clip_groups_by_global_norm(train_cfg.clip, groups)
   else:
     clip = optax.clip_by_global_norm(train_cfg.clip)
-  return optax.chain(
-      clip,
-      optax.adam(
-          learning_rate_schedule(train_cfg),
-          b1=train_cfg.adam_b1,
-          b2=train_cfg.adam_b2,
-          eps=train_cfg.adam_eps,
-      ),
+  schedule = learning_rate_schedule(train_cfg)
+  adam = dict(b1=train_cfg.adam_b1, b2=train_cfg.adam_b2, eps=train_cfg.adam_eps)
+  decay = train_cfg.get("weight_decay", 0.0)
+  step = (
+      optax.adamw(schedule, weight_decay=decay, **adam) if decay else optax.adam(schedule, **adam)
   )
+  value = train_cfg.get("clip_value", 0.0)
+  return optax.chain(optax.clip(value), clip, step) if value else optax.chain(clip, step)
 
 
 def clip_groups_by_global_norm(
