@@ -26,10 +26,9 @@ on this package's Transformer-XL (relative attention, d_head 32, d_inner
   of 1,024 entries per head beside a one-segment cache;
 * ``:none``: no memory (each segment alone).
 
-Departures, said: Adam with a cosine schedule from the stage's learning
-rate (theirs AdamW with weight decay 1e-3 and a linear schedule with
-warmup), global-norm clipping at 1.0 (theirs clips each gradient value at
-1.0), a fixed number of pairs per stage (their ``--vary_n_segments``
+Their optimizer is kept: AdamW (weight decay 1e-3), the linear schedule
+with warmup, each gradient value clipped at 1.0.  Departures, said: a
+fixed number of pairs per stage (their ``--vary_n_segments``
 draws the number of pairs of each batch up to the stage's: not here yet),
 batch 64 instead of 512 and 10,000 training examples per stage instead of
 their 1,000,000 (a CPU's budget: ``results/memory_curriculum``).
@@ -59,14 +58,15 @@ BACKPROP = ("armt", "tokens")  # their memory carries its gradient through every
 
 
 def stage(pairs: int, key_size: int, steps: int, variant: str) -> str:
-  """One ``train.curriculum`` entry: the pairs, key size, budget and warmup
-  (a tenth, theirs); a segment of ``key_size + 3`` tokens (their
+  """One ``train.curriculum`` entry: the pairs, key size, budget, warmup (a
+  tenth) and the linear decay's end (twice the budget: theirs); a segment of ``key_size + 3`` tokens (their
   ``BLOCK_SIZE``; a one-segment cache follows it); for the memories that
   keep their gradient the backpropagation through every earlier segment."""
   seg = key_size + 3
   s = (
       f"data.synthetic_num_pairs={pairs} data.synthetic_key_size={key_size} "
-      f"train.num_steps={steps} train.warmup_steps={steps // 10}"
+      f"train.num_steps={steps} train.warmup_steps={steps // 10} "
+      f"train.schedule_steps={2 * steps}"
   )
   if key_size != 1:
     s += f" model.tgt_len={seg} eval.tgt_len={seg}"
@@ -125,7 +125,10 @@ def get_config(variant: str = "armt"):
       global_batch=64,
       learning_rate=3e-4,
       min_lr=0.0,
-      clip=1.0,
+      schedule="linear",  # get_linear_schedule_with_warmup
+      weight_decay=1e-3,  # AdamW
+      clip=float("inf"),
+      clip_value=1.0,  # --clip_grad_value 1.0
       log_every=50,
       eval_every=250,  # their valid_interval
       eval_max_steps=0,
@@ -135,7 +138,8 @@ def get_config(variant: str = "armt"):
       bptt_bp=variant in BACKPROP,
       curriculum=tuple(stage(p, k, n, variant) for p, k, n in STAGES),
   )
-  c.train.update(num_steps=STAGES[0][2], warmup_steps=STAGES[0][2] // 10)  # stage 1's
+  n = STAGES[0][2]
+  c.train.update(num_steps=n, warmup_steps=n // 10, schedule_steps=2 * n)  # stage 1's
   if variant in BACKPROP:
     c.train.mem_backprop_depth = 1
   c.eval.update(
