@@ -110,3 +110,65 @@ def test_two_hundred_steps_of_armt_equal_the_authors_training(tmp_path):
   assert len(ours) == len(theirs) == steps
   assert theirs[-1] < 0.5 * theirs[0]  # they learn: the comparison covers a moving model
   np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=0)
+
+
+RMT_FIXTURE = Path(__file__).parent / "fixtures" / "rmt_trajectory.npz"
+
+
+@pytest.mark.slow
+def test_two_hundred_steps_of_the_memory_tokens_equal_the_authors_training(tmp_path):
+  """tests/fixtures/rmt_trajectory.npz (scripts/make_rmt_trajectory.py): LM-RMT's
+  MemTransformerLM (whose memory tokens ``model.memory="tokens"`` is) trained
+  by their train_synthetic.py's step on their associative retrieval: the
+  tokens carried with their gradient through the example's 5 segments, Adam,
+  norm clipping at 0.25, their cosine schedule.  Ours from the same weights
+  (convert/rmt.py), through train_and_evaluate: each step's loss to 1e-4
+  (1.4e-6 at most on the machine that made it; norm clipping at 0.5 instead
+  of 0.25 departs by 1.5e-4)."""
+  from transformer_xl.convert import rmt  # pylint: disable=import-outside-toplevel
+
+  f = np.load(RMT_FIXTURE)
+  s = _settings(f)
+  cfg = rmt.model_config_from_rmt_hparams(rmt.load_rmt_hparams(json.loads(str(f["hparams"]))))
+  state = {k[len("sd/") :]: f[k] for k in f.files if k.startswith("sd/")}
+  params = rmt.params_from_rmt_state_dict(state, cfg)
+  source = tmp_path / "theirs"
+  workdir_io.write_workdir(str(source), params, cfg, dataset="synthetic:associative_retrieval")
+  # Their batches, time-major [steps, E, B] -> examples [X, y] in their order.
+  inputs, targets = f["inputs"].transpose(0, 2, 1), f["targets"].transpose(0, 2, 1)
+  examples = np.concatenate([inputs, targets[:, :, -1:]], axis=2).reshape(-1, inputs.shape[2] + 1)
+  task = synthetic.TaskSettings(
+      task="associative_retrieval", num_pairs=s["pairs"], train_size=len(examples), valid_size=8,
+      test_size=8,
+  )  # fmt: skip
+  assert examples.shape[1] == task.sequence_len
+  np.testing.assert_array_equal(synthetic.marked_answer(task, examples[:, :-2]), examples[:, -2:])
+  splits = {"train": examples, "valid": examples[:8], "test": examples[:8]}
+  corpus = ExampleCorpus(
+      name=task.name, unit="word", vocab=synthetic.vocabulary(task),
+      boundary_id=synthetic.QUERY_MARKER,
+      splits={k: ArraySource(v.reshape(-1)) for k, v in splits.items()}, settings=task,
+      examples=splits,
+  )  # fmt: skip
+  config = default_config.get_config()
+  config.data.update(dataset=task.name, synthetic_num_pairs=s["pairs"])
+  default_config.set_model_config(config, cfg)
+  segments = task.example_len // cfg.tgt_len
+  steps = s["steps"]
+  config.train.update(
+      global_batch=s["batch"], num_steps=steps, learning_rate=s["lr"], min_lr=s["eta_min"],
+      warmup_steps=0, schedule="cosine", clip=s["clip"], mem_backprop_depth=segments - 1,
+      bptt_bp=True, log_every=1, eval_every=0, init_from=str(source), prefetch=0,
+  )  # fmt: skip
+  config.eval.update(tgt_len=cfg.tgt_len, mem_len=0, same_length=False, global_batch=8)
+  config.checkpoint.every_steps = steps
+  default_config.validate(config, 1)
+  mesh = sharding.make_mesh((1, 1), config.mesh.axis_names, devices=jax.devices()[:1])
+  work = tmp_path / "ours"
+  train.train_and_evaluate(config, str(work), corpus, mesh)
+  rows = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
+  ours = np.array([r["train/loss"] for r in rows if "train/loss" in r])
+  theirs = f["loss"]
+  assert len(ours) == len(theirs) == steps
+  assert theirs[-1] < 0.75 * theirs[0]  # they learn
+  np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=0)

@@ -183,3 +183,17 @@ def test_early_stop_decides_on_target_and_patience_and_replays_the_same():
   assert (again.best, again.since_best) == (0.6, 1)  # the row after the checkpoint ignored
   assert "not improved" in again.update(0.55)
   assert early_stop.EarlyStop("answer_accuracy", 0.9, 0).update(0.95).startswith("valid answer")
+
+
+def test_init_from_reads_an_unset_d_embed_as_d_model():
+  """A converted workdir saves d_embed None, a config writes 0: the same model
+  (the trajectory test's memory-tokens workdir was refused before)."""
+  from transformer_xl.model import models  # pylint: disable=import-outside-toplevel
+  from transformer_xl.training import init_from  # pylint: disable=import-outside-toplevel
+
+  base = dict(n_token=32, n_layer=1, d_model=16, n_head=2, d_head=8, d_inner=32)
+  cfg = lambda d: models.ModelConfig.from_dict({**base, "d_embed": d})
+  assert init_from.model_problems(cfg(None), cfg(0)) == []
+  assert init_from.model_problems(cfg(None), cfg(16)) == []
+  (problem,) = init_from.model_problems(cfg(None), cfg(8))
+  assert "model.d_embed=8 differs from the train.init_from model's 16" in problem

@@ -51,6 +51,7 @@ def model_problems(source: models.ModelConfig, cfg: models.ModelConfig) -> list[
   """The fields of ``cfg`` (this run) that must equal ``source``'s (the
   ``train.init_from`` workdir's) and do not; one message each."""
   a, b = flat_fields(source.to_dict(), complete=True), flat_fields(cfg.to_dict(), complete=True)
+  a["d_embed"], b["d_embed"] = source.embed_dim, cfg.embed_dim  # 0, None and d_model alike
   free = lambda key: key in FREE or key.partition(".")[0] in memory.VARIANTS
   return [
       f"model.{key}={b.get(key)!r} differs from the train.init_from model's {a.get(key)!r} "
