@@ -73,8 +73,11 @@ HEADER = """# Every config compiled for its slice by the TPU compiler, on a CPU 
 
 What `python -m transformer_xl.compile` says of each config's train and eval
 steps (the real steps, the config's mesh and shardings, nothing executed, no
-accelerator): on its slice preset, on a v5e-256 and a v5p-128 (the preset
-rule's mesh for their device count, `presets.shard_over`), and on H100s;
+accelerator): on its slice preset and on one v5e and one v5p slice of a
+similar size (v5e-256 and v5p-128 for the 24-layer and large models,
+v5e-8/v5e-4 and v5p-8 for those of a v4-8, v5e-32 and v5p-32 for
+compressive_enwik8, v5e-256 and v5p-256 for lm1b_large; the preset rule's
+mesh for their device count, `presets.shard_over`), and the paper's on H100s;
 the XLA attention and the fused Pallas kernel side by side (the Pallas rows
 with `model.dropatt=0`: the kernel has no dropatt, and a training step with
 dropatt > 0 takes the XLA path).  Made by `scripts/tpu_compile_table.sh`

@@ -197,3 +197,14 @@ def test_init_from_reads_an_unset_d_embed_as_d_model():
   assert init_from.model_problems(cfg(None), cfg(16)) == []
   (problem,) = init_from.model_problems(cfg(None), cfg(8))
   assert "model.d_embed=8 differs from the train.init_from model's 16" in problem
+
+
+def test_a_stop_metric_the_corpus_does_not_report_is_refused():
+  assert early_stop.corpus_problem("bpc", "word", False).startswith(
+      "train.stop_metric='bpc': this corpus's validation reports ppl"
+  )
+  assert "reports bpc" in early_stop.corpus_problem("ppl", "byte", False)
+  assert "needs a task with answers" in early_stop.corpus_problem("answer_accuracy", "word", False)
+  assert early_stop.corpus_problem("ppl", "word", False) is None
+  assert early_stop.corpus_problem("answer_accuracy", "word", True) is None
+  assert early_stop.corpus_problem("", "byte", False) is None

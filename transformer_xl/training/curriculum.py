@@ -28,7 +28,10 @@ Layout of the workdir ``W``:
   optimizer fresh**, as the authors' runs load ``model_cpt`` into a new
   AdamW and a new schedule with its warmup); stage 0 from the config's own
   ``train.init_from`` or from scratch;
-* ``W/stages/NN/stage_done.json``: the stage finished (its budget or early);
+* ``W/stages/NN/stage_done.json``: the stage finished (its budget or
+  early): its last step, why it ended, the batch rows it trained on
+  (``rows_seen``: whole examples where a step backpropagates through an
+  example's segments, segments otherwise), the seconds of its last run;
 * ``W/eval_results.json``: the final model (the last stage's) evaluated on
   the valid and test splits of every stage's data (the capacity curve),
   with each stage's steps and why it ended.
@@ -130,7 +133,7 @@ def _mark_done(workdir: str, cfg: ml_collections.ConfigDict, last: dict, seconds
   record = {
       "step": step,
       "ended": stopped[1] if stopped else f"train.num_steps={cfg.train.num_steps}",
-      "examples_seen": step * cfg.train.global_batch,
+      "rows_seen": step * cfg.train.global_batch,  # whole examples when a step is one
       "train_seconds_this_run": round(seconds, 1),
       "last_train_loss": rows[-1]["train/loss"] if rows else last.get("loss"),
   }

@@ -36,10 +36,28 @@ import jax
 from etils import epath
 
 from transformer_xl import default_config
+from transformer_xl.run import metrics
 from transformer_xl.util import files
 
 MARKER = "early_stop.json"
 LOWER_IS_BETTER = default_config.STOP_LOWER_IS_BETTER  # the settings' checks: default_config
+
+
+def corpus_problem(metric: str, unit: str, has_answers: bool) -> str | None:
+  """Why ``train.stop_metric`` is not measured on a corpus of ``unit``
+  (``bpc`` on a word-level corpus, ``ppl`` on a byte-level one) or without
+  answers; None: it is (or it is off)."""
+  if not metric:
+    return None
+  reported = metrics.metric_name(unit)
+  if metric in ("bpc", "ppl") and metric != reported:
+    return (
+        f"train.stop_metric={metric!r}: this corpus's validation reports {reported} "
+        f"({unit}-level): use {reported!r} or 'loss_nats'."
+    )
+  if metric in default_config.STOP_ANSWER_METRICS and not has_answers:
+    return f"train.stop_metric={metric!r} needs a task with answers: use loss_nats or {reported}."
+  return None
 
 
 @dataclasses.dataclass

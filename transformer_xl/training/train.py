@@ -244,6 +244,11 @@ def _train_and_evaluate(
   abstract_state, state_shardings = train_state.abstract_train_state(
       model, tx, tcfg.global_batch, mesh
   )
+  problem = early_stop.corpus_problem(
+      tcfg.get("stop_metric", ""), corpus.unit, isinstance(corpus, example_corpus.ExampleCorpus)
+  )
+  if problem:
+    raise default_config.ConfigError(problem)
   train_iter, window_advance = _train_iterator(config, mcfg, corpus, mesh)
   restored = rundir.restore(abstract_state)
   if restored is None:  # fresh, or from train.init_from's parameters
