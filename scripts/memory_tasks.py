@@ -4,7 +4,7 @@ r"""Which memory solves long-range synthetic tasks: a small CPU study.
         [--workdirs=workdirs/memory_tasks] [--seeds=1,2] \
         [--tasks=copy,reverse[,associative_retrieval]] [--pairs=2,4,8] \
         [--distances=one,two] [--memories=xl,tokens,compressive,none[,armt]] \
-        [--batches=N] [--quick] [--report_only] [--reuse]
+        [--batches=N] [--steps=example|segment] [--quick] [--report_only] [--reuse]
 
 The copy and reverse tasks of the Recurrent Memory Transformer (Bulatov,
 Kuratov, Burtsev 2022, arXiv 2207.06881, Sec. 4; ``data.dataset=
@@ -61,10 +61,14 @@ cache of M = 4 positions holds the last 2 pairs.
 Every run is the same tiny model (2 layers, d_model 64, 2 heads of 32,
 d_inner 128, no dropout; the rest of ``configs/copy_rmt.py``), batch 32,
 Adam at 1e-3 (cosine to 3e-4, no warmup, clip 0.25), and sees the same
-examples: ``--batches`` batches of 32 whole examples.  The memory tokens
-take one step per batch of examples; the other memories one step per
-segment (as every corpus here: a segment without answer positions is a step
-with a zero gradient), so their ``num_steps`` is ``--batches`` x segments.
+examples: ``--batches`` batches of 32 whole examples, and (``--steps=example``,
+the default) takes the same optimizer steps: every memory one step per
+batch of whole examples (``train.mem_backprop_depth`` = segments - 1,
+``bptt_bp``; a stop-gradient memory's gradient stays in its segment).
+``--steps=segment`` is the earlier studies' setting (``results/memory_tasks``
+was made with it): the memory tokens and ARMT one step per batch of
+examples, the other memories one step per segment (a segment without
+answer positions a step with a zero gradient), ``--batches`` x segments steps.
 Each run is then scored with ``--mode=eval``: ``answer_token_accuracy``
 (teacher-forced, per answer token) and ``answer_accuracy`` (whole answers
 right) on the test split.
@@ -80,8 +84,8 @@ depend on it, its memory tokens are M).  ``--quick`` with ``--memories``
 or ``--tasks`` given runs those instead (the tests: armt, and
 associative_retrieval with ``--pairs=2``).
 
-The committed study (results/memory_tasks/) is this script's defaults
-(800 batches, seeds 1 and 2), then a longer run of the memories at distance
+The committed study (results/memory_tasks/) is this script's defaults of
+its time (800 batches, seeds 1 and 2, ``--steps=segment``), then a longer run of the memories at distance
 two:
 
     python scripts/memory_tasks.py
@@ -217,12 +221,16 @@ def data_flags(task: str, quick: bool) -> list[str]:
   ]
 
 
-def run_flags(task: str, distance: str, memory: str, seed: int, batches: int) -> list[str]:
+def run_flags(
+    task: str, distance: str, memory: str, seed: int, batches: int, per_example: bool = True
+) -> list[str]:
   """The config overrides of one run on top of ``configs/copy_rmt.py:xl`` (or
-  ``:rmt`` for the memory tokens), its evaluation as trained included."""
+  ``:rmt`` for the memory tokens), its evaluation as trained included;
+  ``per_example``: every memory one step per batch of whole examples (equal
+  optimizer steps), else tokens and armt only (the earlier studies')."""
   tgt, n_seg = tgt_len(task, distance), segments(task, distance)
   mem_len = {"xl": MEM, "tokens": 0, "compressive": MEM // 2, "none": 0, "armt": 0}[memory]
-  whole = memory in ("tokens", "armt")  # trained through whole examples
+  whole = memory in ("tokens", "armt") or per_example  # trained through whole examples
   steps = batches if whole else batches * n_seg
   dataset = "associative_retrieval" if pairs_of(task) else task
   flags = [
@@ -242,6 +250,8 @@ def run_flags(task: str, distance: str, memory: str, seed: int, batches: int) ->
       "--config.train.eval_every=0",
       f"--config.checkpoint.every_steps={steps}",
   ]
+  if whole and n_seg > 1 and memory not in ("tokens", "armt"):  # a stop-gradient memory
+    flags += [f"--config.train.mem_backprop_depth={n_seg - 1}", "--config.train.bptt_bp=True"]
   if memory == "tokens":
     flags += [
         f"--config.model.tokens.num_mem_tokens={MEM}",
@@ -275,6 +285,7 @@ def run_one(
     quick: bool,
     workdirs: Path,
     logs: Path,
+    per_example: bool = True,
 ) -> dict:
   """Trains (resuming) and evaluates one run; its numbers."""
   name = run_name(task, distance, memory, seed)
@@ -282,7 +293,8 @@ def run_one(
   workdir = workdirs / name
   variant = "rmt" if memory == "tokens" else "xl"
   base = [sys.executable, "-m", "transformer_xl.main", f"--config={CONFIG}:{variant}"]
-  train = [*base, f"--workdir={workdir}", *data, *run_flags(task, distance, memory, seed, batches)]
+  flags = run_flags(task, distance, memory, seed, batches, per_example)
+  train = [*base, f"--workdir={workdir}", *data, *flags]
   train_s = study._run(train, logs / f"train_{name}.log")
   evaluate = [*train, "--mode=eval"]
   eval_s = study._run(evaluate, logs / f"eval_{name}.log")
@@ -547,6 +559,13 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--batches", type=int, default=BATCHES, help="batches of examples per run")
   p.add_argument("--mem", type=int, default=MEM, help="M, the memories' vectors per layer")
   p.add_argument("--quick", action="store_true", help="a smoke run: copy, distance two, 3 batches")
+  p.add_argument(
+      "--steps",
+      choices=("example", "segment"),
+      default="example",
+      help="example: every memory one step per batch of examples (equal steps); segment: "
+      "the earlier studies' (tokens and armt per example, the others per segment)",
+  )
   p.add_argument("--report_only", action="store_true", help="REPORT.md from results.json")
   p.add_argument("--reuse", action="store_true", help="keep the runs already in results.json")
   a = p.parse_args(argv)
@@ -614,7 +633,9 @@ def main(argv: list[str] | None = None) -> int:
           if name in done and done[name]["batches"] == a.batches:
             res["runs"][name] = done[name]
             continue
-          r = run_one(task, distance, memory, seed, a.batches, a.quick, workdirs, logs)
+          r = run_one(
+              task, distance, memory, seed, a.batches, a.quick, workdirs, logs, a.steps == "example"
+          )
           res["runs"][name] = r
           res["wall_s"] = study._now() - t0
           (out / "results.json").write_text(json.dumps(res, indent=1) + "\n")

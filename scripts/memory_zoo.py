@@ -4,6 +4,7 @@ r"""The five memories at equal budget on the same long-context tasks: a CPU stud
         [--out=results/memory_zoo] [--workdirs=workdirs/memory_zoo] [--seeds=1,2] \
         [--tasks=copy,reverse,retrieval,passkey,qa1,qa2] \
         [--memories=xl,compressive,tokens,knn,armt,none] [--batches=N] [--jobs=1] \
+        [--steps=example|segment] \
         [--quick] [--report_only]
 
 Memories (``model.memory``; issue 52), each at the **same budget**: the
@@ -28,12 +29,17 @@ rewritten):
                nearest to the budget (``budget``), ``mem_len`` 0
   none         no memory (``mem_len`` 0), the control, first seed only
 
-tokens and armt are trained through whole examples (``train.mem_backprop_depth``
-= segments - 1, ``bptt_bp``: one update per batch of examples, as
-``scripts/memory_tasks.py``): their writes learn only through the gradient
-across segments.  The others take one step per segment (a segment without
-answer positions is a step with a zero gradient), so their ``num_steps`` is
-batches x segments: every run sees the same examples.
+**Equal optimizer steps** (``--steps=example``, the default): every memory
+is trained on whole examples (``train.mem_backprop_depth`` = segments - 1,
+``bptt_bp``: one update per batch of examples, the loss of all its answer
+positions), as ``scripts/memory_tasks.py`` trains tokens and armt, whose
+writes learn only through the gradient across segments; a stop-gradient
+memory (xl, compressive, knn, none) keeps each segment's gradient inside it.
+Every run then takes ``batches`` steps on the same examples.  ``--steps=segment``
+is the earlier studies' setting (``results/memory_zoo`` was made with it):
+tokens and armt as above, the others one step per segment (a segment
+without answer positions a step with a zero gradient), batches x segments
+steps: the same examples, unequal optimizer steps.
 
 Model: ``scripts/memory_tasks.py``'s (2 layers, d_model 64, 2 heads of 32,
 d_inner 128, no dropout, the rest of ``configs/copy_rmt.py``), batch 32,
@@ -284,20 +290,26 @@ def eval_flags(task: str, distance: str) -> list[str]:
   return []
 
 
-def memory_flags(memory: str, n_seg: int, b: dict, mem: int) -> tuple[int, list[str]]:
-  """(mem_len, the config overrides) of ``memory`` at ``budget``'s sizes."""
+def memory_flags(
+    memory: str, n_seg: int, b: dict, mem: int, per_example: bool = True
+) -> tuple[int, list[str]]:
+  """(mem_len, the config overrides) of ``memory`` at ``budget``'s sizes;
+  ``per_example``: whole examples per step for every memory (else for
+  tokens and armt only)."""
   depth = (  # through the example's segments (none where it is one segment)
       [f"--config.train.mem_backprop_depth={n_seg - 1}", "--config.train.bptt_bp=True"]
       if n_seg > 1
       else ["--config.train.mem_backprop_depth=0", "--config.train.bptt_bp=False"]
   )
+  plain = depth if per_example else []  # a stop-gradient memory's steps
   if memory == "xl":
-    return mem, []
+    return mem, plain
   if memory == "none":
-    return 0, []
+    return 0, plain
   if memory == "compressive":
     nc = mem // 2
     return mem - nc, [
+        *plain,
         "--config.model.memory=compressive",
         f"--config.model.compressive.cmem_len={nc}",
         "--config.model.compressive.cmem_ratio=2",
@@ -307,6 +319,7 @@ def memory_flags(memory: str, n_seg: int, b: dict, mem: int) -> tuple[int, list[
     return 0, [f"--config.model.tokens.num_mem_tokens={b['num_mem_tokens']}", *depth]
   if memory == "knn":
     return 0, [
+        *plain,
         "--config.model.memory=knn",
         f"--config.model.knn.memory_size={b['memory_size']}",
         f"--config.model.knn.num_neighbors={KNN_NEIGHBORS}",
@@ -323,12 +336,19 @@ def memory_flags(memory: str, n_seg: int, b: dict, mem: int) -> tuple[int, list[
 
 
 def train_flags(
-    task: str, key: str, memory: str, seed: int, batches: int, mem: int, quick: bool = False
+    task: str,
+    key: str,
+    memory: str,
+    seed: int,
+    batches: int,
+    mem: int,
+    quick: bool = False,
+    per_example: bool = True,
 ) -> list[str]:
   tgt = tgt_len(task, key if key != "mixed" else DISTANCES[task][0])
   n_seg = example_len(task) // tgt
-  mem_len, extra = memory_flags(memory, n_seg, sizes(mem), mem)
-  steps = batches if memory in WHOLE else batches * n_seg
+  mem_len, extra = memory_flags(memory, n_seg, sizes(mem), mem, per_example)
+  steps = batches if memory in WHOLE or per_example else batches * n_seg
   return [
       *memory_tasks.MODEL,
       f"--config.model.tgt_len={tgt}",
@@ -403,7 +423,7 @@ def run_one(spec: dict, a: argparse.Namespace, babi: dict | None, paths: dict) -
       *base,
       f"--workdir={workdir}",
       *data_flags(task, key, a.quick, babi),
-      *train_flags(task, key, memory, seed, batches, a.mem, a.quick),
+      *train_flags(task, key, memory, seed, batches, a.mem, a.quick, a.steps == "example"),
   ]
   reused = True
   marker = workdir / "zoo_train.json"
@@ -831,6 +851,13 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--batches", type=int, default=0, help="batches per run (0: each task's own)")
   p.add_argument("--mem", type=int, default=MEM, help="M, XL's vectors per layer (the budget)")
   p.add_argument("--jobs", type=int, default=1, help="runs at a time")
+  p.add_argument(
+      "--steps",
+      choices=("example", "segment"),
+      default="example",
+      help="example: one step per batch of examples for every memory (equal steps); "
+      "segment: the earlier studies' (tokens and armt per example, the others per segment)",
+  )
   for split in ("train", "valid", "test"):
     p.add_argument(f"--noise_{split}", default="", help="BABILong's background: file globs")
   p.add_argument("--quick", action="store_true", help="qa1 at distance last, 3 batches")

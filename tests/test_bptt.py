@@ -337,7 +337,7 @@ def test_the_gradient_equals_the_authors_through_one_earlier_segment():
 # The synthetic tasks: one step per whole example (the authors' train_synthetic.py).
 
 
-def _copy_config(depth, bptt_bp=True):
+def _copy_config(depth, bptt_bp=True, memory="tokens"):
   c = tiny_config(num_steps=2, log_every=1, eval_every=0, warmup_steps=0, global_batch=4)
   c.data.update(
       dataset="synthetic:copy",
@@ -347,22 +347,25 @@ def _copy_config(depth, bptt_bp=True):
       synthetic_valid_size=8,
       synthetic_test_size=8,
   )
-  c.model.update(mem_len=0, tgt_len=3, dropout=0.0, dropatt=0.0)
-  c.model.tokens.num_mem_tokens = 2
-  c.eval.update(tgt_len=3, mem_len=0, global_batch=4, same_length=False)
+  c.model.update(mem_len=0 if memory == "tokens" else 3, tgt_len=3, dropout=0.0, dropatt=0.0)
+  c.model.tokens.num_mem_tokens = 2 if memory == "tokens" else 0
+  c.eval.update(tgt_len=3, mem_len=c.model.mem_len, global_batch=4, same_length=False)
   c.train.update(mem_backprop_depth=depth, bptt_bp=bptt_bp)
   return c
 
 
 @pytest.mark.slow
-def test_a_synthetic_example_is_one_step_through_all_its_segments(tmp_path):
+@pytest.mark.parametrize("memory", ["tokens", "xl"])
+def test_a_synthetic_example_is_one_step_through_all_its_segments(tmp_path, memory):
   """With a synthetic task the window is a whole example (its segments side
   by side, example_corpus.ExampleWindows): the step's gradient is the one of the
   whole answer's loss with the memory tokens carried, with their gradient,
-  through every segment (a naive loop of model.apply calls); a depth other
-  than segments - 1, or without bptt_bp, is refused in one line."""
+  through every segment (a naive loop of model.apply calls), or with the XL
+  cache (stop-gradient) carried the same way: one step per example for every
+  memory (the studies' equal optimizer steps); a depth other than
+  segments - 1, or without bptt_bp, is refused in one line."""
 
-  config = _copy_config(depth=0)
+  config = _copy_config(depth=0, memory=memory)
   corpus = data.load_configured(config.data.to_dict())
   base = example_corpus.ExampleIterator(corpus, "train", 4, 3)
   n_seg = base.segments
@@ -396,12 +399,15 @@ def test_a_synthetic_example_is_one_step_through_all_its_segments(tmp_path):
 
   mesh = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
   for depth, bptt_bp in ((1, True), (n_seg - 1, False)):
-    bad = _copy_config(depth, bptt_bp)
-    with pytest.raises(
-        default_config.ConfigError, match=rf"set train.mem_backprop_depth={n_seg - 1}"
-    ):
+    bad = _copy_config(depth, bptt_bp, memory)
+    match = rf"set train.mem_backprop_depth={n_seg - 1}"
+    if memory == "xl" and not bptt_bp:  # refused with the config: a stop-gradient memory
+      with pytest.raises(default_config.ConfigError, match="one step per example"):
+        default_config.validate(bad, 1)
+      continue
+    with pytest.raises(default_config.ConfigError, match=match):
       train.train_and_evaluate(bad, str(tmp_path / f"bad{depth}"), corpus, mesh)
-  good = _copy_config(n_seg - 1)
+  good = _copy_config(n_seg - 1, memory=memory)
   train.train_and_evaluate(good, str(tmp_path / "good"), corpus, mesh)
   rows = [json.loads(x) for x in (tmp_path / "good" / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in rows if "train/loss" in r] == [1, 2]

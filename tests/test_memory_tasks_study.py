@@ -108,7 +108,11 @@ def test_armt_and_retrieval_runs_are_configured_as_documented():
       "--config.train.num_steps=7",  # one step per batch of whole examples
   ):
     assert f in flags, f
-  assert "--config.train.num_steps=35" in mt.run_flags("retrieval_k4", "pair", "xl", 1, 7)
+  # Equal optimizer steps: the XL cache too a step per batch of whole examples, unless
+  # per_example=False (--steps=segment, the earlier studies': a step per segment).
+  xl = mt.run_flags("retrieval_k4", "pair", "xl", 1, 7)
+  assert "--config.train.num_steps=7" in xl and "--config.train.mem_backprop_depth=4" in xl
+  assert "--config.train.num_steps=35" in mt.run_flags("retrieval_k4", "pair", "xl", 1, 7, False)
   data = mt.data_flags("retrieval_k4", quick=False)
   assert "--config.data.synthetic_num_pairs=4" in data
   assert not any("seq_len" in f or "num_tokens" in f for f in data)  # copy's keys refused there

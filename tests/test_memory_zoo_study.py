@@ -69,9 +69,9 @@ def test_quick_study_runs_every_memory_at_equal_budget_and_reuses_runs(tmp_path)
     assert config["data"]["dataset"] == "babilong:qa1"
     assert config["data"]["babilong_task_start_pct"] == 0.75  # distance "last"
     assert config["model"]["memory"] == {"tokens": "xl", "none": "xl"}.get(memory, memory)
-    whole = memory in ("tokens", "armt")
-    assert config["train"]["mem_backprop_depth"] == (3 if whole else 0)  # 4 segments
-    assert run["num_steps"] == (3 if whole else 3 * 4)  # the same 3 batches of examples
+    # Equal optimizer steps: every memory a step per batch of whole examples (4 segments).
+    assert config["train"]["mem_backprop_depth"] == 3 and config["train"]["bptt_bp"]
+    assert run["num_steps"] == 3  # the same 3 batches of examples, as many steps
     assert run["n_params"] > 0
     if memory == "none":
       continue
@@ -127,7 +127,13 @@ def test_runs_are_configured_as_documented():
     assert f in flags, f
   knn = z.train_flags("copy", "two", "knn", 1, 10, 4)
   assert "--config.model.knn.memory_size=4" in knn
-  assert "--config.train.num_steps=60" in knn  # copy at tgt_len 4: 6 segments per example
+  # Equal optimizer steps: every memory a step per batch of examples (copy at tgt_len 4:
+  # 6 segments per example), unless --steps=segment (the earlier studies').
+  assert "--config.train.num_steps=10" in knn
+  assert "--config.train.mem_backprop_depth=5" in knn and "--config.train.bptt_bp=True" in knn
+  knn = z.train_flags("copy", "two", "knn", 1, 10, 4, per_example=False)
+  assert "--config.train.num_steps=60" in knn
+  assert not any("mem_backprop_depth" in f for f in knn)
   assert "--config.model.mem_len=2" in z.train_flags("retrieval", "pair", "compressive", 1, 1, 4)
   # An example of one segment (retrieval "whole"): no earlier segment to train through.
   whole = z.train_flags("retrieval", "whole", "armt", 1, 10, 4)

@@ -249,18 +249,32 @@ def run_problems(fields: Mapping[str, Any], config: Mapping[str, Any]) -> list[s
   """What the model's memory needs of the run (``config``: the whole run
   config as nested dicts, its model section ``fields``): each variant on's
   ``run_problems``, and a ``train.mem_backprop_depth`` > 0 only with a
-  variant that keeps the gradient between segments."""
+  variant that keeps the gradient between segments, or with whole examples
+  per step (``train.bptt_bp`` on a synthetic task or BABILong: one update
+  per batch of examples for any memory, the gradient of a stop-gradient one
+  staying inside its segment)."""
   full = {**fields, **sections({k: v for k, v in fields.items() if k in VARIANTS})}
   on = active(full)
   problems = []
   for cls in on:
     problems += cls.run_problems(full, config)
-  depth = (config.get("train") or {}).get("mem_backprop_depth", 0)
-  if isinstance(depth, int) and depth > 0 and not any(c.GRADIENT_THROUGH_SEGMENTS for c in on):
+  train = config.get("train") or {}
+  depth = train.get("mem_backprop_depth", 0)
+  dataset = str((config.get("data") or {}).get("dataset", ""))
+  # A step per whole example (every segment's loss, one update) suits every memory: the
+  # studies' equal optimizer steps.  Sliding windows only recompute a stop-gradient memory.
+  whole_examples = train.get("bptt_bp", False) and dataset.startswith(("synthetic:", "babilong:"))
+  if (
+      isinstance(depth, int)
+      and depth > 0
+      and not whole_examples
+      and not any(c.GRADIENT_THROUGH_SEGMENTS for c in on)
+  ):
     hints = [c.ENABLE_HINT for _, c in sorted(VARIANTS.items()) if c.GRADIENT_THROUGH_SEGMENTS]
     problems.append(
         f"train.mem_backprop_depth={depth} needs a memory that carries the gradient between "
         f"segments ({' or '.join(hints) or 'none is registered'}): the XL memory is "
-        "stop-gradient."
+        "stop-gradient (a task of whole examples may still take one step per example: "
+        "train.bptt_bp=True with the depth of its segments)."
     )
   return problems
