@@ -27,10 +27,13 @@ on this package's Transformer-XL (relative attention, d_head 32, d_inner
 * ``:none``: no memory (each segment alone).
 
 Their optimizer is kept: AdamW (weight decay 1e-3), the linear schedule
-with warmup, each gradient value clipped at 1.0.  Departures, said: a
-fixed number of pairs per stage (their ``--vary_n_segments``
-draws the number of pairs of each batch up to the stage's: not here yet),
-batch 64 instead of 512 and 10,000 training examples per stage instead of
+with warmup, each gradient value clipped at 1.0; and their
+``--vary_n_segments`` (``train.vary_n_segments``: each batch's number of
+pairs drawn up to the stage's, its last pairs kept).  Every memory takes
+one optimizer step per batch of whole examples (the gradient crossing the
+segments for ARMT and the tokens; each segment's own for the others).
+Departures, said: validation at the stage's full number of pairs (theirs
+varies it as training does), batch 64 instead of 512 and 10,000 training examples per stage instead of
 their 1,000,000 (a CPU's budget: ``results/memory_curriculum``).
 
     python -m transformer_xl.main --config=configs/armt_retrieval.py:armt --workdir=workdirs/ar
@@ -54,14 +57,13 @@ STAGES = (
     (200, 3, 15_000),
 )
 VARIANTS = ("armt", "tokens", "xl", "xl_bytes", "knn", "none")
-BACKPROP = ("armt", "tokens")  # their memory carries its gradient through every segment
 
 
 def stage(pairs: int, key_size: int, steps: int, variant: str) -> str:
   """One ``train.curriculum`` entry: the pairs, key size, budget, warmup (a
   tenth) and the linear decay's end (twice the budget: theirs); a segment of ``key_size + 3`` tokens (their
-  ``BLOCK_SIZE``; a one-segment cache follows it); for the memories that
-  keep their gradient the backpropagation through every earlier segment."""
+  ``BLOCK_SIZE``; a one-segment cache follows it); one step per batch of
+  whole examples of up to ``pairs`` pairs (``mem_backprop_depth``)."""
   seg = key_size + 3
   s = (
       f"data.synthetic_num_pairs={pairs} data.synthetic_key_size={key_size} "
@@ -72,9 +74,7 @@ def stage(pairs: int, key_size: int, steps: int, variant: str) -> str:
     s += f" model.tgt_len={seg} eval.tgt_len={seg}"
     if variant in ("xl", "knn"):
       s += f" model.mem_len={seg} eval.mem_len={seg}"
-  if variant in BACKPROP:
-    s += f" train.mem_backprop_depth={pairs}"
-  return s
+  return s + f" train.mem_backprop_depth={pairs}"
 
 
 def get_config(variant: str = "armt"):
@@ -135,13 +135,15 @@ def get_config(variant: str = "armt"):
       stop_metric="answer_accuracy",  # their exact_match of the greedy answer
       stop_target=1.0,  # their desired_metric
       stop_patience=30,  # their early_stopping_patience
-      bptt_bp=variant in BACKPROP,
+      # One step per batch of whole examples for every memory (equal optimizer steps;
+      # the gradient crosses segments for armt and tokens), their --vary_n_segments.
+      bptt_bp=True,
+      vary_n_segments=True,
       curriculum=tuple(stage(p, k, n, variant) for p, k, n in STAGES),
   )
   n = STAGES[0][2]
   c.train.update(num_steps=n, warmup_steps=n // 10, schedule_steps=2 * n)  # stage 1's
-  if variant in BACKPROP:
-    c.train.mem_backprop_depth = 1
+  c.train.mem_backprop_depth = STAGES[0][0]
   c.eval.update(
       tgt_len=SEGMENT, mem_len=c.model.mem_len, clamp_len=0, same_length=False, global_batch=50
   )

@@ -167,3 +167,76 @@ def test_evaluation_and_greedy_decoding_score_the_value_and_eos_only():
   assert 0 < right.mean() < 1, right  # some right, some wrong: the count means something
   assert res["greedy_token_accuracy"] == right.mean()
   assert res["greedy_accuracy"] == right.all(axis=1).mean() == forced["answer_accuracy"]
+
+
+def test_vary_n_segments_batches_are_their_last_pairs_and_resume_the_same():
+  """train.vary_n_segments's batches (armt_retrieval.VaryPairsWindows): per
+  batch an n in 1..P, every example its last n pairs in its segments with a
+  query among them, the value and EOS weighed; drawn from (seed, batch), so
+  a moved iterator reads the same batches."""
+  s = settings("k1v1p5", train_size=40)
+  corpus = synthetic.load(s)
+  base = example_corpus.ExampleIterator(corpus, "train", 4, 4)
+  it = ar.VaryPairsWindows(base, 1, 1, seed=3)
+  batches = [next(it) for _ in range(30)]
+  seen = set()
+  for i, b in enumerate(batches):
+    n = b["reset"].shape[1] - 1  # pairs: the window's segments less the query's
+    seen.add(n)
+    assert 1 <= n <= 5 and b["inputs"].shape == (4, 4 * (n + 1))
+    assert b["reset"][:, 0].all() and not b["reset"][:, 1:].any()
+    rows = corpus.examples["train"][(i * 4 + np.arange(4)) % 40]
+    keys, values = ar.split_pairs(rows, 1, 1)
+    seg = b["inputs"].reshape(4, n + 1, 4)
+    np.testing.assert_array_equal(seg[:, :n, 0], keys[:, 5 - n :, 0])  # the last n pairs
+    np.testing.assert_array_equal(seg[:, :n, 2], values[:, 5 - n :, 0])
+    pairs = [dict(zip(seg[r, :n, 0], seg[r, :n, 2])) for r in range(4)]
+    assert all(pairs[r][seg[r, n, 0]] == seg[r, n, 2] for r in range(4))  # asked among them
+    assert (seg[:, n, 1] == ar.GEN).all()
+    np.testing.assert_array_equal(b["targets"][:, :-1], b["inputs"][:, 1:])
+    w = b["weights"]
+    assert w.sum() == 4 * 2 and w[:, -3:-1].all()  # the value and EOS after GEN
+  assert len(seen) > 2  # n varies
+  moved = ar.VaryPairsWindows(example_corpus.ExampleIterator(corpus, "train", 4, 4), 1, 1, 3)
+  moved.set_state({**base.get_state(), "step": 17 * base.segments})
+  again = next(moved)
+  for k in ("inputs", "targets", "weights", "reset"):
+    np.testing.assert_array_equal(again[k], batches[17][k])
+
+
+@pytest.mark.slow
+def test_training_with_vary_n_segments_runs_one_step_per_window_length(tmp_path):
+  from helpers import read_metrics, run_main  # pylint: disable=import-outside-toplevel
+
+  w = tmp_path / "w"
+  r = run_main(
+      [
+          "--mode=train", f"--workdir={w}", "--config=configs/armt_retrieval.py:armt",
+          "--config.data.synthetic_num_pairs=3", "--config.data.synthetic_train_size=64",
+          "--config.data.synthetic_valid_size=8", "--config.data.synthetic_test_size=8",
+          "--config.model.n_layer=1", "--config.model.d_model=16", "--config.model.n_head=2",
+          "--config.model.d_head=8", "--config.model.d_inner=32", "--config.model.armt.d_mem=4",
+          "--config.model.armt.num_mem_tokens=2", "--config.train.curriculum=()",
+          "--config.train.num_steps=6", "--config.train.warmup_steps=0",
+          "--config.train.schedule_steps=0", "--config.train.global_batch=4",
+          "--config.train.mem_backprop_depth=3", "--config.train.vary_n_segments=True",
+          "--config.train.log_every=1", "--config.train.eval_every=6",
+          "--config.train.stop_metric=", "--config.train.stop_target=0",
+          "--config.train.stop_patience=0", "--config.eval.global_batch=4",
+      ],
+      devices=1,
+  )  # fmt: skip
+  assert r.returncode == 0, r.stderr[-3000:]
+  rows = read_metrics(w)
+  assert sorted(rows) == list(range(1, 7)) and all(
+      np.isfinite(x["train/loss"]) for x in rows.values()
+  )
+  bad = run_main(
+      ["--mode=train", f"--workdir={tmp_path / 'bad'}", "--config=configs/armt_retrieval.py:armt",
+       "--config.train.vary_n_segments=True", "--config.train.mem_backprop_depth=0",
+       "--config.train.bptt_bp=False", "--config.train.curriculum=()"],
+      devices=1,
+  )  # fmt: skip
+  assert (
+      bad.returncode == 1 and "set train.mem_backprop_depth=1 and train.bptt_bp=True" in bad.stderr
+  )

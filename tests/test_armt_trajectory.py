@@ -73,6 +73,15 @@ def _corpus(f, s):
   )
 
 
+def _our_losses(config, corpus, work: Path) -> np.ndarray:
+  """Each step's training loss of ``train_and_evaluate`` on one device (metrics.jsonl)."""
+  default_config.validate(config, 1)
+  mesh = sharding.make_mesh((1, 1), config.mesh.axis_names, devices=jax.devices()[:1])
+  train.train_and_evaluate(config, str(work), corpus, mesh)
+  rows = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
+  return np.array([r["train/loss"] for r in rows if "train/loss" in r])
+
+
 @pytest.mark.slow
 def test_two_hundred_steps_of_armt_equal_the_authors_training(tmp_path):
   f = np.load(FIXTURE)
@@ -100,12 +109,7 @@ def test_two_hundred_steps_of_armt_equal_the_authors_training(tmp_path):
   )  # fmt: skip
   config.eval.update(tgt_len=s["segment"], mem_len=0, same_length=False, global_batch=8)
   config.checkpoint.every_steps = steps
-  default_config.validate(config, 1)
-  mesh = sharding.make_mesh((1, 1), config.mesh.axis_names, devices=jax.devices()[:1])
-  work = tmp_path / "ours"
-  train.train_and_evaluate(config, str(work), _corpus(f, s), mesh)
-  rows = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
-  ours = np.array([r["train/loss"] for r in rows if "train/loss" in r])
+  ours = _our_losses(config, _corpus(f, s), tmp_path / "ours")
   theirs = f["loss"]
   assert len(ours) == len(theirs) == steps
   assert theirs[-1] < 0.5 * theirs[0]  # they learn: the comparison covers a moving model
@@ -162,12 +166,7 @@ def test_two_hundred_steps_of_the_memory_tokens_equal_the_authors_training(tmp_p
   )  # fmt: skip
   config.eval.update(tgt_len=cfg.tgt_len, mem_len=0, same_length=False, global_batch=8)
   config.checkpoint.every_steps = steps
-  default_config.validate(config, 1)
-  mesh = sharding.make_mesh((1, 1), config.mesh.axis_names, devices=jax.devices()[:1])
-  work = tmp_path / "ours"
-  train.train_and_evaluate(config, str(work), corpus, mesh)
-  rows = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
-  ours = np.array([r["train/loss"] for r in rows if "train/loss" in r])
+  ours = _our_losses(config, corpus, tmp_path / "ours")
   theirs = f["loss"]
   assert len(ours) == len(theirs) == steps
   assert theirs[-1] < 0.75 * theirs[0]  # they learn

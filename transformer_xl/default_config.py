@@ -211,6 +211,8 @@ def get_config() -> ml_collections.ConfigDict:
           # again and the gradient flows back through the memory they write (0 = none)
           bptt_bp=False,  # True: the loss of every segment of the window counts (the
           # authors' --bptt_bp); False: the newest segment's only
+          vary_n_segments=False,  # synthetic:armt_retrieval: each batch's pairs drawn from
+          # 1..num_pairs, its last ones kept (the ARMT authors' --vary_n_segments)
           init_from="",  # a trained workdir whose parameters a new run starts from
           # (fine-tuning, e.g. adding a kNN memory: training/init_from.py)
           # Early stopping after a validation (training/early_stop.py; the authors' trainer):
@@ -671,13 +673,27 @@ def _schedule_problems(t: ml_collections.ConfigDict, nonfinite: set[str]) -> lis
 def _bptt_problems(config: ml_collections.ConfigDict) -> list[str]:
   """``train.mem_backprop_depth`` and ``train.bptt_bp``: an integer depth >= 0
   (> 0 only with a memory that carries the gradient between segments:
-  ``memory.run_problems``), bptt_bp only with a depth."""
+  ``memory.run_problems``), bptt_bp only with a depth; ``train.vary_n_segments``
+  only on ``synthetic:armt_retrieval`` trained on whole examples."""
   t = config.train
   depth = t.get("mem_backprop_depth", 0)
   if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
     return [f"train.mem_backprop_depth={depth!r} must be an integer >= 0 (0 = none)."]
   if t.get("bptt_bp", False) and depth == 0:
     return ["train.bptt_bp=True needs train.mem_backprop_depth > 0 (no earlier segment)."]
+  if t.get("vary_n_segments", False):
+    if config.data.dataset != synthetic.PREFIX + synthetic.ARMT:
+      return [
+          f"train.vary_n_segments=True varies the pairs of data.dataset="
+          f"'synthetic:armt_retrieval', not {config.data.dataset!r}: set it False."
+      ]
+    pairs = config.data.get("synthetic_num_pairs", 0)
+    if depth != pairs or not t.get("bptt_bp", False):
+      return [
+          "train.vary_n_segments=True trains on whole examples of up to "
+          f"data.synthetic_num_pairs={pairs} pairs: set train.mem_backprop_depth={pairs} "
+          "and train.bptt_bp=True."
+      ]
   return []
 
 

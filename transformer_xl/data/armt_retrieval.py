@@ -36,7 +36,8 @@ are weighed (``answer_counts``).
 
 **Their ``--vary_n_segments``** (``collate_fn``): per batch, n is drawn
 uniformly from 1..P, every sample keeps its last n pairs, and the queried
-pair is drawn again uniformly among them (``last_pairs``).
+pair is drawn again uniformly among them (``last_pairs``); training with
+``train.vary_n_segments`` reads such batches (``VaryPairsWindows``).
 
 *Differences from the authors' code*: draws come from a numpy Generator,
 not torch's, so samples are theirs in distribution and layout, not in
@@ -45,7 +46,12 @@ value (the test feeds their drawn keys and values through ``layout``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
+
+from transformer_xl.data.checks import Batch
+from transformer_xl.data.example_corpus import ExampleIterator
 
 NUM_SYMBOLS = 16  # their NUM_SYMBOLS: symbols 0..15
 SEP, GEN, EOS = 100, 101, 102  # their sep_token, gen_token, eos_token
@@ -155,3 +161,73 @@ def last_pairs(
     raise ValueError(f"n_pairs={n} must be in [1, {p}]")
   target = rng.integers(0, n, size=keys_NxPxK.shape[0]).astype(np.int32)
   return keys_NxPxK[:, p - n :], values_NxPxV[:, p - n :], target
+
+
+def split_pairs(
+    examples_NxS: np.ndarray, key_size: int, value_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+  """The keys and values of laid-out examples (``layout``'s inverse for
+  the P pairs; the query segment and the appended ``EOS`` dropped).
+
+  Returns:
+    keys_NxPxK, values_NxPxV.
+  """
+  seg = segment_len(key_size, value_size)
+  n, s = examples_NxS.shape
+  p = (s - 1) // seg - 1
+  pairs = examples_NxS[:, : p * seg].reshape(n, p, seg)
+  return pairs[:, :, :key_size], pairs[:, :, key_size + 1 : key_size + 1 + value_size]
+
+
+class VaryPairsWindows:
+  """Training batches as their ``--vary_n_segments`` makes them: per batch
+  of whole examples, n drawn uniformly from 1..P, every example cut to its
+  last n pairs with the queried pair drawn again among them
+  (``last_pairs``), laid out and given as one window of n + 1 segments
+  (arrays [b, (n + 1) T], ``reset`` [b, n + 1]: the batch contract of
+  ``example_corpus.ExampleWindows``).  n and the queries are drawn from
+  (``seed``, the batch's index), so a resumed run reads the same batches;
+  the state is the base iterator's.  The examples are read in the base's
+  order (rows of consecutive examples, as their unshuffled DataLoader).
+
+  Args:
+    base: the ``ExampleIterator`` of a ``synthetic:armt_retrieval`` corpus
+      whose ``tgt_len`` is the segment (K + V + 2).
+    key_size, value_size: the corpus's K and V.
+    seed: ``train.seed``.
+  """
+
+  def __init__(self, base: ExampleIterator, key_size: int, value_size: int, seed: int):
+    seg = segment_len(key_size, value_size)
+    if base.tgt_len != seg:
+      raise ValueError(
+          f"train.vary_n_segments reads segments of one pair: tgt_len must be {seg}, "
+          f"not {base.tgt_len}."
+      )
+    self.base, self.key_size, self.value_size, self.seed = base, key_size, value_size, seed
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> Batch:
+    batch_index = -(-self.base.get_state()["step"] // self.base.segments)
+    rng = np.random.default_rng([self.seed, batch_index])
+    keys, values = split_pairs(self.base.next_examples(), self.key_size, self.value_size)
+    seq = layout(*last_pairs(rng, keys, values))
+    b, e = seq.shape[0], seq.shape[1] - 1
+    start = e - answer_len(self.value_size)
+    pos = np.arange(e)
+    weights = (pos >= start) & (pos < start + weighed_len(self.value_size))
+    n_seg = e // self.base.tgt_len
+    return {
+        "inputs": np.ascontiguousarray(seq[:, :-1]),
+        "targets": np.ascontiguousarray(seq[:, 1:]),
+        "weights": np.broadcast_to(weights, (b, e)).astype(np.float32),
+        "reset": np.broadcast_to(np.arange(n_seg) == 0, (b, n_seg)).copy(),
+    }
+
+  def get_state(self) -> dict[str, int]:
+    return self.base.get_state()
+
+  def set_state(self, state: Mapping[str, int]) -> None:
+    self.base.set_state(state)

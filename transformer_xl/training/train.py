@@ -23,7 +23,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from transformer_xl import data, default_config, sharding
-from transformer_xl.data import example_corpus, text_vocab
+from transformer_xl.data import armt_retrieval, example_corpus, text_vocab
 from transformer_xl.inference import evaluate
 from transformer_xl.model import models
 from transformer_xl.run import checkpointing, distributed, metrics, retention, run_dir
@@ -266,7 +266,7 @@ def _train_and_evaluate(
       return {"stopped_early_at_step": start_step}
   rundir.start(restored, config, mcfg)
   _report_run(config, corpus, rundir.workdir, state)
-  train_step = make_train_step(
+  step_of = lambda depth, advance: make_train_step(
       model,
       tx,
       mesh,
@@ -275,10 +275,14 @@ def _train_and_evaluate(
       tcfg.seed,
       tcfg.loss_span,
       tcfg.aux_loss_weight,
-      tcfg.get("mem_backprop_depth", 0),
+      depth,
       tcfg.get("bptt_bp", False),
-      window_advance,
+      advance,
   )
+  if tcfg.get("vary_n_segments", False):  # one step per window length, made when first met
+    train_step = _per_window(lambda n: step_of(n - 1, n))
+  else:
+    train_step = step_of(tcfg.get("mem_backprop_depth", 0), window_advance)
   evaluator = evaluate.Evaluator(config, mcfg, corpus, mesh) if tcfg.eval_every else None
   return _run_steps(
       config,
@@ -294,6 +298,20 @@ def _train_and_evaluate(
       stop_requested=stop_requested,
       stage=stage,
   )
+
+
+def _per_window(make: Callable[[int], Callable]) -> Callable:
+  """A train step for windows of any length: ``make(n)``'s step for a
+  batch of n segments (``reset`` [B, n]), each made (and compiled) once."""
+  steps: dict[int, Callable] = {}
+
+  def step(state, batch):
+    n = int(batch["reset"].shape[1])
+    if n not in steps:
+      steps[n] = make(n)
+    return steps[n](state, batch)
+
+  return step
 
 
 def _train_iterator(
@@ -323,6 +341,10 @@ def _train_iterator(
   )  # "reset": batches carry doc_pos
   depth = tcfg.get("mem_backprop_depth", 0)
   window_advance = 1
+  if tcfg.get("vary_n_segments", False):  # whole examples of 1..P pairs (validated)
+    s = corpus.settings
+    windows = armt_retrieval.VaryPairsWindows(train_iter, s.key_size, s.value_size, tcfg.seed)
+    return windows, depth + 1  # the longest window's segments (tokens/s: an upper bound)
   if depth and isinstance(train_iter, example_corpus.ExampleIterator):  # a step per whole example
     if depth + 1 != train_iter.segments or not tcfg.get("bptt_bp", False):
       raise default_config.ConfigError(
