@@ -81,7 +81,8 @@ def draw(
 
   Args:
     rng: the Generator drawn from.
-    key_size, value_size: K and V symbols.
+    key_size: K, symbols of a key.
+    value_size: V, symbols of a value.
     num_pairs: P, at most ``16**K`` (the keys of a sample are distinct).
     n: samples.
 
@@ -149,7 +150,8 @@ def last_pairs(
 
   Args:
     rng: the Generator drawn from.
-    keys_NxPxK, values_NxPxV: the batch's samples.
+    keys_NxPxK: the batch's keys.
+    values_NxPxV: the batch's values.
     n_pairs: n; None draws it uniformly from 1..P, as theirs, per batch.
 
   Returns:
@@ -193,7 +195,8 @@ class VaryPairsWindows:
   Args:
     base: the ``ExampleIterator`` of a ``synthetic:armt_retrieval`` corpus
       whose ``tgt_len`` is the segment (K + V + 2).
-    key_size, value_size: the corpus's K and V.
+    key_size: the corpus's K.
+    value_size: the corpus's V.
     seed: ``train.seed``.
   """
 

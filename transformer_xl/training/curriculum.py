@@ -164,8 +164,8 @@ def run(
 
   Raises:
     default_config.ConfigError: stages whose models differ in more than
-      ``init_from.FREE``, or other stages than this workdir's.
-    What ``train.train_and_evaluate`` raises.
+      ``init_from.FREE``, or other stages than this workdir's; and the
+      errors of ``train.train_and_evaluate`` (a stage's run).
   """
   stages = _stage_configs(config, workdir)
   _check_models(stages)
@@ -207,7 +207,11 @@ def evaluate_stages(
   data, with that stage's eval settings (the capacity curve).
 
   Args:
-    config: the curriculum's config; stages: each stage's (``_stage_configs``).
+    config: the curriculum's config.
+    stages: each stage's config (``_stage_configs``).
+    workdir: the curriculum's workdir.
+    mesh: the devices.
+    load_corpus: a stage's corpus from its config.
 
   Returns:
     One dict per stage: "stage", "overrides" (its ``train.curriculum``
