@@ -62,7 +62,7 @@ run "enwik8_24l_v5e-16_remat-none_xla" configs/enwik8_24l.py:v3-32 v5e-16 "${xla
   --config.model.remat=none
 run "enwik8_24l_v5e-16_remat-none_batch128_xla" configs/enwik8_24l.py:v3-32 v5e-16 "${xla[@]}" \
   --config.model.remat=none --config.train.global_batch=128 --steps=train --max_tries=4
-# The successors' configs and the largest paper config.
+# The successors' configs, the largest paper config, and those without a preset.
 for impl in xla pallas; do
   if [[ $impl == xla ]]; then flags=("${xla[@]}"); else flags=("${pallas[@]}"); fi
   for slice in v3-32 v5e-32 v5p-32; do
@@ -72,10 +72,17 @@ for impl in xla pallas; do
     run "rmt_enwik8_${slice}_$impl" configs/rmt_enwik8.py:rmt $slice "${flags[@]}"
     run "knn_pg19_${slice}_$impl" configs/knn_pg19.py:knn_65k $slice "${flags[@]}"
     run "babilong_armt_${slice}_$impl" configs/babilong.py:armt $slice "${flags[@]}" \
-      --vocab=50257  # GPT-2's tokenizer
+      --vocab=50257 --max_tries=2  # GPT-2's tokenizer; a 5-minute compile a try
   done
   for slice in v3-512 v5e-256 v5p-256; do
     run "lm1b_large_${slice}_$impl" configs/lm1b_large.py:v3-512 $slice "${flags[@]}"
+  done
+  # The paper's configs without a slice preset (the reference trained them on GPUs).
+  for slice in v5e-32 v5p-32; do
+    run "lm1b_base_${slice}_$impl" configs/lm1b_base.py $slice "${flags[@]}"
+  done
+  for slice in v5e-4 v5p-8; do  # batch 20: 4 chips
+    run "ptb_${slice}_$impl" configs/ptb.py $slice "${flags[@]}"
   done
 done
 wait
