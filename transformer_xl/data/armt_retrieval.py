@@ -213,9 +213,9 @@ class VaryPairsWindows:
     return self
 
   def __next__(self) -> Batch:
-    batch_index = -(-self.base.get_state()["step"] // self.base.segments)
+    batch_index, examples = self.base.next_examples()
     rng = np.random.default_rng([self.seed, batch_index])
-    keys, values = split_pairs(self.base.next_examples(), self.key_size, self.value_size)
+    keys, values = split_pairs(examples, self.key_size, self.value_size)
     seq = layout(*last_pairs(rng, keys, values))
     b, e = seq.shape[0], seq.shape[1] - 1
     start = e - answer_len(self.value_size)

@@ -214,14 +214,14 @@ class ExampleIterator(_Examples):
     self._step += 1
     return self._batch(k_b, np.ones(len(k_b), bool), s)
 
-  def next_examples(self) -> np.ndarray:
-    """The examples (int32 [b, S], this process's rows) of the next batch
-    of whole examples, skipping to its start (the steps of one example's
-    segments at once: ``armt_retrieval.VaryPairsWindows``)."""
+  def next_examples(self) -> tuple[int, np.ndarray]:
+    """(its index, the examples: int32 [b, S], this process's rows) of the
+    next batch of whole examples, skipping to its start (the steps of one
+    example's segments at once: ``armt_retrieval.VaryPairsWindows``)."""
     e = -(-self._step // self.segments)  # the next batch of examples that has not begun
     k_b = (e * self.global_batch + np.asarray(self.row_ids, np.int64)) % self.num_examples
     self._step = (e + 1) * self.segments
-    return self._examples_NxS[k_b]
+    return e, self._examples_NxS[k_b]
 
   def get_state(self) -> dict[str, int]:
     """{"step": batches yielded, "global_batch", "tgt_len", "num_examples"}."""
