@@ -17,7 +17,11 @@ on this package's Transformer-XL (relative attention, d_head 32, d_inner
 
 * ``:armt`` (default): ARMT, 4 memory tokens, d_mem 64 (state per layer: a
   384 x 128 matrix and its 384 normalisers, 49,536 numbers);
-* ``:tokens``: RMT's 4 memory tokens (read and write, at the end);
+* ``:tokens``: RMT's memory tokens (read and write, at the end), 4 of them:
+  as many as ARMT's;
+* ``:tokens32``: their RMT script's 32 memory tokens
+  (``finetune_rmt_ar-value_cur.sh``: ``MEMORY_SIZE=32``; its early-stopping
+  patience is 50 validations, kept);
 * ``:xl``: Transformer-XL's cache of one segment (4 states per layer);
 * ``:xl_bytes``: a cache of 387 states per layer, the same numbers per
   layer as ARMT's state: with segments of 4 tokens it reaches the last 96
@@ -56,7 +60,7 @@ STAGES = (
     (50, 3, 10_000),
     (200, 3, 15_000),
 )
-VARIANTS = ("armt", "tokens", "xl", "xl_bytes", "knn", "none")
+VARIANTS = ("armt", "tokens", "tokens32", "xl", "xl_bytes", "knn", "none")
 
 
 def stage(pairs: int, key_size: int, steps: int, variant: str) -> str:
@@ -111,8 +115,9 @@ def get_config(variant: str = "armt"):
   if variant == "armt":
     c.model.memory = "armt"
     c.model.armt.update(num_mem_tokens=4, d_mem=64)
-  elif variant == "tokens":
-    c.model.tokens.update(num_mem_tokens=4, mem_at_end=True, read_mem_from_cache=True)
+  elif variant in ("tokens", "tokens32"):
+    n = 32 if variant == "tokens32" else 4
+    c.model.tokens.update(num_mem_tokens=n, mem_at_end=True, read_mem_from_cache=True)
   elif variant == "xl":
     c.model.mem_len = SEGMENT
   elif variant == "xl_bytes":
@@ -134,7 +139,7 @@ def get_config(variant: str = "armt"):
       eval_max_steps=0,
       stop_metric="answer_accuracy",  # their exact_match of the greedy answer
       stop_target=1.0,  # their desired_metric
-      stop_patience=30,  # their early_stopping_patience
+      stop_patience=50 if variant == "tokens32" else 30,  # their early_stopping_patience
       # One step per batch of whole examples for every memory (equal optimizer steps;
       # the gradient crosses segments for armt and tokens), their --vary_n_segments.
       bptt_bp=True,

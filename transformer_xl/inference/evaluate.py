@@ -515,6 +515,27 @@ class Evaluator:
       ScoreInputError (a ValueError): not a 2-D integer array with B, T >= 1,
         or ids outside [0, n_token) (``check_tokens``).
     """
+    return self._score(params, tokens_BxT1, step, correct=False)[0]
+
+  def score_greedy(self, params: Any, tokens_BxT1: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``score``, and whether each token is the model's argmax prediction.
+
+    Returns:
+      (float32 [B, T] NLL in nats as ``score``'s, bool [B, T]: entry (b, t)
+      says token t+1 is the argmax of p(. | tokens <= t)
+      (``eval_steps.segment_nll_correct``)).
+
+    Raises:
+      ScoreInputError (a ValueError): as ``score``.
+    """
+    nll, hit = self._score(params, tokens_BxT1, None, correct=True)
+    assert hit is not None
+    return nll, hit
+
+  def _score(
+      self, params: Any, tokens_BxT1: np.ndarray, step: Step | None, correct: bool
+  ) -> tuple[np.ndarray, np.ndarray | None]:
+    """``score`` (``correct``: with the argmax hits of ``score_greedy``)."""
     tokens = check_tokens(tokens_BxT1, self.cfg.n_token)
     b, t1 = tokens.shape
     t, seg = t1 - 1, self.cfg.tgt_len
@@ -525,14 +546,18 @@ class Evaluator:
     weights = np.zeros((b_pad, n_seg * seg), np.float32)  # 1 on the real tokens (``step``)
     weights[:b, :t] = 1.0
     memory = self.empty_memory(b_pad)
-    out = []
+    out, hits = [], []
     for s in range(n_seg):
       local = {
           "inputs": padded[rows, s * seg : (s + 1) * seg],
           "targets": padded[rows, s * seg + 1 : (s + 1) * seg + 1],
           "reset": np.full((len(rows),), s == 0),
       }
-      if step is None:
+      if correct:
+        batch = data.to_global_batch(local, self.batch_sharding, b_pad)
+        nll_BxT, correct_BxT, memory = self._eval_correct_step(params, memory, batch)
+        hits.append(correct_BxT)
+      elif step is None:
         batch = data.to_global_batch(local, self.batch_sharding, b_pad)
         nll_BxT, memory = self._eval_step(params, memory, batch)
       else:
@@ -540,9 +565,11 @@ class Evaluator:
         batch = data.to_global_batch(local, self.batch_sharding, b_pad)
         nll_BxT, memory = step(memory, batch, batch.pop("weights"))
       out.append(nll_BxT)
-    return np.concatenate([np.asarray(jax.device_get(x)) for x in out], axis=1)[:b, :t].astype(
-        np.float32
-    )
+    nll = np.concatenate([np.asarray(jax.device_get(x)) for x in out], axis=1)[:b, :t]
+    if not correct:
+      return nll.astype(np.float32), None
+    hit = np.concatenate([np.asarray(jax.device_get(x)) for x in hits], axis=1)[:b, :t]
+    return nll.astype(np.float32), hit.astype(bool)
 
 
 def answers(example_BxT: np.ndarray, correct_BxT: np.ndarray, counts_N: np.ndarray) -> dict:
