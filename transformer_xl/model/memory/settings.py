@@ -227,7 +227,11 @@ def eval_override_sections() -> dict[str, dict[str, Any]]:
 
 def eval_problems(fields: Mapping[str, Any], eval_fields: Mapping[str, Any]) -> list[str]:
   """Problems of the memory's evaluation settings: overrides of a variant
-  that is not on, and what each variant on needs (``eval_problems``)."""
+  that is not on, and what each variant on needs (``eval_problems``); none
+  while the model section has problems of its own (``config_problems``
+  reports those once; these checks presuppose a valid model section)."""
+  if config_problems(fields):
+    return []
   full = {**fields, **sections({k: v for k, v in fields.items() if k in VARIANTS})}
   on = active(full)
   problems = []
@@ -252,7 +256,10 @@ def run_problems(fields: Mapping[str, Any], config: Mapping[str, Any]) -> list[s
   variant that keeps the gradient between segments, or with whole examples
   per step (``train.bptt_bp`` on a synthetic task or BABILong: one update
   per batch of examples for any memory, the gradient of a stop-gradient one
-  staying inside its segment)."""
+  staying inside its segment); none while the model section has problems
+  of its own (``config_problems``)."""
+  if config_problems(fields):
+    return []
   full = {**fields, **sections({k: v for k, v in fields.items() if k in VARIANTS})}
   on = active(full)
   problems = []
