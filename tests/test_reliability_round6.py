@@ -3,11 +3,16 @@ as a user and a hostile tester would, tested at its cause."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import numpy as np
 import pytest
 
 from transformer_xl import default_config
 
-from helpers import CONFIGS, load_config, run_main
+from helpers import CONFIGS, REPO, load_config, run_main, run_module
+from hf_reference import BASE
 
 
 def _problems(config) -> str:
@@ -54,3 +59,109 @@ def test_a_bad_knn_eval_override_names_the_key_given():
   message = _problems(c)
   assert "eval.knn.memory_size=4" in message
   assert "eval.knn.num_neighbors" not in message and "eval.knn.layers" not in message
+
+
+def _armt_inputs(tmp_path: Path) -> tuple[dict, Path]:
+  """Their ARMT wrapper's state dict (tests/fixtures/armt_model.npz) and its hparams file."""
+  f = dict(np.load(REPO / "tests" / "fixtures" / "armt_model.npz"))
+  state = {k[len("corr/state/") :]: v for k, v in f.items() if k.startswith("corr/state/")}
+  hf = dict(
+      vocab_size=24,
+      cutoffs=[],
+      d_model=16,
+      d_embed=16,
+      n_head=2,
+      d_head=8,
+      d_inner=32,
+      div_val=1,
+      n_layer=2,
+      mem_len=0,
+      clamp_len=-1,
+      same_length=False,
+      untie_r=True,
+      tie_word_embeddings=True,
+      architectures=["TransfoXLLMHeadModel"],
+  )
+  hparams = {
+      "transfo_xl_config": hf,
+      "memory_cell": {"num_mem_tokens": 3, "d_mem": 4, "correction": True},
+      "recurrent_wrapper": {"segment_size": 4, "max_n_segments": 4, "k2": -1},
+  }
+  path = tmp_path / "h.json"
+  path.write_text(json.dumps(hparams))
+  return state, path
+
+
+@pytest.mark.parametrize(
+    "tensor",
+    [
+        "memory_cell.model.transformer.layers.1.W_mv.weight",  # the memory's own tensors
+        "memory_cell.model.transformer.word_emb.emb_layers.0.weight",  # the backbone's
+    ],
+)
+def test_an_armt_checkpoint_with_nan_is_one_error_line_and_nothing_written(tensor, tmp_path):
+  state, hparams = _armt_inputs(tmp_path)
+  state = {k: v for k, v in state.items() if not k.startswith("memory_cell.layers.")}
+  state[tensor] = np.full_like(state[tensor], np.nan)
+  np.savez(tmp_path / "nan.npz", **state)
+  workdir = tmp_path / "wd"
+  r = run_module(
+      "transformer_xl.convert",
+      "--from=armt",
+      f"--checkpoint={tmp_path / 'nan.npz'}",
+      f"--hparams={hparams}",
+      f"--workdir={workdir}",
+      timeout=120,
+  )
+  assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+  (line,) = r.stderr.strip().splitlines()
+  assert line.startswith("error: checkpoint ") and "NaN or infinite values" in line
+  assert tensor.rsplit("transformer.", 1)[-1].split(".weight")[0] in line
+  assert not workdir.exists()
+
+
+def test_memory_tokens_with_nan_are_refused_by_the_fork_converter():
+  from transformer_xl import convert
+  from transformer_xl.convert import rmt
+
+  hp = {**BASE, "num_mem_tokens": 2, "mem_at_end": True, "read_mem_from_cache": False}
+  cfg = rmt.model_config_from_rmt_hparams(rmt.load_rmt_hparams(hp))
+  base = cfg.with_memory("tokens", num_mem_tokens=0)
+  params = convert.unflatten_params(
+      {p: np.zeros(s, np.float32) for p, s in convert.expected_param_shapes(base).items()}
+  )
+  state = convert.state_dict_from_params(params, base)
+  state["mem_tokens"] = np.full((2, 1, cfg.d_model), np.nan, np.float32)
+  with pytest.raises(convert.ConvertError, match="mem_tokens holds 32 NaN or infinite values"):
+    rmt.params_from_rmt_state_dict(state, cfg)
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_a_conversion_that_fails_while_writing_leaves_nothing_behind(
+    existing, tmp_path, monkeypatch
+):
+  """A failure inside the checkpoint's write (here injected) removes the
+  config files and checkpoints/ the conversion made; a directory given
+  keeps what it held."""
+  from transformer_xl import convert
+  from transformer_xl.run import checkpointing
+
+  cfg = convert.model_config_from_hparams(convert.load_hparams(BASE))
+  params = convert.unflatten_params(
+      {p: np.zeros(s, np.float32) for p, s in convert.expected_param_shapes(cfg).items()}
+  )
+  workdir = tmp_path / "wd"
+  if existing:
+    workdir.mkdir()
+    (workdir / "notes.txt").write_text("mine")
+
+  def fail(*args, **kwargs):
+    raise checkpointing.CheckpointError("injected: the disk went away")
+
+  monkeypatch.setattr(checkpointing, "save", fail)
+  with pytest.raises(checkpointing.CheckpointError, match="injected"):
+    convert.write_workdir(str(workdir), params, cfg)
+  if existing:
+    assert sorted(p.name for p in workdir.iterdir()) == ["notes.txt"]
+  else:
+    assert not workdir.exists()

@@ -198,7 +198,7 @@ def main(argv: Sequence[str]) -> None:
     sys.exit(f"error: unexpected arguments {rest[1:]}")
   if not flags.FLAGS.is_parsed():  # absl logging in imported modules expects parsed flags
     flags.FLAGS(list(argv[:1]))
-  from transformer_xl import data
+  from transformer_xl import errors
   from transformer_xl.cli import process_settings
 
   process_settings.configure_logging(debug=False)  # orbax logs every file at INFO
@@ -253,7 +253,7 @@ def main(argv: Sequence[str]) -> None:
         global_batch=f["global_batch"],
         eval_global_batch=f["eval_global_batch"],
     )
-  except (ConvertError, data.DataError) as err:
+  except (ConvertError, errors.UserError) as err:  # data, checkpoint, ... errors alike
     sys.exit(f"error: {one_line(err)}")
   except OSError as err:
     sys.exit(f"error: {_os_error_message(err)}")

@@ -37,7 +37,7 @@ import numpy as np
 
 from transformer_xl.convert.errors import ConvertError, describe
 from transformer_xl.convert.hparams import OPTIONAL_HPARAMS, load_hparams, model_config_from_hparams
-from transformer_xl.convert.pytorch import params_from_state_dict
+from transformer_xl.convert.pytorch import finite, params_from_state_dict
 from transformer_xl.model.memory.armt import AssociativeMemory
 
 SECTIONS = ("transfo_xl_config", "memory_cell", "recurrent_wrapper")
@@ -229,11 +229,11 @@ def params_from_armt_state_dict(state: Mapping[str, Any], cfg, cluster_order: st
   def take(name, shape):
     if name not in memory:
       raise ConvertError(f"missing tensor {name!r} (ARMT with {cfg.n_layer} layers).")
-    x = np.asarray(memory[name], np.float32)
+    x = np.asarray(memory[name])
     if x.shape != shape:
       raise ConvertError(f"{name} has shape {list(x.shape)}, expected {list(shape)}.")
     used.add(name)
-    return x
+    return finite(name, x)
 
   shapes: dict[str, tuple[int, ...]] = {
       "W_mq.weight": (m, d),

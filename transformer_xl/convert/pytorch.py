@@ -60,6 +60,24 @@ def inv_freq(d_model: int) -> np.ndarray:
     return (np.float32(1) / (np.float32(10000) ** x)).astype(np.float32)
 
 
+def finite(name: str, value: Any) -> np.ndarray:
+  """``value`` as float32, every entry finite: the check of every tensor a
+  converter reads (the reference's, the memory tokens', ARMT's).
+
+  Raises:
+    ConvertError: ``name`` holds NaN or infinite values (how many).
+  """
+  a = np.asarray(value, np.float32)
+  bad = int(a.size - np.count_nonzero(np.isfinite(a)))
+  if bad:
+    raise ConvertError(
+        f"{name} holds {bad} NaN or infinite values (of {a.size}); the model "
+        "cannot be evaluated or trained from them: convert a checkpoint saved "
+        "before its training diverged."
+    )
+  return a
+
+
 def params_from_state_dict(state: Mapping[str, Any], cfg, cluster_order: str = "auto") -> dict:
   """Our parameter tree from a state dict with the reference PyTorch names.
 
@@ -112,16 +130,8 @@ def params_from_state_dict(state: Mapping[str, Any], cfg, cluster_order: str = "
           "integers (or float data labelled as integers) cannot be converted; save the "
           "model's float tensors (float32, float16 or bfloat16)."
       )
-    a = a.astype(np.float32)
-    bad = int(a.size - np.count_nonzero(np.isfinite(a)))
-    if bad:
-      raise ConvertError(
-          f"{name} holds {bad} NaN or infinite values (of {a.size}); the model "
-          "cannot be evaluated or trained from them: convert a checkpoint saved "
-          "before its training diverged."
-      )
     used.add(name)
-    return a
+    return finite(name, a)
 
   flat = {}
   for path, shape in expected_param_shapes(cfg).items():

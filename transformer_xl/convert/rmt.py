@@ -21,7 +21,7 @@ import numpy as np
 
 from transformer_xl.convert.errors import ConvertError
 from transformer_xl.convert.hparams import check_hparams, model_config_from_hparams, read_hparams
-from transformer_xl.convert.pytorch import params_from_state_dict
+from transformer_xl.convert.pytorch import finite, params_from_state_dict
 from transformer_xl.model.memory.tokens import MemoryTokens
 
 # The fork's constructor arguments beyond the reference's, with its defaults
@@ -127,7 +127,7 @@ def params_from_rmt_state_dict(state: Mapping[str, Any], cfg, cluster_order: str
         f"state dict lacks {MEM_TOKENS!r} (expected shape ({n}, 1, {cfg.d_model})); check "
         "num_mem_tokens in the hparams."
     )
-  tokens = np.asarray(tokens, np.float32)
+  tokens = finite(MEM_TOKENS, tokens)
   if tokens.shape != (n, 1, cfg.d_model):
     raise ConvertError(
         f"{MEM_TOKENS}: expected shape ({n}, 1, {cfg.d_model}) from the hparams, got "

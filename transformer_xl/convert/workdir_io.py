@@ -11,6 +11,7 @@ converter that calls into the training code (``default_config``,
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -269,13 +270,40 @@ def write_workdir(
         f"params do not fit the model config: (got, expected) {bad}; unexpected {extra}."
     )
 
+  check_new_workdir(workdir)
+  before = set(os.listdir(workdir)) if os.path.isdir(workdir) else None
+  os.makedirs(workdir, exist_ok=True)
+  try:
+    return _write_new_workdir(workdir, flat, cfg, config, unit, dataset)
+  except BaseException:  # nothing half-written stays: what this call made goes
+    _remove_written(workdir, before)
+    raise
+
+
+def _remove_written(workdir: str, before: set[str] | None) -> None:
+  """Removes what ``write_workdir`` made in ``workdir``: the directory when it
+  did not exist (``before`` None), else the entries not in ``before``."""
+  import shutil
+
+  if before is None:
+    shutil.rmtree(workdir, ignore_errors=True)
+    return
+  for name in set(os.listdir(workdir)) - before:
+    path = os.path.join(workdir, name)
+    if os.path.isdir(path) and not os.path.islink(path):
+      shutil.rmtree(path, ignore_errors=True)
+    else:
+      with contextlib.suppress(OSError):
+        os.remove(path)
+
+
+def _write_new_workdir(workdir, flat, cfg, config, unit, dataset):
+  """``write_workdir``'s files, into a checked ``workdir``; returns the config."""
   from transformer_xl.model import models
   from transformer_xl.run import checkpointing
   from transformer_xl.run import workdir as wd
   from transformer_xl.training import train_state
 
-  check_new_workdir(workdir)
-  os.makedirs(workdir, exist_ok=True)
   manager = checkpointing.make_manager(workdir)
   existing = manager.latest_step()
   if existing is not None:
