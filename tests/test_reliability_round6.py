@@ -165,3 +165,50 @@ def test_a_conversion_that_fails_while_writing_leaves_nothing_behind(
     assert sorted(p.name for p in workdir.iterdir()) == ["notes.txt"]
   else:
     assert not workdir.exists()
+
+
+# A bAbI file a user could give: each case one line naming the file and split, before any
+# text is generated.
+BAD_BABI = {
+    "a Latin-1 byte": (
+        lambda p: p.write_bytes(p.read_bytes() + b"1 Mary went to the caf\xe9.\n"),
+        "not UTF-8 text",
+    ),
+    "random bytes": (lambda p: p.write_bytes(bytes(range(200, 256)) * 20), "not UTF-8 text"),
+    "empty": (lambda p: p.write_text(""), "is empty"),
+    "not bAbI": (lambda p: p.write_text("hello world\nthis is prose\n"), "is not 'N text'"),
+    "no question": (
+        lambda p: p.write_text("1 Mary moved to the hallway.\n2 John went home.\n"),
+        "no question line",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_BABI))
+def test_a_bad_babi_file_names_the_file_and_what_is_wrong(case, tmp_path):
+  import test_babilong
+
+  from transformer_xl import data
+
+  cfg = test_babilong._data_cfg(tmp_path)
+  (train,) = (tmp_path / "babi").glob("*_train.txt")
+  write, expected = BAD_BABI[case]
+  write(train)
+  with pytest.raises(data.DataError) as err:
+    data.load_configured(cfg)
+  message = str(err.value)
+  assert train.name in message and expected in message, message
+  assert "\n" not in message and "babilong_valid_size" not in message
+
+
+def test_every_sample_dropped_by_max_n_facts_says_so_and_a_negative_one_is_refused(tmp_path):
+  import test_babilong
+
+  from transformer_xl import data
+
+  with pytest.raises(data.DataError, match=r"data.babilong_max_n_facts=1 drops every one"):
+    data.load_configured(test_babilong._data_cfg(tmp_path, babilong_max_n_facts=1))
+  with pytest.raises(
+      default_config.ConfigError, match=r"babilong_max_n_facts=-1 must be an integer >= 0"
+  ):
+    data.load_configured(test_babilong._data_cfg(tmp_path, babilong_max_n_facts=-1))

@@ -59,18 +59,19 @@ import numpy as np
 
 from transformer_xl import errors
 from transformer_xl.data.babilong_samples import (
-    NoiseInjection,
-    Sample,
-    SentenceSampler,
-    Tokens,
-    compare_answers,
-    parse_task,
+  NoiseInjection,
+  Sample,
+  SentenceSampler,
+  Tokens,
+  compare_answers,
+  parse_task,
 )
 from transformer_xl.data.babilong_sources import (
-    TASK_NAMES,
-    TextDocuments,
-    TfdsDocuments,
-    read_babi,
+  TASK_NAMES,
+  TextDocuments,
+  TfdsDocuments,
+  babi_spec,
+  read_babi,
 )
 from transformer_xl.data.example_corpus import ExampleCorpus
 
@@ -207,6 +208,11 @@ def settings_problems(s: BabilongSettings) -> list[str]:
       problems.append(f"data.{key} must be >= 0.")
   if s.valid_size < 1:
     problems.append("data.babilong_valid_size must be >= 1 (the samples validation scores).")
+  if not isinstance(s.max_n_facts, int) or s.max_n_facts < 0:
+    problems.append(
+        f"data.babilong_max_n_facts={s.max_n_facts!r} must be an integer >= 0 (0: keep every "
+        "sample)."
+    )
   if (s.task_start_pct < 0) != (s.task_end_pct < 0):
     problems.append(
         "data.babilong_task_start_pct and data.babilong_task_end_pct are set together (both "
@@ -468,6 +474,32 @@ class _LazySource:
     return self.examples[self.split].reshape(-1)[start:stop]
 
 
+def _samples_of(s: BabilongSettings, split: str, text: str) -> list[Sample]:
+  """The samples of the task's ``split`` file (``parse_task``).
+
+  Raises:
+    errors.DataError: naming the file and split: an empty file, one that does
+      not parse, or one without a sample (no question, or every sample longer
+      than ``data.babilong_max_n_facts``).
+  """
+  name = dict(zip(("train", "test"), (f.name for f in babi_spec(s.task).files)))[split]
+  where = f"{PREFIX}{s.task}: the {split} file {name}"
+  if not text.strip():
+    raise errors.DataError(f"{where} is empty; put the en-10k archive's {name} there.")
+  try:
+    samples = parse_task(text, s.max_n_facts)
+  except errors.DataError as err:
+    raise errors.DataError(f"{where}: {err} Is it a bAbI task file?") from None
+  if not samples:
+    why = (
+        f"data.babilong_max_n_facts={s.max_n_facts} drops every one (raise it, or 0: all)"
+        if s.max_n_facts and "\t" in text
+        else "it has no question line ('N question<TAB>answer<TAB>facts')"
+    )
+    raise errors.DataError(f"{where} gives no sample: {why}.")
+  return samples
+
+
 def load(
     s: BabilongSettings, manual_dir=None, data_dir=None, download: bool = True
 ) -> BabilongCorpus:
@@ -493,8 +525,7 @@ def load(
   gen_id, eos_id = special_ids(tok)
   encode = tok.line_ids
   texts = read_babi(s.task, manual_dir, data_dir, download)
-  train_all = parse_task(texts["train"], s.max_n_facts)
-  test_all = parse_task(texts["test"], s.max_n_facts)
+  train_all, test_all = (_samples_of(s, split, texts[split]) for split in ("train", "test"))
   if len(train_all) <= s.valid_size:
     raise errors.DataError(
         f"{PREFIX}{s.task}: the train file has {len(train_all)} samples, not more than "

@@ -44,7 +44,7 @@ MEMBER_DIR = "tasks_1-20_v1-2/en-10k"
 PREFIX = "babilong:"
 
 
-def _babi_spec(task: str) -> sources.SourceSpec:
+def babi_spec(task: str) -> sources.SourceSpec:
   name = f"{task}_{TASK_NAMES[task]}"
   return sources.SourceSpec(
       corpus=PREFIX + task,
@@ -73,22 +73,29 @@ def read_babi(
 
   Raises:
     errors.DataError: missing (the message names the files, where they go
-      and the archive's URL), or unreadable.
+      and the archive's URL), unreadable, or not UTF-8 (naming the file).
   """
   default = os.environ.get("TFDS_DATA_DIR") or Path.home() / "tensorflow_datasets"  # tfds's
   base = Path(data_dir or default).expanduser()
   manual = Path(manual_dir).expanduser() if manual_dir else base / "downloads" / "manual"
   found = sources.locate(
-      _babi_spec(task),
+      babi_spec(task),
       manual_dir=manual,
       download_dir=base / "downloads",
       download=download,
       timeout_s=timeout_s,
   )
-  return {
-      split: found[f.name].read_bytes().decode("utf-8")
-      for split, f in zip(("train", "test"), _babi_spec(task).files)
-  }
+  texts = {}
+  for split, f in zip(("train", "test"), babi_spec(task).files):
+    raw = found[f.name].read_bytes()
+    try:
+      texts[split] = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+      raise errors.DataError(
+          f"{found[f.name]}: not UTF-8 text (byte {err.start:,} is {raw[err.start]:#04x}); "
+          f"bAbI files are plain text: put the {f.name} of the en-10k archive there."
+      ) from None
+  return texts
 
 
 class TextDocuments:
