@@ -59,19 +59,19 @@ import numpy as np
 
 from transformer_xl import errors
 from transformer_xl.data.babilong_samples import (
-  NoiseInjection,
-  Sample,
-  SentenceSampler,
-  Tokens,
-  compare_answers,
-  parse_task,
+    NoiseInjection,
+    Sample,
+    SentenceSampler,
+    Tokens,
+    compare_answers,
+    parse_task,
 )
 from transformer_xl.data.babilong_sources import (
-  TASK_NAMES,
-  TextDocuments,
-  TfdsDocuments,
-  babi_spec,
-  read_babi,
+    TASK_NAMES,
+    TextDocuments,
+    TfdsDocuments,
+    babi_spec,
+    read_babi,
 )
 from transformer_xl.data.example_corpus import ExampleCorpus
 
