@@ -212,3 +212,20 @@ def test_every_sample_dropped_by_max_n_facts_says_so_and_a_negative_one_is_refus
       default_config.ConfigError, match=r"babilong_max_n_facts=-1 must be an integer >= 0"
   ):
     data.load_configured(test_babilong._data_cfg(tmp_path, babilong_max_n_facts=-1))
+
+
+def test_init_from_the_runs_own_workdir_is_refused_before_the_data(tmp_path):
+  workdir = tmp_path / "w"
+  r = run_main(
+      [
+          f"--config={CONFIGS / 'quickstart.py'}",
+          f"--workdir={workdir}",
+          f"--config.train.init_from={tmp_path}/./w/",  # the same directory, written otherwise
+          f"--config.data.manual_dir={tmp_path / 'nowhere'}",
+          "--config.data.download=False",
+      ],
+      devices=1,
+  )
+  assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+  assert "is this run's own --workdir" in r.stderr and "drop train.init_from" in r.stderr
+  assert "Corpus" not in r.stdout + r.stderr  # refused before any data is read

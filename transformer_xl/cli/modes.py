@@ -51,7 +51,7 @@ from transformer_xl.data import text_vocab
 from transformer_xl.inference import dynamic_eval, language_model, text_scores, trained_model
 from transformer_xl.run import distributed, lock
 from transformer_xl.run import workdir as wd
-from transformer_xl.training import curriculum, train
+from transformer_xl.training import curriculum, init_from, train
 from transformer_xl.util import report
 
 MODES = ("train", "eval", "score", "generate")
@@ -202,6 +202,7 @@ def _run(r: Request) -> None:
     _run_mode(r, config, tokens)
     return
   wd.check_writable(r.workdir)
+  init_from.check_source(config.train.get("init_from", ""), r.workdir)  # before the data
   with lock.training_lock(r.workdir):  # before the data: a second run stops now
     _run_mode(r, config, tokens)
 

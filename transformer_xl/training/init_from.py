@@ -14,6 +14,7 @@ memory and the way the model is run may differ (``FREE``).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import jax
@@ -68,6 +69,23 @@ def _name(path: Any) -> str:
 
 def _by_path(tree: Any) -> dict[str, Any]:
   return {_name(p): x for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def check_source(source: str, workdir: str) -> None:
+  """``train.init_from`` names another run than this one's ``workdir``.
+
+  Raises:
+    default_config.ConfigError: ``source`` is ``workdir`` itself (the same
+      path, however written).
+  """
+  if source and os.path.realpath(os.path.expanduser(source)) == os.path.realpath(
+      os.path.expanduser(workdir)
+  ):
+    raise default_config.ConfigError(
+        f"train.init_from={source} is this run's own --workdir: init_from starts a new run "
+        "from another run's parameters; give that run's directory (a run resumes from its "
+        "own checkpoints without it: drop train.init_from)."
+    )
 
 
 def initial_state(
