@@ -229,3 +229,44 @@ def test_init_from_the_runs_own_workdir_is_refused_before_the_data(tmp_path):
   assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
   assert "is this run's own --workdir" in r.stderr and "drop train.init_from" in r.stderr
   assert "Corpus" not in r.stdout + r.stderr  # refused before any data is read
+
+
+def test_armt_hparams_without_a_vocabulary_size_ask_for_vocab_size(tmp_path):
+  from transformer_xl.convert import ConvertError, armt
+
+  _, path = _armt_inputs(tmp_path)
+  hparams = json.loads(path.read_text())
+  del hparams["transfo_xl_config"]["vocab_size"]
+  with pytest.raises(ConvertError, match=r"transfo_xl_config has no vocab_size \(HuggingFace"):
+    armt.load_armt_hparams(hparams)
+  hparams["transfo_xl_config"]["n_token"] = 24  # the reference's name is accepted too
+  assert armt.load_armt_hparams(hparams)["hparams"]["n_token"] == 24
+
+
+def test_random_bytes_named_pt_are_not_called_pickled_objects(tmp_path):
+  import torch
+
+  from transformer_xl.convert import ConvertError, pytorch
+
+  path = tmp_path / "model.pt"
+  path.write_bytes(np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes())
+  with pytest.raises(ConvertError) as err:
+    pytorch.read_state_dict(str(path))
+  assert "damaged or not a torch file" in str(err.value) and "pickled" not in str(err.value)
+  # A real pickle of more than tensors is still described as such.
+  torch.save({"w": torch.zeros(2), "module": torch.nn.Linear(2, 2)}, tmp_path / "whole.pt")
+  with pytest.raises(ConvertError, match="holds pickled Python objects"):
+    pytorch.read_state_dict(str(tmp_path / "whole.pt"))
+
+
+@pytest.mark.parametrize("source", ["pytorch", "safetensors", "tf"])
+def test_armt_hparams_with_another_converter_suggest_from_armt(source, tmp_path):
+  from transformer_xl import convert
+
+  _, hparams = _armt_inputs(tmp_path)
+  checkpoint = tmp_path / ("x.safetensors" if source == "safetensors" else "x.pt")
+  with pytest.raises(convert.ConvertError) as err:
+    convert.convert_to_workdir(source, str(checkpoint), str(hparams), str(tmp_path / "w"))
+  message = str(err.value)
+  assert "use --from=armt" in message or "convert with --from=armt" in message, message
+  assert len(message) < 300 and not (tmp_path / "w").exists()

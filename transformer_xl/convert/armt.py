@@ -136,6 +136,11 @@ def load_armt_hparams(source: str | Mapping[str, Any]) -> dict:
         "segment with a fresh zero-filled TransfoXL cache of that length; convert a model "
         "trained with mem_len 0."
     )
+  if c.get("vocab_size", c.get("n_token")) is None:
+    raise ConvertError(
+        f"{where}: transfo_xl_config has no vocab_size (HuggingFace's TransfoXLConfig name; "
+        "n_token is accepted too): add the model's vocabulary size."
+    )
   hp = {"n_token": c.get("n_token", c.get("vocab_size"))}
   for k in ("n_layer", "n_head", "d_model", "d_head", "d_inner", *OPTIONAL_HPARAMS):
     if k in c:

@@ -410,7 +410,9 @@ def _read_torch(path: str) -> dict[str, np.ndarray]:
           f"checkpoint {path} is a safetensors file, not a torch file; give it "
           "a .safetensors name."
       ) from None
-    if "weights only load failed" in str(err).lower():
+    with open(path, "rb") as f:  # torch's files: a zip archive, or (legacy) a pickle
+      torch_like = zipfile.is_zipfile(path) or f.read(1) == b"\x80"  # pickle's PROTO
+    if torch_like and "weights only load failed" in str(err).lower():
       raise ConvertError(
           f"checkpoint {path} holds pickled Python objects besides tensors (e.g. "
           "a whole module, as the reference train.py saves), which are not "

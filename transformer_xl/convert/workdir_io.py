@@ -407,6 +407,11 @@ def convert_to_workdir(
     fork = False
   else:
     raw, where = read_hparams(hparams)
+    if armt.is_armt_hparams(raw):
+      raise ConvertError(
+          f"{where} has ARMT's hparams (the sections {', '.join(armt.SECTIONS)}): their "
+          "wrapper's checkpoints convert with --from=armt."
+      )
     fork = rmt.is_rmt_hparams(raw)  # the LM-RMT fork's (memory tokens)
     if fork and source == "tf":
       raise ConvertError(
