@@ -270,3 +270,19 @@ def test_armt_hparams_with_another_converter_suggest_from_armt(source, tmp_path)
   message = str(err.value)
   assert "use --from=armt" in message or "convert with --from=armt" in message, message
   assert len(message) < 300 and not (tmp_path / "w").exists()
+
+
+def test_a_repeated_override_is_refused_not_joined(tmp_path):
+  r = run_main(
+      [
+          f"--config={CONFIGS / 'quickstart.py'}",
+          f"--workdir={tmp_path}",
+          "--config.model.memory=knn",
+          "--config.model.knn.layers=(-1,)",
+          "--config.model.knn.layers=(1,)",
+      ],
+      devices=1,
+  )
+  assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+  (line,) = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+  assert "--config.model.knn.layers is given twice" in line

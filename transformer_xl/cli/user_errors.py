@@ -228,6 +228,22 @@ def config_file_problem(argv) -> str | None:
   return None
 
 
+def repeated_override(argv) -> str | None:
+  """A ``--config.KEY`` given more than once in ``argv`` (absl would join two
+  tuple values into one, e.g. ``(-1,)`` and ``(1,)`` into ``(-1, 1)``), or None."""
+  seen: dict[str, str] = {}
+  for arg in argv:
+    key = re.match(r"--config\.([\w.]+)(=|$)", arg)
+    if key is None:
+      continue
+    if key[1] in seen:
+      return (
+          f"--config.{key[1]} is given twice ({seen[key[1]]} and {arg}): give each setting " "once."
+      )
+    seen[key[1]] = arg
+  return None
+
+
 def parse_flags(argv):
   """absl flag parsing for ``app.run(..., flags_parser=parse_flags)``: a bad
   --config file, an unknown --config.key or a bad flag value becomes a
@@ -240,7 +256,7 @@ def parse_flags(argv):
   the flags are parsed).
   """
   debug = "--debug" in argv or "--debug=true" in argv
-  problem = config_file_problem(argv)
+  problem = config_file_problem(argv) or repeated_override(argv)
   if problem and not debug:
     sys.exit(f"error: {problem}")
   with report(debug):  # overrides with --mode=train, a missing or damaged config.json
