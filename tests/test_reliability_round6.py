@@ -286,3 +286,24 @@ def test_a_repeated_override_is_refused_not_joined(tmp_path):
   assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
   (line,) = [l for l in r.stderr.splitlines() if l.startswith("error:")]
   assert "--config.model.knn.layers is given twice" in line
+
+
+def test_another_memory_on_a_trained_workdir_says_the_memory_is_the_models(tmp_path):
+  """--mode=eval --config.model.memory=xl on a kNN workdir: one line saying the memory
+  is the trained model's (not "leave model.knn at its defaults")."""
+  from transformer_xl.run import workdir as wd
+
+  from helpers import tiny_model_config
+
+  config = load_config("quickstart")
+  config.model.memory = "knn"
+  config.model.knn.update(memory_size=16, num_neighbors=4, layers=(-1,))
+  wd.save_config(str(tmp_path), config)
+  cfg = tiny_model_config(
+      memory="knn", knn={"memory_size": 16, "num_neighbors": 4, "layers": (-1,)}
+  )
+  wd.save_model_config(str(tmp_path), cfg, "word", "ptb")
+  r = run_main([f"--workdir={tmp_path}", "--mode=eval", "--config.model.memory=xl"], devices=1)
+  assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+  (line,) = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+  assert "was trained with model.memory='knn'" in line and "at its defaults" not in line

@@ -183,6 +183,8 @@ def _run(r: Request) -> None:
     user_errors.check_output_path(r.out, example="samples.json", error=wd.WorkdirError)
   wd.require_dir(r.workdir)
   config = r.config if r.config is not None else wd.load_config(r.workdir)
+  if r.mode != "train":
+    _check_trained_memory(config, r.workdir)
   tokens = user_errors.load_tokens(r.tokens) if r.mode == "score" and r.tokens else None
   default_config.validate(
       config,
@@ -205,6 +207,27 @@ def _run(r: Request) -> None:
   init_from.check_source(config.train.get("init_from", ""), r.workdir)  # before the data
   with lock.training_lock(r.workdir):  # before the data: a second run stops now
     _run_mode(r, config, tokens)
+
+
+def _check_trained_memory(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """``model.memory`` is the trained model's where the workdir has one.
+
+  Raises:
+    default_config.ConfigError: the config names another memory than the
+      one the workdir's model was trained with (before the config's other
+      checks, whose advice is for a run being set up).
+  """
+  if not (epath.Path(workdir) / "model_config.json").exists():
+    return
+  trained = wd.load_model_config(workdir)[0].memory
+  asked = config.model.get("memory", "xl")
+  if asked != trained:
+    raise default_config.ConfigError(
+        f"model.memory={asked!r}, but {workdir} was trained with model.memory={trained!r}: "
+        f"the memory is part of the trained model; drop --config.model.memory (its "
+        f"evaluation settings are eval.*, e.g. eval.mem_len), or train a model with "
+        f"{asked!r} (train.init_from={workdir} starts one from these parameters)."
+    )
 
 
 def _run_mode(r: Request, config: ml_collections.ConfigDict, tokens: np.ndarray | None) -> None:
