@@ -421,8 +421,9 @@ def _report_run(
   if parts["memory"] > parts["params"] + parts["opt_state"]:
     line += (
         f"  The memory of the {config.train.global_batch} training rows is most of it "
-        f"(model.memory={config.model.memory!r}); {keep} checkpoints take "
-        f"{mib(keep * sum(parts.values()))} on disk."
+        f"(model.memory={config.model.memory!r}); {keep} checkpoints take up to "
+        f"{mib(keep * sum(parts.values()))} on disk (less while the memory is not yet "
+        "full: the checkpoint's arrays are compressed)."
     )
   report.log(line)
 
