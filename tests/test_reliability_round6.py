@@ -307,3 +307,51 @@ def test_another_memory_on_a_trained_workdir_says_the_memory_is_the_models(tmp_p
   assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
   (line,) = [l for l in r.stderr.splitlines() if l.startswith("error:")]
   assert "was trained with model.memory='knn'" in line and "at its defaults" not in line
+
+
+# ---------------------------------------------------------------------------------------------
+# Mutants of round 5 the suite let through: each a fast test that the mutant fails.
+
+
+def test_babilong_greedy_scores_cut_the_prediction_at_the_first_eos(tmp_path):
+  """An answer written after an end token does not count (their compare_answers
+  reads the decoded text up to the first eos)."""
+  from transformer_xl import data
+
+  import test_babilong
+
+  corpus = data.load_configured(test_babilong._data_cfg(tmp_path))
+  ex = corpus.examples["test"][:3]
+  a_len, eos = corpus.settings.answer_len, corpus.boundary_id
+  truth = ex[:, -a_len:]
+  preds = truth.copy()  # row 0: the answer, then eos: right
+  preds[1] = np.roll(truth[1], 1)  # row 1: eos first, then the answer: wrong
+  preds[1][0] = eos
+  preds[2] = eos  # row 2: nothing: wrong
+  got = corpus.greedy_scores("test", ex, preds)
+  assert got["babilong_accuracy"] == pytest.approx(1 / 3)
+
+
+def test_babilong_splits_have_their_sizes_and_valid_is_not_trained_on(tmp_path, monkeypatch):
+  """The validation samples (the train file's last babilong_valid_size) are not in
+  the training split; test is the test file's."""
+  from transformer_xl import data
+  from transformer_xl.data import babilong
+
+  import test_babilong
+
+  orders = {}
+  generate = babilong.generate_split
+
+  def recording(samples, documents, encode, s, seed, order, sizes):
+    orders[seed - s.seed] = (len(samples), list(map(int, order)))
+    return generate(samples, documents, encode, s, seed, order, sizes)
+
+  monkeypatch.setattr(babilong, "generate_split", recording)
+  corpus = data.load_configured(test_babilong._data_cfg(tmp_path, babilong_valid_size=10))
+  for split in ("train", "valid", "test"):
+    corpus.examples[split]  # generated when first read
+  (n_train_file, train), (_, valid), (_, test) = orders[2], orders[1], orders[0]
+  assert len(valid) == 10 and valid == list(range(n_train_file - 10, n_train_file))
+  assert len(train) == n_train_file - 10 and not set(train) & set(valid)
+  assert corpus.examples["valid"].shape[0] == 10 and len(test) == corpus.examples["test"].shape[0]
