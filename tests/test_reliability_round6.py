@@ -355,3 +355,17 @@ def test_babilong_splits_have_their_sizes_and_valid_is_not_trained_on(tmp_path, 
   assert len(valid) == 10 and valid == list(range(n_train_file - 10, n_train_file))
   assert len(train) == n_train_file - 10 and not set(train) & set(valid)
   assert corpus.examples["valid"].shape[0] == 10 and len(test) == corpus.examples["test"].shape[0]
+
+
+def test_the_fork_converter_fills_in_the_forks_own_defaults():
+  """An LM-RMT hparams file without mem_at_end / read_mem_from_cache converts to
+  the model the fork builds without them: its MemTransformerLM.__init__ defaults
+  are mem_at_end=True, read_mem_from_cache=False (booydar/LM-RMT,
+  pytorch/mem_transformer.py); lm_rmt_mem.npz was made with those values given."""
+  from transformer_xl.convert import rmt
+  from transformer_xl.model.memory.tokens import MemoryTokens
+
+  hp = json.loads(str(np.load(REPO / "tests" / "fixtures" / "lm_rmt_mem.npz")["hparams"]))
+  assert (hp.pop("mem_at_end"), hp.pop("read_mem_from_cache")) == (True, False)
+  s = MemoryTokens.settings(rmt.model_config_from_rmt_hparams(rmt.load_rmt_hparams(hp)))
+  assert (s.mem_at_end, s.read_mem_from_cache, s.num_mem_tokens) == (True, False, 2)
