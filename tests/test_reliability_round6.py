@@ -369,3 +369,29 @@ def test_the_fork_converter_fills_in_the_forks_own_defaults():
   assert (hp.pop("mem_at_end"), hp.pop("read_mem_from_cache")) == (True, False)
   s = MemoryTokens.settings(rmt.model_config_from_rmt_hparams(rmt.load_rmt_hparams(hp)))
   assert (s.mem_at_end, s.read_mem_from_cache, s.num_mem_tokens) == (True, False, 2)
+
+
+def test_the_knn_memory_attention_scales_by_the_absolute_scale():
+  """meliad's attention_scale is used as |scale|: a negative learned scale attends
+  as its absolute value does (the initial scale of 1 hides the sign)."""
+  import jax
+
+  from test_memory_conformance import _tokens, model_config, model_scores, params_of
+
+  cfg = model_config("knn")
+  params = params_of(cfg)
+  paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(params)[0] if "knn_scale" in str(p)]
+  assert paths
+  flipped = jax.tree_util.tree_map_with_path(
+      lambda p, x: -x if "knn_scale" in str(p) else x, params
+  )
+  tokens = _tokens(2, 6)  # 6 segments: the store holds earlier ones to retrieve from
+  a, _ = model_scores(cfg, params, tokens)
+  b, _ = model_scores(cfg, flipped, tokens)
+  np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+  c, _ = model_scores(
+      cfg,
+      jax.tree_util.tree_map_with_path(lambda p, x: 3 * x if "knn_scale" in str(p) else x, params),
+      tokens,
+  )
+  assert np.abs(c - a).max() > 1e-4  # the scale matters at all
