@@ -247,3 +247,34 @@ def test_it_equals_its_naive_reference(case):
   tokens = _tokens(2, 5)
   got, _ = model_scores(cfg, params, tokens)
   np.testing.assert_allclose(got, NAIVE[case](cfg, params, tokens), rtol=1e-4, atol=1e-4)
+
+
+# A state leaf's name ends in its shape (``knn_keys_NxBxHxSxDh``): these letters have one
+# logical axis each, so the layout a variant declares can be checked against its own names.
+_NAMED_AXES = {"B": "batch", "H": "heads", "L": "layers"}
+
+
+@pytest.mark.parametrize("name", sorted(memory.VARIANTS))
+def test_a_variants_state_layout_is_the_one_its_names_say(name):
+  """Each declared state leaf has one axis per letter of its shape suffix, rows on
+  ``batch``, heads on ``heads`` (split over the model mesh axis) and layers on
+  ``layers``: a store declared without its heads axis would be held whole by
+  every device of the model axis, with the same results (nothing else sees it)."""
+  cls = memory.VARIANTS[name]
+  for leaf_name, leaf in cls.STATE.items():
+    dims = leaf_name.rsplit("_", 1)[1].split("x")
+    assert len(dims) == len(leaf.axes), (leaf_name, leaf.axes)
+    for dim, axis in zip(dims, leaf.axes):
+      if dim in _NAMED_AXES:
+        assert axis == _NAMED_AXES[dim], (leaf_name, dim, leaf.axes)
+      else:
+        assert axis not in _NAMED_AXES.values(), (leaf_name, dim, leaf.axes)
+  mesh = sharding.make_mesh((2, 2), ("data", "model"), devices=jax.devices()[:4])
+  cfg = model_config(name) if name in CASES else None
+  if cfg is None or not cls.STATE:
+    return
+  mem = jax.eval_shape(lambda: memory.init_memory(cfg, 4))
+  for leaf_name, spec in mem.shardings(mesh).leaves().items():
+    if leaf_name in cls.STATE and "H" in leaf_name.rsplit("_", 1)[1].split("x"):
+      h = leaf_name.rsplit("_", 1)[1].split("x").index("H")
+      assert spec.spec[h] == "model", (leaf_name, spec.spec)
