@@ -395,3 +395,25 @@ def test_the_knn_memory_attention_scales_by_the_absolute_scale():
       tokens,
   )
   assert np.abs(c - a).max() > 1e-4  # the scale matters at all
+
+
+def test_an_armt_checkpoint_converted_in_process_scores_as_their_wrapper(tmp_path):
+  """The fast form of test_armt_cli's conversion check: their wrapper's state
+  dict converted (W_mv transposed, the cell's copies folded in) scores their
+  NLLs, segment by segment from an empty memory."""
+  import jax
+
+  from transformer_xl import sharding
+  from transformer_xl.convert import armt
+  from transformer_xl.inference import evaluate
+
+  state, hparams = _armt_inputs(tmp_path)
+  h = armt.load_armt_hparams(str(hparams))
+  cfg = armt.model_config_from_armt_hparams(h)
+  params = jax.tree_util.tree_map(np.asarray, armt.params_from_armt_state_dict(state, cfg))
+  config = load_config("quickstart")
+  config.eval.update(tgt_len=4, mem_len=0, same_length=False, clamp_len=0, global_batch=2)
+  mesh = sharding.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
+  f = np.load(REPO / "tests" / "fixtures" / "armt_model.npz")
+  got = evaluate.Evaluator(config, cfg, None, mesh).score(params, f["tokens"])
+  np.testing.assert_allclose(got, f["corr/nll"], rtol=1e-5, atol=1e-5)
