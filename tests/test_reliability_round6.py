@@ -316,9 +316,9 @@ def test_another_memory_on_a_trained_workdir_says_the_memory_is_the_models(tmp_p
 def test_babilong_greedy_scores_cut_the_prediction_at_the_first_eos(tmp_path):
   """An answer written after an end token does not count (their compare_answers
   reads the decoded text up to the first eos)."""
-  from transformer_xl import data
-
   import test_babilong
+
+  from transformer_xl import data
 
   corpus = data.load_configured(test_babilong._data_cfg(tmp_path))
   ex = corpus.examples["test"][:3]
@@ -335,10 +335,10 @@ def test_babilong_greedy_scores_cut_the_prediction_at_the_first_eos(tmp_path):
 def test_babilong_splits_have_their_sizes_and_valid_is_not_trained_on(tmp_path, monkeypatch):
   """The validation samples (the train file's last babilong_valid_size) are not in
   the training split; test is the test file's."""
+  import test_babilong
+
   from transformer_xl import data
   from transformer_xl.data import babilong
-
-  import test_babilong
 
   orders = {}
   generate = babilong.generate_split
@@ -375,7 +375,6 @@ def test_the_knn_memory_attention_scales_by_the_absolute_scale():
   """meliad's attention_scale is used as |scale|: a negative learned scale attends
   as its absolute value does (the initial scale of 1 hides the sign)."""
   import jax
-
   from test_memory_conformance import _tokens, model_config, model_scores, params_of
 
   cfg = model_config("knn")
@@ -417,3 +416,52 @@ def test_an_armt_checkpoint_converted_in_process_scores_as_their_wrapper(tmp_pat
   f = np.load(REPO / "tests" / "fixtures" / "armt_model.npz")
   got = evaluate.Evaluator(config, cfg, None, mesh).score(params, f["tokens"])
   np.testing.assert_allclose(got, f["corr/nll"], rtol=1e-5, atol=1e-5)
+
+
+def test_an_eval_store_size_override_is_the_evaluated_models(tmp_path):
+  """eval.knn.memory_size (and num_neighbors) replace the trained model's in the
+  evaluation model, and the evaluation memory has that many slots."""
+  import jax
+
+  from transformer_xl.inference import eval_steps
+  from transformer_xl.model import memory
+  from transformer_xl.model.memory.knn import KNNMemory
+
+  from helpers import tiny_model_config
+
+  cfg = tiny_model_config(
+      memory="knn", knn={"memory_size": 16, "num_neighbors": 4, "layers": (-1,)}
+  )
+  config = load_config("quickstart")
+  config.model.memory = "knn"
+  config.eval.knn.memory_size, config.eval.knn.num_neighbors = 48, 8
+  ecfg = eval_steps.eval_model_config(config, cfg)
+  s = KNNMemory.settings(ecfg)
+  assert (s.memory_size, s.num_neighbors) == (48, 8)
+  assert KNNMemory.settings(cfg).memory_size == 16  # the trained model's is unchanged
+  mem = jax.eval_shape(lambda: memory.init_memory(ecfg, 2))
+  assert mem.variant_state["knn_keys_NxBxHxSxDh"].shape[3] == 48
+
+
+def test_babilong_curriculum_lengths_leave_room_for_the_question(tmp_path, monkeypatch):
+  """data.babilong_train_sample_sizes are whole samples: the context drawn for
+  each is the size less data.babilong_qa_margin (the question and answer)."""
+  import test_babilong
+
+  from transformer_xl import data
+  from transformer_xl.data import babilong
+
+  sizes = {}
+  generate = babilong.generate_split
+
+  def recording(samples, documents, encode, s, seed, order, sample_sizes):
+    sizes[seed - s.seed] = sample_sizes
+    return generate(samples, documents, encode, s, seed, order, sample_sizes)
+
+  monkeypatch.setattr(babilong, "generate_split", recording)
+  cfg = test_babilong._data_cfg(
+      tmp_path, babilong_train_sample_sizes="100,160", babilong_qa_margin=30
+  )
+  corpus = data.load_configured(cfg)
+  corpus.examples["train"], corpus.examples["test"]
+  assert sizes[2] == [70, 130] and sizes[0] == 130  # 160 - 30: the test split's
