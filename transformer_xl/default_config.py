@@ -299,6 +299,33 @@ def get_config() -> ml_collections.ConfigDict:
 KERNEL_FLOAT32_ONLY = ("TPU v2", "TPU v3")
 
 
+# The tuple settings and the type of their elements (a value from the command line is parsed
+# as a Python literal: ('a',) is a tuple too).
+TUPLE_ELEMENTS = {
+    "mesh.shape": int,
+    "mesh.axis_names": str,
+    "model.cutoffs": int,
+    "model.tie_projs": bool,
+    "model.knn.layers": int,
+    "train.curriculum": str,
+}
+
+
+def element_type_problems(config: ml_collections.ConfigDict) -> list[str]:
+  """Tuple settings (``TUPLE_ELEMENTS``) whose elements are of another type."""
+  problems = []
+  for key, kind in TUPLE_ELEMENTS.items():
+    value: Any = config
+    for part in key.split("."):
+      value = value.get(part) if isinstance(value, ml_collections.ConfigDict) else None
+    if value is None:
+      continue
+    ok = lambda x: isinstance(x, kind) and (kind is bool or not isinstance(x, bool))
+    if not isinstance(value, (tuple, list)) or not all(ok(x) for x in value):
+      problems.append(f"{key}={value!r}: give a tuple of {kind.__name__} values.")
+  return problems
+
+
 def validate(
     config: ml_collections.ConfigDict,
     num_devices: int,
@@ -331,7 +358,10 @@ def validate(
       values out of range, unknown names), each with its fix.
   """
   m, t, e = config.model, config.train, config.eval
-  problems, mesh_shape = [], None
+  problems = element_type_problems(config)
+  if problems:  # the checks below compare the elements
+    raise ConfigError("Invalid config:\n  - " + "\n  - ".join(problems))
+  mesh_shape = None
   try:
     mesh_shape = sharding.check_mesh(config.mesh.shape, config.mesh.axis_names, num_devices)
   except ValueError as err:
