@@ -320,7 +320,9 @@ def element_type_problems(config: ml_collections.ConfigDict) -> list[str]:
       value = value.get(part) if isinstance(value, ml_collections.ConfigDict) else None
     if value is None:
       continue
-    ok = lambda x: isinstance(x, kind) and (kind is bool or not isinstance(x, bool))
+    ok = lambda x: (isinstance(x, kind) and (kind is bool or not isinstance(x, bool))) or (
+        isinstance(x, float) and not math.isfinite(x)  # NaN, inf: the non-finite check names
+    )
     if not isinstance(value, (tuple, list)) or not all(ok(x) for x in value):
       problems.append(f"{key}={value!r}: give a tuple of {kind.__name__} values.")
   return problems
