@@ -465,3 +465,25 @@ def test_babilong_curriculum_lengths_leave_room_for_the_question(tmp_path, monke
   corpus = data.load_configured(cfg)
   corpus.examples["train"], corpus.examples["test"]
   assert sizes[2] == [70, 130] and sizes[0] == 130  # 160 - 30: the test split's
+
+
+def test_a_model_converted_without_a_dataset_names_no_corpus(tmp_path):
+  """config.json says data.dataset='converted' (model_config.json too); generation
+  on it is one line saying so, not a download of the default corpus."""
+  from transformer_xl import convert
+
+  cfg = convert.model_config_from_hparams(convert.load_hparams(BASE))
+  params = convert.unflatten_params(
+      {p: np.zeros(s, np.float32) for p, s in convert.expected_param_shapes(cfg).items()}
+  )
+  workdir = tmp_path / "wd"
+  convert.write_workdir(str(workdir), params, cfg)
+  assert json.loads((workdir / "config.json").read_text())["data"]["dataset"] == "converted"
+  r = run_main(
+      [f"--workdir={workdir}", "--mode=generate", "--prompt=the", "--num_tokens=2"],
+      devices=1,
+      env={"TFDS_DATA_DIR": str(tmp_path / "tfds")},
+  )
+  assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+  assert "converted without --dataset" in r.stderr and "--mode=score --tokens" in r.stderr
+  assert not (tmp_path / "tfds").exists()  # nothing downloaded or prepared

@@ -97,8 +97,10 @@ def workdir_config(
   e.same_length = cfg.same_length if eval_same_length is None else bool(eval_same_length)
   e.global_batch = int(eval_global_batch)
   config.train.global_batch = int(global_batch)
-  if dataset is not None:
-    config.data.dataset = dataset
+  from transformer_xl import data  # pylint: disable=import-outside-toplevel
+
+  # Without --dataset no corpus names the ids: "converted" (refused where a corpus loads).
+  config.data.dataset = dataset if dataset is not None else data.CONVERTED
   if data_dir is not None:
     config.data.data_dir = str(data_dir)
   if manual_dir is not None:

@@ -129,6 +129,8 @@ from transformer_xl.data.shuffled import ShuffledSentenceIterator
 
 # Names accepted by load_corpus (launch/common.sh reads this literal).
 CORPUS_NAMES = ("enwik8", "text8", "ptb", "ptb_char", "wikitext2", "wikitext103", "lm1b")
+# data.dataset of a model converted without --dataset: token ids with no corpus to name them.
+CONVERTED = "converted"
 TEXT = "text"  # data.dataset of one's own text files (text_builder.py)
 # The data config fields that describe one's own text (text_settings.TextSettings).
 TEXT_FIELDS = (
@@ -169,6 +171,13 @@ def load_configured(data_cfg: Mapping[str, Any]) -> Corpus:
       ``synthetic.load``.
   """
   dataset = data_cfg["dataset"]
+  if dataset == CONVERTED:
+    raise DataError(
+        "data.dataset='converted': this model was converted without --dataset, so no corpus "
+        "names its token ids: score ids with --mode=score --tokens=ids.npy, or name the corpus "
+        "it was trained on with --config.data.dataset=NAME (its vocabulary must be the "
+        "model's; convert with --dataset=NAME --vocab=FILE to map the reference's ids)."
+    )
   if babilong.is_babilong(dataset):  # generated now, from the bAbI files and the noise
     return babilong.load(
         babilong.BabilongSettings.from_data_config(data_cfg),

@@ -87,6 +87,8 @@ def data_problems(d: Any, nonfinite: set[str], default: Callable[[str], Any]) ->
         f"data.documents='reset' needs documents, which the built-in corpus "
         f"{d.dataset!r} does not have: use 'stream', or data.dataset={data.TEXT!r}."
     ]
+  if d.dataset == data.CONVERTED:  # refused where a corpus is loaded (load_configured)
+    return []
   if d.dataset not in data.CORPUS_NAMES:
     return [
         f"data.dataset={d.dataset!r}: choose one of {sorted(data.CORPUS_NAMES)}, "
