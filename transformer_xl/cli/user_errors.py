@@ -26,7 +26,7 @@ import numpy as np
 from absl import flags
 from etils import epath
 
-from transformer_xl import errors
+from transformer_xl import default_config, errors
 from transformer_xl.cli import saved_config
 from transformer_xl.inference import evaluate
 from transformer_xl.model import memory
@@ -229,16 +229,18 @@ def config_file_problem(argv) -> str | None:
 
 
 def repeated_override(argv) -> str | None:
-  """A ``--config.KEY`` given more than once in ``argv`` (absl would join two
-  tuple values into one, e.g. ``(-1,)`` and ``(1,)`` into ``(-1, 1)``), or None."""
+  """A tuple setting's ``--config.KEY`` given more than once in ``argv`` (absl
+  joins the values, e.g. ``(-1,)`` and ``(1,)`` into ``(-1, 1)``; a scalar
+  given twice takes the last, as absl does), or None."""
   seen: dict[str, str] = {}
   for arg in argv:
     key = re.match(r"--config\.([\w.]+)(=|$)", arg)
-    if key is None:
+    if key is None or key[1] not in default_config.TUPLE_ELEMENTS:
       continue
     if key[1] in seen:
       return (
-          f"--config.{key[1]} is given twice ({seen[key[1]]} and {arg}): give each setting " "once."
+          f"--config.{key[1]} is given twice ({seen[key[1]]} and {arg}): give it once"
+          " (a tuple's values would be joined)."
       )
     seen[key[1]] = arg
   return None

@@ -369,9 +369,14 @@ class KNNMemory(MemoryVariant):
   @classmethod
   def eval_problems(cls, fields, eval_fields):
     given = {k: v for k, v in (eval_fields.get(cls.name) or {}).items() if v is not None}
+    if not given:  # the model's own settings: config_problems checks them
+      return []
     problems = cls.settings_problems({**fields[cls.name], **given})
-    if problems:
-      return [p.replace("model.knn.", "eval.knn.") for p in problems]
+    if problems:  # those of the overrides given, under their eval.knn.* names
+      named = [p for p in problems if any(f"model.knn.{k}=" in p for k in given)]
+      for k in given:
+        named = [p.replace(f"model.knn.{k}=", f"eval.knn.{k}=") for p in named]
+      return named
     return _store_problems({**fields[cls.name], **given}, eval_keys=given) if given else []
 
   @classmethod

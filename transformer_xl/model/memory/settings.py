@@ -118,6 +118,12 @@ def section_problems(fields: Mapping[str, Any]) -> list[str]:
   return problems
 
 
+def _known_memory(fields: Mapping[str, Any]) -> bool:
+  """``model.memory`` names a registered variant that is not an add-on."""
+  cls = VARIANTS.get(fields.get("memory", "xl"))
+  return cls is not None and not cls.ADDON
+
+
 def active(fields: Mapping[str, Any]) -> tuple[type[MemoryVariant], ...]:
   """The variants on in the model section ``fields`` (a validated one):
   model.memory's, then the enabled add-ons, by name."""
@@ -228,9 +234,8 @@ def eval_override_sections() -> dict[str, dict[str, Any]]:
 def eval_problems(fields: Mapping[str, Any], eval_fields: Mapping[str, Any]) -> list[str]:
   """Problems of the memory's evaluation settings: overrides of a variant
   that is not on, and what each variant on needs (``eval_problems``); none
-  while the model section has problems of its own (``config_problems``
-  reports those once; these checks presuppose a valid model section)."""
-  if config_problems(fields):
+  while ``model.memory`` names no variant (``config_problems`` says so)."""
+  if not _known_memory(fields):
     return []
   full = {**fields, **sections({k: v for k, v in fields.items() if k in VARIANTS})}
   on = active(full)
@@ -256,9 +261,9 @@ def run_problems(fields: Mapping[str, Any], config: Mapping[str, Any]) -> list[s
   variant that keeps the gradient between segments, or with whole examples
   per step (``train.bptt_bp`` on a synthetic task or BABILong: one update
   per batch of examples for any memory, the gradient of a stop-gradient one
-  staying inside its segment); none while the model section has problems
-  of its own (``config_problems``)."""
-  if config_problems(fields):
+  staying inside its segment); none while ``model.memory`` names no
+  variant (``config_problems`` says so)."""
+  if not _known_memory(fields):
     return []
   full = {**fields, **sections({k: v for k, v in fields.items() if k in VARIANTS})}
   on = active(full)
