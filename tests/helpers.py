@@ -697,3 +697,33 @@ def reference_nll(cfg: models.ModelConfig, params: Any, tokens_BxT1: np.ndarray)
     )
     out.append(np.asarray(nll))
   return np.concatenate(out, axis=1)[:, :t]
+
+
+def babilong_data_cfg(tmp_path, **extra):
+  """The data config of BABILong qa1 on stand-in bAbI files (30 train and 8 test
+  stories) and the fixture's noise documents as text files, ``extra`` over it."""
+  from transformer_xl.data import babi_like
+
+  fix = REPO / "tests" / "fixtures" / "babilong"
+  docs = json.loads((fix / "noise_train.json").read_text())
+  noise = []
+  for i, d in enumerate(docs + json.loads((fix / "noise_test.json").read_text())):
+    p = tmp_path / f"noise{i}.txt"
+    p.write_text(d)
+    noise.append(str(p))
+  babi_like.write_task(tmp_path / "babi", "qa1", train_stories=30, test_stories=8, seed=3)
+  cfg = {
+      "dataset": "babilong:qa1",
+      "manual_dir": str(tmp_path / "babi"),
+      "download": False,
+      "tokenizer": f"pretrained:{fix / 'tokenizer.json'}",
+      "babilong_noise": "text",
+      "train_files": ",".join(noise[:6]),
+      "valid_files": ",".join(noise[6:8]),
+      "test_files": ",".join(noise[8:]),
+      "babilong_sample_size": 160,
+      "babilong_max_n_facts": 8,
+      "babilong_valid_size": 10,
+  }
+  cfg.update(extra)
+  return cfg

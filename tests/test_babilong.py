@@ -17,7 +17,6 @@ import pytest
 
 from transformer_xl import errors
 from transformer_xl.data import (
-    babi_like,
     babilong,
     babilong_samples,
     babilong_sources,
@@ -27,6 +26,7 @@ from transformer_xl.data import (
 from transformer_xl.inference import evaluate
 
 from helpers import REPO
+from helpers import babilong_data_cfg as _data_cfg
 
 FIX = REPO / "tests" / "fixtures" / "babilong"
 EXPECTED = json.loads((FIX / "expected.json").read_text())
@@ -145,31 +145,6 @@ def test_weights_cover_each_answer_and_its_eos_only():
   got = evaluate.answers(example, correct, counts)
   assert got["examples"] == 2 and got["answer_accuracy"] == 0.5
   assert math.isclose(got["answer_token_accuracy"], 4 / 5)
-
-
-def _data_cfg(tmp_path, **extra):
-  docs = json.loads((FIX / "noise_train.json").read_text())
-  noise = []
-  for i, d in enumerate(docs + json.loads((FIX / "noise_test.json").read_text())):
-    p = tmp_path / f"noise{i}.txt"
-    p.write_text(d)
-    noise.append(str(p))
-  babi_like.write_task(tmp_path / "babi", "qa1", train_stories=30, test_stories=8, seed=3)
-  cfg = {
-      "dataset": "babilong:qa1",
-      "manual_dir": str(tmp_path / "babi"),
-      "download": False,
-      "tokenizer": f"pretrained:{FIX / 'tokenizer.json'}",
-      "babilong_noise": "text",
-      "train_files": ",".join(noise[:6]),
-      "valid_files": ",".join(noise[6:8]),
-      "test_files": ",".join(noise[8:]),
-      "babilong_sample_size": 160,
-      "babilong_max_n_facts": 8,
-      "babilong_valid_size": 10,
-  }
-  cfg.update(extra)
-  return cfg
 
 
 def test_the_corpus_lays_out_whole_examples(tmp_path):

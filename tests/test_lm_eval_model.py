@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 from lm_eval.api.instance import Instance
-from test_memory_conformance import CASES, model_config, model_scores, params_of, run_config
+from memory_cases import CASES, model_config, model_scores, params_of, run_config
 
 from transformer_xl import data, sharding
 from transformer_xl.data import text_settings, text_vocab, tokenizers
