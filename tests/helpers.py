@@ -727,3 +727,36 @@ def babilong_data_cfg(tmp_path, **extra):
   }
   cfg.update(extra)
   return cfg
+
+
+def armt_fixture_inputs(tmp_path: Path) -> tuple[dict, Path]:
+  """Their ARMT wrapper's state dict (tests/fixtures/armt_model.npz, made by
+  scripts/make_armt_fixtures.py) and its three-section hparams, written to
+  ``tmp_path``/h.json."""
+  f = dict(np.load(REPO / "tests" / "fixtures" / "armt_model.npz"))
+  state = {k[len("corr/state/") :]: v for k, v in f.items() if k.startswith("corr/state/")}
+  hf = dict(
+      vocab_size=24,
+      cutoffs=[],
+      d_model=16,
+      d_embed=16,
+      n_head=2,
+      d_head=8,
+      d_inner=32,
+      div_val=1,
+      n_layer=2,
+      mem_len=0,
+      clamp_len=-1,
+      same_length=False,
+      untie_r=True,
+      tie_word_embeddings=True,
+      architectures=["TransfoXLLMHeadModel"],
+  )
+  hparams = {
+      "transfo_xl_config": hf,
+      "memory_cell": {"num_mem_tokens": 3, "d_mem": 4, "correction": True},
+      "recurrent_wrapper": {"segment_size": 4, "max_n_segments": 4, "k2": -1},
+  }
+  path = tmp_path / "h.json"
+  path.write_text(json.dumps(hparams))
+  return state, path

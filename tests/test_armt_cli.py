@@ -157,34 +157,13 @@ def test_their_checkpoint_converts_and_scores_as_their_wrapper(tmp_path):
   NLLs (the last position of a segment predicting the next segment's first
   token).  A missing tensor and a TransfoXL cache their wrapper would fill
   with zeros are one error line each."""
-  from helpers import REPO, run_module
+  from helpers import REPO, armt_fixture_inputs, run_module
 
   f = dict(np.load(REPO / "tests" / "fixtures" / "armt_model.npz"))
-  state = {k[len("corr/state/") :]: v for k, v in f.items() if k.startswith("corr/state/")}
+  state, h_json = armt_fixture_inputs(tmp_path)  # h.json beside it
+  hparams = json.loads(h_json.read_text())
+  hf = hparams["transfo_xl_config"]
   np.savez(tmp_path / "armt.npz", **state)
-  hf = dict(
-      vocab_size=24,
-      cutoffs=[],
-      d_model=16,
-      d_embed=16,
-      n_head=2,
-      d_head=8,
-      d_inner=32,
-      div_val=1,
-      n_layer=2,
-      mem_len=0,
-      clamp_len=-1,
-      same_length=False,
-      untie_r=True,
-      tie_word_embeddings=True,
-      architectures=["TransfoXLLMHeadModel"],
-  )
-  hparams = {
-      "transfo_xl_config": hf,
-      "memory_cell": {"num_mem_tokens": 3, "d_mem": 4, "correction": True},
-      "recurrent_wrapper": {"segment_size": 4, "max_n_segments": 4, "k2": -1},
-  }
-  (tmp_path / "h.json").write_text(json.dumps(hparams))
   convert = lambda *extra, w="wd", h="h.json", c="armt.npz": run_module(
       "transformer_xl.convert",
       "--from=armt",

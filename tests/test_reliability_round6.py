@@ -4,14 +4,21 @@ as a user and a hostile tester would, tested at its cause."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from transformer_xl import default_config
 
-from helpers import CONFIGS, REPO, babilong_data_cfg, load_config, run_main, run_module
+from helpers import (
+    CONFIGS,
+    REPO,
+    armt_fixture_inputs,
+    babilong_data_cfg,
+    load_config,
+    run_main,
+    run_module,
+)
 from hf_reference import BASE
 
 
@@ -64,37 +71,6 @@ def test_a_bad_knn_eval_override_names_the_key_given():
   assert "eval.knn.num_neighbors" not in message and "eval.knn.layers" not in message
 
 
-def _armt_inputs(tmp_path: Path) -> tuple[dict, Path]:
-  """Their ARMT wrapper's state dict (tests/fixtures/armt_model.npz) and its hparams file."""
-  f = dict(np.load(REPO / "tests" / "fixtures" / "armt_model.npz"))
-  state = {k[len("corr/state/") :]: v for k, v in f.items() if k.startswith("corr/state/")}
-  hf = dict(
-      vocab_size=24,
-      cutoffs=[],
-      d_model=16,
-      d_embed=16,
-      n_head=2,
-      d_head=8,
-      d_inner=32,
-      div_val=1,
-      n_layer=2,
-      mem_len=0,
-      clamp_len=-1,
-      same_length=False,
-      untie_r=True,
-      tie_word_embeddings=True,
-      architectures=["TransfoXLLMHeadModel"],
-  )
-  hparams = {
-      "transfo_xl_config": hf,
-      "memory_cell": {"num_mem_tokens": 3, "d_mem": 4, "correction": True},
-      "recurrent_wrapper": {"segment_size": 4, "max_n_segments": 4, "k2": -1},
-  }
-  path = tmp_path / "h.json"
-  path.write_text(json.dumps(hparams))
-  return state, path
-
-
 @pytest.mark.parametrize(
     "tensor",
     [
@@ -103,7 +79,7 @@ def _armt_inputs(tmp_path: Path) -> tuple[dict, Path]:
     ],
 )
 def test_an_armt_checkpoint_with_nan_is_one_error_line_and_nothing_written(tensor, tmp_path):
-  state, hparams = _armt_inputs(tmp_path)
+  state, hparams = armt_fixture_inputs(tmp_path)
   state = {k: v for k, v in state.items() if not k.startswith("memory_cell.layers.")}
   state[tensor] = np.full_like(state[tensor], np.nan)
   np.savez(tmp_path / "nan.npz", **state)
@@ -233,7 +209,7 @@ def test_init_from_the_runs_own_workdir_is_refused_before_the_data(tmp_path):
 def test_armt_hparams_without_a_vocabulary_size_ask_for_vocab_size(tmp_path):
   from transformer_xl.convert import ConvertError, armt
 
-  _, path = _armt_inputs(tmp_path)
+  _, path = armt_fixture_inputs(tmp_path)
   hparams = json.loads(path.read_text())
   del hparams["transfo_xl_config"]["vocab_size"]
   with pytest.raises(ConvertError, match=r"transfo_xl_config has no vocab_size \(HuggingFace"):
@@ -262,7 +238,7 @@ def test_random_bytes_named_pt_are_not_called_pickled_objects(tmp_path):
 def test_armt_hparams_with_another_converter_suggest_from_armt(source, tmp_path):
   from transformer_xl import convert
 
-  _, hparams = _armt_inputs(tmp_path)
+  _, hparams = armt_fixture_inputs(tmp_path)
   checkpoint = tmp_path / ("x.safetensors" if source == "safetensors" else "x.pt")
   with pytest.raises(convert.ConvertError) as err:
     convert.convert_to_workdir(source, str(checkpoint), str(hparams), str(tmp_path / "w"))
@@ -401,7 +377,7 @@ def test_an_armt_checkpoint_converted_in_process_scores_as_their_wrapper(tmp_pat
   from transformer_xl.convert import armt
   from transformer_xl.inference import evaluate
 
-  state, hparams = _armt_inputs(tmp_path)
+  state, hparams = armt_fixture_inputs(tmp_path)
   h = armt.load_armt_hparams(str(hparams))
   cfg = armt.model_config_from_armt_hparams(h)
   params = jax.tree_util.tree_map(np.asarray, armt.params_from_armt_state_dict(state, cfg))
