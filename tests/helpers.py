@@ -277,6 +277,32 @@ def write_ptb_sample(directory: Path, n_lines=(1200, 80, 90), seed=0):
   return directory
 
 
+def memory_run_flags(tgt_len: int, mem_len: int, rows: int, **overrides: Any) -> list[str]:
+  """``tiny_flags`` of the memories' command-line tests: d_model 16, d_head 8,
+  d_inner 32, segments of ``tgt_len`` with ``mem_len`` cached states in
+  training and evaluation (no same_length, no clamp), ``rows`` evaluation
+  rows, the whole batch of the config, no warmup and learning rate 0.05
+  (``overrides`` over them, as ``tiny_flags`` takes them)."""
+  return tiny_flags(
+      **{
+          "model__d_model": 16,
+          "model__d_head": 8,
+          "model__d_inner": 32,
+          "model__tgt_len": tgt_len,
+          "model__mem_len": mem_len,
+          "train__global_batch": None,
+          "train__warmup_steps": 0,
+          "train__learning_rate": 0.05,
+          "eval__tgt_len": tgt_len,
+          "eval__mem_len": mem_len,
+          "eval__same_length": False,
+          "eval__clamp_len": 0,
+          "eval__global_batch": rows,
+          **overrides,
+      }
+  )
+
+
 def small_args(tmp_path, workdir, manual, *extra):
   """The command line of configs/quickstart.py on the PTB sample in ``manual``
   (``write_ptb_sample``), prepared under ``tmp_path / "tfds"``, then ``extra``."""

@@ -23,7 +23,6 @@ from transformer_xl.data import (
     example_corpus,
     text_vocab,
 )
-from transformer_xl.inference import evaluate
 
 from helpers import REPO
 from helpers import babilong_data_cfg as _data_cfg
@@ -123,6 +122,22 @@ def test_compare_answers_is_theirs():
   assert babilong_samples.compare_answers("Bill", "bill")
 
 
+def test_the_leaderboard_rule_is_theirs():
+  """Their babilong/metrics.py compare_answers on outputs that reach each of
+  its branches (scripts/make_babilong_leaderboard_fixtures.py ran it), and
+  their labels."""
+  fix = json.loads((FIX / "leaderboard_rule.json").read_text())
+  assert {k: sorted(v) for k, v in fix["task_labels"].items()} == {
+      k: sorted(v) for k, v in babilong_samples.TASK_LABELS.items()
+  }
+  for c in fix["cases"]:
+    got = babilong_samples.leaderboard_answers(c["target"], c["output"], c["question"], c["task"])
+    assert got == c["right"], c
+    if c["right"]:  # stricter: what it takes, the training scripts' rule takes too
+      assert babilong_samples.compare_answers(c["target"].split(",")[0], c["output"]), c
+  assert sum(c["right"] for c in fix["cases"]) not in (0, len(fix["cases"]))
+
+
 def test_layout_puts_the_answer_region_last():
   g = babilong_samples.Tokens([5, 6, 7], [8, 9], [3, 4], [0])
   ex, counts = babilong.layout_examples([g], gen_id=2, eos_id=0, sequence_len=12, answer_len=4)
@@ -142,7 +157,7 @@ def test_weights_cover_each_answer_and_its_eos_only():
   assert w.astype(int).tolist() == [[0, 0, 0, 0, 0, 1, 1, 1], [0, 0, 0, 0, 0, 1, 1, 0]]
   example = np.array([[0, 0, 0, 1, 1]])
   correct = np.array([[1, 1, 0, 1, 1]], bool)
-  got = evaluate.answers(example, correct, counts)
+  got = example_corpus.answer_scores(example, correct, counts)
   assert got["examples"] == 2 and got["answer_accuracy"] == 0.5
   assert math.isclose(got["answer_token_accuracy"], 4 / 5)
 

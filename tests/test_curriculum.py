@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from transformer_xl import default_config
+from transformer_xl.run import train_checks
 from transformer_xl.training import early_stop
 
 from helpers import read_metrics, run_main, start_main
@@ -158,12 +159,12 @@ def test_bad_stages_and_stop_settings_are_one_error_line_before_any_training(tmp
     assert "Traceback" not in r.stderr and not (w / "stages").exists()
   config = default_config.get_config()
   problems = {
-      "answer_accuracy": default_config.stop_problems(
+      "answer_accuracy": train_checks.stop_problems(
           {"stop_metric": "answer_accuracy", "stop_target": 0.9}, example_corpus=False
       ),
-      "no target": default_config.stop_problems({"stop_metric": "ppl"}, example_corpus=False),
-      "no metric": default_config.stop_problems({"stop_target": 0.9}, example_corpus=True),
-      "accuracy > 1": default_config.stop_problems(
+      "no target": train_checks.stop_problems({"stop_metric": "ppl"}, example_corpus=False),
+      "no metric": train_checks.stop_problems({"stop_target": 0.9}, example_corpus=True),
+      "accuracy > 1": train_checks.stop_problems(
           {"stop_metric": "answer_accuracy", "stop_target": 90}, example_corpus=True
       ),
   }
@@ -171,7 +172,7 @@ def test_bad_stages_and_stop_settings_are_one_error_line_before_any_training(tmp
   assert "needs train.stop_target or train.stop_patience" in problems["no target"][0]
   assert "need train.stop_metric" in problems["no metric"][0]
   assert "use a value in [0, 1]" in problems["accuracy > 1"][0]
-  assert not default_config.stop_problems(config.train, example_corpus=False)
+  assert not train_checks.stop_problems(config.train, example_corpus=False)
 
 
 def test_early_stop_decides_on_target_and_patience_and_replays_the_same():

@@ -14,6 +14,7 @@ from jax.sharding import PartitionSpec as P
 from transformer_xl import data, default_config, sharding
 from transformer_xl.model import memory as memory_lib
 from transformer_xl.model import models
+from transformer_xl.run import train_checks
 from transformer_xl.training import train, train_state, train_step
 
 from helpers import tiny_config, tiny_model_config
@@ -471,7 +472,7 @@ def test_aux_loss_weight_is_validated():
   c = default_config.get_config()
   assert c.train.aux_loss_weight == 1.0
   c.train.aux_loss_weight = -1.0
-  problems = default_config._optimizer_problems(c.train, set())
+  problems = train_checks.optimizer_problems(c.train, set())
   assert any("train.aux_loss_weight=-1.0 must be >= 0" in p for p in problems), problems
   c.train.aux_loss_weight = 0.0
-  assert default_config._optimizer_problems(c.train, set()) == []
+  assert train_checks.optimizer_problems(c.train, set()) == []

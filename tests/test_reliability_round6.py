@@ -368,7 +368,7 @@ def test_the_knn_memory_attention_scales_by_the_absolute_scale():
 
 
 def test_an_armt_checkpoint_converted_in_process_scores_as_their_wrapper(tmp_path):
-  """The fast form of test_armt_cli's conversion check: their wrapper's state
+  """The fast form of test_armt_convert's conversion check: their wrapper's state
   dict converted (W_mv transposed, the cell's copies folded in) scores their
   NLLs, segment by segment from an empty memory."""
   import jax

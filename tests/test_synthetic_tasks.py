@@ -219,12 +219,12 @@ def test_answer_accuracies_equal_a_naive_count_on_a_hand_made_case():
   # after 2 of its 3 answer tokens (max_steps); -1: not an answer position.
   example = np.array([[0, 0, 0, -1, 1, 1], [1, -1, -1, 2, 2, -1]])
   correct = np.array([[1, 1, 1, 0, 1, 0], [1, 1, 0, 1, 1, 1]], bool)
-  got = evaluate.answers(example, correct, np.full(8, 3))
+  got = example_corpus.answer_scores(example, correct, np.full(8, 3))
   # Naive: example 0 right, example 1 wrong (one token), example 2 not whole.
   assert got["examples"] == 2 and got["answer_accuracy"] == 0.5
   assert got["answer_token_accuracy"] == 7 / 8  # the wrong token of example 1
   assert math.isnan(
-      evaluate.answers(example[:, :0], correct[:, :0], np.full(8, 3))["answer_accuracy"]
+      example_corpus.answer_scores(example[:, :0], correct[:, :0], np.full(8, 3))["answer_accuracy"]
   )
 
 

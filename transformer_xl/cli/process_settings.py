@@ -384,7 +384,7 @@ class StopSignals:
   """While active, SIGTERM (what a preempted Cloud TPU VM receives, and what
   ``launch/stop.sh`` sends) and SIGINT (Ctrl-C) only set a flag,
   ``received``, which the training loop reads at a step boundary to
-  write a checkpoint and return (``train.PreemptionGuard`` agrees on it
+  write a checkpoint and return (``guards.PreemptionGuard`` agrees on it
   across processes).  The first Ctrl-C prints one line saying so; a second
   one quits at once (exit status 130, no traceback, no checkpoint: the
   newest one written is intact, and a write it interrupts is a partial

@@ -56,9 +56,9 @@ guarantees (parity to 1e-5 with HuggingFace's port, bit-exact round
 trips): docs/guide/conversion.md.
 
 Modules, one role each.  The converter is off the training path (nothing
-in training imports it); of the package, only ``workdir_io.py`` calls
-``default_config``, ``train_state``, ``workdir``, ``sharding`` and
-``checkpointing``, to write and read workdirs:
+in training imports it); of the package, only ``workdir_io.py`` and
+``export.py`` call ``default_config``, ``train_state``, ``workdir``,
+``sharding`` and ``checkpointing``, to write and read workdirs:
 
 * ``errors.py``: ``ConvertError`` and its one-line messages (the
   conversion's reports go through ``transformer_xl.util.report.log``);
@@ -73,8 +73,8 @@ in training imports it); of the package, only ``workdir_io.py`` calls
   ``state_dict_from_tf``;
 * ``vocab.py``: ``read_vocab``, ``dataset_vocab``, ``map_vocab``,
   ``remap_vocab``;
-* ``workdir_io.py``: ``write_workdir``, ``convert_to_workdir``,
-  ``export_pytorch``;
+* ``workdir_io.py``: ``write_workdir``, ``convert_to_workdir``;
+* ``export.py``: ``export_pytorch`` (a workdir back out);
 * ``releases.py``: ``RELEASES``, the released models (the reference's
   and the Hugging Face Hub's), ``release``, ``dynamic_settings``;
 * ``download.py``: a release's files from the cache or the manual dir,
@@ -91,6 +91,7 @@ in training imports it); of the package, only ``workdir_io.py`` calls
 from __future__ import annotations
 
 from transformer_xl.convert.errors import ConvertError
+from transformer_xl.convert.export import export_pytorch
 from transformer_xl.convert.hparams import (
     OPTIONAL_HPARAMS,
     REQUIRED_HPARAMS,
@@ -123,12 +124,7 @@ from transformer_xl.convert.vocab import (
     read_vocab,
     remap_vocab,
 )
-from transformer_xl.convert.workdir_io import (
-    convert_to_workdir,
-    export_pytorch,
-    one_device_mesh,
-    write_workdir,
-)
+from transformer_xl.convert.workdir_io import convert_to_workdir, one_device_mesh, write_workdir
 
 __all__ = [
     "ConvertError",

@@ -14,8 +14,9 @@ import transformer_xl.convert as package
 from transformer_xl.convert import pretrained, releases
 from transformer_xl.convert.download import CACHE_ENV
 from transformer_xl.convert.errors import ConvertError, one_line
+from transformer_xl.convert.export import export_pytorch
 from transformer_xl.convert.vocab import UNSEEN_BIAS
-from transformer_xl.convert.workdir_io import convert_to_workdir, export_pytorch
+from transformer_xl.convert.workdir_io import convert_to_workdir
 
 
 def _define_flags(fv):

@@ -301,10 +301,13 @@ class BabilongCorpus(ExampleCorpus):
 
   Attributes (beyond ``ExampleCorpus``'s):
     answers: split -> the answers' texts, one per example.
+    questions: split -> the questions' texts (as in the bAbI file), one per
+      example.
     babilong: the ``BabilongSettings``.
   """
 
   answers: Mapping[str, tuple[str, ...]] | None = None
+  questions: Mapping[str, tuple[str, ...]] | None = None
   babilong: BabilongSettings | None = None
 
   def greedy_scores(self, split: str, examples_NxS: np.ndarray, preds_NxA: np.ndarray) -> dict:
@@ -486,6 +489,11 @@ def _samples_of(s: BabilongSettings, split: str, text: str) -> list[Sample]:
   where = f"{PREFIX}{s.task}: the {split} file {name}"
   if not text.strip():
     raise errors.DataError(f"{where} is empty; put the en-10k archive's {name} there.")
+  if not text.endswith("\n"):  # bAbI's lines each end with a line break
+    raise errors.DataError(
+        f"{where} ends in the middle of a line (a truncated copy?); put the en-10k archive's "
+        f"{name} there again."
+    )
   try:
     samples = parse_task(text, s.max_n_facts)
   except errors.DataError as err:
@@ -553,6 +561,10 @@ def load(
       split: tuple(samples[int(i)].answer for i in order)
       for split, (samples, _, order, _) in plan.items()
   }
+  questions = {
+      split: tuple(samples[int(i)].question for i in order)
+      for split, (samples, _, order, _) in plan.items()
+  }
   answer_len = 1 + max(len(encode(a)) for a in set(sum(answers.values(), ())))
   layout = Layout(task=s.task, sequence_len=s.sample_size + 1, answer_len=answer_len)
 
@@ -574,5 +586,6 @@ def load(
       examples=examples,
       answer_counts=_LazySplits(tuple(plan), lambda split: made[split][1]),
       answers=answers,
+      questions=questions,
       babilong=s,
   )

@@ -298,9 +298,52 @@ class NoiseInjection:
 
 
 def compare_answers(target: str, output: str) -> bool:
-  """Their scoring: ``target`` (lower-cased) in the first sentence of
-  ``output`` (lower-cased, up to the first "."), examples it imitates
-  (after ``<context>`` or ``<example>``) cut off."""
+  """Their training scripts' scoring (``babilong_utils.compare_answers``):
+  ``target`` (lower-cased) in the first sentence of ``output`` (lower-cased,
+  up to the first "."), examples it imitates (after ``<context>`` or
+  ``<example>``) cut off."""
   target, output = target.lower(), output.lower()
   output = output.split(".")[0].split("<context>")[0].split("<example>")[0]
   return target in output
+
+
+# The answers each task can have (their ``babilong/metrics.py`` ``TASK_LABELS``): what the
+# leaderboard's rule looks for in an output.
+_ROOMS = "bathroom bedroom garden hallway kitchen office"
+TASK_LABELS: dict[str, tuple[str, ...]] = {
+    task: tuple(labels.split())
+    for task, labels in {
+        **{f"qa{i}": _ROOMS for i in (1, 2, 3, 4, 11, 12, 13)},
+        "qa5": "Bill Fred Jeff Mary apple football milk",
+        **{f"qa{i}": "no yes" for i in (6, 9, 17, 18)},
+        "qa7": "none one three two",
+        "qa8": "apple football milk nothing",
+        "qa10": "maybe no yes",
+        "qa14": "bedroom cinema kitchen office park school",
+        "qa15": "cat mouse sheep wolf",
+        "qa16": "gray green white yellow",
+        "qa19": "e,e e,n e,s n,e n,n n,w s,e s,s s,w w,n w,s w,w",
+        "qa20": "bedroom bored garden hungry kitchen thirsty tired",
+    }.items()
+}
+
+
+def leaderboard_answers(target: str, output: str, question: str, task: str) -> bool:
+  """The leaderboard's scoring (their ``babilong/metrics.py``
+  ``compare_answers``, which ``collect_results.py`` applies), stricter than
+  ``compare_answers``: of the task's ``TASK_LABELS`` found in ``output``'s
+  first sentence (lower-cased, cut as ``compare_answers`` cuts it; their cut
+  at "Question" comes after lower-casing and so never applies), those not in
+  the question must be exactly the target (qa8's "a,b": exactly its parts).
+
+  Raises:
+    KeyError: ``task`` is not qa1..qa20.
+  """
+  labels = {label.lower() for label in TASK_LABELS[task]}
+  output = output.lower().split(".")[0].split("<context>")[0].split("<example>")[0]
+  target = target.lower()
+  found = {l for l in labels if l in output} - {l for l in labels if l in question.lower()}
+  if "," in target and len(target) > 3:  # several objects (qa8)
+    parts = target.split(",")
+    return len(found) == len(parts) and all(p in found for p in parts)
+  return found == {target}

@@ -328,3 +328,40 @@ class ExampleEvalIterator(_Examples):
     k_b = k_B[list(self.row_ids)]
     self._step += 1
     return self._batch(k_b, k_b >= 0, s)
+
+
+def answer_scores(example_BxT: np.ndarray, correct_BxT: np.ndarray, counts_N: np.ndarray) -> dict:
+  """The accuracies of a synthetic task's answers (Bulatov et al. 2022, Sec. 4).
+
+  Args:
+    example_BxT: int [B, T'] the example of every scored answer position,
+      -1 where a position is not scored (any T': segments side by side).
+    correct_BxT: bool [B, T'], whether the argmax prediction at the position
+      (given the true earlier tokens) is its target.
+    counts_N: int [N], the weighed answer positions of each example of the
+      split (``ExampleCorpus.counts``: the task's ``answer_len`` for all
+      but BABILong's, whose answers differ in length).
+
+  Returns:
+    {"answer_token_accuracy": the share of scored answer positions predicted
+    right (the authors' teacher-forced accuracy, ``num_correct_tf /
+    num_total`` of ``train_synthetic.py``), "answer_accuracy": the share of
+    examples whose answer positions are all scored and all
+    right (exact match; an example cut off by ``max_steps`` does not count),
+    "examples": those examples}; accuracies are NaN where nothing was scored.
+  """
+  scored = example_BxT >= 0
+  k, ok = example_BxT[scored], correct_BxT[scored]
+  ids, inverse = np.unique(k, return_inverse=True)
+  seen = np.bincount(inverse, minlength=len(ids))
+  right = np.bincount(inverse, weights=ok.astype(np.float64), minlength=len(ids))
+  expected = np.asarray(counts_N)[ids] if len(ids) else np.zeros(0, np.int64)
+  whole = seen == expected
+  n = int(np.count_nonzero(whole))
+  return {
+      "answer_accuracy": float(np.count_nonzero(right[whole] == expected[whole]) / n)
+      if n
+      else math.nan,
+      "answer_token_accuracy": float(ok.mean()) if ok.size else math.nan,
+      "examples": n,
+  }

@@ -59,12 +59,12 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from transformer_xl import default_config, errors, sharding
-from transformer_xl.inference import eval_steps, evaluate
+from transformer_xl import errors, sharding
+from transformer_xl.inference import config_checks, eval_steps, evaluate
 from transformer_xl.model import memory as memory_lib
 from transformer_xl.util import report
 
-RULES = default_config.DYNAMIC_RULES
+RULES = config_checks.DYNAMIC_RULES
 # eval.dynamic.stats_tokens = -1: the reference's share of the training split (its
 # statistics pass reads num_batch // 5000 segments of batch 1).
 REFERENCE_STATS_FRACTION = 5000
@@ -94,7 +94,9 @@ class DynamicSettings:
   global_batch: int = 1
 
   def __post_init__(self):
-    problems = default_config.dynamic_problems(dataclasses.asdict(self), section="")
+    problems = config_checks.dynamic_problems(
+        dataclasses.asdict(self), section="", default_decay=DynamicSettings.decay
+    )
     if problems:
       raise errors.ConfigError("; ".join(problems))
 

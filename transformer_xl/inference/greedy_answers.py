@@ -37,7 +37,7 @@ which hold the compiled greedy segment (``make_greedy_segment``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -47,8 +47,22 @@ from transformer_xl import data, sharding
 from transformer_xl.model import memory as memory_lib
 from transformer_xl.model import models
 
-if TYPE_CHECKING:
-  from transformer_xl.inference.evaluate import Evaluator
+
+class Evaluator(Protocol):
+  """What decoding reads of an ``evaluate.Evaluator`` (named here, not
+  imported: the evaluator imports this module)."""
+
+  answers: bool
+  corpus: Any
+  cfg: models.ModelConfig
+  global_batch: int
+  batch_sharding: Any
+
+  def rows(self, b: int) -> tuple[int, Any]:
+    ...
+
+  def empty_memory(self, batch_size: int) -> Any:
+    ...
 
 
 def make_greedy_segment(model: models.TransformerXL, mesh: jax.sharding.Mesh):

@@ -10,7 +10,7 @@ a stage ends at its step budget or early, on a validation target
 (``early_stop.py``).
 
 ``train.curriculum`` is a tuple of stages, each a string of ``KEY=VALUE``
-overrides of the run's config (``default_config.stage_config``), e.g.
+overrides of the run's config (``train_checks.stage_config``), e.g.
 ``("data.synthetic_num_pairs=1 train.num_steps=2000",
 "data.synthetic_num_pairs=2 train.num_steps=10000")``.  Every stage is
 validated as a config of its own before anything is trained, and the
@@ -55,7 +55,7 @@ from jax.sharding import Mesh
 
 from transformer_xl import data, default_config
 from transformer_xl.inference import evaluate
-from transformer_xl.run import distributed, metrics, run_dir
+from transformer_xl.run import distributed, metrics, run_dir, train_checks
 from transformer_xl.run import workdir as wd
 from transformer_xl.training import early_stop, init_from, train
 from transformer_xl.util import files, report
@@ -79,7 +79,7 @@ def _stage_configs(config: ml_collections.ConfigDict, workdir: str) -> list:
   """Each stage's config, with ``train.init_from`` chained through the stages."""
   out = []
   for i in range(len(config.train.curriculum)):
-    cfg = default_config.stage_config(config, i)
+    cfg = train_checks.stage_config(config, i)
     cfg.train.init_from = stage_dir(workdir, i - 1) if i else config.train.init_from
     out.append(cfg)
   return out
@@ -225,7 +225,7 @@ def evaluate_stages(
       _, params = run_dir.restore_params(stage_dir(workdir, len(stages) - 1), mcfg, mesh)
     evaluator = evaluate.Evaluator(cfg, mcfg, corpus, mesh)
     entry = config.train.curriculum[i]
-    res: dict[str, Any] = {"stage": i, "overrides": default_config.stage_overrides(entry)}
+    res: dict[str, Any] = {"stage": i, "overrides": train_checks.stage_overrides(entry)}
     for split in ("valid", "test"):
       res[split] = evaluator.evaluate(params, split)
       report.log(f"[final model on {stage_label(config, i)}] {split}: " + _line(res[split]))

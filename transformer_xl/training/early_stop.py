@@ -7,8 +7,8 @@ booydar/LM-RMT) stops a run when the validation metric reaches a target
 for ``--early_stopping_patience`` validations in a row; their curricula
 move on to the next stage then.  Here:
 
-* ``train.stop_metric``: a validation metric (``default_config.STOP_METRICS``,
-  checked by ``default_config.stop_problems``; "" = never stop early); accuracies count as better when higher, ``loss_nats``, ``ppl``
+* ``train.stop_metric``: a validation metric (``train_checks.STOP_METRICS``,
+  checked by ``train_checks.stop_problems``; "" = never stop early); accuracies count as better when higher, ``loss_nats``, ``ppl``
   and ``bpc`` when lower;
 * ``train.stop_target``: stop once the metric is at least as good (0 with a
   higher-is-better metric, or with ``stop_patience`` alone: no target);
@@ -35,12 +35,11 @@ from typing import Any
 import jax
 from etils import epath
 
-from transformer_xl import default_config
-from transformer_xl.run import metrics
+from transformer_xl.run import metrics, train_checks
 from transformer_xl.util import files
 
 MARKER = "early_stop.json"
-LOWER_IS_BETTER = default_config.STOP_LOWER_IS_BETTER  # the settings' checks: default_config
+LOWER_IS_BETTER = train_checks.STOP_LOWER_IS_BETTER  # the settings' checks: config_checks
 
 
 def corpus_problem(metric: str, unit: str, has_answers: bool) -> str | None:
@@ -55,7 +54,7 @@ def corpus_problem(metric: str, unit: str, has_answers: bool) -> str | None:
         f"train.stop_metric={metric!r}: this corpus's validation reports {reported} "
         f"({unit}-level): use {reported!r} or 'loss_nats'."
     )
-  if metric in default_config.STOP_ANSWER_METRICS and not has_answers:
+  if metric in train_checks.STOP_ANSWER_METRICS and not has_answers:
     return f"train.stop_metric={metric!r} needs a task with answers: use loss_nats or {reported}."
   return None
 

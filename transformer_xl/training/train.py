@@ -6,8 +6,7 @@ carried from step to step and emptied at the start of every epoch; the
 optimizer and the state are in train_state.py.  Around the step:
 resuming from the newest usable checkpoint (run/run_dir.py), the log
 (loss, learning rate, gradient norm, tokens/s), validation, checkpoints,
-the non-finite policy (``NonFiniteGuard``) and the clean stop of a
-preempted run (``PreemptionGuard``).
+the non-finite policy and the clean stop of a preempted run (guards.py).
 """
 
 from __future__ import annotations
@@ -26,9 +25,9 @@ from transformer_xl import data, default_config, sharding
 from transformer_xl.data import armt_retrieval, example_corpus, text_vocab
 from transformer_xl.inference import evaluate
 from transformer_xl.model import models
-from transformer_xl.run import checkpointing, distributed, metrics, retention, run_dir
+from transformer_xl.run import checkpointing, metrics, retention, run_dir
 from transformer_xl.run import workdir as wd
-from transformer_xl.training import early_stop, init_from, train_state
+from transformer_xl.training import early_stop, guards, init_from, train_state
 from transformer_xl.training.train_state import TrainState
 from transformer_xl.training.train_step import make_train_step
 from transformer_xl.util import report
@@ -39,129 +38,6 @@ def aux_loss_means(rows: list[Mapping[str, Any]]) -> dict[str, float]:
   metrics (``aux_loss/<name>``, ``total_loss``), for the log; {} without any."""
   keys = sorted({k for row in rows for k in row if k.startswith("aux_loss/") or k == "total_loss"})
   return {k: float(np.mean([row[k] for row in rows if k in row])) for k in keys}
-
-
-class PreemptionGuard:
-  """Agrees across processes on a request to stop (SIGTERM on a preempted
-  Cloud TPU VM), so that every process writes its checkpoint after the same
-  step.
-
-  ``stop_requested`` is this process's flag (the command line passes
-  ``process_settings.StopSignals.received``: SIGTERM or Ctrl-C).  With several processes the
-  flag is agreed on by an all-gather every ``sync_every`` steps (not every
-  step: the all-gather waits for the devices and would stall the pipelined
-  dispatch of steps), as a SIGTERM reaches the workers of a slice at
-  slightly different times.
-  """
-
-  def __init__(self, stop_requested: Callable[[], bool], sync_every: int = 10):
-    self._stop_requested = stop_requested
-    self._sync_every = sync_every
-
-  def should_stop(self, step: int) -> bool:
-    """True on every process once any process's flag is set (checked at
-    every step with one process, every ``sync_every`` with several)."""
-    if jax.process_count() > 1 and step % self._sync_every:
-      return False
-    return distributed.any_process(bool(self._stop_requested()))
-
-
-class NonFiniteGuard:
-  """The host side of the non-finite policy (``train.nonfinite``).
-
-  The train step never applies a step whose loss, gradient norm or updated
-  parameters are not finite (``make_train_step``); the host learns of it
-  when it reads the metrics anyway: at log steps, and before every
-  checkpoint (so that a checkpoint is only written once every step since
-  the last check is known).  Every process reads the same replicated flags
-  and so takes the same decision.
-
-  Policies: "stop" raises at the first non-finite step; "skip" reports it,
-  counts it (``skipped``), and raises once ``max_skipped`` steps in a row
-  were skipped.
-
-  Args:
-    policy: "stop" or "skip".
-    max_skipped: the run stops when this many steps in a row were skipped.
-    train_cfg: ``config.train`` (quoted in the advice of the message).
-    last_checkpoint: returns a description of the newest good checkpoint
-      (``retention.Verification.describe``).
-    say: where "skip" reports each skipped step.
-  """
-
-  def __init__(
-      self,
-      policy: str,
-      max_skipped: int,
-      train_cfg: ml_collections.ConfigDict,
-      last_checkpoint: Callable[[], str],
-      say: Callable[[str], None],
-  ):
-    self.policy, self.max_skipped = policy, max_skipped
-    self.skipped = 0
-    self._in_a_row = []
-    self._cfg = train_cfg
-    self._last_checkpoint = last_checkpoint
-    self._say = say
-
-  @staticmethod
-  def _what(row: Mapping[str, float]) -> str:
-    bad = [
-        f"the {name} is {row[key]}"
-        for key, name in (("loss", "loss"), ("grad_norm", "gradient norm"))
-        if not np.isfinite(row[key])
-    ]
-    return " and ".join(bad) or "the update made parameters non-finite"
-
-  def _advice(self) -> str:
-    t = self._cfg
-    return (
-        f"The last good checkpoint is {self._last_checkpoint()}; nothing non-finite was "
-        f"saved. Try a lower --config.train.learning_rate (now {t.learning_rate}), a "
-        f"smaller --config.train.clip (now {t.clip}) or a longer "
-        f"--config.train.warmup_steps (now {t.warmup_steps}): the same command with such "
-        "a change resumes from that checkpoint."
-    )
-
-  def check(self, rows: list[Mapping[str, Any]]) -> int:
-    """Applies the policy to the metrics of consecutive steps, in order.
-
-    Args:
-      rows: host metrics of steps, each with ``step``, ``loss``,
-        ``grad_norm`` and ``finite``.
-
-    Returns:
-      How many of ``rows`` were skipped.
-
-    Raises:
-      metrics.NonFiniteError: "stop" and a non-finite step, or "skip" and
-        ``max_skipped`` skipped steps in a row.
-    """
-    skipped = 0
-    for row in rows:
-      if row["finite"]:
-        self._in_a_row = []
-        continue
-      if self.policy == "stop":
-        raise metrics.NonFiniteError(
-            f"step {row['step']}: {self._what(row)} (train.nonfinite=stop): the run stopped "
-            f"before applying that step. {self._advice()} "
-            "(--config.train.nonfinite=skip skips such steps instead.)"
-        )
-      skipped += 1
-      self.skipped += 1
-      self._in_a_row.append(row["step"])
-      self._say(
-          f"step {row['step']}: {self._what(row)}; the update was skipped "
-          f"({len(self._in_a_row)} in a row, at most {self.max_skipped})."
-      )
-      if len(self._in_a_row) >= self.max_skipped:
-        raise metrics.NonFiniteError(
-            f"steps {self._in_a_row[0]} to {self._in_a_row[-1]}: {len(self._in_a_row)} steps in "
-            f"a row had a non-finite loss or gradient (train.max_skipped_steps="
-            f"{self.max_skipped}); the run stopped. {self._advice()}"
-        )
-    return skipped
 
 
 def train_and_evaluate(
@@ -467,7 +343,7 @@ class _StepLog:
   def __init__(
       self,
       verification: retention.Verification,
-      guard: NonFiniteGuard,
+      guard: guards.NonFiniteGuard,
       unit: str,
       schedule: Callable[[int], Any],
       tokens_per_step: int,
@@ -553,7 +429,7 @@ def _run_steps(
   """The steps from ``start_step`` to ``train.num_steps`` on the batches of
   ``train_iter``: each logged, validated and checkpointed at its
   intervals, stopped cleanly on a preemption; a divergence sets aside the
-  checkpoints saved after the newest good one (``_set_aside_diverged``).
+  checkpoints saved after the newest good one (``guards.set_aside_diverged``).
 
   Returns:
     The last logged training metrics (with ``preempted_at_step`` when
@@ -572,7 +448,7 @@ def _run_steps(
   say = (lambda msg: bar.write(prefix + msg)) if jax.process_index() == 0 else (lambda msg: None)
   stopper = early_stop.EarlyStop.from_config(tcfg)
   stopper.replay(metrics.read_rows(rundir.workdir) if stopper.enabled else [], start_step)
-  guard = NonFiniteGuard(
+  guard = guards.NonFiniteGuard(
       tcfg.nonfinite, tcfg.max_skipped_steps, tcfg, rundir.verification.describe, say
   )
   step_log = _StepLog(
@@ -587,7 +463,7 @@ def _run_steps(
   batches = _placed_batches(train_iter, mesh, tcfg)
   step = start_step
   finished = False
-  preemption = PreemptionGuard(stop_requested)
+  preemption = guards.PreemptionGuard(stop_requested)
   try:
     while step < tcfg.num_steps:
       batch, iter_state = next(batches)
@@ -641,7 +517,7 @@ def _run_steps(
         break
     finished = True
   except metrics.NonFiniteError as err:
-    set_aside = _set_aside_diverged(rundir, err)
+    set_aside = guards.set_aside_diverged(rundir, err)
     if set_aside is not None:
       raise set_aside from None
     raise
@@ -655,25 +531,3 @@ def _run_steps(
       with contextlib.suppress(Exception):
         writer.close()
   return last
-
-
-def _set_aside_diverged(
-    rundir: run_dir.RunDir, err: metrics.NonFiniteError
-) -> metrics.NonFiniteError | None:
-  """Sets aside the checkpoints saved after the newest good one (a step
-  computed from them was not finite); returns ``err`` extended with where
-  they went, or None when there were none."""
-  went = rundir.set_aside_unverified(
-      "set aside when the run diverged: a step computed from it was not finite"
-  )
-  if not went:
-    return None
-  where = (
-      "deleted (this file system cannot move them)"
-      if "deleted" in went
-      else f"moved to {rundir.rejected_dir}"
-  )
-  return metrics.NonFiniteError(
-      f"{err} The {len(went)} checkpoint(s) saved after it were {where} (a step computed "
-      "from them was not finite)."
-  )

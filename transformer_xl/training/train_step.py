@@ -112,7 +112,7 @@ def make_train_step(
   cross-entropy.  With nothing sown there are no such metrics and the step
   is unchanged.  A step that is not finite is not
   applied: parameters, optimizer state and memory stay as they were (only
-  ``step`` advances); the host decides what to do (``NonFiniteGuard``).
+  ``step`` advances); the host decides what to do (``guards.NonFiniteGuard``).
   Everything is computed on the devices; the metrics are replicated, so
   every process reads the same values.
 
