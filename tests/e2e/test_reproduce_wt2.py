@@ -4,14 +4,13 @@ the report and its plots are written); its numbers mean nothing."""
 
 import json
 import math
-import os
 import subprocess
 import sys
 
 import pytest
 
 from data_samples import _WIKI, _wiki_zip
-from helpers import REPO
+from helpers import REPO, subprocess_env
 
 pytestmark = pytest.mark.slow  # end to end: the study script
 
@@ -21,8 +20,7 @@ _TEXTS = {"train": _WIKI["train"] * 4, "valid": _WIKI["valid"] * 3, "test": _WIK
 def test_quick_study_writes_every_part(tmp_path):
   _wiki_zip(tmp_path / "manual", "wikitext-2", _TEXTS)
   out = tmp_path / "out"
-  env = dict(os.environ)
-  env.pop("XLA_FLAGS", None)
+  env = subprocess_env(devices=1)  # one CPU device, XLA's backend optimisation off (conftest)
   r = subprocess.run(
       [
           sys.executable,
