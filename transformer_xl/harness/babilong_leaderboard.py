@@ -214,11 +214,7 @@ def export(
   if problems:
     raise LeaderboardError(" ".join(problems))
   config = wd.load_config(workdir)
-  if not babilong.is_babilong(config.data.dataset):
-    raise LeaderboardError(
-        f"--workdir={workdir} was trained on data.dataset={config.data.dataset!r}: give the "
-        "workdir of a BABILong run (data.dataset='babilong:qaN')."
-    )
+  _check_babilong(workdir, config.data.dataset)
   lm = None
   scores: dict[str, dict[str, dict]] = {}
   folder = Path(out) / model_name
@@ -283,6 +279,16 @@ def export(
           f"{s['leaderboard_accuracy']:.1f}%, babilong rule {s['babilong_accuracy']:.1f}%: {path}"
       )
   return scores
+
+
+def _check_babilong(workdir: str, dataset: str) -> None:
+  from transformer_xl.data import babilong  # pylint: disable=import-outside-toplevel
+
+  if not babilong.is_babilong(dataset):
+    raise LeaderboardError(
+        f"--workdir={workdir} was trained on data.dataset={dataset!r}: give the workdir of a "
+        "BABILong run (data.dataset='babilong:qaN')."
+    )
 
 
 def _argument_problems(
@@ -351,6 +357,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from transformer_xl.run import workdir as wd  # pylint: disable=import-outside-toplevel
 
     config = wd.load_config(args.workdir)
+    _check_babilong(args.workdir, config.data.dataset)
     default_task = config.data.dataset.split(":", 1)[-1]
     tasks = [t for t in args.tasks.split(",") if t] or [default_task]
     sizes = args.sample_sizes or [int(config.data.babilong_sample_size)]
