@@ -76,7 +76,7 @@ def test_a_wrong_value_of_any_key_is_valid_or_one_config_error(key):
 
 def test_every_tuple_setting_has_its_element_type():
   tuples = {k for k, v in leaves(default_config.get_config().to_dict()) if isinstance(v, tuple)}
-  assert tuples == set(default_config.TUPLE_ELEMENTS)
+  assert tuples == set(default_config.tuple_elements())
 
 
 def test_a_tuple_of_the_wrong_elements_on_the_command_line_is_one_error_line(tmp_path):

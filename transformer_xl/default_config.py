@@ -300,20 +300,26 @@ KERNEL_FLOAT32_ONLY = ("TPU v2", "TPU v3")
 
 # The tuple settings and the type of their elements (a value from the command line is parsed
 # as a Python literal: ('a',) is a tuple too).
-TUPLE_ELEMENTS = {
+_TUPLE_ELEMENTS = {
     "mesh.shape": int,
     "mesh.axis_names": str,
     "model.cutoffs": int,
     "model.tie_projs": bool,
-    "model.knn.layers": int,
     "train.curriculum": str,
 }
 
 
+def tuple_elements() -> dict[str, type]:
+  """{dotted key: element type} of every tuple setting: the run config's own
+  and the registered memory variants' (``memory.tuple_settings``, e.g.
+  ``model.knn.layers``)."""
+  return {**_TUPLE_ELEMENTS, **memory.tuple_settings()}
+
+
 def element_type_problems(config: ml_collections.ConfigDict) -> list[str]:
-  """Tuple settings (``TUPLE_ELEMENTS``) whose elements are of another type."""
+  """Tuple settings (``tuple_elements``) whose elements are of another type."""
   problems = []
-  for key, kind in TUPLE_ELEMENTS.items():
+  for key, kind in tuple_elements().items():
     value: Any = config
     for part in key.split("."):
       value = value.get(part) if isinstance(value, ml_collections.ConfigDict) else None

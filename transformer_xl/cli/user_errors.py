@@ -235,7 +235,7 @@ def repeated_override(argv) -> str | None:
   seen: dict[str, str] = {}
   for arg in argv:
     key = re.match(r"--config\.([\w.]+)(=|$)", arg)
-    if key is None or key[1] not in default_config.TUPLE_ELEMENTS:
+    if key is None or key[1] not in default_config.tuple_elements():
       continue
     if key[1] in seen:
       return (

@@ -57,6 +57,7 @@ from transformer_xl.model.memory.settings import normalise_settings as normalise
 from transformer_xl.model.memory.settings import renamed as renamed
 from transformer_xl.model.memory.settings import run_problems as run_problems
 from transformer_xl.model.memory.settings import sections as sections
+from transformer_xl.model.memory.settings import tuple_settings as tuple_settings
 from transformer_xl.model.memory.settings import upgrade_eval as upgrade_eval
 from transformer_xl.model.memory.settings import upgrade_fields as upgrade_fields
 from transformer_xl.model.memory.settings import without_defaults as without_defaults

@@ -18,6 +18,7 @@ eval section), ``run_problems`` (the whole run config).
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,6 +30,22 @@ from transformer_xl.model.memory.variant import VARIANTS, MemoryVariant
 def has_settings(cls: type[MemoryVariant]) -> bool:
   """Whether ``cls`` has settings (a ``model.<name>`` section)."""
   return bool(dataclasses.fields(cls.Settings))
+
+
+def tuple_settings() -> dict[str, type]:
+  """{"model.<name>.<key>": element type} of every registered variant's
+  tuple settings (its ``Settings`` fields annotated ``tuple[T, ...]``, e.g.
+  ``model.knn.layers``: int), for the run config's element checks."""
+  out: dict[str, type] = {}
+  for name, cls in sorted(VARIANTS.items()):
+    if not has_settings(cls):
+      continue
+    hints = typing.get_type_hints(cls.Settings)
+    for field in dataclasses.fields(cls.Settings):
+      hint = hints[field.name]
+      if typing.get_origin(hint) is tuple and typing.get_args(hint):
+        out[f"model.{name}.{field.name}"] = typing.get_args(hint)[0]
+  return out
 
 
 def default_sections() -> dict[str, dict[str, Any]]:
