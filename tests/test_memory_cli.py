@@ -204,7 +204,7 @@ def test_train_resume_eval_score_generate_and_refuse(name, tmp_path):
       assert without is None, results[split]
 
   # -- score the valid split as eval lays it out: the model run here --------------------------
-  _, tokens, n = ptb_valid_rows(tmp_path, manual, ROWS)
+  corpus, tokens, n = ptb_valid_rows(tmp_path, manual, ROWS)
   assert n // ROWS > 4 * T, n
   np.save(tmp_path / "tokens.npy", tokens)
   out = _ok(
@@ -233,7 +233,6 @@ def test_train_resume_eval_score_generate_and_refuse(name, tmp_path):
   # -- generate greedily after three segments: the first token is the memory's ---------------
   # Of 256 random prompts (the boundary symbol and 3 T - 1 words), one whose next token is not
   # the one the last segment alone (a fresh memory) gives.
-  corpus = ptb_valid_rows(tmp_path, manual, ROWS)[0]
   words = [i for i, w in enumerate(corpus.vocab) if w not in ("<eos>", "<unk>")]
   prompts = np.random.default_rng(0).choice(words, size=(256, 3 * T - 1))
   context = np.concatenate([np.full((256, 1), corpus.boundary_id), prompts], 1).astype(np.int32)

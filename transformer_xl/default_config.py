@@ -311,8 +311,7 @@ _TUPLE_ELEMENTS = {
 
 def tuple_elements() -> dict[str, type]:
   """{dotted key: element type} of every tuple setting: the run config's own
-  and the registered memory variants' (``memory.tuple_settings``, e.g.
-  ``model.knn.layers``)."""
+  and the registered memory variants' (``memory.tuple_settings``)."""
   return {**_TUPLE_ELEMENTS, **memory.tuple_settings()}
 
 

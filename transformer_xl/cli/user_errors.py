@@ -233,9 +233,10 @@ def repeated_override(argv) -> str | None:
   joins the values, e.g. ``(-1,)`` and ``(1,)`` into ``(-1, 1)``; a scalar
   given twice takes the last, as absl does), or None."""
   seen: dict[str, str] = {}
+  tuples = default_config.tuple_elements()
   for arg in argv:
     key = re.match(r"--config\.([\w.]+)(=|$)", arg)
-    if key is None or key[1] not in default_config.tuple_elements():
+    if key is None or key[1] not in tuples:
       continue
     if key[1] in seen:
       return (

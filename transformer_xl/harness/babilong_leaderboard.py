@@ -1,7 +1,7 @@
 r"""BABILong results in the leaderboard's format, from a trained BABILong workdir.
 
     python -m transformer_xl.harness.babilong_leaderboard --workdir=W \
-        --model_name=my-org/txl-armt --tasks=qa1,qa2,qa3,qa4,qa5 \
+        --model_name=my-lab/txl-babilong --tasks=qa1,qa2,qa3,qa4,qa5 \
         --sample_sizes=1024,2048 --out=babilong_evals
 
 The BABILong leaderboard (booydar/babilong, Kuratov et al. 2024) takes
@@ -303,7 +303,7 @@ def _argument_problems(
   problems = []
   parts = model_name.split("/")
   if len(parts) != 2 or not all(parts) or any(p in (".", "..") for p in parts):
-    problems.append(f"--model_name={model_name!r}: give <org>/<model>, e.g. my-lab/txl-armt.")
+    problems.append(f"--model_name={model_name!r}: give <org>/<model>, e.g. my-lab/txl-babilong.")
   bad = [t for t in tasks if t not in babilong_sources.TASK_NAMES]
   if bad or not tasks:
     problems.append(f"--tasks={','.join(tasks)}: give qa1 ... qa20, comma-separated.")
